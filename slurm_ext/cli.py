@@ -1,0 +1,143 @@
+"""The `slurm-ext` command: one CLI, one subcommand per task.
+
+Errors an operator can fix (a bad config, a missing package, a port taken)
+print one line and exit non-zero (2 for a bad config or bad usage); a
+traceback means a bug in slurm-ext.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from dataclasses import replace
+
+from . import __version__, config
+from .errors import SlurmExtError
+
+__all__ = ["main"]
+
+
+def _config_check(args: argparse.Namespace) -> int:
+    path = args.file or args.config
+    loaded = config.load(path)
+    print(f"{loaded.source or 'no config file (' + str(config.DEFAULT_PATH) + '): defaults'}: OK")
+    return 0
+
+
+def _config_show(args: argparse.Namespace) -> int:
+    print(config.render(config.load(args.config)), end="")
+    return 0
+
+
+def _dev_settings(args: argparse.Namespace) -> config.DevSection:
+    settings = config.load(args.config).dev
+    if getattr(args, "state_dir", None):
+        settings = replace(settings, state_dir=args.state_dir)
+    return settings
+
+
+def _dev_install_deps(args: argparse.Namespace) -> int:
+    from . import dev
+    dev.install_deps()
+    return 0
+
+
+def _dev_up(args: argparse.Namespace) -> int:
+    from . import dev
+    state = dev.up(_dev_settings(args))
+    _print_status(state)
+    print(f"\nUse it:  export SLURM_CONF={state.state_dir}/etc/slurm.conf; sinfo")
+    return 0
+
+
+def _dev_down(args: argparse.Namespace) -> int:
+    from . import dev
+    stopped = dev.down(_dev_settings(args))
+    print(f"stopped {len(stopped)} daemons" + (f" (pids {' '.join(map(str, stopped))})" if stopped else ""))
+    return 0
+
+
+def _dev_status(args: argparse.Namespace) -> int:
+    from . import dev
+    state = dev.status(_dev_settings(args))
+    _print_status(state)
+    return 0 if state.node else 3
+
+
+def _dev_demo(args: argparse.Namespace) -> int:
+    from . import dev
+    result = dev.demo(_dev_settings(args))
+    job = result.job
+    print(f"job {job.job_id} ({job.name}) {job.state} exit code {job.exit_code} on {job.nodes}, "
+          f"as seen by sacct")
+    print("its output:")
+    print("".join(f"  {line}\n" for line in result.output.splitlines()), end="")
+    return 0 if job.state == "COMPLETED" else 1
+
+
+def _print_status(state) -> None:
+    print(f"dev cluster in {state.state_dir}")
+    for daemon in state.daemons:
+        print(f"  {daemon.name:<10} {'running, pid ' + str(daemon.pid) if daemon.pid else 'stopped'}")
+    node = state.node
+    if node:
+        flags = "+".join(sorted(node.flags))
+        reason = f" reason {node.reason!r}" if node.reason else ""
+        print(f"  node {node.name}: {node.state}{'+' + flags if flags else ''} gres {node.gres or '-'}{reason}")
+    else:
+        print(f"  node: unknown ({state.problem})")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="slurm-ext",
+        description="Self-healing for Slurm GPU nodes: node agent, job cleanup, GRES from NVML, accounting.")
+    parser.add_argument("--version", action="version", version=f"slurm-ext {__version__}")
+    parser.add_argument("--config", metavar="FILE",
+                        help=f"config file (default: ${config.ENV_VAR} or {config.DEFAULT_PATH})")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug lines")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    cfg = commands.add_parser("config", help="check or show the configuration")
+    cfg_commands = cfg.add_subparsers(dest="action", metavar="ACTION", required=True)
+    check = cfg_commands.add_parser("check", help="validate a config file; exit 2 when it is bad")
+    check.add_argument("file", nargs="?", help="file to check (default: the effective config file)")
+    check.set_defaults(func=_config_check)
+    cfg_commands.add_parser("show", help="print the effective config with every default filled in"
+                            ).set_defaults(func=_config_show)
+
+    dev = commands.add_parser(
+        "dev", help="a local Slurm cluster on this host (root), for trying slurm-ext and for its tests",
+        description="Real munge, MariaDB, slurmdbd, slurmctld and slurmd on 127.0.0.1 with fake GPUs, "
+                    "all under one state directory ([dev] state_dir).")
+    dev_commands = dev.add_subparsers(dest="action", metavar="ACTION", required=True)
+    for name, func, text in (
+        ("install-deps", _dev_install_deps, "apt-get install the Debian packages the cluster needs"),
+        ("up", _dev_up, "start what is not running and wait for the node (idempotent)"),
+        ("down", _dev_down, "cancel jobs, stop every daemon by its pidfile, remove job cgroups"),
+        ("status", _dev_status, "say what runs and the node's state (exit 3 when the node is unknown)"),
+        ("demo", _dev_demo, "submit a GPU job and show it completed in sacct"),
+    ):
+        sub = dev_commands.add_parser(name, help=text, description=text)
+        if name != "install-deps":
+            sub.add_argument("--state-dir", metavar="DIR", help="override [dev] state_dir")
+        sub.set_defaults(func=func)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="slurm-ext %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        return args.func(args)
+    except SlurmExtError as err:
+        print(f"slurm-ext: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

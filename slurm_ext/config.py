@@ -1,0 +1,297 @@
+"""The one config file, /etc/slurm-ext/slurm-ext.toml, loaded and validated.
+
+`load()` returns a frozen `Config` with one typed section per component. Every
+key has a safe default, so a node without the file runs with defaults. A bad
+file is rejected as a whole with a `ConfigError` naming the file, the line
+where it can be found, the key, the bad value and what is allowed: a config
+that is half applied is worse than one that is refused.
+
+Keys are declared once, in the section dataclasses below, with their doc
+text; `render()` (``slurm-ext config show``) and the README reference are both
+made from these declarations.
+"""
+
+import dataclasses
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+__all__ = ["Config", "DEFAULT_PATH", "ENV_VAR", "load", "from_dict", "render", "parse_duration", "sections"]
+
+DEFAULT_PATH = Path("/etc/slurm-ext/slurm-ext.toml")
+ENV_VAR = "SLURM_EXT_CONFIG"
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*$")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a duration such as '500ms', '10s', '5m', '1h'.
+
+    Raises:
+        ValueError: the text has no number or no known unit.
+    """
+    match = _DURATION.match(text)
+    if not match:
+        raise ValueError(f"not a duration: {text!r}")
+    return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+
+
+def _key(default: Any, doc: str, kind: str, **rules: Any) -> Any:
+    """Declare a config key: its default, its doc line, its kind and rules.
+
+    Kinds: str, int, bool, duration (stored as seconds), path (absolute, or
+    empty where allowed), choice (one of `choices`).
+    Rules: choices, minimum, maximum, empty_ok (path), pattern (str).
+    """
+    return field(default=default, metadata={"doc": doc, "kind": kind, **rules})
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSection:
+    """This host as slurm-ext sees it."""
+
+    name: str = _key("", "Slurm node name of this host; empty means the short host name", "str",
+                     pattern=r"^[A-Za-z0-9._-]*$")
+    state_dir: str = _key("/var/lib/slurm-ext", "node-local state: job records, the node journal", "path")
+
+
+@dataclass(frozen=True, slots=True)
+class LogSection:
+    """Where slurm-ext's own log lines go."""
+
+    level: str = _key("info", "least severe level logged", "choice",
+                      choices=("debug", "info", "warning", "error"))
+    file: str = _key("", "append log lines to this file; empty means standard error", "path", empty_ok=True)
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmSection:
+    """How slurm-ext talks to Slurm (through its command-line tools)."""
+
+    bin_dir: str = _key("", "directory holding scontrol, sinfo, squeue, sacct, sacctmgr; empty means PATH",
+                        "path", empty_ok=True, must_exist=True)
+    conf: str = _key("", "slurm.conf passed to the tools as SLURM_CONF; empty means Slurm's own default",
+                     "path", empty_ok=True)
+    timeout: float = _key(10.0, "longest wait for one Slurm command before Slurm counts as unreachable",
+                          "duration", minimum=0.1, maximum=600.0)
+    json: str = _key("auto", "use the tools' --json output: auto (when the installed Slurm has it), always, never",
+                     "choice", choices=("auto", "always", "never"))
+
+
+@dataclass(frozen=True, slots=True)
+class DevSection:
+    """The local development cluster (`slurm-ext dev ...`): one host, loopback only."""
+
+    state_dir: str = _key("/var/lib/slurm-ext/dev", "everything of the dev cluster: configs, logs, database, state",
+                          "path")
+    cluster_name: str = _key("dev", "Slurm ClusterName", "str", pattern=r"^[a-z][a-z0-9_]*$")
+    node_name: str = _key("node1", "the one node's NodeName (slurmd -N)", "str", pattern=r"^[A-Za-z][A-Za-z0-9-]*$")
+    gpu_count: int = _key(4, "fake GPUs on the node", "int", minimum=0, maximum=64)
+    gpu_name: str = _key("NVIDIA H200", "the fake GPUs' NVML name", "str", pattern=r"^[A-Za-z0-9 ._-]+$")
+    gpu_type: str = _key("h200", "the fake GPUs' Slurm GRES type", "str", pattern=r"^[a-z0-9_]+$")
+    slurmctld_port: int = _key(6817, "slurmctld's TCP port on 127.0.0.1", "int", minimum=1, maximum=65535)
+    slurmd_port: int = _key(6818, "slurmd's TCP port on 127.0.0.1", "int", minimum=1, maximum=65535)
+    slurmdbd_port: int = _key(6819, "slurmdbd's TCP port on 127.0.0.1", "int", minimum=1, maximum=65535)
+    mariadb_port: int = _key(3307, "MariaDB's TCP port on 127.0.0.1 (not 3306: leaves a system MariaDB alone)",
+                             "int", minimum=1, maximum=65535)
+    up_timeout: float = _key(60.0, "longest wait in `dev up` for each daemon and for the node to be idle",
+                             "duration", minimum=1.0, maximum=3600.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """The effective configuration: one section per component."""
+
+    node: NodeSection = field(default_factory=NodeSection)
+    log: LogSection = field(default_factory=LogSection)
+    slurm: SlurmSection = field(default_factory=SlurmSection)
+    dev: DevSection = field(default_factory=DevSection)
+    #: the file it was read from; None when every value is a default
+    source: str | None = None
+
+
+def sections() -> dict[str, type]:
+    """Section name -> section dataclass, in file order."""
+    return {f.name: f.default_factory for f in dataclasses.fields(Config) if f.name != "source"}
+
+
+def load(path: str | os.PathLike | None = None) -> Config:
+    """Read and validate the config file.
+
+    The file is `path`, else $SLURM_EXT_CONFIG, else /etc/slurm-ext/slurm-ext.toml.
+    Only the last may be missing (then every value is its default): a file
+    someone named explicitly and that is not there is an error.
+
+    Raises:
+        ConfigError: unreadable file, TOML syntax error, unknown section or
+            key, wrong type, or a value outside what the key allows.
+    """
+    explicit = path is not None or bool(os.environ.get(ENV_VAR))
+    path = Path(path if path is not None else os.environ.get(ENV_VAR) or DEFAULT_PATH)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        if explicit:
+            raise ConfigError(path, "no such file") from None
+        return Config()
+    except OSError as err:
+        raise ConfigError(path, f"cannot read: {err.strerror}") from err
+    try:
+        text = raw.decode("utf-8")
+        data = tomllib.loads(text)
+    except UnicodeDecodeError as err:
+        raise ConfigError(path, f"not UTF-8 text (byte {err.start})") from err
+    except tomllib.TOMLDecodeError as err:
+        message = str(err)
+        line = re.search(r"line (\d+)", message)
+        raise ConfigError(path, f"TOML syntax error: {message}",
+                          line=int(line.group(1)) if line else None) from err
+    return from_dict(data, path, text)
+
+
+def from_dict(data: dict, source: str | os.PathLike = "<config>", text: str = "") -> Config:
+    """Validate already parsed TOML data; `text` is used only to find line numbers.
+
+    Raises:
+        ConfigError: as for `load`.
+    """
+    known = sections()
+    built = {}
+    for name, table in data.items():
+        if name not in known:
+            raise ConfigError(source, f"unknown section [{name}]; allowed: {', '.join(known)}",
+                              line=_line_of(text, name, None))
+        if not isinstance(table, dict):
+            raise ConfigError(source, f"[{name}] must be a table of keys, got {_describe(table)}",
+                              key=name, line=_line_of(text, None, name))
+        built[name] = _build_section(name, known[name], table, source, text)
+    return Config(**built, source=str(source))
+
+
+def _build_section(name: str, cls: type, table: dict, source, text: str):
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    values = {}
+    for key, value in table.items():
+        dotted = f"{name}.{key}"
+        line = _line_of(text, name, key)
+        if key not in fields:
+            allowed = ", ".join(fields) or "(none yet)"
+            raise ConfigError(source, f"unknown key; allowed keys in [{name}]: {allowed}", key=dotted, line=line)
+        try:
+            values[key] = _check(fields[key].metadata, value)
+        except ValueError as err:
+            raise ConfigError(source, f"{_show(value)}: {err}", key=dotted, line=line) from None
+    return cls(**values)
+
+
+def _check(rules: dict, value: Any) -> Any:
+    """The validated value for one key. Raises ValueError saying what is allowed."""
+    kind = rules["kind"]
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise ValueError(f"expected true or false, got {_describe(value)}")
+        return value
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"expected an integer, got {_describe(value)}")
+        _check_range(rules, value)
+        return value
+    if not isinstance(value, str):
+        expected = {"duration": "a duration string such as '10s' or '500ms'",
+                    "path": "an absolute path string",
+                    "choice": "one of " + ", ".join(map(repr, rules.get("choices", ())))}.get(kind, "a string")
+        raise ValueError(f"expected {expected}, got {_describe(value)}")
+    if kind == "duration":
+        try:
+            seconds = parse_duration(value)
+        except ValueError:
+            raise ValueError("expected a duration with a unit: ms, s, m or h (e.g. '10s')") from None
+        _check_range(rules, seconds, unit="s")
+        return seconds
+    if kind == "choice":
+        if value not in rules["choices"]:
+            raise ValueError(f"expected one of {', '.join(map(repr, rules['choices']))}")
+        return value
+    if kind == "path":
+        if value == "" and rules.get("empty_ok"):
+            return value
+        if not value.startswith("/"):
+            raise ValueError("expected an absolute path (starting with /)"
+                             + (", or empty" if rules.get("empty_ok") else ""))
+        if rules.get("must_exist") and not os.path.isdir(value):
+            raise ValueError("no such directory")
+        return os.path.normpath(value)
+    pattern = rules.get("pattern")
+    if pattern and not re.match(pattern, value):
+        raise ValueError(f"expected text matching {pattern}")
+    return value
+
+
+def _check_range(rules: dict, value: float, unit: str = "") -> None:
+    low, high = rules.get("minimum"), rules.get("maximum")
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise ValueError(f"expected between {low:g}{unit} and {high:g}{unit}")
+
+
+def _describe(value: Any) -> str:
+    kind = {bool: "boolean", int: "integer", float: "float", str: "string",
+            list: "array", dict: "table"}.get(type(value), type(value).__name__)
+    return f"{_show(value)} ({kind})"
+
+
+def _show(value: Any) -> str:
+    return repr(value) if not isinstance(value, bool) else str(value).lower()
+
+
+def _line_of(text: str, section: str | None, key: str | None) -> int | None:
+    """Best-effort line number of `key` in `[section]` (or of the header)."""
+    current = None
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        header = re.match(r"^\[\s*([^\]]+?)\s*\]", stripped)
+        if header:
+            current = header.group(1).strip('"')
+            if key is None and current == section:
+                return number
+            continue
+        if key is not None and current == section and re.match(rf'^"?{re.escape(key)}"?\s*=', stripped):
+            return number
+    return None
+
+
+def render(config: Config) -> str:
+    """The effective config as TOML, each key with its doc line (`config show`)."""
+    out = [f"# effective slurm-ext config; source: {config.source or 'defaults (no file)'}"]
+    for name in sections():
+        section = getattr(config, name)
+        out.append("")
+        out.append(f"[{name}]")
+        for f in dataclasses.fields(section):
+            out.append(f"# {f.metadata['doc']}")
+            out.append(f"{f.name} = {_toml_value(getattr(section, f.name), f.metadata['kind'])}")
+    return "\n".join(out) + "\n"
+
+
+def _toml_value(value: Any, kind: str) -> str:
+    if kind == "duration":
+        return f'"{_format_duration(value)}"'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _format_duration(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1000:g}ms"
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"

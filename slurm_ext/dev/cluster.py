@@ -1,0 +1,438 @@
+"""Bring the single-host dev cluster up and down, report on it, run a demo job.
+
+`up` is idempotent: files are rewritten only when their content changes,
+running daemons are left alone, and a daemon is restarted only when a file it
+reads changed. `down` cancels the cluster's jobs, stops every daemon by its
+pidfile in reverse start order, kills what is left in the node's job cgroups
+and removes those cgroups.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import command
+from ..config import DevSection, SlurmSection
+from ..errors import CommandError, DevClusterError, SlurmExtError
+from ..slurm import Job, Node, SlurmClient
+from . import daemons, deps, fakenvml, render
+from .daemons import Daemon
+from .layout import Layout
+
+__all__ = ["DaemonStatus", "Status", "DemoResult", "up", "down", "status", "demo", "client"]
+
+log = logging.getLogger("dev")
+
+_CGROUP_ROOT = Path("/sys/fs/cgroup")
+_FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+             "BOOT_FAIL", "DEADLINE"}
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonStatus:
+    name: str
+    #: None when not running
+    pid: int | None
+    pidfile: Path
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    state_dir: Path
+    daemons: tuple[DaemonStatus, ...]
+    #: the node as slurmctld sees it; None when slurmctld does not answer
+    node: Node | None
+    #: why `node` is None
+    problem: str = ""
+
+    @property
+    def running(self) -> bool:
+        return any(d.pid for d in self.daemons)
+
+
+@dataclass(frozen=True, slots=True)
+class DemoResult:
+    job: Job
+    output: str
+
+
+def client(settings: DevSection, timeout: float = 10.0) -> SlurmClient:
+    """A Slurm client pointed at the dev cluster."""
+    layout = Layout(settings)
+    return SlurmClient(SlurmSection(conf=str(layout.slurm_conf), timeout=timeout),
+                       environ=layout.daemon_environ())
+
+
+def cluster_daemons(layout: Layout) -> list[Daemon]:
+    """Every daemon of the cluster, in start order."""
+    s = layout.settings
+    munge = layout.munge
+    return [
+        Daemon("munged",
+               ("runuser", "-u", "munge", "--", "munged", f"--key-file={munge}/munge.key",
+                f"--pid-file={munge}/munged.pid", f"--log-file={munge}/munged.log",
+                f"--seed-file={munge}/munged.seed"),
+               munge / "munged.pid", frozenset({"munged"}), layout.log / "munged.out"),
+        Daemon("mariadbd", ("mariadbd", f"--defaults-file={layout.my_cnf}"), layout.pidfile("mariadbd"),
+               frozenset({"mariadbd", "mysqld"}), layout.log / "mariadbd.out", (s.mariadb_port,)),
+        Daemon("slurmdbd", ("slurmdbd",), layout.pidfile("slurmdbd"), frozenset({"slurmdbd"}),
+               layout.log / "slurmdbd.out", (s.slurmdbd_port,)),
+        Daemon("slurmctld", ("slurmctld",), layout.pidfile("slurmctld"), frozenset({"slurmctld"}),
+               layout.log / "slurmctld.out", (s.slurmctld_port,)),
+        Daemon("slurmd", ("slurmd", "-N", s.node_name), layout.pidfile("slurmd"), frozenset({"slurmd"}),
+               layout.log / "slurmd.out", (s.slurmd_port,)),
+    ]
+
+
+# The config files each daemon reads: a change to one restarts the daemon.
+_SLURM_FILES = frozenset({"slurm.conf", "cgroup.conf", "gres.conf"})
+_CONFIG_FILES = {
+    "mariadbd": frozenset({"my.cnf"}),
+    "slurmdbd": frozenset({"slurmdbd.conf"}),
+    "slurmctld": _SLURM_FILES,
+    "slurmd": _SLURM_FILES,
+}
+
+
+def up(settings: DevSection) -> Status:
+    """Bring the cluster up (or leave it as it is) and wait for the node.
+
+    Raises:
+        DevClusterError: not root, a package missing, a port taken, or a
+            daemon that does not come up (with the end of its log).
+    """
+    deps.require_root("dev up")
+    deps.require()
+    layout = Layout(settings)
+    changed = _write_files(layout)
+    env = layout.daemon_environ()
+    started_at = time.monotonic()
+    slurm = client(settings, timeout=5.0)
+    to_start = []
+    for daemon in cluster_daemons(layout):
+        if daemons.running_pid(daemon) and _CONFIG_FILES.get(daemon.name, frozenset()) & changed:
+            log.info("%s: its config changed: restarting it", daemon.name)
+            daemons.stop(daemon)
+        if not daemons.running_pid(daemon):
+            to_start.append(daemon)
+    for daemon in to_start:  # all ports first: a taken one fails before anything starts
+        for port in daemon.ports:
+            daemons.check_port_free(port, daemon.name)
+    for daemon in cluster_daemons(layout):
+        if daemon.name == "munged" and not daemons.running_pid(daemon) and _munge_works():
+            log.info("munged: one already answers on the default socket: using it")
+            continue
+        was_running = daemons.running_pid(daemon) is not None
+        if daemon.name == "mariadbd" and not (layout.mysql / "mysql").is_dir():
+            _init_database(layout)
+        daemons.start(daemon, env, settings.up_timeout)
+        if not was_running:
+            _wait_ready(daemon.name, layout, slurm, daemon.logfile)
+    node = _wait_node(layout, slurm)
+    log.info("cluster up in %.1fs: node %s is %s", time.monotonic() - started_at, node.name, _state_text(node))
+    return status(settings)
+
+
+def _write_files(layout: Layout) -> set[str]:
+    """Create the state tree and every config file; names of files that changed."""
+    s = layout.settings
+    for path in (layout.etc, layout.log, layout.run, layout.bin, layout.ctld_state, layout.slurmd_spool,
+                 layout.node_state, layout.dev, layout.lib, layout.mysql, layout.munge):
+        path.mkdir(parents=True, exist_ok=True)
+    layout.out.mkdir(exist_ok=True)
+    layout.out.chmod(0o1777)
+    _prepare_munge(layout)
+    mysql = pwd.getpwnam("mysql")
+    for path in (layout.mysql, layout.run):
+        os.chown(path, mysql.pw_uid, mysql.pw_gid)
+    layout.run.chmod(0o755)
+
+    password_file = layout.etc / "db-password"
+    if not password_file.exists():
+        _write(password_file, secrets.token_hex(16) + "\n", 0o600)
+    password = password_file.read_text().strip()
+
+    for minor, device in enumerate(layout.gpu_devices()):
+        if not device.is_char_device():
+            device.unlink(missing_ok=True)
+            os.mknod(device, 0o666 | 0o020000, os.makedev(195, minor))
+    fakenvml.build(layout.lib)
+    if not layout.gpu_spec.exists():
+        fakenvml.write_spec(layout.gpu_spec, fakenvml.default_gpus(s.gpu_count, s.gpu_name))
+
+    prolog, epilog = layout.bin / "slurm-ext-prolog", layout.bin / "slurm-ext-epilog"
+    _write(prolog, render.hook_wrapper(layout, _entry_point("slurm-ext-prolog")), 0o755)
+    _write(epilog, render.hook_wrapper(layout, _entry_point("slurm-ext-epilog")), 0o755)
+    _write(layout.slurm_ext_conf, render.slurm_ext_toml(layout))
+    topology = render.parse_topology(command.run(["slurmd", "-C"], 30, env=layout.daemon_environ()).stdout)
+    files = {
+        "slurm.conf": render.slurm_conf(layout, topology, str(prolog), str(epilog)),
+        "cgroup.conf": render.cgroup_conf(),
+        "gres.conf": render.gres_conf(layout),
+        "my.cnf": render.my_cnf(layout),
+    }
+    changed = {name for name, text in files.items() if _write(layout.etc / name, text)}
+    if _write(layout.etc / "slurmdbd.conf", render.slurmdbd_conf(layout, password), 0o600):
+        changed.add("slurmdbd.conf")
+    return changed
+
+
+def _write(path: Path, text: str, mode: int = 0o644) -> bool:
+    """Write `text` atomically unless the file already holds it; True when written."""
+    try:
+        if path.read_text() == text:
+            return False
+    except (FileNotFoundError, UnicodeDecodeError):
+        pass
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.chmod(mode)
+    os.replace(tmp, path)
+    return True
+
+
+def _entry_point(name: str) -> str:
+    """Absolute path of one of slurm-ext's console scripts, beside this Python."""
+    for candidate in (Path(sys.executable).parent / name, shutil.which(name)):
+        if candidate and os.access(candidate, os.X_OK):
+            return str(candidate)
+    raise DevClusterError(f"{name} is not installed next to {sys.executable}: run `pip install -e .` "
+                          f"in the slurm-ext checkout")
+
+
+def _prepare_munge(layout: Layout) -> None:
+    munge = pwd.getpwnam("munge")
+    run_dir = Path("/run/munge")  # slurmdbd only talks to munged's default socket
+    run_dir.mkdir(parents=True, exist_ok=True)
+    os.chown(run_dir, munge.pw_uid, munge.pw_gid)
+    run_dir.chmod(0o755)
+    key = layout.munge / "munge.key"
+    if not key.exists():
+        command.run(["mungekey", "--create", f"--keyfile={key}"], 30)
+    for path in (layout.munge, key):
+        os.chown(path, munge.pw_uid, munge.pw_gid)
+    layout.munge.chmod(0o700)
+    key.chmod(0o400)
+
+
+def _init_database(layout: Layout) -> None:
+    """Create MariaDB's system tables in the (empty) datadir, once."""
+    log.info("initialising the accounting database in %s", layout.mysql)
+    try:
+        command.run(["mariadb-install-db", f"--defaults-file={layout.my_cnf}", "--auth-root-authentication-method=socket"],
+                    120, env=layout.daemon_environ())
+    except CommandError as err:
+        raise DevClusterError(f"mariadb-install-db failed in {layout.mysql}: {err}") from err
+
+
+def _munge_works() -> bool:
+    try:
+        cred = command.run(["munge", "-n"], 5).stdout
+        command.run(["unmunge"], 5, input=cred)
+    except SlurmExtError:
+        return False
+    return True
+
+
+def _wait_ready(name: str, layout: Layout, slurm: SlurmClient, logfile: Path) -> None:
+    """Wait until a freshly started daemon answers, and bootstrap what needs it."""
+    timeout = layout.settings.up_timeout
+    env = layout.daemon_environ()
+    if name == "mariadbd":
+        daemons.wait_for("mariadbd", lambda: _ok(["mariadb", f"--defaults-file={layout.my_cnf}", "-e", "select 1"],
+                                                 env), timeout, logfile=layout.log / "mariadbd.log")
+        password = (layout.etc / "db-password").read_text().strip()
+        command.run(["mariadb", f"--defaults-file={layout.my_cnf}", "-e",
+                     f"CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}'; "
+                     f"ALTER USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}'; "
+                     "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';"], 30, env=env)
+    elif name == "slurmdbd":
+        daemons.wait_for("slurmdbd", lambda: _ok(["sacctmgr", "-n", "show", "cluster"], env), timeout,
+                         logfile=layout.log / "slurmdbd.log")
+        _bootstrap_accounting(layout, env)
+    elif name == "slurmctld":
+        daemons.wait_for("slurmctld", lambda: _ok(["scontrol", "ping"], env, "is UP"), timeout,
+                         logfile=layout.log / "slurmctld.log")
+
+
+def _ok(cmd: list[str], env: dict[str, str], expect: str = "") -> bool:
+    try:
+        return expect in command.run(cmd, 5, env=env).stdout
+    except SlurmExtError:
+        return False
+
+
+def _bootstrap_accounting(layout: Layout, env: dict[str, str]) -> None:
+    """The cluster, an account and root's association, added once."""
+    s = layout.settings
+
+    def show(*what: str) -> str:
+        return command.run(["sacctmgr", "-n", "-P", "show", *what], 30, env=env).stdout
+
+    if s.cluster_name not in show("cluster", "format=cluster").split():
+        command.run(["sacctmgr", "-i", "add", "cluster", s.cluster_name], 30, env=env)
+    if "research" not in show("account", "research", "format=account").split():
+        command.run(["sacctmgr", "-i", "add", "account", "research", "Description=dev cluster",
+                     "Organization=slurm-ext", f"Cluster={s.cluster_name}"], 30, env=env)
+    if "root" not in show("user", "root", "format=user").split():
+        command.run(["sacctmgr", "-i", "add", "user", "root", "Account=research",
+                     f"Cluster={s.cluster_name}"], 30, env=env)
+
+
+def _wait_node(layout: Layout, slurm: SlurmClient) -> Node:
+    """Wait until the node is registered and answering; warn when it is not idle."""
+    name = layout.settings.node_name
+    found: list[Node] = []
+
+    def registered() -> bool:
+        try:
+            node = slurm.node(name)
+        except SlurmExtError:
+            return False
+        found[:] = [node]
+        return node.idle or (node.responding and node.state not in ("UNKNOWN", "FUTURE"))
+
+    daemons.wait_for(f"node {name} to register", registered, layout.settings.up_timeout,
+                     logfile=layout.log / "slurmd.log")
+    node = found[0]
+    if not node.idle:
+        log.warning("node %s is %s: %s", name, _state_text(node),
+                    f"reason {node.reason!r}; resume with `scontrol update nodename={name} state=resume`"
+                    if node.reason else "it is busy")
+    return node
+
+
+def _state_text(node: Node) -> str:
+    return "+".join([node.state, *sorted(node.flags)])
+
+
+def down(settings: DevSection) -> list[int]:
+    """Cancel the jobs, stop every daemon, remove the node's job cgroups.
+
+    Returns the PIDs that were stopped. Raises DevClusterError when not root.
+    """
+    deps.require_root("dev down")
+    layout = Layout(settings)
+    all_daemons = cluster_daemons(layout)
+    if daemons.running_pid(all_daemons[3]):  # slurmctld answers: let Slurm end its jobs itself
+        _cancel_jobs(layout)
+    stopped = [pid for d in reversed(all_daemons) if (pid := daemons.stop(d)) is not None]
+    _remove_job_cgroups(settings.node_name)
+    log.info("cluster down: stopped %d daemons", len(stopped))
+    return stopped
+
+
+def _cancel_jobs(layout: Layout) -> None:
+    slurm = client(layout.settings, timeout=10.0)
+    try:
+        jobs = [j for j in slurm.jobs() if j.state not in _FINISHED]
+        if not jobs:
+            return
+        log.info("cancelling %d jobs", len(jobs))
+        command.run(["scancel", *(str(j.job_id) for j in jobs)], 30, env=layout.daemon_environ(), check=False)
+        daemons.wait_for("jobs to end", lambda: not [j for j in slurm.jobs() if j.state not in _FINISHED],
+                         30.0, interval=0.2)
+    except SlurmExtError as err:
+        log.warning("could not cancel jobs cleanly (%s); their processes are killed with the cgroups", err)
+
+
+def job_cgroups(node_name: str, cgroup_root: Path = _CGROUP_ROOT) -> list[Path]:
+    """The node's job cgroup trees Slurm made (`slurm_<node>` under each v1 controller)."""
+    return sorted(p for p in cgroup_root.glob(f"*/slurm_{node_name}") if p.is_dir())
+
+
+def _remove_job_cgroups(node_name: str, timeout: float = 10.0) -> None:
+    """Kill what is left in the node's job cgroups (only the cluster's jobs are
+    there) and remove the directories, deepest first."""
+    deadline = time.monotonic() + timeout
+    for top in job_cgroups(node_name):
+        for directory in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [top]:
+            while True:
+                for pid in _cgroup_pids(directory):
+                    log.warning("killing pid %d left in %s", pid, directory)
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                try:
+                    directory.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError as err:
+                    if time.monotonic() > deadline:
+                        raise DevClusterError(f"cannot remove cgroup {directory}: {err.strerror}") from err
+                    time.sleep(0.05)
+
+
+def _cgroup_pids(directory: Path) -> list[int]:
+    try:
+        return [int(p) for p in (directory / "cgroup.procs").read_text().split()]
+    except OSError:
+        return []
+
+
+def status(settings: DevSection) -> Status:
+    """What runs, by pidfile, and the node as slurmctld sees it."""
+    layout = Layout(settings)
+    states = tuple(DaemonStatus(d.name, daemons.running_pid(d), d.pidfile) for d in cluster_daemons(layout))
+    node, problem = None, ""
+    if states[3].pid:
+        try:
+            node = client(settings, timeout=5.0).node(settings.node_name)
+        except SlurmExtError as err:
+            problem = str(err)
+    else:
+        problem = "slurmctld is not running"
+    return Status(layout.root, states, node, problem)
+
+
+def demo(settings: DevSection, timeout: float = 60.0) -> DemoResult:
+    """Submit a job that reads its GPU through NVML; wait until sacct has it.
+
+    Raises:
+        DevClusterError: the cluster is not up, or the job does not reach
+            sacct within `timeout`.
+    """
+    layout = Layout(settings)
+    if not status(settings).node:
+        raise DevClusterError("the dev cluster is not up: run `slurm-ext dev up` first")
+    script = (
+        'echo "job $SLURM_JOB_ID on $SLURMD_NODENAME: CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"\n'
+        f"exec {sys.executable} -c '"
+        "import os, pynvml\n"
+        "pynvml.nvmlInit()\n"
+        "for i in range(pynvml.nvmlDeviceGetCount()):\n"
+        "    h = pynvml.nvmlDeviceGetHandleByIndex(i)\n"
+        '    print(f"NVML gpu {i}: {pynvml.nvmlDeviceGetName(h)} {pynvml.nvmlDeviceGetUUID(h)}")\n'
+        "'\n"
+    )
+    gres = ["--gres=gpu:1"] if settings.gpu_count else []
+    try:
+        submitted = command.run(["sbatch", "--parsable", "--job-name=slurm-ext-demo", *gres,
+                                 f"--output={layout.out}/demo-%j.out", f"--chdir={layout.out}",
+                                 f"--wrap={script}"], 30, env=layout.daemon_environ())
+    except CommandError as err:
+        raise DevClusterError(f"sbatch failed: {err}") from err
+    job_id = int(submitted.stdout.strip().split(";")[0])
+    log.info("submitted demo job %d", job_id)
+    slurm = client(settings)
+    found: list[Job] = []
+
+    def accounted() -> bool:
+        job = slurm.job(job_id)
+        found[:] = [job] if job else []
+        return bool(job and job.state in _FINISHED)
+
+    daemons.wait_for(f"job {job_id} in sacct", accounted, timeout, interval=0.5)
+    output = (layout.out / f"demo-{job_id}.out").read_text(errors="replace")
+    return DemoResult(found[0], output)

@@ -1,0 +1,120 @@
+"""Where everything of the dev cluster lives, under one state directory.
+
+Removing the state directory (after `dev down`) removes the cluster: its
+configs, logs, database, Slurm state, fake GPUs and the fake NVML library.
+"""
+
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..config import DevSection
+
+__all__ = ["Layout"]
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    settings: DevSection
+
+    @property
+    def root(self) -> Path:
+        return Path(self.settings.state_dir)
+
+    @property
+    def etc(self) -> Path:
+        return self.root / "etc"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "log"
+
+    @property
+    def run(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def bin(self) -> Path:
+        """Hook wrappers that give slurmd's hooks their environment back."""
+        return self.root / "bin"
+
+    @property
+    def munge(self) -> Path:
+        return self.root / "munge"
+
+    @property
+    def mysql(self) -> Path:
+        """MariaDB's datadir: the accounting database."""
+        return self.root / "mysql"
+
+    @property
+    def ctld_state(self) -> Path:
+        return self.root / "state" / "ctld"
+
+    @property
+    def slurmd_spool(self) -> Path:
+        return self.root / "state" / "d"
+
+    @property
+    def node_state(self) -> Path:
+        """slurm-ext's own node-local state dir ([node] state_dir of the hooks)."""
+        return self.root / "state" / "node"
+
+    @property
+    def dev(self) -> Path:
+        """Fake GPU character devices (nvidia<minor>)."""
+        return self.root / "dev"
+
+    @property
+    def lib(self) -> Path:
+        """The fake libnvidia-ml.so.1."""
+        return self.root / "lib"
+
+    @property
+    def out(self) -> Path:
+        """Job output, writable by every user."""
+        return self.root / "out"
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self.etc / "slurm.conf"
+
+    @property
+    def my_cnf(self) -> Path:
+        return self.etc / "my.cnf"
+
+    @property
+    def slurm_ext_conf(self) -> Path:
+        """The slurm-ext config that the cluster's hooks and agents read."""
+        return self.etc / "slurm-ext.toml"
+
+    @property
+    def gpu_spec(self) -> Path:
+        """The fake GPUs' description (SLURM_EXT_FAKE_NVML); edit it to inject faults."""
+        return self.root / "gpus.json"
+
+    @property
+    def mysql_socket(self) -> Path:
+        return self.run / "mysqld.sock"
+
+    def pidfile(self, daemon: str) -> Path:
+        return self.run / f"{daemon}.pid"
+
+    @property
+    def host(self) -> str:
+        """Short host name: slurmctld only acts as primary on the host SlurmctldHost names."""
+        return socket.gethostname().split(".")[0]
+
+    def gpu_devices(self) -> list[Path]:
+        return [self.dev / f"nvidia{minor}" for minor in range(self.settings.gpu_count)]
+
+    def daemon_environ(self) -> dict[str, str]:
+        """Environment of every daemon and hook: the same config, Slurm and GPUs everywhere."""
+        return {
+            "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "LANG": "C.UTF-8",
+            "SLURM_CONF": str(self.slurm_conf),
+            "SLURM_EXT_CONFIG": str(self.slurm_ext_conf),
+            "LD_LIBRARY_PATH": str(self.lib),
+            "SLURM_EXT_FAKE_NVML": str(self.gpu_spec),
+        }

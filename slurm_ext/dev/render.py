@@ -1,0 +1,174 @@
+"""The dev cluster's config files, as text. Pure functions of the layout.
+
+Recipe and gotchas: a single host on 127.0.0.1, munge on its default socket
+(slurmdbd ignores AuthInfo=socket=), DefMemPerCPU so that jobs share the node,
+slurmdbd started before slurmctld, every listener on loopback.
+"""
+
+import re
+from dataclasses import dataclass
+
+from .layout import Layout
+
+__all__ = ["Topology", "parse_topology", "slurm_conf", "cgroup_conf", "gres_conf", "slurmdbd_conf",
+           "my_cnf", "slurm_ext_toml", "hook_wrapper"]
+
+_HEADER = "# written by `slurm-ext dev up`; edits are overwritten at the next `dev up`\n"
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """This host's CPUs and memory as slurmd itself detects them (`slurmd -C`)."""
+
+    cpus: int
+    boards: int
+    sockets_per_board: int
+    cores_per_socket: int
+    threads_per_core: int
+    #: MiB
+    real_memory: int
+
+
+def parse_topology(text: str) -> Topology:
+    """Read `slurmd -C` output.
+
+    Raises:
+        ValueError: a field is missing.
+    """
+    fields = dict(re.findall(r"(\w+)=(\S+)", text))
+    try:
+        return Topology(
+            cpus=int(fields["CPUs"]),
+            boards=int(fields.get("Boards", 1)),
+            sockets_per_board=int(fields.get("SocketsPerBoard", 1)),
+            cores_per_socket=int(fields["CoresPerSocket"]),
+            threads_per_core=int(fields.get("ThreadsPerCore", 1)),
+            real_memory=int(fields["RealMemory"]),
+        )
+    except KeyError as err:
+        raise ValueError(f"slurmd -C printed no {err.args[0]}= in {text.strip()!r}") from None
+
+
+def slurm_conf(layout: Layout, topology: Topology, prolog: str, epilog: str) -> str:
+    s = layout.settings
+    gres = f" Gres=gpu:{s.gpu_type}:{s.gpu_count}" if s.gpu_count else ""
+    # Leave Slurm 500 MiB short of the host so that the daemons keep room.
+    memory = max(topology.real_memory - 500, 100)
+    return _HEADER + f"""\
+ClusterName={s.cluster_name}
+SlurmctldHost={layout.host}(127.0.0.1)
+SlurmctldPort={s.slurmctld_port}
+SlurmdPort={s.slurmd_port}
+CommunicationParameters=NoCtldInAddrAny,NoInAddrAny
+SlurmUser=root
+AuthType=auth/munge
+CredType=cred/munge
+StateSaveLocation={layout.ctld_state}
+SlurmdSpoolDir={layout.slurmd_spool}
+SlurmctldPidFile={layout.pidfile("slurmctld")}
+SlurmdPidFile={layout.pidfile("slurmd")}
+SlurmctldLogFile={layout.log}/slurmctld.log
+SlurmdLogFile={layout.log}/slurmd.log
+SlurmctldDebug=info
+SlurmdDebug=info
+ProctrackType=proctrack/cgroup
+TaskPlugin=task/cgroup,task/affinity
+PrologFlags=Contain
+Prolog={prolog}
+Epilog={epilog}
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+DefMemPerCPU={max(memory // max(topology.cpus, 1) // 2, 100)}
+ReturnToService=2
+MpiDefault=none
+GresTypes=gpu
+JobAcctGatherType=jobacct_gather/cgroup
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=127.0.0.1
+AccountingStoragePort={s.slurmdbd_port}
+AccountingStorageTRES=gres/gpu
+NodeName={s.node_name} NodeHostname={layout.host} NodeAddr=127.0.0.1 CPUs={topology.cpus} \
+Boards={topology.boards} SocketsPerBoard={topology.sockets_per_board} \
+CoresPerSocket={topology.cores_per_socket} ThreadsPerCore={topology.threads_per_core} \
+RealMemory={memory}{gres} State=UNKNOWN
+PartitionName=debug Nodes={s.node_name} Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+def cgroup_conf() -> str:
+    # CgroupPlugin is left to autodetect: v1 on hybrid hosts like this one.
+    return _HEADER + """\
+ConstrainCores=yes
+ConstrainRAMSpace=yes
+ConstrainDevices=yes
+"""
+
+
+def gres_conf(layout: Layout) -> str:
+    s = layout.settings
+    if not s.gpu_count:
+        return _HEADER
+    last = s.gpu_count - 1
+    files = f"{layout.dev}/nvidia0" if last == 0 else f"{layout.dev}/nvidia[0-{last}]"
+    return _HEADER + f"NodeName={s.node_name} Name=gpu Type={s.gpu_type} File={files}\n"
+
+
+def slurmdbd_conf(layout: Layout, db_password: str) -> str:
+    s = layout.settings
+    return _HEADER + f"""\
+AuthType=auth/munge
+DbdHost=localhost
+DbdAddr=127.0.0.1
+DbdPort={s.slurmdbd_port}
+SlurmUser=root
+LogFile={layout.log}/slurmdbd.log
+PidFile={layout.pidfile("slurmdbd")}
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort={s.mariadb_port}
+StorageUser=slurm
+StoragePass={db_password}
+StorageLoc=slurm_acct_db
+"""
+
+
+def my_cnf(layout: Layout) -> str:
+    return _HEADER + f"""\
+[mysqld]
+datadir={layout.mysql}
+socket={layout.mysql_socket}
+pid-file={layout.pidfile("mariadbd")}
+log-error={layout.log}/mariadbd.log
+bind-address=127.0.0.1
+port={layout.settings.mariadb_port}
+user=mysql
+innodb_buffer_pool_size=256M
+innodb_lock_wait_timeout=900
+max_allowed_packet=16M
+skip-name-resolve
+[client]
+socket={layout.mysql_socket}
+user=root
+"""
+
+
+def slurm_ext_toml(layout: Layout) -> str:
+    return _HEADER + f"""\
+[node]
+name = "{layout.settings.node_name}"
+state_dir = "{layout.node_state}"
+
+[log]
+file = "{layout.log}/slurm-ext.log"
+
+[slurm]
+conf = "{layout.slurm_conf}"
+"""
+
+
+def hook_wrapper(layout: Layout, entry_point: str) -> str:
+    """A tiny sh script for Prolog=/Epilog=: slurmd runs hooks with an
+    environment of its own making, so the wrapper restores the cluster's."""
+    exports = "\n".join(f"export {k}='{v}'" for k, v in layout.daemon_environ().items())
+    return f"#!/bin/sh\n{_HEADER}{exports}\nexec '{entry_point}' \"$@\"\n"

@@ -1,0 +1,434 @@
+"""Slurm client: typed records read through Slurm's own command-line tools.
+
+slurm-ext talks to Slurm only through scontrol, sinfo, squeue, sacct and
+sacctmgr (pyslurm needs headers matching the installed Slurm exactly, see the
+design notes). `SlurmClient` reads `--json` where the installed Slurm has it
+and parses plain text otherwise, so 22.05 to 26.05 all work; every call has a
+timeout, and an unreachable controller or database is always the same
+`SlurmUnreachable` error.
+
+Node-state ownership lives here too: `drain` writes reasons that start with
+``slurm-ext:`` and `resume` refuses any node whose reason does not, so an
+admin's drain is never undone by us.
+
+Main API: `SlurmClient.node`, `.nodes`, `.jobs`, `.job`, `.drain`, `.resume`,
+`.node_events`; records `Node`, `Job`, `NodeEvent`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from . import command
+from .config import SlurmSection
+from .errors import CommandError, CommandTimeout, NotOurDrain, SlurmError, SlurmUnreachable
+
+__all__ = ["REASON_PREFIX", "Node", "Job", "NodeEvent", "SlurmClient", "is_our_reason"]
+
+#: every drain reason slurm-ext writes starts with this; it resumes no other
+REASON_PREFIX = "slurm-ext:"
+
+# What Slurm's tools print when the daemon on the other end does not answer.
+_UNREACHABLE = re.compile(
+    r"Unable to contact slurm controller|Connection refused|Socket timed out|"
+    r"Unable to connect to database|Problem talking to the database|Zero Bytes were transmitted|"
+    r"Connection timed out|Communication connection failure",
+    re.IGNORECASE,
+)
+
+# Base node states; everything else after '+' is a flag.
+_BASE_STATES = {"IDLE", "ALLOCATED", "MIXED", "DOWN", "ERROR", "FUTURE", "UNKNOWN", "COMPLETING"}
+
+
+def is_our_reason(reason: str) -> bool:
+    """Whether a node reason was written by slurm-ext."""
+    return reason.startswith(REASON_PREFIX)
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: str
+    #: base state, upper case: IDLE, ALLOCATED, MIXED, DOWN, ...
+    state: str
+    #: state flags, upper case: DRAIN, NOT_RESPONDING, INVALID_REG, COMPLETING, ...
+    flags: frozenset[str] = frozenset()
+    #: the drain/down reason as set, without Slurm's "[user@time]" suffix
+    reason: str = ""
+    reason_user: str = ""
+    reason_time: datetime | None = None
+    #: configured GRES, as Slurm prints it (gpu:h200:4)
+    gres: str = ""
+    cpus: int = 0
+    #: MiB
+    real_memory: int = 0
+    partitions: tuple[str, ...] = ()
+
+    @property
+    def drained(self) -> bool:
+        """DRAIN flag set (draining or drained)."""
+        return "DRAIN" in self.flags
+
+    @property
+    def responding(self) -> bool:
+        return self.state != "DOWN" and "NOT_RESPONDING" not in self.flags
+
+    @property
+    def idle(self) -> bool:
+        """Idle and ready for a job: no drain, no down, answering."""
+        return self.state == "IDLE" and self.responding and not (
+            self.flags & {"DRAIN", "INVALID_REG", "COMPLETING", "MAINTENANCE", "REBOOT_REQUESTED"})
+
+    @property
+    def reason_is_ours(self) -> bool:
+        return is_our_reason(self.reason)
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    job_id: int
+    name: str
+    user: str
+    #: upper case: PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, ...
+    state: str
+    #: node list expression as Slurm prints it
+    nodes: str = ""
+    partition: str = ""
+    exit_code: int | None = None
+    start: datetime | None = None
+    end: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeEvent:
+    """One row of `sacctmgr show event`: a node state change kept by slurmdbd."""
+
+    node: str
+    start: datetime
+    #: None while the state still holds
+    end: datetime | None
+    state: str
+    reason: str
+    user: str
+
+
+Runner = Callable[..., command.CommandResult]
+
+
+@dataclass
+class SlurmClient:
+    """Reads and changes Slurm state through its CLI tools.
+
+    Build one from the [slurm] config section; every outside dependency (the
+    command runner, the environment) is a field so tests can replace it.
+    """
+
+    settings: SlurmSection = field(default_factory=SlurmSection)
+    runner: Runner = command.run
+    environ: dict[str, str] | None = None
+    _version: tuple[int, int] | None = field(default=None, init=False, repr=False)
+
+    # -- reading -----------------------------------------------------------------
+
+    def version(self) -> tuple[int, int]:
+        """(major, minor) of the installed Slurm tools, e.g. (22, 5)."""
+        if self._version is None:
+            out = self._run(["sinfo", "--version"]).stdout
+            match = re.search(r"(\d+)\.(\d+)", out)
+            if not match:
+                raise SlurmError(f"cannot read the Slurm version from {out.strip()!r}", ["sinfo", "--version"])
+            self._version = (int(match.group(1)), int(match.group(2)))
+        return self._version
+
+    def use_json(self, tool: str = "sinfo") -> bool:
+        """Whether `tool` should be asked for --json (slurm.json: auto/always/never)."""
+        mode = self.settings.json
+        if mode != "auto":
+            return mode == "always"
+        # sinfo/squeue/sacct have --json since 21.08, scontrol since 23.02
+        return self.version() >= ((23, 2) if tool == "scontrol" else (21, 8))
+
+    def nodes(self) -> list[Node]:
+        """Every node slurmctld knows."""
+        return self._read_nodes(None)
+
+    def node(self, name: str) -> Node:
+        """One node by name.
+
+        Raises:
+            SlurmError: slurmctld does not know the node.
+            SlurmUnreachable: slurmctld does not answer.
+        """
+        found = [n for n in self._read_nodes(name) if n.name == name]
+        if not found:
+            raise SlurmError(f"node {name}: not known to slurmctld", ["scontrol", "show", "node", name])
+        return found[0]
+
+    def _read_nodes(self, name: str | None) -> list[Node]:
+        if self.use_json("scontrol"):
+            cmd = ["scontrol", "--json", "show", "node"] + ([name] if name else [])
+            return [_node_from_json(n) for n in self._json(cmd).get("nodes", [])]
+        if self.use_json("sinfo") and self.version() < (23, 2):
+            # 22.05's sinfo --json lists every node, one record each
+            return [_node_from_json(n) for n in self._json(["sinfo", "--json"]).get("nodes", [])
+                    if name is None or n.get("name") == name]
+        cmd = ["scontrol", "show", "node", "--oneliner"] + ([name] if name else [])
+        try:
+            out = self._run(cmd).stdout
+        except SlurmError as err:
+            if name and "Invalid node name" in str(err):
+                return []
+            raise
+        return [_node_from_text(line) for line in out.splitlines() if line.startswith("NodeName=")]
+
+    def jobs(self) -> list[Job]:
+        """Jobs slurmctld holds now (pending, running, completing), from squeue."""
+        if self.use_json("squeue"):
+            return [_job_from_squeue_json(j) for j in self._json(["squeue", "--json"]).get("jobs", [])]
+        out = self._run(["squeue", "--noheader", "--format=%i|%j|%u|%T|%N|%P|%S|%e"]).stdout
+        return [_job_from_squeue_text(line) for line in out.splitlines() if line.strip()]
+
+    def job(self, job_id: int) -> Job | None:
+        """A job's accounting record from sacct (None until slurmdbd has it).
+
+        sacct records arrive 1-3 s after a job ends: callers poll.
+        """
+        if self.use_json("sacct"):
+            data = self._json(["sacct", "--json", "-j", str(job_id)])
+            found = [_job_from_sacct_json(j) for j in data.get("jobs", [])]
+        else:
+            out = self._run(["sacct", "-n", "-P", "-X", "-j", str(job_id),
+                             "--format=JobID,JobName,User,State,NodeList,Partition,ExitCode,Start,End"]).stdout
+            found = [_job_from_sacct_text(line) for line in out.splitlines() if line.strip()]
+        found = [j for j in found if j.job_id == job_id]
+        return found[0] if found else None
+
+    def node_events(self, node: str, since: datetime) -> list[NodeEvent]:
+        """State changes of `node` that started at or after `since`, oldest first."""
+        start = since.astimezone().strftime("%Y-%m-%dT%H:%M:%S")
+        out = self._run(["sacctmgr", "--noheader", "--parsable2", "show", "event", "event=node",
+                         f"nodes={node}", f"start={start}",
+                         "format=NodeName,TimeStart,TimeEnd,State,User,Reason"]).stdout
+        events = []
+        for line in out.splitlines():
+            parts = line.split("|", 5)  # the reason is last and may itself hold '|'
+            if len(parts) < 6 or parts[0] != node:
+                continue
+            events.append(NodeEvent(
+                node=parts[0], start=_parse_time(parts[1]), end=_parse_time(parts[2]),
+                state=parts[3], user=re.sub(r"\(\d+\)$", "", parts[4]), reason=parts[5]))
+        return sorted(events, key=lambda e: e.start)
+
+    # -- changing ----------------------------------------------------------------
+
+    def drain(self, node: str, reason: str) -> None:
+        """Drain `node`; the reason gets the slurm-ext prefix if it lacks it."""
+        if not is_our_reason(reason):
+            reason = f"{REASON_PREFIX} {reason}"
+        self._run(["scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}"])
+
+    def resume(self, node: str) -> bool:
+        """Resume `node` if, and only if, slurm-ext drained it.
+
+        Returns False when the node is neither drained nor down (nothing to do).
+        A reason changed by someone between our read and our resume is the one
+        race left; Slurm has no compare-and-set for reasons.
+
+        Raises:
+            NotOurDrain: the node's reason was not written by slurm-ext.
+        """
+        current = self.node(node)
+        if not current.drained and current.state != "DOWN":
+            return False
+        if not current.reason_is_ours:
+            raise NotOurDrain(node, current.reason)
+        self._run(["scontrol", "update", f"nodename={node}", "state=resume"])
+        return True
+
+    # -- plumbing ----------------------------------------------------------------
+
+    def _run(self, cmd: list[str]) -> command.CommandResult:
+        argv = [os.path.join(self.settings.bin_dir, cmd[0]) if self.settings.bin_dir else cmd[0], *cmd[1:]]
+        env = dict(self.environ if self.environ is not None else os.environ)
+        if self.settings.conf:
+            env["SLURM_CONF"] = self.settings.conf
+        try:
+            return self.runner(argv, self.settings.timeout, env=env)
+        except CommandTimeout as err:
+            raise SlurmUnreachable(
+                f"{cmd[0]}: no answer within {self.settings.timeout:g}s (is slurmctld/slurmdbd running?)",
+                argv) from err
+        except CommandError as err:
+            detail = err.stderr.strip().splitlines()[-1] if err.stderr.strip() else f"exit status {err.returncode}"
+            if _UNREACHABLE.search(err.stderr):
+                raise SlurmUnreachable(f"{cmd[0]}: Slurm unreachable: {detail}", argv) from err
+            raise SlurmError(f"{' '.join(cmd[:3])}: {detail}", argv) from err
+
+    def _json(self, cmd: list[str]) -> dict:
+        out = self._run(cmd).stdout
+        try:
+            data = json.loads(out)
+        except json.JSONDecodeError as err:
+            raise SlurmError(f"{' '.join(cmd)}: output is not JSON ({err.msg} at char {err.pos})", cmd) from err
+        errors = [e for e in data.get("errors", []) if isinstance(e, dict) and e.get("error_number")]
+        if errors:
+            text = "; ".join(str(e.get("error") or e.get("description")) for e in errors)
+            if _UNREACHABLE.search(text):
+                raise SlurmUnreachable(f"{cmd[0]}: Slurm unreachable: {text}", cmd)
+            raise SlurmError(f"{' '.join(cmd)}: {text}", cmd)
+        return data
+
+
+# -- parsing: JSON shapes of 22.05 (v0.0.38) up to 26.05 -----------------------------
+
+
+def _number(value: Any) -> int | None:
+    """An integer from either a plain number or the {set, infinite, number} form."""
+    if isinstance(value, dict):
+        if not value.get("set", True) or value.get("infinite"):
+            return None
+        value = value.get("number")
+    if isinstance(value, bool) or value is None:
+        return None
+    return int(value)
+
+
+def _epoch(value: Any) -> datetime | None:
+    seconds = _number(value)
+    return datetime.fromtimestamp(seconds, timezone.utc) if seconds else None
+
+
+def _states(value: Any) -> list[str]:
+    """Upper-case state words from 'idle', ['IDLE', 'DRAIN'] or 'IDLE+DRAIN'."""
+    if isinstance(value, str):
+        value = value.split("+")
+    return [str(v).upper() for v in value or [] if v]
+
+
+def _split_state(words: list[str]) -> tuple[str, frozenset[str]]:
+    base = next((w for w in words if w in _BASE_STATES), words[0] if words else "UNKNOWN")
+    return base, frozenset(w for w in words if w != base)
+
+
+def _node_from_json(data: dict) -> Node:
+    words = _states(data.get("state")) + _states(data.get("state_flags"))
+    state, flags = _split_state(words)
+    partitions = data.get("partitions") or []
+    return Node(
+        name=data["name"],
+        state=state,
+        flags=flags,
+        reason=data.get("reason") or "",
+        reason_user=data.get("reason_set_by_user") or "",
+        reason_time=_epoch(data.get("reason_changed_at")),
+        gres=data.get("gres") or "",
+        cpus=_number(data.get("cpus")) or 0,
+        real_memory=_number(data.get("real_memory")) or 0,
+        partitions=tuple(partitions.split(",") if isinstance(partitions, str) else partitions),
+    )
+
+
+_TEXT_FIELD = re.compile(r"(?:^|\s)([A-Za-z_]+)=")
+
+
+def _fields_from_text(line: str) -> dict[str, str]:
+    """key=value pairs of `scontrol -o` output; values may hold spaces."""
+    reason = ""
+    if " Reason=" in line:  # always last, and free text: cut it off before splitting
+        line, reason = line.split(" Reason=", 1)
+    marks = list(_TEXT_FIELD.finditer(line))
+    fields = {}
+    for i, mark in enumerate(marks):
+        end = marks[i + 1].start() if i + 1 < len(marks) else len(line)
+        fields[mark.group(1)] = line[mark.end():end].strip()
+    if reason:
+        fields["Reason"] = reason
+    return fields
+
+
+def _node_from_text(line: str) -> Node:
+    fields = _fields_from_text(line)
+    raw_state = fields.get("State", "UNKNOWN")
+    words = _states(raw_state.rstrip("*~#!%$@^-"))
+    if raw_state.endswith("*"):
+        words.append("NOT_RESPONDING")
+    state, flags = _split_state(words)
+    reason, user, when = fields.get("Reason", ""), "", None
+    suffix = re.search(r"\s*\[([^@\]]*)@([0-9T:-]+)\]$", reason)
+    if suffix:
+        reason, user, when = reason[: suffix.start()], suffix.group(1), _parse_time(suffix.group(2))
+    partitions = fields.get("Partitions", "")
+    return Node(
+        name=fields["NodeName"],
+        state=state,
+        flags=flags,
+        reason="" if reason == "(null)" else reason,
+        reason_user=user,
+        reason_time=when,
+        gres="" if fields.get("Gres") in (None, "(null)") else fields["Gres"],
+        cpus=int(fields.get("CPUTot", "0") or 0),
+        real_memory=int(fields.get("RealMemory", "0") or 0),
+        partitions=tuple(p for p in partitions.split(",") if p),
+    )
+
+
+def _job_from_squeue_json(data: dict) -> Job:
+    return Job(
+        job_id=_number(data.get("job_id")) or 0,
+        name=data.get("name") or "",
+        user=data.get("user_name") or "",
+        state=(_states(data.get("job_state")) or ["UNKNOWN"])[0],
+        nodes=data.get("nodes") or "",
+        partition=data.get("partition") or "",
+        exit_code=_exit_code(data.get("exit_code")),
+        start=_epoch(data.get("start_time")),
+        end=_epoch(data.get("end_time")),
+    )
+
+
+def _job_from_sacct_json(data: dict) -> Job:
+    state = data.get("state") or {}
+    times = data.get("time") or {}
+    return Job(
+        job_id=_number(data.get("job_id")) or 0,
+        name=data.get("name") or "",
+        user=data.get("user") or "",
+        state=(_states(state.get("current") if isinstance(state, dict) else state) or ["UNKNOWN"])[0],
+        nodes=data.get("nodes") or "",
+        partition=data.get("partition") or "",
+        exit_code=_exit_code(data.get("exit_code")),
+        start=_epoch(times.get("start")),
+        end=_epoch(times.get("end")),
+    )
+
+
+def _exit_code(value: Any) -> int | None:
+    if isinstance(value, dict):
+        return _number(value.get("return_code"))
+    return _number(value)
+
+
+def _job_from_squeue_text(line: str) -> Job:
+    job_id, name, user, state, nodes, partition, start, end = line.split("|", 7)
+    return Job(int(job_id), name, user, state.upper(), nodes, partition, None,
+               _parse_time(start), _parse_time(end))
+
+
+def _job_from_sacct_text(line: str) -> Job:
+    job_id, name, user, state, nodes, partition, exit_code, start, end = line.split("|", 8)
+    code = exit_code.split(":")[0]
+    return Job(int(job_id.split("_")[0].split("+")[0]), name, user,
+               state.split()[0].upper() if state else "UNKNOWN", nodes, partition,
+               int(code) if code.isdigit() else None, _parse_time(start), _parse_time(end))
+
+
+def _parse_time(text: str) -> datetime | None:
+    """Slurm's local-time timestamps; 'Unknown', 'None', 'N/A' mean no time."""
+    try:
+        return datetime.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S").astimezone()
+    except ValueError:
+        return None

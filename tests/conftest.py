@@ -1,0 +1,134 @@
+"""Shared fixtures: the real single-host Slurm cluster, made by slurm-ext's own dev code.
+
+The cluster uses its own ports, node name and cluster name, so it never meets
+a `slurm-ext dev up` cluster or a production Slurm on the same host. Its state
+directory is made with mkdtemp (mode 755: MariaDB runs as mysql and must reach
+its datadir) and removed after `dev down`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from slurm_ext import command, dev
+from slurm_ext.config import DevSection
+from slurm_ext.dev.layout import Layout
+from slurm_ext.slurm import Job, SlurmClient
+
+TEST_CLUSTER = dict(
+    cluster_name="slurmexttest",
+    node_name="testnode1",
+    slurmctld_port=16817,
+    slurmd_port=16818,
+    slurmdbd_port=16819,
+    mariadb_port=13307,
+    gpu_count=4,
+    gpu_type="h200",
+    up_timeout=60.0,
+)
+
+FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
+
+
+@dataclass
+class Cluster:
+    """The running test cluster and the few things tests do with it."""
+
+    settings: DevSection
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.settings)
+
+    @property
+    def node(self) -> str:
+        return self.settings.node_name
+
+    @property
+    def env(self) -> dict[str, str]:
+        return self.layout.daemon_environ()
+
+    @property
+    def config_file(self) -> Path:
+        """A slurm-ext.toml whose [dev] section is this cluster, for CLI tests."""
+        path = self.layout.root / "test-cli.toml"
+        if not path.exists():
+            lines = ["[dev]", f'state_dir = "{self.settings.state_dir}"']
+            for key, value in TEST_CLUSTER.items():
+                lines.append(f'{key} = "{value:g}s"' if isinstance(value, float) else
+                             f"{key} = {value}" if isinstance(value, int) else f'{key} = "{value}"')
+            path.write_text("\n".join(lines) + "\n")
+        return path
+
+    def client(self, timeout: float = 10.0, json: str = "auto") -> SlurmClient:
+        from slurm_ext.config import SlurmSection
+        return SlurmClient(SlurmSection(conf=str(self.layout.slurm_conf), timeout=timeout, json=json),
+                           environ=self.env)
+
+    def run(self, *cmd: str, timeout: float = 30.0, check: bool = True) -> command.CommandResult:
+        return command.run(list(cmd), timeout, env=self.env, check=check)
+
+    def sbatch(self, *args: str) -> int:
+        out = self.run("sbatch", "--parsable", f"--output={self.layout.out}/%j.out",
+                       f"--chdir={self.layout.out}", *args).stdout
+        return int(out.strip().split(";")[0])
+
+    def wait_accounted(self, job_id: int, timeout: float = 60.0) -> Job:
+        """Poll sacct until the job has finished there (records arrive 1-3 s late)."""
+        slurm = self.client()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            job = slurm.job(job_id)
+            if job and job.state in FINISHED:
+                return job
+            time.sleep(0.5)
+        raise AssertionError(f"job {job_id} not finished in sacct after {timeout}s: {slurm.job(job_id)}")
+
+    def wait_idle(self, timeout: float = 60.0):
+        slurm = self.client()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            node = slurm.node(self.node)
+            if node.idle:
+                return node
+            time.sleep(0.2)
+        raise AssertionError(f"node not idle after {timeout}s: {slurm.node(self.node)}")
+
+
+@pytest.fixture(scope="session")
+def cluster_settings() -> DevSection:
+    state_dir = tempfile.mkdtemp(prefix="slurm-ext-test-")
+    os.chmod(state_dir, 0o755)
+    yield DevSection(state_dir=state_dir, **TEST_CLUSTER)
+    shutil.rmtree(state_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def cluster(cluster_settings) -> Cluster:
+    """The real cluster, up for the whole session; tests that stop parts of it bring it back."""
+    dev.up(cluster_settings)
+    yield Cluster(cluster_settings)
+    dev.down(cluster_settings)
+
+
+@pytest.fixture
+def running_cluster(cluster) -> Cluster:
+    """The cluster, brought back up (idempotent) and idle before the test."""
+    dev.up(cluster.settings)
+    cluster.wait_idle()
+    return cluster
+
+
+def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> "subprocess.CompletedProcess":
+    """Run the real `slurm-ext` CLI in a child process."""
+    import subprocess
+    return subprocess.run([sys.executable, "-m", "slurm_ext.cli", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=timeout)

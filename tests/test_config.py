@@ -1,0 +1,168 @@
+"""Config loading and `slurm-ext config check|show`: every bad input is exit 2 naming the key."""
+
+import dataclasses
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from slurm_ext import config
+from slurm_ext.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cli(*args, env=None):
+    """Run the real `slurm-ext` CLI in a child process."""
+    return subprocess.run([sys.executable, "-m", "slurm_ext.cli", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=60)
+
+
+def write(tmp_path, text, name="slurm-ext.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_defaults_without_a_file(tmp_path, monkeypatch):
+    monkeypatch.delenv(config.ENV_VAR, raising=False)
+    monkeypatch.setattr(config, "DEFAULT_PATH", tmp_path / "absent.toml")
+    loaded = config.load()
+    assert loaded == config.Config()
+    assert loaded.slurm.timeout == 10.0
+    assert loaded.source is None
+
+
+def test_env_var_names_the_file(tmp_path, monkeypatch):
+    path = write(tmp_path, '[slurm]\ntimeout = "3s"\n[log]\nlevel = "debug"\n')
+    monkeypatch.setenv(config.ENV_VAR, str(path))
+    loaded = config.load()
+    assert loaded.slurm.timeout == 3.0
+    assert loaded.log.level == "debug"
+    assert loaded.source == str(path)
+
+
+def test_a_named_file_that_is_missing_is_an_error(tmp_path, monkeypatch):
+    monkeypatch.setenv(config.ENV_VAR, str(tmp_path / "nope.toml"))
+    with pytest.raises(ConfigError, match="no such file"):
+        config.load()
+
+
+@pytest.mark.parametrize("duration, seconds", [("500ms", 0.5), ("10s", 10.0), ("2m", 120.0), ("1h", 3600.0),
+                                               ("1.5s", 1.5)])
+def test_durations(duration, seconds):
+    assert config.parse_duration(duration) == seconds
+
+
+# Each bad input: the file's text, the key the message must name, and words it must hold.
+BAD = {
+    "unknown key": ('[slurm]\ntimeout = "5s"\ntimout = "5s"\n', "slurm.timout", ["unknown key", "timeout", "line 3"]),
+    "unknown section": ('[slurmm]\ntimeout = "5s"\n', "[slurmm]", ["unknown section", "slurm", "line 1"]),
+    "wrong type": ('[dev]\ngpu_count = "four"\n', "dev.gpu_count", ["'four'", "expected an integer", "string"]),
+    "bool for int": ("[dev]\ngpu_count = true\n", "dev.gpu_count", ["expected an integer", "boolean"]),
+    "duration without unit": ("[slurm]\ntimeout = 10\n", "slurm.timeout", ["10", "duration"]),
+    "duration bad unit": ('[slurm]\ntimeout = "10 parsecs"\n', "slurm.timeout", ["'10 parsecs'", "ms, s, m or h"]),
+    "out of range": ("[dev]\nslurmd_port = 70000\n", "dev.slurmd_port", ["70000", "between 1 and 65535"]),
+    "bad choice": ('[log]\nlevel = "loud"\n', "log.level", ["'loud'", "'debug'", "'error'"]),
+    "relative path": ('[node]\nstate_dir = "var/lib"\n', "node.state_dir", ["'var/lib'", "absolute path"]),
+    "missing directory": ('[slurm]\nbin_dir = "/no/such/dir"\n', "slurm.bin_dir", ["'/no/such/dir'",
+                                                                                 "no such directory"]),
+    "bad name": ('[dev]\nnode_name = "node 1"\n', "dev.node_name", ["'node 1'", "matching"]),
+    "section not a table": ('node = "x"\n', "node", ["must be a table"]),
+    "syntax error": ('[slurm]\ntimeout = "5s"\nbroken = = 1\n', "TOML syntax error", ["line 3"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_file_is_rejected_by_config_check(tmp_path, case):
+    text, key, words = BAD[case]
+    path = write(tmp_path, text)
+    result = cli("config", "check", str(path))
+    assert result.returncode == 2, result
+    assert "Traceback" not in result.stderr
+    message = result.stderr
+    assert str(path) in message and key in message, message
+    for word in words:
+        assert word in message, (word, message)
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_file_raises_config_error(tmp_path, case):
+    text, key, _ = BAD[case]
+    with pytest.raises(ConfigError) as caught:
+        config.load(write(tmp_path, text))
+    assert key in str(caught.value)
+
+
+def test_unreadable_file_as_a_plain_user(tmp_path):
+    """Root reads any file, so the CLI runs as nobody, in a forked child
+    (nobody cannot reach this Python under /root to start a new one)."""
+    path = write(tmp_path, "[log]\n")
+    path.chmod(0o000)
+    tmp_path.chmod(0o755)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: become nobody, run the CLI, report on the pipe
+        code = 99
+        try:
+            os.dup2(write_end, 2)
+            os.setgid(65534)
+            os.setuid(65534)
+            from slurm_ext import cli
+            sys.stderr = os.fdopen(2, "w", closefd=False)
+            code = cli.main(["config", "check", str(path)])
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        stderr = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 2, stderr
+    assert f"{path}: cannot read: Permission denied" in stderr
+
+
+def test_a_directory_is_not_a_config_file(tmp_path):
+    result = cli("config", "check", str(tmp_path))
+    assert result.returncode == 2
+    assert f"{tmp_path}: cannot read: Is a directory" in result.stderr
+
+
+def test_not_utf8(tmp_path):
+    path = tmp_path / "bin.toml"
+    path.write_bytes(b"[log]\nlevel = \"\xff\"\n")
+    result = cli("config", "check", str(path))
+    assert result.returncode == 2 and "not UTF-8" in result.stderr
+
+
+def test_good_file_passes_check(tmp_path):
+    path = write(tmp_path, '[slurm]\ntimeout = "3s"\njson = "never"\n[dev]\ngpu_count = 8\n')
+    result = cli("config", "check", str(path))
+    assert result.returncode == 0, result.stderr
+    assert f"{path}: OK" in result.stdout
+
+
+def test_show_prints_the_effective_config_which_loads_back(tmp_path):
+    path = write(tmp_path, '[slurm]\ntimeout = "1500ms"\n[dev]\ngpu_count = 8\ngpu_type = "h100"\n')
+    result = cli("config", "show", env={config.ENV_VAR: str(path)})
+    assert result.returncode == 0, result.stderr
+    shown = tomllib.loads(result.stdout)
+    assert shown["slurm"]["timeout"] == "1.5s"
+    assert shown["dev"]["gpu_count"] == 8
+    assert shown["log"]["level"] == "info"  # defaults are filled in
+    assert config.from_dict(shown, path) == config.load(path)
+
+
+def test_render_round_trips_every_default():
+    text = config.render(config.Config())
+    assert config.from_dict(tomllib.loads(text)) == dataclasses.replace(config.Config(), source="<config>")
+
+
+def test_readme_documents_every_key():
+    readme = (REPO / "README.md").read_text()
+    for name, section in config.sections().items():
+        for field in dataclasses.fields(section):
+            assert f"`{name}.{field.name}`" in readme, f"README lacks {name}.{field.name}"

@@ -1,0 +1,185 @@
+"""`slurm-ext dev ...`: the real local cluster from nothing, idempotent up, clean down."""
+
+import os
+import socket
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from conftest import cli
+from slurm_ext import dev
+from slurm_ext.dev import cluster as dev_cluster, daemons, deps
+from slurm_ext.errors import DevClusterError
+
+
+def _tree_mtimes(root: Path) -> dict[str, int]:
+    return {str(p): p.stat().st_mtime_ns for sub in ("etc", "bin", "lib", "dev")
+            for p in (root / sub).rglob("*") if p.is_file() or p.is_char_device()}
+
+
+def _cgroup_pids(node: str) -> set[int]:
+    pids = set()
+    for top in dev.job_cgroups(node):
+        for procs in top.rglob("cgroup.procs"):
+            pids.update(int(p) for p in procs.read_text().split())
+    return pids
+
+
+def test_up_from_nothing_is_idempotent_and_down_leaves_nothing(cluster):
+    settings = cluster.settings
+    root = Path(settings.state_dir)
+    dev.down(settings)
+    for child in root.iterdir():  # from nothing: an empty state directory
+        if child.is_dir() and not child.is_symlink():
+            import shutil
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+
+    first = dev.up(settings)
+    assert first.node is not None and first.node.idle, first
+    assert first.node.gres == "gpu:h200:4"
+    pids = {d.name: d.pid for d in first.daemons if d.pid}
+    assert {"mariadbd", "slurmdbd", "slurmctld", "slurmd"} <= set(pids), first.daemons
+    files = _tree_mtimes(root)
+    assert len(files) >= 10
+
+    second = dev.up(settings)
+    assert {d.name: d.pid for d in second.daemons if d.pid} == pids, "a second up restarted a daemon"
+    assert _tree_mtimes(root) == files, "a second up rewrote files"
+    assert second.node.idle
+
+    # a job running at `down` must not survive it either
+    job_id = cluster.sbatch("--wrap=sleep 300")
+    deadline = time.monotonic() + 30
+    while not _cgroup_pids(cluster.node) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    job_pids = _cgroup_pids(cluster.node)
+    assert job_pids, f"job {job_id} never showed up in the node's cgroups"
+
+    stopped = dev.down(settings)
+    assert set(pids.values()) <= set(stopped)
+    alive = [p for p in list(pids.values()) + sorted(job_pids) if daemons.pid_alive(p)]
+    assert not alive, f"still alive after down: {alive}"
+    assert dev.job_cgroups(cluster.node) == [], "down left the node's job cgroups behind"
+    after = dev.status(settings)
+    assert not any(d.pid for d in after.daemons if d.name != "munged" or pids.get("munged"))
+    assert after.node is None and "not running" in after.problem
+
+
+def test_sbatch_job_completes_and_reaches_sacct(running_cluster):
+    job_id = running_cluster.sbatch("--gres=gpu:1", "--wrap=echo gpus=$CUDA_VISIBLE_DEVICES")
+    job = running_cluster.wait_accounted(job_id)
+    assert job.state == "COMPLETED" and job.exit_code == 0
+    assert job.nodes == running_cluster.node
+    output = (running_cluster.layout.out / f"{job_id}.out").read_text()
+    assert output.strip() == "gpus=0"
+
+
+def test_hooks_ran_for_the_job_through_the_entry_points(running_cluster):
+    job_id = running_cluster.sbatch("--wrap=true")
+    running_cluster.wait_accounted(job_id)
+    log = running_cluster.layout.log / "slurm-ext.log"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        text = log.read_text() if log.exists() else ""
+        if f"job {job_id} user root" in text and "epilog ran" in text.split(f"job {job_id} ", 2)[-1]:
+            break
+        time.sleep(0.2)
+    lines = [line for line in log.read_text().splitlines() if f"job {job_id} " in line]
+    assert any("prolog ran" in line for line in lines), lines
+    assert any("epilog ran" in line for line in lines), lines
+
+
+def test_daemons_and_hooks_see_the_fake_gpus(running_cluster):
+    """The same fake NVML is in every daemon's environment (read from /proc)."""
+    state = dev.status(running_cluster.settings)
+    lib = str(running_cluster.layout.lib)
+    for daemon in state.daemons:
+        if daemon.name in ("slurmd", "slurmctld", "slurmdbd"):
+            environ = Path(f"/proc/{daemon.pid}/environ").read_bytes().split(b"\0")
+            assert f"LD_LIBRARY_PATH={lib}".encode() in environ, daemon.name
+    wrapper = (running_cluster.layout.bin / "slurm-ext-prolog").read_text()
+    assert f"LD_LIBRARY_PATH='{lib}'" in wrapper and "SLURM_EXT_FAKE_NVML=" in wrapper
+
+
+def test_cli_status_and_demo(running_cluster):
+    config = str(running_cluster.config_file)
+    status = cli("--config", config, "dev", "status")
+    assert status.returncode == 0, status.stderr
+    assert "slurmctld  running, pid" in status.stdout
+    assert f"node {running_cluster.node}: IDLE gres gpu:h200:4" in status.stdout
+
+    demo = cli("--config", config, "dev", "demo")
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    assert "COMPLETED exit code 0" in demo.stdout
+    assert "CUDA_VISIBLE_DEVICES=0" in demo.stdout
+    assert "NVML gpu 0: NVIDIA H200 GPU-" in demo.stdout  # the job read its GPU through pynvml
+
+
+def test_a_taken_port_is_a_clear_error_before_anything_starts(cluster, tmp_path):
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        state_dir = tmp_path / "other"
+        state_dir.mkdir()
+        state_dir.chmod(0o755)
+        tmp_path.chmod(0o755)
+        other = replace(cluster.settings, state_dir=str(state_dir), node_name="portnode",
+                        slurmctld_port=port, slurmd_port=port + 1 if port < 65535 else port - 1,
+                        slurmdbd_port=26819, mariadb_port=23307)
+        with pytest.raises(DevClusterError, match=f"slurmctld: port {port} on 127.0.0.1 is taken"):
+            dev.up(other)
+        assert not any(d.pid for d in dev.status(other).daemons if d.name != "munged")
+
+
+def test_a_missing_package_names_the_install_command(cluster, monkeypatch):
+    monkeypatch.setattr(deps, "PACKAGES", deps.PACKAGES + ("slurm-ext-no-such-package",))
+    with pytest.raises(DevClusterError) as caught:
+        dev.up(cluster.settings)
+    message = str(caught.value)
+    assert "missing Debian packages: slurm-ext-no-such-package" in message
+    assert "apt-get install -y slurm-ext-no-such-package" in message
+
+
+def test_not_root_is_a_clear_error(cluster):
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: drop to nobody and run the CLI's `dev up`
+        code = 99
+        try:
+            os.dup2(write_end, 2)
+            os.setgid(65534)
+            os.setuid(65534)
+            import sys
+            from slurm_ext import cli as slurm_ext_cli
+            sys.stderr = os.fdopen(2, "w", closefd=False)
+            code = slurm_ext_cli.main(["--config", str(cluster.config_file), "dev", "up"])
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        stderr = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 1, stderr
+    assert "dev up must run as root" in stderr and "Traceback" not in stderr
+
+
+def test_stale_pidfile_with_a_reused_pid_is_not_signalled(cluster, tmp_path):
+    """A pidfile naming a live process that is not the daemon is ignored, never killed."""
+    import subprocess
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        fake = daemons.Daemon("slurmd", ("slurmd",), tmp_path / "slurmd.pid", frozenset({"slurmd"}),
+                              tmp_path / "slurmd.out")
+        fake.pidfile.write_text(f"{bystander.pid}\n")
+        assert daemons.running_pid(fake) is None
+        assert daemons.stop(fake) is None
+        assert bystander.poll() is None, "a process that is not slurmd was signalled"
+    finally:
+        bystander.kill()
+        bystander.wait()

@@ -1,0 +1,170 @@
+"""The Slurm client against the real cluster (JSON and text paths), plus parsing of other versions' shapes."""
+
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from slurm_ext import dev
+from slurm_ext.dev import cluster as dev_cluster, daemons
+from slurm_ext.dev.layout import Layout
+from slurm_ext.errors import NotOurDrain, SlurmError, SlurmUnreachable
+from slurm_ext.slurm import REASON_PREFIX, Node, _job_from_sacct_json, _node_from_json, _node_from_text
+
+MODES = ["auto", "never"]  # auto reads --json on this Slurm; never parses plain text
+
+
+def _daemon(cluster, name):
+    return next(d for d in dev_cluster.cluster_daemons(Layout(cluster.settings)) if d.name == name)
+
+
+@pytest.mark.parametrize("json", MODES)
+def test_node_record(running_cluster, json):
+    node = running_cluster.client(json=json).node(running_cluster.node)
+    assert node.name == running_cluster.node
+    assert node.state == "IDLE" and node.flags == frozenset() and node.idle and node.responding
+    assert node.gres == "gpu:h200:4"
+    assert node.cpus >= 1 and node.real_memory > 0
+    assert node.partitions == ("debug",)
+    assert [n.name for n in running_cluster.client(json=json).nodes()] == [running_cluster.node]
+
+
+def test_unknown_node_is_a_slurm_error(running_cluster):
+    for json in MODES:
+        with pytest.raises(SlurmError, match="nosuchnode: not known"):
+            running_cluster.client(json=json).node("nosuchnode")
+
+
+@pytest.mark.parametrize("json", MODES)
+def test_drain_carries_the_prefix_and_resume_clears_our_own(running_cluster, json):
+    slurm = running_cluster.client(json=json)
+    node = running_cluster.node
+    slurm.drain(node, f"test drain {json}")
+    drained = slurm.node(node)
+    assert drained.drained and drained.reason == f"{REASON_PREFIX} test drain {json}"
+    assert drained.reason_is_ours and drained.reason_user == "root"
+    assert slurm.resume(node) is True
+    assert not slurm.node(node).drained
+    assert slurm.resume(node) is False  # nothing to do on a node that is not drained
+
+
+@pytest.mark.parametrize("json", MODES)
+def test_resume_refuses_an_admin_drain(running_cluster, json):
+    slurm = running_cluster.client(json=json)
+    node = running_cluster.node
+    running_cluster.run("scontrol", "update", f"nodename={node}", "state=drain", "reason=maintenance")
+    try:
+        with pytest.raises(NotOurDrain) as caught:
+            slurm.resume(node)
+        assert caught.value.reason == "maintenance" and "not set by slurm-ext" in str(caught.value)
+        still = slurm.node(node)
+        assert still.drained and still.reason == "maintenance"
+    finally:
+        running_cluster.run("scontrol", "update", f"nodename={node}", "state=resume")
+
+
+def test_node_events_come_from_sacctmgr(running_cluster):
+    slurm = running_cluster.client()
+    node = running_cluster.node
+    since = datetime.now(timezone.utc) - timedelta(seconds=2)
+    reason = f"event check {time.time():.0f}"
+    slurm.drain(node, reason)
+    slurm.resume(node)
+    deadline = time.monotonic() + 20
+    events = []
+    while time.monotonic() < deadline:
+        events = [e for e in slurm.node_events(node, since) if e.reason == f"{REASON_PREFIX} {reason}"]
+        if events and events[0].end is not None:
+            break
+        time.sleep(0.5)
+    assert events, slurm.node_events(node, since)
+    event = events[0]
+    assert event.node == node and "DRAIN" in event.state and event.user == "root"
+    assert event.start >= since - timedelta(seconds=1)
+    assert event.end is not None and event.end >= event.start
+
+
+@pytest.mark.parametrize("json", MODES)
+def test_jobs_and_accounting(running_cluster, json):
+    slurm = running_cluster.client(json=json)
+    job_id = running_cluster.sbatch("--job-name=client-check", "--wrap=sleep 2; exit 3")
+    queued = [j for j in slurm.jobs() if j.job_id == job_id]
+    assert queued and queued[0].name == "client-check" and queued[0].user == "root"
+    assert queued[0].state in ("PENDING", "RUNNING", "CONFIGURING")
+    job = running_cluster.wait_accounted(job_id)
+    accounted = slurm.job(job_id)
+    assert accounted.state == "FAILED" and accounted.exit_code == 3
+    assert accounted.nodes == running_cluster.node and accounted.partition == "debug"
+    assert accounted.start and accounted.end and accounted.end >= accounted.start
+    assert job == running_cluster.client().job(job_id)
+    assert slurm.job(99999999) is None
+
+
+@pytest.mark.parametrize("json", MODES)
+def test_unreachable_controller_raises_within_the_timeout(running_cluster, json):
+    stopped = daemons.stop(_daemon(running_cluster, "slurmctld"))
+    assert stopped
+    try:
+        slurm = running_cluster.client(timeout=3.0, json=json)
+        for call in (lambda: slurm.node(running_cluster.node), slurm.jobs,
+                     lambda: slurm.drain(running_cluster.node, "x")):
+            started = time.monotonic()
+            with pytest.raises(SlurmUnreachable):
+                call()
+            assert time.monotonic() - started < 3.0 + 1.5
+    finally:
+        dev.up(running_cluster.settings)
+
+
+def test_unreachable_database_raises_within_the_timeout(running_cluster):
+    stopped = daemons.stop(_daemon(running_cluster, "slurmdbd"))
+    assert stopped
+    try:
+        slurm = running_cluster.client(timeout=3.0)
+        started = time.monotonic()
+        with pytest.raises(SlurmUnreachable):
+            slurm.node_events(running_cluster.node, datetime.now(timezone.utc))
+        assert time.monotonic() - started < 3.0 + 1.5
+    finally:
+        dev.up(running_cluster.settings)
+
+
+# -- parsing of shapes this host's Slurm 22.05 does not print ------------------------
+
+
+def test_text_record_of_a_drained_node():
+    line = ("NodeName=vm Arch=x86_64 CoresPerSocket=1 CPUAlloc=0 CPUEfctv=2 CPUTot=2 CPULoad=0.11 "
+            "AvailableFeatures=(null) Gres=gpu:h200:4 NodeAddr=127.0.0.1 OS=Linux 6.1 #1 SMP "
+            "RealMemory=23605 State=IDLE+DRAIN Partitions=debug,gpu CfgTRES=cpu=2,mem=23605M "
+            "Reason=slurm-ext: gpu 3 lost x=y|z [root@2026-11-29T16:56:27]")
+    node = _node_from_text(line)
+    assert node == Node(name="vm", state="IDLE", flags=frozenset({"DRAIN"}), reason="slurm-ext: gpu 3 lost x=y|z",
+                        reason_user="root", reason_time=node.reason_time, gres="gpu:h200:4", cpus=2,
+                        real_memory=23605, partitions=("debug", "gpu"))
+    assert node.reason_time == datetime(2026, 11, 29, 16, 56, 27).astimezone()
+    assert node.reason_is_ours and not node.idle
+
+
+def test_text_record_not_responding():
+    node = _node_from_text("NodeName=n1 CPUTot=4 Gres=(null) RealMemory=1 State=DOWN* Partitions=p")
+    assert node.state == "DOWN" and "NOT_RESPONDING" in node.flags and not node.responding and node.gres == ""
+
+
+def test_json_record_of_slurm_24():
+    data = {"name": "n1", "state": ["IDLE", "DRAIN"], "reason": "maintenance",
+            "reason_set_by_user": "alice", "reason_changed_at": {"set": True, "infinite": False, "number": 1800000000},
+            "gres": "gpu:h100:8", "cpus": 128, "real_memory": 2000000, "partitions": ["gpu"]}
+    node = _node_from_json(data)
+    assert node.state == "IDLE" and node.flags == {"DRAIN"} and node.reason_user == "alice"
+    assert node.reason_time == datetime.fromtimestamp(1800000000, timezone.utc)
+    assert not node.reason_is_ours and node.partitions == ("gpu",)
+
+
+def test_sacct_json_of_slurm_24():
+    data = {"job_id": 7, "name": "train", "user": "bob", "state": {"current": ["COMPLETED"], "reason": "None"},
+            "nodes": "n[1-2]", "partition": "gpu",
+            "exit_code": {"status": ["SUCCESS"], "return_code": {"set": True, "infinite": False, "number": 0}},
+            "time": {"start": 1800000000, "end": 1800000060}}
+    job = _job_from_sacct_json(data)
+    assert (job.job_id, job.state, job.exit_code, job.nodes) == (7, "COMPLETED", 0, "n[1-2]")
+    assert (job.end - job.start).total_seconds() == 60
