@@ -149,8 +149,10 @@ class SlurmClient:
         mode = self.settings.json
         if mode != "auto":
             return mode == "always"
-        # sinfo/squeue/sacct have --json since 21.08, scontrol since 23.02
-        return self.version() >= ((23, 2) if tool == "scontrol" else (21, 8))
+        # sinfo/squeue/sacct have --json since 21.08, scontrol since 23.02; but
+        # 22.05's sacct --json reports return_code 0 for failed jobs (seen), so
+        # sacct's JSON is trusted from 23.02 on too
+        return self.version() >= ((23, 2) if tool in ("scontrol", "sacct") else (21, 8))
 
     def nodes(self) -> list[Node]:
         """Every node slurmctld knows."""
@@ -180,7 +182,7 @@ class SlurmClient:
         try:
             out = self._run(cmd).stdout
         except SlurmError as err:
-            if name and "Invalid node name" in str(err):
+            if name and re.search(r"Invalid node name|Node \S+ not found", str(err)):
                 return []
             raise
         return [_node_from_text(line) for line in out.splitlines() if line.startswith("NodeName=")]
@@ -274,7 +276,9 @@ class SlurmClient:
             data = json.loads(out)
         except json.JSONDecodeError as err:
             raise SlurmError(f"{' '.join(cmd)}: output is not JSON ({err.msg} at char {err.pos})", cmd) from err
-        errors = [e for e in data.get("errors", []) if isinstance(e, dict) and e.get("error_number")]
+        # sacct reports an empty answer as the error "Nothing found with query"
+        errors = [e for e in data.get("errors", []) if isinstance(e, dict) and e.get("error_number")
+                  and "Nothing found" not in str(e.get("error") or e.get("description"))]
         if errors:
             text = "; ".join(str(e.get("error") or e.get("description")) for e in errors)
             if _UNREACHABLE.search(text):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -127,8 +128,7 @@ def running_cluster(cluster) -> Cluster:
     return cluster
 
 
-def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> "subprocess.CompletedProcess":
+def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run the real `slurm-ext` CLI in a child process."""
-    import subprocess
     return subprocess.run([sys.executable, "-m", "slurm_ext.cli", *args], capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, timeout=timeout)

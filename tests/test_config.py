@@ -2,23 +2,17 @@
 
 import dataclasses
 import os
-import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 
+from conftest import cli
 from slurm_ext import config
 from slurm_ext.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def cli(*args, env=None):
-    """Run the real `slurm-ext` CLI in a child process."""
-    return subprocess.run([sys.executable, "-m", "slurm_ext.cli", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=60)
 
 
 def write(tmp_path, text, name="slurm-ext.toml"):

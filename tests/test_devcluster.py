@@ -1,7 +1,10 @@
 """`slurm-ext dev ...`: the real local cluster from nothing, idempotent up, clean down."""
 
 import os
+import shutil
 import socket
+import subprocess
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -10,7 +13,7 @@ import pytest
 
 from conftest import cli
 from slurm_ext import dev
-from slurm_ext.dev import cluster as dev_cluster, daemons, deps
+from slurm_ext.dev import daemons, deps
 from slurm_ext.errors import DevClusterError
 
 
@@ -33,7 +36,6 @@ def test_up_from_nothing_is_idempotent_and_down_leaves_nothing(cluster):
     dev.down(settings)
     for child in root.iterdir():  # from nothing: an empty state directory
         if child.is_dir() and not child.is_symlink():
-            import shutil
             shutil.rmtree(child)
         else:
             child.unlink()
@@ -154,7 +156,6 @@ def test_not_root_is_a_clear_error(cluster):
             os.dup2(write_end, 2)
             os.setgid(65534)
             os.setuid(65534)
-            import sys
             from slurm_ext import cli as slurm_ext_cli
             sys.stderr = os.fdopen(2, "w", closefd=False)
             code = slurm_ext_cli.main(["--config", str(cluster.config_file), "dev", "up"])
@@ -171,7 +172,6 @@ def test_not_root_is_a_clear_error(cluster):
 
 def test_stale_pidfile_with_a_reused_pid_is_not_signalled(cluster, tmp_path):
     """A pidfile naming a live process that is not the daemon is ignored, never killed."""
-    import subprocess
     bystander = subprocess.Popen(["sleep", "60"])
     try:
         fake = daemons.Daemon("slurmd", ("slurmd",), tmp_path / "slurmd.pid", frozenset({"slurmd"}),

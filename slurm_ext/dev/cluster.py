@@ -228,8 +228,8 @@ def _init_database(layout: Layout) -> None:
     """Create MariaDB's system tables in the (empty) datadir, once."""
     log.info("initialising the accounting database in %s", layout.mysql)
     try:
-        command.run(["mariadb-install-db", f"--defaults-file={layout.my_cnf}", "--auth-root-authentication-method=socket"],
-                    120, env=layout.daemon_environ())
+        command.run(["mariadb-install-db", f"--defaults-file={layout.my_cnf}",
+                     "--auth-root-authentication-method=socket"], 120, env=layout.daemon_environ())
     except CommandError as err:
         raise DevClusterError(f"mariadb-install-db failed in {layout.mysql}: {err}") from err
 
