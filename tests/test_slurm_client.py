@@ -94,7 +94,8 @@ def test_jobs_and_accounting(running_cluster, json):
     job = running_cluster.wait_accounted(job_id)
     accounted = slurm.job(job_id)
     assert accounted.state == "FAILED" and accounted.exit_code == 3
-    assert accounted.nodes == running_cluster.node and accounted.partition == "debug"
+    raw = running_cluster.run("sacct", "-P", "-j", str(job_id), "--format=JobID,Partition,State,Cluster,Submit").stdout
+    assert accounted.nodes == running_cluster.node and accounted.partition == "debug", (accounted, raw)
     assert accounted.start and accounted.end and accounted.end >= accounted.start
     assert job == running_cluster.client().job(job_id)
     assert slurm.job(99999999) is None

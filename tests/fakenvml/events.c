@@ -1,0 +1,228 @@
+/*
+ * NVML event sets for the fake library.
+ *
+ * Events are listed in the spec file ("events": [...]); an event is
+ * identified by its position in that list.  Each event set remembers which
+ * positions it has delivered, so every set sees every matching event exactly
+ * once: events already in the file when the set was created, and events
+ * appended later while a waiter polls.  This mirrors how a health monitor
+ * uses NVML (create a set, register GPUs, loop on nvmlEventSetWait) while
+ * letting a test inject an Xid simply by appending to the file.
+ */
+#define _GNU_SOURCE
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* How often a waiter re-checks the spec file.  Short enough that tests do
+ * not notice the latency, long enough to cost nothing measurable. */
+#define POLL_INTERVAL_MS 10
+
+typedef struct { /* nvmlEventData_t, matches pynvml's c_nvmlEventData_t */
+    nvmlDevice_t device;
+    unsigned long long eventType;
+    unsigned long long eventData;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlEventData_t;
+
+typedef struct { /* the pre-MIG struct written by plain nvmlEventSetWait */
+    nvmlDevice_t device;
+    unsigned long long eventType;
+    unsigned long long eventData;
+} fake_event_data_v1_t;
+
+_Static_assert(sizeof(nvmlEventData_t) == 32, "nvmlEventData_t layout");
+_Static_assert(sizeof(fake_event_data_v1_t) == 24, "v1 event data layout");
+
+struct nvmlEventSet_st {
+    struct nvmlEventSet_st *next;
+    unsigned long long mask[FAKE_MAX_GPUS]; /* registered types per GPU */
+    unsigned char *delivered;               /* per event position */
+    size_t delivered_cap;
+};
+
+/* All live sets, so that a stale or bogus set pointer is rejected with
+ * INVALID_ARGUMENT instead of being dereferenced.  Guarded by the library
+ * lock (fake_enter/fake_leave). */
+static struct nvmlEventSet_st *g_sets;
+
+static int set_is_live(nvmlEventSet_t set)
+{
+    for (struct nvmlEventSet_st *s = g_sets; s; s = s->next)
+        if (s == set)
+            return 1;
+    return 0;
+}
+
+/* A rewritten file with fewer events means earlier positions were removed;
+ * forget deliveries beyond the new end so that events appended there later
+ * count as new. */
+void fake_events_spec_changed(size_t n_events)
+{
+    for (struct nvmlEventSet_st *s = g_sets; s; s = s->next)
+        if (s->delivered_cap > n_events)
+            memset(s->delivered + n_events, 0, s->delivered_cap - n_events);
+}
+
+static int ensure_capacity(struct nvmlEventSet_st *s, size_t n)
+{
+    unsigned char *grown;
+    if (n <= s->delivered_cap)
+        return 0;
+    grown = realloc(s->delivered, n);
+    if (!grown)
+        return -1;
+    memset(grown + s->delivered_cap, 0, n - s->delivered_cap);
+    s->delivered = grown;
+    s->delivered_cap = n;
+    return 0;
+}
+
+/* Lock held.  Find the oldest undelivered event this set is registered
+ * for, mark it delivered and copy it out. */
+static int take_event(struct nvmlEventSet_st *s, struct fake_event *out)
+{
+    const struct fake_spec *spec = fake_current_spec();
+
+    if (ensure_capacity(s, spec->n_events) < 0)
+        return 0; /* out of memory: behave as "nothing yet", retry later */
+    for (size_t k = 0; k < spec->n_events; k++) {
+        const struct fake_event *ev = &spec->events[k];
+        if (s->delivered[k] || ev->gpu >= spec->n_gpus || ev->gpu >= FAKE_MAX_GPUS)
+            continue;
+        if (s->mask[ev->gpu] & ev->type) {
+            s->delivered[k] = 1;
+            *out = *ev;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static long long now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(long long ms)
+{
+    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0)
+        ; /* EINTR: keep sleeping the remainder */
+}
+
+/* Poll until an event arrives or timeout_ms passes.  The lock is dropped
+ * while sleeping so other threads (and nvmlEventSetFree) proceed. */
+static nvmlReturn_t wait_for_event(nvmlEventSet_t set, unsigned timeout_ms,
+                                   struct fake_event *out)
+{
+    long long deadline = now_ms() + timeout_ms;
+
+    for (;;) {
+        long long left;
+        nvmlReturn_t rc = fake_enter();
+        if (rc != NVML_SUCCESS)
+            return rc;
+        if (!set_is_live(set))
+            return fake_leave(NVML_ERROR_INVALID_ARGUMENT);
+        if (take_event(set, out))
+            return fake_leave(NVML_SUCCESS);
+        fake_leave(NVML_SUCCESS);
+
+        left = deadline - now_ms();
+        if (left <= 0)
+            return NVML_ERROR_TIMEOUT;
+        sleep_ms(left < POLL_INTERVAL_MS ? left : POLL_INTERVAL_MS);
+    }
+}
+
+NVML_API nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set)
+{
+    struct nvmlEventSet_st *s;
+    nvmlReturn_t rc;
+
+    if (!set)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    rc = fake_enter();
+    if (rc != NVML_SUCCESS)
+        return rc;
+    s = calloc(1, sizeof(*s));
+    if (!s)
+        return fake_leave(NVML_ERROR_UNKNOWN);
+    s->next = g_sets;
+    g_sets = s;
+    *set = s;
+    return fake_leave(NVML_SUCCESS);
+}
+
+/* Registering again adds types (NVML keeps one registration per device and
+ * set).  Types the device does not support fail with NOT_SUPPORTED. */
+NVML_API nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes, nvmlEventSet_t set)
+{
+    const struct fake_gpu *g;
+    unsigned gi;
+    nvmlReturn_t rc = fake_enter_gpu(device, &g, &gi);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!set_is_live(set))
+        return fake_leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (eventTypes & ~g->supported_events)
+        return fake_leave(NVML_ERROR_NOT_SUPPORTED);
+    set->mask[gi] |= eventTypes;
+    return fake_leave(NVML_SUCCESS);
+}
+
+NVML_API nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
+{
+    struct fake_event ev;
+    nvmlReturn_t rc;
+
+    if (!data)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    rc = wait_for_event(set, timeoutms, &ev);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    data->device = fake_gpu_handle(ev.gpu);
+    data->eventType = ev.type;
+    data->eventData = ev.data;
+    data->gpuInstanceId = ev.gpu_instance_id;
+    data->computeInstanceId = ev.compute_instance_id;
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, fake_event_data_v1_t *data, unsigned int timeoutms)
+{
+    struct fake_event ev;
+    nvmlReturn_t rc;
+
+    if (!data)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    rc = wait_for_event(set, timeoutms, &ev);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    data->device = fake_gpu_handle(ev.gpu);
+    data->eventType = ev.type;
+    data->eventData = ev.data;
+    return NVML_SUCCESS;
+}
+
+NVML_API nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set)
+{
+    nvmlReturn_t rc = fake_enter();
+    if (rc != NVML_SUCCESS)
+        return rc;
+    for (struct nvmlEventSet_st **pp = &g_sets; *pp; pp = &(*pp)->next) {
+        if (*pp == set) {
+            *pp = set->next;
+            free(set->delivered);
+            free(set);
+            return fake_leave(NVML_SUCCESS);
+        }
+    }
+    return fake_leave(NVML_ERROR_INVALID_ARGUMENT);
+}

@@ -1,0 +1,131 @@
+/*
+ * In-memory model of the fake NVML spec file (see README.md for the JSON
+ * format) and the conversion from parsed JSON to that model.
+ *
+ * The model is immutable once built: a reload builds a complete new model
+ * and swaps it in under the library lock, so an invalid file can never leave
+ * half-applied state behind (the brief: "keep the last good state").
+ */
+#ifndef FAKENVML_SPEC_H
+#define FAKENVML_SPEC_H
+
+#include <stddef.h>
+
+/* Limits of the fake, not of NVML.  Device handles live in static tables of
+ * these sizes so that they stay valid across reloads (see fakenvml.c). */
+#define FAKE_MAX_GPUS 64
+#define FAKE_MAX_MIG 16
+#define FAKE_MAX_CPUS 4096
+#define FAKE_CPU_WORDS (FAKE_MAX_CPUS / 64)
+
+/* NVML_NVLINK_MAX_LINKS in current nvml.h / pynvml 13.x is 36; a Hopper GPU
+ * has 18 links, which is the per-device default ("nvlink_count"). */
+#define FAKE_NVLINK_MAX_LINKS 36
+#define FAKE_NVLINK_DEFAULT_LINKS 18
+#define FAKE_NVLINK_ERROR_COUNTERS 5
+
+#define FAKE_NAME_LEN 96   /* NVML_DEVICE_NAME_V2_BUFFER_SIZE */
+#define FAKE_UUID_LEN 96   /* NVML_DEVICE_UUID_V2_BUFFER_SIZE */
+#define FAKE_SERIAL_LEN 30 /* NVML_DEVICE_SERIAL_BUFFER_SIZE */
+#define FAKE_VERSION_LEN 80 /* NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE */
+
+struct fake_pci {
+    unsigned domain, bus, device, function;
+};
+
+struct fake_mig {
+    char uuid[FAKE_UUID_LEN];
+    char name[FAKE_NAME_LEN];
+    unsigned long long memory_total, memory_used;
+    unsigned gpu_instance_id, compute_instance_id;
+};
+
+struct fake_process {
+    unsigned pid;
+    unsigned long long used_memory;
+    unsigned gpu_instance_id, compute_instance_id;
+};
+
+struct fake_retired_page {
+    unsigned long long address, timestamp;
+    unsigned cause; /* nvmlPageRetirementCause_t */
+};
+
+struct fake_gpu {
+    char name[FAKE_NAME_LEN];
+    char uuid[FAKE_UUID_LEN];
+    char serial[FAKE_SERIAL_LEN];
+    unsigned minor;
+    struct fake_pci pci;
+    unsigned pci_device_id, pci_subsystem_id;
+
+    unsigned long long memory_total, memory_used;
+    unsigned util_gpu, util_memory;
+    unsigned temperature;
+    unsigned power_usage, power_limit; /* milliwatts */
+    unsigned long long cpu_mask[FAKE_CPU_WORDS];
+
+    unsigned nvlink_count;  /* links that exist on the device */
+    unsigned nvlink_active; /* links 0..nvlink_active-1 are up */
+    struct fake_pci nvlink_remote[FAKE_NVLINK_MAX_LINKS];
+    unsigned long long nvlink_errors[FAKE_NVLINK_MAX_LINKS]
+                                    [FAKE_NVLINK_ERROR_COUNTERS];
+
+    unsigned mig_current, mig_pending;
+    size_t n_mig;
+    struct fake_mig mig[FAKE_MAX_MIG];
+
+    int lost;
+    unsigned long long clocks_event_reasons;
+    unsigned remap_corrected, remap_uncorrected, remap_pending, remap_failure;
+    unsigned ecc_current, ecc_pending;
+    /* [counterType: volatile=0, aggregate=1][errorType: corrected=0,
+     * uncorrected=1], the argument order of nvmlDeviceGetTotalEccErrors. */
+    unsigned long long ecc[2][2];
+
+    int retired_supported; /* "retired_pages" key present */
+    unsigned retired_pending;
+    size_t n_retired;
+    struct fake_retired_page *retired;
+
+    size_t n_procs, n_gfx_procs;
+    struct fake_process *procs, *gfx_procs;
+
+    unsigned pcie_replay;
+    unsigned clock_graphics, clock_sm, clock_mem, clock_video; /* MHz */
+    unsigned persistence;
+    unsigned brand, architecture;
+    int cc_major, cc_minor;
+    unsigned long long supported_events;
+};
+
+struct fake_event {
+    unsigned gpu;
+    unsigned long long type, data;
+    unsigned gpu_instance_id, compute_instance_id;
+};
+
+struct fake_spec {
+    char driver_version[FAKE_VERSION_LEN];
+    char nvml_version[FAKE_VERSION_LEN];
+    int cuda_driver_version;
+    int init_error; /* nvmlReturn_t for nvmlInit*, 0 = succeed */
+    size_t n_gpus;
+    struct fake_gpu *gpus;
+    size_t n_events;
+    struct fake_event *events;
+};
+
+/* Read `path` and build a model.  Returns a malloc'ed spec, or NULL with a
+ * one-line reason (including parse position) written into err. */
+struct fake_spec *spec_load(const char *path, char *err, size_t errlen);
+void spec_free(struct fake_spec *spec);
+
+/* Parse "DDDDDDDD:BB:DD.F" / "DDDD:BB:DD.F" / "BB:DD.F"; 0 on success. */
+int fake_parse_pci(const char *s, struct fake_pci *out);
+
+/* The NVML error code table, shared by nvmlErrorString and "init_error". */
+const char *fake_error_string(int code);
+int fake_error_from_name(const char *name); /* -1 when unknown */
+
+#endif

@@ -1,0 +1,767 @@
+"""The fake libnvidia-ml.so.1 (tests/fakenvml) seen through the real pynvml.
+
+pynvml loads the library once per process and caches it, and the loader
+reads LD_LIBRARY_PATH only at process start, so every scenario runs pynvml
+in a child process.  Scenarios that change the spec file while pynvml runs
+drive a long-lived child (`PynvmlChild`) one Python expression at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_ext.dev import fakenvml
+
+GIB = 1024**3
+
+# Runs in the child: each request is one JSON-encoded string of Python
+# code; an expression answers {"value": ...}, statements answer null, an
+# exception answers {"error": class name}.
+CHILD_LOOP = textwrap.dedent(
+    """
+    import json, sys, time
+    import pynvml as n
+
+    def timed(fn, *args):
+        start = time.monotonic()
+        try:
+            value = fn(*args)
+        finally:
+            timed.elapsed = time.monotonic() - start
+        return value
+
+    scope = {"n": n, "time": time, "timed": timed}
+    for line in sys.stdin:
+        source = json.loads(line)
+        try:
+            try:
+                code, mode = compile(source, "<cmd>", "eval"), "eval"
+            except SyntaxError:
+                code, mode = compile(source, "<cmd>", "exec"), "exec"
+            value = eval(code, scope) if mode == "eval" else exec(code, scope)
+            reply = {"value": value}
+        except Exception as exc:
+            reply = {"error": type(exc).__name__, "message": str(exc)}
+        print(json.dumps(reply, default=repr), flush=True)
+    """
+)
+
+
+@pytest.fixture(scope="session")
+def fakenvml_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fake library, built once per session; returns its directory."""
+    return fakenvml.build(tmp_path_factory.mktemp("fakenvml-lib")).parent
+
+
+def child_env(lib_dir: Path, spec_path: Path) -> dict[str, str]:
+    return {**os.environ, **fakenvml.environ(lib_dir, spec_path)}
+
+
+def run_pynvml(lib_dir: Path, spec_path: Path, code: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh interpreter using the fake; it may print JSON."""
+    return subprocess.run(
+        [sys.executable, "-c", "import pynvml as n\n" + textwrap.dedent(code)],
+        env=child_env(lib_dir, spec_path),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def run_json(lib_dir: Path, spec_path: Path, code: str) -> Any:
+    proc = run_pynvml(lib_dir, spec_path, code)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+class PynvmlChild:
+    """A pynvml process that stays alive while the test rewrites the spec."""
+
+    def __init__(self, lib_dir: Path, spec_path: Path):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", CHILD_LOOP],
+            env=child_env(lib_dir, spec_path),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.stderr: str | None = None
+
+    def send(self, code: str) -> None:
+        self.proc.stdin.write(json.dumps(textwrap.dedent(code)) + "\n")
+        self.proc.stdin.flush()
+
+    def receive(self) -> dict[str, Any]:
+        reply = self.proc.stdout.readline()
+        assert reply, f"child died: {self.proc.stderr.read()}"
+        return json.loads(reply)
+
+    def __call__(self, line: str) -> Any:
+        """Evaluate `line` in the child; return its value or raise AssertionError."""
+        self.send(line)
+        reply = self.receive()
+        assert "error" not in reply, f"{line!r} raised {reply}"
+        return reply["value"]
+
+    def error(self, line: str) -> str:
+        """Evaluate `line`, which must raise; return the exception class name."""
+        self.send(line)
+        reply = self.receive()
+        assert "error" in reply, f"{line!r} did not raise, returned {reply}"
+        return reply["error"]
+
+    def close(self) -> str:
+        """End the child (idempotent) and return its stderr."""
+        if self.stderr is None:
+            self.proc.stdin.close()
+            self.stderr = self.proc.stderr.read()
+            self.proc.wait(timeout=10)
+            self.proc.stdout.close()
+            self.proc.stderr.close()
+        return self.stderr
+
+
+@pytest.fixture
+def spec_path(tmp_path: Path) -> Path:
+    return tmp_path / "gpus.json"
+
+
+@pytest.fixture
+def child_factory(fakenvml_lib: Path):
+    children: list[PynvmlChild] = []
+
+    def make(spec: Path) -> PynvmlChild:
+        child = PynvmlChild(fakenvml_lib, spec)
+        children.append(child)
+        return child
+
+    yield make
+    for child in children:
+        if child.stderr is None and child.proc.poll() is None:
+            child.proc.kill()
+        child.close()
+
+
+# ---------------------------------------------------------------------------
+# Reading configured devices
+# ---------------------------------------------------------------------------
+
+def detailed_spec() -> dict[str, Any]:
+    """Two GPUs with values that differ from every default."""
+    return {
+        "driver_version": "560.35.03",
+        "nvml_version": "12.560.35.03",
+        "cuda_driver_version": 12060,
+        "gpus": [
+            {
+                "name": "NVIDIA H100 80GB HBM3",
+                "uuid": "GPU-11111111-2222-3333-4444-555555555555",
+                "minor": 3,
+                "pci_bus_id": "00000000:1B:00.0",
+                "serial": "1321021000042",
+                "memory_total": 80 * GIB,
+                "memory_used": 5 * GIB,
+                "utilization_gpu": 87,
+                "utilization_memory": 41,
+                "temperature": 66,
+                "power_usage": 512_345,
+                "power_limit": 650_000,
+                "cpu_affinity": [0, 1, 2, 3, 64, 65],
+                "nvlink_peers": ["00000000:43:00.0", "00000000:43:00.0"],
+                "ecc": {
+                    "volatile": {"corrected": 3, "uncorrected": 1},
+                    "aggregate": {"corrected": 30, "uncorrected": 2},
+                },
+                "remapped_rows": {"corrected": 4, "uncorrected": 1, "pending": True, "failure": 0},
+                "processes": [
+                    {"pid": 4242, "used_memory": 3 * GIB},
+                    {"pid": 4343, "used_memory": 2 * GIB},
+                ],
+            },
+            {
+                "name": "NVIDIA H100 80GB HBM3",
+                "uuid": "GPU-66666666-7777-8888-9999-000000000000",
+                "minor": 7,
+                "pci_bus_id": "00000000:43:00.0",
+                "mig_devices": [
+                    {"uuid": "MIG-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee", "memory_total": 10 * GIB},
+                    {"uuid": "MIG-ffffffff-bbbb-cccc-dddd-eeeeeeeeeeee", "memory_total": 20 * GIB},
+                ],
+            },
+        ],
+    }
+
+
+def test_pynvml_reads_configured_devices(fakenvml_lib: Path, spec_path: Path) -> None:
+    fakenvml.write_spec(spec_path, detailed_spec())
+    got = run_json(
+        fakenvml_lib,
+        spec_path,
+        """
+        import json
+        n.nvmlInit()
+        h = n.nvmlDeviceGetHandleByIndex(0)
+        h1 = n.nvmlDeviceGetHandleByIndex(1)
+        pci = n.nvmlDeviceGetPciInfo(h)
+        mem = n.nvmlDeviceGetMemoryInfo(h)
+        mem2 = n.nvmlDeviceGetMemoryInfo(h, version=n.nvmlMemory_v2)
+        util = n.nvmlDeviceGetUtilizationRates(h)
+        remote = n.nvmlDeviceGetNvLinkRemotePciInfo(h, 1)
+        migs = [n.nvmlDeviceGetMigDeviceHandleByIndex(h1, i) for i in range(2)]
+        out = {
+            "driver": n.nvmlSystemGetDriverVersion(),
+            "nvml": n.nvmlSystemGetNVMLVersion(),
+            "cuda": n.nvmlSystemGetCudaDriverVersion(),
+            "count": n.nvmlDeviceGetCount(),
+            "name": n.nvmlDeviceGetName(h),
+            "uuid": n.nvmlDeviceGetUUID(h),
+            "minor": n.nvmlDeviceGetMinorNumber(h),
+            "serial": n.nvmlDeviceGetSerial(h),
+            "bus_id": pci.busId,
+            "bus_id_legacy": pci.busIdLegacy,
+            "pci": [pci.domain, pci.bus, pci.device],
+            "by_pci": n.nvmlDeviceGetUUID(n.nvmlDeviceGetHandleByPciBusId("0000:43:00.0")),
+            "by_uuid": n.nvmlDeviceGetIndex(n.nvmlDeviceGetHandleByUUID("GPU-66666666-7777-8888-9999-000000000000")),
+            "mem": [mem.total, mem.used, mem.free],
+            "mem2": [mem2.total, mem2.used, mem2.free],
+            "util": [util.gpu, util.memory],
+            "temp": n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU),
+            "power": n.nvmlDeviceGetPowerUsage(h),
+            "limit": n.nvmlDeviceGetEnforcedPowerLimit(h),
+            "affinity": list(n.nvmlDeviceGetCpuAffinity(h, 2)),
+            "affinity_scope": list(n.nvmlDeviceGetCpuAffinityWithinScope(h, 2, n.NVML_AFFINITY_SCOPE_NODE)),
+            "links": [n.nvmlDeviceGetNvLinkState(h, link) for link in range(4)],
+            "remote": remote.busId,
+            "remote_device_id": remote.pciDeviceId,
+            "mig_mode": [n.nvmlDeviceGetMigMode(h), n.nvmlDeviceGetMigMode(h1)],
+            "mig_max": n.nvmlDeviceGetMaxMigDeviceCount(h1),
+            "mig_uuids": [n.nvmlDeviceGetUUID(m) for m in migs],
+            "mig_is_mig": [n.nvmlDeviceIsMigDeviceHandle(m).value for m in migs] + [n.nvmlDeviceIsMigDeviceHandle(h1).value],
+            "mig_parent": n.nvmlDeviceGetUUID(n.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(migs[1])),
+            "mig_mem": [n.nvmlDeviceGetMemoryInfo(m).total for m in migs],
+            "ecc_mode": n.nvmlDeviceGetEccMode(h),
+            "ecc": [
+                n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_VOLATILE_ECC),
+                n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC),
+                n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_AGGREGATE_ECC),
+                n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_AGGREGATE_ECC),
+            ],
+            "remapped": list(n.nvmlDeviceGetRemappedRows(h)),
+            "procs": [[p.pid, p.usedGpuMemory] for p in n.nvmlDeviceGetComputeRunningProcesses(h)],
+            "procs_v2": [p.pid for p in n.nvmlDeviceGetComputeRunningProcesses_v2(h)],
+            "no_procs": n.nvmlDeviceGetComputeRunningProcesses(h1),
+        }
+        n.nvmlShutdown()
+        print(json.dumps(out))
+        """,
+    )
+    assert got["driver"] == "560.35.03"
+    assert got["nvml"] == "12.560.35.03"
+    assert got["cuda"] == 12060
+    assert got["count"] == 2
+    assert got["name"] == "NVIDIA H100 80GB HBM3"
+    assert got["uuid"] == "GPU-11111111-2222-3333-4444-555555555555"
+    assert got["minor"] == 3
+    assert got["serial"] == "1321021000042"
+    assert got["bus_id"] == "00000000:1B:00.0"
+    assert got["bus_id_legacy"] == "0000:1B:00.0"
+    assert got["pci"] == [0, 0x1B, 0]
+    assert got["by_pci"] == "GPU-66666666-7777-8888-9999-000000000000"
+    assert got["by_uuid"] == 1
+    assert got["mem"] == [80 * GIB, 5 * GIB, 75 * GIB]
+    assert got["mem2"] == [80 * GIB, 5 * GIB, 75 * GIB]
+    assert got["util"] == [87, 41]
+    assert got["temp"] == 66
+    assert got["power"] == 512_345
+    assert got["limit"] == 650_000
+    assert got["affinity"] == [0b1111, 0b11]
+    assert got["affinity_scope"] == [0b1111, 0b11]
+    assert got["links"] == [1, 1, 0, 0]
+    assert got["remote"] == "00000000:43:00.0"
+    assert got["remote_device_id"] == 0x233510DE  # the peer GPU's default id
+    assert got["mig_mode"] == [[0, 0], [1, 1]]
+    assert got["mig_max"] == 7
+    assert got["mig_uuids"] == [
+        "MIG-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
+        "MIG-ffffffff-bbbb-cccc-dddd-eeeeeeeeeeee",
+    ]
+    assert got["mig_is_mig"] == [1, 1, 0]
+    assert got["mig_parent"] == "GPU-66666666-7777-8888-9999-000000000000"
+    assert got["mig_mem"] == [10 * GIB, 20 * GIB]
+    assert got["ecc_mode"] == [1, 1]
+    assert got["ecc"] == [3, 1, 30, 2]
+    assert got["remapped"] == [4, 1, 1, 0]
+    assert got["procs"] == [[4242, 3 * GIB], [4343, 2 * GIB]]
+    assert got["procs_v2"] == [4242, 4343]
+    assert got["no_procs"] == []
+
+
+def test_nvlink_beyond_device_links_is_not_supported(fakenvml_lib: Path, spec_path: Path) -> None:
+    spec = fakenvml.default_gpus(2)
+    fakenvml.write_spec(spec_path, spec)
+    got = run_json(
+        fakenvml_lib,
+        spec_path,
+        """
+        import json
+        n.nvmlInit()
+        h = n.nvmlDeviceGetHandleByIndex(0)
+        out = {}
+        for link in (0, 1, 17, 18, n.NVML_NVLINK_MAX_LINKS):
+            try:
+                out[link] = n.nvmlDeviceGetNvLinkState(h, link)
+            except n.NVMLError as exc:
+                out[link] = type(exc).__name__
+        try:
+            n.nvmlDeviceGetNvLinkRemotePciInfo(h, 1)
+        except n.NVMLError as exc:
+            out["inactive_remote"] = type(exc).__name__
+        print(json.dumps(out))
+        """,
+    )
+    assert got == {
+        "0": 1,
+        "1": 0,
+        "17": 0,
+        "18": "NVMLError_NotSupported",
+        "36": "NVMLError_InvalidArgument",
+        "inactive_remote": "NVMLError_NotSupported",
+    }
+
+
+# ---------------------------------------------------------------------------
+# Faults
+# ---------------------------------------------------------------------------
+
+def test_lost_gpu_raises_gpu_is_lost_and_others_work(fakenvml_lib: Path, spec_path: Path) -> None:
+    spec = fakenvml.default_gpus(3)
+    spec["gpus"][1]["lost"] = True
+    fakenvml.write_spec(spec_path, spec)
+    got = run_json(
+        fakenvml_lib,
+        spec_path,
+        """
+        import json
+        n.nvmlInit()
+        lost = n.nvmlDeviceGetHandleByIndex(1)   # getting the handle still works
+        errors = {}
+        for name, call in {
+            "uuid": lambda: n.nvmlDeviceGetUUID(lost),
+            "memory": lambda: n.nvmlDeviceGetMemoryInfo(lost),
+            "temperature": lambda: n.nvmlDeviceGetTemperature(lost, 0),
+            "index": lambda: n.nvmlDeviceGetIndex(lost),
+            "stub": lambda: n.nvmlDeviceGetFanSpeed(lost),  # not implemented
+        }.items():
+            try:
+                call()
+                errors[name] = None
+            except n.NVMLError as exc:
+                errors[name] = [isinstance(exc, n.NVMLError_GpuIsLost), exc.value, str(exc)]
+        print(json.dumps({
+            "errors": errors,
+            "count": n.nvmlDeviceGetCount(),
+            "others": [n.nvmlDeviceGetUUID(n.nvmlDeviceGetHandleByIndex(i)) for i in (0, 2)],
+        }))
+        """,
+    )
+    assert got["errors"] == {name: [True, 15, "GPU is lost"] for name in got["errors"]}
+    assert set(got["errors"]) == {"uuid", "memory", "temperature", "index", "stub"}
+    assert got["count"] == 3
+    assert got["others"] == [spec["gpus"][0]["uuid"], spec["gpus"][2]["uuid"]]
+
+
+def test_queued_xid_is_delivered_once_per_event_set(fakenvml_lib: Path, spec_path: Path) -> None:
+    spec = fakenvml.default_gpus(4)
+    spec["events"] = [
+        {"gpu": 2, "xid": 48},
+        {"gpu": 3, "xid": 79},  # GPU 3 is never registered: never delivered
+        {"gpu": 2, "type": 0x2, "data": 0},  # double-bit ECC, not registered
+    ]
+    fakenvml.write_spec(spec_path, spec)
+    got = run_json(
+        fakenvml_lib,
+        spec_path,
+        """
+        import json, time
+        n.nvmlInit()
+        sets = [n.nvmlEventSetCreate(), n.nvmlEventSetCreate()]
+        for i in range(3):
+            h = n.nvmlDeviceGetHandleByIndex(i)
+            for s in sets:
+                n.nvmlDeviceRegisterEvents(h, n.nvmlEventTypeXidCriticalError, s)
+        out = []
+        for s in sets:
+            data = n.nvmlEventSetWait(s, 1000)
+            out.append([n.nvmlDeviceGetUUID(data.device), data.eventType, data.eventData])
+        start = time.monotonic()
+        try:
+            n.nvmlEventSetWait(sets[0], 300)
+            again = "delivered twice"
+        except n.NVMLError_Timeout:
+            again = "timeout"
+        elapsed = time.monotonic() - start
+        for s in sets:
+            n.nvmlEventSetFree(s)
+        print(json.dumps({"events": out, "again": again, "elapsed": elapsed}))
+        """,
+    )
+    expected = [spec["gpus"][2]["uuid"], 0x8, 48]
+    assert got["events"] == [expected, expected]
+    assert got["again"] == "timeout"
+    assert 0.25 <= got["elapsed"] < 2.0
+
+
+def test_xid_appended_while_waiting_arrives(child_factory, spec_path: Path) -> None:
+    spec = fakenvml.default_gpus(2)
+    fakenvml.write_spec(spec_path, spec)
+    child = child_factory(spec_path)
+    child("n.nvmlInit()")
+    child("es = n.nvmlEventSetCreate()")
+    child("n.nvmlDeviceRegisterEvents(n.nvmlDeviceGetHandleByIndex(1), n.nvmlEventTypeXidCriticalError, es)")
+    child.send("d = timed(n.nvmlEventSetWait, es, 10000)")
+    time.sleep(0.3)  # the child is now blocked in nvmlEventSetWait
+    spec["events"].append({"gpu": 1, "xid": 79})
+    fakenvml.write_spec(spec_path, spec)
+    assert child.receive() == {"value": None}
+    assert child("n.nvmlDeviceGetUUID(d.device)") == spec["gpus"][1]["uuid"]
+    assert child("[d.eventType, d.eventData]") == [0x8, 79]
+    # It waited for the append, and the append woke it promptly.
+    assert 0.2 <= child("timed.elapsed") < 3.0
+
+
+def test_wait_with_nothing_queued_times_out(fakenvml_lib: Path, spec_path: Path) -> None:
+    fakenvml.write_spec(spec_path, fakenvml.default_gpus(1))
+    got = run_json(
+        fakenvml_lib,
+        spec_path,
+        """
+        import json, time
+        n.nvmlInit()
+        s = n.nvmlEventSetCreate()
+        n.nvmlDeviceRegisterEvents(n.nvmlDeviceGetHandleByIndex(0), n.nvmlEventTypeAll, s)
+        start = time.monotonic()
+        try:
+            n.nvmlEventSetWait(s, 400)
+            result = "event"
+        except n.NVMLError as exc:
+            result = [type(exc).__name__, isinstance(exc, n.NVMLError_Timeout)]
+        print(json.dumps({"result": result, "elapsed": time.monotonic() - start}))
+        """,
+    )
+    assert got["result"] == ["NVMLError_Timeout", True]
+    assert 0.38 <= got["elapsed"] < 1.5
+
+
+def test_throttle_reason_set_mid_run_is_seen_without_reinit(child_factory, spec_path: Path) -> None:
+    spec = fakenvml.default_gpus(2)
+    fakenvml.write_spec(spec_path, spec)
+    child = child_factory(spec_path)
+    child("n.nvmlInit()")
+    child("h = n.nvmlDeviceGetHandleByIndex(1)")
+    assert child("n.nvmlDeviceGetCurrentClocksEventReasons(h)") == 0
+
+    reasons = 0x8 | 0x40  # HW slowdown + HW thermal slowdown
+    spec["gpus"][1]["clocks_event_reasons"] = reasons
+    fakenvml.write_spec(spec_path, spec)
+    assert child("n.nvmlDeviceGetCurrentClocksEventReasons(h)") == reasons
+    assert child("n.nvmlDeviceGetCurrentClocksThrottleReasons(h)") == reasons
+
+    # Rewritten again immediately, with the same size: still noticed.
+    spec["gpus"][1]["clocks_event_reasons"] = 0x4 | 0x20
+    fakenvml.write_spec(spec_path, spec)
+    assert child("n.nvmlDeviceGetCurrentClocksEventReasons(h)") == 0x24
+    assert child.close() == ""
+
+
+def test_gpu_lost_and_removed_mid_run(child_factory, spec_path: Path) -> None:
+    spec = fakenvml.default_gpus(4)
+    fakenvml.write_spec(spec_path, spec)
+    child = child_factory(spec_path)
+    child("n.nvmlInit()")
+    child("hs = [n.nvmlDeviceGetHandleByIndex(i) for i in range(4)]")
+    assert child("n.nvmlDeviceGetUUID(hs[3])") == spec["gpus"][3]["uuid"]
+
+    spec["gpus"][0]["lost"] = True
+    del spec["gpus"][2:]
+    fakenvml.write_spec(spec_path, spec)
+    assert child("n.nvmlDeviceGetCount()") == 2
+    assert child.error("n.nvmlDeviceGetUUID(hs[0])") == "NVMLError_GpuIsLost"
+    assert child.error("n.nvmlDeviceGetUUID(hs[3])") == "NVMLError_GpuIsLost"
+    assert child.error("n.nvmlDeviceGetHandleByIndex(3)") == "NVMLError_InvalidArgument"
+    assert child("n.nvmlDeviceGetUUID(hs[1])") == spec["gpus"][1]["uuid"]
+
+
+def test_malformed_file_mid_run_keeps_last_good_state(child_factory, spec_path: Path) -> None:
+    spec = fakenvml.default_gpus(2)
+    fakenvml.write_spec(spec_path, spec)
+    child = child_factory(spec_path)
+    child("n.nvmlInit()")
+    child("h = n.nvmlDeviceGetHandleByIndex(0)")
+    assert child("n.nvmlDeviceGetTemperature(h, 0)") == 30
+
+    broken = spec_path.with_name("broken.json")
+    broken.write_text('{"gpus": [{"temperature": 90,}]}')
+    os.replace(broken, spec_path)
+    assert child("n.nvmlDeviceGetTemperature(h, 0)") == 30
+    assert child("n.nvmlDeviceGetCount()") == 2
+
+    spec["gpus"][0]["temperature"] = 91
+    fakenvml.write_spec(spec_path, spec)
+    assert child("n.nvmlDeviceGetTemperature(h, 0)") == 91
+    stderr = child.close()
+    # One line for the broken version, however many calls saw it.
+    assert stderr.count("\n") == 1, stderr
+    assert str(spec_path) in stderr and "line 1, column 30" in stderr
+    assert "keeping the previous state" in stderr
+
+
+def test_threads_and_rewrites_do_not_crash(child_factory, spec_path: Path) -> None:
+    spec = fakenvml.default_gpus(8)
+    fakenvml.write_spec(spec_path, spec)
+    child = child_factory(spec_path)
+    child("n.nvmlInit()")
+    child(
+        """
+        import threading
+        stop = threading.Event()
+        errors = []
+
+        def loop():
+            while not stop.is_set():
+                try:
+                    for i in range(n.nvmlDeviceGetCount()):
+                        n.nvmlDeviceGetMemoryInfo(n.nvmlDeviceGetHandleByIndex(i))
+                except n.NVMLError as exc:
+                    errors.append(type(exc).__name__)
+
+        threads = [threading.Thread(target=loop) for _ in range(4)]
+        for t in threads:
+            t.start()
+        """
+    )
+    for k in range(20):
+        fakenvml.write_spec(spec_path, fakenvml.default_gpus(8 - k % 4))
+        time.sleep(0.01)
+    child("stop.set()\nfor t in threads: t.join()")
+    # The GPU count can shrink between GetCount and the next call: that must
+    # be a clean NVML error, never a crash or garbage.
+    assert set(child("errors")) <= {"NVMLError_InvalidArgument", "NVMLError_GpuIsLost"}
+    assert child("n.nvmlDeviceGetCount()") == 8 - 19 % 4
+
+
+# ---------------------------------------------------------------------------
+# Entry points and initialisation
+# ---------------------------------------------------------------------------
+
+def test_missing_entry_point_is_not_supported(fakenvml_lib: Path, spec_path: Path) -> None:
+    # The fake does not implement fan speed (an H200 has no fans); the stub
+    # generated from pynvml's list must answer NOT_SUPPORTED.
+    c_sources = sorted(fakenvml.source_dir().glob("*.c"))
+    assert "nvmlDeviceGetFanSpeed" not in "".join(p.read_text() for p in c_sources)
+    fakenvml.write_spec(spec_path, fakenvml.default_gpus(1))
+    got = run_json(
+        fakenvml_lib,
+        spec_path,
+        """
+        import json
+        n.nvmlInit()
+        h = n.nvmlDeviceGetHandleByIndex(0)
+        out = {}
+        for name, call in {
+            "fan": lambda: n.nvmlDeviceGetFanSpeed(h),
+            "vbios": lambda: n.nvmlDeviceGetVbiosVersion(h),
+        }.items():
+            try:
+                call()
+                out[name] = "no error"
+            except n.NVMLError as exc:
+                out[name] = [type(exc).__name__, isinstance(exc, n.NVMLError_NotSupported)]
+        print(json.dumps(out))
+        """,
+    )
+    assert got == {name: ["NVMLError_NotSupported", True] for name in ("fan", "vbios")}
+
+
+def test_init_error_driver_not_loaded(fakenvml_lib: Path, spec_path: Path) -> None:
+    spec = fakenvml.default_gpus(2)
+    spec["init_error"] = "DRIVER_NOT_LOADED"
+    fakenvml.write_spec(spec_path, spec)
+    got = run_json(
+        fakenvml_lib,
+        spec_path,
+        """
+        import json
+        try:
+            n.nvmlInit()
+            result = "initialised"
+        except n.NVMLError as exc:
+            result = [type(exc).__name__, isinstance(exc, n.NVMLError_DriverNotLoaded)]
+        try:
+            n.nvmlDeviceGetCount()
+            after = "counted"
+        except n.NVMLError as exc:
+            after = type(exc).__name__
+        print(json.dumps({"init": result, "after": after}))
+        """,
+    )
+    assert got == {"init": ["NVMLError_DriverNotLoaded", True], "after": "NVMLError_Uninitialized"}
+
+
+def test_malformed_json_fails_init_with_unknown(fakenvml_lib: Path, spec_path: Path) -> None:
+    spec_path.write_text('{\n  "gpus": [\n    {"name": "x"\n  ]\n}\n')
+    proc = run_pynvml(
+        fakenvml_lib,
+        spec_path,
+        """
+        try:
+            n.nvmlInit()
+            print("initialised")
+        except n.NVMLError as exc:
+            print(type(exc).__name__, isinstance(exc, n.NVMLError_Unknown))
+        """,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "NVMLError_Unknown True"
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert str(spec_path) in lines[0]
+    assert "line 4, column 3" in lines[0]
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "cannot stat"),
+        ('{"gpus": [{"temprature": 40}]}', 'gpus[0]: unknown key "temprature"'),
+        ('{"gpus": [{"memory_total": "lots"}]}', "gpus[0].memory_total: expected a non-negative integer"),
+        ('{"init_error": "NO_SUCH_ERROR"}', "init_error: unknown NVML error name"),
+    ],
+)
+def test_invalid_spec_fails_init_with_reason(
+    fakenvml_lib: Path, spec_path: Path, content: str | None, message: str
+) -> None:
+    if content is not None:
+        spec_path.write_text(content)
+    proc = run_pynvml(
+        fakenvml_lib,
+        spec_path,
+        """
+        try:
+            n.nvmlInit()
+        except n.NVMLError_Unknown:
+            print("unknown")
+        """,
+    )
+    assert proc.stdout.strip() == "unknown"
+    assert message in proc.stderr and str(spec_path) in proc.stderr
+
+
+def test_unset_spec_variable_fails_init(fakenvml_lib: Path, spec_path: Path) -> None:
+    env = child_env(fakenvml_lib, spec_path)
+    del env[fakenvml.SPEC_ENV]
+    proc = subprocess.run(
+        [sys.executable, "-c", "import pynvml as n\ntry:\n n.nvmlInit()\nexcept n.NVMLError_Unknown:\n print('unknown')"],
+        env=env, capture_output=True, text=True, timeout=30,
+    )
+    assert proc.stdout.strip() == "unknown"
+    assert fakenvml.SPEC_ENV in proc.stderr
+
+
+def test_init_is_refcounted(fakenvml_lib: Path, spec_path: Path) -> None:
+    fakenvml.write_spec(spec_path, fakenvml.default_gpus(1))
+    got = run_json(
+        fakenvml_lib,
+        spec_path,
+        """
+        import ctypes, json
+        lib = ctypes.CDLL("libnvidia-ml.so.1")
+        lib.nvmlErrorString.restype = ctypes.c_char_p
+        count = ctypes.c_uint()
+        print(json.dumps([
+            lib.nvmlInit_v2(), lib.nvmlInit(), lib.nvmlShutdown(),
+            lib.nvmlDeviceGetCount_v2(ctypes.byref(count)), count.value,
+            lib.nvmlShutdown(), lib.nvmlDeviceGetCount_v2(ctypes.byref(count)),
+            lib.nvmlShutdown(), lib.nvmlErrorString(15).decode(),
+        ]))
+        """,
+    )
+    assert got == [0, 0, 0, 0, 1, 0, 1, 1, "GPU is lost"]
+
+
+# ---------------------------------------------------------------------------
+# The Python helper
+# ---------------------------------------------------------------------------
+
+def test_default_gpus_write_spec_round_trip(fakenvml_lib: Path, spec_path: Path) -> None:
+    spec = fakenvml.default_gpus(8, cpus=16)
+    fakenvml.write_spec(spec_path, spec)
+    assert json.loads(spec_path.read_text()) == spec
+    assert not [p for p in spec_path.parent.iterdir() if p.name.endswith(".tmp")]
+
+    gpus = spec["gpus"]
+    assert [g["minor"] for g in gpus] == list(range(8))
+    assert len({g["uuid"] for g in gpus}) == 8 and all(g["uuid"].startswith("GPU-") for g in gpus)
+    buses = [int(g["pci_bus_id"].split(":")[1], 16) for g in gpus]
+    assert buses == sorted(set(buses))
+    assert all(g["memory_total"] == 141 * GIB for g in gpus)
+    assert gpus[0]["cpu_affinity"] == list(range(8)) and gpus[7]["cpu_affinity"] == list(range(8, 16))
+    assert fakenvml.default_gpus(8, cpus=16) == spec  # deterministic
+
+    # pynvml sees exactly that, and a bare {"count": 8} describes the same GPUs.
+    count_only = spec_path.with_name("count.json")
+    fakenvml.write_spec(count_only, {"count": 8})
+    code = """
+        import json
+        n.nvmlInit()
+        hs = [n.nvmlDeviceGetHandleByIndex(i) for i in range(n.nvmlDeviceGetCount())]
+        print(json.dumps([[n.nvmlDeviceGetUUID(h), n.nvmlDeviceGetPciInfo(h).busId, n.nvmlDeviceGetMinorNumber(h),
+                           n.nvmlDeviceGetMemoryInfo(h).total, n.nvmlDeviceGetName(h)] for h in hs]))
+        """
+    expected = [[g["uuid"], g["pci_bus_id"], g["minor"], g["memory_total"], g["name"]] for g in gpus]
+    assert run_json(fakenvml_lib, spec_path, code) == expected
+    assert run_json(fakenvml_lib, count_only, code) == expected
+
+
+def test_write_spec_replaces_atomically_with_newer_mtime(spec_path: Path) -> None:
+    fakenvml.write_spec(spec_path, {"count": 1})
+    first = os.stat(spec_path)
+    fakenvml.write_spec(spec_path, {"count": 2})
+    second = os.stat(spec_path)
+    assert second.st_mtime_ns > first.st_mtime_ns
+    assert oct(second.st_mode & 0o777) == oct(0o644)
+    assert json.loads(spec_path.read_text()) == {"count": 2}
+
+
+def test_build_is_cached_and_links(fakenvml_lib: Path) -> None:
+    lib = fakenvml_lib / "libnvidia-ml.so.1"
+    before = os.stat(lib).st_mtime_ns
+    start = time.monotonic()
+    assert fakenvml.build(fakenvml_lib) == lib
+    assert time.monotonic() - start < 1.0
+    assert os.stat(lib).st_mtime_ns == before  # not recompiled
+    assert os.readlink(fakenvml_lib / "libnvidia-ml.so") == "libnvidia-ml.so.1"
+    assert fakenvml.environ(fakenvml_lib, Path("/x.json")) == {
+        "LD_LIBRARY_PATH": str(fakenvml_lib),
+        "SLURM_EXT_FAKE_NVML": "/x.json",
+    }
+
+
+def test_build_reports_gcc_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "broken.c").write_text("int broken(void) { return }\n")
+    monkeypatch.setattr(fakenvml, "source_dir", lambda: src)
+    with pytest.raises(RuntimeError, match="broken.c"):
+        fakenvml.build(tmp_path / "out")
+    assert not (tmp_path / "out" / "libnvidia-ml.so.1").exists()
+    assert not [p for p in (tmp_path / "out").iterdir() if p.name.endswith(".tmp")]
