@@ -54,9 +54,8 @@ def time_by_hand(settings: DevSection) -> float:
     env = layout.daemon_environ()
     started = time.perf_counter()
     with open(layout.log / "mariadbd.out", "ab") as out:
-        mariadbd = subprocess.Popen(["mariadbd", f"--defaults-file={layout.my_cnf}"], env=env, stdout=out,
-                                    stderr=out, start_new_session=True)
-    layout.pidfile("mariadbd").write_text(f"{mariadbd.pid}\n")
+        subprocess.Popen(["mariadbd", f"--defaults-file={layout.my_cnf}"], env=env, stdout=out,
+                         stderr=out, start_new_session=True)
     _poll(["mariadb", f"--defaults-file={layout.my_cnf}", "-e", "select 1"], env)
     subprocess.run(["slurmdbd"], env=env, check=True)
     _poll(["sacctmgr", "-n", "show", "cluster"], env)
