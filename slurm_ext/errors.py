@@ -46,14 +46,16 @@ class ConfigError(SlurmExtError):
 
 
 class CommandError(SlurmExtError):
-    """An external command failed (non-zero exit)."""
+    """An external command failed (non-zero exit, or it could not be started)."""
 
-    def __init__(self, cmd: list[str], returncode: int | None, stderr: str = ""):
+    def __init__(self, cmd: list[str], returncode: int | None, stderr: str = "", message: str | None = None):
         self.cmd = list(cmd)
         self.returncode = returncode
         self.stderr = stderr.strip()
-        detail = f": {self.stderr.splitlines()[-1]}" if self.stderr else ""
-        super().__init__(f"{' '.join(self.cmd)} exited with status {returncode}{detail}")
+        if message is None:
+            detail = f": {self.stderr.splitlines()[-1]}" if self.stderr else ""
+            message = f"{' '.join(self.cmd)} exited with status {returncode}{detail}"
+        super().__init__(message)
 
 
 class CommandTimeout(CommandError):
@@ -61,10 +63,7 @@ class CommandTimeout(CommandError):
 
     def __init__(self, cmd: list[str], timeout: float, stderr: str = ""):
         self.timeout = timeout
-        SlurmExtError.__init__(self, f"{' '.join(cmd)} did not finish within {timeout:g}s and was killed")
-        self.cmd = list(cmd)
-        self.returncode = None
-        self.stderr = stderr.strip()
+        super().__init__(cmd, None, stderr, f"{' '.join(cmd)} did not finish within {timeout:g}s and was killed")
 
 
 class SlurmError(SlurmExtError):

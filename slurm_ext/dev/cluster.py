@@ -54,10 +54,6 @@ class Status:
     #: why `node` is None
     problem: str = ""
 
-    @property
-    def running(self) -> bool:
-        return any(d.pid for d in self.daemons)
-
 
 @dataclass(frozen=True, slots=True)
 class DemoResult:
@@ -112,11 +108,9 @@ def up(settings: DevSection) -> Status:
     """
     deps.require_root("dev up")
     deps.require()
+    started_at = time.monotonic()
     layout = Layout(settings)
     changed = _write_files(layout)
-    env = layout.daemon_environ()
-    started_at = time.monotonic()
-    slurm = client(settings, timeout=5.0)
     to_start = []
     for daemon in cluster_daemons(layout):
         if daemons.running_pid(daemon) and _CONFIG_FILES.get(daemon.name, frozenset()) & changed:
@@ -127,16 +121,15 @@ def up(settings: DevSection) -> Status:
     for daemon in to_start:  # all ports first: a taken one fails before anything starts
         for port in daemon.ports:
             daemons.check_port_free(port, daemon.name)
-    for daemon in cluster_daemons(layout):
-        if daemon.name == "munged" and not daemons.running_pid(daemon) and _munge_works():
+    for daemon in to_start:
+        if daemon.name == "munged" and _munge_works():
             log.info("munged: one already answers on the default socket: using it")
             continue
-        was_running = daemons.running_pid(daemon) is not None
         if daemon.name == "mariadbd" and not (layout.mysql / "mysql").is_dir():
             _init_database(layout)
-        daemons.start(daemon, env, settings.up_timeout)
-        if not was_running:
-            _wait_ready(daemon.name, layout, slurm, daemon.logfile)
+        daemons.start(daemon, layout.daemon_environ(), settings.up_timeout)
+        _wait_ready(daemon.name, layout)
+    slurm = client(settings, timeout=5.0)
     node = _wait_node(layout, slurm)
     log.info("cluster up in %.1fs: node %s is %s", time.monotonic() - started_at, node.name, _state_text(node))
     return status(settings)
@@ -243,7 +236,7 @@ def _munge_works() -> bool:
     return True
 
 
-def _wait_ready(name: str, layout: Layout, slurm: SlurmClient, logfile: Path) -> None:
+def _wait_ready(name: str, layout: Layout) -> None:
     """Wait until a freshly started daemon answers, and bootstrap what needs it."""
     timeout = layout.settings.up_timeout
     env = layout.daemon_environ()
