@@ -11,8 +11,8 @@ Node-state ownership lives here too: `drain` writes reasons that start with
 ``slurm-ext:`` and `resume` refuses any node whose reason does not, so an
 admin's drain is never undone by us.
 
-Main API: `SlurmClient.node`, `.nodes`, `.jobs`, `.job`, `.drain`, `.resume`,
-`.node_events`; records `Node`, `Job`, `NodeEvent`.
+Main API: `SlurmClient.node`, `.nodes`, `.jobs`, `.job`, `.wait_accounted`,
+`.drain`, `.resume`, `.node_events`; records `Node`, `Job`, `NodeEvent`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable
@@ -40,6 +41,10 @@ _UNREACHABLE = re.compile(
     r"Connection timed out|Communication connection failure",
     re.IGNORECASE,
 )
+
+# Job states after which nothing runs any more.
+_FINISHED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+                       "BOOT_FAIL", "DEADLINE"})
 
 # Base node states; everything else after '+' is a flag.
 _BASE_STATES = {"IDLE", "ALLOCATED", "MIXED", "DOWN", "ERROR", "FUTURE", "UNKNOWN", "COMPLETING"}
@@ -101,6 +106,10 @@ class Job:
     exit_code: int | None = None
     start: datetime | None = None
     end: datetime | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.state in _FINISHED
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +217,26 @@ class SlurmClient:
             found = [_job_from_sacct_text(line) for line in out.splitlines() if line.strip()]
         found = [j for j in found if j.job_id == job_id]
         return found[0] if found else None
+
+    def wait_accounted(self, job_id: int, timeout: float = 60.0, interval: float = 0.5) -> Job:
+        """Poll sacct until it holds the finished job's whole record.
+
+        Records arrive 1-3 s after the job ends, and in pieces: slurmdbd may
+        first build the row from a step message (name "allocation", no
+        partition) and complete it when the job's start message lands (seen
+        for the first job of a new cluster).
+
+        Raises:
+            SlurmError: no whole, finished record within `timeout` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self.job(job_id)
+            if job and job.finished and job.partition:
+                return job
+            if time.monotonic() > deadline:
+                raise SlurmError(f"job {job_id}: no finished record in sacct after {timeout:g}s (last: {job})")
+            time.sleep(interval)
 
     def node_events(self, node: str, since: datetime) -> list[NodeEvent]:
         """State changes of `node` that started at or after `since`, oldest first."""

@@ -36,9 +36,6 @@ TEST_CLUSTER = dict(
     up_timeout=60.0,
 )
 
-FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
-
-
 @dataclass
 class Cluster:
     """The running test cluster and the few things tests do with it."""
@@ -83,20 +80,7 @@ class Cluster:
         return int(out.strip().split(";")[0])
 
     def wait_accounted(self, job_id: int, timeout: float = 60.0) -> Job:
-        """Poll sacct until the job has finished there and its record is whole.
-
-        Records arrive 1-3 s late, and in pieces: slurmdbd may first build
-        the row from a step message (name "allocation", no partition) and
-        fill it in when the job's start message lands.
-        """
-        slurm = self.client()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            job = slurm.job(job_id)
-            if job and job.state in FINISHED and job.partition:
-                return job
-            time.sleep(0.5)
-        raise AssertionError(f"job {job_id} not finished in sacct after {timeout}s: {slurm.job(job_id)}")
+        return self.client().wait_accounted(job_id, timeout)
 
     def wait_idle(self, timeout: float = 60.0):
         slurm = self.client()

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .. import command
 from ..config import DevSection, SlurmSection
-from ..errors import CommandError, DevClusterError, SlurmExtError
+from ..errors import CommandError, DevClusterError, SlurmError, SlurmExtError
 from ..slurm import Job, Node, SlurmClient
 from . import daemons, deps, fakenvml, render
 from .daemons import Daemon
@@ -33,8 +33,6 @@ __all__ = ["DaemonStatus", "Status", "DemoResult", "up", "down", "status", "demo
 log = logging.getLogger("dev")
 
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
-_FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
-             "BOOT_FAIL", "DEADLINE"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,12 +325,12 @@ def down(settings: DevSection) -> list[int]:
 def _cancel_jobs(layout: Layout) -> None:
     slurm = client(layout.settings, timeout=10.0)
     try:
-        jobs = [j for j in slurm.jobs() if j.state not in _FINISHED]
+        jobs = [j for j in slurm.jobs() if not j.finished]
         if not jobs:
             return
         log.info("cancelling %d jobs", len(jobs))
         command.run(["scancel", *(str(j.job_id) for j in jobs)], 30, env=layout.daemon_environ(), check=False)
-        daemons.wait_for("jobs to end", lambda: not [j for j in slurm.jobs() if j.state not in _FINISHED],
+        daemons.wait_for("jobs to end", lambda: not [j for j in slurm.jobs() if not j.finished],
                          30.0, interval=0.2)
     except SlurmExtError as err:
         log.warning("could not cancel jobs cleanly (%s); their processes are killed with the cgroups", err)
@@ -418,14 +416,9 @@ def demo(settings: DevSection, timeout: float = 60.0) -> DemoResult:
         raise DevClusterError(f"sbatch failed: {err}") from err
     job_id = int(submitted.stdout.strip().split(";")[0])
     log.info("submitted demo job %d", job_id)
-    slurm = client(settings)
-    found: list[Job] = []
-
-    def accounted() -> bool:
-        job = slurm.job(job_id)
-        found[:] = [job] if job else []
-        return bool(job and job.state in _FINISHED)
-
-    daemons.wait_for(f"job {job_id} in sacct", accounted, timeout, interval=0.5)
+    try:
+        job = client(settings).wait_accounted(job_id, timeout)
+    except SlurmError as err:
+        raise DevClusterError(str(err)) from err
     output = (layout.out / f"demo-{job_id}.out").read_text(errors="replace")
-    return DemoResult(found[0], output)
+    return DemoResult(job, output)
