@@ -1,14 +1,12 @@
 """Config loading and `slurm-ext config check|show`: every bad input is exit 2 naming the key."""
 
 import dataclasses
-import os
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 
-from conftest import cli
+from conftest import cli, cli_as_nobody
 from slurm_ext import config
 from slurm_ext.errors import ConfigError
 
@@ -92,30 +90,11 @@ def test_bad_file_raises_config_error(tmp_path, case):
 
 
 def test_unreadable_file_as_a_plain_user(tmp_path):
-    """Root reads any file, so the CLI runs as nobody, in a forked child
-    (nobody cannot reach this Python under /root to start a new one)."""
     path = write(tmp_path, "[log]\n")
     path.chmod(0o000)
     tmp_path.chmod(0o755)
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: become nobody, run the CLI, report on the pipe
-        code = 99
-        try:
-            os.dup2(write_end, 2)
-            os.setgid(65534)
-            os.setuid(65534)
-            from slurm_ext import cli
-            sys.stderr = os.fdopen(2, "w", closefd=False)
-            code = cli.main(["config", "check", str(path)])
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
-    os.close(write_end)
-    with os.fdopen(read_end) as pipe:
-        stderr = pipe.read()
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 2, stderr
+    code, stderr = cli_as_nobody("config", "check", str(path))
+    assert code == 2, stderr
     assert f"{path}: cannot read: Permission denied" in stderr
 
 

@@ -1,17 +1,15 @@
 """`slurm-ext dev ...`: the real local cluster from nothing, idempotent up, clean down."""
 
-import os
 import shutil
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from conftest import cli
+from conftest import cli, cli_as_nobody
 from slurm_ext import dev
 from slurm_ext.dev import daemons, deps
 from slurm_ext.errors import DevClusterError
@@ -148,25 +146,8 @@ def test_a_missing_package_names_the_install_command(cluster, monkeypatch):
 
 
 def test_not_root_is_a_clear_error(cluster):
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: drop to nobody and run the CLI's `dev up`
-        code = 99
-        try:
-            os.dup2(write_end, 2)
-            os.setgid(65534)
-            os.setuid(65534)
-            from slurm_ext import cli as slurm_ext_cli
-            sys.stderr = os.fdopen(2, "w", closefd=False)
-            code = slurm_ext_cli.main(["--config", str(cluster.config_file), "dev", "up"])
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
-    os.close(write_end)
-    with os.fdopen(read_end) as pipe:
-        stderr = pipe.read()
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 1, stderr
+    code, stderr = cli_as_nobody("--config", str(cluster.config_file), "dev", "up")
+    assert code == 1, stderr
     assert "dev up must run as root" in stderr and "Traceback" not in stderr
 
 

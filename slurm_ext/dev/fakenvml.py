@@ -135,10 +135,10 @@ def _stub_source(names: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
+def _atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644, mtime_ns: int | None = None) -> None:
     """Write via a temp file in the same directory plus rename, so readers
     (a concurrently running build, the fake library) never see a partial
-    file."""
+    file. `mtime_ns`, when given, is set on the file before the rename."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -146,6 +146,8 @@ def _atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, mode)
+        if mtime_ns is not None:
+            os.utime(tmp, ns=(mtime_ns, mtime_ns))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -316,22 +318,11 @@ def write_spec(path: Path, spec: dict[str, Any]) -> None:
         previous_ns: int | None = os.stat(path).st_mtime_ns
     except FileNotFoundError:
         previous_ns = None
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        # Readable by job processes of other users in the dev cluster.
-        os.chmod(tmp, 0o644)
-        mtime = time.time_ns()
-        if previous_ns is not None and mtime <= previous_ns:
-            mtime = previous_ns + 1
-        os.utime(tmp, ns=(mtime, mtime))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    mtime = time.time_ns()
+    if previous_ns is not None and mtime <= previous_ns:
+        mtime = previous_ns + 1
+    # 0644: readable by job processes of other users in the dev cluster
+    _atomic_write_bytes(path, data, 0o644, mtime)
 
 
 def environ(lib_dir: Path, spec_path: Path) -> dict[str, str]:
