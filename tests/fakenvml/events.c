@@ -195,20 +195,21 @@ NVML_API nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *d
     return NVML_SUCCESS;
 }
 
+/* The v1 struct is the v2 one without the MIG instance ids. */
 NVML_API nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, fake_event_data_v1_t *data, unsigned int timeoutms)
 {
-    struct fake_event ev;
+    nvmlEventData_t full;
     nvmlReturn_t rc;
 
     if (!data)
         return NVML_ERROR_INVALID_ARGUMENT;
-    rc = wait_for_event(set, timeoutms, &ev);
-    if (rc != NVML_SUCCESS)
-        return rc;
-    data->device = fake_gpu_handle(ev.gpu);
-    data->eventType = ev.type;
-    data->eventData = ev.data;
-    return NVML_SUCCESS;
+    rc = nvmlEventSetWait_v2(set, &full, timeoutms);
+    if (rc == NVML_SUCCESS) {
+        data->device = full.device;
+        data->eventType = full.eventType;
+        data->eventData = full.eventData;
+    }
+    return rc;
 }
 
 NVML_API nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set)
