@@ -7,6 +7,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import psutil
 import pytest
 
 from conftest import cli, cli_as_nobody
@@ -103,6 +104,14 @@ def test_daemons_and_hooks_see_the_fake_gpus(running_cluster):
             assert f"LD_LIBRARY_PATH={lib}".encode() in environ, daemon.name
     wrapper = (running_cluster.layout.bin / "slurm-ext-prolog").read_text()
     assert f"LD_LIBRARY_PATH='{lib}'" in wrapper and "SLURM_EXT_FAKE_NVML=" in wrapper
+
+
+def test_every_daemon_listens_on_loopback_only(running_cluster):
+    pids = {d.pid: d.name for d in dev.status(running_cluster.settings).daemons if d.pid}
+    listening = [(pids[c.pid], c.laddr.ip, c.laddr.port) for c in psutil.net_connections("inet")
+                 if c.pid in pids and c.status == psutil.CONN_LISTEN]
+    assert {name for name, _, _ in listening} >= {"mariadbd", "slurmdbd", "slurmctld", "slurmd"}, listening
+    assert all(ip == "127.0.0.1" for _, ip, _ in listening), listening
 
 
 def test_cli_status_and_demo(running_cluster):

@@ -121,6 +121,7 @@ AuthType=auth/munge
 DbdHost=localhost
 DbdAddr=127.0.0.1
 DbdPort={s.slurmdbd_port}
+CommunicationParameters=NoInAddrAny
 SlurmUser=root
 LogFile={layout.log}/slurmdbd.log
 PidFile={layout.pidfile("slurmdbd")}
