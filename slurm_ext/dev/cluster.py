@@ -15,6 +15,7 @@ import pwd
 import secrets
 import shutil
 import signal
+import stat
 import sys
 import time
 from dataclasses import dataclass
@@ -28,11 +29,14 @@ from . import daemons, deps, fakenvml, render
 from .daemons import Daemon
 from .layout import Layout
 
-__all__ = ["DaemonStatus", "Status", "DemoResult", "up", "down", "status", "demo", "client"]
+__all__ = ["DaemonStatus", "Status", "DemoResult", "up", "down", "status", "demo", "client", "cluster_daemons",
+           "job_cgroups"]
 
 log = logging.getLogger("dev")
 
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
+#: character-device major number of /dev/nvidia<minor>
+_NVIDIA_MAJOR = 195
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +159,7 @@ def _write_files(layout: Layout) -> set[str]:
     for minor, device in enumerate(layout.gpu_devices()):
         if not device.is_char_device():
             device.unlink(missing_ok=True)
-            os.mknod(device, 0o666 | 0o020000, os.makedev(195, minor))
+            os.mknod(device, 0o666 | stat.S_IFCHR, os.makedev(_NVIDIA_MAJOR, minor))
     fakenvml.build(layout.lib)
     if not layout.gpu_spec.exists():
         fakenvml.write_spec(layout.gpu_spec, fakenvml.default_gpus(s.gpu_count, s.gpu_name))
