@@ -76,6 +76,21 @@ def _dev_demo(args: argparse.Namespace) -> int:
     return 0 if job.state == "COMPLETED" else 1
 
 
+def _supervise(args: argparse.Namespace) -> int:
+    from . import log
+    from .supervisor import supervise
+    loaded = config.load(args.config)
+    log.setup(loaded.log, "supervisor")
+    return supervise(loaded, args.role, config_path=args.config, port=args.port, pidfile=args.pidfile)
+
+
+def _probe(args: argparse.Namespace) -> int:
+    from .supervisor import probe
+    ok, text = probe(config.load(args.config), args.kind, args.role, port=args.port)
+    print(f"{args.role} {args.kind}: {text}", file=sys.stdout if ok else sys.stderr)
+    return 0 if ok else 1
+
+
 def _print_status(state) -> None:
     print(f"dev cluster in {state.state_dir}")
     for daemon in state.daemons:
@@ -106,6 +121,23 @@ def _parser() -> argparse.ArgumentParser:
     check.set_defaults(func=_config_check)
     cfg_commands.add_parser("show", help="print the effective config with every default filled in"
                             ).set_defaults(func=_config_show)
+
+    sup = commands.add_parser(
+        "supervise", help="run the node agent for a role (PID 1 of a container, or a systemd service)",
+        description="Start the role's workers, reap every orphan, restart dead workers in place with backoff, "
+                    "drain the node while slurmd crash-loops, serve /livez /readyz /metrics. SIGTERM stops the "
+                    "workers in reverse order; SIGHUP reloads the config.")
+    sup.add_argument("--role", required=True, metavar="ROLE",
+                     help="worker, controller, accounting or login")
+    sup.add_argument("--port", type=int, help="HTTP port for probes and metrics (default: supervisor.ports)")
+    sup.add_argument("--pidfile", metavar="PATH", help="write the agent's PID here")
+    sup.set_defaults(func=_supervise)
+
+    prb = commands.add_parser("probe", help="ask the local agent whether it is live or ready (exit 0 or 1)")
+    prb.add_argument("kind", choices=("live", "ready"))
+    prb.add_argument("--role", default="worker", choices=config.ROLES, help="whose agent (default: worker)")
+    prb.add_argument("--port", type=int, help="the agent's HTTP port (default: supervisor.ports)")
+    prb.set_defaults(func=_probe)
 
     dev = commands.add_parser(
         "dev", help="a local Slurm cluster on this host (root), for trying slurm-ext and for its tests",

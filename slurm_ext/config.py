@@ -21,7 +21,7 @@ from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["Config", "DEFAULT_PATH", "ENV_VAR", "load", "from_dict", "render", "parse_duration", "sections"]
+__all__ = ["Config", "ROLES", "DEFAULT_PATH", "ENV_VAR", "load", "from_dict", "render", "parse_duration", "sections"]
 
 DEFAULT_PATH = Path("/etc/slurm-ext/slurm-ext.toml")
 ENV_VAR = "SLURM_EXT_CONFIG"
@@ -46,10 +46,18 @@ def _key(default: Any, doc: str, kind: str, **rules: Any) -> Any:
     """Declare a config key: its default, its doc line, its kind and rules.
 
     Kinds: str, int, bool, duration (stored as seconds), path (absolute, or
-    empty where allowed), choice (one of `choices`).
-    Rules: choices, minimum, maximum, empty_ok (path), pattern (str).
+    empty where allowed), choice (one of `choices`), list (a tuple of `item`
+    values), table (a dict of name -> `item` value), sections (a dict of
+    name -> `section` dataclass, written as [parent.key.name] tables).
+    Rules: choices, minimum, maximum, empty_ok (path), pattern (str),
+    item (the rules of a list's or table's values), min_items (list),
+    section (the dataclass of a sections kind).
+    A default of None means "not set" (used where another layer fills it in).
     """
-    return field(default=default, metadata={"doc": doc, "kind": kind, **rules})
+    metadata = {"doc": doc, "kind": kind, **rules}
+    if isinstance(default, dict):
+        return field(default_factory=lambda: dict(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +92,67 @@ class SlurmSection:
                      "choice", choices=("auto", "always", "never"))
 
 
+ROLES = ("worker", "controller", "accounting", "login")
+_SIGNALS = ("TERM", "INT", "QUIT", "HUP", "USR1", "USR2", "KILL")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSection:
+    """One program the node agent runs, [supervisor.workers.<name>].
+
+    Every key is optional: a key left out keeps the built-in default of a
+    worker of that name (slurmd, slurmctld, slurmdbd, mariadbd, munged, sshd),
+    or the generic default below for a new name.
+    """
+
+    roles: tuple | None = _key(None, "roles that run this worker", "list",
+                               item={"kind": "choice", "choices": ROLES})
+    command: tuple | None = _key(None, "program and arguments, run in the foreground; the program is looked up "
+                                 "in PATH", "list", item={"kind": "str"}, min_items=1)
+    environment: dict | None = _key(None, "extra environment variables", "table", item={"kind": "str"})
+    restart: str | None = _key(None, "when to restart it after it exits: always, on-failure, never", "choice",
+                               choices=("always", "on-failure", "never"))
+    stop_signal: str | None = _key(None, "signal that asks it to stop", "choice", choices=_SIGNALS)
+    stop_grace: float | None = _key(None, "wait this long after stop_signal before SIGKILL", "duration",
+                                    minimum=0.0, maximum=3600.0)
+    notify: bool | None = _key(None, "serve it a NOTIFY_SOCKET (sd_notify: READY=1, MAINPID=, STATUS=)", "bool")
+    ready: str | None = _key(None, "when it counts as ready: running, notify (READY=1), slurm-node (this node "
+                             "registered and responding in Slurm)", "choice",
+                             choices=("running", "notify", "slurm-node"))
+    drain_on_crash_loop: bool | None = _key(None, "drain this node (owned reason) while it crash-loops", "bool")
+
+
+@dataclass(frozen=True, slots=True)
+class SupervisorSection:
+    """The node agent, `slurm-ext supervise --role ROLE`."""
+
+    listen: str = _key("127.0.0.1", "address of the HTTP listener for /livez, /readyz, /metrics", "str",
+                       pattern=r"^[0-9A-Za-z.:-]+$")
+    ports: dict = _key({"worker": 9810, "controller": 9811, "accounting": 9812, "login": 9813},
+                       "HTTP port of each role's agent (0: no listener); a role left out keeps its default",
+                       "table", keys=ROLES, item={"kind": "int", "minimum": 0, "maximum": 65535})
+    runtime_dir: str = _key("/run/slurm-ext", "notify sockets and boot markers", "path")
+    backoff_initial: float = _key(0.01, "delay before the first restart of a worker that died", "duration",
+                                  minimum=0.0, maximum=60.0)
+    backoff_max: float = _key(30.0, "cap of the doubling restart delay", "duration", minimum=0.01, maximum=3600.0)
+    stable_after: float = _key(60.0, "a worker up this long is stable: its delay and crash count start over",
+                               "duration", minimum=0.1, maximum=86400.0)
+    crash_loop_count: int = _key(5, "this many exits within crash_loop_window is a crash loop", "int",
+                                 minimum=2, maximum=1000)
+    crash_loop_window: float = _key(60.0, "window for crash_loop_count", "duration", minimum=1.0, maximum=86400.0)
+    ready_interval: float = _key(5.0, "how often readiness is asked of Slurm once ready", "duration",
+                                 minimum=0.1, maximum=600.0)
+    stale_drain_reasons: tuple = _key(("slurm-ext: slurmd crash loop",),
+                                      "at start, resume this node when its reason starts with one of these "
+                                      "(drains a previous life of this node left behind)", "list",
+                                      item={"kind": "str"})
+    step_failure: dict = _key({}, "per start step: block (do not start workers until it succeeds) or continue",
+                              "table", item={"kind": "choice", "choices": ("block", "continue")})
+    leave_root_cgroup: bool = _key(True, "as PID 1 in a cgroup v2 container, move out of the root cgroup so "
+                                   "slurmd can enable controllers", "bool")
+    workers: dict = _key({}, "per-worker settings, [supervisor.workers.<name>]", "sections", section=WorkerSection)
+
+
 @dataclass(frozen=True, slots=True)
 class DevSection:
     """The local development cluster (`slurm-ext dev ...`): one host, loopback only."""
@@ -98,6 +167,10 @@ class DevSection:
     slurmctld_port: int = _key(6817, "slurmctld's TCP port on 127.0.0.1", "int", minimum=1, maximum=65535)
     slurmd_port: int = _key(6818, "slurmd's TCP port on 127.0.0.1", "int", minimum=1, maximum=65535)
     slurmdbd_port: int = _key(6819, "slurmdbd's TCP port on 127.0.0.1", "int", minimum=1, maximum=65535)
+    controller_probe_port: int = _key(9811, "HTTP port of slurmctld's agent (probes, metrics) on 127.0.0.1",
+                                      "int", minimum=1, maximum=65535)
+    worker_probe_port: int = _key(9810, "HTTP port of slurmd's agent (probes, metrics) on 127.0.0.1", "int",
+                                  minimum=1, maximum=65535)
     mariadb_port: int = _key(3307, "MariaDB's TCP port on 127.0.0.1 (not 3306: leaves a system MariaDB alone)",
                              "int", minimum=1, maximum=65535)
     up_timeout: float = _key(60.0, "longest wait in `dev up` for each daemon and for the node to be idle",
@@ -111,6 +184,7 @@ class Config:
     node: NodeSection = field(default_factory=NodeSection)
     log: LogSection = field(default_factory=LogSection)
     slurm: SlurmSection = field(default_factory=SlurmSection)
+    supervisor: SupervisorSection = field(default_factory=SupervisorSection)
     dev: DevSection = field(default_factory=DevSection)
     #: the file it was read from; None when every value is a default
     source: str | None = None
@@ -183,16 +257,47 @@ def _build_section(name: str, cls: type, table: dict, source, text: str):
         if key not in fields:
             allowed = ", ".join(fields) or "(none yet)"
             raise ConfigError(source, f"unknown key; allowed keys in [{name}]: {allowed}", key=dotted, line=line)
+        rules = fields[key].metadata
+        if rules["kind"] == "sections":
+            values[key] = _build_subsections(dotted, rules["section"], value, source, text)
+            continue
         try:
-            values[key] = _check(fields[key].metadata, value)
+            values[key] = _check(rules, value)
         except ValueError as err:
             raise ConfigError(source, f"{_show(value)}: {err}", key=dotted, line=line) from None
     return cls(**values)
 
 
+def _build_subsections(name: str, cls: type, value: Any, source, text: str) -> dict:
+    """[name.<sub>] tables, each a `cls` section."""
+    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+        raise ConfigError(source, f"expected [{name}.<name>] tables, got {_describe(value)}", key=name,
+                          line=_line_of(text, name.rsplit(".", 1)[0], name.rsplit(".", 1)[1]))
+    built = {}
+    for sub, table in value.items():
+        if not re.match(r"^[A-Za-z0-9_-]+$", sub):
+            raise ConfigError(source, "names are letters, digits, '-' and '_'", key=f"{name}.{sub}",
+                              line=_line_of(text, f"{name}.{sub}", None))
+        built[sub] = _build_section(f"{name}.{sub}", cls, table, source, text)
+    return built
+
+
 def _check(rules: dict, value: Any) -> Any:
     """The validated value for one key. Raises ValueError saying what is allowed."""
     kind = rules["kind"]
+    if kind == "list":
+        if not isinstance(value, list):
+            raise ValueError(f"expected an array, got {_describe(value)}")
+        if len(value) < rules.get("min_items", 0):
+            raise ValueError(f"expected at least {rules['min_items']} item(s)")
+        return tuple(_check_item(rules["item"], f"item {i + 1}", v) for i, v in enumerate(value))
+    if kind == "table":
+        if not isinstance(value, dict):
+            raise ValueError(f"expected a table such as {{ NAME = ... }}, got {_describe(value)}")
+        unknown = [k for k in value if "keys" in rules and k not in rules["keys"]]
+        if unknown:
+            raise ValueError(f"unknown name {unknown[0]!r}; allowed: {', '.join(rules['keys'])}")
+        return {k: _check_item(rules["item"], f"{k!r}", v) for k, v in value.items()}
     if kind == "bool":
         if not isinstance(value, bool):
             raise ValueError(f"expected true or false, got {_describe(value)}")
@@ -233,6 +338,13 @@ def _check(rules: dict, value: Any) -> Any:
     return value
 
 
+def _check_item(rules: dict, where: str, value: Any) -> Any:
+    try:
+        return _check(rules, value)
+    except ValueError as err:
+        raise ValueError(f"{where}: {_show(value)}: {err}") from None
+
+
 def _check_range(rules: dict, value: float, unit: str = "") -> None:
     low, high = rules.get("minimum"), rules.get("maximum")
     if (low is not None and value < low) or (high is not None and value > high):
@@ -269,23 +381,43 @@ def render(config: Config) -> str:
     """The effective config as TOML, each key with its doc line (`config show`)."""
     out = [f"# effective slurm-ext config; source: {config.source or 'defaults (no file)'}"]
     for name in sections():
-        section = getattr(config, name)
-        out.append("")
-        out.append(f"[{name}]")
-        for f in dataclasses.fields(section):
-            out.append(f"# {f.metadata['doc']}")
-            out.append(f"{f.name} = {_toml_value(getattr(section, f.name), f.metadata['kind'])}")
+        _render_section(out, name, getattr(config, name))
     return "\n".join(out) + "\n"
 
 
-def _toml_value(value: Any, kind: str) -> str:
+def _render_section(out: list[str], name: str, section: Any) -> None:
+    out += ["", f"[{name}]"]
+    later = []
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if f.metadata["kind"] == "sections":
+            later += [(f"{name}.{f.name}.{sub}", sub_section) for sub, sub_section in value.items()]
+            continue
+        if value is None:
+            continue
+        out.append(f"# {f.metadata['doc']}")
+        out.append(f"{f.name} = {_toml_value(value, f.metadata)}")
+    for sub_name, sub_section in later:
+        _render_section(out, sub_name, sub_section)
+
+
+def _toml_value(value: Any, rules: dict) -> str:
+    kind = rules["kind"]
     if kind == "duration":
         return f'"{_format_duration(value)}"'
+    if kind == "list":
+        return "[" + ", ".join(_toml_value(v, rules["item"]) for v in value) + "]"
+    if kind == "table":
+        return "{" + ", ".join(f"{_toml_string(k)} = {_toml_value(v, rules['item'])}" for k, v in value.items()) + "}"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
         return str(value)
-    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return _toml_string(str(value))
+
+
+def _toml_string(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _format_duration(seconds: float) -> str:

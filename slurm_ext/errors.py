@@ -17,6 +17,7 @@ __all__ = [
     "SlurmUnreachable",
     "NotOurDrain",
     "DevClusterError",
+    "AgentError",
 ]
 
 
@@ -92,3 +93,7 @@ class NotOurDrain(SlurmError):
 
 class DevClusterError(SlurmExtError):
     """The local development cluster cannot be brought up or down."""
+
+
+class AgentError(SlurmExtError):
+    """The node agent cannot start (its listener's port is taken, ...)."""

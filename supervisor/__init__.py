@@ -1,6 +1,41 @@
-"""The node agent (PID 1 or subreaper) that keeps Slurm's daemons alive.
+"""The node agent: PID 1 or subreaper that keeps Slurm's daemons alive in place.
 
-Not built yet: this package only reserves the layout's place (issue 3).
+`supervise(config, role)` runs the agent until SIGTERM; `probe(config, kind,
+role)` asks a running agent's /livez or /readyz (for Kubernetes exec probes
+and scripts). Other components plug start steps in through
+`slurm_ext.supervisor.pipeline.StartStep`.
 """
 
-__all__: list[str] = []
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+
+from slurm_ext.config import Config, SupervisorSection
+
+from .agent import Agent
+
+__all__ = ["supervise", "probe"]
+
+
+def supervise(config: Config, role: str, config_path: str | None = None, port: int | None = None,
+              pidfile: str | None = None) -> int:
+    """Run the agent for `role`; returns its exit status (0: clean stop)."""
+    return Agent(config, role, config_path=config_path, port=port, pidfile=pidfile).run()
+
+
+def probe(config: Config, kind: str, role: str = "worker", port: int | None = None,
+          timeout: float = 5.0) -> tuple[bool, str]:
+    """(ok, text) from the agent's /livez or /readyz."""
+    settings = config.supervisor
+    if port is None:
+        port = settings.ports.get(role, SupervisorSection().ports[role])
+    url = f"http://{settings.listen}:{port}/{'livez' if kind == 'live' else 'readyz'}"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as answer:
+            return True, answer.read().decode().strip()
+    except urllib.error.HTTPError as err:
+        return False, err.read().decode().strip() or f"HTTP {err.code}"
+    except (urllib.error.URLError, OSError) as err:
+        reason = getattr(err, "reason", err)
+        return False, f"no agent answers at {url}: {reason}"

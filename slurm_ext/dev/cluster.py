@@ -84,11 +84,17 @@ def cluster_daemons(layout: Layout) -> list[Daemon]:
                frozenset({"mariadbd", "mysqld"}), layout.log / "mariadbd.out", (s.mariadb_port,)),
         Daemon("slurmdbd", ("slurmdbd",), layout.pidfile("slurmdbd"), frozenset({"slurmdbd"}),
                layout.log / "slurmdbd.out", (s.slurmdbd_port,)),
-        Daemon("slurmctld", ("slurmctld",), layout.pidfile("slurmctld"), frozenset({"slurmctld"}),
-               layout.log / "slurmctld.out", (s.slurmctld_port,)),
-        Daemon("slurmd", ("slurmd", "-N", s.node_name), layout.pidfile("slurmd"), frozenset({"slurmd"}),
-               layout.log / "slurmd.out", (s.slurmd_port,)),
+        _agent(layout, "controller", (s.slurmctld_port, s.controller_probe_port)),
+        _agent(layout, "worker", (s.slurmd_port, s.worker_probe_port)),
     ]
+
+
+def _agent(layout: Layout, role: str, ports: tuple[int, ...]) -> Daemon:
+    """slurm-ext's node agent for `role`: it runs slurmctld or slurmd in the foreground."""
+    name = f"supervise-{role}"
+    return Daemon(name, (_entry_point("slurm-ext"), "--config", str(layout.slurm_ext_conf), "supervise",
+                         "--role", role, "--pidfile", str(layout.pidfile(name))),
+                  layout.pidfile(name), frozenset({"slurm-ext"}), layout.log / f"{name}.out", ports)
 
 
 # The config files each daemon reads: a change to one restarts the daemon.
@@ -96,8 +102,8 @@ _SLURM_FILES = frozenset({"slurm.conf", "cgroup.conf", "gres.conf"})
 _CONFIG_FILES = {
     "mariadbd": frozenset({"my.cnf"}),
     "slurmdbd": frozenset({"slurmdbd.conf"}),
-    "slurmctld": _SLURM_FILES,
-    "slurmd": _SLURM_FILES,
+    "supervise-controller": _SLURM_FILES | {"slurm-ext.toml"},
+    "supervise-worker": _SLURM_FILES | {"slurm-ext.toml"},
 }
 
 
@@ -167,13 +173,13 @@ def _write_files(layout: Layout) -> set[str]:
     prolog, epilog = layout.bin / "slurm-ext-prolog", layout.bin / "slurm-ext-epilog"
     _write(prolog, render.hook_wrapper(layout, _entry_point("slurm-ext-prolog")), 0o755)
     _write(epilog, render.hook_wrapper(layout, _entry_point("slurm-ext-epilog")), 0o755)
-    _write(layout.slurm_ext_conf, render.slurm_ext_toml(layout))
     topology = render.parse_topology(command.run(["slurmd", "-C"], 30, env=layout.daemon_environ()).stdout)
     files = {
         "slurm.conf": render.slurm_conf(layout, topology, str(prolog), str(epilog)),
         "cgroup.conf": render.cgroup_conf(),
         "gres.conf": render.gres_conf(layout),
         "my.cnf": render.my_cnf(layout),
+        "slurm-ext.toml": render.slurm_ext_toml(layout),
     }
     changed = {name for name, text in files.items() if _write(layout.etc / name, text)}
     if _write(layout.etc / "slurmdbd.conf", render.slurmdbd_conf(layout, password), 0o600):
@@ -254,7 +260,7 @@ def _wait_ready(name: str, layout: Layout) -> None:
         daemons.wait_for("slurmdbd", lambda: _ok(["sacctmgr", "-n", "show", "cluster"], env), timeout,
                          logfile=layout.log / "slurmdbd.log")
         _bootstrap_accounting(layout, env)
-    elif name == "slurmctld":
+    elif name == "supervise-controller":
         daemons.wait_for("slurmctld", lambda: _ok(["scontrol", "ping"], env, "is UP"), timeout,
                          logfile=layout.log / "slurmctld.log")
 
@@ -318,9 +324,10 @@ def down(settings: DevSection) -> list[int]:
     deps.require_root("dev down")
     layout = Layout(settings)
     all_daemons = cluster_daemons(layout)
-    if daemons.running_pid(all_daemons[3]):  # slurmctld answers: let Slurm end its jobs itself
+    if daemons.running_pid(all_daemons[3]):  # slurmctld runs: let Slurm end its jobs itself
         _cancel_jobs(layout)
-    stopped = [pid for d in reversed(all_daemons) if (pid := daemons.stop(d)) is not None]
+    # an agent's own grace for its worker is 10s: give it time to use it
+    stopped = [pid for d in reversed(all_daemons) if (pid := daemons.stop(d, grace=30.0)) is not None]
     _remove_job_cgroups(settings.node_name)
     log.info("cluster down: stopped %d daemons", len(stopped))
     return stopped
@@ -387,7 +394,7 @@ def status(settings: DevSection) -> Status:
         except SlurmExtError as err:
             problem = str(err)
     else:
-        problem = "slurmctld is not running"
+        problem = "slurmctld's agent (supervise-controller) is not running"
     return Status(layout.root, states, node, problem)
 
 

@@ -155,6 +155,8 @@ user=root
 
 
 def slurm_ext_toml(layout: Layout) -> str:
+    """The config of the cluster's hooks and of its two node agents."""
+    s = layout.settings
     return _HEADER + f"""\
 [node]
 name = "{layout.settings.node_name}"
@@ -165,6 +167,17 @@ file = "{layout.log}/slurm-ext.log"
 
 [slurm]
 conf = "{layout.slurm_conf}"
+
+[supervisor]
+runtime_dir = "{layout.run}/slurm-ext"
+ports = {{worker = {s.worker_probe_port}, controller = {s.controller_probe_port}}}
+
+[supervisor.workers.slurmctld]
+stop_grace = "10s"
+
+[supervisor.workers.slurmd]
+command = ["slurmd", "-D", "-N", "{s.node_name}"]
+stop_grace = "10s"
 """
 
 

@@ -1,0 +1,580 @@
+"""The node agent's loop: start workers, reap every child, restart in place.
+
+One thread does all process work. Signal handlers do nothing but wake it
+(signal.set_wakeup_fd writes the signal number into a pipe); the loop reads
+the numbers and acts. Each pass reaps every exited child with waitpid(-1,
+WNOHANG) -- workers and orphans re-parented to the agent alike (it is PID 1
+or a child subreaper) -- so no zombie outlives one pass.
+
+A dead worker is restarted by this same process after a doubling, capped
+delay; nothing else is killed with it: slurmd's job steps (slurmstepd) are
+not the agent's to kill, so jobs survive a slurmd crash. N exits within W
+seconds is a crash loop: an event, a metric and, for slurmd, an owned drain,
+cleared by the agent once the worker has been stable again.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import selectors
+import shutil
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from slurm_ext import config as config_mod, events
+from slurm_ext.config import Config
+from slurm_ext.errors import ConfigError
+from slurm_ext.slurm import REASON_PREFIX, SlurmClient
+
+from . import pipeline
+from .liaison import SlurmLiaison
+from .notify import NotifySocket, is_descendant
+from .restart import CrashWindow, backoff_delay, should_restart
+from .states import WorkerState, check_transition
+from .workers import WorkerSpec, workers_for
+
+__all__ = ["Agent", "Worker"]
+
+log = logging.getLogger("supervisor")
+
+_PR_SET_CHILD_SUBREAPER = 36
+_HANDLED = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+CRASH_LOOP_REASON = f"{REASON_PREFIX} slurmd crash loop"
+
+
+@dataclass
+class Worker:
+    """A worker's live record (the spec is what to run, this is how it goes)."""
+
+    spec: WorkerSpec
+    state: WorkerState = WorkerState.STOPPED
+    pid: int | None = None
+    #: the session it was started in (setsid): its helpers share it, job steps do not
+    session: int | None = None
+    started: float = 0.0
+    #: exits since it was last stable; sets the backoff delay
+    failures: int = 0
+    next_start: float = 0.0
+    stop_deadline: float = 0.0
+    crash_loop: bool = False
+    restarts: int = 0
+    #: READY=1 received since the last start
+    notified_ready: bool = False
+    #: STOPPING=1 received: its coming exit is announced, not a crash
+    announced_stop: bool = False
+    status_text: str = ""
+    last_exit: str = ""
+    notify: NotifySocket | None = None
+    window: CrashWindow | None = None
+    #: start again as soon as it has stopped (a changed spec)
+    restart_after_stop: bool = False
+    #: a newer spec to use from its next start
+    pending_spec: WorkerSpec | None = field(default=None, repr=False)
+
+
+class Agent:
+    """`slurm-ext supervise --role ROLE`."""
+
+    def __init__(self, config: Config, role: str, config_path: str | None = None, port: int | None = None,
+                 pidfile: str | None = None, environ: dict[str, str] | None = None):
+        if role not in config_mod.ROLES:
+            raise ConfigError(config.source or "<command line>", f"unknown role {role!r}; allowed: "
+                              f"{', '.join(config_mod.ROLES)}", key="--role")
+        self.config = config
+        self.role = role
+        self.config_path = config_path
+        self.pidfile = Path(pidfile) if pidfile else None
+        environ = dict(os.environ if environ is None else environ)
+        self._systemd_socket = environ.pop("NOTIFY_SOCKET", None)
+        self.base_env = environ
+        self.port = port
+        self.node = config.node.name or os.uname().nodename.split(".")[0]
+        self.workers: list[Worker] = []
+        self.by_pid: dict[int, Worker] = {}
+        self.orphans_reaped = 0
+        self.started_at = time.monotonic()
+        self.heartbeat = time.monotonic()
+        self.stopping = False
+        self.stop_clean = True
+        self.pipeline_done = False
+        self._pipeline_failures = 0
+        self._next_pipeline = 0.0
+        self._stop_queue: list[Worker] = []
+        self._selector = selectors.DefaultSelector()
+        self._wakeup_r = self._wakeup_w = -1
+        self.liaison: SlurmLiaison | None = None
+        self.http = None
+        self._systemd = None
+        self._watchdog_every = 0.0
+        self._last_watchdog = 0.0
+        self._systemd_status = ""
+        self._apply_config(config, first=True)
+
+    # -- set-up -------------------------------------------------------------------
+
+    def emit(self, event: str, message: str, severity: str = "info", **fields) -> dict:
+        return events.emit(self.config.node.state_dir, "supervisor", event, message, severity,
+                           role=self.role, **fields)
+
+    def _apply_config(self, config: Config, first: bool = False) -> None:
+        """Adopt a (new) config: worker specs, restart settings."""
+        self.config = config
+        s = config.supervisor
+        specs = workers_for(self.role, s)
+        if first:
+            self.workers = [self._new_worker(spec) for spec in specs]
+            return
+        old = {w.spec.name: w for w in self.workers}
+        updated = []
+        for spec in specs:
+            worker = old.pop(spec.name, None)
+            if worker is None:
+                worker = self._new_worker(spec)
+                self.emit("worker-added", f"worker {spec.name} added by the reloaded config", worker=spec.name)
+                self._start(worker)
+            elif spec != worker.spec:
+                self._respec(worker, spec)
+            worker.window.count, worker.window.window = s.crash_loop_count, s.crash_loop_window
+            updated.append(worker)
+        for worker in old.values():
+            self.emit("worker-removed", f"worker {worker.spec.name} removed by the reloaded config: stopping it",
+                      worker=worker.spec.name)
+            self._request_stop(worker)
+            if worker.state != WorkerState.STOPPED:
+                updated.append(worker)  # kept until it has stopped
+        self.workers = updated
+
+    def _new_worker(self, spec: WorkerSpec) -> Worker:
+        s = self.config.supervisor
+        return Worker(spec=spec, window=CrashWindow(s.crash_loop_count, s.crash_loop_window))
+
+    def _respec(self, worker: Worker, spec: WorkerSpec) -> None:
+        """A worker's definition changed: run the new one."""
+        self.emit("worker-changed", f"worker {spec.name}: definition changed by the reloaded config",
+                  worker=spec.name)
+        if worker.state == WorkerState.RUNNING:
+            worker.pending_spec = spec
+            worker.restart_after_stop = True
+            self._request_stop(worker)
+            return
+        worker.spec = spec
+        if worker.state == WorkerState.BACKOFF:  # e.g. the command was fixed: try it now
+            worker.failures = 0
+            worker.next_start = time.monotonic()
+
+    def _setup_process(self) -> None:
+        self._wakeup_r, self._wakeup_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(self._wakeup_w, warn_on_full_buffer=False)
+        for signum in _HANDLED:
+            signal.signal(signum, lambda *_: None)  # the wakeup fd carries the signal to the loop
+        self._selector.register(self._wakeup_r, selectors.EVENT_READ, None)
+        if os.getpid() == 1:
+            log.info("running as PID 1: reaping every orphan of this PID namespace")
+            if self.config.supervisor.leave_root_cgroup:
+                self._leave_root_cgroup()
+        else:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+                err = ctypes.get_errno()
+                self.emit("subreaper-failed", f"cannot become child subreaper: {os.strerror(err)}; orphans of "
+                          "workers will be re-parented past this agent", severity="error")
+            else:
+                log.info("running as child subreaper (pid %d): orphans of workers are re-parented here",
+                         os.getpid())
+        if self.pidfile:
+            self.pidfile.parent.mkdir(parents=True, exist_ok=True)
+            self.pidfile.write_text(f"{os.getpid()}\n")
+        if self._systemd_socket:
+            import sdnotify
+            os.environ["NOTIFY_SOCKET"] = self._systemd_socket
+            self._systemd = sdnotify.SystemdNotifier()
+            usec = int(self.base_env.pop("WATCHDOG_USEC", "0") or 0)
+            self._watchdog_every = usec / 2e6
+        port = self.port if self.port is not None else self.config.supervisor.ports.get(
+            self.role, config_mod.SupervisorSection().ports[self.role])
+        if port:
+            from .http import serve
+            self.http = serve(self, self.config.supervisor.listen, port)
+        slurm = SlurmClient(self.config.slurm, environ=self.base_env)
+        self.liaison = SlurmLiaison(slurm, self.node, self.config.supervisor.ready_interval, self.emit,
+                                    CRASH_LOOP_REASON)
+        self.liaison.watch_node = any(w.spec.ready == "slurm-node" for w in self.workers)
+        self.liaison.start()
+
+    def _leave_root_cgroup(self) -> None:
+        from .cgroup import leave_root_cgroup
+        try:
+            leaf = leave_root_cgroup()
+        except (OSError, RuntimeError) as err:
+            self.emit("cgroup-failed", str(err), severity="error")
+        else:
+            if leaf:
+                self.emit("cgroup-leaf", f"moved out of the root cgroup into {leaf}")
+
+    # -- the loop -----------------------------------------------------------------
+
+    def run(self) -> int:
+        """Supervise until SIGTERM/SIGINT; 0 when every worker stopped within its grace."""
+        try:
+            self._setup_process()
+            self.emit("started", f"supervising role {self.role} on node {self.node}: "
+                      f"{', '.join(w.spec.name for w in self.workers) or 'no workers'}")
+            while not (self.stopping and not self._stop_queue and self._all_stopped()):
+                self._pass()
+        finally:
+            self._teardown()
+        self.emit("exited", "all workers stopped" + ("" if self.stop_clean else "; some needed SIGKILL"),
+                  severity="info" if self.stop_clean else "warning")
+        return 0 if self.stop_clean else 1
+
+    def _pass(self) -> None:
+        now = time.monotonic()
+        for key, _ in self._selector.select(self._timeout(now)):
+            if key.fd == self._wakeup_r:
+                self._read_signals()
+            else:
+                self._on_notify(key.data)
+        self._reap()
+        self._tick(time.monotonic())
+        self.heartbeat = time.monotonic()
+        self._notify_systemd()
+
+    def _timeout(self, now: float) -> float:
+        deadlines = [w.next_start for w in self.workers if w.state == WorkerState.BACKOFF]
+        deadlines += [w.stop_deadline for w in self.workers if w.state == WorkerState.STOPPING]
+        deadlines += [w.started + self.config.supervisor.stable_after for w in self.workers
+                      if w.state == WorkerState.RUNNING and (w.failures or w.crash_loop)]
+        if not self.pipeline_done:
+            deadlines.append(self._next_pipeline)
+        return max(0.0, min([now + 1.0, *deadlines]) - now)
+
+    def _read_signals(self) -> None:
+        try:
+            data = os.read(self._wakeup_r, 4096)
+        except BlockingIOError:
+            return
+        for signum in set(data):
+            if signum in (signal.SIGTERM, signal.SIGINT) and not self.stopping:
+                self.emit("stop", f"{signal.Signals(signum).name}: stopping every worker in reverse start order")
+                self.stopping = True
+                self._stop_queue = [w for w in reversed(self.workers)]
+            elif signum == signal.SIGHUP:
+                self._reload()
+
+    def _reload(self) -> None:
+        try:
+            new = config_mod.load(self.config_path)
+            workers_for(self.role, new.supervisor)
+        except (ConfigError, ValueError) as err:
+            self.emit("reload-failed", f"SIGHUP: config not reloaded, keeping the running one: {err}",
+                      severity="error")
+            return
+        self.emit("reload", f"SIGHUP: config reloaded from {new.source or 'defaults'}")
+        self._apply_config(new)
+        self.liaison.ready_interval = new.supervisor.ready_interval
+        self.liaison.watch_node = any(w.spec.ready == "slurm-node" for w in self.workers)
+        self.liaison.poke()
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            worker = self.by_pid.pop(pid, None)
+            if worker is not None:
+                self._on_exit(worker, os.waitstatus_to_exitcode(status))
+            else:
+                self.orphans_reaped += 1
+
+    def _tick(self, now: float) -> None:
+        if not self.pipeline_done and not self.stopping and now >= self._next_pipeline:
+            self._run_pipeline(now)
+        for worker in list(self.workers):
+            if worker.state == WorkerState.BACKOFF and not self.stopping and self.pipeline_done \
+                    and now >= worker.next_start:
+                self._start(worker)
+            elif worker.state == WorkerState.STOPPING and now >= worker.stop_deadline:
+                self._kill(worker)
+            elif worker.state == WorkerState.RUNNING:
+                self._check_main_pid(worker)
+                if (worker.failures or worker.crash_loop) and now - worker.started >= \
+                        self.config.supervisor.stable_after:
+                    self._stable(worker)
+        if self.stopping:
+            self._advance_stop()
+
+    # -- starting ----------------------------------------------------------------
+
+    def _run_pipeline(self, now: float) -> None:
+        slurm = SlurmClient(self.config.slurm, environ=self.base_env)
+        context = pipeline.StepContext(self.role, self.config, self.node, slurm, self.emit)
+        runtime = Path(self.config.supervisor.runtime_dir)
+        if pipeline.run_steps(pipeline.steps_for(self.role), context, runtime, pipeline.boot_id()):
+            self.pipeline_done = True
+            for worker in self.workers:
+                if worker.state == WorkerState.STOPPED:
+                    self._start(worker)
+            return
+        self._pipeline_failures += 1
+        s = self.config.supervisor
+        self._next_pipeline = now + backoff_delay(self._pipeline_failures, max(s.backoff_initial, 1.0),
+                                                  s.backoff_max)
+
+    def _start(self, worker: Worker) -> None:
+        if self.stopping or not self.pipeline_done:
+            return
+        if worker.pending_spec is not None:
+            worker.spec, worker.pending_spec = worker.pending_spec, None
+        spec = worker.spec
+        env = {**self.base_env, **spec.environment}
+        if spec.notify:
+            if worker.notify is None:
+                worker.notify = NotifySocket(Path(self.config.supervisor.runtime_dir)
+                                             / f"notify-{self.role}-{spec.name}.sock")
+                self._selector.register(worker.notify, selectors.EVENT_READ, worker)
+            env["NOTIFY_SOCKET"] = str(worker.notify.path)
+        program = shutil.which(spec.command[0], path=env.get("PATH", os.defpath))
+        try:
+            if program is None:
+                raise FileNotFoundError(f"{spec.command[0]}: not found in PATH ({env.get('PATH', os.defpath)})")
+            pid = os.posix_spawn(program, list(spec.command), env, setsid=True)
+        except OSError as err:
+            self._failed(worker, f"cannot start: {err}", time.monotonic())
+            return
+        self._set_state(worker, WorkerState.RUNNING, f"started pid {pid}: {' '.join(spec.command)}")
+        worker.pid = worker.session = pid
+        worker.started = time.monotonic()
+        worker.notified_ready = worker.announced_stop = False
+        self.by_pid[pid] = worker
+        self.liaison.poke()
+
+    # -- exits ---------------------------------------------------------------------
+
+    def _on_exit(self, worker: Worker, code: int) -> None:
+        how = f"exit status {code}" if code >= 0 else f"killed by {signal.Signals(-code).name}"
+        worker.last_exit = how
+        worker.pid = None
+        if worker.state == WorkerState.STOPPING:
+            self._kill_session(worker)
+            self._set_state(worker, WorkerState.STOPPED, f"stopped ({how})")
+            if worker.restart_after_stop and not self.stopping:
+                worker.restart_after_stop = False
+                self._start(worker)
+            return
+        now = time.monotonic()
+        if worker.announced_stop:
+            log.info("worker %s announced STOPPING=1 before it exited (%s)", worker.spec.name, how)
+        if not should_restart(worker.spec.restart, code if code >= 0 else None) or self.stopping:
+            self._set_state(worker, WorkerState.STOPPED, f"exited ({how}); restart policy "
+                            f"{worker.spec.restart}: not restarting")
+            return
+        if worker.announced_stop:
+            self._set_state(worker, WorkerState.BACKOFF, f"exited ({how}) after STOPPING=1: restarting")
+            worker.next_start = now
+            return
+        self._failed(worker, f"died ({how})", now)
+
+    def _failed(self, worker: Worker, what: str, now: float) -> None:
+        """A worker died or could not start: back off, and watch for a crash loop."""
+        s = self.config.supervisor
+        worker.failures += 1
+        worker.restarts += 1
+        delay = backoff_delay(worker.failures, s.backoff_initial, s.backoff_max)
+        worker.next_start = now + delay
+        self._set_state(worker, WorkerState.BACKOFF, f"{what}; restart {worker.restarts} in {delay:.3g}s")
+        if worker.window.add(now) and not worker.crash_loop:
+            worker.crash_loop = True
+            reason = f"{CRASH_LOOP_REASON}: {len(worker.window)} exits in {s.crash_loop_window:g}s (last: {what})"
+            self.emit("crash-loop", f"worker {worker.spec.name} is crash-looping: {len(worker.window)} exits "
+                      f"within {s.crash_loop_window:g}s; retrying every {s.backoff_max:g}s at most",
+                      severity="error", worker=worker.spec.name, last=what)
+            if worker.spec.drain_on_crash_loop:
+                self.liaison.want_drain = reason
+                self.liaison.poke()
+
+    def _stable(self, worker: Worker) -> None:
+        worker.failures = 0
+        worker.window.clear()
+        if worker.crash_loop:
+            worker.crash_loop = False
+            self.emit("recovered", f"worker {worker.spec.name} has run for "
+                      f"{self.config.supervisor.stable_after:g}s: crash loop over", worker=worker.spec.name)
+            if worker.spec.drain_on_crash_loop:
+                self.liaison.want_drain = None
+                self.liaison.poke()
+
+    def _check_main_pid(self, worker: Worker) -> None:
+        """A main PID taken over through MAINPID= may not be our child yet: notice its death."""
+        if worker.pid is None or worker.pid in self.by_pid:
+            return
+        try:
+            os.kill(worker.pid, 0)
+        except ProcessLookupError:
+            self._on_exit(worker, -signal.SIGKILL)
+
+    # -- notify ------------------------------------------------------------------
+
+    def _on_notify(self, worker: Worker) -> None:
+        for message in worker.notify.receive():
+            name = worker.spec.name
+            if not message.sender or not is_descendant(message.sender, os.getpid()):
+                log.warning("notify %s: message from pid %s, which is not one of this agent's processes: "
+                            "ignored", name, message.sender)
+                continue
+            if message.garbage:
+                log.warning("notify %s: pid %d sent lines that are not sd_notify KEY=VALUE: %s",
+                            name, message.sender, "; ".join(message.garbage))
+            if message.mainpid is not None and message.mainpid != worker.pid:
+                self._follow_mainpid(worker, message.mainpid)
+            if message.ready:
+                worker.notified_ready = True
+                log.info("notify %s: READY=1", name)
+            if message.reloading:
+                worker.notified_ready = False
+                log.info("notify %s: RELOADING=1", name)
+            if message.stopping:
+                worker.announced_stop = True
+                log.info("notify %s: STOPPING=1", name)
+            if message.status is not None:
+                worker.status_text = message.status
+
+    def _follow_mainpid(self, worker: Worker, pid: int) -> None:
+        if worker.state != WorkerState.RUNNING or not is_descendant(pid, os.getpid()):
+            log.warning("notify %s: MAINPID=%d is not a descendant of this agent: ignored", worker.spec.name, pid)
+            return
+        self.emit("mainpid", f"worker {worker.spec.name}: main process is now pid {pid} (was {worker.pid})",
+                  worker=worker.spec.name, pid=pid)
+        if worker.pid is not None:
+            self.by_pid.pop(worker.pid, None)  # its exit is now a hand-over, not a death
+        worker.pid = pid
+        self.by_pid[pid] = worker
+
+    # -- stopping ----------------------------------------------------------------
+
+    def _request_stop(self, worker: Worker) -> None:
+        if worker.state == WorkerState.RUNNING and worker.pid:
+            self._set_state(worker, WorkerState.STOPPING, f"sending SIG{worker.spec.stop_signal} to pid "
+                            f"{worker.pid}; SIGKILL after {worker.spec.stop_grace:g}s")
+            worker.stop_deadline = time.monotonic() + worker.spec.stop_grace
+            _signal(worker.pid, worker.spec.signal)
+        elif worker.state == WorkerState.BACKOFF:
+            self._set_state(worker, WorkerState.STOPPED, "stopped while waiting to restart")
+
+    def _advance_stop(self) -> None:
+        """Stop workers one at a time, last started first."""
+        while self._stop_queue:
+            current = self._stop_queue[0]
+            if current.state in (WorkerState.RUNNING, WorkerState.BACKOFF):
+                self._request_stop(current)
+            if current.state != WorkerState.STOPPED:
+                return
+            self._stop_queue.pop(0)
+
+    def _kill(self, worker: Worker) -> None:
+        if worker.pid:
+            self.emit("kill", f"worker {worker.spec.name} (pid {worker.pid}) still running "
+                      f"{worker.spec.stop_grace:g}s after SIG{worker.spec.stop_signal}: SIGKILL",
+                      severity="warning", worker=worker.spec.name)
+            _signal(worker.pid, signal.SIGKILL)
+            self.stop_clean = False
+        worker.stop_deadline = float("inf")
+
+    def _kill_session(self, worker: Worker) -> None:
+        """After a stop, kill what the worker left in its own session (helpers it
+        forked). slurmstepd and jobs run in sessions of their own: untouched."""
+        for pid in session_members(worker.session):
+            log.warning("worker %s: pid %d of its session outlived it: SIGKILL", worker.spec.name, pid)
+            _signal(pid, signal.SIGKILL)
+
+    def _all_stopped(self) -> bool:
+        return all(w.state == WorkerState.STOPPED for w in self.workers)
+
+    def _teardown(self) -> None:
+        if self.liaison:
+            self.liaison.stop()
+        if self.http:
+            self.http.shutdown()
+        for worker in self.workers:
+            if worker.notify:
+                worker.notify.close()
+        if self.pidfile:
+            self.pidfile.unlink(missing_ok=True)
+        signal.set_wakeup_fd(-1)
+
+    # -- reporting -----------------------------------------------------------------
+
+    def _set_state(self, worker: Worker, new: WorkerState, why: str) -> None:
+        check_transition(worker.state, new)
+        level = logging.INFO if new in (WorkerState.RUNNING, WorkerState.STOPPED) else logging.WARNING
+        log.log(level, "worker %s: %s -> %s: %s", worker.spec.name, worker.state.value, new.value, why)
+        worker.state = new
+
+    def worker_ready(self, worker: Worker) -> bool:
+        if worker.state != WorkerState.RUNNING:
+            return False
+        if worker.spec.ready == "notify":
+            return worker.notified_ready
+        if worker.spec.ready == "slurm-node":
+            return self.liaison is not None and self.liaison.node_ok
+        return True
+
+    def ready(self) -> tuple[bool, str]:
+        """Ready for work: every worker runs and meets its readiness condition."""
+        if self.stopping:
+            return False, "stopping"
+        if not self.pipeline_done:
+            return False, "start steps have not succeeded"
+        for worker in self.workers:
+            if not self.worker_ready(worker):
+                why = worker.state.value if worker.state != WorkerState.RUNNING else (
+                    "no READY=1 yet" if worker.spec.ready == "notify" else self.liaison.node_problem)
+                return False, f"worker {worker.spec.name}: {why}"
+        return True, "ready"
+
+    def live(self, stale_after: float = 10.0) -> bool:
+        return time.monotonic() - self.heartbeat < stale_after
+
+    def _notify_systemd(self) -> None:
+        if not self._systemd:
+            return
+        now = time.monotonic()
+        if self._watchdog_every and now - self._last_watchdog >= self._watchdog_every:
+            self._systemd.notify("WATCHDOG=1")
+            self._last_watchdog = now
+        ready, why = self.ready()
+        status = f"{self.role}: {why}"
+        if status != self._systemd_status:
+            self._systemd.notify(("READY=1\n" if ready else "") + f"STATUS={status}")
+            self._systemd_status = status
+
+
+def session_members(session: int | None, proc: Path = Path("/proc")) -> list[int]:
+    """Live processes whose session id is `session`."""
+    if not session:
+        return []
+    members = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_bytes()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(b")") + 2:].split()
+        if fields[0] not in (b"Z", b"X") and int(fields[3]) == session:
+            members.append(int(entry.name))
+    return members
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,112 @@
+"""The NOTIFY_SOCKET the agent serves to workers that speak sd_notify.
+
+slurmd/slurmctld `--systemd` (Slurm >= 23.11) send `READY=1` and
+`MAINPID=<pid>` as datagrams; on `scontrol reconfigure` the old slurmd forks
+and execs a new one, announces `MAINPID=<new>` and exits. Following MAINPID is
+what lets the agent treat the old process's exit as a hand-over, not a crash.
+Each worker gets its own socket, so a message is always about that worker;
+the sender's PID comes from the kernel (SCM_CREDENTIALS), never from the text.
+"""
+
+import os
+import socket
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["NotifyMessage", "NotifySocket", "parse", "is_descendant"]
+
+_MAX_DATAGRAM = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class NotifyMessage:
+    #: the sending process, as the kernel reports it
+    sender: int
+    ready: bool = False
+    reloading: bool = False
+    stopping: bool = False
+    mainpid: int | None = None
+    status: str | None = None
+    #: lines that are not KEY=VALUE, or values that do not parse
+    garbage: tuple[str, ...] = field(default_factory=tuple)
+
+
+def parse(data: bytes, sender: int) -> NotifyMessage:
+    """Read one sd_notify datagram; unknown keys are ignored, bad lines kept as garbage."""
+    fields: dict = {}
+    garbage = []
+    for raw in data.split(b"\n"):
+        if not raw:
+            continue
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            garbage.append(repr(raw[:80]))
+            continue
+        key, sep, value = line.partition("=")
+        if not sep:
+            garbage.append(line[:80])
+        elif key == "READY":
+            fields["ready"] = value == "1"
+        elif key == "RELOADING":
+            fields["reloading"] = value == "1"
+        elif key == "STOPPING":
+            fields["stopping"] = value == "1"
+        elif key == "STATUS":
+            fields["status"] = value
+        elif key == "MAINPID":
+            if value.isdigit() and int(value) > 0:
+                fields["mainpid"] = int(value)
+            else:
+                garbage.append(line[:80])
+    return NotifyMessage(sender=sender, garbage=tuple(garbage), **fields)
+
+
+def is_descendant(pid: int, ancestor: int, proc: Path = Path("/proc")) -> bool:
+    """Whether `pid` is `ancestor` or one of its descendants (walks PPid links)."""
+    seen = 0
+    while pid > 1 and seen < 4096:
+        if pid == ancestor:
+            return True
+        try:
+            stat = (proc / str(pid) / "stat").read_bytes()
+        except OSError:
+            return False
+        pid = int(stat[stat.rindex(b")") + 2:].split()[1])
+        seen += 1
+    return pid == ancestor
+
+
+class NotifySocket:
+    """A datagram socket at `path` that reports each message with its sender's PID."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.unlink(missing_ok=True)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        self.sock.bind(str(self.path))
+        os.chmod(self.path, 0o600)  # only root (slurmd runs as root) may speak to it
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def receive(self) -> list[NotifyMessage]:
+        """Every datagram waiting now (never blocks)."""
+        messages = []
+        while True:
+            try:
+                data, ancdata, _, _ = self.sock.recvmsg(_MAX_DATAGRAM, socket.CMSG_SPACE(12))
+            except (BlockingIOError, InterruptedError):
+                return messages
+            sender = 0
+            for level, kind, payload in ancdata:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(payload) >= 12:
+                    sender = struct.unpack("3i", payload[:12])[0]
+            messages.append(parse(data, sender))
+
+    def close(self) -> None:
+        self.sock.close()
+        self.path.unlink(missing_ok=True)

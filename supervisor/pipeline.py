@@ -1,0 +1,93 @@
+"""The start pipeline: named steps that run before the workers start.
+
+Other components plug in a `StartStep` (GRES regeneration, node-boot scripts);
+the agent runs the steps in order before it starts slurmd. A step signals
+failure by raising; the failure is an event, and then, per step (config
+`supervisor.step_failure`, else the step's own default), the start either
+blocks (retried with backoff) or continues. Steps marked `once_per_boot` run
+once per kernel boot: a marker in the runtime dir holds the boot id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from slurm_ext.config import Config
+from slurm_ext.slurm import SlurmClient
+
+__all__ = ["StepContext", "StartStep", "steps_for", "run_steps", "boot_id"]
+
+
+@dataclass(frozen=True)
+class StepContext:
+    role: str
+    config: Config
+    node: str
+    slurm: SlurmClient
+    #: emit(event, message, severity="info", **fields): record a node event
+    emit: Callable[..., dict]
+
+
+@dataclass(frozen=True, slots=True)
+class StartStep:
+    name: str
+    #: does the work; raises on failure (the message is the event's text)
+    run: Callable[[StepContext], None]
+    once_per_boot: bool = False
+    #: block or continue, unless supervisor.step_failure names this step
+    on_failure: str = "continue"
+
+
+def clear_stale_drains(context: StepContext) -> None:
+    """Resume this node when a previous life of it left one of our transient drains."""
+    prefixes = context.config.supervisor.stale_drain_reasons
+    node = context.slurm.node(context.node)
+    if (node.drained or node.state == "DOWN") and any(node.reason.startswith(p) for p in prefixes):
+        context.slurm.resume(context.node)
+        context.emit("stale-drain-cleared", f"resumed node {context.node}: its drain {node.reason!r} was left "
+                     "by a previous run of this node", node=context.node)
+
+
+def steps_for(role: str) -> list[StartStep]:
+    """The steps `role` runs before its workers, in order."""
+    if role == "worker":
+        return [StartStep("clear-stale-drains", clear_stale_drains)]
+    return []
+
+
+def boot_id(proc: Path = Path("/proc")) -> str:
+    try:
+        return (proc / "sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+def run_steps(steps: list[StartStep], context: StepContext, marker_dir: Path, boot: str) -> bool:
+    """Run the steps; False when a failed step blocks the start."""
+    for step in steps:
+        marker = marker_dir / f"boot-step-{step.name}"
+        if step.once_per_boot and _read(marker) == boot:
+            continue
+        try:
+            step.run(context)
+        except Exception as err:  # a step of another component must not take the agent down
+            policy = context.config.supervisor.step_failure.get(step.name, step.on_failure)
+            context.emit("start-step-failed", f"start step {step.name} failed: {err}; "
+                         + ("workers are not started until it succeeds" if policy == "block" else "continuing"),
+                         severity="error", step=step.name, policy=policy)
+            if policy == "block":
+                return False
+            continue
+        if step.once_per_boot:
+            marker_dir.mkdir(parents=True, exist_ok=True)
+            marker.write_text(boot + "\n")
+    return True
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None

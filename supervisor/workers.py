@@ -1,0 +1,65 @@
+"""What each role runs: built-in worker definitions merged with [supervisor.workers.*].
+
+Workers are started in the order listed here (munge and the database before
+the Slurm daemons that need them), then any worker only the config names.
+"""
+
+import dataclasses
+import signal
+from dataclasses import dataclass
+
+from slurm_ext.config import SupervisorSection, WorkerSection
+
+__all__ = ["WorkerSpec", "BUILTIN", "workers_for"]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    name: str
+    roles: tuple[str, ...]
+    command: tuple[str, ...]
+    environment: dict = dataclasses.field(default_factory=dict)
+    #: always, on-failure, never
+    restart: str = "always"
+    stop_signal: str = "TERM"
+    #: seconds between stop_signal and SIGKILL
+    stop_grace: float = 10.0
+    notify: bool = False
+    #: running, notify, slurm-node
+    ready: str = "running"
+    drain_on_crash_loop: bool = False
+
+    @property
+    def signal(self) -> int:
+        return getattr(signal, f"SIG{self.stop_signal}")
+
+
+#: Slurm 22.05 has no `--systemd`: slurmd's readiness is its node answering in
+#: Slurm. With Slurm >= 23.11 set command = ["slurmd", "--systemd"] and
+#: notify = true to follow its re-exec on reconfigure through MAINPID=.
+BUILTIN = (
+    WorkerSpec("munged", (), ("munged", "--foreground")),
+    WorkerSpec("mariadbd", (), ("mariadbd",), stop_grace=60.0),
+    WorkerSpec("sshd", ("login",), ("/usr/sbin/sshd", "-D", "-e")),
+    WorkerSpec("slurmdbd", ("accounting",), ("slurmdbd", "-D"), stop_grace=30.0),
+    WorkerSpec("slurmctld", ("controller",), ("slurmctld", "-D"), stop_grace=30.0),
+    WorkerSpec("slurmd", ("worker",), ("slurmd", "-D"), ready="slurm-node", drain_on_crash_loop=True),
+)
+
+
+def workers_for(role: str, settings: SupervisorSection) -> list[WorkerSpec]:
+    """The workers `role` runs, in start order, with the config's keys applied."""
+    specs = {spec.name: spec for spec in BUILTIN}
+    for name, section in settings.workers.items():
+        specs[name] = _apply(specs.get(name) or WorkerSpec(name, (), ()), section)
+    chosen = [spec for spec in specs.values() if role in spec.roles]
+    for spec in chosen:
+        if not spec.command:
+            raise ValueError(f"supervisor.workers.{spec.name}: runs in role {role} but has no command")
+    return chosen
+
+
+def _apply(spec: WorkerSpec, section: WorkerSection) -> WorkerSpec:
+    changes = {f.name: getattr(section, f.name) for f in dataclasses.fields(section)
+               if getattr(section, f.name) is not None}
+    return dataclasses.replace(spec, **changes)

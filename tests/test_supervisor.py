@@ -1,0 +1,435 @@
+"""The node agent with real processes (no Slurm): backoff, crash loop, reload, stop, reaping, notify, probes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from slurm_ext import config
+from slurm_ext.dev.daemons import pid_alive
+from slurm_ext.supervisor.agent import session_members
+from slurm_ext.supervisor.notify import is_descendant, parse
+from slurm_ext.supervisor.restart import CrashWindow, backoff_delay, should_restart
+from slurm_ext.supervisor.workers import workers_for
+
+PORT = 19870
+
+
+class AgentProcess:
+    """`slurm-ext supervise` run by a test, with its log and journal at hand."""
+
+    def __init__(self, tmp_path: Path, body: str, role: str = "login", port: int = PORT, prefix: list[str] = ()):
+        self.dir = tmp_path
+        self.config = tmp_path / "slurm-ext.toml"
+        self.port = port
+        self.prefix = list(prefix)
+        self.write_config(body)
+        self.log = tmp_path / "agent.log"
+        self.out = open(self.log, "ab")
+        self.proc = subprocess.Popen([*prefix, sys.executable, "-m", "slurm_ext.cli", "--config", str(self.config),
+                                      "supervise", "--role", role, "--port", str(port)],
+                                     stdout=self.out, stderr=self.out)
+
+    def write_config(self, body: str) -> None:
+        self.config.write_text(textwrap.dedent(f"""\
+            [node]
+            name = "testnode"
+            state_dir = "{self.dir}/state"
+            [slurm]
+            timeout = "2s"
+            [supervisor]
+            runtime_dir = "{self.dir}/run"
+            """) + textwrap.dedent(body))
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def journal(self) -> list[dict]:
+        path = self.dir / "state" / "journal.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def wait_log(self, pattern: str, timeout: float = 10.0, count: int = 1) -> list[str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = re.findall(pattern, self.text())
+            if len(found) >= count:
+                return found
+            time.sleep(0.05)
+        raise AssertionError(f"{pattern!r} x{count} not in the agent's log:\n{self.text()[-3000:]}")
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as answer:
+                return answer.status, answer.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode()
+
+    def metric(self, name: str, **labels) -> float:
+        _, text = self.get("/metrics")
+        want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        for line in text.splitlines():
+            if line.startswith(f"{name}{{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+                return float(line.rsplit(" ", 1)[1])
+        raise AssertionError(f"no {name}{{{want}}} in /metrics")
+
+    @property
+    def pid(self) -> int:
+        """The agent's PID (under `unshare --fork` it is unshare's child, PID 1 inside)."""
+        if not self.prefix:
+            return self.proc.pid
+        return int(Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()[0])
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            os.kill(self.pid, signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.out.close()
+
+
+@pytest.fixture
+def agents(tmp_path):
+    started: list[AgentProcess] = []
+
+    def start(body: str, **kwargs) -> AgentProcess:
+        agent = AgentProcess(tmp_path, body, **kwargs)
+        started.append(agent)
+        return agent
+
+    yield start
+    for agent in started:
+        if agent.proc.poll() is None:
+            if agent.prefix:  # unshare does not pass signals on: kill the agent itself
+                os.kill(agent.pid, signal.SIGKILL)
+            agent.proc.kill()
+            agent.proc.wait()
+        agent.out.close()
+
+
+# -- pure rules ------------------------------------------------------------------------
+
+
+def test_backoff_doubles_from_the_first_delay_to_the_cap():
+    assert [backoff_delay(n, 0.01, 0.1) for n in range(1, 7)] == [0.01, 0.02, 0.04, 0.08, 0.1, 0.1]
+    assert backoff_delay(10_000, 0.01, 30.0) == 30.0
+
+
+def test_restart_policies():
+    assert should_restart("always", 0) and should_restart("always", None)
+    assert should_restart("on-failure", 1) and should_restart("on-failure", None)
+    assert not should_restart("on-failure", 0)
+    assert not should_restart("never", 1)
+
+
+def test_crash_window_counts_exits_within_the_window_only():
+    window = CrashWindow(3, 10.0)
+    assert not window.add(0.0) and not window.add(5.0)
+    assert not window.add(20.0)  # the first two fell out of the window
+    assert not window.add(25.0) and window.add(29.0)
+
+
+def test_notify_parse():
+    message = parse(b"READY=1\nMAINPID=4242\nSTATUS=serving jobs\nX-CUSTOM=1\n", 7)
+    assert (message.sender, message.ready, message.mainpid, message.status) == (7, True, 4242, "serving jobs")
+    bad = parse(b"garbage line\nMAINPID=-3\n\xff\xfe\n", 7)
+    assert bad.mainpid is None and len(bad.garbage) == 3
+
+
+def test_is_descendant():
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        assert is_descendant(child.pid, os.getpid())
+        assert not is_descendant(os.getpid(), child.pid)
+        assert not is_descendant(999_999_999, os.getpid())
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_role_workers_from_builtins_and_config(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[supervisor.workers.slurmd]\ncommand = ["slurmd", "-D", "-N", "n1"]\nstop_grace = "5s"\n'
+                    '[supervisor.workers.munged]\nroles = ["worker"]\n'
+                    '[supervisor.workers.extra]\nroles = ["worker"]\ncommand = ["sleep", "9"]\n')
+    specs = workers_for("worker", config.load(path).supervisor)
+    assert [s.name for s in specs] == ["munged", "slurmd", "extra"]
+    slurmd = specs[1]
+    assert slurmd.command == ("slurmd", "-D", "-N", "n1") and slurmd.stop_grace == 5.0
+    assert slurmd.ready == "slurm-node" and slurmd.drain_on_crash_loop  # built-in keys kept
+    assert [s.name for s in workers_for("controller", config.Config().supervisor)] == ["slurmctld"]
+
+
+def test_a_worker_with_no_command_is_a_config_error(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[supervisor.workers.extra]\nroles = ["worker"]\n')
+    with pytest.raises(ValueError, match="supervisor.workers.extra: runs in role worker but has no command"):
+        workers_for("worker", config.load(path).supervisor)
+
+
+def test_bad_worker_keys_name_the_key(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[supervisor.workers.slurmd]\nrestart = "sometimes"\n')
+    with pytest.raises(config.ConfigError, match=r"line 2: supervisor.workers.slurmd.restart: 'sometimes'"):
+        config.load(path)
+    path.write_text('[supervisor]\nports = {workr = 1}\n')
+    with pytest.raises(config.ConfigError, match="unknown name 'workr'"):
+        config.load(path)
+
+
+# -- the agent as a process ------------------------------------------------------------
+
+CRASHY = """\
+    backoff_initial = "20ms"
+    backoff_max = "320ms"
+    crash_loop_count = 3
+    stable_after = "1s"
+    [supervisor.workers.sshd]
+    roles = []
+    [supervisor.workers.flaky]
+    roles = ["login"]
+    command = ["sh", "-c", "exit 3"]
+    """
+
+
+def test_crash_loop_backs_off_to_the_cap_and_a_reload_fixes_it(agents):
+    agent = agents(CRASHY)
+    delays = [float(d) for d in agent.wait_log(r"restart \d+ in ([0-9.]+)s", count=9)]
+    assert delays[:6] == [0.02, 0.04, 0.08, 0.16, 0.32, 0.32], delays
+    assert set(delays[5:]) == {0.32}
+    crash = [e for e in agent.journal() if e["event"] == "crash-loop"]
+    assert len(crash) == 1 and crash[0]["worker"] == "flaky" and "exit status 3" in crash[0]["last"]
+    assert agent.metric("slurm_ext_supervisor_crash_loop", worker="flaky") == 1
+    status, why = agent.get("/readyz")
+    assert status == 503 and "worker flaky: backoff" in why
+
+    # a worker that keeps dying is retried at the capped delay: no tight loop
+    starts_before = agent.text().count("started pid")
+    time.sleep(1.0)
+    assert agent.text().count("started pid") - starts_before <= 1.0 / 0.32 + 1
+
+    agent.write_config(CRASHY.replace('command = ["sh", "-c", "exit 3"]', 'command = ["sleep", "300"]'))
+    agent.proc.send_signal(signal.SIGHUP)
+    agent.wait_log(r"worker flaky: backoff -> running: started pid \d+: sleep 300")
+    agent.wait_log(r"crash loop over", timeout=5)
+    assert agent.metric("slurm_ext_supervisor_crash_loop", worker="flaky") == 0
+    assert agent.get("/readyz") == (200, "ready\n")
+    assert agent.stop() == 0
+
+
+def test_reload_with_a_bad_config_keeps_the_running_one(agents):
+    agent = agents('[supervisor.workers.sshd]\nroles = []\n[supervisor.workers.a]\nroles = ["login"]\n'
+                   'command = ["sleep", "300"]\n')
+    agent.wait_log(r"worker a: stopped -> running")
+    agent.config.write_text(agent.config.read_text() + "stop_grace = 5\n")
+    agent.proc.send_signal(signal.SIGHUP)
+    agent.wait_log(r"config not reloaded, keeping the running one: .*stop_grace")
+    assert agent.proc.poll() is None and agent.get("/livez")[0] == 200
+    assert agent.stop() == 0
+
+
+def test_missing_binary_is_an_event_and_a_backoff_not_a_crash(agents):
+    agent = agents('backoff_initial = "50ms"\nbackoff_max = "200ms"\n[supervisor.workers.sshd]\nroles = []\n'
+                   '[supervisor.workers.ghost]\nroles = ["login"]\ncommand = ["slurm-ext-no-such-program"]\n')
+    agent.wait_log(r"worker ghost: stopped -> backoff: cannot start: slurm-ext-no-such-program: not found in PATH")
+    agent.wait_log(r"cannot start", count=4)
+    assert agent.proc.poll() is None and agent.get("/livez")[0] == 200
+    assert agent.stop() == 0
+
+
+def test_sigterm_stops_in_reverse_order_and_sigkills_a_worker_that_ignores_it(agents):
+    agent = agents("""\
+        [supervisor.workers.sshd]
+        roles = []
+        [supervisor.workers.first]
+        roles = ["login"]
+        command = ["sleep", "300"]
+        [supervisor.workers.stubborn]
+        roles = ["login"]
+        command = ["sh", "-c", "trap '' TERM; sleep 300 & wait; sleep 300"]
+        stop_grace = "700ms"
+        """)
+    pids = [int(p) for p in agent.wait_log(r"stopped -> running: started pid (\d+)", count=2)]
+    time.sleep(0.3)
+    session = session_members(pids[1])
+    assert len(session) >= 2, "the stubborn worker's shell and its sleep"
+    started = time.monotonic()
+    code = agent.stop()
+    elapsed = time.monotonic() - started
+    assert code == 1, "a stop that needed SIGKILL is not clean"
+    assert 0.6 < elapsed < 10
+    text = agent.text()
+    assert text.index("worker stubborn: running -> stopping") < text.index("worker first: running -> stopping")
+    assert "still running 0.7s after SIGTERM: SIGKILL" in text
+    leftovers = [p for p in session + pids if pid_alive(p)]
+    assert not leftovers, f"still running after the agent stopped: {leftovers}"
+
+
+def test_unknown_role_is_exit_2(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "slurm_ext.cli", "supervise", "--role", "wizard"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "unknown role 'wizard'" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_unreadable_config_is_exit_2(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "slurm_ext.cli", "--config", str(tmp_path / "nope.toml"),
+                             "supervise", "--role", "login"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "nope.toml: no such file" in result.stderr
+
+
+ORPHANS = textwrap.dedent("""\
+    import os, sys, time
+    count = int(sys.argv[1])
+    time.sleep(0.5)
+    for _ in range(count):
+        child = os.fork()
+        if child == 0:
+            if os.fork() == 0:      # the grandchild: orphaned at once, exits soon after
+                time.sleep(0.05)
+                os._exit(0)
+            os._exit(0)
+        os.waitpid(child, 0)        # reap our own child: only the grandchildren are orphans
+    open(sys.argv[2], "w").write("done")
+    time.sleep(300)
+    """)
+
+
+def _zombies_of(parent: int) -> int:
+    count = 0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_bytes().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] == b"Z" and int(fields[1]) == parent:
+                count += 1
+    return count
+
+
+@pytest.mark.parametrize("mode", ["subreaper", "pid1"])
+def test_a_burst_of_orphans_leaves_no_zombie(agents, tmp_path, mode):
+    script = tmp_path / "orphans.py"
+    script.write_text(ORPHANS)
+    done = tmp_path / "done"
+    prefix = ["unshare", "--pid", "--fork", "--mount-proc"] if mode == "pid1" else []
+    agent = agents(f"""\
+        [supervisor.workers.sshd]
+        roles = []
+        [supervisor.workers.spawner]
+        roles = ["login"]
+        command = ["{sys.executable}", "{script}", "2000", "{done}"]
+        """, prefix=prefix)
+    deadline = time.monotonic() + 60
+    while not done.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert done.exists(), agent.text()[-2000:]
+    agent_pid = agent.pid
+    if mode == "pid1":  # unshare forks the agent, which is PID 1 inside the new namespace
+        assert Path(f"/proc/{agent_pid}/status").read_text().split("NSpid:")[1].split()[1] == "1"
+    time.sleep(1.0)
+    assert _zombies_of(agent_pid) == 0
+    assert agent.metric("slurm_ext_supervisor_orphans_reaped_total", role="login") >= 2000
+    assert agent.stop() == 0
+
+
+NOTIFY_WORKER = textwrap.dedent("""\
+    import os, socket, sys, time
+
+    def send(data):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        s.connect(os.environ["NOTIFY_SOCKET"])
+        s.send(data)
+        s.close()
+
+    generation = int(sys.argv[1])
+    send(f"READY=1\\nMAINPID={os.getpid()}\\nSTATUS=generation {generation}".encode())
+    send(b"\\xff\\xfe this is no sd_notify message")
+    send(b"MAINPID=1")  # not a descendant of the agent: must be ignored
+    if generation == 0:
+        time.sleep(1.0)
+        child = os.fork()     # what slurmd does on reconfigure: fork, exec the new one, hand over, exit
+        if child == 0:
+            os.execv(sys.executable, [sys.executable, sys.argv[0], "1"])
+        send(f"MAINPID={child}".encode())
+        time.sleep(0.3)
+        sys.exit(0)
+    while True:
+        time.sleep(1)
+    """)
+
+
+def test_notify_worker_re_exec_is_followed_through_mainpid(agents, tmp_path):
+    script = tmp_path / "notifier.py"
+    script.write_text(NOTIFY_WORKER)
+    agent = agents(f"""\
+        [supervisor.workers.sshd]
+        roles = []
+        [supervisor.workers.notifier]
+        roles = ["login"]
+        command = ["{sys.executable}", "{script}", "0"]
+        notify = true
+        ready = "notify"
+        """)
+    first = int(agent.wait_log(r"worker notifier: stopped -> running: started pid (\d+)")[0])
+    agent.wait_log(r"notify notifier: READY=1")
+    assert agent.get("/readyz") == (200, "ready\n")
+    agent.wait_log(r"not sd_notify KEY=VALUE")
+    agent.wait_log(r"MAINPID=1 is not a descendant of this agent: ignored")
+    second = int(agent.wait_log(r"main process is now pid (\d+)", timeout=10)[0])
+    assert second != first
+    deadline = time.monotonic() + 5
+    while pid_alive(first) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    assert agent.metric("slurm_ext_supervisor_restarts_total", worker="notifier") == 0, "the hand-over was a crash"
+    assert "worker notifier: running -> backoff" not in agent.text()
+
+    os.kill(second, signal.SIGKILL)  # the new main process dying is the worker dying
+    agent.wait_log(r"worker notifier: running -> backoff: died \(killed by SIGKILL\)")
+    agent.wait_log(r"worker notifier: backoff -> running: started pid \d+")
+    assert agent.metric("slurm_ext_supervisor_restarts_total", worker="notifier") == 1
+    assert agent.stop() == 0
+
+
+def test_probe_command_and_metrics(agents):
+    agent = agents('[supervisor.workers.sshd]\nroles = []\n[supervisor.workers.a]\nroles = ["login"]\n'
+                   'command = ["sleep", "300"]\n')
+    agent.wait_log(r"worker a: stopped -> running")
+    base = [sys.executable, "-m", "slurm_ext.cli", "--config", str(agent.config), "probe"]
+    for kind in ("live", "ready"):
+        result = subprocess.run([*base, kind, "--role", "login", "--port", str(agent.port)], capture_output=True,
+                                text=True, timeout=30)
+        assert result.returncode == 0, result.stderr
+    assert agent.metric("slurm_ext_supervisor_worker_up", worker="a") == 1
+    assert agent.metric("slurm_ext_supervisor_worker_uptime_seconds", worker="a") > 0
+    assert agent.metric("slurm_ext_supervisor_ready", role="login") == 1
+    assert agent.stop() == 0
+    result = subprocess.run([*base, "live", "--role", "login", "--port", str(agent.port)], capture_output=True,
+                            text=True, timeout=30)
+    assert result.returncode == 1 and "no agent answers" in result.stderr
+
+
+def test_a_taken_probe_port_is_a_clear_error(tmp_path):
+    import socket
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        result = subprocess.run([sys.executable, "-m", "slurm_ext.cli", "supervise", "--role", "login", "--port",
+                                 str(port), "--pidfile", str(tmp_path / "agent.pid")],
+                                capture_output=True, text=True, timeout=60, env={**os.environ, "SLURM_EXT_CONFIG": ""})
+    assert result.returncode == 1, result.stderr
+    assert f"cannot listen on 127.0.0.1:{port} for probes and metrics: Address already in use" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "agent.pid").exists()
