@@ -94,7 +94,7 @@ def _probe(args: argparse.Namespace) -> int:
 def _print_status(state) -> None:
     print(f"dev cluster in {state.state_dir}")
     for daemon in state.daemons:
-        print(f"  {daemon.name:<10} {'running, pid ' + str(daemon.pid) if daemon.pid else 'stopped'}")
+        print(f"  {daemon.name:<21} {'running, pid ' + str(daemon.pid) if daemon.pid else 'stopped'}")
     node = state.node
     if node:
         flags = "+".join(sorted(node.flags))

@@ -139,7 +139,8 @@ class SupervisorSection:
                                "duration", minimum=0.1, maximum=86400.0)
     crash_loop_count: int = _key(5, "this many exits within crash_loop_window is a crash loop", "int",
                                  minimum=2, maximum=1000)
-    crash_loop_window: float = _key(60.0, "window for crash_loop_count", "duration", minimum=1.0, maximum=86400.0)
+    crash_loop_window: float = _key(10.0, "window for crash_loop_count (5 in 10s is also systemd's start limit)",
+                                    "duration", minimum=1.0, maximum=86400.0)
     ready_interval: float = _key(5.0, "how often readiness is asked of Slurm once ready", "duration",
                                  minimum=0.1, maximum=600.0)
     stale_drain_reasons: tuple = _key(("slurm-ext: slurmd crash loop",),

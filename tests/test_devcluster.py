@@ -21,6 +21,15 @@ def _tree_mtimes(root: Path) -> dict[str, int]:
             for p in (root / sub).rglob("*") if p.is_file() or p.is_char_device()}
 
 
+def _with_workers(pids) -> set[int]:
+    """The given PIDs and their descendants (the agents' slurmctld and slurmd)."""
+    found = set()
+    for pid in pids:
+        found.add(pid)
+        found.update(child.pid for child in psutil.Process(pid).children(recursive=True))
+    return found
+
+
 def _cgroup_pids(node: str) -> set[int]:
     pids = set()
     for top in dev.job_cgroups(node):
@@ -43,7 +52,9 @@ def test_up_from_nothing_is_idempotent_and_down_leaves_nothing(cluster):
     assert first.node is not None and first.node.idle, first
     assert first.node.gres == "gpu:h200:4"
     pids = {d.name: d.pid for d in first.daemons if d.pid}
-    assert {"mariadbd", "slurmdbd", "slurmctld", "slurmd"} <= set(pids), first.daemons
+    assert {"mariadbd", "slurmdbd", "supervise-controller", "supervise-worker"} <= set(pids), first.daemons
+    everything = _with_workers(pids.values())
+    assert len(everything) >= len(pids) + 2, "the agents run slurmctld and slurmd"
     files = _tree_mtimes(root)
     assert len(files) >= 10
 
@@ -62,7 +73,7 @@ def test_up_from_nothing_is_idempotent_and_down_leaves_nothing(cluster):
 
     stopped = dev.down(settings)
     assert set(pids.values()) <= set(stopped)
-    alive = [p for p in list(pids.values()) + sorted(job_pids) if daemons.pid_alive(p)]
+    alive = [p for p in sorted(everything | job_pids) if daemons.pid_alive(p)]
     assert not alive, f"still alive after down: {alive}"
     assert dev.job_cgroups(cluster.node) == [], "down left the node's job cgroups behind"
     after = dev.status(settings)
@@ -98,19 +109,23 @@ def test_daemons_and_hooks_see_the_fake_gpus(running_cluster):
     """The same fake NVML is in every daemon's environment (read from /proc)."""
     state = dev.status(running_cluster.settings)
     lib = str(running_cluster.layout.lib)
-    for daemon in state.daemons:
-        if daemon.name in ("slurmd", "slurmctld", "slurmdbd"):
-            environ = Path(f"/proc/{daemon.pid}/environ").read_bytes().split(b"\0")
-            assert f"LD_LIBRARY_PATH={lib}".encode() in environ, daemon.name
+    processes = [psutil.Process(pid) for pid in _with_workers(d.pid for d in state.daemons if d.pid)]
+    seen = set()
+    for process in processes:
+        if process.name() in ("slurmd", "slurmctld", "slurmdbd"):
+            assert process.environ().get("LD_LIBRARY_PATH") == lib, process
+            seen.add(process.name())
+    assert seen == {"slurmd", "slurmctld", "slurmdbd"}
     wrapper = (running_cluster.layout.bin / "slurm-ext-prolog").read_text()
     assert f"LD_LIBRARY_PATH='{lib}'" in wrapper and "SLURM_EXT_FAKE_NVML=" in wrapper
 
 
 def test_every_daemon_listens_on_loopback_only(running_cluster):
-    pids = {d.pid: d.name for d in dev.status(running_cluster.settings).daemons if d.pid}
-    listening = [(pids[c.pid], c.laddr.ip, c.laddr.port) for c in psutil.net_connections("inet")
+    pids = _with_workers(d.pid for d in dev.status(running_cluster.settings).daemons if d.pid)
+    listening = [(psutil.Process(c.pid).name(), c.laddr.ip, c.laddr.port) for c in psutil.net_connections("inet")
                  if c.pid in pids and c.status == psutil.CONN_LISTEN]
-    assert {name for name, _, _ in listening} >= {"mariadbd", "slurmdbd", "slurmctld", "slurmd"}, listening
+    names = {name for name, _, _ in listening}
+    assert names >= {"mariadbd", "slurmdbd", "slurmctld", "slurmd", "slurm-ext"}, listening
     assert all(ip == "127.0.0.1" for _, ip, _ in listening), listening
 
 
@@ -118,7 +133,7 @@ def test_cli_status_and_demo(running_cluster):
     config = str(running_cluster.config_file)
     status = cli("--config", config, "dev", "status")
     assert status.returncode == 0, status.stderr
-    assert "slurmctld  running, pid" in status.stdout
+    assert "supervise-controller  running, pid" in status.stdout
     assert f"node {running_cluster.node}: IDLE gres gpu:h200:4" in status.stdout
 
     demo = cli("--config", config, "dev", "demo")
@@ -140,7 +155,7 @@ def test_a_taken_port_is_a_clear_error_before_anything_starts(cluster, tmp_path)
         other = replace(cluster.settings, state_dir=str(state_dir), node_name="portnode",
                         slurmctld_port=port, slurmd_port=port + 1 if port < 65535 else port - 1,
                         slurmdbd_port=26819, mariadb_port=23307)
-        with pytest.raises(DevClusterError, match=f"slurmctld: port {port} on 127.0.0.1 is taken"):
+        with pytest.raises(DevClusterError, match=f"supervise-controller: port {port} on 127.0.0.1 is taken"):
             dev.up(other)
         assert not any(d.pid for d in dev.status(other).daemons if d.name != "munged")
 

@@ -103,7 +103,7 @@ def test_jobs_and_accounting(running_cluster, json):
 
 @pytest.mark.parametrize("json", MODES)
 def test_unreachable_controller_raises_within_the_timeout(running_cluster, json):
-    stopped = daemons.stop(_daemon(running_cluster, "slurmctld"))
+    stopped = daemons.stop(_daemon(running_cluster, "supervise-controller"), grace=30.0)
     assert stopped
     try:
         slurm = running_cluster.client(timeout=3.0, json=json)

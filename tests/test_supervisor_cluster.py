@@ -1,0 +1,139 @@
+"""The node agent against the real cluster: slurmd killed in place, crash-loop drain, probes."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import psutil
+
+from conftest import cli
+from slurm_ext import dev
+from slurm_ext.slurm import REASON_PREFIX
+from test_supervisor import AgentProcess
+
+
+def _agent_pid(cluster, role: str) -> int:
+    return next(d.pid for d in dev.status(cluster.settings).daemons if d.name == f"supervise-{role}")
+
+
+def _slurmd_pid(cluster) -> int | None:
+    for child in psutil.Process(_agent_pid(cluster, "worker")).children():
+        if child.name() == "slurmd" and child.status() != psutil.STATUS_ZOMBIE:
+            return child.pid
+    return None
+
+
+def _wait(what: str, test, timeout: float = 15.0, interval: float = 0.02):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = test()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"{what}: not within {timeout}s")
+
+
+def test_slurmd_killed_20_times_is_back_each_time_and_the_job_survives(running_cluster):
+    cluster = running_cluster
+    release = cluster.layout.out / "release-the-job"
+    release.unlink(missing_ok=True)
+    job_id = cluster.sbatch(f"--wrap=while [ ! -e {release} ]; do sleep 0.2; done; echo survived")
+    slurm = cluster.client()
+    _wait("job running", lambda: any(j.job_id == job_id and j.state == "RUNNING" for j in slurm.jobs()))
+    steps = {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "slurmstepd"}
+    assert steps, "the job has slurmstepd processes"
+    last_kill = 0.0
+    for round_ in range(20):
+        # 5 exits within 10 s is a crash loop (and a drain): these kills are 2.6 s apart
+        time.sleep(max(0.0, last_kill + 2.6 - time.monotonic()))
+        old = _slurmd_pid(cluster)
+        assert old, f"round {round_}: no slurmd under the worker agent"
+        psutil.Process(old).send_signal(signal.SIGKILL)
+        last_kill = time.monotonic()
+        new = _wait(f"round {round_}: a new slurmd", lambda: (p := _slurmd_pid(cluster)) not in (None, old) and p)
+        _wait(f"round {round_}: slurmd answers", lambda: cluster.run("scontrol", "show", "slurmd",
+                                                                     check=False).returncode == 0)
+        node = slurm.node(cluster.node)
+        assert node.responding and not node.drained, (round_, node)
+        assert new != old
+    assert all(psutil.pid_exists(pid) for pid in steps), "a slurmstepd died with slurmd"
+    release.touch()
+    job = cluster.wait_accounted(job_id)
+    assert job.state == "COMPLETED" and job.exit_code == 0
+    assert (cluster.layout.out / f"{job_id}.out").read_text().strip() == "survived"
+    cluster.wait_idle()
+
+
+CRASHING_SLURMD = """\
+    backoff_initial = "20ms"
+    backoff_max = "200ms"
+    crash_loop_count = 3
+    stable_after = "2s"
+    ready_interval = "500ms"
+    [supervisor.workers.slurmd]
+    command = ["sh", "-c", "exit 1"]
+    """
+
+
+class ClusterAgent(AgentProcess):
+    def __init__(self, tmp_path, cluster, body):
+        self.cluster = cluster
+        super().__init__(tmp_path, body, role="worker", port=19871)
+
+    def write_config(self, body: str) -> None:
+        super().write_config(body)
+        text = self.config.read_text().replace('name = "testnode"', f'name = "{self.cluster.node}"')
+        text = text.replace('[slurm]\ntimeout = "2s"\n',
+                            f'[slurm]\ntimeout = "5s"\nconf = "{self.cluster.layout.slurm_conf}"\n')
+        self.config.write_text(text)
+
+
+def test_crash_loop_drains_the_node_and_a_fix_clears_only_our_drain(running_cluster, tmp_path):
+    cluster = running_cluster
+    slurm = cluster.client()
+    agent = ClusterAgent(tmp_path, cluster, CRASHING_SLURMD)
+    try:
+        node = _wait("crash-loop drain", lambda: (n := slurm.node(cluster.node)).drained and n)
+        assert node.reason.startswith(f"{REASON_PREFIX} slurmd crash loop: 3 exits in 10s"), node.reason
+        assert any(e["event"] == "crash-loop" for e in agent.journal())
+        assert agent.metric("slurm_ext_supervisor_crash_loop", worker="slurmd") == 1
+        delays = [float(d) for d in agent.wait_log(r"restart \d+ in ([0-9.]+)s", count=6)]
+        assert delays[:5] == [0.02, 0.04, 0.08, 0.16, 0.2], delays
+
+        agent.write_config(CRASHING_SLURMD.replace('["sh", "-c", "exit 1"]', '["sleep", "300"]'))
+        agent.proc.send_signal(signal.SIGHUP)
+        agent.wait_log(r"worker slurmd: backoff -> running: started pid \d+: sleep 300")
+        _wait("our drain cleared", lambda: not slurm.node(cluster.node).drained, timeout=20, interval=0.2)
+        assert any(e["event"] == "resume" for e in agent.journal())
+
+        # again, but an admin drains the node meanwhile: theirs stays
+        agent.write_config(CRASHING_SLURMD)
+        agent.proc.send_signal(signal.SIGHUP)
+        _wait("crash-loop drain again", lambda: slurm.node(cluster.node).reason_is_ours, timeout=20)
+        cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=drain", "reason=maintenance")
+        agent.write_config(CRASHING_SLURMD.replace('["sh", "-c", "exit 1"]', '["sleep", "300"]'))
+        agent.proc.send_signal(signal.SIGHUP)
+        agent.wait_log(r"crash loop over", count=2, timeout=20)
+        agent.wait_log(r"stays drained: its reason 'maintenance' is not this agent's", timeout=20)
+        node = slurm.node(cluster.node)
+        assert node.drained and node.reason == "maintenance"
+        assert agent.stop() == 0
+    finally:
+        if agent.proc.poll() is None:
+            agent.proc.kill()
+            agent.proc.wait()
+        cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=resume", check=False)
+
+
+def test_the_cluster_agents_probes_and_metrics(running_cluster):
+    config = str(running_cluster.config_file)
+    for role, port in (("worker", 19810), ("controller", 19811)):
+        for kind in ("live", "ready"):
+            result = cli("--config", config, "probe", kind, "--role", role, "--port", str(port))
+            assert result.returncode == 0, (role, kind, result.stderr)
+    import urllib.request
+    with urllib.request.urlopen("http://127.0.0.1:19810/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    assert 'slurm_ext_supervisor_worker_up{role="worker",worker="slurmd"} 1.0' in text
+    assert 'slurm_ext_supervisor_ready{role="worker"} 1.0' in text
