@@ -134,13 +134,16 @@ class SupervisorSection:
     runtime_dir: str = _key("/run/slurm-ext", "notify sockets and boot markers", "path")
     backoff_initial: float = _key(0.01, "delay before the first restart of a worker that died", "duration",
                                   minimum=0.0, maximum=60.0)
-    backoff_max: float = _key(30.0, "cap of the doubling restart delay", "duration", minimum=0.01, maximum=3600.0)
-    stable_after: float = _key(60.0, "a worker up this long is stable: its delay and crash count start over",
-                               "duration", minimum=0.1, maximum=86400.0)
+    backoff_max: float = _key(30.0, "cap of the doubling restart delay, and the delay while crash-looping", "duration",
+                              minimum=0.01, maximum=3600.0)
+    stable_after: float = _key(2.0, "a worker up this long started fine: its next restart delay starts over "
+                               "from backoff_initial (like supervisord's startsecs)", "duration",
+                               minimum=0.1, maximum=86400.0)
     crash_loop_count: int = _key(5, "this many exits within crash_loop_window is a crash loop", "int",
                                  minimum=2, maximum=1000)
-    crash_loop_window: float = _key(10.0, "window for crash_loop_count (5 in 10s is also systemd's start limit)",
-                                    "duration", minimum=1.0, maximum=86400.0)
+    crash_loop_window: float = _key(10.0, "window for crash_loop_count (5 in 10s is also systemd's start limit); "
+                                    "a crash loop is over once the worker has run this long", "duration",
+                                    minimum=1.0, maximum=86400.0)
     ready_interval: float = _key(5.0, "how often readiness is asked of Slurm once ready", "duration",
                                  minimum=0.1, maximum=600.0)
     stale_drain_reasons: tuple = _key(("slurm-ext: slurmd crash loop",),

@@ -246,7 +246,7 @@ class Agent:
     def _timeout(self, now: float) -> float:
         deadlines = [w.next_start for w in self.workers if w.state == WorkerState.BACKOFF]
         deadlines += [w.stop_deadline for w in self.workers if w.state == WorkerState.STOPPING]
-        deadlines += [w.started + self.config.supervisor.stable_after for w in self.workers
+        deadlines += [w.started + self._settle_time(w) for w in self.workers
                       if w.state == WorkerState.RUNNING and (w.failures or w.crash_loop)]
         if not self.pipeline_done:
             deadlines.append(self._next_pipeline)
@@ -304,8 +304,7 @@ class Agent:
                 self._kill(worker)
             elif worker.state == WorkerState.RUNNING:
                 self._check_main_pid(worker)
-                if (worker.failures or worker.crash_loop) and now - worker.started >= \
-                        self.config.supervisor.stable_after:
+                if (worker.failures or worker.crash_loop) and now - worker.started >= self._settle_time(worker):
                     self._stable(worker)
         if self.stopping:
             self._advance_stop()
@@ -382,14 +381,19 @@ class Agent:
         self._failed(worker, f"died ({how})", now)
 
     def _failed(self, worker: Worker, what: str, now: float) -> None:
-        """A worker died or could not start: back off, and watch for a crash loop."""
+        """A worker died or could not start: back off, and watch for a crash loop.
+
+        The delay doubles with each exit of a worker that had not yet run
+        stable_after; in a crash loop it is backoff_max. Never given up."""
         s = self.config.supervisor
         worker.failures += 1
         worker.restarts += 1
-        delay = backoff_delay(worker.failures, s.backoff_initial, s.backoff_max)
+        entering = worker.window.add(now) and not worker.crash_loop
+        delay = s.backoff_max if worker.crash_loop or entering else \
+            backoff_delay(worker.failures, s.backoff_initial, s.backoff_max)
         worker.next_start = now + delay
         self._set_state(worker, WorkerState.BACKOFF, f"{what}; restart {worker.restarts} in {delay:.3g}s")
-        if worker.window.add(now) and not worker.crash_loop:
+        if entering:
             worker.crash_loop = True
             reason = f"{CRASH_LOOP_REASON}: {len(worker.window)} exits in {s.crash_loop_window:g}s (last: {what})"
             self.emit("crash-loop", f"worker {worker.spec.name} is crash-looping: {len(worker.window)} exits "
@@ -399,13 +403,19 @@ class Agent:
                 self.liaison.want_drain = reason
                 self.liaison.poke()
 
+    def _settle_time(self, worker: Worker) -> float:
+        """How long a worker must run before its failures (or crash loop) are forgotten."""
+        s = self.config.supervisor
+        return max(s.stable_after, s.crash_loop_window) if worker.crash_loop else s.stable_after
+
     def _stable(self, worker: Worker) -> None:
+        settled = self._settle_time(worker)
         worker.failures = 0
-        worker.window.clear()
         if worker.crash_loop:
             worker.crash_loop = False
-            self.emit("recovered", f"worker {worker.spec.name} has run for "
-                      f"{self.config.supervisor.stable_after:g}s: crash loop over", worker=worker.spec.name)
+            worker.window.clear()
+            self.emit("recovered", f"worker {worker.spec.name} has run for {settled:g}s: crash loop over",
+                      worker=worker.spec.name)
             if worker.spec.drain_on_crash_loop:
                 self.liaison.want_drain = None
                 self.liaison.poke()

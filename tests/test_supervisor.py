@@ -192,7 +192,8 @@ def test_bad_worker_keys_name_the_key(tmp_path):
 CRASHY = """\
     backoff_initial = "20ms"
     backoff_max = "320ms"
-    crash_loop_count = 3
+    crash_loop_count = 6
+    crash_loop_window = "2s"
     stable_after = "1s"
     [supervisor.workers.sshd]
     roles = []

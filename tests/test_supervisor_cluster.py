@@ -41,8 +41,8 @@ def test_slurmd_killed_20_times_is_back_each_time_and_the_job_survives(running_c
     job_id = cluster.sbatch(f"--wrap=while [ ! -e {release} ]; do sleep 0.2; done; echo survived")
     slurm = cluster.client()
     _wait("job running", lambda: any(j.job_id == job_id and j.state == "RUNNING" for j in slurm.jobs()))
-    steps = {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "slurmstepd"}
-    assert steps, "the job has slurmstepd processes"
+    steps = _wait("the job's slurmstepd processes", lambda: {
+        p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "slurmstepd"})
     last_kill = 0.0
     for round_ in range(20):
         # 5 exits within 10 s is a crash loop (and a drain): these kills are 2.6 s apart
@@ -59,7 +59,14 @@ def test_slurmd_killed_20_times_is_back_each_time_and_the_job_survives(running_c
         assert new != old
     assert all(psutil.pid_exists(pid) for pid in steps), "a slurmstepd died with slurmd"
     release.touch()
-    job = cluster.wait_accounted(job_id)
+    try:
+        job = cluster.wait_accounted(job_id)
+    except Exception:
+        squeue = cluster.run("squeue", check=False).stdout
+        slurmd_log = (cluster.layout.log / "slurmd.log").read_text().splitlines()[-30:]
+        ctld_log = (cluster.layout.log / "slurmctld.log").read_text().splitlines()[-30:]
+        raise AssertionError(f"squeue:\n{squeue}\nslurmd.log:\n" + "\n".join(slurmd_log)
+                             + "\nslurmctld.log:\n" + "\n".join(ctld_log))
     assert job.state == "COMPLETED" and job.exit_code == 0
     assert (cluster.layout.out / f"{job_id}.out").read_text().strip() == "survived"
     cluster.wait_idle()
@@ -69,6 +76,7 @@ CRASHING_SLURMD = """\
     backoff_initial = "20ms"
     backoff_max = "200ms"
     crash_loop_count = 3
+    crash_loop_window = "3s"
     stable_after = "2s"
     ready_interval = "500ms"
     [supervisor.workers.slurmd]
@@ -95,11 +103,11 @@ def test_crash_loop_drains_the_node_and_a_fix_clears_only_our_drain(running_clus
     agent = ClusterAgent(tmp_path, cluster, CRASHING_SLURMD)
     try:
         node = _wait("crash-loop drain", lambda: (n := slurm.node(cluster.node)).drained and n)
-        assert node.reason.startswith(f"{REASON_PREFIX} slurmd crash loop: 3 exits in 10s"), node.reason
+        assert node.reason.startswith(f"{REASON_PREFIX} slurmd crash loop: 3 exits in 3s"), node.reason
         assert any(e["event"] == "crash-loop" for e in agent.journal())
         assert agent.metric("slurm_ext_supervisor_crash_loop", worker="slurmd") == 1
         delays = [float(d) for d in agent.wait_log(r"restart \d+ in ([0-9.]+)s", count=6)]
-        assert delays[:5] == [0.02, 0.04, 0.08, 0.16, 0.2], delays
+        assert delays[:5] == [0.02, 0.04, 0.2, 0.2, 0.2], delays  # doubling; in a crash loop, the cap
 
         agent.write_config(CRASHING_SLURMD.replace('["sh", "-c", "exit 1"]', '["sleep", "300"]'))
         agent.proc.send_signal(signal.SIGHUP)
