@@ -250,6 +250,8 @@ class Agent:
                       if w.state == WorkerState.RUNNING and (w.failures or w.crash_loop)]
         if not self.pipeline_done:
             deadlines.append(self._next_pipeline)
+        if self._watchdog_every:
+            deadlines.append(self._last_watchdog + self._watchdog_every)
         return max(0.0, min([now + 1.0, *deadlines]) - now)
 
     def _read_signals(self) -> None:

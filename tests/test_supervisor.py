@@ -434,3 +434,57 @@ def test_a_taken_probe_port_is_a_clear_error(tmp_path):
     assert f"cannot listen on 127.0.0.1:{port} for probes and metrics: Address already in use" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "agent.pid").exists()
+
+
+def test_start_steps_block_or_continue_and_boot_steps_run_once_per_boot(tmp_path):
+    from slurm_ext.supervisor import pipeline
+
+    ran = []
+    emitted = []
+
+    def ok(context):
+        ran.append("boot")
+
+    def broken(context):
+        ran.append("broken")
+        raise RuntimeError("no GPUs answered")
+
+    context = pipeline.StepContext("worker", config.Config(), "n1", None,
+                                   lambda event, message, **kw: emitted.append((event, message, kw)))
+    steps = [pipeline.StartStep("boot", ok, once_per_boot=True), pipeline.StartStep("broken", broken)]
+    assert pipeline.run_steps(steps, context, tmp_path, "boot-a") is True  # broken continues by default
+    assert pipeline.run_steps(steps, context, tmp_path, "boot-a") is True
+    assert ran == ["boot", "broken", "broken"], "a node-boot step ran twice in one boot"
+    assert pipeline.run_steps(steps, context, tmp_path, "boot-b") is True
+    assert ran[-2:] == ["boot", "broken"]
+    assert emitted[0][0] == "start-step-failed" and "no GPUs answered" in emitted[0][1]
+
+    blocking = config.from_dict({"supervisor": {"step_failure": {"broken": "block"}}})
+    context = pipeline.StepContext("worker", blocking, "n1", None,
+                                   lambda event, message, **kw: emitted.append((event, message, kw)))
+    assert pipeline.run_steps(steps, context, tmp_path, "boot-b") is False
+    assert "workers are not started until it succeeds" in emitted[-1][1]
+
+
+def test_systemd_notify_for_the_agent_itself(agents, tmp_path):
+    import socket
+    path = tmp_path / "systemd-notify.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(str(path))
+    listener.settimeout(10)
+    os.environ["NOTIFY_SOCKET"], os.environ["WATCHDOG_USEC"] = str(path), "400000"
+    try:
+        agent = agents('[supervisor.workers.sshd]\nroles = []\n[supervisor.workers.a]\nroles = ["login"]\n'
+                       'command = ["sh", "-c", "echo NOTIFY_SOCKET=$NOTIFY_SOCKET; exec sleep 300"]\n')
+    finally:
+        del os.environ["NOTIFY_SOCKET"], os.environ["WATCHDOG_USEC"]
+    messages = []
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not (any("READY=1" in m for m in messages)
+                                               and sum("WATCHDOG=1" in m for m in messages) >= 2):
+        messages.append(listener.recv(4096).decode())
+    listener.close()
+    assert any("READY=1" in m and "STATUS=login: ready" in m for m in messages), messages
+    assert sum("WATCHDOG=1" in m for m in messages) >= 2, messages
+    agent.wait_log(r"NOTIFY_SOCKET=\n")  # the worker did not inherit systemd's socket
+    assert agent.stop() == 0

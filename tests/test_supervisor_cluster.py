@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import signal
 import time
+from pathlib import Path
 
 import psutil
+import pytest
 
 from conftest import cli
 from slurm_ext import dev
@@ -65,8 +67,12 @@ def test_slurmd_killed_20_times_is_back_each_time_and_the_job_survives(running_c
         squeue = cluster.run("squeue", check=False).stdout
         slurmd_log = (cluster.layout.log / "slurmd.log").read_text().splitlines()[-30:]
         ctld_log = (cluster.layout.log / "slurmctld.log").read_text().splitlines()[-30:]
+        ps = cluster.run("ps", "-eo", "pid,ppid,stat,wchan:32,args", check=False).stdout
+        freezer = [f"{p}: {p.read_text().strip()}" for p in Path("/sys/fs/cgroup/freezer").glob(
+            f"slurm_{cluster.node}/**/freezer.state")]
         raise AssertionError(f"squeue:\n{squeue}\nslurmd.log:\n" + "\n".join(slurmd_log)
-                             + "\nslurmctld.log:\n" + "\n".join(ctld_log))
+                             + "\nslurmctld.log:\n" + "\n".join(ctld_log) + f"\nps:\n{ps}\nfreezer:\n"
+                             + "\n".join(freezer))
     assert job.state == "COMPLETED" and job.exit_code == 0
     assert (cluster.layout.out / f"{job_id}.out").read_text().strip() == "survived"
     cluster.wait_idle()
@@ -145,3 +151,25 @@ def test_the_cluster_agents_probes_and_metrics(running_cluster):
         text = answer.read().decode()
     assert 'slurm_ext_supervisor_worker_up{role="worker",worker="slurmd"} 1.0' in text
     assert 'slurm_ext_supervisor_ready{role="worker"} 1.0' in text
+
+
+@pytest.mark.parametrize("reason, cleared", [(f"{REASON_PREFIX} slurmd crash loop: 5 exits in 10s", True),
+                                             ("maintenance", False),
+                                             (f"{REASON_PREFIX} gpu 3 lost", False)])
+def test_start_clears_only_a_stale_crash_loop_drain(running_cluster, tmp_path, reason, cleared):
+    cluster = running_cluster
+    slurm = cluster.client()
+    cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=drain", f"reason={reason}")
+    agent = ClusterAgent(tmp_path, cluster, '[supervisor.workers.slurmd]\ncommand = ["sleep", "300"]\n')
+    try:
+        agent.wait_log(r"worker slurmd: stopped -> running")
+        node = slurm.node(cluster.node)
+        assert node.drained is not cleared and (cleared or node.reason == reason), node
+        events = [e["event"] for e in agent.journal()]
+        assert ("stale-drain-cleared" in events) is cleared
+        assert agent.stop() == 0
+    finally:
+        if agent.proc.poll() is None:
+            agent.proc.kill()
+            agent.proc.wait()
+        cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=resume", check=False)
