@@ -248,7 +248,7 @@ class Agent:
         deadlines += [w.stop_deadline for w in self.workers if w.state == WorkerState.STOPPING]
         deadlines += [w.started + self._settle_time(w) for w in self.workers
                       if w.state == WorkerState.RUNNING and (w.failures or w.crash_loop)]
-        if not self.pipeline_done:
+        if not self.pipeline_done and not self.stopping:
             deadlines.append(self._next_pipeline)
         if self._watchdog_every:
             deadlines.append(self._last_watchdog + self._watchdog_every)
