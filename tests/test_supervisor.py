@@ -28,8 +28,10 @@ PORT = 19870
 class AgentProcess:
     """`slurm-ext supervise` run by a test, with its log and journal at hand."""
 
-    def __init__(self, tmp_path: Path, body: str, role: str = "login", port: int = PORT, prefix: list[str] = ()):
+    def __init__(self, tmp_path: Path, body: str, role: str = "login", port: int = PORT, prefix: list[str] = (),
+                 slurm: str = ""):
         self.dir = tmp_path
+        self.slurm = slurm
         self.config = tmp_path / "slurm-ext.toml"
         self.port = port
         self.prefix = list(prefix)
@@ -47,6 +49,7 @@ class AgentProcess:
             state_dir = "{self.dir}/state"
             [slurm]
             timeout = "2s"
+            {self.slurm}
             [supervisor]
             runtime_dir = "{self.dir}/run"
             """) + textwrap.dedent(body))
@@ -488,3 +491,19 @@ def test_systemd_notify_for_the_agent_itself(agents, tmp_path):
     assert sum("WATCHDOG=1" in m for m in messages) >= 2, messages
     agent.wait_log(r"NOTIFY_SOCKET=\n")  # the worker did not inherit systemd's socket
     assert agent.stop() == 0
+
+
+def test_a_blocking_start_step_keeps_workers_down_and_is_retried_with_backoff(agents, tmp_path):
+    agent = agents("""\
+        step_failure = {"clear-stale-drains" = "block"}
+        [supervisor.workers.slurmd]
+        command = ["sleep", "300"]
+        """, role="worker", slurm=f'conf = "{tmp_path}/no-such-slurm.conf"')
+    agent.wait_log(r"start step clear-stale-drains failed: .*workers are not started until it succeeds", count=2,
+                   timeout=15)
+    assert "worker slurmd: stopped -> running" not in agent.text()
+    status, why = agent.get("/readyz")
+    assert status == 503 and "start steps have not succeeded" in why
+    started = time.monotonic()
+    assert agent.stop() == 0
+    assert time.monotonic() - started < 5

@@ -96,11 +96,9 @@ class ClusterAgent(AgentProcess):
         super().__init__(tmp_path, body, role="worker", port=19871)
 
     def write_config(self, body: str) -> None:
+        self.slurm = f'conf = "{self.cluster.layout.slurm_conf}"'
         super().write_config(body)
-        text = self.config.read_text().replace('name = "testnode"', f'name = "{self.cluster.node}"')
-        text = text.replace('[slurm]\ntimeout = "2s"\n',
-                            f'[slurm]\ntimeout = "5s"\nconf = "{self.cluster.layout.slurm_conf}"\n')
-        self.config.write_text(text)
+        self.config.write_text(self.config.read_text().replace('name = "testnode"', f'name = "{self.cluster.node}"'))
 
 
 def test_crash_loop_drains_the_node_and_a_fix_clears_only_our_drain(running_cluster, tmp_path):
