@@ -101,41 +101,53 @@ class ClusterAgent(AgentProcess):
         self.config.write_text(self.config.read_text().replace('name = "testnode"', f'name = "{self.cluster.node}"'))
 
 
-def test_crash_loop_drains_the_node_and_a_fix_clears_only_our_drain(running_cluster, tmp_path):
-    cluster = running_cluster
-    slurm = cluster.client()
-    agent = ClusterAgent(tmp_path, cluster, CRASHING_SLURMD)
-    try:
-        node = _wait("crash-loop drain", lambda: (n := slurm.node(cluster.node)).drained and n)
-        assert node.reason.startswith(f"{REASON_PREFIX} slurmd crash loop: 3 exits in 3s"), node.reason
-        assert any(e["event"] == "crash-loop" for e in agent.journal())
-        assert agent.metric("slurm_ext_supervisor_crash_loop", worker="slurmd") == 1
-        delays = [float(d) for d in agent.wait_log(r"restart \d+ in ([0-9.]+)s", count=6)]
-        assert delays[:5] == [0.02, 0.04, 0.2, 0.2, 0.2], delays  # doubling; in a crash loop, the cap
+@pytest.fixture
+def cluster_agent(running_cluster, tmp_path):
+    """Start a ClusterAgent; afterwards it is killed if still running and the node resumed."""
+    started = []
 
-        agent.write_config(CRASHING_SLURMD.replace('["sh", "-c", "exit 1"]', '["sleep", "300"]'))
-        agent.proc.send_signal(signal.SIGHUP)
-        agent.wait_log(r"worker slurmd: backoff -> running: started pid \d+: sleep 300")
-        _wait("our drain cleared", lambda: not slurm.node(cluster.node).drained, timeout=20, interval=0.2)
-        assert any(e["event"] == "resume" for e in agent.journal())
+    def start(body: str) -> ClusterAgent:
+        started.append(ClusterAgent(tmp_path, running_cluster, body))
+        return started[-1]
 
-        # again, but an admin drains the node meanwhile: theirs stays
-        agent.write_config(CRASHING_SLURMD)
-        agent.proc.send_signal(signal.SIGHUP)
-        _wait("crash-loop drain again", lambda: slurm.node(cluster.node).reason_is_ours, timeout=20)
-        cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=drain", "reason=maintenance")
-        agent.write_config(CRASHING_SLURMD.replace('["sh", "-c", "exit 1"]', '["sleep", "300"]'))
-        agent.proc.send_signal(signal.SIGHUP)
-        agent.wait_log(r"crash loop over", count=2, timeout=20)
-        agent.wait_log(r"stays drained: its reason 'maintenance' is not this agent's", timeout=20)
-        node = slurm.node(cluster.node)
-        assert node.drained and node.reason == "maintenance"
-        assert agent.stop() == 0
-    finally:
+    yield start
+    for agent in started:
         if agent.proc.poll() is None:
             agent.proc.kill()
             agent.proc.wait()
-        cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=resume", check=False)
+        agent.out.close()
+    running_cluster.run("scontrol", "update", f"nodename={running_cluster.node}", "state=resume", check=False)
+
+
+def test_crash_loop_drains_the_node_and_a_fix_clears_only_our_drain(running_cluster, cluster_agent):
+    cluster = running_cluster
+    slurm = cluster.client()
+    agent = cluster_agent(CRASHING_SLURMD)
+    node = _wait("crash-loop drain", lambda: (n := slurm.node(cluster.node)).drained and n)
+    assert node.reason.startswith(f"{REASON_PREFIX} slurmd crash loop: 3 exits in 3s"), node.reason
+    assert any(e["event"] == "crash-loop" for e in agent.journal())
+    assert agent.metric("slurm_ext_supervisor_crash_loop", worker="slurmd") == 1
+    delays = [float(d) for d in agent.wait_log(r"restart \d+ in ([0-9.]+)s", count=6)]
+    assert delays[:5] == [0.02, 0.04, 0.2, 0.2, 0.2], delays  # doubling; in a crash loop, the cap
+
+    agent.write_config(CRASHING_SLURMD.replace('["sh", "-c", "exit 1"]', '["sleep", "300"]'))
+    agent.proc.send_signal(signal.SIGHUP)
+    agent.wait_log(r"worker slurmd: backoff -> running: started pid \d+: sleep 300")
+    _wait("our drain cleared", lambda: not slurm.node(cluster.node).drained, timeout=20, interval=0.2)
+    assert any(e["event"] == "resume" for e in agent.journal())
+
+    # again, but an admin drains the node meanwhile: theirs stays
+    agent.write_config(CRASHING_SLURMD)
+    agent.proc.send_signal(signal.SIGHUP)
+    _wait("crash-loop drain again", lambda: slurm.node(cluster.node).reason_is_ours, timeout=20)
+    cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=drain", "reason=maintenance")
+    agent.write_config(CRASHING_SLURMD.replace('["sh", "-c", "exit 1"]', '["sleep", "300"]'))
+    agent.proc.send_signal(signal.SIGHUP)
+    agent.wait_log(r"crash loop over", count=2, timeout=20)
+    agent.wait_log(r"stays drained: its reason 'maintenance' is not this agent's", timeout=20)
+    node = slurm.node(cluster.node)
+    assert node.drained and node.reason == "maintenance"
+    assert agent.stop() == 0
 
 
 def test_the_cluster_agents_probes_and_metrics(running_cluster):
@@ -154,20 +166,14 @@ def test_the_cluster_agents_probes_and_metrics(running_cluster):
 @pytest.mark.parametrize("reason, cleared", [(f"{REASON_PREFIX} slurmd crash loop: 5 exits in 10s", True),
                                              ("maintenance", False),
                                              (f"{REASON_PREFIX} gpu 3 lost", False)])
-def test_start_clears_only_a_stale_crash_loop_drain(running_cluster, tmp_path, reason, cleared):
+def test_start_clears_only_a_stale_crash_loop_drain(running_cluster, cluster_agent, reason, cleared):
     cluster = running_cluster
     slurm = cluster.client()
     cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=drain", f"reason={reason}")
-    agent = ClusterAgent(tmp_path, cluster, '[supervisor.workers.slurmd]\ncommand = ["sleep", "300"]\n')
-    try:
-        agent.wait_log(r"worker slurmd: stopped -> running")
-        node = slurm.node(cluster.node)
-        assert node.drained is not cleared and (cleared or node.reason == reason), node
-        events = [e["event"] for e in agent.journal()]
-        assert ("stale-drain-cleared" in events) is cleared
-        assert agent.stop() == 0
-    finally:
-        if agent.proc.poll() is None:
-            agent.proc.kill()
-            agent.proc.wait()
-        cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=resume", check=False)
+    agent = cluster_agent('[supervisor.workers.slurmd]\ncommand = ["sleep", "300"]\n')
+    agent.wait_log(r"worker slurmd: stopped -> running")
+    node = slurm.node(cluster.node)
+    assert node.drained is not cleared and (cleared or node.reason == reason), node
+    events = [e["event"] for e in agent.journal()]
+    assert ("stale-drain-cleared" in events) is cleared
+    assert agent.stop() == 0
