@@ -144,8 +144,8 @@ class SupervisorSection:
     crash_loop_window: float = _key(10.0, "window for crash_loop_count (5 in 10s is also systemd's start limit); "
                                     "a crash loop is over once the worker has run this long", "duration",
                                     minimum=1.0, maximum=86400.0)
-    ready_interval: float = _key(5.0, "how often readiness is asked of Slurm once ready", "duration",
-                                 minimum=0.1, maximum=600.0)
+    ready_interval: float = _key(30.0, "how often readiness is asked of Slurm once ready (every node asks "
+                                 "slurmctld: keep it long on large clusters)", "duration", minimum=0.1, maximum=600.0)
     stale_drain_reasons: tuple = _key(("slurm-ext: slurmd crash loop",),
                                       "at start, resume this node when its reason starts with one of these "
                                       "(drains a previous life of this node left behind)", "list",

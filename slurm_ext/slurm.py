@@ -183,10 +183,10 @@ class SlurmClient:
         if self.use_json("scontrol"):
             cmd = ["scontrol", "--json", "show", "node"] + ([name] if name else [])
             return [_node_from_json(n) for n in self._json(cmd).get("nodes", [])]
-        if self.use_json("sinfo") and self.version() < (23, 2):
-            # 22.05's sinfo --json lists every node, one record each
-            return [_node_from_json(n) for n in self._json(["sinfo", "--json"]).get("nodes", [])
-                    if name is None or n.get("name") == name]
+        if name is None and self.use_json("sinfo") and self.version() < (23, 2):
+            # 22.05's sinfo --json lists every node (it ignores -n): fine for all
+            # nodes, wasteful for one, which scontrol's text gives cheaply
+            return [_node_from_json(n) for n in self._json(["sinfo", "--json"]).get("nodes", [])]
         cmd = ["scontrol", "show", "node", "--oneliner"] + ([name] if name else [])
         try:
             out = self._run(cmd).stdout

@@ -44,6 +44,8 @@ log = logging.getLogger("supervisor")
 _PR_SET_CHILD_SUBREAPER = 36
 _HANDLED = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 CRASH_LOOP_REASON = f"{REASON_PREFIX} slurmd crash loop"
+#: longest sleep of an idle loop: signals and notify messages wake it at once
+_IDLE_WAKEUP = 30.0
 
 
 @dataclass
@@ -98,6 +100,7 @@ class Agent:
         self.orphans_reaped = 0
         self.started_at = time.monotonic()
         self.heartbeat = time.monotonic()
+        self._next_wake = self.heartbeat
         self.stopping = False
         self.stop_clean = True
         self.pipeline_done = False
@@ -252,7 +255,9 @@ class Agent:
             deadlines.append(self._next_pipeline)
         if self._watchdog_every:
             deadlines.append(self._last_watchdog + self._watchdog_every)
-        return max(0.0, min([now + 1.0, *deadlines]) - now)
+        wake = min([now + _IDLE_WAKEUP, *deadlines])
+        self._next_wake = wake
+        return max(0.0, wake - now)
 
     def _read_signals(self) -> None:
         try:
@@ -512,7 +517,7 @@ class Agent:
         if self.liaison:
             self.liaison.stop()
         if self.http:
-            self.http.shutdown()
+            self.http.server_close()
         for worker in self.workers:
             if worker.notify:
                 worker.notify.close()
@@ -550,8 +555,9 @@ class Agent:
                 return False, f"worker {worker.spec.name}: {why}"
         return True, "ready"
 
-    def live(self, stale_after: float = 10.0) -> bool:
-        return time.monotonic() - self.heartbeat < stale_after
+    def live(self, grace: float = 10.0) -> bool:
+        """The loop is alive: it has not overslept the wake-up it planned."""
+        return time.monotonic() < max(self._next_wake, self.heartbeat) + grace
 
     def _notify_systemd(self) -> None:
         if not self._systemd:

@@ -93,6 +93,8 @@ def serve(agent, host: str, port: int) -> ThreadingHTTPServer:
         raise AgentError(f"cannot listen on {host}:{port} for probes and metrics: {err.strerror} "
                          "(another agent of this role running? set supervisor.ports or --port)") from err
     server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
+    # No shutdown() is ever called (the thread dies with the agent), so the
+    # listener need not wake up to check for one: idle agents stay idle.
+    threading.Thread(target=server.serve_forever, args=(3600.0,), name="http", daemon=True).start()
     log.info("probes and metrics on http://%s:%d/ (livez, readyz, metrics)", host, port)
     return server

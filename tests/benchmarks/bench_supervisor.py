@@ -231,6 +231,18 @@ def kill_leftovers(pids: set[int], name: str) -> None:
         time.sleep(0.05)
 
 
+def reap_own_children() -> None:
+    """Reap this process's exited children (the daemons dev up started by Popen and dev
+    down stopped), so that none is left a zombie for the host's PID 1."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
 # -- baselines from PyPI --------------------------------------------------------------------
 
 
@@ -503,6 +515,26 @@ def start_supervisord(program: str, work: Path, settings: DevSection, env: dict[
     return proc
 
 
+def warn_shared_munged(settings: DevSection) -> None:
+    """dev up starts a munged on the default socket only when none answers there, and
+    other clusters' dev up then use it: say so when dev down is about to stop it under them."""
+    if not next(d.pid for d in dev.status(settings).daemons if d.name == "munged"):
+        return
+    ours = str(Layout(settings).slurm_conf)
+    others = []
+    for proc in psutil.process_iter(["name"]):
+        if proc.info["name"] in ("slurmctld", "slurmd", "slurmdbd"):
+            try:
+                conf = proc.environ().get("SLURM_CONF", "")
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            if conf != ours:
+                others.append(f"{proc.info['name']} {proc.pid} ({conf or 'default slurm.conf'})")
+    if others:
+        note("warning: dev down stops this run's munged (the one on /run/munge) while other Slurm daemons "
+             f"run and may use it: {', '.join(others)}")
+
+
 # -- report -----------------------------------------------------------------------------------------
 
 
@@ -609,6 +641,7 @@ def main() -> None:
                 note(f"stopping supervisord (pid {supervisord.pid})")
                 stop_pid(supervisord, signal.SIGTERM, 30.0)
                 kill_leftovers(supervisord_slurmds, "slurmd")
+            warn_shared_munged(settings)
             note("dev down")
             dev.down(settings)
             cluster_up = False
@@ -635,9 +668,11 @@ def main() -> None:
                     line += (f" vs supervisord {base_idle.sched_percent:.4f}%: ratio "
                              f"{_ratio(ours_idle.sched_percent, base_idle.sched_percent)}")
                 print(line)
-            print(f"idle: targets: cpu < 0.05% ({_met(ours_idle.cpu_percent < 0.05)}), rss < 30 MB "
-                  f"({_met(ours_idle.rss_mb < 30)}); cpu resolution {100.0 / CLK_TCK / idle_seconds:.3f}% "
-                  f"(one {1000 // CLK_TCK} ms clock tick over the window)")
+            sched = ("" if ours_idle.sched_percent is None else
+                     f", by schedstat {_met(ours_idle.sched_percent < 0.05)}")
+            print(f"idle: targets: cpu < 0.05% (utime+stime {_met(ours_idle.cpu_percent < 0.05)}{sched}), "
+                  f"rss < 30 MB ({_met(ours_idle.rss_mb < 30)}); utime+stime resolution "
+                  f"{100.0 / CLK_TCK / idle_seconds:.3f}% (one {1000 // CLK_TCK} ms clock tick over the window)")
 
         if "reap" in parts:
             results = reap_part(work, orphans, baselines)
@@ -671,6 +706,7 @@ def main() -> None:
             except Exception as err:  # noqa: BLE001  cleanup goes on
                 note(f"dev down failed: {err}")
         shutil.rmtree(root, ignore_errors=True)
+        reap_own_children()
 
 
 if __name__ == "__main__":
