@@ -93,6 +93,7 @@ class SlurmSection:
 
 
 ROLES = ("worker", "controller", "accounting", "login")
+_DEFAULT_PORTS = {"worker": 9810, "controller": 9811, "accounting": 9812, "login": 9813}
 _SIGNALS = ("TERM", "INT", "QUIT", "HUP", "USR1", "USR2", "KILL")
 
 
@@ -128,7 +129,7 @@ class SupervisorSection:
 
     listen: str = _key("127.0.0.1", "address of the HTTP listener for /livez, /readyz, /metrics", "str",
                        pattern=r"^[0-9A-Za-z.:-]+$")
-    ports: dict = _key({"worker": 9810, "controller": 9811, "accounting": 9812, "login": 9813},
+    ports: dict = _key(_DEFAULT_PORTS,
                        "HTTP port of each role's agent (0: no listener); a role left out keeps its default",
                        "table", keys=ROLES, item={"kind": "int", "minimum": 0, "maximum": 65535})
     runtime_dir: str = _key("/run/slurm-ext", "notify sockets and boot markers", "path")
@@ -155,6 +156,10 @@ class SupervisorSection:
     leave_root_cgroup: bool = _key(True, "as PID 1 in a cgroup v2 container, move out of the root cgroup so "
                                    "slurmd can enable controllers", "bool")
     workers: dict = _key({}, "per-worker settings, [supervisor.workers.<name>]", "sections", section=WorkerSection)
+
+    def port(self, role: str) -> int:
+        """The HTTP port of `role`'s agent (a role missing from `ports` keeps its default)."""
+        return self.ports.get(role, _DEFAULT_PORTS[role])
 
 
 @dataclass(frozen=True, slots=True)

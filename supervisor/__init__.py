@@ -11,7 +11,7 @@ from __future__ import annotations
 import urllib.error
 import urllib.request
 
-from slurm_ext.config import Config, SupervisorSection
+from slurm_ext.config import Config
 
 from .agent import Agent
 
@@ -29,7 +29,7 @@ def probe(config: Config, kind: str, role: str = "worker", port: int | None = No
     """(ok, text) from the agent's /livez or /readyz."""
     settings = config.supervisor
     if port is None:
-        port = settings.ports.get(role, SupervisorSection().ports[role])
+        port = settings.port(role)
     url = f"http://{settings.listen}:{port}/{'livez' if kind == 'live' else 'readyz'}"
     try:
         with urllib.request.urlopen(url, timeout=timeout) as answer:

@@ -98,7 +98,6 @@ class Agent:
         self.workers: list[Worker] = []
         self.by_pid: dict[int, Worker] = {}
         self.orphans_reaped = 0
-        self.started_at = time.monotonic()
         self.heartbeat = time.monotonic()
         self._next_wake = self.heartbeat
         self.stopping = False
@@ -127,7 +126,10 @@ class Agent:
         """Adopt a (new) config: worker specs, restart settings."""
         self.config = config
         s = config.supervisor
-        specs = workers_for(self.role, s)
+        try:
+            specs = workers_for(self.role, s)
+        except ValueError as err:
+            raise ConfigError(config.source or "<defaults>", str(err)) from None
         if first:
             self.workers = [self._new_worker(spec) for spec in specs]
             return
@@ -197,8 +199,7 @@ class Agent:
             self._systemd = sdnotify.SystemdNotifier()
             usec = int(self.base_env.pop("WATCHDOG_USEC", "0") or 0)
             self._watchdog_every = usec / 2e6
-        port = self.port if self.port is not None else self.config.supervisor.ports.get(
-            self.role, config_mod.SupervisorSection().ports[self.role])
+        port = self.port if self.port is not None else self.config.supervisor.port(self.role)
         if port:
             from .http import serve
             self.http = serve(self, self.config.supervisor.listen, port)
