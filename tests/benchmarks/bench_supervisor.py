@@ -459,24 +459,7 @@ def reap_part(work: Path, orphans: int, baselines: Baselines) -> dict[str, Reap]
                                 done, work / "reap-ours.log", work, env)
 
     if baselines.supervisord:
-        sv = work / "supervisord-reap"
-        sv.mkdir(exist_ok=True)
-        conf = sv / "supervisord.conf"
-        conf.write_text(textwrap.dedent(f"""\
-            [supervisord]
-            nodaemon=true
-            logfile={sv}/supervisord.log
-            pidfile={sv}/supervisord.pid
-            childlogdir={sv}
-            [unix_http_server]
-            file={sv}/supervisord.sock
-            [program:burst]
-            command={' '.join(burst_argv)}
-            autorestart=false
-            startsecs=0
-            stdout_logfile={sv}/burst.out
-            redirect_stderr=true
-            """))
+        conf = supervisord_conf(work / "supervisord-reap", "burst", " ".join(burst_argv), "autorestart=false")
         results["supervisord"] = run_burst("supervisord", [baselines.supervisord, "-n", "-c", str(conf)],
                                            done, work / "reap-supervisord.log", work, env)
     if baselines.dumb_init:
@@ -488,26 +471,23 @@ def reap_part(work: Path, orphans: int, baselines: Baselines) -> dict[str, Reap]
 # -- supervisord running the cluster's slurmd -----------------------------------------------------
 
 
+def supervisord_conf(directory: Path, name: str, command: str, *options: str) -> Path:
+    """A supervisord.conf in `directory` (made) running one program `name`."""
+    directory.mkdir(exist_ok=True)
+    conf = directory / "supervisord.conf"
+    conf.write_text("\n".join([
+        "[supervisord]", "nodaemon=true", f"logfile={directory}/supervisord.log",
+        f"pidfile={directory}/supervisord.pid", f"childlogdir={directory}",
+        "[unix_http_server]", f"file={directory}/supervisord.sock",
+        f"[program:{name}]", f"command={command}", *options, "startsecs=0",
+        f"stdout_logfile={directory}/{name}.out", "redirect_stderr=true"]) + "\n")
+    return conf
+
+
 def start_supervisord(program: str, work: Path, settings: DevSection, env: dict[str, str]) -> subprocess.Popen:
     sv = work / "supervisord-slurmd"
-    sv.mkdir(exist_ok=True)
-    conf = sv / "supervisord.conf"
-    conf.write_text(textwrap.dedent(f"""\
-        [supervisord]
-        nodaemon=true
-        logfile={sv}/supervisord.log
-        pidfile={sv}/supervisord.pid
-        childlogdir={sv}
-        [unix_http_server]
-        file={sv}/supervisord.sock
-        [program:slurmd]
-        command=slurmd -D -N {settings.node_name}
-        autorestart=true
-        startsecs=0
-        stopwaitsecs=10
-        stdout_logfile={sv}/slurmd.out
-        redirect_stderr=true
-        """))
+    conf = supervisord_conf(sv, "slurmd", f"slurmd -D -N {settings.node_name}", "autorestart=true",
+                            "stopwaitsecs=10")
     out = open(sv / "supervisord.out", "ab")
     proc = subprocess.Popen([program, "-n", "-c", str(conf)], env=env, cwd=str(sv), stdin=subprocess.DEVNULL,
                             stdout=out, stderr=out, start_new_session=True)
