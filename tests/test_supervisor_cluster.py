@@ -38,11 +38,15 @@ def _wait(what: str, test, timeout: float = 15.0, interval: float = 0.02):
 
 def test_slurmd_killed_20_times_is_back_each_time_and_the_job_survives(running_cluster):
     cluster = running_cluster
-    release = cluster.layout.out / "release-the-job"
+    release, started = cluster.layout.out / "release-the-job", cluster.layout.out / "job-started"
     release.unlink(missing_ok=True)
-    job_id = cluster.sbatch(f"--wrap=while [ ! -e {release} ]; do sleep 0.2; done; echo survived")
+    started.unlink(missing_ok=True)
+    job_id = cluster.sbatch(f"--wrap=touch {started}; while [ ! -e {release} ]; do sleep 0.2; done; echo survived")
     slurm = cluster.client()
-    _wait("job running", lambda: any(j.job_id == job_id and j.state == "RUNNING" for j in slurm.jobs()))
+    # Not just RUNNING in squeue: slurmd must be done launching the batch step. A slurmd
+    # killed mid-launch loses the step (22.05: "[N.extern] error: Unable to send "ok" to
+    # slurmd") and the job then hangs in RUNNING: a launch race of Slurm's, not a survivor.
+    _wait("the job's script to start", started.exists)
     steps = _wait("the job's slurmstepd processes", lambda: {
         p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "slurmstepd"})
     last_kill = 0.0
