@@ -113,8 +113,12 @@ def cluster(cluster_settings) -> Cluster:
 
 @pytest.fixture
 def running_cluster(cluster) -> Cluster:
-    """The cluster, brought back up (idempotent) and idle before the test."""
+    """The cluster, brought back up (idempotent) and idle before the test: a job an
+    earlier test left behind is cancelled, so one failure does not fail the rest."""
     dev.up(cluster.settings)
+    leftovers = [str(job.job_id) for job in cluster.client().jobs() if not job.finished]
+    if leftovers:
+        cluster.run("scancel", *leftovers, check=False)
     cluster.wait_idle()
     return cluster
 
