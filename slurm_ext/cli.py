@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 from . import __version__, config
 from .errors import SlurmExtError
@@ -91,6 +93,29 @@ def _probe(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _scripts_validate(args: argparse.Namespace) -> int:
+    from .prolog_epilog import script_dirs, validate_dir
+    if args.dirs:
+        dirs = [Path(d) for d in args.dirs]
+        missing = [str(d) for d in dirs if not d.is_dir()]
+        if missing:
+            print(f"slurm-ext: error: no such directory: {', '.join(missing)}", file=sys.stderr)
+            return 2
+    else:
+        config_file = args.config or os.environ.get(config.ENV_VAR) or config.DEFAULT_PATH
+        dirs = [d for d in script_dirs(Path(config_file).parent) if d.is_dir()]
+    checked = errors = warnings = 0
+    for directory in dirs:
+        for path, problems in validate_dir(directory, shellcheck=not args.no_shellcheck).items():
+            checked += 1
+            for problem in problems:
+                print(problem)
+                errors += problem.severity == "error"
+                warnings += problem.severity == "warning"
+    print(f"{checked} scripts in {len(dirs)} directories: {errors} errors, {warnings} warnings")
+    return 1 if errors else 0
+
+
 def _print_status(state) -> None:
     print(f"dev cluster in {state.state_dir}")
     for daemon in state.daemons:
@@ -138,6 +163,18 @@ def _parser() -> argparse.ArgumentParser:
     prb.add_argument("--role", default="worker", choices=config.ROLES, help="whose agent (default: worker)")
     prb.add_argument("--port", type=int, help="the agent's HTTP port (default: supervisor.ports)")
     prb.set_defaults(func=_probe)
+
+    scripts = commands.add_parser("scripts", help="lifecycle scripts (node-boot, job-start, job-end)")
+    scripts_commands = scripts.add_subparsers(dest="action", metavar="ACTION", required=True)
+    validate = scripts_commands.add_parser(
+        "validate", help="check scripts before they run (exit 1 when one must not run)",
+        description="Each script must be a regular file owned by root, not writable by group or others, "
+                    "executable, with a shebang whose interpreter exists and clean syntax (bash -n, sh -n, "
+                    "Python's compiler); shellcheck's warnings are shown when it is installed.")
+    validate.add_argument("dirs", nargs="*", metavar="DIR",
+                          help="directories to check (default: <config dir>/<role>/<phase>.d)")
+    validate.add_argument("--no-shellcheck", action="store_true", help="skip shellcheck's warnings")
+    validate.set_defaults(func=_scripts_validate)
 
     dev = commands.add_parser(
         "dev", help="a local Slurm cluster on this host (root), for trying slurm-ext and for its tests",
