@@ -1,5 +1,6 @@
 """`slurm-ext dev ...`: the real local cluster from nothing, idempotent up, clean down."""
 
+import json
 import shutil
 import socket
 import subprocess
@@ -91,18 +92,28 @@ def test_sbatch_job_completes_and_reaches_sacct(running_cluster):
 
 
 def test_hooks_ran_for_the_job_through_the_entry_points(running_cluster):
-    job_id = running_cluster.sbatch("--wrap=true")
+    """The Prolog records the job (GPUs, cgroups) for the Epilog, which removes the record."""
+    started = running_cluster.layout.out / "record-job-started"
+    started.unlink(missing_ok=True)
+    job_id = running_cluster.sbatch("--gres=gpu:2", f"--wrap=touch {started}; sleep 3")
+    deadline = time.monotonic() + 30
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    record_file = running_cluster.layout.node_state / "jobs" / f"{job_id}.json"
+    record = json.loads(record_file.read_text())
+    assert (record["job_id"], record["uid"], record["user"]) == (job_id, 0, "root")
+    assert record["gpus"] == [0, 1] and record["node"] == running_cluster.node
+    assert any(f"slurm_{running_cluster.node}/uid_0/job_{job_id}" in c for c in record["cgroups"]), record
+    assert oct(record_file.stat().st_mode & 0o777) == "0o600"
     running_cluster.wait_accounted(job_id)
     log = running_cluster.layout.log / "slurm-ext.log"
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        text = log.read_text() if log.exists() else ""
-        if f"job {job_id} user root" in text and "epilog ran" in text.split(f"job {job_id} ", 2)[-1]:
-            break
-        time.sleep(0.2)
+    while record_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not record_file.exists(), "the Epilog left the job record behind"
     lines = [line for line in log.read_text().splitlines() if f"job {job_id} " in line]
-    assert any("prolog ran" in line for line in lines), lines
-    assert any("epilog ran" in line for line in lines), lines
+    assert any("prolog INFO" in line and "gpus 0,1: recorded" in line for line in lines), lines
+    assert any("epilog INFO" in line and "epilog done" in line for line in lines), lines
 
 
 def test_daemons_and_hooks_see_the_fake_gpus(running_cluster):

@@ -246,7 +246,8 @@ def test_pynvml_reads_configured_devices(fakenvml_lib: Path, spec_path: Path) ->
             "mig_mode": [n.nvmlDeviceGetMigMode(h), n.nvmlDeviceGetMigMode(h1)],
             "mig_max": n.nvmlDeviceGetMaxMigDeviceCount(h1),
             "mig_uuids": [n.nvmlDeviceGetUUID(m) for m in migs],
-            "mig_is_mig": [n.nvmlDeviceIsMigDeviceHandle(m).value for m in migs] + [n.nvmlDeviceIsMigDeviceHandle(h1).value],
+            "mig_is_mig": [n.nvmlDeviceIsMigDeviceHandle(m).value for m in migs]
+            + [n.nvmlDeviceIsMigDeviceHandle(h1).value],
             "mig_parent": n.nvmlDeviceGetUUID(n.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(migs[1])),
             "mig_mem": [n.nvmlDeviceGetMemoryInfo(m).total for m in migs],
             "ecc_mode": n.nvmlDeviceGetEccMode(h),
@@ -670,7 +671,8 @@ def test_unset_spec_variable_fails_init(fakenvml_lib: Path, spec_path: Path) -> 
     env = child_env(fakenvml_lib, spec_path)
     del env[fakenvml.SPEC_ENV]
     proc = subprocess.run(
-        [sys.executable, "-c", "import pynvml as n\ntry:\n n.nvmlInit()\nexcept n.NVMLError_Unknown:\n print('unknown')"],
+        [sys.executable, "-c",
+         "import pynvml as n\ntry:\n n.nvmlInit()\nexcept n.NVMLError_Unknown:\n print('unknown')"],
         env=env, capture_output=True, text=True, timeout=30,
     )
     assert proc.stdout.strip() == "unknown"
