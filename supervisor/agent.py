@@ -28,6 +28,7 @@ from pathlib import Path
 from slurm_ext import config as config_mod, events
 from slurm_ext.config import Config
 from slurm_ext.errors import ConfigError
+from slurm_ext.procfs import all_stats
 from slurm_ext.slurm import REASON_PREFIX, SlurmClient
 
 from . import pipeline
@@ -578,18 +579,7 @@ def session_members(session: int | None, proc: Path = Path("/proc")) -> list[int
     """Live processes whose session id is `session`."""
     if not session:
         return []
-    members = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_bytes()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(b")") + 2:].split()
-        if fields[0] not in (b"Z", b"X") and int(fields[3]) == session:
-            members.append(int(entry.name))
-    return members
+    return [s.pid for s in all_stats(proc) if s.session == session and s.state not in ("Z", "X")]
 
 
 def _signal(pid: int, signum: int) -> None:

@@ -14,6 +14,8 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slurm_ext.procfs import read_stat
+
 __all__ = ["NotifyMessage", "NotifySocket", "parse", "is_descendant"]
 
 _MAX_DATAGRAM = 4096
@@ -65,17 +67,14 @@ def parse(data: bytes, sender: int) -> NotifyMessage:
 
 def is_descendant(pid: int, ancestor: int, proc: Path = Path("/proc")) -> bool:
     """Whether `pid` is `ancestor` or one of its descendants (walks PPid links)."""
-    seen = 0
-    while pid > 1 and seen < 4096:
+    for _ in range(4096):
         if pid == ancestor:
             return True
-        try:
-            stat = (proc / str(pid) / "stat").read_bytes()
-        except OSError:
+        stat = read_stat(pid, proc) if pid > 1 else None
+        if stat is None:
             return False
-        pid = int(stat[stat.rindex(b")") + 2:].split()[1])
-        seen += 1
-    return pid == ancestor
+        pid = stat.ppid
+    return False
 
 
 class NotifySocket:

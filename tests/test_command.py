@@ -5,7 +5,7 @@ import time
 import pytest
 
 from slurm_ext import command
-from slurm_ext.dev.daemons import pid_alive
+from slurm_ext.procfs import pid_alive
 from slurm_ext.errors import CommandError, CommandTimeout
 
 

@@ -15,6 +15,7 @@ from conftest import cli, cli_as_nobody
 from slurm_ext import dev
 from slurm_ext.dev import daemons, deps
 from slurm_ext.errors import DevClusterError
+from slurm_ext.procfs import pid_alive
 
 
 def _tree_mtimes(root: Path) -> dict[str, int]:
@@ -74,7 +75,7 @@ def test_up_from_nothing_is_idempotent_and_down_leaves_nothing(cluster):
 
     stopped = dev.down(settings)
     assert set(pids.values()) <= set(stopped)
-    alive = [p for p in sorted(everything | job_pids) if daemons.pid_alive(p)]
+    alive = [p for p in sorted(everything | job_pids) if pid_alive(p)]
     assert not alive, f"still alive after down: {alive}"
     assert dev.job_cgroups(cluster.node) == [], "down left the node's job cgroups behind"
     after = dev.status(settings)

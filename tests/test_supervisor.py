@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from slurm_ext import config
-from slurm_ext.dev.daemons import pid_alive
+from slurm_ext.procfs import all_stats, pid_alive
 from slurm_ext.supervisor.agent import session_members
 from slurm_ext.supervisor.notify import is_descendant, parse
 from slurm_ext.supervisor.restart import CrashWindow, backoff_delay, should_restart
@@ -309,16 +309,7 @@ ORPHANS = textwrap.dedent("""\
 
 
 def _zombies_of(parent: int) -> int:
-    count = 0
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_bytes().rsplit(b")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] == b"Z" and int(fields[1]) == parent:
-                count += 1
-    return count
+    return sum(1 for stat in all_stats() if stat.state == "Z" and stat.ppid == parent)
 
 
 @pytest.mark.parametrize("mode", ["subreaper", "pid1"])

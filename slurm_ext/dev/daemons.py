@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DevClusterError
+from ..procfs import comm, pid_alive
 
-__all__ = ["Daemon", "pid_alive", "running_pid", "start", "stop", "check_port_free", "wait_for"]
+__all__ = ["Daemon", "running_pid", "start", "stop", "check_port_free", "wait_for"]
 
 log = logging.getLogger("dev")
 
@@ -37,31 +38,13 @@ class Daemon:
     ports: tuple[int, ...] = ()
 
 
-def pid_alive(pid: int) -> bool:
-    """True while `pid` runs; a zombie (exited, not yet reaped) counts as gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    # the state letter follows the ')' that closes the command name
-    return stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3] not in (b"Z", b"X")
-
-
-def _comm(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return None
-
-
 def running_pid(daemon: Daemon) -> int | None:
     """The daemon's PID from its pidfile, if that PID is alive and is the daemon."""
     try:
         pid = int(daemon.pidfile.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
-    if pid_alive(pid) and _comm(pid) in daemon.comms:
+    if pid_alive(pid) and comm(pid) in daemon.comms:
         return pid
     return None
 
@@ -107,15 +90,16 @@ def _tail(logfile: Path, lines: int = 5) -> str:
 def start(daemon: Daemon, env: dict[str, str], timeout: float) -> int:
     """Start `daemon` unless it already runs; return its PID.
 
+    The caller checks its ports first (`check_port_free`), for every daemon it
+    is about to start, so that a taken port fails before anything starts.
+
     Raises:
-        DevClusterError: a port is taken, or the daemon did not come up
-            (the message quotes the end of its log).
+        DevClusterError: the daemon did not come up (the message quotes the
+            end of its log).
     """
     pid = running_pid(daemon)
     if pid:
         return pid
-    for port in daemon.ports:
-        check_port_free(port, daemon.name)
     daemon.pidfile.unlink(missing_ok=True)
     log.info("starting %s", daemon.name)
     with open(daemon.logfile, "ab") as out:

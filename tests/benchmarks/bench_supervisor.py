@@ -53,6 +53,7 @@ from slurm_ext.config import DevSection
 from slurm_ext.dev import daemons
 from slurm_ext.dev.cluster import cluster_daemons
 from slurm_ext.dev.layout import Layout
+from slurm_ext.procfs import all_stats, comm, pid_alive, read_stat
 
 #: the bench cluster: its own names and ports, apart from the test cluster and `dev up`
 BENCH_CLUSTER = dict(
@@ -116,34 +117,10 @@ def children(pid: int) -> list[int]:
     return kids
 
 
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(state letter, ppid) of `pid`, or None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    fields = data[data.rindex(b")") + 2:].split()
-    return fields[0].decode(), int(fields[1])
-
-
-def comm(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return None
-
-
-def alive(pid: int) -> bool:
-    state = _stat(pid)
-    return state is not None and state[0] not in ("Z", "X")
-
-
 def slurmd_child(supervisor: int, not_pid: int | None = None) -> int | None:
     """The live slurmd that is a child of `supervisor`, other than `not_pid`."""
     for kid in children(supervisor):
-        if kid != not_pid and comm(kid) == "slurmd" and alive(kid):
+        if kid != not_pid and comm(kid) == "slurmd" and pid_alive(kid):
             return kid
     return None
 
@@ -164,18 +141,12 @@ def find_slurmd(supervisor: int) -> int | None:
 
 def zombie_children(pid: int) -> int:
     """Zombies whose parent is `pid`: its children list, each child's state."""
-    return sum(1 for kid in children(pid) if (_stat(kid) or ("", 0))[0] == "Z")
+    return sum(1 for kid in children(pid) if getattr(read_stat(kid), "state", "") == "Z")
 
 
 def zombies_by_scan(pid: int) -> int:
     """The same count by a scan of /proc/*/stat (state Z, ppid == pid)."""
-    count = 0
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            state = _stat(int(name))
-            if state and state[0] == "Z" and state[1] == pid:
-                count += 1
-    return count
+    return sum(1 for stat in all_stats() if stat.state == "Z" and stat.ppid == pid)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -223,11 +194,11 @@ def stop_pid(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float =
 def kill_leftovers(pids: set[int], name: str) -> None:
     """SIGKILL the processes of ours in `pids` that still run as `name`, and wait for them."""
     for pid in pids:
-        if alive(pid) and comm(pid) == name:
+        if pid_alive(pid) and comm(pid) == name:
             note(f"{name} pid {pid} outlived its supervisor: SIGKILL")
             os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while any(alive(p) and comm(p) == name for p in pids) and time.monotonic() < deadline:
+    while any(pid_alive(p) and comm(p) == name for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
 
 
@@ -410,7 +381,7 @@ def run_burst(label: str, argv: list[str], done: Path, log: Path, cwd: Path, env
                     return Reap(peak, max(0.0, now - burst_end), burst)
                 if now - burst_end > REAP_CAP:
                     return Reap(peak, None, burst)
-            elif now - start > 600 or not alive(pid1):
+            elif now - start > 600 or not pid_alive(pid1):
                 return Reap(peak, None, burst, f"the burst did not finish; see {log}")
             time.sleep(SAMPLE)
     finally:
