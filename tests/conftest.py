@@ -69,9 +69,7 @@ class Cluster:
         return path
 
     def client(self, timeout: float = 10.0, json: str = "auto") -> SlurmClient:
-        from slurm_ext.config import SlurmSection
-        return SlurmClient(SlurmSection(conf=str(self.layout.slurm_conf), timeout=timeout, json=json),
-                           environ=self.env)
+        return dev.client(self.settings, timeout, json)
 
     def run(self, *cmd: str, timeout: float = 30.0, check: bool = True) -> command.CommandResult:
         return command.run(list(cmd), timeout, env=self.env, check=check)

@@ -63,10 +63,10 @@ class DemoResult:
     output: str
 
 
-def client(settings: DevSection, timeout: float = 10.0) -> SlurmClient:
-    """A Slurm client pointed at the dev cluster."""
+def client(settings: DevSection, timeout: float = 10.0, json: str = "auto") -> SlurmClient:
+    """A Slurm client pointed at the dev cluster (`json` as slurm.json: auto, always, never)."""
     layout = Layout(settings)
-    return SlurmClient(SlurmSection(conf=str(layout.slurm_conf), timeout=timeout),
+    return SlurmClient(SlurmSection(conf=str(layout.slurm_conf), timeout=timeout, json=json),
                        environ=layout.daemon_environ())
 
 
