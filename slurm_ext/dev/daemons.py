@@ -138,7 +138,17 @@ def stop(daemon: Daemon, grace: float = 10.0) -> int | None:
         _signal(pid, signal.SIGKILL)
         wait_for(f"{daemon.name} (pid {pid}) to exit after SIGKILL", lambda: not pid_alive(pid), 10.0)
     daemon.pidfile.unlink(missing_ok=True)
+    _reap_if_ours(pid)
     return pid
+
+
+def _reap_if_ours(pid: int) -> None:
+    """A daemon that does not fork (mariadbd, the agents) is our child when this
+    process started it: reap it, or it stays a zombie until we exit."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
 
 
 def _signal(pid: int, sig: int) -> None:
