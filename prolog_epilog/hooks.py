@@ -1,56 +1,232 @@
-"""slurm-ext-prolog and slurm-ext-epilog.
+"""What the Prolog and the Epilog do, wherever they run.
 
-The Prolog records the job (see jobrecord); the Epilog reads that record and
-removes it. Job cleanup, GPU checks and lifecycle scripts are built on this
-by the job-cleanup issue. A non-zero exit would make slurmd drain the node
-("Prolog error") and requeue-hold the job, so a hook that cannot do its own
-bookkeeping reports it (log line and node event) and still exits 0: a
-missing record costs the Epilog precision, never a job.
+The same two functions run inside the hook service (`slurm-ext hooks serve`,
+warm: imports done, NVML initialised, script verdicts cached) when the thin
+`slurm-ext-hook` client hands it a job, and inside the Python hooks
+(`slurm-ext-prolog`, `slurm-ext-epilog`) when no service answers.
+
+Prolog: record the job (the Epilog needs its uid, GPUs and cgroups when the
+job is gone), refuse GPUs that a process already holds, run job-start
+scripts. Epilog: kill what is left of the job, free its IPC, check its GPUs
+are released, run job-end scripts, forget the job.
+
+Exit codes are chosen with care: a non-zero exit makes slurmd drain the node
+with a bare "Prolog error"/"Epilog error" (and requeue-hold a starting job).
+So faults slurm-ext finds itself drain the node with an owned reason that
+says what and where (`slurm-ext: gpu 1 memory held after job 42`), and the
+exit is non-zero only where the job must not start (a held GPU, a failed
+job-start script under the drain policy). A hook that cannot do its own
+bookkeeping reports it and still exits 0: a missing record costs the Epilog
+precision, never a job.
 """
 
+from __future__ import annotations
+
+import logging
 import os
 import sys
 import time
+from dataclasses import dataclass
 
-from slurm_ext import config, events, log
-from slurm_ext.errors import ConfigError
+from slurm_ext import config as config_mod, events, log
+from slurm_ext.config import Config
+from slurm_ext.errors import ConfigError, SlurmExtError
+from slurm_ext.slurm import SlurmClient
 
-from . import jobrecord
+from . import gpus, jobrecord, procs
+from .ipc import clean_ipc
+from .scripts import run_scripts
+from .validate import VerdictCache
+
+__all__ = ["Verdict", "prolog", "epilog", "handle", "prolog_main", "epilog_main"]
+
+logger = logging.getLogger("prolog_epilog")
+_COMPONENT = "prolog_epilog"
+#: verdicts of admin scripts, kept for the life of the process (the hook service lives long)
+_CACHE = VerdictCache()
 
 
-def prolog_main() -> int:
-    return _run("prolog")
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    #: what the hook exits with: slurmd drains the node on non-zero
+    exit_code: int
+    #: one line for slurmd's log and the hook's stderr
+    message: str
 
 
-def epilog_main() -> int:
-    return _run("epilog")
+def handle(phase: str, env: dict[str, str], config: Config, protect: tuple[int, ...] = ()) -> Verdict:
+    """Run the Prolog or Epilog for the job in `env`; never raises.
 
-
-def _run(phase: str) -> int:
-    try:
-        settings = config.load()
-    except ConfigError as err:
-        print(f"slurm-ext-{phase}: {err}; using defaults", file=sys.stderr)
-        settings = config.Config()
-    logger = log.setup(settings.log, phase)
-    env = dict(os.environ)
-    state_dir = settings.node.state_dir
+    `protect`: pids the Epilog must never kill besides itself and its
+    ancestors (the waiting hook client and its parents).
+    """
     job = env.get("SLURM_JOB_ID", "?")
     try:
         if phase == "prolog":
-            record = jobrecord.from_environ(env)
-            jobrecord.write(record, state_dir)
-            logger.info("job %s user %s (uid %d) gpus %s: recorded", job, record.user, record.uid,
-                        ",".join(map(str, record.gpus)) or "none")
-        else:
-            record = jobrecord.read(int(job) if job.isdigit() else -1, state_dir)
-            if record is None:
-                logger.warning("job %s: no record from its Prolog in %s/jobs", job, state_dir)
-            else:
-                logger.info("job %s user %s (uid %d): ran %.1fs; epilog done", job, record.user, record.uid,
-                            max(0.0, time.time() - record.start))
-                jobrecord.remove(record.job_id, state_dir)
-    except (jobrecord.JobEnvironmentError, OSError) as err:
-        events.emit(state_dir, "prolog_epilog", f"{phase}-failed", f"job {job}: {phase}: {err}", "error",
-                    job=job)
-    return 0
+            return prolog(env, config)
+        if phase == "epilog":
+            return epilog(env, config, protect)
+        return Verdict(1, f"unknown phase {phase!r}: expected prolog or epilog")
+    except (SlurmExtError, OSError) as err:
+        _emit(config, f"{phase}-failed", f"job {job}: {phase}: {err}", "error", job=job)
+        return Verdict(0, f"job {job}: {phase} failed: {err}")
+    except Exception as err:  # a bug here must not drain every node of the cluster
+        logger.exception("job %s: %s", job, phase)
+        _emit(config, f"{phase}-failed", f"job {job}: {phase}: internal error: {err!r}", "error", job=job)
+        return Verdict(0, f"job {job}: {phase}: internal error: {err!r}")
+
+
+def prolog(env: dict[str, str], config: Config) -> Verdict:
+    record = jobrecord.from_environ(env)
+    jobrecord.write(record, config.node.state_dir)
+    if record.gpus:
+        try:
+            foreign = gpus.foreign_processes(record.gpus)
+        except gpus.GpuCheckError as err:
+            _emit(config, "gpu-check-failed", f"job {record.job_id}: cannot check its GPUs before it starts: {err}",
+                  "error", job=record.job_id)
+            foreign = []
+        if foreign:
+            held = sorted({p.gpu for p in foreign})
+            pids = ", ".join(f"pid {p.pid} on gpu {p.gpu}" for p in foreign)
+            _drain(config, record, f"gpu {','.join(map(str, held))} held by another process before job "
+                   f"{record.job_id} ({pids})")
+            return Verdict(1, f"job {record.job_id}: gpu {','.join(map(str, held))} already in use ({pids}); "
+                           "node drained, Slurm requeues the job")
+    outcome = run_scripts("job-start", config, env=env, cache=_CACHE)
+    if outcome.exit_code:
+        return Verdict(outcome.exit_code, f"job {record.job_id}: job-start scripts failed (policy drain)")
+    return Verdict(0, "")
+
+
+def epilog(env: dict[str, str], config: Config, protect: tuple[int, ...] = ()) -> Verdict:
+    settings = config.prolog_epilog
+    state_dir = config.node.state_dir
+    job_id = jobrecord.job_id_of(env)
+    record = jobrecord.read(job_id, state_dir)
+    if record is None:
+        # The Epilog's environment has the same fields; the start becomes now, which keeps IPC
+        # objects of a user with other jobs rather than guess which are this job's.
+        record = jobrecord.from_environ(env)
+        _emit(config, "record-missing", f"job {job_id}: no record from its Prolog in {state_dir}/jobs; cleaning "
+              "up from the Epilog's environment", "warning", job=job_id)
+    others = jobrecord.other_jobs(record, state_dir, since=_boot_time())
+    exclusive = not others and record.uid >= settings.min_uid
+    protected = procs.protected_pids(protect)
+    cleanup = procs.kill_job(record, sweep_uid=exclusive, protected=protected, timeout=settings.kill_timeout)
+    reasons = [f"job {job_id} left pid {p.pid} ({p.comm}) unkillable in state {state}"
+               for p, state in cleanup.survivors]
+    ipc = clean_ipc(record.uid, exclusive=exclusive, since=record.start) if record.uid else None
+    reasons += _release_gpus(config, record, cleanup, protected)
+    _report(config, record, cleanup, ipc, others)
+    for reason in reasons:
+        _drain(config, record, reason)
+    outcome = run_scripts("job-end", config, env=env, cache=_CACHE)
+    jobrecord.remove(job_id, state_dir)
+    if outcome.exit_code:
+        return Verdict(outcome.exit_code, f"job {job_id}: job-end scripts failed (policy drain)")
+    return Verdict(0, "; ".join(reasons))
+
+
+def _release_gpus(config: Config, record: jobrecord.JobRecord, cleanup: procs.Cleanup,
+                  protected: frozenset[int]) -> list[str]:
+    """Drain reasons for the job's GPUs that are still held once its processes are gone."""
+    if not record.gpus:
+        return []
+    found = {p.pid: p for p in cleanup.found}
+
+    def is_job_process(pid: int) -> bool:
+        process = found.get(pid) or procs.gpu_process_of(record, pid, protected)
+        if process is not None:
+            found[pid] = process
+        return process is not None
+
+    try:
+        held = gpus.release_gpus(record.gpus, is_job_process, lambda pid: procs.kill_process(found[pid]),
+                                 threshold_mib=config.prolog_epilog.gpu_memory_threshold)
+    except gpus.GpuCheckError as err:
+        _emit(config, "gpu-check-failed", f"job {record.job_id}: cannot check its GPUs are released: {err}",
+              "error", job=record.job_id)
+        return []
+    reasons = []
+    for usage in held:
+        users = ", ".join(f"pid {p.pid}" for p in usage.processes) or "no process"
+        _emit(config, "gpu-held", f"job {record.job_id}: gpu {usage.gpu} ({usage.uuid}) still holds "
+              f"{usage.used_mib} MiB ({users}) after the job's processes are gone (expected at most "
+              f"{config.prolog_epilog.gpu_memory_threshold} MiB and no process)", "error",
+              job=record.job_id, gpu=usage.gpu, uuid=usage.uuid)
+        reasons.append(f"gpu {usage.gpu} memory held after job {record.job_id}")
+    return reasons
+
+
+def _report(config: Config, record: jobrecord.JobRecord, cleanup: procs.Cleanup, ipc, others: list[int]) -> None:
+    """One journal event when the Epilog found something to clean, a debug line when not."""
+    removed = ipc.removed if ipc else ()
+    if not cleanup.found and not removed and not cleanup.survivors:
+        logger.debug("job %s: nothing left behind (%.0f ms)", record.job_id, cleanup.seconds * 1000)
+        return
+    ties: dict[str, int] = {}
+    for process in cleanup.found:
+        ties[process.tie] = ties.get(process.tie, 0) + 1
+    how = ", ".join(f"{n} by {tie}" for tie, n in sorted(ties.items()))
+    text = (f"job {record.job_id} (user {record.user}): killed {len(cleanup.found)} leftover process(es)"
+            f"{f' ({how})' if how else ''} in {cleanup.seconds * 1000:.0f} ms; removed {len(removed)} IPC "
+            f"object(s)" + (f"; user has other job(s) {','.join(map(str, others))}: only what no process holds"
+                            if others else ""))
+    severity = "error" if cleanup.survivors else "warning"
+    _emit(config, "leftovers-cleaned", text, severity, job=record.job_id, uid=record.uid,
+          processes=[str(p) for p in cleanup.found][:50], ipc_removed=list(removed)[:50],
+          ipc_kept=list(ipc.kept)[:50] if ipc else [], survivors=[f"{p} state {s}" for p, s in cleanup.survivors])
+
+
+def _drain(config: Config, record: jobrecord.JobRecord, reason: str) -> None:
+    node = record.node or config.node.name or os.uname().nodename.split(".")[0]
+    _emit(config, "drain", f"node {node}: {reason}", "error", job=record.job_id, node=node)
+    try:
+        SlurmClient(config.slurm).drain(node, reason)
+    except SlurmExtError as err:
+        _emit(config, "drain-failed", f"node {node}: could not drain ({reason}): {err}", "error",
+              job=record.job_id, node=node)
+
+
+def _emit(config: Config, event: str, message: str, severity: str = "info", **fields) -> None:
+    events.emit(config.node.state_dir, _COMPONENT, event, message, severity, **fields)
+
+
+def _boot_time(proc_stat: str = "/proc/stat") -> float:
+    """Seconds since the epoch when this kernel booted: job records older than that are stale."""
+    try:
+        with open(proc_stat) as f:
+            for line in f:
+                if line.startswith("btime "):
+                    return float(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0.0
+
+
+# -- the Python hooks (used when no hook service answers) ----------------------------
+
+
+def prolog_main() -> int:
+    return _main("prolog")
+
+
+def epilog_main() -> int:
+    return _main("epilog")
+
+
+def _main(phase: str) -> int:
+    try:
+        config = config_mod.load()
+    except ConfigError as err:
+        print(f"slurm-ext-{phase}: {err}; using defaults", file=sys.stderr)
+        config = Config()
+    log.setup(config.log, phase)
+    started = time.monotonic()
+    verdict = handle(phase, dict(os.environ), config)
+    logger.debug("job %s: %s done in %.0f ms without the hook service", os.environ.get("SLURM_JOB_ID", "?"),
+                 phase, (time.monotonic() - started) * 1000)
+    if verdict.message:
+        print(f"slurm-ext-{phase}: {verdict.message}", file=sys.stderr)
+    return verdict.exit_code

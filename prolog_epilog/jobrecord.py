@@ -18,7 +18,8 @@ from pathlib import Path
 
 from slurm_ext.errors import SlurmExtError
 
-__all__ = ["JobRecord", "JobEnvironmentError", "from_environ", "write", "read", "remove", "cgroup_paths"]
+__all__ = ["JobRecord", "JobEnvironmentError", "from_environ", "job_id_of", "write", "read", "remove", "other_jobs",
+           "cgroup_paths"]
 
 
 class JobEnvironmentError(SlurmExtError):
@@ -58,6 +59,15 @@ def from_environ(env: dict[str, str], cgroup_root: Path = Path("/sys/fs/cgroup")
     return JobRecord(job_id=job_id, uid=uid, gid=gid, user=env.get("SLURM_JOB_USER", str(uid)), node=node,
                      gpus=gpus, start=time.time() if now is None else now,
                      cgroups=tuple(str(p) for p in cgroup_paths(job_id, uid, node, cgroup_root)))
+
+
+def job_id_of(env: dict[str, str]) -> int:
+    """SLURM_JOB_ID of a hook's environment.
+
+    Raises:
+        JobEnvironmentError: missing or not a number.
+    """
+    return _integer(env, "SLURM_JOB_ID")
 
 
 def _integer(env: dict[str, str], name: str) -> int:
@@ -123,3 +133,19 @@ def read(job_id: int, state_dir: str) -> JobRecord | None:
 
 def remove(job_id: int, state_dir: str) -> None:
     _path(state_dir, job_id).unlink(missing_ok=True)
+
+
+def other_jobs(record: JobRecord, state_dir: str, since: float = 0.0) -> list[int]:
+    """Ids of the other jobs of the same user on this node, by their records.
+
+    Records older than `since` (the kernel's boot) are left by jobs that a
+    reboot ended before their Epilog: they do not count.
+    """
+    found = []
+    for path in (Path(state_dir) / "jobs").glob("*.json"):
+        if not path.stem.isdigit() or int(path.stem) == record.job_id:
+            continue
+        other = read(int(path.stem), state_dir)
+        if other is not None and other.uid == record.uid and other.start >= since:
+            found.append(other.job_id)
+    return sorted(found)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -36,6 +35,8 @@ def _dev_settings(args: argparse.Namespace) -> config.DevSection:
     settings = config.load(args.config).dev
     if getattr(args, "state_dir", None):
         settings = replace(settings, state_dir=args.state_dir)
+    if getattr(args, "proctrack", None):
+        settings = replace(settings, proctrack=args.proctrack)
     return settings
 
 
@@ -102,8 +103,8 @@ def _scripts_validate(args: argparse.Namespace) -> int:
             print(f"slurm-ext: error: no such directory: {', '.join(missing)}", file=sys.stderr)
             return 2
     else:
-        config_file = args.config or os.environ.get(config.ENV_VAR) or config.DEFAULT_PATH
-        dirs = [d for d in script_dirs(Path(config_file).parent) if d.is_dir()]
+        from .prolog_epilog import scripts_dir
+        dirs = [d for d in script_dirs(scripts_dir(config.load(args.config))) if d.is_dir()]
     checked = errors = warnings = 0
     for directory in dirs:
         for path, problems in validate_dir(directory, shellcheck=not args.no_shellcheck).items():
@@ -114,6 +115,22 @@ def _scripts_validate(args: argparse.Namespace) -> int:
                 warnings += problem.severity == "warning"
     print(f"{checked} scripts in {len(dirs)} directories: {errors} errors, {warnings} warnings")
     return 1 if errors else 0
+
+
+def _hooks_serve(args: argparse.Namespace) -> int:
+    from .prolog_epilog import serve
+    return serve(args.config)
+
+
+def _hooks_build(args: argparse.Namespace) -> int:
+    from .prolog_epilog import build_hook, socket_path
+    loaded = config.load(args.config)
+    fallbacks = [str(Path(sys.executable).parent / f"slurm-ext-{phase}") for phase in ("prolog", "epilog")]
+    output = build_hook(Path(args.output), str(socket_path(loaded)), *fallbacks)
+    print(f"built {output}: it hands each job to the hook service at {socket_path(loaded)}, else runs "
+          f"{fallbacks[0]} / {fallbacks[1]}")
+    print(f"slurm.conf:\n  Prolog={output}\n  Epilog={output}\n  PrologFlags=Alloc,Contain")
+    return 0
 
 
 def _print_status(state) -> None:
@@ -176,6 +193,20 @@ def _parser() -> argparse.ArgumentParser:
     validate.add_argument("--no-shellcheck", action="store_true", help="skip shellcheck's warnings")
     validate.set_defaults(func=_scripts_validate)
 
+    hooks = commands.add_parser(
+        "hooks", help="the Prolog/Epilog client and the hook service that does their work",
+        description="slurmd runs slurm-ext-hook (a small C program) as Prolog= and Epilog=; it hands each job "
+                    "to the hook service, which the worker role's agent runs, and falls back to "
+                    "slurm-ext-prolog / slurm-ext-epilog when no service answers.")
+    hooks_commands = hooks.add_subparsers(dest="action", metavar="ACTION", required=True)
+    serve = hooks_commands.add_parser("serve", help="answer hook clients on <supervisor.runtime_dir>/hooks.sock "
+                                      "(run by the worker agent)")
+    serve.set_defaults(func=_hooks_serve)
+    build = hooks_commands.add_parser("build", help="compile slurm-ext-hook for this node's config (needs cc)")
+    build.add_argument("--output", default="/usr/local/libexec/slurm-ext/slurm-ext-hook", metavar="PATH",
+                       help="where to put it (default: %(default)s)")
+    build.set_defaults(func=_hooks_build)
+
     dev = commands.add_parser(
         "dev", help="a local Slurm cluster on this host (root), for trying slurm-ext and for its tests",
         description="Real munge, MariaDB, slurmdbd, slurmctld and slurmd on 127.0.0.1 with fake GPUs, "
@@ -191,6 +222,10 @@ def _parser() -> argparse.ArgumentParser:
         sub = dev_commands.add_parser(name, help=text, description=text)
         if name != "install-deps":
             sub.add_argument("--state-dir", metavar="DIR", help="override [dev] state_dir")
+        if name == "up":
+            sub.add_argument("--proctrack", choices=("cgroup", "linuxproc"),
+                             help="Slurm's ProctrackType (override [dev] proctrack; default cgroup); linuxproc "
+                                  "shows the Epilog's cleanup where Slurm cannot track jobs by cgroup, as in pods")
         sub.set_defaults(func=func)
     return parser
 

@@ -162,6 +162,37 @@ class SupervisorSection:
         return self.ports.get(role, _DEFAULT_PORTS[role])
 
 
+_HOOK_PHASES = ("job-start", "job-end")
+
+
+@dataclass(frozen=True, slots=True)
+class PrologEpilogSection:
+    """The Prolog and Epilog: job cleanup, GPU release checks, lifecycle scripts."""
+
+    scripts_dir: str = _key("", "holds <role>/<phase>.d/ lifecycle script directories (node-boot.d, job-start.d, "
+                            "job-end.d); empty means the config file's directory", "path", empty_ok=True)
+    script_timeout: float = _key(60.0, "longest run of one lifecycle script or user hook; then its process group "
+                                 "is killed and it counts as failed", "duration", minimum=0.1, maximum=86400.0)
+    script_timeouts: dict = _key({}, "per-script timeout by file name, e.g. { \"10-mounts\" = \"5m\" }",
+                                 "table", item={"kind": "duration", "minimum": 0.1, "maximum": 86400.0})
+    on_failure: dict = _key({"job-start": "drain", "job-end": "ignore"},
+                            "per phase: drain (non-zero exit to Slurm, which drains the node and requeues a "
+                            "starting job) or ignore (event only); a phase left out keeps its default",
+                            "table", keys=_HOOK_PHASES, item={"kind": "choice", "choices": ("drain", "ignore")})
+    allow_user_hooks: bool = _key(False, "run the job user's ~/.config/slurm-ext/{job-start,job-end}/ executables, "
+                                  "as that user", "bool")
+    min_uid: int = _key(1000, "the Epilog kills every process of a job's user who has no other job on the node "
+                        "only when the uid is at least this (never root)", "int", minimum=1, maximum=2**32 - 2)
+    kill_timeout: float = _key(10.0, "longest wait for killed job processes to be gone; one still there (state D) "
+                               "drains the node", "duration", minimum=0.1, maximum=600.0)
+    gpu_memory_threshold: int = _key(1024, "MiB of memory a GPU may still show in use after its job's processes "
+                                     "are gone before the node is drained", "int", minimum=0, maximum=10**7)
+
+    def failure_policy(self, phase: str) -> str:
+        """drain or ignore: what a failed `phase` script does (a phase left out keeps its default)."""
+        return self.on_failure.get(phase, {"job-start": "drain"}.get(phase, "ignore"))
+
+
 @dataclass(frozen=True, slots=True)
 class DevSection:
     """The local development cluster (`slurm-ext dev ...`): one host, loopback only."""
@@ -182,6 +213,9 @@ class DevSection:
                                   minimum=1, maximum=65535)
     mariadb_port: int = _key(3307, "MariaDB's TCP port on 127.0.0.1 (not 3306: leaves a system MariaDB alone)",
                              "int", minimum=1, maximum=65535)
+    proctrack: str = _key("cgroup", "Slurm's ProctrackType: cgroup, or linuxproc to watch the Epilog clean up "
+                          "where Slurm's own cgroup tracking is unavailable (as in pods)", "choice",
+                          choices=("cgroup", "linuxproc"))
     up_timeout: float = _key(60.0, "longest wait in `dev up` for each daemon and for the node to be idle",
                              "duration", minimum=1.0, maximum=3600.0)
 
@@ -194,6 +228,7 @@ class Config:
     log: LogSection = field(default_factory=LogSection)
     slurm: SlurmSection = field(default_factory=SlurmSection)
     supervisor: SupervisorSection = field(default_factory=SupervisorSection)
+    prolog_epilog: PrologEpilogSection = field(default_factory=PrologEpilogSection)
     dev: DevSection = field(default_factory=DevSection)
     #: the file it was read from; None when every value is a default
     source: str | None = None

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["ProcStat", "read_stat", "pid_alive", "comm", "all_stats"]
+__all__ = ["ProcStat", "read_stat", "pid_alive", "comm", "all_stats", "real_uid", "pids"]
 
 PROC = Path("/proc")
 
@@ -24,17 +24,26 @@ class ProcStat:
     state: str
     ppid: int
     session: int
+    #: process group id
+    pgrp: int
+    #: clock ticks after boot when it started: (pid, starttime) names one process even across pid reuse
+    starttime: int
+    #: the name the kernel keeps (cut at 15 characters)
+    comm: str
 
 
 def read_stat(pid: int, proc: Path = PROC) -> ProcStat | None:
     """The process's stat fields, or None when it is gone (or unreadable)."""
     try:
-        data = (proc / str(pid) / "stat").read_bytes()
+        with open(f"{os.fspath(proc)}/{pid}/stat", "rb") as f:  # not pathlib: scans call this per process
+            data = f.read()
     except OSError:
         return None
     # the command name in parentheses may itself hold spaces and ')'
-    fields = data[data.rindex(b")") + 2:].split()
-    return ProcStat(pid, fields[0].decode(), int(fields[1]), int(fields[3]))
+    end = data.rindex(b")")
+    fields = data[end + 2:].split()
+    return ProcStat(pid, fields[0].decode(), int(fields[1]), int(fields[3]), int(fields[2]), int(fields[19]),
+                    data[data.index(b"(") + 1:end].decode(errors="replace"))
 
 
 def pid_alive(pid: int, proc: Path = PROC) -> bool:
@@ -51,10 +60,37 @@ def comm(pid: int, proc: Path = PROC) -> str | None:
         return None
 
 
+def real_uid(pid: int, proc: Path = PROC) -> int | None:
+    """The process's real uid, or None when it is gone.
+
+    /proc/PID's owner is the effective uid, and root for a non-dumpable
+    process; so a root-owned entry is checked in status, the slower read.
+    """
+    base = f"{os.fspath(proc)}/{pid}"
+    try:
+        owner = os.stat(base).st_uid
+    except OSError:
+        return None
+    if owner != 0:
+        return owner
+    try:
+        with open(f"{base}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def pids(proc: Path = PROC) -> list[int]:
+    """Every process id in /proc now."""
+    return [int(name) for name in os.listdir(proc) if name.isdigit()]
+
+
 def all_stats(proc: Path = PROC) -> Iterator[ProcStat]:
     """Every process that can be read now."""
-    for name in os.listdir(proc):
-        if name.isdigit():
-            stat = read_stat(int(name), proc)
-            if stat is not None:
-                yield stat
+    for pid in pids(proc):
+        stat = read_stat(pid, proc)
+        if stat is not None:
+            yield stat

@@ -92,6 +92,8 @@ class Agent:
         self.config_path = config_path
         self.pidfile = Path(pidfile) if pidfile else None
         environ = dict(os.environ if environ is None else environ)
+        if config_path:  # workers of slurm-ext itself (the hook service) read the same file
+            environ[config_mod.ENV_VAR] = os.path.abspath(config_path)
         self._systemd_socket = environ.pop("NOTIFY_SOCKET", None)
         self.base_env = environ
         self.port = port

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from slurm_ext import prolog_epilog
 from slurm_ext.config import Config
 from slurm_ext.slurm import SlurmClient
 
@@ -50,11 +51,41 @@ def clear_stale_drains(context: StepContext) -> None:
                      "by a previous run of this node", node=context.node)
 
 
+def validate_scripts(context: StepContext) -> None:
+    """Check the role's lifecycle scripts now, so a bad one is reported at start, not at the first job."""
+    top = prolog_epilog.scripts_dir(context.config) / context.role
+    errors = [problem for phase in prolog_epilog.PHASES
+              for problems in prolog_epilog.validate_dir(top / f"{phase}.d", shellcheck=False).values()
+              for problem in problems if problem.severity == "error"]
+    if errors:
+        shown = "; ".join(map(str, errors[:5])) + (f"; and {len(errors) - 5} more" if len(errors) > 5 else "")
+        raise ValueError(f"{len(errors)} problem(s) in lifecycle scripts, which the hooks will refuse to run "
+                         f"(`slurm-ext scripts validate` lists them): {shown}")
+
+
+def node_boot_scripts(context: StepContext) -> None:
+    """Run <role>/node-boot.d/ once per boot, before the workers (each script's result is an event)."""
+    outcome = prolog_epilog.run_scripts("node-boot", context.config, role=context.role)
+    failed = [result.path for result in outcome.results if not result.ok]
+    if failed:
+        raise RuntimeError(f"node-boot script(s) failed: {', '.join(failed)} (see their events for output)")
+
+
 def steps_for(role: str) -> list[StartStep]:
-    """The steps `role` runs before its workers, in order."""
+    """The steps `role` runs before its workers, in order.
+
+    A failed node-boot script blocks the start (retried with backoff, all
+    node-boot scripts again): a node whose boot set-up failed must not take
+    jobs. `supervisor.step_failure = {node-boot-scripts = "continue"}` starts
+    the workers anyway.
+    """
+    steps = []
     if role == "worker":
-        return [StartStep("clear-stale-drains", clear_stale_drains)]
-    return []
+        steps.append(StartStep("clear-stale-drains", clear_stale_drains))
+    if role in prolog_epilog.SCRIPT_ROLES:
+        steps += [StartStep("validate-scripts", validate_scripts),
+                  StartStep("node-boot-scripts", node_boot_scripts, once_per_boot=True, on_failure="block")]
+    return steps
 
 
 def boot_id(proc: Path = Path("/proc")) -> str:

@@ -6,6 +6,7 @@ the Slurm daemons that need them), then any worker only the config names.
 
 import dataclasses
 import signal
+import sys
 from dataclasses import dataclass
 
 from slurm_ext.config import SupervisorSection, WorkerSection
@@ -43,6 +44,8 @@ BUILTIN = (
     WorkerSpec("sshd", ("login",), ("/usr/sbin/sshd", "-D", "-e")),
     WorkerSpec("slurmdbd", ("accounting",), ("slurmdbd", "-D"), stop_grace=30.0),
     WorkerSpec("slurmctld", ("controller",), ("slurmctld", "-D"), stop_grace=30.0),
+    # the Prolog/Epilog's warm side (prolog_epilog.service), up before slurmd runs the first hook
+    WorkerSpec("hooks", ("worker",), (sys.executable, "-m", "slurm_ext.cli", "hooks", "serve")),
     WorkerSpec("slurmd", ("worker",), ("slurmd", "-D"), ready="slurm-node", drain_on_crash_loop=True),
 )
 

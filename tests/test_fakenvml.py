@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -561,6 +562,124 @@ def test_threads_and_rewrites_do_not_crash(child_factory, spec_path: Path) -> No
 
 
 # ---------------------------------------------------------------------------
+# Processes that exit ("while_alive")
+# ---------------------------------------------------------------------------
+
+@pytest.fixture
+def sleeper():
+    """Start real `sleep` processes; each is killed (by pid) and reaped at the end."""
+    procs: list[subprocess.Popen] = []
+
+    def start() -> subprocess.Popen:
+        proc = subprocess.Popen(["sleep", "300"])
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+def process_state(pid: int) -> str:
+    """The state letter of /proc/<pid>/stat ("" when the pid is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return ""
+    return stat[stat.rindex(")") + 2]
+
+
+def test_while_alive_process_is_listed_and_counted_until_it_exits(
+    child_factory, spec_path: Path, sleeper
+) -> None:
+    job = sleeper()
+    spec = fakenvml.default_gpus(2)
+    gpu = spec["gpus"][0]
+    gpu["memory_used"] = 1 * GIB
+    gpu["processes"] = [
+        {"pid": job.pid, "used_memory": 2 * GIB, "while_alive": True},
+        {"pid": 4242, "used_memory": 3 * GIB},  # static: always listed, never counted
+    ]
+    # The same process with a graphics context: listed there too, counted once.
+    gpu["graphics_processes"] = [{"pid": job.pid, "used_memory": 2 * GIB, "while_alive": True}]
+    fakenvml.write_spec(spec_path, spec)
+    child = child_factory(spec_path)
+    child("n.nvmlInit()")
+    child("hs = [n.nvmlDeviceGetHandleByIndex(i) for i in range(2)]")
+    compute = "[p.pid for p in n.nvmlDeviceGetComputeRunningProcesses(hs[0])]"
+    compute_v2 = "[[p.pid, p.usedGpuMemory] for p in n.nvmlDeviceGetComputeRunningProcesses_v2(hs[0])]"
+    graphics = "[p.pid for p in n.nvmlDeviceGetGraphicsRunningProcesses(hs[0])]"
+    memory = "[[m.used, m.free] for m in (n.nvmlDeviceGetMemoryInfo(hs[0]), " \
+             "n.nvmlDeviceGetMemoryInfo(hs[0], version=n.nvmlMemory_v2))]"
+    total = gpu["memory_total"]
+
+    assert child(compute) == [job.pid, 4242]
+    assert child(compute_v2) == [[job.pid, 2 * GIB], [4242, 3 * GIB]]
+    assert child(graphics) == [job.pid]
+    assert child(memory) == [[3 * GIB, total - 3 * GIB]] * 2
+    assert child("n.nvmlDeviceGetMemoryInfo(hs[1]).used") == 0
+
+    os.kill(job.pid, signal.SIGKILL)
+    job.wait(timeout=10)
+    # No spec rewrite: the driver notices the exit by itself.
+    assert child(compute) == [4242]
+    assert child(compute_v2) == [[4242, 3 * GIB]]
+    assert child(graphics) == []
+    assert child(memory) == [[1 * GIB, total - 1 * GIB]] * 2
+    assert child.close() == ""
+
+
+def test_while_alive_zombie_is_already_gone(child_factory, spec_path: Path, sleeper) -> None:
+    job = sleeper()
+    spec = fakenvml.default_gpus(1)
+    spec["gpus"][0]["processes"] = [{"pid": job.pid, "used_memory": 5 * GIB, "while_alive": True}]
+    fakenvml.write_spec(spec_path, spec)
+    child = child_factory(spec_path)
+    child("n.nvmlInit()")
+    child("h = n.nvmlDeviceGetHandleByIndex(0)")
+    assert child("[p.pid for p in n.nvmlDeviceGetComputeRunningProcesses(h)]") == [job.pid]
+    assert child("n.nvmlDeviceGetMemoryInfo(h).used") == 5 * GIB
+
+    os.kill(job.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while process_state(job.pid) != "Z":  # exited, not reaped yet
+        assert time.monotonic() < deadline, f"pid {job.pid} never became a zombie"
+        time.sleep(0.01)
+    assert child("n.nvmlDeviceGetComputeRunningProcesses(h)") == []
+    assert child("n.nvmlDeviceGetMemoryInfo(h).used") == 0
+    job.wait(timeout=10)
+
+
+def test_while_alive_counts_on_its_mig_instance_only(fakenvml_lib: Path, spec_path: Path, sleeper) -> None:
+    job = sleeper()
+    spec = fakenvml.default_gpus(1)
+    gpu = spec["gpus"][0]
+    gpu["mig_devices"] = [{"memory_used": 1 * GIB}, {}]  # gpu_instance_id 1 and 2
+    gpu["processes"] = [
+        {"pid": job.pid, "used_memory": 2 * GIB, "gpu_instance_id": 1, "while_alive": True},
+        {"pid": 2**31 + 5, "used_memory": 4 * GIB, "while_alive": True},  # never a live pid
+    ]
+    fakenvml.write_spec(spec_path, spec)
+    got = run_json(
+        fakenvml_lib,
+        spec_path,
+        """
+        import json
+        n.nvmlInit()
+        h = n.nvmlDeviceGetHandleByIndex(0)
+        migs = [n.nvmlDeviceGetMigDeviceHandleByIndex(h, i) for i in range(2)]
+        print(json.dumps({
+            "used": [n.nvmlDeviceGetMemoryInfo(d).used for d in [h, *migs]],
+            "pids": [[p.pid for p in n.nvmlDeviceGetComputeRunningProcesses(d)] for d in [h, *migs]],
+        }))
+        """,
+    )
+    assert got == {"used": [2 * GIB, 3 * GIB, 0], "pids": [[job.pid], [job.pid], []]}
+
+
+# ---------------------------------------------------------------------------
 # Entry points and initialisation
 # ---------------------------------------------------------------------------
 
@@ -646,6 +765,8 @@ def test_malformed_json_fails_init_with_unknown(fakenvml_lib: Path, spec_path: P
         ('{"gpus": [{"temprature": 40}]}', 'gpus[0]: unknown key "temprature"'),
         ('{"gpus": [{"memory_total": "lots"}]}', "gpus[0].memory_total: expected a non-negative integer"),
         ('{"init_error": "NO_SUCH_ERROR"}', "init_error: unknown NVML error name"),
+        ('{"gpus": [{"processes": [{"pid": 7, "while_alive": 2}]}]}',
+         "gpus[0].processes[0].while_alive: 2 is larger than 1"),
     ],
 )
 def test_invalid_spec_fails_init_with_reason(

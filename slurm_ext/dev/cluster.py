@@ -24,6 +24,7 @@ from pathlib import Path
 from .. import command
 from ..config import DevSection, SlurmSection
 from ..errors import CommandError, DevClusterError, SlurmError, SlurmExtError
+from ..prolog_epilog import build_hook
 from ..slurm import Job, Node, SlurmClient
 from . import daemons, deps, fakenvml, render
 from .daemons import Daemon
@@ -173,9 +174,10 @@ def _write_files(layout: Layout) -> set[str]:
     prolog, epilog = layout.bin / "slurm-ext-prolog", layout.bin / "slurm-ext-epilog"
     _write(prolog, render.hook_wrapper(layout, _entry_point("slurm-ext-prolog")), 0o755)
     _write(epilog, render.hook_wrapper(layout, _entry_point("slurm-ext-epilog")), 0o755)
+    hook = build_hook(layout.bin / "slurm-ext-hook", str(layout.hook_socket), str(prolog), str(epilog))
     topology = render.parse_topology(command.run(["slurmd", "-C"], 30, env=layout.daemon_environ()).stdout)
     files = {
-        "slurm.conf": render.slurm_conf(layout, topology, str(prolog), str(epilog)),
+        "slurm.conf": render.slurm_conf(layout, topology, str(hook)),
         "cgroup.conf": render.cgroup_conf(),
         "gres.conf": render.gres_conf(layout),
         "my.cnf": render.my_cnf(layout),

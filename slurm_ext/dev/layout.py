@@ -97,6 +97,11 @@ class Layout:
     def mysql_socket(self) -> Path:
         return self.run / "mysqld.sock"
 
+    @property
+    def hook_socket(self) -> Path:
+        """Where the worker agent's hook service listens for slurm-ext-hook."""
+        return self.run / "slurm-ext" / "hooks.sock"
+
     def pidfile(self, daemon: str) -> Path:
         return self.run / f"{daemon}.pid"
 

@@ -49,7 +49,7 @@ def parse_topology(text: str) -> Topology:
         raise ValueError(f"slurmd -C printed no {err.args[0]}= in {text.strip()!r}") from None
 
 
-def slurm_conf(layout: Layout, topology: Topology, prolog: str, epilog: str) -> str:
+def slurm_conf(layout: Layout, topology: Topology, hook: str) -> str:
     s = layout.settings
     gres = f" Gres=gpu:{s.gpu_type}:{s.gpu_count}" if s.gpu_count else ""
     # Leave Slurm 500 MiB short of the host so that the daemons keep room.
@@ -71,11 +71,11 @@ SlurmctldLogFile={layout.log}/slurmctld.log
 SlurmdLogFile={layout.log}/slurmd.log
 SlurmctldDebug=info
 SlurmdDebug=info
-ProctrackType=proctrack/cgroup
+ProctrackType=proctrack/{s.proctrack}
 TaskPlugin=task/cgroup,task/affinity
 PrologFlags=Contain
-Prolog={prolog}
-Epilog={epilog}
+Prolog={hook}
+Epilog={hook}
 SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
@@ -169,7 +169,7 @@ file = "{layout.log}/slurm-ext.log"
 conf = "{layout.slurm_conf}"
 
 [supervisor]
-runtime_dir = "{layout.run}/slurm-ext"
+runtime_dir = "{layout.hook_socket.parent}"
 ports = {{worker = {s.worker_probe_port}, controller = {s.controller_probe_port}}}
 
 [supervisor.workers.slurmctld]

@@ -20,14 +20,18 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
 
 #define SPEC_ENV "SLURM_EXT_FAKE_NVML"
 
@@ -755,6 +759,89 @@ NVML_API nvmlReturn_t nvmlDeviceGetPcieReplayCounter(nvmlDevice_t device, unsign
  * Memory, utilisation, thermals, power, clocks
  * ====================================================================== */
 
+/* Is `pid` a live process of this host (of the caller's PID namespace)?
+ * kill(pid, 0) succeeding or failing with EPERM means the pid exists; a
+ * zombie (or dead) process is not alive, because the real driver releases
+ * an exiting process's GPU context and memory before its parent reaps it.
+ * Used for "while_alive" process entries; errno is preserved. */
+static int pid_alive(unsigned pid)
+{
+    char path[48], stat_line[512];
+    const char *paren;
+    ssize_t len;
+    int fd, alive, saved_errno = errno;
+
+    /* 0 and values above INT_MAX would make kill() address process groups. */
+    if (pid == 0 || pid > INT_MAX) {
+        alive = 0;
+    } else if (kill((pid_t)pid, 0) != 0 && errno != EPERM) {
+        alive = 0;
+    } else {
+        snprintf(path, sizeof(path), "/proc/%u/stat", pid);
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            /* Gone between kill() and open(): dead.  Any other failure
+             * (no /proc, no permission): trust kill(). */
+            alive = errno != ENOENT && errno != ESRCH;
+        } else {
+            len = read(fd, stat_line, sizeof(stat_line) - 1);
+            close(fd);
+            if (len <= 0) {
+                alive = 0; /* reaped while we read it */
+            } else {
+                /* "pid (comm) S ...": comm may itself contain ')'. */
+                stat_line[len] = '\0';
+                paren = strrchr(stat_line, ')');
+                alive = !(paren && paren[1] == ' ' &&
+                          (paren[2] == 'Z' || paren[2] == 'X' || paren[2] == 'x'));
+            }
+        }
+    }
+    errno = saved_errno;
+    return alive;
+}
+
+/* Lock held.  Is process entry `p` listed on the device (GPU, or MIG device
+ * `m` when not NULL)?  Entries without "while_alive" always are. */
+static int process_listed(const struct fake_process *p, const struct fake_mig *m)
+{
+    if (m && p->gpu_instance_id != m->gpu_instance_id)
+        return 0;
+    return !p->while_alive || pid_alive(p->pid);
+}
+
+/* Lock held.  Memory used on the device: the spec's memory_used plus the
+ * used_memory of each listed, live "while_alive" entry of either process
+ * list.  A pid listed more than once (e.g. in both lists, as a process with
+ * compute and graphics contexts is) counts once, with its first entry
+ * (compute list first).  Capped at the total, as real memory cannot
+ * overflow. */
+static unsigned long long memory_used(const struct fake_gpu *g, const struct fake_mig *m)
+{
+    unsigned long long used = m ? m->memory_used : g->memory_used;
+    unsigned long long total = m ? m->memory_total : g->memory_total;
+    size_t count = g->n_procs + g->n_gfx_procs;
+
+    for (size_t k = 0; k < count; k++) {
+        const struct fake_process *p =
+            k < g->n_procs ? &g->procs[k] : &g->gfx_procs[k - g->n_procs];
+        int seen = 0;
+
+        if (!p->while_alive || (m && p->gpu_instance_id != m->gpu_instance_id))
+            continue;
+        for (size_t j = 0; j < k && !seen; j++) {
+            const struct fake_process *q =
+                j < g->n_procs ? &g->procs[j] : &g->gfx_procs[j - g->n_procs];
+            seen = q->while_alive && q->pid == p->pid &&
+                   (!m || q->gpu_instance_id == m->gpu_instance_id);
+        }
+        if (seen || !pid_alive(p->pid))
+            continue;
+        used = p->used_memory > total - used ? total : used + p->used_memory;
+    }
+    return used;
+}
+
 NVML_API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
     const struct fake_gpu *g;
@@ -765,7 +852,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t 
     if (!memory)
         return fake_leave(NVML_ERROR_INVALID_ARGUMENT);
     memory->total = m ? m->memory_total : g->memory_total;
-    memory->used = m ? m->memory_used : g->memory_used;
+    memory->used = memory_used(g, m);
     memory->free = memory->total - memory->used;
     return fake_leave(NVML_SUCCESS);
 }
@@ -782,7 +869,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory
     if (memory->version != NVML_MEMORY_V2)
         return fake_leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
     memory->total = m ? m->memory_total : g->memory_total;
-    memory->used = m ? m->memory_used : g->memory_used;
+    memory->used = memory_used(g, m);
     memory->reserved = 0;
     memory->free = memory->total - memory->used;
     return fake_leave(NVML_SUCCESS);
@@ -1207,7 +1294,8 @@ NVML_API nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device
 /* NVML's sizing protocol: *infoCount smaller than the number of processes
  * (pynvml's first call passes 0 and NULL) -> INSUFFICIENT_SIZE and the
  * needed count; no processes -> SUCCESS with 0.  On a MIG handle only the
- * processes of that GPU instance are listed. */
+ * processes of that GPU instance are listed; "while_alive" entries only
+ * while their process lives (pid_alive). */
 static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned *infoCount, void *infos,
                                    int graphics, int v1_layout)
 {
@@ -1216,6 +1304,7 @@ static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned *infoCount, voi
     const struct fake_process *procs;
     size_t total;
     unsigned n = 0, k = 0;
+    char *listed;
     nvmlReturn_t rc = enter_device(device, &g, &m, NULL);
 
     if (rc != NVML_SUCCESS)
@@ -1224,14 +1313,20 @@ static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned *infoCount, voi
         return fake_leave(NVML_ERROR_INVALID_ARGUMENT);
     procs = graphics ? g->gfx_procs : g->procs;
     total = graphics ? g->n_gfx_procs : g->n_procs;
+    /* Decide each entry once: a "while_alive" process that exits between
+     * counting and filling must not leave a zeroed slot in the count. */
+    listed = malloc(total ? total : 1);
+    if (!listed)
+        return fake_leave(NVML_ERROR_MEMORY);
     for (size_t p = 0; p < total; p++)
-        n += !m || procs[p].gpu_instance_id == m->gpu_instance_id;
+        n += listed[p] = (char)process_listed(&procs[p], m);
     if (*infoCount < n || (n > 0 && !infos)) {
+        free(listed);
         *infoCount = n;
         return fake_leave(NVML_ERROR_INSUFFICIENT_SIZE);
     }
     for (size_t p = 0; p < total; p++) {
-        if (m && procs[p].gpu_instance_id != m->gpu_instance_id)
+        if (!listed[p])
             continue;
         if (v1_layout) {
             fake_process_info_v1_t *out = (fake_process_info_v1_t *)infos + k;
@@ -1248,6 +1343,7 @@ static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned *infoCount, voi
         }
         k++;
     }
+    free(listed);
     *infoCount = n;
     return fake_leave(NVML_SUCCESS);
 }

@@ -567,7 +567,7 @@ static int parse_process_list(ctx *c, const char *where, const json_value *gobj,
                               const char *key, struct fake_process **out, size_t *n)
 {
     static const char *const keys[] = {"pid", "used_memory", "gpu_instance_id",
-                                       "compute_instance_id", NULL};
+                                       "compute_instance_id", "while_alive", NULL};
     char buf[160];
     const json_value *list = member(gobj, key);
 
@@ -584,6 +584,7 @@ static int parse_process_list(ctx *c, const char *where, const json_value *gobj,
         char item[176];
         const json_value *p = &list->items[k];
         struct fake_process *proc = &(*out)[k];
+        unsigned long long while_alive = 0;
         fmt_into(item, sizeof(item), "%s[%zu]", buf, k);
         /* 0xFFFFFFFF is NVML's "not in a MIG instance" marker. */
         proc->gpu_instance_id = proc->compute_instance_id = 0xFFFFFFFFu;
@@ -595,8 +596,10 @@ static int parse_process_list(ctx *c, const char *where, const json_value *gobj,
             opt_u64(c, item, p, "used_memory", ULLONG_MAX, &proc->used_memory) < 0 ||
             opt_uint(c, item, p, "gpu_instance_id", UINT_MAX, &proc->gpu_instance_id) < 0 ||
             opt_uint(c, item, p, "compute_instance_id", UINT_MAX,
-                     &proc->compute_instance_id) < 0)
+                     &proc->compute_instance_id) < 0 ||
+            opt_u64(c, item, p, "while_alive", 1, &while_alive) < 0)
             return -1;
+        proc->while_alive = (int)while_alive;
     }
     return 0;
 }

@@ -44,6 +44,10 @@ struct fake_process {
     unsigned pid;
     unsigned long long used_memory;
     unsigned gpu_instance_id, compute_instance_id;
+    /* "while_alive": listed only while `pid` is a live (non-zombie) process
+     * of this host, and its used_memory then adds to the GPU's memory used,
+     * as the real driver drops an exited process and frees its memory. */
+    int while_alive;
 };
 
 struct fake_retired_page {

@@ -1,0 +1,317 @@
+"""Are a job's GPUs free? The Epilog's GPU release check and the Prolog's foreign-process check.
+
+Main API:
+
+- `gpu_usage(indexes)` reads, through NVML, the processes and memory on GPUs.
+- `release_gpus(indexes, is_job_process, kill, threshold_mib=...)` runs in the
+  Epilog after the job's processes were killed: it kills what the job still
+  has on its GPUs, waits for the driver to let go, and returns the GPUs that
+  are still held (empty list: all released). A GPU that stays held must not
+  go to the next job: the Epilog drains the node instead.
+- `foreign_processes(indexes)` runs in the Prolog: processes already on GPUs
+  that Slurm just allocated to a new job (a leftover of an earlier job, or a
+  process started outside Slurm), which would share the GPU with the job.
+- `held_gpus(usages, threshold_mib)` is the judge: which readings count as
+  held. It is pure, so its rule is tested on literal records.
+
+GPU indexes are NVML indexes, as Slurm gives them in ``SLURM_JOB_GPUS`` on
+this node. Slurm numbers the GPUs of a node in the order gres.conf lists
+their device files; with gres.conf ordered by PCI bus id, which is also
+NVML's order, Slurm's index and NVML's index agree. slurm-ext's gres
+component writes gres.conf in NVML order to keep them aligned. MIG devices
+are not addressed here: an index names a whole GPU.
+
+Every NVML failure (library missing, driver not loaded, GPU lost, no such
+index) becomes a `GpuCheckError` whose message says what to do; no pynvml
+exception leaves this module.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from slurm_ext.errors import SlurmExtError
+
+__all__ = [
+    "GpuProcess",
+    "GpuUsage",
+    "GpuCheckError",
+    "gpu_usage",
+    "held_gpus",
+    "release_gpus",
+    "foreign_processes",
+    "POLL_INTERVAL_S",
+]
+
+MIB = 2**20
+
+#: How often `release_gpus` re-reads NVML while waiting for GPUs to free.
+#: The driver frees a killed process's context within milliseconds to a few
+#: seconds; polling faster than this only burns CPU in the Epilog.
+POLL_INTERVAL_S = 0.1
+
+# NVML return codes (nvml.h); part of the driver ABI, so stable.
+_NVML_NOT_SUPPORTED = 3
+_NVML_NO_PERMISSION = 4
+_NVML_DRIVER_NOT_LOADED = 9
+_NVML_LIBRARY_NOT_FOUND = 12
+_NVML_FUNCTION_NOT_FOUND = 13
+_NVML_GPU_IS_LOST = 15
+_NVML_RESET_REQUIRED = 16
+_NVML_LIB_RM_VERSION_MISMATCH = 18
+
+# What an operator should do about an NVML error, by code.
+_ACTIONS = {
+    _NVML_NO_PERMISSION: "run the check as root",
+    _NVML_DRIVER_NOT_LOADED: "load the NVIDIA kernel driver (nvidia-smi should list the GPUs)",
+    _NVML_LIBRARY_NOT_FOUND: "install the NVIDIA driver's libnvidia-ml.so.1 or put it on the library path",
+    _NVML_FUNCTION_NOT_FOUND: "the NVIDIA driver is older than pynvml expects: upgrade the driver",
+    _NVML_GPU_IS_LOST: "the GPU fell off the bus (Xid 79): drain the node, then reset the GPU or reboot",
+    _NVML_RESET_REQUIRED: "drain the node and reset the GPU (nvidia-smi -r) or reboot",
+    _NVML_LIB_RM_VERSION_MISMATCH: "the driver was upgraded without a reboot: reboot the node",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """One process holding a context on a GPU."""
+
+    #: NVML index of the GPU
+    gpu: int
+    #: process id, in the host's PID namespace (what NVML reports)
+    pid: int
+    #: GPU memory the process uses, MiB (0 where the driver does not say)
+    used_mib: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuUsage:
+    """What one GPU holds: its processes and its memory in use."""
+
+    #: NVML index of the GPU
+    gpu: int
+    #: GPU UUID, for logs and drain reasons that outlive index renumbering
+    uuid: str
+    #: compute and graphics processes, one entry per pid, in NVML's order
+    processes: tuple[GpuProcess, ...]
+    #: memory used on the whole GPU, MiB (NVML memory info v1 ``used``)
+    used_mib: int
+
+
+class GpuCheckError(SlurmExtError):
+    """NVML could not tell what a GPU holds.
+
+    `gpu` is the NVML index concerned (None when NVML as a whole failed),
+    `problem` what went wrong, `nvml_code` NVML's return code when there is
+    one. Without an answer the caller must assume the GPU is not free.
+    """
+
+    def __init__(self, problem: str, gpu: int | None = None, nvml_code: int | None = None):
+        self.gpu = gpu
+        self.problem = problem
+        self.nvml_code = nvml_code
+        where = "NVML" if gpu is None else f"GPU {gpu}"
+        text = f"gpu check: {where}: {problem}"
+        if nvml_code is not None:
+            text += f" (NVML error {nvml_code})"
+            action = _ACTIONS.get(nvml_code)
+            if action:
+                text += f"; {action}"
+        super().__init__(text)
+
+
+# NVML is initialised once per process and never shut down: the node agent
+# runs these checks for every job, and nvmlInit costs up to seconds on a
+# busy node. Kept per nvml module object so tests can pass fakes.
+_INIT_LOCK = threading.Lock()
+_INITIALISED: list[Any] = []
+
+
+def _default_nvml() -> Any:
+    try:
+        import pynvml
+    except ImportError as err:
+        raise GpuCheckError("the pynvml package is not installed (pip install nvidia-ml-py)") from err
+    return pynvml
+
+
+def _nvml_errors(nvml: Any) -> tuple[type[BaseException], ...]:
+    """The exceptions an NVML call may raise: NVMLError and its subclasses,
+    and pynvml's NVMLLibraryMismatchError (not an NVMLError) for a driver
+    that lacks the versioned call pynvml wants."""
+    errors: list[type[BaseException]] = [nvml.NVMLError]
+    mismatch = getattr(nvml, "NVMLLibraryMismatchError", None)
+    if isinstance(mismatch, type):
+        errors.append(mismatch)
+    return tuple(errors)
+
+
+def _translate(err: BaseException, gpu: int | None, doing: str) -> GpuCheckError:
+    code = getattr(err, "value", None)
+    return GpuCheckError(f"{doing}: {err}", gpu, code if isinstance(code, int) else None)
+
+
+def _ensure_init(nvml: Any) -> None:
+    """nvmlInit once per process and nvml module; a failure is not cached, so
+    a driver loaded later is picked up by the next check."""
+    with _INIT_LOCK:
+        if any(done is nvml for done in _INITIALISED):
+            return
+        try:
+            nvml.nvmlInit()
+        except _nvml_errors(nvml) as err:
+            raise _translate(err, None, "cannot initialise") from err
+        _INITIALISED.append(nvml)
+
+
+def _processes(nvml: Any, call: Callable[[Any], Any], handle: Any) -> list[Any]:
+    """One NVML process list; NOT_SUPPORTED (e.g. graphics on a compute-only
+    GPU) means the GPU has none of that kind."""
+    try:
+        return list(call(handle))
+    except nvml.NVMLError as err:
+        if getattr(err, "value", None) == _NVML_NOT_SUPPORTED:
+            return []
+        raise
+
+
+def _merge(gpu: int, entries: Iterable[Any]) -> tuple[GpuProcess, ...]:
+    """Processes from NVML entries (``pid``, ``usedGpuMemory``), one per pid.
+
+    A process with compute and graphics contexts is in both NVML lists; it
+    is one process. Its memory is the largest figure reported for it (the
+    driver reports the same figure in both lists; the largest never hides
+    memory). ``usedGpuMemory`` None (not available) counts as 0.
+    """
+    used: dict[int, int] = {}
+    for entry in entries:
+        pid = int(entry.pid)
+        mib = int(entry.usedGpuMemory or 0) // MIB
+        used[pid] = max(used.get(pid, 0), mib)
+    return tuple(GpuProcess(gpu, pid, mib) for pid, mib in used.items())
+
+
+def _read_gpu(nvml: Any, index: int) -> GpuUsage:
+    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    uuid = nvml.nvmlDeviceGetUUID(handle)
+    if isinstance(uuid, bytes):  # pynvml before 11.5 returned bytes
+        uuid = uuid.decode()
+    used_mib = int(nvml.nvmlDeviceGetMemoryInfo(handle).used) // MIB
+    entries = _processes(nvml, nvml.nvmlDeviceGetComputeRunningProcesses, handle)
+    entries += _processes(nvml, nvml.nvmlDeviceGetGraphicsRunningProcesses, handle)
+    return GpuUsage(index, uuid, _merge(index, entries), used_mib)
+
+
+def gpu_usage(indexes: Iterable[int], nvml: Any = None) -> list[GpuUsage]:
+    """Read the processes and memory of each GPU in `indexes` (NVML indexes).
+
+    Returns one record per distinct index, in the order given. `nvml` is the
+    pynvml module (the default) or a stand-in with its interface. NVML is
+    initialised on first use and kept initialised for the life of the
+    process (thread-safe).
+
+    Raises:
+        GpuCheckError: NVML cannot be loaded or initialised; an index that
+            NVML does not have (naming the index and NVML's count); a GPU
+            that is lost or whose query fails (naming the index).
+    """
+    nvml = _default_nvml() if nvml is None else nvml
+    _ensure_init(nvml)
+    errors = _nvml_errors(nvml)
+    try:
+        count = int(nvml.nvmlDeviceGetCount())
+    except errors as err:
+        raise _translate(err, None, "cannot count GPUs") from err
+    usages = []
+    for index in dict.fromkeys(indexes):
+        if not 0 <= index < count:
+            seen = f"indexes 0-{count - 1}" if count else "no GPUs"
+            raise GpuCheckError(
+                f"no such GPU: NVML has {count} ({seen}); check SLURM_JOB_GPUS against gres.conf", index
+            )
+        try:
+            usages.append(_read_gpu(nvml, index))
+        except errors as err:
+            raise _translate(err, index, "cannot read processes and memory") from err
+    return usages
+
+
+def held_gpus(usages: Iterable[GpuUsage], threshold_mib: int) -> list[GpuUsage]:
+    """The GPUs not free for the next job: any process on them, or more than
+    `threshold_mib` MiB of memory in use.
+
+    The threshold exists because an idle GPU is not at 0: the driver and
+    persistence mode keep some memory (a few hundred MiB on Hopper). Memory
+    above it with no process listed is memory the driver has not freed, or a
+    process NVML cannot see (another container's PID namespace).
+    """
+    return [u for u in usages if u.processes or u.used_mib > threshold_mib]
+
+
+def release_gpus(
+    indexes: Iterable[int],
+    is_job_process: Callable[[int], bool],
+    kill: Callable[[int], None],
+    *,
+    threshold_mib: int,
+    timeout: float = 5.0,
+    nvml: Any = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[GpuUsage]:
+    """Make sure a finished job let go of its GPUs; return those it did not.
+
+    Runs in the Epilog after the job's processes were killed. Each poll
+    reads the GPUs; a process on them for which `is_job_process(pid)` is true
+    is killed with `kill(pid)` (once per pid: a process stuck in the driver
+    does not die faster for more signals). Processes that are not the job's
+    are never killed: they are someone else's, and the GPU is reported held.
+    Polls every POLL_INTERVAL_S until no GPU is held (see `held_gpus`) or
+    `timeout` seconds have passed; reads at least once.
+
+    Returns the GPUs still held at the last poll, as read then (empty list:
+    all released).
+
+    Raises:
+        GpuCheckError: as `gpu_usage` (NVML unavailable, index missing, GPU
+            lost); the caller must then treat the GPUs as not released.
+        Whatever `kill` raises, except ProcessLookupError (the process
+            exited on its own, which is what we wanted).
+    """
+    indexes = list(indexes)
+    deadline = clock() + timeout
+    judged: set[int] = set()
+    while True:
+        usages = gpu_usage(indexes, nvml)
+        for process in (p for u in usages for p in u.processes):
+            if process.pid in judged:
+                continue
+            judged.add(process.pid)
+            if is_job_process(process.pid):
+                try:
+                    kill(process.pid)
+                except ProcessLookupError:
+                    pass
+        held = held_gpus(usages, threshold_mib)
+        remaining = deadline - clock()
+        if not held or remaining <= 0:
+            return held
+        sleep(min(POLL_INTERVAL_S, remaining))
+
+
+def foreign_processes(indexes: Iterable[int], nvml: Any = None) -> list[GpuProcess]:
+    """Processes already on GPUs just allocated to a new job (Prolog check).
+
+    At Prolog time the job has not started, so any process on its GPUs
+    belongs to someone else; sharing the GPU would cost the job memory and
+    time and could expose its data. Returns them in GPU order (empty list:
+    the GPUs are free of processes).
+
+    Raises:
+        GpuCheckError: as `gpu_usage`.
+    """
+    return [p for usage in gpu_usage(indexes, nvml) for p in usage.processes]

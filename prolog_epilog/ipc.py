@@ -1,0 +1,488 @@
+"""Removing the IPC objects a job's user left behind: `clean_ipc`, called by the Epilog as root.
+
+Why: slurmd kills a job's processes and cgroups, but not what they created
+in the kernel's IPC namespace. POSIX shared memory (files in /dev/shm, which
+is RAM), SysV shared memory segments, semaphore sets and message queues, and
+POSIX message queues (/dev/mqueue) outlive every process; NCCL, MPI, PyTorch
+DataLoader workers and daemonized helpers routinely leave gigabytes of them
+for days, until the node swaps or the next job fails to allocate a segment.
+
+Rules, and why:
+  * Only the job user's objects are touched: /dev/shm and /dev/mqueue entries
+    by `lstat().st_uid`, SysV objects by the owner (`uid`) column of
+    /proc/sysvipc/{shm,sem,msg}. uid 0 is never cleaned, since root's objects
+    belong to system daemons too.
+  * Symlinks are never followed. A user can plant /dev/shm/x -> /etc/shadow;
+    the link is the user's and is unlinked (which removes the link only), the
+    target is never opened, changed or removed. A user's directory goes with
+    `shutil.rmtree`, which works through file descriptors and refuses to step
+    through symlinks. Nothing is ever chmod-ed, chown-ed or opened for writing.
+  * exclusive=True (the user has no other job on the node): every object of
+    the uid goes, held or not; anything still attached is a leftover too.
+  * exclusive=False (another job of the same user still runs here): only
+    objects that no live process holds AND that were created or changed at or
+    after `since` (the ending job's start) go. Older objects belong to the
+    other job. "Held" means, for a file, open or mmap-ed by some process (one
+    pass over /proc); for a SysV segment, nattch > 0; for a SysV message
+    queue, its last sender or receiver is alive. Semaphore sets record no
+    holder, so they are kept. SysV times are whole seconds, so an object made
+    in the job's first fraction of a second may be kept: keeping a leftover
+    costs memory, removing another job's object breaks that job.
+  * One object never stops the others: failures land in `errors`, objects
+    that vanished meanwhile (a process removed them) in `notes`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import functools
+import os
+import shutil
+import stat
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_ext.procfs import pid_alive
+
+__all__ = ["IpcCleanup", "clean_ipc"]
+
+#: the command of shmctl/semctl/msgctl that removes the object (linux/ipc.h)
+IPC_RMID = 0
+
+#: perms bit the kernel sets on a SysV segment removed while still attached (linux/shm.h)
+_SHM_DEST = 0o1000
+
+#: /proc/sysvipc/<kind>: the id column and the columns read from it
+_SYSV_COLUMNS = {
+    "shm": ("shmid", ("key", "perms", "size", "nattch", "uid", "ctime")),
+    "sem": ("semid", ("key", "uid", "ctime")),
+    "msg": ("msqid", ("key", "uid", "lspid", "lrpid", "ctime")),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class IpcCleanup:
+    """What `clean_ipc` did, one human-readable line per object, for the Epilog's log."""
+
+    #: removed objects, e.g. "/dev/shm/foo", "sysv shm id 32769 key 0x0000abcd (4096 bytes)",
+    #: "sysv sem id 5", "sysv msg id 7", "mqueue /dev/mqueue/q1"
+    removed: tuple[str, ...]
+    #: objects of the uid left in place, and why, e.g. "/dev/shm/bar: open by pid 123"
+    kept: tuple[str, ...]
+    #: objects that could not be removed or read, and why
+    errors: tuple[str, ...]
+    #: what was not checked and objects someone else removed first, e.g. "/dev/mqueue: ... not checked"
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class _Holders:
+    """Who holds what, from one pass over /proc; only built when not exclusive."""
+
+    #: (st_dev, st_ino) -> "open by pid N" / "mapped by pid N" / "working directory of pid N"
+    by_inode: dict[tuple[int, int], str]
+    #: path in /proc/PID/maps -> "mapped by pid N"
+    by_path: dict[str, str]
+    #: why /proc could not be read at all (then nothing that needs a holder check is removed)
+    failed: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _SysvObject:
+    kind: str  # shm, sem or msg
+    ident: int
+    key: int
+    ctime: float
+    size: int = 0
+    nattch: int = 0
+    destroyed: bool = False  # shm already removed, still attached
+    lspid: int = 0
+    lrpid: int = 0
+
+    @property
+    def label(self) -> str:
+        if self.kind == "shm":
+            return f"sysv shm id {self.ident} key 0x{self.key & 0xFFFFFFFF:08x} ({self.size} bytes)"
+        return f"sysv {self.kind} id {self.ident}"
+
+
+class _Tally:
+    """The lines being collected; frozen into an IpcCleanup at the end."""
+
+    __slots__ = ("removed", "kept", "errors", "notes")
+
+    def __init__(self) -> None:
+        self.removed: list[str] = []
+        self.kept: list[str] = []
+        self.errors: list[str] = []
+        self.notes: list[str] = []
+
+    def freeze(self) -> IpcCleanup:
+        return IpcCleanup(tuple(self.removed), tuple(self.kept), tuple(self.errors), tuple(self.notes))
+
+
+def clean_ipc(uid: int, exclusive: bool, since: float = 0.0, *, shm_dir: Path = Path("/dev/shm"),
+              mqueue_dir: Path = Path("/dev/mqueue"), proc: Path = Path("/proc")) -> IpcCleanup:
+    """Remove the IPC objects of `uid` on this node; see the module docstring for the rules.
+
+    `exclusive`: the uid has no other job on the node, so everything of it
+    goes and `since` is not used. Otherwise only unheld objects created or
+    changed at or after `since` (epoch seconds, the ending job's start) go.
+    POSIX message queues are looked for only when an mqueue filesystem is
+    mounted on `mqueue_dir` (per `proc`/self/mounts); else a note says so.
+
+    Never raises for one object: failures are lines in `errors`.
+    """
+    tally = _Tally()
+    if uid == 0:
+        tally.notes.append("uid 0: IPC objects not cleaned (root's objects belong to system daemons too)")
+        return tally.freeze()
+    holders = None if exclusive else _scan_holders(proc)
+    if holders is not None and holders.failed:
+        tally.notes.append(f"{proc}: {holders.failed}; objects that may be in use are kept")
+
+    if shm_dir.is_dir():
+        _clean_dir(shm_dir, "", uid, exclusive, since, holders, tally)
+    else:
+        tally.notes.append(f"{shm_dir}: no such directory; POSIX shared memory not checked")
+    mounted, why = _is_mqueue_mount(mqueue_dir, proc)
+    if mounted:
+        _clean_dir(mqueue_dir, "mqueue ", uid, exclusive, since, holders, tally)
+    else:
+        tally.notes.append(f"{mqueue_dir}: {why}; POSIX message queues not checked")
+    for kind in ("shm", "sem", "msg"):
+        _clean_sysv(kind, uid, exclusive, since, holders, proc, tally)
+    return tally.freeze()
+
+
+# --- files: /dev/shm and /dev/mqueue -----------------------------------------------------------------------
+
+def _clean_dir(directory: Path, prefix: str, uid: int, exclusive: bool, since: float,
+               holders: _Holders | None, tally: _Tally) -> None:
+    """Remove the uid's top-level entries of `directory` (lstat only: links are never followed)."""
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError as err:
+        tally.errors.append(f"{prefix}{directory}: cannot list: {err.strerror or err}")
+        return
+    for name in names:
+        path = directory / name
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue  # gone since the listing
+        except OSError as err:
+            tally.errors.append(f"{prefix}{path}: cannot lstat: {err.strerror or err}")
+            continue
+        if st.st_uid != uid:
+            continue
+        is_dir = stat.S_ISDIR(st.st_mode)
+        label = prefix + _describe(path, st)
+        if holders is not None:
+            held = _file_holder(path, st, is_dir, holders)
+            if held:
+                tally.kept.append(f"{label}: {held}")
+                continue
+            changed = max(st.st_ctime, st.st_mtime)
+            if changed < since:
+                tally.kept.append(f"{label}: {_predates(changed, since)}")
+                continue
+        if is_dir:
+            _remove_tree(path, label, tally)
+        else:
+            try:
+                os.unlink(path)  # on a symlink: removes the link, never its target
+            except FileNotFoundError:
+                tally.notes.append(f"{label}: already gone (removed by someone else)")
+            except OSError as err:
+                tally.errors.append(f"{label}: cannot remove: {err.strerror or err}")
+            else:
+                tally.removed.append(label)
+
+
+def _describe(path: Path, st: os.stat_result) -> str:
+    if stat.S_ISDIR(st.st_mode):
+        return f"{path} (directory)"
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            return f"{path} (symlink to {os.readlink(path)})"  # reads the link, not its target
+        except OSError:
+            return f"{path} (symlink)"
+    return str(path)
+
+
+def _remove_tree(path: Path, label: str, tally: _Tally) -> None:
+    if not shutil.rmtree.avoids_symlink_attacks:
+        tally.errors.append(f"{label}: not removed: this platform's shutil.rmtree could follow symlinks")
+        return
+    problems: list[str] = []
+    gone = False
+
+    def record(_func, failed, exc) -> None:
+        nonlocal gone
+        exc = exc[1] if isinstance(exc, tuple) else exc  # onerror passes exc_info, onexc the exception
+        if isinstance(exc, FileNotFoundError):
+            gone = gone or os.fspath(failed) == os.fspath(path)
+            return
+        problems.append(f"{failed}: {getattr(exc, 'strerror', None) or exc}")
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=record)
+    else:
+        shutil.rmtree(path, onerror=record)
+    if gone:
+        tally.notes.append(f"{label}: already gone (removed by someone else)")
+    elif problems:
+        tally.errors.append(f"{label}: cannot remove all of it: {'; '.join(problems[:3])}"
+                            + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""))
+    else:
+        tally.removed.append(label)
+
+
+def _file_holder(path: Path, st: os.stat_result, is_dir: bool, holders: _Holders) -> str | None:
+    """Why the file (or something in the directory) is in use, or None."""
+    if holders.failed:
+        return f"cannot tell whether it is in use ({holders.failed})"
+    if not is_dir:
+        return holders.by_inode.get((st.st_dev, st.st_ino)) or holders.by_path.get(str(path))
+    for inode in _tree_inodes(path, st):
+        if inode in holders.by_inode:
+            return holders.by_inode[inode]
+    inside = f"{path}/"
+    for mapped, who in holders.by_path.items():
+        if mapped.startswith(inside):
+            return who
+    return None
+
+
+def _tree_inodes(top: Path, st: os.stat_result) -> set[tuple[int, int]]:
+    """(st_dev, st_ino) of the directory and everything under it, without following symlinks."""
+    found = {(st.st_dev, st.st_ino)}
+    stack = [os.fspath(top)]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as entries:
+                for entry in entries:
+                    try:
+                        entry_st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    found.add((entry_st.st_dev, entry_st.st_ino))
+                    if stat.S_ISDIR(entry_st.st_mode):
+                        stack.append(entry.path)
+        except OSError:
+            continue
+    return found
+
+
+def _is_mqueue_mount(directory: Path, proc: Path) -> tuple[bool, str]:
+    """Whether the last mount on `directory` is an mqueue filesystem, and if not, why."""
+    try:
+        lines = (proc / "self" / "mounts").read_text().splitlines()
+    except OSError as err:
+        return False, f"cannot tell whether mqueue is mounted ({proc}/self/mounts: {err.strerror or err})"
+    wanted = os.path.realpath(directory)
+    fstype = None
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 3 and os.path.realpath(_unescape(fields[1])) == wanted:
+            fstype = fields[2]  # the last mount on a path hides the ones below it
+    if fstype == "mqueue":
+        return True, ""
+    return False, "no mqueue filesystem mounted there" if fstype is None else f"a {fstype} mount, not mqueue"
+
+
+def _unescape(field: str) -> str:
+    """A /proc/self/mounts path: the kernel writes space, tab, newline and backslash as \\ooo."""
+    for code in ("040", "011", "012", "134"):
+        field = field.replace("\\" + code, chr(int(code, 8)))
+    return field
+
+
+# --- holders: one pass over /proc --------------------------------------------------------------------------
+
+def _scan_holders(proc: Path) -> _Holders:
+    """Every file some live process has open, mapped or as its working directory.
+
+    Processes that exit meanwhile are skipped; one whose fd table or maps
+    cannot be read does not stop the pass (root can read them all, short of
+    a hardened kernel).
+    """
+    by_inode: dict[tuple[int, int], str] = {}
+    by_path: dict[str, str] = {}
+    try:
+        pids = [name for name in os.listdir(proc) if name.isdigit()]
+    except OSError as err:
+        return _Holders({}, {}, failed=f"cannot list processes: {err.strerror or err}")
+    for pid in pids:
+        base = proc / pid
+        try:
+            fds = os.listdir(base / "fd")
+        except OSError:
+            fds = []  # gone, or unreadable: its maps may still tell
+        for fd in fds:
+            try:
+                fd_st = os.stat(base / "fd" / fd)  # follows the magic link to the open file itself
+            except OSError:
+                continue
+            by_inode.setdefault((fd_st.st_dev, fd_st.st_ino), f"open by pid {pid}")
+        try:
+            cwd_st = os.stat(base / "cwd")
+        except OSError:
+            pass
+        else:
+            by_inode.setdefault((cwd_st.st_dev, cwd_st.st_ino), f"working directory of pid {pid}")
+        try:
+            with open(base / "maps", encoding="utf-8", errors="surrogateescape") as maps:
+                for line in maps:
+                    _add_mapping(line, f"mapped by pid {pid}", by_inode, by_path)
+        except OSError:
+            continue
+    return _Holders(by_inode, by_path)
+
+
+def _add_mapping(line: str, who: str, by_inode: dict[tuple[int, int], str], by_path: dict[str, str]) -> None:
+    """One /proc/PID/maps line: "addr perms offset MAJ:MIN inode [path]"."""
+    fields = line.split(maxsplit=5)
+    if len(fields) < 5 or fields[4] == "0":
+        return  # anonymous memory
+    try:
+        major, minor = (int(part, 16) for part in fields[3].split(":"))
+        by_inode.setdefault((os.makedev(major, minor), int(fields[4])), who)
+    except ValueError:
+        pass
+    if len(fields) == 6:
+        path = fields[5].rstrip("\n").removesuffix(" (deleted)")
+        by_path.setdefault(path, who)
+
+
+# --- SysV: /proc/sysvipc and IPC_RMID ----------------------------------------------------------------------
+
+def _clean_sysv(kind: str, uid: int, exclusive: bool, since: float, holders: _Holders | None, proc: Path,
+                tally: _Tally) -> None:
+    table = proc / "sysvipc" / kind
+    try:
+        objects = _read_sysv(kind, table, uid)
+    except FileNotFoundError:
+        tally.notes.append(f"{table}: missing (kernel without SysV IPC?); SysV {kind} not checked")
+        return
+    except (OSError, ValueError) as err:
+        tally.errors.append(f"{table}: cannot read: {getattr(err, 'strerror', None) or err}; SysV {kind} not checked")
+        return
+    for obj in objects:
+        if obj.destroyed:  # IPC_RMID done already; the kernel frees it at the last detach
+            tally.notes.append(f"{obj.label}: already removed, freed when its {obj.nattch} attached "
+                               "process(es) detach")
+            continue
+        if holders is not None:
+            held = _sysv_holder(obj, uid, holders, proc)
+            if held:
+                tally.kept.append(f"{obj.label}: {held}")
+                continue
+            if obj.ctime < since:
+                tally.kept.append(f"{obj.label}: {_predates(obj.ctime, since)}")
+                continue
+        try:
+            code = _rmid(kind, obj.ident)
+        except OSError as err:  # libc could not be loaded
+            tally.errors.append(f"{obj.label}: cannot remove: {err}")
+            continue
+        if code == 0:
+            attached = obj.nattch if kind == "shm" else 0
+            tally.removed.append(obj.label + (f"; freed when its {attached} attached process(es) detach"
+                                              if attached else ""))
+        elif code in (errno.EINVAL, errno.EIDRM):
+            tally.notes.append(f"{obj.label}: already gone (removed by someone else)")
+        else:
+            tally.errors.append(f"{obj.label}: cannot remove: {os.strerror(code)}"
+                                + (" (is the Epilog running as root?)" if code == errno.EPERM else ""))
+
+
+def _read_sysv(kind: str, table: Path, uid: int) -> list[_SysvObject]:
+    """The uid's objects in /proc/sysvipc/<kind>, found by the header's column names.
+
+    Raises:
+        ValueError: a column is missing or a line does not fit the header.
+    """
+    lines = table.read_text().splitlines()
+    if not lines:
+        raise ValueError("empty file (expected a header line)")
+    header = lines[0].split()
+    id_column, columns = _SYSV_COLUMNS[kind]
+    missing = [name for name in (id_column, *columns) if name not in header]
+    if missing:
+        raise ValueError(f"no column {', '.join(missing)} in header {' '.join(header)!r}")
+    objects = []
+    for number, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        values = line.split()
+        if len(values) != len(header):
+            raise ValueError(f"line {number} has {len(values)} fields, the header {len(header)}")
+        row = dict(zip(header, values))
+        try:
+            if int(row["uid"]) != uid:
+                continue
+            objects.append(_SysvObject(
+                kind=kind, ident=int(row[id_column]), key=int(row["key"]), ctime=float(row["ctime"]),
+                size=int(row.get("size", 0)), nattch=int(row.get("nattch", 0)),
+                destroyed=bool(int(row.get("perms", "0"), 8) & _SHM_DEST) if kind == "shm" else False,
+                lspid=int(row.get("lspid", 0)), lrpid=int(row.get("lrpid", 0))))
+        except ValueError:
+            raise ValueError(f"line {number}: not a number where one belongs: {line.strip()!r}") from None
+    return objects
+
+
+def _sysv_holder(obj: _SysvObject, uid: int, holders: _Holders, proc: Path) -> str | None:
+    """Why a SysV object may still be in use by the uid's other job, or None."""
+    if obj.kind == "shm":
+        if obj.nattch > 0:
+            return f"attached by {obj.nattch} process{'es' if obj.nattch > 1 else ''}"
+        return None
+    if obj.kind == "sem":
+        return f"semaphore sets record no holder and uid {uid} still has a job on this node"
+    if holders.failed:
+        return f"cannot tell whether it is in use ({holders.failed})"
+    for pid, role in ((obj.lspid, "sender"), (obj.lrpid, "receiver")):
+        if pid > 0 and pid_alive(pid, proc):
+            return f"last {role} pid {pid} is alive"
+    return None
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc.shmctl.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    libc.msgctl.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    libc.semctl.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]  # IPC_RMID takes no 4th argument
+    for function in (libc.shmctl, libc.msgctl, libc.semctl):
+        function.restype = ctypes.c_int
+    return libc
+
+
+def _rmid(kind: str, ident: int) -> int:
+    """IPC_RMID on one object; 0 on success, else the errno.
+
+    Raises:
+        OSError: libc cannot be loaded.
+    """
+    libc = _libc()
+    if kind == "shm":
+        result = libc.shmctl(ident, IPC_RMID, None)
+    elif kind == "sem":
+        result = libc.semctl(ident, 0, IPC_RMID)
+    else:
+        result = libc.msgctl(ident, IPC_RMID, None)
+    return 0 if result == 0 else ctypes.get_errno()
+
+
+def _predates(changed: float, since: float) -> str:
+    return f"predates the job (last changed {_when(changed)}, job started {_when(since)})"
+
+
+def _when(epoch: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))

@@ -1,0 +1,216 @@
+"""The hook service: the warm side of the Prolog and the Epilog.
+
+slurmd starts `slurm-ext-hook` (hook.c) twice per job. That client connects
+to this service's Unix socket, sends the phase and its environment, and
+exits with the verdict; the service does the work with its imports loaded,
+NVML initialised and script verdicts cached, so a job pays a socket round
+trip instead of a Python start. The node agent runs the service as one of
+the worker role's workers (`slurm-ext hooks serve`): a separate process, so
+the agent's reaper never steals the exit status of a script the service
+waits for, and a fault here cannot take down the agent that keeps slurmd up.
+
+Only root may talk to it: the socket is mode 0600 in a root directory, and
+each peer's credentials (SO_PEERCRED) must be uid 0. Job records live on
+disk (jobrecord), so a restart of the service loses nothing: a Prolog
+answered by one service life is cleaned up by the Epilog of the next.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import signal
+import socket
+import stat
+import struct
+import threading
+import time
+from pathlib import Path
+
+from slurm_ext import command, config as config_mod, events, log
+from slurm_ext.config import Config
+from slurm_ext.errors import CommandError, ConfigError, SlurmExtError
+
+from . import gpus, hooks
+
+__all__ = ["socket_path", "serve", "build_hook", "HookBuildError", "HOOK_SOURCE"]
+
+logger = logging.getLogger("prolog_epilog")
+
+HOOK_SOURCE = Path(__file__).with_name("hook.c")
+_PROTOCOL = b"slurm-ext-hook 1"
+_MAX_REQUEST = 1 << 20
+_READ_TIMEOUT = 10.0
+_CC_TIMEOUT = 120.0
+
+
+class HookBuildError(SlurmExtError):
+    """The C hook client could not be compiled."""
+
+
+def socket_path(config: Config) -> Path:
+    return Path(config.supervisor.runtime_dir) / "hooks.sock"
+
+
+def serve(config_path: str | None = None) -> int:
+    """Answer hook clients until SIGTERM; returns the exit status."""
+    holder = _ConfigHolder(config_path)
+    config = holder.get()
+    log.setup(config.log, "hooks")
+    path = socket_path(config)
+    try:
+        listener = _listen(path)
+    except OSError as err:
+        events.emit(config.node.state_dir, "prolog_epilog", "hook-service-failed",
+                    f"cannot listen on {path}: {err.strerror}", "error")
+        return 1
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    try:
+        gpus.gpu_usage(())  # NVML initialised now, not in the first job's Prolog
+    except gpus.GpuCheckError as err:
+        logger.info("NVML not available (%s): jobs with GPUs will report it", err)
+    logger.info("hook service listening on %s", path)
+    try:
+        while True:
+            connection, _ = listener.accept()
+            threading.Thread(target=_answer, args=(connection, holder), daemon=True,
+                             name="hook-request").start()
+    except SystemExit:
+        logger.info("hook service stopping: clients still waiting run their hook themselves")
+        return 0
+    finally:
+        listener.close()
+        try:
+            if stat.S_ISSOCK(path.lstat().st_mode):
+                path.unlink()
+        except OSError:
+            pass
+
+
+def _stop(signum, frame) -> None:
+    raise SystemExit(0)
+
+
+def _listen(path: Path) -> socket.socket:
+    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    try:
+        if stat.S_ISSOCK(path.lstat().st_mode):
+            path.unlink()  # left by a service that died: no one listens on it
+    except FileNotFoundError:
+        pass
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)  # the socket is created 0600: only root may connect
+    try:
+        listener.bind(str(path))
+    finally:
+        os.umask(old)
+    listener.listen(128)
+    return listener
+
+
+class _ConfigHolder:
+    """The config, reloaded when its file changes (the service is long-lived)."""
+
+    def __init__(self, path: str | None):
+        self.path = path
+        self.config = config_mod.load(path)
+        self._stamp = self._file_stamp()
+        self._lock = threading.Lock()
+
+    def _file_stamp(self) -> tuple | None:
+        try:
+            info = os.stat(self.config.source) if self.config.source else None
+        except OSError:
+            return None
+        return (info.st_mtime_ns, info.st_size) if info else None
+
+    def get(self) -> Config:
+        with self._lock:
+            if self._file_stamp() != self._stamp:
+                try:
+                    self.config = config_mod.load(self.path)
+                    logger.info("config reloaded from %s", self.config.source)
+                except ConfigError as err:
+                    events.emit(self.config.node.state_dir, "prolog_epilog", "reload-failed",
+                                f"config changed but is invalid, keeping the running one: {err}", "error")
+                self._stamp = self._file_stamp()
+            return self.config
+
+
+def _answer(connection: socket.socket, holder: _ConfigHolder) -> None:
+    started = time.monotonic()
+    with connection:
+        try:
+            pid, uid, _ = struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                                    struct.calcsize("3i")))
+            if uid != 0:
+                logger.warning("refused a hook request from pid %d uid %d: only root may ask", pid, uid)
+                return
+            phase, env = _read_request(connection)
+        except (OSError, ValueError) as err:
+            logger.warning("bad hook request: %s", err)
+            return
+        verdict = hooks.handle(phase, env, holder.get(), protect=(pid,))
+        message = verdict.message.replace("\n", " ")[:900]
+        try:
+            connection.sendall(f"{verdict.exit_code} {message}\n".encode())
+        except OSError as err:
+            logger.warning("job %s: %s verdict not delivered: %s", env.get("SLURM_JOB_ID"), phase, err)
+    logger.debug("job %s: %s answered in %.1f ms", env.get("SLURM_JOB_ID"), phase,
+                 (time.monotonic() - started) * 1000)
+
+
+def _read_request(connection: socket.socket) -> tuple[str, dict[str, str]]:
+    connection.settimeout(_READ_TIMEOUT)
+    chunks, size = [], 0
+    while True:
+        chunk = connection.recv(65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > _MAX_REQUEST:
+            raise ValueError(f"request larger than {_MAX_REQUEST} bytes")
+    data = b"".join(chunks)
+    header, _, rest = data.partition(b"\n")
+    phase, _, environ = rest.partition(b"\n")
+    if header != _PROTOCOL or phase not in (b"prolog", b"epilog"):
+        raise ValueError(f"not a slurm-ext-hook request (header {header[:40]!r})")
+    env = {}
+    for entry in environ.split(b"\0"):
+        name, sep, value = entry.partition(b"=")
+        if sep:
+            env[name.decode(errors="replace")] = value.decode(errors="replace")
+    return phase.decode(), env
+
+
+def build_hook(output: Path, socket_file: str, prolog_fallback: str, epilog_fallback: str) -> Path:
+    """Compile hook.c into `output` (atomically; skipped when nothing changed).
+
+    Raises:
+        HookBuildError: no C compiler, or it failed (its message is kept).
+    """
+    output = Path(output)
+    defines = [f'-DHOOK_SOCKET="{socket_file}"', f'-DPROLOG_FALLBACK="{prolog_fallback}"',
+               f'-DEPILOG_FALLBACK="{epilog_fallback}"']
+    flags = ["-O2", "-Wall", "-Wextra", "-Werror", *defines]
+    stamp = hashlib.sha256(HOOK_SOURCE.read_bytes() + "\0".join(flags).encode()).hexdigest()
+    stamp_file = output.with_name(f".{output.name}.sha256")
+    try:
+        if output.is_file() and stamp_file.read_text().strip() == stamp:
+            return output
+    except OSError:
+        pass
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(f".{output.name}.{os.getpid()}.tmp")
+    try:
+        command.run(["cc", *flags, "-o", str(tmp), str(HOOK_SOURCE)], _CC_TIMEOUT)
+    except CommandError as err:
+        raise HookBuildError(f"cannot compile {HOOK_SOURCE} into {output}: {err} (is a C compiler installed? "
+                             "apt-get install gcc)") from err
+    tmp.chmod(0o755)
+    os.replace(tmp, output)
+    stamp_file.write_text(stamp + "\n")
+    return output
