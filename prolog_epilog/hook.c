@@ -28,10 +28,11 @@
 
 extern char **environ;
 
+/* MSG_NOSIGNAL: a service that closes early (refused, crashed) must mean the fallback, not SIGPIPE. */
 static int write_all(int fd, const char *data, size_t len)
 {
     while (len > 0) {
-        ssize_t n = write(fd, data, len);
+        ssize_t n = send(fd, data, len, MSG_NOSIGNAL);
         if (n < 0) {
             if (errno == EINTR)
                 continue;

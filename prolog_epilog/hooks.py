@@ -225,8 +225,8 @@ def _main(phase: str) -> int:
     log.setup(config.log, phase)
     started = time.monotonic()
     verdict = handle(phase, dict(os.environ), config)
-    logger.debug("job %s: %s done in %.0f ms without the hook service", os.environ.get("SLURM_JOB_ID", "?"),
-                 phase, (time.monotonic() - started) * 1000)
+    logger.info("job %s: %s done in %.0f ms without the hook service (is `slurm-ext hooks serve` running?)",
+                os.environ.get("SLURM_JOB_ID", "?"), phase, (time.monotonic() - started) * 1000)
     if verdict.message:
         print(f"slurm-ext-{phase}: {verdict.message}", file=sys.stderr)
     return verdict.exit_code

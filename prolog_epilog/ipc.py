@@ -383,7 +383,7 @@ def _clean_sysv(kind: str, uid: int, exclusive: bool, since: float, holders: _Ho
             if held:
                 tally.kept.append(f"{obj.label}: {held}")
                 continue
-            if obj.ctime < since:
+            if obj.ctime < int(since):  # SysV keeps whole seconds: made in the job's first second is the job's
                 tally.kept.append(f"{obj.label}: {_predates(obj.ctime, since)}")
                 continue
         try:

@@ -61,6 +61,7 @@ def serve(config_path: str | None = None) -> int:
     path = socket_path(config)
     try:
         listener = _listen(path)
+        bound = path.lstat()  # what this service removes when it stops, and nothing else
     except OSError as err:
         events.emit(config.node.state_dir, "prolog_epilog", "hook-service-failed",
                     f"cannot listen on {path}: {err.strerror}", "error")
@@ -68,11 +69,11 @@ def serve(config_path: str | None = None) -> int:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     try:
-        gpus.gpu_usage(())  # NVML initialised now, not in the first job's Prolog
-    except gpus.GpuCheckError as err:
-        logger.info("NVML not available (%s): jobs with GPUs will report it", err)
-    logger.info("hook service listening on %s", path)
-    try:
+        try:
+            gpus.gpu_usage(())  # NVML initialised now, not in the first job's Prolog
+        except gpus.GpuCheckError as err:
+            logger.info("NVML not available (%s): jobs with GPUs will report it", err)
+        logger.info("hook service listening on %s", path)
         while True:
             connection, _ = listener.accept()
             threading.Thread(target=_answer, args=(connection, holder), daemon=True,
@@ -83,7 +84,8 @@ def serve(config_path: str | None = None) -> int:
     finally:
         listener.close()
         try:
-            if stat.S_ISSOCK(path.lstat().st_mode):
+            now = path.lstat()
+            if (now.st_dev, now.st_ino) == (bound.st_dev, bound.st_ino):  # not a successor's socket
                 path.unlink()
         except OSError:
             pass

@@ -121,6 +121,17 @@ def running_cluster(cluster) -> Cluster:
     return cluster
 
 
+def wait_for(what: str, test, timeout: float = 15.0, interval: float = 0.02):
+    """Poll `test` until it returns something true, and return that; fail naming `what`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = test()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"{what}: not within {timeout}s")
+
+
 def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run the real `slurm-ext` CLI in a child process."""
     return subprocess.run([sys.executable, "-m", "slurm_ext.cli", *args], capture_output=True, text=True,

@@ -9,7 +9,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import cli
+from conftest import cli, wait_for
 from slurm_ext import dev
 from slurm_ext.slurm import REASON_PREFIX
 from test_supervisor import AgentProcess
@@ -26,16 +26,6 @@ def _slurmd_pid(cluster) -> int | None:
     return None
 
 
-def _wait(what: str, test, timeout: float = 15.0, interval: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = test()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"{what}: not within {timeout}s")
-
-
 def test_slurmd_killed_20_times_is_back_each_time_and_the_job_survives(running_cluster):
     cluster = running_cluster
     release, started = cluster.layout.out / "release-the-job", cluster.layout.out / "job-started"
@@ -46,8 +36,8 @@ def test_slurmd_killed_20_times_is_back_each_time_and_the_job_survives(running_c
     # Not just RUNNING in squeue: slurmd must be done launching the batch step. A slurmd
     # killed mid-launch loses the step (22.05: "[N.extern] error: Unable to send "ok" to
     # slurmd") and the job then hangs in RUNNING: a launch race of Slurm's, not a survivor.
-    _wait("the job's script to start", started.exists)
-    steps = _wait("the job's slurmstepd processes", lambda: {
+    wait_for("the job's script to start", started.exists)
+    steps = wait_for("the job's slurmstepd processes", lambda: {
         p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "slurmstepd"})
     last_kill = 0.0
     for round_ in range(20):
@@ -57,8 +47,8 @@ def test_slurmd_killed_20_times_is_back_each_time_and_the_job_survives(running_c
         assert old, f"round {round_}: no slurmd under the worker agent"
         psutil.Process(old).send_signal(signal.SIGKILL)
         last_kill = time.monotonic()
-        new = _wait(f"round {round_}: a new slurmd", lambda: (p := _slurmd_pid(cluster)) not in (None, old) and p)
-        _wait(f"round {round_}: slurmd answers", lambda: cluster.run("scontrol", "show", "slurmd",
+        new = wait_for(f"round {round_}: a new slurmd", lambda: (p := _slurmd_pid(cluster)) not in (None, old) and p)
+        wait_for(f"round {round_}: slurmd answers", lambda: cluster.run("scontrol", "show", "slurmd",
                                                                      check=False).returncode == 0)
         node = slurm.node(cluster.node)
         assert node.responding and not node.drained, (round_, node)
@@ -128,7 +118,7 @@ def test_crash_loop_drains_the_node_and_a_fix_clears_only_our_drain(running_clus
     cluster = running_cluster
     slurm = cluster.client()
     agent = cluster_agent(CRASHING_SLURMD)
-    node = _wait("crash-loop drain", lambda: (n := slurm.node(cluster.node)).drained and n)
+    node = wait_for("crash-loop drain", lambda: (n := slurm.node(cluster.node)).drained and n)
     assert node.reason.startswith(f"{REASON_PREFIX} slurmd crash loop: 3 exits in 3s"), node.reason
     assert any(e["event"] == "crash-loop" for e in agent.journal())
     assert agent.metric("slurm_ext_supervisor_crash_loop", worker="slurmd") == 1
@@ -138,13 +128,13 @@ def test_crash_loop_drains_the_node_and_a_fix_clears_only_our_drain(running_clus
     agent.write_config(CRASHING_SLURMD.replace('["sh", "-c", "exit 1"]', '["sleep", "300"]'))
     agent.proc.send_signal(signal.SIGHUP)
     agent.wait_log(r"worker slurmd: backoff -> running: started pid \d+: sleep 300")
-    _wait("our drain cleared", lambda: not slurm.node(cluster.node).drained, timeout=20, interval=0.2)
+    wait_for("our drain cleared", lambda: not slurm.node(cluster.node).drained, timeout=20, interval=0.2)
     assert any(e["event"] == "resume" for e in agent.journal())
 
     # again, but an admin drains the node meanwhile: theirs stays
     agent.write_config(CRASHING_SLURMD)
     agent.proc.send_signal(signal.SIGHUP)
-    _wait("crash-loop drain again", lambda: slurm.node(cluster.node).reason_is_ours, timeout=20)
+    wait_for("crash-loop drain again", lambda: slurm.node(cluster.node).reason_is_ours, timeout=20)
     cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=drain", "reason=maintenance")
     agent.write_config(CRASHING_SLURMD.replace('["sh", "-c", "exit 1"]', '["sleep", "300"]'))
     agent.proc.send_signal(signal.SIGHUP)

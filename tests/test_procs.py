@@ -1,0 +1,549 @@
+"""prolog_epilog.procs on real processes, real /proc and real cgroups: no mocks.
+
+Every process a test starts runs as a uid that no process on the host had
+when the test began (picked fresh per test), or is a root child of pytest, so
+the finalizer can kill all of them by uid and by pid and never anything else.
+Jobs are 9_000_000+n on node `procs-test-<pytest pid>`, so their cgroups
+never meet a Slurm test cluster's (slurm_testnode1/, slurm_node1/). The
+finalizer thaws, kills, reaps, and removes only the cgroup directories the
+test made. PID 1 here reaps orphans slowly, so a zombie counts as dead.
+
+Needs root, setpriv, the cgroup v1 freezer and memory hierarchies and the
+cgroup2 mount at /sys/fs/cgroup/unified (this project's CI has them all).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from prolog_epilog.jobrecord import JobRecord, cgroup_paths
+from prolog_epilog.procs import JobProcess, find_job_processes, gpu_process_of, kill_job, kill_process, protected_pids
+from slurm_ext.procfs import pids, read_stat, real_uid
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="starts processes as other uids and makes cgroups: root only")
+
+CGROUP = Path("/sys/fs/cgroup")
+FREEZER = CGROUP / "freezer"
+MEMORY = CGROUP / "memory"
+UNIFIED = CGROUP / "unified"
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SLEEP = shutil.which("sleep", path=PATH) or "/bin/sleep"
+#: a Python every uid can run (the test's own may live under /root)
+SYSTEM_PYTHON = "/usr/bin/python3"
+JOB_BASE = 9_000_000 + (os.getpid() % 1000) * 100
+
+
+# -- reading the kernel ----------------------------------------------------------------
+
+
+def _alive(pid: int, starttime: int) -> bool:
+    """True while that very process runs; a zombie, or a recycled pid, is dead."""
+    stat = read_stat(pid)
+    return stat is not None and stat.starttime == starttime and stat.state not in ("Z", "X")
+
+
+def _environ(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return []
+
+
+def _carrying(job_id: int) -> set[int]:
+    """Live processes whose environment has SLURM_JOB_ID=<job_id>."""
+    entry = f"SLURM_JOB_ID={job_id}".encode()
+    found = set()
+    for pid in pids():
+        stat = read_stat(pid)
+        if stat is not None and stat.state not in ("Z", "X") and entry in _environ(pid):
+            found.add(pid)
+    return found
+
+
+def _wait(what: str, condition: Callable[[], object], timeout: float = 10.0) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not after {timeout}s")
+        time.sleep(0.01)
+
+
+def _wait_dead(processes: dict[int, int], timeout: float = 5.0) -> None:
+    """Wait until every (pid -> starttime) is dead; fail naming those that are not."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = {pid: read_stat(pid) for pid, start in processes.items() if _alive(pid, start)}
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still alive after {timeout}s: {left}")
+        time.sleep(0.01)
+
+
+def _free_uids(count: int) -> list[int]:
+    """Uids no process has now, from a range of this pytest's own."""
+    used = {real_uid(pid) for pid in pids()}
+    uid, found = 420_000 + (os.getpid() % 10_000) * 10, []
+    while len(found) < count:
+        if uid not in used:
+            found.append(uid)
+        uid += 1
+    return found
+
+
+def _kill_exact(pid: int, starttime: int) -> None:
+    """SIGKILL that very process (pidfd, start time checked); nothing when it is gone."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return
+    try:
+        stat = read_stat(pid)
+        if stat is not None and stat.starttime == starttime:
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _by_pid(found: list[JobProcess] | tuple[JobProcess, ...]) -> dict[int, JobProcess]:
+    return {p.pid: p for p in found}
+
+
+# -- the lab: what a test starts and makes, and its cleanup -------------------------
+
+
+class Lab:
+    """Processes and cgroups of one test, all undone by close()."""
+
+    def __init__(self) -> None:
+        self.node = f"procs-test-{os.getpid()}"
+        #: the job's user and a stranger; both had no process when the test began
+        self.uid, self.other_uid = _free_uids(2)
+        self.children: list[subprocess.Popen] = []
+        #: pid -> starttime of every process started, the orphans among them
+        self.started: dict[int, int] = {}
+        #: cgroup directories this test made, in the order it made them
+        self.created: list[Path] = []
+        self._jobs = 0
+
+    def job(self, uid: int | None = None) -> JobRecord:
+        self._jobs += 1
+        return JobRecord(job_id=JOB_BASE + self._jobs, uid=self.uid if uid is None else uid,
+                         gid=self.uid if uid is None else uid, user="procs-test", node=self.node, gpus=(),
+                         start=time.time(), cgroups=())
+
+    def popen(self, *argv: str, uid: int | None = None, job_id: int | None = None, setsid: bool = False,
+              stdout: int = subprocess.DEVNULL) -> subprocess.Popen:
+        """Start argv as `uid` (root when None), with SLURM_JOB_ID=job_id when given."""
+        env = {"PATH": PATH} | ({"SLURM_JOB_ID": str(job_id)} if job_id is not None else {})
+        prefix = [] if uid is None else ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+        child = subprocess.Popen([*prefix, *argv], env=env, cwd="/", stdin=subprocess.DEVNULL, stdout=stdout,
+                                 stderr=subprocess.DEVNULL, start_new_session=setsid)
+        self.children.append(child)
+        return child
+
+    def spawn(self, *argv: str, comm: str = "sleep", **how) -> int:
+        """popen(), then wait until the exec chain (setpriv, env -i, ...) has reached `comm`."""
+        pid = self.popen(*argv, **how).pid
+        return self.settled(pid, comm)
+
+    def orphan(self, command: str, *, uid: int, job_id: int | None, comm: str = "sleep") -> int:
+        """Run `command &` in sh as `uid`; sh exits, leaving it to PID 1. Its pid."""
+        sh = self.popen("sh", "-c", f"{command} </dev/null >/dev/null 2>&1 & echo $!", uid=uid, job_id=job_id,
+                        stdout=subprocess.PIPE)
+        out, _ = sh.communicate(timeout=10)
+        return self.settled(int(out), comm)
+
+    def settled(self, pid: int, comm: str) -> int:
+        stat = _wait(f"pid {pid} runs {comm}", lambda: (s := read_stat(pid)) and s.comm == comm and s)
+        self.started[pid] = stat.starttime
+        return pid
+
+    def children_of(self, ppid: int, count: int, comm: str = "sleep") -> list[int]:
+        """The `count` children of `ppid` that have exec'd `comm`, once they all have."""
+        def ready():
+            found = [s.pid for s in map(read_stat, pids()) if s and s.ppid == ppid and s.comm == comm]
+            return found if len(found) == count else None
+        found = _wait(f"{count} {comm} children of {ppid}", ready)
+        for pid in found:
+            self.settled(pid, comm)
+        return found
+
+    def mkcgroup(self, path: Path) -> Path:
+        """mkdir -p, remembering each level this test made."""
+        for level in [*reversed(path.parents), path]:
+            if not level.exists():
+                level.mkdir()
+                self.created.append(level)
+        return path
+
+    def close(self) -> None:
+        for directory in reversed(self.created):  # thaw first: a frozen task cannot die
+            for name, text in (("freezer.state", "THAWED"), ("cgroup.freeze", "0")):
+                try:
+                    (directory / name).write_text(text)
+                except OSError:
+                    pass
+        deadline = time.monotonic() + 10
+        while True:  # rounds: a respawner left alive may fork between two scans
+            ours = {pid: s.starttime for pid in pids()
+                    if real_uid(pid) in (self.uid, self.other_uid) and (s := read_stat(pid)) and s.state != "Z"}
+            ours |= {pid: start for pid, start in self.started.items() if _alive(pid, start)}
+            for pid, start in ours.items():
+                _kill_exact(pid, start)
+            for child in self.children:
+                if child.poll() is None:
+                    child.kill()
+            if not ours or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        for child in self.children:
+            child.wait(timeout=10)
+        left = []
+        for directory in reversed(self.created):  # deepest first
+            for _ in range(200):
+                try:
+                    if directory.exists():
+                        directory.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.01)
+            else:
+                left.append(directory)
+        assert not ours, f"test processes survived cleanup: {ours}"
+        assert not left, f"cgroups left behind: {left}"
+
+
+@pytest.fixture
+def lab() -> Iterator[Lab]:
+    lab = Lab()
+    try:
+        yield lab
+    finally:
+        lab.close()
+
+
+def _find(job: JobRecord, *, sweep: bool, protected: frozenset[int] | None = None) -> dict[int, JobProcess]:
+    return _by_pid(find_job_processes(job, sweep_uid=sweep, protected=protected or protected_pids(),
+                                      cgroup_root=CGROUP))
+
+
+def _kill(job: JobRecord, *, sweep: bool, timeout: float = 5.0, protected: frozenset[int] | None = None):
+    return kill_job(job, sweep_uid=sweep, protected=protected or protected_pids(), timeout=timeout,
+                    cgroup_root=CGROUP)
+
+
+# -- ties ---------------------------------------------------------------------------
+
+
+def test_environ_tie_finds_setsid_nohup_and_double_fork_and_kills_them(lab):
+    job = lab.job()
+    daemon = lab.orphan(f"setsid nohup {SLEEP} 1000", uid=lab.uid, job_id=job.job_id)
+    forked = lab.orphan(f"{SLEEP} 1000", uid=lab.uid, job_id=job.job_id)
+    assert read_stat(daemon).session == daemon  # its own session ...
+    assert {read_stat(daemon).ppid, read_stat(forked).ppid}.isdisjoint({os.getpid()})  # ... and both orphans
+
+    found = _find(job, sweep=False)
+    assert {pid: p.tie for pid, p in found.items()} == {daemon: "environ", forked: "environ"}
+    assert found[daemon].uid == lab.uid and found[daemon].comm == "sleep"
+
+    cleanup = _kill(job, sweep=False)
+    assert {p.pid for p in cleanup.found} == {daemon, forked}
+    assert cleanup.survivors == ()
+    assert cleanup.cgroups_removed == 0
+    _wait_dead({daemon: lab.started[daemon], forked: lab.started[forked]}, timeout=0.5)
+    assert _carrying(job.job_id) == set()
+
+
+def test_family_ties_env_i_child_and_orphaned_grandchild_of_the_same_session(lab):
+    job = lab.job()
+    # the parent keeps SLURM_JOB_ID; its child and a subshell's orphan drop their environment
+    parent = lab.spawn("sh", "-c", f"env -i {SLEEP} 1000 & (env -i {SLEEP} 1001 &); exec {SLEEP} 1000",
+                       uid=lab.uid, job_id=job.job_id, setsid=True)
+    [child] = lab.children_of(parent, 1)
+    orphan = _wait("the subshell's orphan", lambda: [
+        pid for pid in pids() if (s := read_stat(pid)) and s.session == parent and pid not in (parent, child)
+        and s.comm == "sleep" and s.state != "Z"])
+    [orphan] = orphan
+    lab.settled(orphan, "sleep")
+    assert _environ(child) == [b""] and _environ(orphan) == [b""]
+    assert read_stat(orphan).ppid != parent
+
+    found = _find(job, sweep=False)
+    assert {pid: p.tie for pid, p in found.items()} == {parent: "environ", child: "family", orphan: "family"}
+
+    cleanup = _kill(job, sweep=False)
+    assert {p.pid for p in cleanup.found} == {parent, child, orphan}
+    assert cleanup.survivors == ()
+    _wait_dead({pid: lab.started[pid] for pid in (parent, child, orphan)}, timeout=0.5)
+
+
+def test_uid_sweep_takes_bare_processes_of_the_user_only_when_asked(lab):
+    job, other_job = lab.job(), lab.job()
+    bare = lab.spawn("env", "-i", SLEEP, "1000", uid=lab.uid, setsid=True)
+    others = lab.spawn(SLEEP, "1000", uid=lab.uid, job_id=other_job.job_id, setsid=True)
+
+    assert _find(job, sweep=False) == {}
+    found = _find(job, sweep=True)
+    assert {pid: p.tie for pid, p in found.items()} == {bare: "uid"}
+    assert _find(other_job, sweep=False).keys() == {others}
+
+    cleanup = _kill(job, sweep=True)
+    assert {p.pid for p in cleanup.found} == {bare}
+    assert cleanup.survivors == ()
+    _wait_dead({bare: lab.started[bare]}, timeout=0.5)
+    assert _alive(others, lab.started[others]) and read_stat(others).state == "S"  # not even stopped
+
+
+def test_family_and_sweep_never_reach_root_or_another_user(lab):
+    job = lab.job()
+    setpriv = "setpriv --reuid={0} --regid={0} --clear-groups"
+    # a root session leader, parent of a tied process of the job's user and of a stranger's bare process
+    leader = lab.spawn("sh", "-c", f"{setpriv.format(lab.uid)} env SLURM_JOB_ID={job.job_id} {SLEEP} 1000 & "
+                                   f"{setpriv.format(lab.other_uid)} {SLEEP} 1000 & exec {SLEEP} 1000", setsid=True)
+    [tied, stranger] = sorted(lab.children_of(leader, 2), key=real_uid)
+    assert (real_uid(tied), real_uid(stranger), real_uid(leader)) == (lab.uid, lab.other_uid, 0)
+    loner = lab.spawn(SLEEP, "1000", uid=lab.other_uid, setsid=True)  # another user, no tie at all
+    root_plain = lab.spawn(SLEEP, "1000", setsid=True)  # root, no tie
+    root_tied = lab.spawn(SLEEP, "1000", job_id=job.job_id, setsid=True)  # root, the job's environment
+
+    found = _find(job, sweep=True)
+    assert {pid: p.tie for pid, p in found.items()} == {tied: "environ", root_tied: "environ"}
+    assert found[root_tied].uid == 0
+
+    cleanup = _kill(job, sweep=True)
+    assert {p.pid for p in cleanup.found} == {tied, root_tied}
+    assert cleanup.survivors == ()
+    _wait_dead({pid: lab.started[pid] for pid in (tied, root_tied)}, timeout=0.5)
+    for pid in (leader, stranger, loner, root_plain):
+        assert _alive(pid, lab.started[pid]) and read_stat(pid).state == "S", read_stat(pid)
+
+
+def test_protected_pids_and_their_sessions_are_spared(lab):
+    job = lab.job()
+    guard = lab.spawn(SLEEP, "1000", uid=lab.uid, job_id=job.job_id)  # stands in for the agent
+    bystander = lab.spawn("env", "-i", SLEEP, "1000", uid=lab.uid)  # the job's user, in pytest's session
+    victim = lab.spawn(SLEEP, "1000", uid=lab.uid, job_id=job.job_id, setsid=True)
+    protected = protected_pids((guard,))
+    assert {1, os.getpid(), os.getppid(), guard} <= protected
+    assert bystander not in protected and victim not in protected
+
+    assert _find(job, sweep=False, protected=protected).keys() == {victim}
+    cleanup = _kill(job, sweep=False, protected=protected)
+    assert {p.pid for p in cleanup.found} == {victim}
+    _wait_dead({victim: lab.started[victim]}, timeout=0.5)
+    for pid in (guard, bystander):
+        assert _alive(pid, lab.started[pid]) and read_stat(pid).state == "S", read_stat(pid)
+
+
+def test_root_slurmstepd_is_never_touched_but_a_users_binary_of_that_name_is(lab):
+    directory = Path(tempfile.mkdtemp(prefix="procs-test-"))
+    try:
+        directory.chmod(0o755)
+        fake = directory / "slurmstepd"
+        shutil.copy(SLEEP, fake)
+        fake.chmod(0o755)
+        job = lab.job()
+        daemon = lab.spawn(str(fake), "1000", job_id=job.job_id, comm="slurmstepd")
+        impostor = lab.spawn(str(fake), "1000", uid=lab.uid, job_id=job.job_id, comm="slurmstepd", setsid=True)
+
+        assert _find(job, sweep=True).keys() == {impostor}
+        assert gpu_process_of(job, daemon, protected_pids()) is None
+        cleanup = _kill(job, sweep=True)
+        assert {p.pid for p in cleanup.found} == {impostor}
+        _wait_dead({impostor: lab.started[impostor]}, timeout=0.5)
+        assert _alive(daemon, lab.started[daemon]) and read_stat(daemon).state == "S"
+    finally:
+        shutil.rmtree(directory)
+
+
+def test_a_process_renamed_like_a_kernel_thread_is_still_found(lab):
+    job = lab.job()
+    rename = ("import ctypes, signal; ctypes.CDLL(None).prctl(15, b'kworker/0:1', 0, 0, 0); "
+              "signal.pause()")  # PR_SET_NAME
+    pid = lab.spawn(SYSTEM_PYTHON, "-c", rename, uid=lab.uid, job_id=job.job_id, setsid=True, comm="kworker/0:1")
+    assert read_stat(pid).ppid != 2
+
+    found = _find(job, sweep=False)
+    assert found.keys() == {pid} and found[pid].comm == "kworker/0:1" and found[pid].tie == "environ"
+    cleanup = _kill(job, sweep=False)
+    assert [p.pid for p in cleanup.found] == [pid]
+    _wait_dead({pid: lab.started[pid]}, timeout=0.5)
+
+
+@pytest.mark.parametrize("body", [f"{SLEEP} 1000", "/bin/true"], ids=["respawns-sleep", "forks-nonstop"])
+def test_a_respawning_loop_and_its_children_all_die(lab, body):
+    job = lab.job()
+    loop = lab.spawn("sh", "-c", f"while true; do {body}; done", uid=lab.uid, job_id=job.job_id, setsid=True,
+                     comm="sh")
+    if body.startswith(SLEEP):
+        [first] = lab.children_of(loop, 1)
+    else:
+        time.sleep(0.1)  # let it churn
+
+    cleanup = _kill(job, sweep=False)
+    assert loop in {p.pid for p in cleanup.found}
+    if body.startswith(SLEEP):
+        assert first in {p.pid for p in cleanup.found}
+    assert cleanup.survivors == ()
+    _wait_dead({loop: lab.started[loop]}, timeout=0.5)
+    assert _carrying(job.job_id) == set()
+    time.sleep(0.3)  # nothing respawns later either
+    assert _carrying(job.job_id) == set()
+
+
+# -- cgroups --------------------------------------------------------------------------
+
+
+def test_cgroup_v1_membership_ties_any_uid_and_the_job_cgroups_are_frozen_killed_and_removed(lab):
+    job = lab.job()
+    steps = [lab.mkcgroup(h / f"slurm_{job.node}" / f"uid_{job.uid}" / f"job_{job.job_id}" / "step_0")
+             for h in (FREEZER, MEMORY)]
+    bare = lab.spawn("env", "-i", SLEEP, "1000", uid=lab.uid, setsid=True)
+    helper = lab.spawn("env", "-i", SLEEP, "1000", uid=lab.other_uid, setsid=True)  # a setuid helper, say
+    for step in steps:
+        for pid in (bare, helper):
+            (step / "cgroup.procs").write_text(str(pid))
+    assert f"freezer:/slurm_{job.node}/uid_{job.uid}/job_{job.job_id}/step_0" in Path(
+        f"/proc/{bare}/cgroup").read_text()
+
+    found = _find(job, sweep=False)
+    assert {pid: p.tie for pid, p in found.items()} == {bare: "cgroup", helper: "cgroup"}
+
+    cleanup = _kill(job, sweep=False)
+    assert {p.pid for p in cleanup.found} == {bare, helper}
+    assert cleanup.survivors == ()
+    _wait_dead({pid: lab.started[pid] for pid in (bare, helper)}, timeout=0.5)
+    assert cleanup.cgroups_removed == 4  # job_<id> and step_0 on both hierarchies
+    for step in steps:
+        assert not step.parent.exists()
+        assert step.parent.parent.is_dir()  # uid_<uid> is Slurm's, not the job's
+
+
+def test_sweep_spares_the_users_process_in_another_jobs_cgroup(lab):
+    job, other_job = lab.job(), lab.job()
+    other = lab.mkcgroup(FREEZER / f"slurm_{job.node}" / f"uid_{job.uid}" / f"job_{other_job.job_id}")
+    bare = lab.spawn("env", "-i", SLEEP, "1000", uid=lab.uid, setsid=True)
+    (other / "cgroup.procs").write_text(str(bare))
+
+    assert _find(job, sweep=True) == {}
+    assert gpu_process_of(job, bare, protected_pids(), cgroup_root=CGROUP) is None
+    assert {pid: p.tie for pid, p in _find(other_job, sweep=False).items()} == {bare: "cgroup"}
+    cleanup = _kill(job, sweep=True)
+    assert cleanup.found == () and cleanup.survivors == ()
+    assert _alive(bare, lab.started[bare]) and read_stat(bare).state == "S"
+    assert other.is_dir()  # another job's cgroup is not removed
+
+
+def test_cgroup_v2_membership_ties_and_cgroup_kill_empties_it(lab):
+    job = lab.job()
+    job_dir = UNIFIED / "system.slice" / "slurmstepd.scope" / f"job_{job.job_id}"
+    assert job_dir in cgroup_paths(job.job_id, job.uid, job.node, CGROUP)  # the hybrid root still finds v2
+    step = lab.mkcgroup(job_dir / "step_0")
+    assert (job_dir / "cgroup.kill").exists() and (job_dir / "cgroup.freeze").exists()
+    stranger = lab.spawn("env", "-i", SLEEP, "1000", uid=lab.other_uid, setsid=True)
+    mine = lab.spawn("env", "-i", SLEEP, "1000", uid=lab.uid, setsid=True)
+    (step / "cgroup.procs").write_text(str(stranger))
+    (job_dir / "cgroup.procs").write_text(str(mine))
+
+    found = _find(job, sweep=False)
+    assert {pid: p.tie for pid, p in found.items()} == {stranger: "cgroup", mine: "cgroup"}
+
+    cleanup = _kill(job, sweep=False)
+    assert {p.pid for p in cleanup.found} == {stranger, mine}
+    assert cleanup.survivors == ()
+    _wait_dead({pid: lab.started[pid] for pid in (stranger, mine)}, timeout=0.5)
+    assert cleanup.cgroups_removed == 2
+    assert not job_dir.exists() and job_dir.parent.is_dir()
+
+
+def test_a_task_frozen_outside_the_job_is_reported_as_survivor_without_hanging(lab):
+    job = lab.job()
+    cage = lab.mkcgroup(FREEZER / f"procs-test-frozen-{os.getpid()}")
+    pid = lab.spawn(SLEEP, "1000", uid=lab.uid, job_id=job.job_id, setsid=True)
+    (cage / "cgroup.procs").write_text(str(pid))
+    (cage / "freezer.state").write_text("FROZEN")
+    _wait("frozen", lambda: (cage / "freezer.state").read_text().strip() == "FROZEN")
+
+    began = time.monotonic()
+    cleanup = _kill(job, sweep=False, timeout=0.5)
+    took = time.monotonic() - began
+    print(f"frozen survivor: state {cleanup.survivors[0][1] if cleanup.survivors else None!r}, "
+          f"kill_job took {took:.3f}s")
+    assert took < 3.0
+    assert [(p.pid, p.tie) for p in cleanup.found] == [(pid, "environ")]
+    assert [(p.pid, state) for p, state in cleanup.survivors] == [(pid, "D")]  # a v1-frozen task shows D
+    assert _alive(pid, lab.started[pid])
+
+    (cage / "freezer.state").write_text("THAWED")  # the SIGKILL it got is pending: it dies now
+    _wait_dead({pid: lab.started[pid]}, timeout=2.0)
+
+
+# -- single processes -----------------------------------------------------------------
+
+
+def test_kill_process_never_signals_a_process_whose_start_time_differs(lab):
+    pid = lab.spawn(SLEEP, "1000", uid=lab.uid)
+    start = lab.started[pid]
+    assert kill_process(JobProcess(pid, start + 1, lab.uid, "sleep", "gpu")) is False
+    time.sleep(0.1)
+    assert _alive(pid, start) and read_stat(pid).state == "S"
+
+    real = JobProcess(pid, start, lab.uid, "sleep", "gpu")
+    assert kill_process(real) is True
+    [child] = [c for c in lab.children if c.pid == pid]
+    assert child.wait(timeout=5) == -signal.SIGKILL
+    assert kill_process(real) is False  # reaped: gone
+
+
+def test_gpu_process_of_ties_the_users_bare_process_and_nothing_foreign(lab):
+    job, other_job = lab.job(), lab.job()
+    bare = lab.spawn("env", "-i", SLEEP, "1000", uid=lab.uid, setsid=True)
+    others = lab.spawn(SLEEP, "1000", uid=lab.uid, job_id=other_job.job_id, setsid=True)
+    stranger = lab.spawn(SLEEP, "1000", uid=lab.other_uid, setsid=True)
+    root_tied = lab.spawn(SLEEP, "1000", job_id=job.job_id, setsid=True)
+    guard = lab.spawn("env", "-i", SLEEP, "1000", uid=lab.uid, setsid=True)
+    protected = protected_pids((guard,))
+
+    def tie(pid):
+        found = gpu_process_of(job, pid, protected, cgroup_root=CGROUP)
+        return found and (found.tie, found.starttime == lab.started[pid])
+
+    assert tie(bare) == ("gpu", True)
+    assert tie(root_tied) == ("environ", True)
+    assert tie(others) is None and tie(stranger) is None and tie(guard) is None
+    _kill_exact(bare, lab.started[bare])
+    _wait_dead({bare: lab.started[bare]})
+    assert tie(bare) is None  # a zombie is no GPU process
+
+
+def test_two_hundred_processes(lab):
+    job = lab.job()
+    sh = lab.popen("sh", "-c", f"i=0; while [ $i -lt 200 ]; do {SLEEP} 1000 </dev/null >/dev/null 2>&1 & "
+                               "i=$((i+1)); done", uid=lab.uid, job_id=job.job_id, setsid=True)
+    assert sh.wait(timeout=30) == 0
+    sleepers = _wait("200 sleepers", lambda: (s := {pid for pid in _carrying(job.job_id)
+                                                    if read_stat(pid).comm == "sleep"}) and len(s) == 200 and s,
+                     timeout=30)
+    for pid in sleepers:
+        lab.settled(pid, "sleep")
+
+    cleanup = _kill(job, sweep=False, timeout=10)
+    print(f"kill_job: {len(cleanup.found)} processes in {cleanup.seconds:.3f}s")
+    assert {p.pid for p in cleanup.found} == sleepers
+    assert cleanup.survivors == ()
+    _wait_dead({pid: lab.started[pid] for pid in sleepers}, timeout=0.5)
