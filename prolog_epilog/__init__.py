@@ -11,20 +11,22 @@ Lifecycle scripts live in `<scripts dir>/<role>/<phase>.d/` (`script_dirs`,
 check them before anything runs them.
 """
 
-from pathlib import Path
-
 from .hooks import epilog_main, prolog_main
-from .scripts import run_scripts, scripts_dir
-from .service import build_hook, serve, socket_path
-from .validate import Problem, validate_dir, validate_script
+from .places import PHASES, SCRIPT_ROLES, script_dirs, scripts_dir
 
-__all__ = ["prolog_main", "epilog_main", "run_scripts", "scripts_dir", "serve", "build_hook", "socket_path",
+__all__ = ["prolog_main", "epilog_main", "run_scripts", "scripts_dir", "serve", "build_hook", "write_launchers",
+           "socket_path",
            "script_dirs", "validate_dir", "validate_script", "Problem", "PHASES", "SCRIPT_ROLES"]
 
-PHASES = ("node-boot", "job-start", "job-end")
-SCRIPT_ROLES = ("worker", "login", "controller")
+# Imported on first use: slurmd starts the Python hooks (the fallback path) once per job, and
+# every module imported here is paid for by every job on a node without the hook service.
+_LAZY = {"run_scripts": "scripts", "serve": "service", "build_hook": "service", "socket_path": "service",
+         "write_launchers": "service",
+         "validate_dir": "validate", "validate_script": "validate", "Problem": "validate"}
 
 
-def script_dirs(config_dir: Path) -> list[Path]:
-    """Every lifecycle script directory under `config_dir`, existing or not."""
-    return [Path(config_dir) / role / f"{phase}.d" for role in SCRIPT_ROLES for phase in PHASES]
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -31,19 +31,17 @@ from dataclasses import dataclass
 from slurm_ext import config as config_mod, events, log
 from slurm_ext.config import Config
 from slurm_ext.errors import ConfigError, SlurmExtError
-from slurm_ext.slurm import SlurmClient
 
 from . import gpus, jobrecord, procs
 from .ipc import clean_ipc
-from .scripts import run_scripts
-from .validate import VerdictCache
+from .places import phase_dir
 
 __all__ = ["Verdict", "prolog", "epilog", "handle", "prolog_main", "epilog_main"]
 
 logger = logging.getLogger("prolog_epilog")
 _COMPONENT = "prolog_epilog"
 #: verdicts of admin scripts, kept for the life of the process (the hook service lives long)
-_CACHE = VerdictCache()
+_CACHE = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +91,7 @@ def prolog(env: dict[str, str], config: Config) -> Verdict:
                    f"{record.job_id} ({pids})")
             return Verdict(1, f"job {record.job_id}: gpu {','.join(map(str, held))} already in use ({pids}); "
                            "node drained, Slurm requeues the job")
-    outcome = run_scripts("job-start", config, env=env, cache=_CACHE)
+    outcome = _run_scripts("job-start", config, env)
     if outcome.exit_code:
         return Verdict(outcome.exit_code, f"job {record.job_id}: job-start scripts failed (policy drain)")
     return Verdict(0, "")
@@ -121,11 +119,28 @@ def epilog(env: dict[str, str], config: Config, protect: tuple[int, ...] = ()) -
     _report(config, record, cleanup, ipc, others)
     for reason in reasons:
         _drain(config, record, reason)
-    outcome = run_scripts("job-end", config, env=env, cache=_CACHE)
+    outcome = _run_scripts("job-end", config, env)
     jobrecord.remove(job_id, state_dir)
     if outcome.exit_code:
         return Verdict(outcome.exit_code, f"job {job_id}: job-end scripts failed (policy drain)")
     return Verdict(0, "; ".join(reasons))
+
+
+@dataclass(frozen=True, slots=True)
+class _NothingRan:
+    exit_code: int = 0
+
+
+def _run_scripts(phase: str, config: Config, env: dict[str, str]):
+    """Run the phase's scripts; the runner (and its imports) only when there is something to run."""
+    global _CACHE
+    if not phase_dir(config, "worker", phase).is_dir() and not config.prolog_epilog.allow_user_hooks:
+        return _NothingRan()
+    from .scripts import run_scripts
+    from .validate import VerdictCache
+    if _CACHE is None:
+        _CACHE = VerdictCache()
+    return run_scripts(phase, config, env=env, cache=_CACHE)
 
 
 def _release_gpus(config: Config, record: jobrecord.JobRecord, cleanup: procs.Cleanup,
@@ -182,6 +197,7 @@ def _report(config: Config, record: jobrecord.JobRecord, cleanup: procs.Cleanup,
 def _drain(config: Config, record: jobrecord.JobRecord, reason: str) -> None:
     node = record.node or config.node.name or os.uname().nodename.split(".")[0]
     _emit(config, "drain", f"node {node}: {reason}", "error", job=record.job_id, node=node)
+    from slurm_ext.slurm import SlurmClient  # only here: a drain is rare, the import is not free
     try:
         SlurmClient(config.slurm).drain(node, reason)
     except SlurmExtError as err:

@@ -34,8 +34,6 @@ Rules, and why:
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import errno
 import functools
 import os
@@ -454,8 +452,11 @@ def _sysv_holder(obj: _SysvObject, uid: int, holders: _Holders, proc: Path) -> s
 
 
 @functools.cache
-def _libc() -> ctypes.CDLL:
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+def _libc():
+    import ctypes  # only when something is to be removed: the Epilog's usual run removes nothing
+
+    # dlopen(NULL): the C library this process already has, without find_library's ldconfig run
+    libc = ctypes.CDLL(None, use_errno=True)
     libc.shmctl.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
     libc.msgctl.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
     libc.semctl.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]  # IPC_RMID takes no 4th argument
@@ -477,7 +478,12 @@ def _rmid(kind: str, ident: int) -> int:
         result = libc.semctl(ident, 0, IPC_RMID)
     else:
         result = libc.msgctl(ident, IPC_RMID, None)
-    return 0 if result == 0 else ctypes.get_errno()
+    return 0 if result == 0 else _get_errno()
+
+
+def _get_errno() -> int:
+    import ctypes
+    return ctypes.get_errno()
 
 
 def _predates(changed: float, since: float) -> str:

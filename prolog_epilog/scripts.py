@@ -50,6 +50,7 @@ from typing import Callable
 from slurm_ext import events, procfs
 from slurm_ext.config import Config
 
+from .places import DEFAULT_SCRIPTS_DIR, PHASES, SCRIPT_ROLES, phase_dir, scripts_dir, user_hook_dir
 from .validate import VerdictCache, script_names
 
 __all__ = ["ScriptResult", "ScriptsOutcome", "run_scripts", "scripts_dir", "user_hook_dir", "CLEAN_PATH",
@@ -57,8 +58,6 @@ __all__ = ["ScriptResult", "ScriptsOutcome", "run_scripts", "scripts_dir", "user
 
 #: PATH of every script and hook; nothing of the caller's PATH is kept
 CLEAN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-#: where the script directories are when the config names none and was read from no file
-DEFAULT_SCRIPTS_DIR = Path("/etc/slurm-ext")
 #: bytes of a script's output (stdout and stderr together) kept for the journal: the last ones
 OUTPUT_LIMIT = 4096
 
@@ -143,24 +142,6 @@ class _Identity:
         return {"user": self.uid, "group": self.gid, "extra_groups": list(self.groups)}
 
 
-def scripts_dir(config: Config) -> Path:
-    """The directory holding `<role>/<phase>.d/`.
-
-    `prolog_epilog.scripts_dir` when set, else the directory of the config
-    file the config was read from, else /etc/slurm-ext (no file: defaults).
-    """
-    if config.prolog_epilog.scripts_dir:
-        return Path(config.prolog_epilog.scripts_dir)
-    if config.source and not config.source.startswith("<"):  # "<config>": built from a dict, no file
-        return Path(config.source).absolute().parent
-    return DEFAULT_SCRIPTS_DIR
-
-
-def user_hook_dir(home: str | os.PathLike, phase: str) -> Path:
-    """Where a user keeps the hooks of `phase`: ~/.config/slurm-ext/<phase>/."""
-    return Path(home) / ".config" / "slurm-ext" / phase
-
-
 def _passwd_home(uid: int) -> str:
     return pwd.getpwuid(uid).pw_dir
 
@@ -194,7 +175,6 @@ def run_scripts(
     Raises:
         ValueError: `phase` or `role` is not one slurm-ext knows (a caller's bug).
     """
-    from . import PHASES, SCRIPT_ROLES  # here: the package imports its modules before defining these
     if phase not in PHASES:
         raise ValueError(f"lifecycle phase {phase!r} (expected one of {', '.join(PHASES)})")
     if role not in SCRIPT_ROLES:
@@ -204,7 +184,7 @@ def run_scripts(
     settings = config.prolog_epilog
     admin = _admin_identity()
     results = []
-    directory = scripts_dir(config) / role / f"{phase}.d"
+    directory = phase_dir(config, role, phase)
     paths, error = _listing(directory)
     if error:
         results.append(_refuse(config, phase, job_env, str(directory), admin.name, error))

@@ -18,12 +18,15 @@ answered by one service life is cleaned up by the Epilog of the next.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import logging
 import os
 import signal
 import socket
 import stat
 import struct
+import sys
+import sysconfig
 import threading
 import time
 from pathlib import Path
@@ -34,7 +37,7 @@ from slurm_ext.errors import CommandError, ConfigError, SlurmExtError
 
 from . import gpus, hooks
 
-__all__ = ["socket_path", "serve", "build_hook", "HookBuildError", "HOOK_SOURCE"]
+__all__ = ["socket_path", "serve", "build_hook", "write_launchers", "HookBuildError", "HOOK_SOURCE"]
 
 logger = logging.getLogger("prolog_epilog")
 
@@ -216,3 +219,47 @@ def build_hook(output: Path, socket_file: str, prolog_fallback: str, epilog_fall
     os.replace(tmp, output)
     stamp_file.write_text(stamp + "\n")
     return output
+
+
+_LAUNCHER = """\
+#!{python} -IS
+# written by slurm-ext: the Python {phase} that slurm-ext-hook runs when no hook service answers.
+# -I -S: no site processing (.pth files, editable finders) and no PYTHON* variables; the
+# paths it needs were found when this file was written.
+import sys
+sys.path[:0] = {paths!r}
+import slurm_ext
+slurm_ext.__path__[:0] = {components!r}
+from slurm_ext.prolog_epilog.hooks import {phase}_main
+sys.exit({phase}_main())
+"""
+
+
+def write_launchers(directory: Path) -> tuple[Path, Path]:
+    """Write `slurm-ext-prolog.py` and `slurm-ext-epilog.py` into `directory`: the fallback hooks.
+
+    Why not the console scripts: a plain Python start processes site-packages'
+    .pth files, which on a node can cost more than the whole hook; with
+    `python -I -S` and the few paths it needs written in, the fallback starts
+    in about half the time. Re-run after moving or reinstalling slurm-ext.
+    """
+    spec = importlib.util.find_spec("slurm_ext")
+    core_parent = str(Path(spec.origin).parent.parent)
+    components = []
+    for name in ("prolog_epilog", "supervisor"):
+        found = importlib.util.find_spec(f"slurm_ext.{name}")
+        parent = str(Path(found.origin).parent.parent)
+        if parent not in components and parent != str(Path(spec.origin).parent):
+            components.append(parent)
+    paths = list(dict.fromkeys([core_parent, sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]))
+    written = []
+    for phase in ("prolog", "epilog"):
+        path = Path(directory) / f"slurm-ext-{phase}.py"
+        text = _LAUNCHER.format(python=sys.executable, phase=phase, paths=paths, components=components)
+        if not path.is_file() or path.read_text() != text:
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(text)
+            tmp.chmod(0o755)
+            os.replace(tmp, path)
+        written.append(path)
+    return written[0], written[1]

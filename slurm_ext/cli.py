@@ -123,10 +123,12 @@ def _hooks_serve(args: argparse.Namespace) -> int:
 
 
 def _hooks_build(args: argparse.Namespace) -> int:
-    from .prolog_epilog import build_hook, socket_path
+    from .prolog_epilog import build_hook, socket_path, write_launchers
     loaded = config.load(args.config)
-    fallbacks = [str(Path(sys.executable).parent / f"slurm-ext-{phase}") for phase in ("prolog", "epilog")]
-    output = build_hook(Path(args.output), str(socket_path(loaded)), *fallbacks)
+    output = Path(args.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fallbacks = [str(path) for path in write_launchers(output.parent)]
+    output = build_hook(output, str(socket_path(loaded)), *fallbacks)
     print(f"built {output}: it hands each job to the hook service at {socket_path(loaded)}, else runs "
           f"{fallbacks[0]} / {fallbacks[1]}")
     print(f"slurm.conf:\n  Prolog={output}\n  Epilog={output}\n  PrologFlags=Alloc,Contain")

@@ -25,9 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from prolog_epilog.jobrecord import JobRecord, cgroup_paths
-from prolog_epilog.procs import JobProcess, find_job_processes, gpu_process_of, kill_job, kill_process, protected_pids
 from slurm_ext.procfs import pids, read_stat, real_uid
+from slurm_ext.prolog_epilog.jobrecord import JobRecord, cgroup_paths
+from slurm_ext.prolog_epilog.procs import (JobProcess, find_job_processes, gpu_process_of, kill_job, kill_process,
+                                           protected_pids)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="starts processes as other uids and makes cgroups: root only")
 
@@ -275,13 +276,13 @@ def test_family_ties_env_i_child_and_orphaned_grandchild_of_the_same_session(lab
     parent = lab.spawn("sh", "-c", f"env -i {SLEEP} 1000 & (env -i {SLEEP} 1001 &); exec {SLEEP} 1000",
                        uid=lab.uid, job_id=job.job_id, setsid=True)
     [child] = lab.children_of(parent, 1)
-    orphan = _wait("the subshell's orphan", lambda: [
-        pid for pid in pids() if (s := read_stat(pid)) and s.session == parent and pid not in (parent, child)
-        and s.comm == "sleep" and s.state != "Z"])
-    [orphan] = orphan
+
+    def orphaned():  # the subshell's sleep, once the subshell has exited and left it to PID 1
+        return [pid for pid in pids() if (s := read_stat(pid)) and s.session == parent and s.comm == "sleep"
+                and pid not in (parent, child) and (p := read_stat(s.ppid)) and p.session != parent]
+    [orphan] = _wait("the subshell's orphan", orphaned)
     lab.settled(orphan, "sleep")
     assert _environ(child) == [b""] and _environ(orphan) == [b""]
-    assert read_stat(orphan).ppid != parent
 
     found = _find(job, sweep=False)
     assert {pid: p.tie for pid, p in found.items()} == {parent: "environ", child: "family", orphan: "family"}
@@ -449,6 +450,18 @@ def test_sweep_spares_the_users_process_in_another_jobs_cgroup(lab):
     assert other.is_dir()  # another job's cgroup is not removed
 
 
+@pytest.mark.xfail(strict=True, reason="procs.py ties by environ before it asks whose cgroup a process is in: "
+                   "its docstring says a process in another job's cgroup is that job's unless it is in this one's")
+def test_this_jobs_environment_inside_another_jobs_cgroup_is_that_jobs(lab):
+    job, other_job = lab.job(), lab.job()
+    other = lab.mkcgroup(FREEZER / f"slurm_{job.node}" / f"uid_{job.uid}" / f"job_{other_job.job_id}")
+    pid = lab.spawn(SLEEP, "1000", uid=lab.uid, job_id=job.job_id, setsid=True)
+    (other / "cgroup.procs").write_text(str(pid))
+
+    assert {p: found.tie for p, found in _find(other_job, sweep=False).items()} == {pid: "cgroup"}
+    assert _find(job, sweep=True) == {}
+
+
 def test_cgroup_v2_membership_ties_and_cgroup_kill_empties_it(lab):
     job = lab.job()
     job_dir = UNIFIED / "system.slice" / "slurmstepd.scope" / f"job_{job.job_id}"
@@ -536,9 +549,10 @@ def test_two_hundred_processes(lab):
     sh = lab.popen("sh", "-c", f"i=0; while [ $i -lt 200 ]; do {SLEEP} 1000 </dev/null >/dev/null 2>&1 & "
                                "i=$((i+1)); done", uid=lab.uid, job_id=job.job_id, setsid=True)
     assert sh.wait(timeout=30) == 0
-    sleepers = _wait("200 sleepers", lambda: (s := {pid for pid in _carrying(job.job_id)
-                                                    if read_stat(pid).comm == "sleep"}) and len(s) == 200 and s,
-                     timeout=30)
+    def all_asleep():
+        found = {pid for pid in _carrying(job.job_id) if (stat := read_stat(pid)) and stat.comm == "sleep"}
+        return found if len(found) == 200 else None
+    sleepers = _wait("200 sleepers", all_asleep, timeout=30)
     for pid in sleepers:
         lab.settled(pid, "sleep")
 

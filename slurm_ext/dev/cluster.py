@@ -24,7 +24,6 @@ from pathlib import Path
 from .. import command
 from ..config import DevSection, SlurmSection
 from ..errors import CommandError, DevClusterError, SlurmError, SlurmExtError
-from ..prolog_epilog import build_hook
 from ..slurm import Job, Node, SlurmClient
 from . import daemons, deps, fakenvml, render
 from .daemons import Daemon
@@ -172,8 +171,10 @@ def _write_files(layout: Layout) -> set[str]:
         fakenvml.write_spec(layout.gpu_spec, fakenvml.default_gpus(s.gpu_count, s.gpu_name))
 
     prolog, epilog = layout.bin / "slurm-ext-prolog", layout.bin / "slurm-ext-epilog"
-    _write(prolog, render.hook_wrapper(layout, _entry_point("slurm-ext-prolog")), 0o755)
-    _write(epilog, render.hook_wrapper(layout, _entry_point("slurm-ext-epilog")), 0o755)
+    from ..prolog_epilog import build_hook, write_launchers  # dev assembles the components into a cluster
+    python_prolog, python_epilog = write_launchers(layout.bin)
+    _write(prolog, render.hook_wrapper(layout, str(python_prolog)), 0o755)
+    _write(epilog, render.hook_wrapper(layout, str(python_epilog)), 0o755)
     hook = build_hook(layout.bin / "slurm-ext-hook", str(layout.hook_socket), str(prolog), str(epilog))
     topology = render.parse_topology(command.run(["slurmd", "-C"], 30, env=layout.daemon_environ()).stdout)
     files = {
