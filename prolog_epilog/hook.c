@@ -49,10 +49,13 @@ static const char *phase_of(const char *argv0)
     const char *context = getenv("SLURM_SCRIPT_CONTEXT");
     const char *name = strrchr(argv0, '/');
 
-    if (context && strncmp(context, "prolog", 6) == 0)
+    /* prolog_slurmctld / epilog_slurmctld (PrologSlurmctld=) are not ours: refuse them below */
+    if (context && strcmp(context, "prolog_slurmd") == 0)
         return "prolog";
-    if (context && strncmp(context, "epilog", 6) == 0)
+    if (context && strcmp(context, "epilog_slurmd") == 0)
         return "epilog";
+    if (context && *context)
+        return NULL;
     name = name ? name + 1 : argv0;
     if (strstr(name, "epilog"))
         return "epilog";
@@ -110,8 +113,9 @@ int main(int argc, char **argv)
     int fd, code;
 
     if (!phase) {
-        fprintf(stderr, "slurm-ext-hook: neither Prolog nor Epilog: SLURM_SCRIPT_CONTEXT is unset and the "
-                        "program name names neither; install it as Prolog= or Epilog= in slurm.conf\n");
+        fprintf(stderr, "slurm-ext-hook: neither slurmd's Prolog nor its Epilog (SLURM_SCRIPT_CONTEXT=%s); "
+                        "install it as Prolog= and Epilog= in slurm.conf, not PrologSlurmctld=\n",
+                getenv("SLURM_SCRIPT_CONTEXT") ? getenv("SLURM_SCRIPT_CONTEXT") : "");
         return 1;
     }
     snprintf(address.sun_path, sizeof(address.sun_path), "%s", HOOK_SOCKET);

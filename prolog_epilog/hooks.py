@@ -98,7 +98,6 @@ def prolog(env: dict[str, str], config: Config) -> Verdict:
 
 
 def epilog(env: dict[str, str], config: Config, protect: tuple[int, ...] = ()) -> Verdict:
-    settings = config.prolog_epilog
     state_dir = config.node.state_dir
     job_id = jobrecord.job_id_of(env)
     record = jobrecord.read(job_id, state_dir)
@@ -108,7 +107,16 @@ def epilog(env: dict[str, str], config: Config, protect: tuple[int, ...] = ()) -
         record = jobrecord.from_environ(env)
         _emit(config, "record-missing", f"job {job_id}: no record from its Prolog in {state_dir}/jobs; cleaning "
               "up from the Epilog's environment", "warning", job=job_id)
-    others = jobrecord.other_jobs(record, state_dir, since=_boot_time())
+    try:
+        return _clean_up(env, config, record, protect)
+    finally:
+        jobrecord.remove(job_id, state_dir)  # even after a failure: a stale record would stop the uid sweep
+
+
+def _clean_up(env: dict[str, str], config: Config, record: jobrecord.JobRecord, protect: tuple[int, ...]) -> Verdict:
+    settings = config.prolog_epilog
+    job_id = record.job_id
+    others = jobrecord.other_jobs(record, config.node.state_dir, since=_boot_time())
     exclusive = not others and record.uid >= settings.min_uid
     protected = procs.protected_pids(protect)
     cleanup = procs.kill_job(record, sweep_uid=exclusive, protected=protected, timeout=settings.kill_timeout)
@@ -120,7 +128,6 @@ def epilog(env: dict[str, str], config: Config, protect: tuple[int, ...] = ()) -
     for reason in reasons:
         _drain(config, record, reason)
     outcome = _run_scripts("job-end", config, env)
-    jobrecord.remove(job_id, state_dir)
     if outcome.exit_code:
         return Verdict(outcome.exit_code, f"job {job_id}: job-end scripts failed (policy drain)")
     return Verdict(0, "; ".join(reasons))

@@ -78,7 +78,12 @@ def serve(config_path: str | None = None) -> int:
             logger.info("NVML not available (%s): jobs with GPUs will report it", err)
         logger.info("hook service listening on %s", path)
         while True:
-            connection, _ = listener.accept()
+            try:
+                connection, _ = listener.accept()
+            except OSError as err:  # EMFILE and the like: clients fall back meanwhile; never exit for it
+                logger.error("hook service: accept on %s failed: %s", path, err)
+                time.sleep(0.1)
+                continue
             threading.Thread(target=_answer, args=(connection, holder), daemon=True,
                              name="hook-request").start()
     except SystemExit:
@@ -198,6 +203,13 @@ def build_hook(output: Path, socket_file: str, prolog_fallback: str, epilog_fall
         HookBuildError: no C compiler, or it failed (its message is kept).
     """
     output = Path(output)
+    for what, value in (("socket", socket_file), ("Prolog fallback", prolog_fallback),
+                        ("Epilog fallback", epilog_fallback)):
+        if '"' in value or "\\" in value or "\n" in value:
+            raise HookBuildError(f"{what} path {value!r}: quotes, backslashes and newlines are not allowed")
+    if len(os.fsencode(socket_file)) > 107:
+        raise HookBuildError(f"socket path {socket_file} is longer than a Unix socket address allows (107 bytes): "
+                             "choose a shorter supervisor.runtime_dir")
     defines = [f'-DHOOK_SOCKET="{socket_file}"', f'-DPROLOG_FALLBACK="{prolog_fallback}"',
                f'-DEPILOG_FALLBACK="{epilog_fallback}"']
     flags = ["-O2", "-Wall", "-Wextra", "-Werror", *defines]

@@ -296,7 +296,9 @@ def test_cli_hooks_build_names_the_config_socket():
         assert f"Prolog={output}" in done.stdout and f"Epilog={output}" in done.stdout
         binary = output.read_bytes()
         assert str(root / "rt" / "hooks.sock").encode() in binary
-        assert str(Path(sys.executable).parent / "slurm-ext-prolog").encode() in binary
+        launcher = output.parent / "slurm-ext-prolog.py"
+        assert str(launcher).encode() in binary
+        assert launcher.read_text().startswith(f"#!{sys.executable} -IS\n")
         assert os.access(output, os.X_OK)
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -353,7 +355,14 @@ def test_script_context_wins_over_program_name(node):
 def test_neither_phase_exits_1_and_says_why(node):
     done = node.client(job_env(None, 4242006))  # named slurm-ext-hook: neither prolog nor epilog
     assert done.returncode == 1
-    assert "neither Prolog nor Epilog" in done.stderr and "SLURM_SCRIPT_CONTEXT" in done.stderr
+    assert "neither slurmd's Prolog nor its Epilog" in done.stderr and "SLURM_SCRIPT_CONTEXT" in done.stderr
+    assert node.any_marks() == []
+
+
+def test_the_controller_side_prolog_is_refused_not_taken_for_slurmds(node):
+    done = node.client(job_env(None, 4242008, SLURM_SCRIPT_CONTEXT="prolog_slurmctld"))
+    assert done.returncode == 1
+    assert "SLURM_SCRIPT_CONTEXT=prolog_slurmctld" in done.stderr and "PrologSlurmctld" in done.stderr
     assert node.any_marks() == []
 
 

@@ -93,6 +93,17 @@ def _wait_dead(processes: dict[int, int], timeout: float = 5.0) -> None:
         time.sleep(0.01)
 
 
+def _exec_done(pid: int) -> bool:
+    """True once execve has laid out the new environment: the kernel renames the process (comm) a
+    little before it does, and /proc/PID/environ reads empty in between."""
+    try:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    fields = data[data.rindex(b")") + 2:].split()
+    return len(fields) > 48 and int(fields[48]) != 0  # env_end, field 51
+
+
 def _free_uids(count: int) -> list[int]:
     """Uids no process has now, from a range of this pytest's own."""
     used = {real_uid(pid) for pid in pids()}
@@ -170,7 +181,8 @@ class Lab:
         return self.settled(int(out), comm)
 
     def settled(self, pid: int, comm: str) -> int:
-        stat = _wait(f"pid {pid} runs {comm}", lambda: (s := read_stat(pid)) and s.comm == comm and s)
+        stat = _wait(f"pid {pid} runs {comm}",
+                     lambda: (s := read_stat(pid)) and s.comm == comm and _exec_done(pid) and s)
         self.started[pid] = stat.starttime
         return pid
 
