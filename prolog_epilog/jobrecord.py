@@ -85,7 +85,8 @@ def cgroup_paths(job_id: int, uid: int, node: str, cgroup_root: Path = Path("/sy
     them, so these are the places to look, existing or not: for each cgroup v1
     hierarchy <controller>/slurm_<node>/uid_<uid>/job_<id> (Debian builds with
     MULTIPLE_SLURMD) and <controller>/slurm/uid_<uid>/job_<id>; for a cgroup v2
-    hierarchy system.slice/slurmstepd.scope/job_<id>.
+    hierarchy system.slice/<node>_slurmstepd.scope/job_<id> (MULTIPLE_SLURMD) and
+    system.slice/slurmstepd.scope/job_<id>.
     """
     if (cgroup_root / "cgroup.controllers").is_file():
         hierarchies = [cgroup_root]  # pure v2: its subdirectories are cgroups, not hierarchies
@@ -96,7 +97,8 @@ def cgroup_paths(job_id: int, uid: int, node: str, cgroup_root: Path = Path("/sy
     found: list[Path] = []
     for hierarchy in hierarchies:
         if (hierarchy / "cgroup.controllers").is_file():
-            found.append(hierarchy / "system.slice" / "slurmstepd.scope" / f"job_{job_id}")
+            found += [hierarchy / "system.slice" / f"{node}_slurmstepd.scope" / f"job_{job_id}",
+                      hierarchy / "system.slice" / "slurmstepd.scope" / f"job_{job_id}"]
         elif (hierarchy / "cgroup.procs").is_file():
             found += [hierarchy / f"slurm_{node}" / f"uid_{uid}" / f"job_{job_id}",
                       hierarchy / "slurm" / f"uid_{uid}" / f"job_{job_id}"]

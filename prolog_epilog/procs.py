@@ -111,7 +111,7 @@ def find_job_processes(job: JobRecord, *, sweep_uid: bool, protected: frozenset[
         env_job = _environ_job(pid, proc)
         if pid in in_cgroup:
             tie = "cgroup"
-        elif env_job == job.job_id:
+        elif env_job == job.job_id and not _in_other_job_cgroup(pid, job.job_id, proc):
             tie = "environ"
         elif env_job is None and uid == job.uid and uid != 0:
             if sweep_uid and not _in_other_job_cgroup(pid, job.job_id, proc):
@@ -217,7 +217,7 @@ def gpu_process_of(job: JobRecord, pid: int, protected: frozenset[int], proc: Pa
     env_job = _environ_job(pid, proc)
     if pid in _cgroup_members(_job_cgroups(job, cgroup_root)):
         tie = "cgroup"
-    elif env_job == job.job_id:
+    elif env_job == job.job_id and not _in_other_job_cgroup(pid, job.job_id, proc):
         tie = "environ"
     elif env_job is None and uid == job.uid and uid != 0 and not _in_other_job_cgroup(pid, job.job_id, proc):
         tie = "gpu"
@@ -303,7 +303,7 @@ def _signal(process: JobProcess, signum: int, proc: Path) -> bool:
         return False
     try:
         stat = read_stat(process.pid, proc)  # the pidfd pins the pid: check it is still the same process
-        if stat is None or stat.starttime != process.starttime:
+        if stat is None or stat.starttime != process.starttime or stat.state in ("Z", "X"):
             return False
         signal.pidfd_send_signal(fd, signum)
         return True

@@ -19,7 +19,7 @@ def test_round_trip_and_cgroups_from_a_fake_tree(tmp_path):
     assert record.cgroups == tuple(str(root / p) for p in (
         "freezer/slurm_n1/uid_1000/job_42", "freezer/slurm/uid_1000/job_42",
         "memory/slurm_n1/uid_1000/job_42", "memory/slurm/uid_1000/job_42",
-        "unified/system.slice/slurmstepd.scope/job_42"))
+        "unified/system.slice/n1_slurmstepd.scope/job_42", "unified/system.slice/slurmstepd.scope/job_42"))
     path = jobrecord.write(record, str(tmp_path / "state"))
     assert oct(path.stat().st_mode & 0o777) == "0o600" and oct(path.parent.stat().st_mode & 0o777) == "0o700"
     assert jobrecord.read(42, str(tmp_path / "state")) == record
@@ -57,9 +57,10 @@ def test_the_places_to_look_on_this_host():
     assert "/sys/fs/cgroup/unified/system.slice/slurmstepd.scope/job_5" in paths
 
 
-def test_a_pure_v2_host_has_one_place(tmp_path):
+def test_a_pure_v2_host_has_its_two_scope_names(tmp_path):
     (tmp_path / "cgroup.procs").write_text("")
     (tmp_path / "cgroup.controllers").write_text("cpu memory\n")
     (tmp_path / "system.slice").mkdir()
     (tmp_path / "system.slice" / "cgroup.controllers").write_text("")
-    assert jobrecord.cgroup_paths(9, 0, "n1", tmp_path) == [tmp_path / "system.slice/slurmstepd.scope/job_9"]
+    assert jobrecord.cgroup_paths(9, 0, "n1", tmp_path) == [tmp_path / "system.slice/n1_slurmstepd.scope/job_9",
+                                                            tmp_path / "system.slice/slurmstepd.scope/job_9"]

@@ -462,8 +462,6 @@ def test_sweep_spares_the_users_process_in_another_jobs_cgroup(lab):
     assert other.is_dir()  # another job's cgroup is not removed
 
 
-@pytest.mark.xfail(strict=True, reason="procs.py ties by environ before it asks whose cgroup a process is in: "
-                   "its docstring says a process in another job's cgroup is that job's unless it is in this one's")
 def test_this_jobs_environment_inside_another_jobs_cgroup_is_that_jobs(lab):
     job, other_job = lab.job(), lab.job()
     other = lab.mkcgroup(FREEZER / f"slurm_{job.node}" / f"uid_{job.uid}" / f"job_{other_job.job_id}")
