@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import os
 import re
+import resource
+import select
 import signal
 import time
 from dataclasses import dataclass
@@ -94,65 +96,114 @@ def protected_pids(extra: tuple[int, ...] = (), proc: Path = PROC) -> frozenset[
 def find_job_processes(job: JobRecord, *, sweep_uid: bool, protected: frozenset[int], proc: Path = PROC,
                        cgroup_root: Path = CGROUP_ROOT) -> list[JobProcess]:
     """Every live process tied to `job` now (one pass over /proc)."""
-    in_cgroup = _cgroup_members(_job_cgroups(job, cgroup_root))
-    tied: dict[int, JobProcess] = {}
-    family: list[tuple[int, ProcStat, int]] = []  # (pid, stat, uid): the job user's processes not tied yet
-    for pid in pids(proc):
-        if pid in protected or pid == _KTHREADD:
-            continue
-        stat = read_stat(pid, proc)
-        if stat is None or stat.state in ("Z", "X") or stat.ppid == _KTHREADD:
-            continue
-        uid = real_uid(pid, proc)
-        if uid is None:
-            continue
-        if uid == 0 and _runs_slurm_daemon(pid, proc):
-            continue
-        env_job = _environ_job(pid, proc)
-        if pid in in_cgroup:
-            tie = "cgroup"
-        elif env_job == job.job_id and not _in_other_job_cgroup(pid, job.job_id, proc):
-            tie = "environ"
-        elif env_job is None and uid == job.uid and uid != 0:
-            if sweep_uid and not _in_other_job_cgroup(pid, job.job_id, proc):
-                tie = "uid"
-            else:
-                family.append((pid, stat, uid))
+    scanner = _Scanner(job, sweep_uid, protected, proc, cgroup_root, pin=False)
+    return [found.process for found in scanner.scan(everything=True)]
+
+
+@dataclass(slots=True)
+class _Found:
+    process: JobProcess
+    #: a pidfd naming exactly this process (signals through it can never hit a recycled pid); None if none
+    fd: int | None
+
+
+class _Scanner:
+    """Scans /proc for the job's processes, remembering what it has judged.
+
+    A first scan judges every process; later ones look only at pids not seen
+    yet: the kernel hands out pids in increasing order, so a process forked
+    meanwhile has a new pid (until pid_max wraps, which one Epilog never
+    sees). `scan(everything=True)` judges all again, for the verification.
+    """
+
+    def __init__(self, job: JobRecord, sweep_uid: bool, protected: frozenset[int], proc: Path, cgroup_root: Path,
+                 pin: bool = True):
+        self.job, self.sweep_uid, self.protected, self.proc, self.pin = job, sweep_uid, protected, proc, pin
+        self.cgroups = _job_cgroups(job, cgroup_root)
+        #: whether any other job has cgroups here: if not, no process needs its cgroup file read
+        self.other_jobs = _other_job_cgroups(job, cgroup_root)
+        self.seen: set[int] = set()
+        self.tied: dict[int, _Found] = {}
+        self.groups: set[int] = set()
+        self.protected_groups = {g for pid in protected if (st := read_stat(pid, proc)) for g in (st.session, st.pgrp)}
+
+    def scan(self, everything: bool = False) -> list[_Found]:
+        """Newly tied processes (with `everything`: every tied process alive now)."""
+        in_cgroup = _cgroup_members(self.cgroups)
+        found: list[_Found] = []
+        family: list[tuple[ProcStat, int, str]] = []  # the job user's processes not tied (yet)
+        for pid in pids(self.proc):
+            if pid in self.seen and not everything:
                 continue
-        else:
-            continue
-        tied[pid] = JobProcess(pid, stat.starttime, uid, stat.comm, tie)
-    _add_family(tied, family, job, protected, proc)
-    return list(tied.values())
+            self.seen.add(pid)
+            fd = _pidfd(pid) if self.pin else None  # first: then the stat read below is of this very process
+            judged = self._judge(pid, in_cgroup)
+            if judged is None or judged[2] == "family":
+                if fd is not None:
+                    os.close(fd)
+                if judged is not None:
+                    family.append(judged)
+                continue
+            found += self._tie(*judged, fd=fd)
+        changed = True
+        while changed:  # family ties, to a fixed point
+            changed = False
+            for entry in list(family):
+                stat, uid, _ = entry
+                if stat.ppid in self.tied or stat.session in self.groups or stat.pgrp in self.groups:
+                    family.remove(entry)
+                    if not self._in_other_job_cgroup(stat.pid):
+                        found += self._tie(stat, uid, "family")
+                        changed = True
+        return found
 
+    def _judge(self, pid: int, in_cgroup: set[int]) -> tuple[ProcStat, int, str] | None:
+        """(stat, uid, tie) of a process that is, or may through family be, the job's; else None."""
+        if pid in self.protected or pid == _KTHREADD:
+            return None
+        stat = read_stat(pid, self.proc)
+        if stat is None or stat.state in ("Z", "X") or stat.ppid == _KTHREADD:
+            return None
+        uid = real_uid(pid, self.proc)
+        if uid is None or (uid == 0 and _runs_slurm_daemon(pid, self.proc)):
+            return None
+        job = self.job
+        env_job = _environ_job(pid, self.proc)
+        if pid in in_cgroup:
+            return stat, uid, "cgroup"
+        if env_job == job.job_id and not self._in_other_job_cgroup(pid):
+            return stat, uid, "environ"
+        if env_job is None and uid == job.uid and uid != 0:
+            if self.sweep_uid and not self._in_other_job_cgroup(pid):
+                return stat, uid, "uid"
+            return stat, uid, "family"
+        return None
 
-def _add_family(tied: dict[int, JobProcess], family: list, job: JobRecord, protected: frozenset[int],
-                proc: Path) -> None:
-    """Tie the job user's processes whose parent, session or group is the job's (to a fixed point)."""
-    if not family or not tied:
-        return
-    protected_groups = set()
-    for pid in protected:
-        stat = read_stat(pid, proc)
-        if stat:
-            protected_groups |= {stat.session, stat.pgrp}
-    groups = set()
-    for process in tied.values():
-        stat = read_stat(process.pid, proc)
-        if stat:
-            groups |= {stat.session, stat.pgrp} - protected_groups
-    changed = True
-    while changed and family:
-        changed = False
-        for entry in list(family):
-            pid, stat, uid = entry
-            if stat.ppid in tied or stat.session in groups or stat.pgrp in groups:
-                family.remove(entry)
-                if _in_other_job_cgroup(pid, job.job_id, proc):
-                    continue
-                tied[pid] = JobProcess(pid, stat.starttime, uid, stat.comm, "family")
-                groups |= {stat.session, stat.pgrp} - protected_groups
-                changed = True
+    def _in_other_job_cgroup(self, pid: int) -> bool:
+        return self.other_jobs and _in_other_job_cgroup(pid, self.job.job_id, self.proc)
+
+    def _tie(self, stat: ProcStat, uid: int, tie: str, fd: int | None = None) -> list[_Found]:
+        known = self.tied.get(stat.pid)
+        if known is not None and known.process.starttime == stat.starttime:
+            if fd is not None:
+                os.close(fd)
+            return [known]
+        if known is not None and known.fd is not None:  # that one is gone and its pid taken again
+            os.close(known.fd)
+        found = _Found(JobProcess(stat.pid, stat.starttime, uid, stat.comm, tie), fd)
+        if self.pin and fd is None:
+            found.fd = _pin(found.process, self.proc)
+            if found.fd is None and not _alive(found.process, self.proc):
+                return []  # gone between the two reads
+        self.tied[stat.pid] = found
+        self.groups |= {stat.session, stat.pgrp} - self.protected_groups
+        return [found]
+
+    def close(self) -> None:
+        for found in self.tied.values():
+            if found.fd is not None:
+                os.close(found.fd)
+                found.fd = None
 
 
 def kill_job(job: JobRecord, *, sweep_uid: bool, protected: frozenset[int], timeout: float, proc: Path = PROC,
@@ -160,44 +211,63 @@ def kill_job(job: JobRecord, *, sweep_uid: bool, protected: frozenset[int], time
     """Stop, kill and verify every process of `job`; remove its emptied cgroups."""
     started = time.monotonic()
     deadline = started + timeout
-
-    def scan() -> list[JobProcess]:
-        return find_job_processes(job, sweep_uid=sweep_uid, protected=protected, proc=proc,
-                                  cgroup_root=cgroup_root)
-
-    cgroups = _job_cgroups(job, cgroup_root)
-    frozen = [d for d in cgroups if _freeze(d, True)]
-    stopped: dict[int, JobProcess] = {}
-    for _ in range(_MAX_STOP_ROUNDS):
-        new = [p for p in scan() if p.pid not in stopped]
-        if not new:
-            break
-        for process in new:
-            if _signal(process, signal.SIGSTOP, proc):
-                stopped[process.pid] = process
-    for process in stopped.values():
-        _signal(process, signal.SIGKILL, proc)
-    for directory in cgroups:
-        _write(directory / "cgroup.kill", "1")
-    for directory in frozen:
-        _freeze(directory, False)
-    alive = list(stopped.values())
-    while True:
-        alive = [p for p in alive if _alive(p, proc)]
-        if not alive:
-            again = scan()
-            if not again:
+    _raise_fd_limit()
+    scanner = _Scanner(job, sweep_uid, protected, proc, cgroup_root)
+    try:
+        frozen = [d for d in scanner.cgroups if _freeze(d, True)]
+        cannot_fork = _cgroup_members(frozen)
+        new = scanner.scan(everything=True)
+        for _ in range(_MAX_STOP_ROUNDS):
+            for found in new:
+                if found.process.pid not in cannot_fork:
+                    _send(found, signal.SIGSTOP, proc)
+            new = scanner.scan()
+            if not new:
                 break
-            for process in again:
-                stopped[process.pid] = process
-                _signal(process, signal.SIGKILL, proc)
-            alive = again
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(_POLL)
-    survivors = tuple((p, _state(p, proc)) for p in alive if _alive(p, proc))
-    return Cleanup(found=tuple(stopped.values()), survivors=survivors, seconds=time.monotonic() - started,
-                   cgroups_removed=0 if survivors else _remove_cgroups(cgroups))
+        for found in scanner.tied.values():
+            _send(found, signal.SIGKILL, proc)
+        for directory in scanner.cgroups:
+            _write(directory / "cgroup.kill", "1")
+        for directory in frozen:
+            _freeze(directory, False)
+        alive = _wait_gone(list(scanner.tied.values()), deadline, proc)
+        while not alive:
+            again = scanner.scan(everything=True)  # verify: nothing of the job is left
+            if not again or time.monotonic() >= deadline:
+                alive = again
+                break
+            for found in again:
+                _send(found, signal.SIGKILL, proc)
+            alive = _wait_gone(again, deadline, proc)
+        survivors = tuple((f.process, _state(f.process, proc)) for f in alive if _alive(f.process, proc))
+        return Cleanup(found=tuple(f.process for f in scanner.tied.values()), survivors=survivors,
+                       seconds=time.monotonic() - started,
+                       cgroups_removed=0 if survivors else _remove_cgroups(scanner.cgroups))
+    finally:
+        scanner.close()
+
+
+def _wait_gone(waiting: list[_Found], deadline: float, proc: Path) -> list[_Found]:
+    """Wait until each has exited (a pidfd turns readable then) or the deadline; those still alive."""
+    poller = select.poll()
+    by_fd = {}
+    rest = []
+    for found in waiting:
+        if found.fd is not None:
+            poller.register(found.fd, select.POLLIN)
+            by_fd[found.fd] = found
+        else:
+            rest.append(found)
+    while True:
+        rest = [f for f in rest if _alive(f.process, proc)]
+        if not by_fd and not rest:
+            return []
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return list(by_fd.values()) + rest
+        for fd, _ in poller.poll(min(left, _POLL if rest else left) * 1000):
+            poller.unregister(fd)
+            del by_fd[fd]
 
 
 def gpu_process_of(job: JobRecord, pid: int, protected: frozenset[int], proc: Path = PROC,
@@ -228,7 +298,7 @@ def gpu_process_of(job: JobRecord, pid: int, protected: frozenset[int], proc: Pa
 
 def kill_process(process: JobProcess, proc: Path = PROC) -> bool:
     """SIGKILL the very process that was found; False when it is already gone."""
-    return _signal(process, signal.SIGKILL, proc)
+    return _send(_Found(process, None), signal.SIGKILL, proc)
 
 
 # -- evidence ------------------------------------------------------------------------
@@ -266,6 +336,16 @@ def _environ_job(pid: int, proc: Path) -> int | None:
     return int(value) if value.isdigit() else None
 
 
+def _other_job_cgroups(job: JobRecord, cgroup_root: Path) -> bool:
+    """Whether a job other than `job` has a cgroup directory on this host."""
+    for place in cgroup_paths(job.job_id, job.uid, job.node, cgroup_root):
+        scope, pattern = (place.parent, "job_*") if place.parent.name.endswith(".scope") else \
+            (place.parent.parent, "uid_*/job_*")
+        if any(found.name != place.name for found in scope.glob(pattern)):
+            return True
+    return False
+
+
 def _in_other_job_cgroup(pid: int, job_id: int, proc: Path) -> bool:
     try:
         data = (proc / str(pid) / "cgroup").read_bytes()
@@ -295,22 +375,54 @@ def _state(process: JobProcess, proc: Path) -> str:
     return stat.state if stat else "gone"
 
 
-def _signal(process: JobProcess, signum: int, proc: Path) -> bool:
-    """Signal the very process that was found; False when it is gone."""
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except OSError:
+        return None
+
+
+def _pin(process: JobProcess, proc: Path) -> int | None:
+    """A pidfd for the very process that was found, or None when it is gone (or pidfds are unavailable)."""
     try:
         fd = os.pidfd_open(process.pid)
     except OSError:
+        return None
+    stat = read_stat(process.pid, proc)  # the pidfd pins the pid: check it is still the same process
+    if stat is None or stat.starttime != process.starttime or stat.state in ("Z", "X"):
+        os.close(fd)
+        return None
+    return fd
+
+
+def _send(found: _Found, signum: int, proc: Path) -> bool:
+    """Signal a found process through its pidfd (or a fresh, checked one); False when it is gone."""
+    if found.fd is not None:
+        try:
+            signal.pidfd_send_signal(found.fd, signum)
+            return True
+        except OSError:
+            return False
+    fd = _pin(found.process, proc)
+    if fd is None:
         return False
     try:
-        stat = read_stat(process.pid, proc)  # the pidfd pins the pid: check it is still the same process
-        if stat is None or stat.starttime != process.starttime or stat.state in ("Z", "X"):
-            return False
         signal.pidfd_send_signal(fd, signum)
         return True
     except OSError:
         return False
     finally:
         os.close(fd)
+
+
+def _raise_fd_limit() -> None:
+    """One pidfd per process found: let a job's thousand leftovers fit (soft limit up to the hard one)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard))
+        except (ValueError, OSError):
+            pass
 
 
 def _freeze(directory: Path, frozen: bool) -> bool:
