@@ -272,9 +272,11 @@ def test_an_unkillable_leftover_drains_the_node_naming_the_pid(running_cluster):
     frozen.mkdir()
     job = _submit_as_nobody(cluster, f"#!/bin/bash\nsetsid sleep 100020 &\necho $! > {out}/frozen-$SLURM_JOB_ID\n"
                                      f"while [ ! -e {out}/frozen-$SLURM_JOB_ID.release ]; do sleep 0.1; done\n")
+    sleeper = None
     try:
         pid = int(wait_for("the job's sleep", lambda: (p := out / f"frozen-{job}").exists() and p.read_text()
                            .strip(), timeout=30))
+        sleeper = Proc.of(pid)
         (frozen / "cgroup.procs").write_text(str(pid))
         (frozen / "freezer.state").write_text("FROZEN")
         started = time.monotonic()
@@ -286,10 +288,12 @@ def test_an_unkillable_leftover_drains_the_node_naming_the_pid(running_cluster):
         assert _journal(cluster, "drain", job)
     finally:
         (frozen / "freezer.state").write_text("THAWED")
-        wait_for("the frozen sleep to die after the thaw", lambda: not Proc.of(pid).alive()
-                 if psutil.pid_exists(pid) else True, timeout=10)
-        frozen.rmdir()
-        cluster.client().resume(cluster.node)
+        try:
+            if sleeper:
+                wait_for("the frozen sleep to die after the thaw", lambda: not sleeper.alive(), timeout=10)
+            frozen.rmdir()
+        finally:
+            cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=resume", check=False)
 
 
 # -- lifecycle scripts on the real cluster ---------------------------------------------------
