@@ -139,9 +139,7 @@ def clean_ipc(uid: int, exclusive: bool, since: float = 0.0, *, shm_dir: Path = 
     if uid == 0:
         tally.notes.append("uid 0: IPC objects not cleaned (root's objects belong to system daemons too)")
         return tally.freeze()
-    holders = None if exclusive else _scan_holders(proc)
-    if holders is not None and holders.failed:
-        tally.notes.append(f"{proc}: {holders.failed}; objects that may be in use are kept")
+    holders = None if exclusive else _LazyHolders(proc)
 
     if shm_dir.is_dir():
         _clean_dir(shm_dir, "", uid, exclusive, since, holders, tally)
@@ -154,13 +152,34 @@ def clean_ipc(uid: int, exclusive: bool, since: float = 0.0, *, shm_dir: Path = 
         tally.notes.append(f"{mqueue_dir}: {why}; POSIX message queues not checked")
     for kind in ("shm", "sem", "msg"):
         _clean_sysv(kind, uid, exclusive, since, holders, proc, tally)
+    if holders is not None and holders.scanned and holders.failed:
+        tally.notes.append(f"{proc}: {holders.failed}; objects that may be in use are kept")
     return tally.freeze()
+
+
+class _LazyHolders:
+    """The pass over every process's fds and maps, made only when an object needs it (it is the
+    Epilog's costliest step, and most jobs leave nothing made since they started)."""
+
+    def __init__(self, proc: Path):
+        self.proc = proc
+        self._holders: _Holders | None = None
+
+    @property
+    def scanned(self) -> bool:
+        return self._holders is not None
+
+    def __getattr__(self, name: str):
+        if self._holders is None:
+            self._holders = _scan_holders(self.proc)
+        return getattr(self._holders, name)
+
 
 
 # --- files: /dev/shm and /dev/mqueue -----------------------------------------------------------------------
 
 def _clean_dir(directory: Path, prefix: str, uid: int, exclusive: bool, since: float,
-               holders: _Holders | None, tally: _Tally) -> None:
+               holders: _LazyHolders | None, tally: _Tally) -> None:
     """Remove the uid's top-level entries of `directory` (lstat only: links are never followed)."""
     try:
         names = sorted(os.listdir(directory))
@@ -181,13 +200,13 @@ def _clean_dir(directory: Path, prefix: str, uid: int, exclusive: bool, since: f
         is_dir = stat.S_ISDIR(st.st_mode)
         label = prefix + _describe(path, st)
         if holders is not None:
-            held = _file_holder(path, st, is_dir, holders)
-            if held:
-                tally.kept.append(f"{label}: {held}")
-                continue
             changed = max(st.st_ctime, st.st_mtime)
             if changed < since:
                 tally.kept.append(f"{label}: {_predates(changed, since)}")
+                continue
+            held = _file_holder(path, st, is_dir, holders)
+            if held:
+                tally.kept.append(f"{label}: {held}")
                 continue
         if is_dir:
             _remove_tree(path, label, tally)
@@ -360,7 +379,7 @@ def _add_mapping(line: str, who: str, by_inode: dict[tuple[int, int], str], by_p
 
 # --- SysV: /proc/sysvipc and IPC_RMID ----------------------------------------------------------------------
 
-def _clean_sysv(kind: str, uid: int, exclusive: bool, since: float, holders: _Holders | None, proc: Path,
+def _clean_sysv(kind: str, uid: int, exclusive: bool, since: float, holders: _LazyHolders | None, proc: Path,
                 tally: _Tally) -> None:
     table = proc / "sysvipc" / kind
     try:
@@ -377,12 +396,12 @@ def _clean_sysv(kind: str, uid: int, exclusive: bool, since: float, holders: _Ho
                                "process(es) detach")
             continue
         if holders is not None:
+            if obj.ctime < int(since):  # SysV keeps whole seconds: made in the job's first second is the job's
+                tally.kept.append(f"{obj.label}: {_predates(obj.ctime, since)}")
+                continue
             held = _sysv_holder(obj, uid, holders, proc)
             if held:
                 tally.kept.append(f"{obj.label}: {held}")
-                continue
-            if obj.ctime < int(since):  # SysV keeps whole seconds: made in the job's first second is the job's
-                tally.kept.append(f"{obj.label}: {_predates(obj.ctime, since)}")
                 continue
         try:
             code = _rmid(kind, obj.ident)

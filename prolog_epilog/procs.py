@@ -20,8 +20,9 @@ this job's cgroup. Never touched: PID 1, the caller and its ancestors (the
 hook, slurmd), the `protected` pids (the agent), and root processes running
 slurmd or slurmstepd.
 
-Killing: freeze the job's cgroups that can freeze (v1 freezer.state, v2
-cgroup.freeze) and SIGSTOP every other process found, re-scanning until a
+Killing: when a first scan finds anything, freeze the job's cgroups that can
+freeze (v1 freezer.state, v2 cgroup.freeze; not one that still holds a
+slurmstepd) and SIGSTOP every other process found, re-scanning until a
 scan finds nothing new: once all are stopped none can fork or respawn a
 child. Then SIGKILL each through a pidfd checked against the process's start
 time (a recycled pid is never hit), cgroup.kill where the kernel has it,
@@ -119,9 +120,10 @@ class _Scanner:
     def __init__(self, job: JobRecord, sweep_uid: bool, protected: frozenset[int], proc: Path, cgroup_root: Path,
                  pin: bool = True):
         self.job, self.sweep_uid, self.protected, self.proc, self.pin = job, sweep_uid, protected, proc, pin
-        self.cgroups = _job_cgroups(job, cgroup_root)
+        places = cgroup_paths(job.job_id, job.uid, job.node, cgroup_root)
+        self.cgroups = _job_cgroups(job, places)
         #: whether any other job has cgroups here: if not, no process needs its cgroup file read
-        self.other_jobs = _other_job_cgroups(job, cgroup_root)
+        self.other_jobs = _other_job_cgroups(places)
         self.seen: set[int] = set()
         self.tied: dict[int, _Found] = {}
         self.groups: set[int] = set()
@@ -214,9 +216,13 @@ def kill_job(job: JobRecord, *, sweep_uid: bool, protected: frozenset[int], time
     _raise_fd_limit()
     scanner = _Scanner(job, sweep_uid, protected, proc, cgroup_root)
     try:
-        frozen = [d for d in scanner.cgroups if _freeze(d, True)]
-        cannot_fork = _cgroup_members(frozen)
         new = scanner.scan(everything=True)
+        if not new:  # the usual Epilog: nothing escaped (Slurm removes the job's empty cgroups itself)
+            return Cleanup(found=(), survivors=(), seconds=time.monotonic() - started, cgroups_removed=0)
+        # a job cgroup that still holds a slurmstepd (the extern step ending) is not ours to freeze or kill
+        whole = [d for d in scanner.cgroups if not _holds_slurm_daemon(d, proc)]
+        frozen = [d for d in whole if _freeze(d, True)]
+        cannot_fork = _cgroup_members(frozen)
         for _ in range(_MAX_STOP_ROUNDS):
             for found in new:
                 if found.process.pid not in cannot_fork:
@@ -226,7 +232,7 @@ def kill_job(job: JobRecord, *, sweep_uid: bool, protected: frozenset[int], time
                 break
         for found in scanner.tied.values():
             _send(found, signal.SIGKILL, proc)
-        for directory in scanner.cgroups:
+        for directory in whole:
             _write(directory / "cgroup.kill", "1")
         for directory in frozen:
             _freeze(directory, False)
@@ -285,7 +291,7 @@ def gpu_process_of(job: JobRecord, pid: int, protected: frozenset[int], proc: Pa
     if uid == 0 and _runs_slurm_daemon(pid, proc):
         return None
     env_job = _environ_job(pid, proc)
-    if pid in _cgroup_members(_job_cgroups(job, cgroup_root)):
+    if pid in _cgroup_members(_job_cgroups(job, cgroup_paths(job.job_id, job.uid, job.node, cgroup_root))):
         tie = "cgroup"
     elif env_job == job.job_id and not _in_other_job_cgroup(pid, job.job_id, proc):
         tie = "environ"
@@ -304,10 +310,9 @@ def kill_process(process: JobProcess, proc: Path = PROC) -> bool:
 # -- evidence ------------------------------------------------------------------------
 
 
-def _job_cgroups(job: JobRecord, cgroup_root: Path) -> list[Path]:
-    """The job's cgroup directories that exist, recorded at the Prolog or computed now."""
-    places = dict.fromkeys([*map(Path, job.cgroups), *cgroup_paths(job.job_id, job.uid, job.node, cgroup_root)])
-    return [p for p in places if p.is_dir()]
+def _job_cgroups(job: JobRecord, places: list[Path]) -> list[Path]:
+    """The job's cgroup directories that exist: recorded at the Prolog, or `places` computed now."""
+    return [p for p in dict.fromkeys([*map(Path, job.cgroups), *places]) if os.path.isdir(p)]
 
 
 def _cgroup_members(directories: list[Path]) -> set[int]:
@@ -336,9 +341,13 @@ def _environ_job(pid: int, proc: Path) -> int | None:
     return int(value) if value.isdigit() else None
 
 
-def _other_job_cgroups(job: JobRecord, cgroup_root: Path) -> bool:
-    """Whether a job other than `job` has a cgroup directory on this host."""
-    for place in cgroup_paths(job.job_id, job.uid, job.node, cgroup_root):
+def _holds_slurm_daemon(directory: Path, proc: Path) -> bool:
+    return any(real_uid(pid, proc) == 0 and _runs_slurm_daemon(pid, proc) for pid in _cgroup_members([directory]))
+
+
+def _other_job_cgroups(places: list[Path]) -> bool:
+    """Whether a job other than the one of `places` (its cgroup_paths) has a cgroup directory here."""
+    for place in places:
         scope, pattern = (place.parent, "job_*") if place.parent.name.endswith(".scope") else \
             (place.parent.parent, "uid_*/job_*")
         if any(found.name != place.name for found in scope.glob(pattern)):
