@@ -43,6 +43,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from slurm_ext.procfs import pid_alive
 
@@ -200,13 +201,10 @@ def _clean_dir(directory: Path, prefix: str, uid: int, exclusive: bool, since: f
         is_dir = stat.S_ISDIR(st.st_mode)
         label = prefix + _describe(path, st)
         if holders is not None:
-            changed = max(st.st_ctime, st.st_mtime)
-            if changed < since:
-                tally.kept.append(f"{label}: {_predates(changed, since)}")
-                continue
-            held = _file_holder(path, st, is_dir, holders)
-            if held:
-                tally.kept.append(f"{label}: {held}")
+            why = _kept_because(max(st.st_ctime, st.st_mtime), since,
+                                lambda: _file_holder(path, st, is_dir, holders))
+            if why:
+                tally.kept.append(f"{label}: {why}")
                 continue
         if is_dir:
             _remove_tree(path, label, tally)
@@ -396,12 +394,10 @@ def _clean_sysv(kind: str, uid: int, exclusive: bool, since: float, holders: _La
                                "process(es) detach")
             continue
         if holders is not None:
-            if obj.ctime < int(since):  # SysV keeps whole seconds: made in the job's first second is the job's
-                tally.kept.append(f"{obj.label}: {_predates(obj.ctime, since)}")
-                continue
-            held = _sysv_holder(obj, uid, holders, proc)
-            if held:
-                tally.kept.append(f"{obj.label}: {held}")
+            # SysV keeps whole seconds: an object made in the job's first second is the job's
+            why = _kept_because(obj.ctime, int(since), lambda: _sysv_holder(obj, uid, holders, proc))
+            if why:
+                tally.kept.append(f"{obj.label}: {why}")
                 continue
         try:
             code = _rmid(kind, obj.ident)
@@ -503,6 +499,14 @@ def _rmid(kind: str, ident: int) -> int:
 def _get_errno() -> int:
     import ctypes
     return ctypes.get_errno()
+
+
+def _kept_because(changed: float, since: float, holder: Callable[[], str | None]) -> str | None:
+    """Why an object of a user who still has a job here stays: it predates the ending job, or it is
+    in use (asked last: finding holders reads every process's fds and maps)."""
+    if changed < since:
+        return _predates(changed, since)
+    return holder()
 
 
 def _predates(changed: float, since: float) -> str:
