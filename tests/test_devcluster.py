@@ -92,7 +92,7 @@ def test_sbatch_job_completes_and_reaches_sacct(running_cluster):
     assert output.strip() == "gpus=0"
 
 
-def test_hooks_ran_for_the_job_through_the_entry_points(running_cluster):
+def test_the_prolog_records_the_job_and_the_epilog_forgets_it(running_cluster):
     """The Prolog records the job (GPUs, cgroups) for the Epilog, which removes the record."""
     started = running_cluster.layout.out / "record-job-started"
     started.unlink(missing_ok=True)
@@ -107,14 +107,13 @@ def test_hooks_ran_for_the_job_through_the_entry_points(running_cluster):
     assert any(f"slurm_{running_cluster.node}/uid_0/job_{job_id}" in c for c in record["cgroups"]), record
     assert oct(record_file.stat().st_mode & 0o777) == "0o600"
     running_cluster.wait_accounted(job_id)
-    log = running_cluster.layout.log / "slurm-ext.log"
     deadline = time.monotonic() + 10
     while record_file.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not record_file.exists(), "the Epilog left the job record behind"
-    lines = [line for line in log.read_text().splitlines() if f"job {job_id} " in line]
-    assert any("prolog INFO" in line and "gpus 0,1: recorded" in line for line in lines), lines
-    assert any("epilog INFO" in line and "epilog done" in line for line in lines), lines
+    # the hook service did it: the Python hooks log that they ran without it
+    log = (running_cluster.layout.log / "slurm-ext.log").read_text()
+    assert f"job {job_id}: prolog done in" not in log and f"job {job_id}: epilog done in" not in log
 
 
 def test_daemons_and_hooks_see_the_fake_gpus(running_cluster):
