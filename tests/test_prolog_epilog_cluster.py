@@ -291,8 +291,8 @@ def test_an_unkillable_leftover_drains_the_node_naming_the_pid(running_cluster):
         try:
             if sleeper:
                 wait_for("the frozen sleep to die after the thaw", lambda: not sleeper.alive(), timeout=10)
-            frozen.rmdir()
         finally:
+            frozen.rmdir()
             cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=resume", check=False)
 
 
