@@ -194,6 +194,21 @@ class PrologEpilogSection:
 
 
 @dataclass(frozen=True, slots=True)
+class GresSection:
+    """gres.conf and Gres= from NVML, regenerated before every slurmd start."""
+
+    output: str = _key("", "the generated gres.conf; empty means gres.conf beside slurm.conf (Slurm reads it only "
+                       "there); keep it node-local, never a file shared by several nodes", "path", empty_ok=True)
+    dev_dir: str = _key("/dev", "where the GPUs' device files (nvidia<minor>) are", "path")
+    types: dict = _key({}, "Slurm GRES type by NVML name, e.g. { \"NVIDIA H200\" = \"h200\" }; a name left out "
+                       "gets Slurm's rule: lower-cased, spaces to _", "table",
+                       item={"kind": "str", "pattern": r"^[A-Za-z0-9_.-]+$"})
+    expected: int = _key(0, "GPUs this node must have: with NVML failing, or fewer GPUs, the node is drained "
+                         "(owned reason) instead of registering the wrong count; 0: whatever NVML reports",
+                         "int", minimum=0, maximum=1024)
+
+
+@dataclass(frozen=True, slots=True)
 class DevSection:
     """The local development cluster (`slurm-ext dev ...`): one host, loopback only."""
 
@@ -229,6 +244,7 @@ class Config:
     slurm: SlurmSection = field(default_factory=SlurmSection)
     supervisor: SupervisorSection = field(default_factory=SupervisorSection)
     prolog_epilog: PrologEpilogSection = field(default_factory=PrologEpilogSection)
+    gres: GresSection = field(default_factory=GresSection)
     dev: DevSection = field(default_factory=DevSection)
     #: the file it was read from; None when every value is a default
     source: str | None = None

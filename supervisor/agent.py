@@ -324,7 +324,7 @@ class Agent:
 
     def _run_pipeline(self, now: float) -> None:
         slurm = SlurmClient(self.config.slurm, environ=self.base_env)
-        context = pipeline.StepContext(self.role, self.config, self.node, slurm, self.emit)
+        context = pipeline.StepContext(self.role, self.config, self.node, slurm, self.emit, self._resume_when_fit)
         runtime = Path(self.config.supervisor.runtime_dir)
         if pipeline.run_steps(pipeline.steps_for(self.role), context, runtime, pipeline.boot_id()):
             self.pipeline_done = True
@@ -337,12 +337,28 @@ class Agent:
         self._next_pipeline = now + backoff_delay(self._pipeline_failures, max(s.backoff_initial, 1.0),
                                                   s.backoff_max)
 
+    def _resume_when_fit(self, reasons: tuple[str, ...]) -> None:
+        self.liaison.resume_reasons = reasons
+        self.liaison.poke()
+
+    def _steps_before_restart(self, name: str) -> bool:
+        """Run the start steps that precede every restart of worker `name`; False when one blocks."""
+        steps = [step for step in pipeline.steps_for(self.role) if step.before_restart_of == name]
+        if not steps:
+            return True
+        slurm = SlurmClient(self.config.slurm, environ=self.base_env)
+        context = pipeline.StepContext(self.role, self.config, self.node, slurm, self.emit, self._resume_when_fit)
+        return pipeline.run_steps(steps, context, Path(self.config.supervisor.runtime_dir), pipeline.boot_id())
+
     def _start(self, worker: Worker) -> None:
         if self.stopping or not self.pipeline_done:
             return
         if worker.pending_spec is not None:
             worker.spec, worker.pending_spec = worker.pending_spec, None
         spec = worker.spec
+        if worker.started and not self._steps_before_restart(spec.name):
+            self._failed(worker, "a start step before its restart failed", time.monotonic())
+            return
         env = {**self.base_env, **spec.environment}
         if spec.notify:
             if worker.notify is None:

@@ -38,6 +38,8 @@ class SlurmLiaison(threading.Thread):
         #: last answer: the node is registered and responding
         self.node_ok = False
         self.node_problem = "not asked yet"
+        #: set by start steps: resume the node once it answers, if its drain reason starts with one of these
+        self.resume_reasons: tuple[str, ...] = ()
         self._drained = False
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -54,6 +56,7 @@ class SlurmLiaison(threading.Thread):
         while not self._stop.is_set():
             try:
                 self._reconcile_drain()
+                self._resume_when_fit()
                 if self.watch_node:
                     self._check_node()
             except SlurmExtError as err:
@@ -62,7 +65,8 @@ class SlurmLiaison(threading.Thread):
                 log.warning("slurm: %s (retrying)", err)
             except Exception:  # never let this thread die silently
                 log.exception("slurm liaison: unexpected error (retrying)")
-            self._wake.wait(self.ready_interval if self.node_ok or not self.watch_node else 0.5)
+            self._wake.wait(self.ready_interval if (self.node_ok or not self.watch_node) and not self.resume_reasons
+                            else 0.5)
             self._wake.clear()
 
     def _reconcile_drain(self) -> None:
@@ -85,6 +89,20 @@ class SlurmLiaison(threading.Thread):
                 self.emit("resume-skipped", f"node {self.node} stays drained: its reason {node.reason!r} is not "
                           "this agent's", node=self.node)
             self._drained = False
+
+    def _resume_when_fit(self) -> None:
+        """Clear a drain a start step found no longer holds (a GPU back), once slurmd has registered
+        again: Slurm refuses to resume a node whose last registration was invalid."""
+        reasons = self.resume_reasons
+        if not reasons:
+            return
+        node = self.slurm.node(self.node)
+        if not node.drained or not node.reason.startswith(reasons):
+            self.resume_reasons = ()  # nothing of ours (an admin's drain stays)
+        elif node.responding and "INVALID_REG" not in node.flags:
+            self.slurm.resume(self.node)
+            self.emit("drain-cleared", f"resumed node {self.node}: {node.reason!r} no longer holds", node=self.node)
+            self.resume_reasons = ()
 
     def _check_node(self) -> None:
         node = self.slurm.node(self.node)

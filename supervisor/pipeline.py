@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from slurm_ext import prolog_epilog
+from slurm_ext import events, gres, prolog_epilog
 from slurm_ext.config import Config
 from slurm_ext.slurm import SlurmClient
 
@@ -29,6 +29,8 @@ class StepContext:
     slurm: SlurmClient
     #: emit(event, message, severity="info", **fields): record a node event
     emit: Callable[..., dict]
+    #: resume_when_fit(reasons): resume the node once slurmd has registered, if drained for one of these
+    resume_when_fit: Callable[[tuple[str, ...]], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +41,8 @@ class StartStep:
     once_per_boot: bool = False
     #: block or continue, unless supervisor.step_failure names this step
     on_failure: str = "continue"
+    #: also run before every restart of this worker (e.g. slurmd), not only at the agent's start
+    before_restart_of: str | None = None
 
 
 def clear_stale_drains(context: StepContext) -> None:
@@ -71,17 +75,28 @@ def node_boot_scripts(context: StepContext) -> None:
         raise RuntimeError(f"node-boot script(s) failed: {', '.join(failed)} (see their events for output)")
 
 
+def regenerate_gres(context: StepContext) -> None:
+    """gres.conf from NVML, checked by slurmd -G, and the node's GPU drain made right (gres.regenerate)."""
+    def emit(event: str, message: str, severity: str = "info", **fields) -> None:
+        events.emit(context.config.node.state_dir, "gres", event, message, severity, role=context.role, **fields)
+
+    gres.regenerate(context.config, context.node, context.slurm, emit, resume_when_fit=context.resume_when_fit)
+
+
 def steps_for(role: str) -> list[StartStep]:
     """The steps `role` runs before its workers, in order.
 
-    A failed node-boot script blocks the start (retried with backoff, all
-    node-boot scripts again): a node whose boot set-up failed must not take
-    jobs. `supervisor.step_failure = {node-boot-scripts = "continue"}` starts
-    the workers anyway.
+    gres.conf is regenerated before every slurmd start, restarts included: a
+    GPU lost since the last start must not be registered. A failed node-boot
+    script blocks the start (retried with backoff, all node-boot scripts
+    again): a node whose boot set-up failed must not take jobs.
+    `supervisor.step_failure = {node-boot-scripts = "continue"}` starts the
+    workers anyway.
     """
     steps = []
     if role == "worker":
         steps.append(StartStep("clear-stale-drains", clear_stale_drains))
+        steps.append(StartStep("gres-regenerate", regenerate_gres, on_failure="block", before_restart_of="slurmd"))
     if role in prolog_epilog.SCRIPT_ROLES:
         steps += [StartStep("validate-scripts", validate_scripts),
                   StartStep("node-boot-scripts", node_boot_scripts, once_per_boot=True, on_failure="block")]

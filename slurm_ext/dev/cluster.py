@@ -98,7 +98,7 @@ def _agent(layout: Layout, role: str, ports: tuple[int, ...]) -> Daemon:
 
 
 # The config files each daemon reads: a change to one restarts the daemon.
-_SLURM_FILES = frozenset({"slurm.conf", "cgroup.conf", "gres.conf"})
+_SLURM_FILES = frozenset({"slurm.conf", "cgroup.conf"})  # gres.conf: the worker agent writes it from NVML
 _CONFIG_FILES = {
     "mariadbd": frozenset({"my.cnf"}),
     "slurmdbd": frozenset({"slurmdbd.conf"}),
@@ -180,7 +180,6 @@ def _write_files(layout: Layout) -> set[str]:
     files = {
         "slurm.conf": render.slurm_conf(layout, topology, str(hook)),
         "cgroup.conf": render.cgroup_conf(),
-        "gres.conf": render.gres_conf(layout),
         "my.cnf": render.my_cnf(layout),
         "slurm-ext.toml": render.slurm_ext_toml(layout),
     }

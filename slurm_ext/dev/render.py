@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from .layout import Layout
 
-__all__ = ["Topology", "parse_topology", "slurm_conf", "cgroup_conf", "gres_conf", "slurmdbd_conf",
+__all__ = ["Topology", "parse_topology", "slurm_conf", "cgroup_conf", "slurmdbd_conf",
            "my_cnf", "slurm_ext_toml", "hook_wrapper"]
 
 _HEADER = "# written by `slurm-ext dev up`; edits are overwritten at the next `dev up`\n"
@@ -105,15 +105,6 @@ ConstrainDevices=yes
 """
 
 
-def gres_conf(layout: Layout) -> str:
-    s = layout.settings
-    if not s.gpu_count:
-        return _HEADER
-    last = s.gpu_count - 1
-    files = f"{layout.dev}/nvidia0" if last == 0 else f"{layout.dev}/nvidia[0-{last}]"
-    return _HEADER + f"NodeName={s.node_name} Name=gpu Type={s.gpu_type} File={files}\n"
-
-
 def slurmdbd_conf(layout: Layout, db_password: str) -> str:
     s = layout.settings
     return _HEADER + f"""\
@@ -171,6 +162,11 @@ conf = "{layout.slurm_conf}"
 [supervisor]
 runtime_dir = "{layout.hook_socket.parent}"
 ports = {{worker = {s.worker_probe_port}, controller = {s.controller_probe_port}}}
+
+[gres]
+dev_dir = "{layout.dev}"
+types = {{"{s.gpu_name}" = "{s.gpu_type}"}}
+expected = {s.gpu_count}
 
 [supervisor.workers.slurmctld]
 stop_grace = "10s"
