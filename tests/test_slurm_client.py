@@ -23,7 +23,7 @@ def test_node_record(running_cluster, json):
     node = running_cluster.client(json=json).node(running_cluster.node)
     assert node.name == running_cluster.node
     assert node.state == "IDLE" and node.flags == frozenset() and node.idle and node.responding
-    assert node.gres == "gpu:h200:4"
+    assert node.gres.startswith("gpu:h200:4"), node.gres  # then "(S:0)": the sockets of the GPUs' Cores=
     assert node.cpus >= 1 and node.real_memory > 0
     assert node.partitions == ("debug",)
     assert [n.name for n in running_cluster.client(json=json).nodes()] == [running_cluster.node]
