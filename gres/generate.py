@@ -90,7 +90,7 @@ def generate(config: Config, node: str, *, emit: Callable[..., object], dry_run:
     if baseline:
         _report(inventory, drift, emit)
     else:  # the first inventory of this node (or an accepted one): every GPU is "new", say it once
-        _report(inventory, Drift(), emit)
+        _report(inventory, drift, emit)
         emit("gpu-baseline", f"{len(current)} GPUs are this node's from now on: "
              f"{render.gres_string(inventory) or 'none'}", "info")
     text = render.gres_conf(inventory, node)

@@ -158,8 +158,14 @@ def _gres_generate(args: argparse.Namespace) -> int:
     if args.output:
         loaded = replace(loaded, gres=replace(loaded.gres, output=args.output))
     dry = args.dry_run or args.diff
-    generation = generate(loaded, _node_name(loaded), emit=_gres_emitter(loaded, journal=not dry), dry_run=dry,
-                          accept=args.accept)
+    try:
+        generation = generate(loaded, _node_name(loaded), emit=_gres_emitter(loaded, journal=not dry), dry_run=dry,
+                              accept=args.accept)
+    except OSError as err:
+        from .gres import output_path
+        print(f"slurm-ext: error: cannot write {err.filename or output_path(loaded)}: {err.strerror or err}",
+              file=sys.stderr)
+        return 1
     if generation.inventory is None:
         print(f"slurm-ext: error: no GPU inventory; {generation.path} left as it is", file=sys.stderr)
         return 1

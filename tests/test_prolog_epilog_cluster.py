@@ -246,6 +246,7 @@ def test_without_the_hook_service_the_python_hooks_do_the_same_work(running_clus
     socket_path = cluster.layout.hook_socket
     hidden = socket_path.with_name("hooks.sock.hidden")
     log_file = cluster.layout.log / "slurm-ext.log"
+    wait_for("the hook service's socket", socket_path.exists, timeout=30)  # it binds just after the agent starts
     os.rename(socket_path, hidden)  # the client finds no service; the service keeps its socket
     try:
         job = _submit_as_nobody(cluster, "#!/bin/bash\necho left > /dev/shm/sx-fallback-$SLURM_JOB_ID\n")
