@@ -87,10 +87,8 @@ def generate(config: Config, node: str, *, emit: Callable[..., object], dry_run:
         return Generation(None, Drift(), path, "", False, drain)
     current = {gpu.uuid: (gpu.pci_bus_id, gpu.minor) for gpu in inventory.gpus}
     drift = compare(baseline, current)
-    if baseline:
-        _report(inventory, drift, emit)
-    else:  # the first inventory of this node (or an accepted one): every GPU is "new", say it once
-        _report(inventory, drift, emit)
+    _report(inventory, drift if baseline else Drift(), emit)
+    if not baseline:  # the first inventory of this node (or an accepted one): every GPU is "new", say it once
         emit("gpu-baseline", f"{len(current)} GPUs are this node's from now on: "
              f"{render.gres_string(inventory) or 'none'}", "info")
     text = render.gres_conf(inventory, node)

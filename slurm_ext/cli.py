@@ -195,6 +195,10 @@ def _gres_inventory(args: argparse.Namespace) -> int:
     if args.json:
         print(to_json(inventory))
         return 0
+    if args.slurmd_conf:
+        from .gres.render import dynamic_node_conf
+        print(dynamic_node_conf(inventory))
+        return 0
     print(f"driver {inventory.driver_version}: {len(inventory.gpus)} GPUs, by PCI bus id")
     for gpu in inventory.gpus:
         print(f"  {gpu.pci_bus_id}  {gpu.device:<14} {gpu.type:<10} {gpu.uuid}  {gpu.name}"
@@ -313,6 +317,8 @@ def _parser() -> argparse.ArgumentParser:
     generate.set_defaults(func=_gres_generate)
     inventory = gres_commands.add_parser("inventory", help="the GPUs as NVML reports them, in Slurm's order")
     inventory.add_argument("--json", action="store_true", help="machine-readable")
+    inventory.add_argument("--slurmd-conf", action="store_true",
+                           help="print only what a dynamic node passes as `slurmd -Z --conf` (Gres=...)")
     inventory.set_defaults(func=_gres_inventory)
     check = gres_commands.add_parser("check", help="compare NVML with slurmd -G and with the node in slurmctld "
                                      "(exit 1 when they differ)")

@@ -163,5 +163,7 @@ def test_generate_dry_run_diff_and_inventory_from_the_cli(eight):
     inventory = cli("--config", config, "gres", "inventory", "--json", env=env)
     assert inventory.returncode == 0, inventory.stderr
     assert len(json.loads(inventory.stdout)["gpus"]) == 8
+    dynamic = cli("--config", config, "gres", "inventory", "--slurmd-conf", env=env)
+    assert dynamic.stdout.strip() == "Gres=gpu:h200:8", dynamic.stdout + dynamic.stderr
     check = cli("--config", config, "gres", "check", env=env)
     assert check.returncode == 0 and "agrees" in check.stdout, check.stdout + check.stderr
