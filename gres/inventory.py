@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slurm_ext import nvml as nvml_codes
 from slurm_ext.errors import SlurmExtError
 
 from .topology import CpuTopology, TopologyError, core_indexes, cpus_from_masks, read_topology
@@ -52,29 +53,6 @@ __all__ = [
     "to_json",
     "from_json",
 ]
-
-# NVML return codes (nvml.h); part of the driver ABI, so stable.
-_NVML_INVALID_ARGUMENT = 2
-_NVML_NOT_SUPPORTED = 3
-_NVML_NO_PERMISSION = 4
-_NVML_NOT_FOUND = 6
-_NVML_DRIVER_NOT_LOADED = 9
-_NVML_LIBRARY_NOT_FOUND = 12
-_NVML_FUNCTION_NOT_FOUND = 13
-_NVML_GPU_IS_LOST = 15
-_NVML_RESET_REQUIRED = 16
-_NVML_LIB_RM_VERSION_MISMATCH = 18
-
-# What an operator should do about an NVML error, by code.
-_ACTIONS = {
-    _NVML_NO_PERMISSION: "run slurm-ext as root",
-    _NVML_DRIVER_NOT_LOADED: "load the NVIDIA kernel driver (nvidia-smi should list the GPUs)",
-    _NVML_LIBRARY_NOT_FOUND: "install the NVIDIA driver's libnvidia-ml.so.1 or put it on the library path",
-    _NVML_FUNCTION_NOT_FOUND: "the NVIDIA driver is older than pynvml expects: upgrade the driver",
-    _NVML_GPU_IS_LOST: "the GPU fell off the bus (Xid 79): drain the node, then reset the GPU or reboot",
-    _NVML_RESET_REQUIRED: "drain the node and reset the GPU (nvidia-smi -r) or reboot",
-    _NVML_LIB_RM_VERSION_MISMATCH: "the driver was upgraded without a reboot: reboot the node",
-}
 
 #: Words of 64 CPUs asked of nvmlDeviceGetCpuAffinity: 4096 CPUs, more than
 #: any node has. A short array would silently drop the high CPUs.
@@ -167,13 +145,7 @@ class GresError(SlurmExtError):
     def __init__(self, problem: str, nvml_code: int | None = None):
         self.problem = problem
         self.nvml_code = nvml_code
-        text = f"gres: {problem}"
-        if nvml_code is not None:
-            text += f" (NVML error {nvml_code})"
-            action = _ACTIONS.get(nvml_code)
-            if action:
-                text += f"; {action}"
-        super().__init__(text)
+        super().__init__(f"gres: {nvml_codes.describe(problem, nvml_code)}")
 
 
 def slurm_type(name: str, types: Mapping[str, str]) -> tuple[str, bool]:
@@ -298,7 +270,7 @@ def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def _optional(nvml: Any, call, *args, default: Any, codes=(_NVML_NOT_SUPPORTED,)) -> Any:
+def _optional(nvml: Any, call, *args, default: Any, codes=(nvml_codes.NOT_SUPPORTED,)) -> Any:
     """`call(*args)`, or `default` when NVML answers one of `codes` (a feature
     this GPU lacks); other NVML errors propagate (the GPU is unreadable)."""
     try:
@@ -400,7 +372,7 @@ def _nvlink_peers(nvml, handle) -> dict[tuple[int, int, int, int], int]:
     PCIe card fails on link 0). Links to NVSwitches count toward the switch's
     bus, which is no GPU of the inventory, as in Slurm's AutoDetect."""
     peers: dict[tuple[int, int, int, int], int] = {}
-    stop = (_NVML_NOT_SUPPORTED, _NVML_INVALID_ARGUMENT)
+    stop = (nvml_codes.NOT_SUPPORTED, nvml_codes.INVALID_ARGUMENT)
     for link in range(int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", _DEFAULT_MAX_LINKS))):
         state = _optional(nvml, nvml.nvmlDeviceGetNvLinkState, handle, link, default=None, codes=stop)
         if state is None:
@@ -424,9 +396,9 @@ def _with_mig(nvml, handle, item: _Read, minors: dict[str, int] | None, proc_roo
         try:
             mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
         except nvml.NVMLError as err:
-            if _code(err) == _NVML_NOT_FOUND:
+            if _code(err) == nvml_codes.NOT_FOUND:
                 continue  # a free slot
-            if _code(err) == _NVML_INVALID_ARGUMENT:
+            if _code(err) == nvml_codes.INVALID_ARGUMENT:
                 break
             raise
         name = _text(nvml.nvmlDeviceGetName(mig))
@@ -507,13 +479,8 @@ def _describe_lost(nvml, index: int, err: BaseException) -> str:
                 known.append(call())
             except Exception:  # noqa: BLE001 - best effort
                 pass
-    text = f"NVML GPU {index}" + (f" ({', '.join(known)})" if known else "") + f": {err}"
-    code = _code(err)
-    if code is not None:
-        text += f" (NVML error {code})"
-        if code in _ACTIONS:
-            text += f"; {_ACTIONS[code]}"
-    return text
+    where = f"NVML GPU {index}" + (f" ({', '.join(known)})" if known else "")
+    return f"{where}: {nvml_codes.describe(str(err), _code(err))}"
 
 
 def _pci_key(bus_id: str) -> tuple[int, int, int, int] | None:

@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from slurm_ext import nvml as nvml_codes
 from slurm_ext.errors import SlurmExtError
 
 __all__ = [
@@ -53,27 +54,6 @@ MIB = 2**20
 #: The driver frees a killed process's context within milliseconds to a few
 #: seconds; polling faster than this only burns CPU in the Epilog.
 POLL_INTERVAL_S = 0.1
-
-# NVML return codes (nvml.h); part of the driver ABI, so stable.
-_NVML_NOT_SUPPORTED = 3
-_NVML_NO_PERMISSION = 4
-_NVML_DRIVER_NOT_LOADED = 9
-_NVML_LIBRARY_NOT_FOUND = 12
-_NVML_FUNCTION_NOT_FOUND = 13
-_NVML_GPU_IS_LOST = 15
-_NVML_RESET_REQUIRED = 16
-_NVML_LIB_RM_VERSION_MISMATCH = 18
-
-# What an operator should do about an NVML error, by code.
-_ACTIONS = {
-    _NVML_NO_PERMISSION: "run the check as root",
-    _NVML_DRIVER_NOT_LOADED: "load the NVIDIA kernel driver (nvidia-smi should list the GPUs)",
-    _NVML_LIBRARY_NOT_FOUND: "install the NVIDIA driver's libnvidia-ml.so.1 or put it on the library path",
-    _NVML_FUNCTION_NOT_FOUND: "the NVIDIA driver is older than pynvml expects: upgrade the driver",
-    _NVML_GPU_IS_LOST: "the GPU fell off the bus (Xid 79): drain the node, then reset the GPU or reboot",
-    _NVML_RESET_REQUIRED: "drain the node and reset the GPU (nvidia-smi -r) or reboot",
-    _NVML_LIB_RM_VERSION_MISMATCH: "the driver was upgraded without a reboot: reboot the node",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,13 +95,7 @@ class GpuCheckError(SlurmExtError):
         self.problem = problem
         self.nvml_code = nvml_code
         where = "NVML" if gpu is None else f"GPU {gpu}"
-        text = f"gpu check: {where}: {problem}"
-        if nvml_code is not None:
-            text += f" (NVML error {nvml_code})"
-            action = _ACTIONS.get(nvml_code)
-            if action:
-                text += f"; {action}"
-        super().__init__(text)
+        super().__init__(f"gpu check: {where}: {nvml_codes.describe(problem, nvml_code)}")
 
 
 # NVML is initialised once per process and never shut down: the node agent
@@ -174,7 +148,7 @@ def _processes(nvml: Any, call: Callable[[Any], Any], handle: Any) -> list[Any]:
     try:
         return list(call(handle))
     except nvml.NVMLError as err:
-        if getattr(err, "value", None) == _NVML_NOT_SUPPORTED:
+        if getattr(err, "value", None) == nvml_codes.NOT_SUPPORTED:
             return []
         raise
 
