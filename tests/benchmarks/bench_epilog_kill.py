@@ -129,6 +129,10 @@ def main() -> None:
     finally:
         for pid in live_of(JOB_UID) + live_of(PKILL_UID):  # what this run started, if it failed midway
             os.kill(pid, 9)
+        node_cgroup = Path(f"/sys/fs/cgroup/freezer/slurm_{NODE}")
+        for directory in (node_cgroup / f"uid_{JOB_UID}", node_cgroup):  # kill_job removed the job's own
+            if directory.is_dir():
+                directory.rmdir()
         shutil.rmtree(state_dir, ignore_errors=True)
 
 
