@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slurm_ext import config as config_mod, events
+from slurm_ext import command, config as config_mod, events
 from slurm_ext.config import Config
 from slurm_ext.errors import ConfigError
 from slurm_ext.procfs import all_stats
@@ -291,13 +291,9 @@ class Agent:
         self.liaison.poke()
 
     def _reap(self) -> None:
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        # command.reap_child leaves the exit status of the Slurm thread's scontrol to that thread
+        while (reaped := command.reap_child()) is not None:
+            pid, status = reaped
             worker = self.by_pid.pop(pid, None)
             if worker is not None:
                 self._on_exit(worker, os.waitstatus_to_exitcode(status))
