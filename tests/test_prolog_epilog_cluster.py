@@ -426,3 +426,28 @@ def test_a_user_hook_runs_as_the_user_when_allowed(running_cluster, scripts):
         trace.unlink()
     finally:
         shutil.rmtree(home)
+
+
+def test_a_gpu_already_in_use_stops_the_job_in_its_prolog(running_cluster, gpu_spec):
+    """A process left on a GPU (not the new job's) is caught before the job starts on it: owned drain,
+    non-zero Prolog, so Slurm requeues the job and holds it instead of running it on a busy GPU."""
+    cluster = running_cluster
+    squatter = subprocess.Popen(["sleep", "100040"])
+    job = None
+    try:
+        spec = json.loads(gpu_spec.read_text())
+        spec["gpus"][0]["processes"] = [{"pid": squatter.pid, "used_memory": 4 << 30, "while_alive": True}]
+        fakenvml.write_spec(gpu_spec, spec)
+        job = cluster.sbatch("--gres=gpu:1", "--wrap", "true")
+        node = wait_for("our drain", lambda: (n := cluster.client().node(cluster.node)).drained and n, timeout=30)
+        assert node.reason.startswith(f"slurm-ext: gpu 0 held by another process before job {job}"), node.reason
+        assert f"pid {squatter.pid} on gpu 0" in node.reason
+        wait_for("the job requeued and held", lambda: (q := cluster.run(
+            "squeue", "-h", "-j", str(job), "-o", "%T %r").stdout).startswith("PENDING") and "held" in q, timeout=30)
+        assert squatter.poll() is None, "the Prolog must not kill what is not the job's"
+    finally:
+        squatter.kill()
+        squatter.wait()
+        if job is not None:
+            cluster.run("scancel", str(job), check=False)
+        cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=resume", check=False)
