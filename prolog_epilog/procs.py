@@ -284,22 +284,13 @@ def gpu_process_of(job: JobRecord, pid: int, protected: frozenset[int], proc: Pa
     one of them is the job's, unless it carries another job's SLURM_JOB_ID or
     sits in another job's cgroup; cgroup and environ tie it as anywhere.
     """
-    stat = read_stat(pid, proc)
-    uid = real_uid(pid, proc)
-    if pid in protected or stat is None or uid is None or stat.state in ("Z", "X"):
+    # the scanner's judgement with the uid sweep on: the job's user holds the GPU, so it is the job's
+    scanner = _Scanner(job, True, protected, proc, cgroup_root, pin=False)
+    judged = scanner._judge(pid, _cgroup_members(scanner.cgroups))
+    if judged is None or judged[2] == "family":  # "family" here: in another job's cgroup
         return None
-    if uid == 0 and _runs_slurm_daemon(pid, proc):
-        return None
-    env_job = _environ_job(pid, proc)
-    if pid in _cgroup_members(_job_cgroups(job, cgroup_paths(job.job_id, job.uid, job.node, cgroup_root))):
-        tie = "cgroup"
-    elif env_job == job.job_id and not _in_other_job_cgroup(pid, job.job_id, proc):
-        tie = "environ"
-    elif env_job is None and uid == job.uid and uid != 0 and not _in_other_job_cgroup(pid, job.job_id, proc):
-        tie = "gpu"
-    else:
-        return None
-    return JobProcess(pid, stat.starttime, uid, stat.comm, tie)
+    stat, uid, tie = judged
+    return JobProcess(pid, stat.starttime, uid, stat.comm, "gpu" if tie == "uid" else tie)
 
 
 def kill_process(process: JobProcess, proc: Path = PROC) -> bool:
