@@ -319,10 +319,7 @@ class Agent:
     # -- starting ----------------------------------------------------------------
 
     def _run_pipeline(self, now: float) -> None:
-        slurm = SlurmClient(self.config.slurm, environ=self.base_env)
-        context = pipeline.StepContext(self.role, self.config, self.node, slurm, self.emit, self._resume_when_fit)
-        runtime = Path(self.config.supervisor.runtime_dir)
-        if pipeline.run_steps(pipeline.steps_for(self.role), context, runtime, pipeline.boot_id()):
+        if self._run_steps(pipeline.steps_for(self.role)):
             self.pipeline_done = True
             for worker in self.workers:
                 if worker.state == WorkerState.STOPPED:
@@ -342,6 +339,9 @@ class Agent:
         steps = [step for step in pipeline.steps_for(self.role) if step.before_restart_of == name]
         if not steps:
             return True
+        return self._run_steps(steps)
+
+    def _run_steps(self, steps: list[pipeline.StartStep]) -> bool:
         slurm = SlurmClient(self.config.slurm, environ=self.base_env)
         context = pipeline.StepContext(self.role, self.config, self.node, slurm, self.emit, self._resume_when_fit)
         return pipeline.run_steps(steps, context, Path(self.config.supervisor.runtime_dir), pipeline.boot_id())
