@@ -121,6 +121,23 @@ def running_cluster(cluster) -> Cluster:
     return cluster
 
 
+def fake_sysfs(root: Path, cpus: dict[int, tuple], online: str | None = None) -> Path:
+    """A fake /sys CPU topology under `root`: cpus maps OS cpu id -> (package, core_id) or
+    (package, die, core_id); `online` defaults to every cpu given."""
+    from slurm_ext.gres.topology import ranges
+    cpu_dir = root / "devices/system/cpu"
+    cpu_dir.mkdir(parents=True)
+    (cpu_dir / "online").write_text((online if online is not None else ranges(cpus)) + "\n")
+    for cpu, place in cpus.items():
+        topology = cpu_dir / f"cpu{cpu}" / "topology"
+        topology.mkdir(parents=True)
+        (topology / "physical_package_id").write_text(f"{place[0]}\n")
+        (topology / "core_id").write_text(f"{place[-1]}\n")
+        if len(place) == 3:
+            (topology / "die_id").write_text(f"{place[1]}\n")
+    return root
+
+
 def wait_for(what: str, test, timeout: float = 15.0, interval: float = 0.02):
     """Poll `test` until it returns something true, and return that; fail naming `what`."""
     deadline = time.monotonic() + timeout

@@ -11,7 +11,6 @@ import dataclasses
 import json
 import os
 import signal
-import stat
 import time
 
 import psutil
@@ -50,8 +49,7 @@ def eight(running_cluster):
     for minor in MINORS:
         device = layout.dev / f"nvidia{minor}"
         if not device.exists():
-            os.mknod(device, 0o666 | stat.S_IFCHR, os.makedev(195, minor))
-            made.append(device)
+            made.append(fakenvml.make_device(device, minor))
     fakenvml.write_spec(layout.gpu_spec, eight_gpus(os.cpu_count() or 1))
     dev.up(settings)
     cluster = Cluster(settings)

@@ -27,6 +27,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from conftest import fake_sysfs
 from slurm_ext.dev import fakenvml
 from slurm_ext.gres import Generation
 from slurm_ext.gres.drift import Drift, Missing
@@ -183,18 +184,10 @@ def node(fakenvml_lib: Path) -> Iterator[Node]:
         made = Node(root, fakenvml_lib)
         made.dev.mkdir()
         for minor in range(16):
-            os.mknod(made.dev / f"nvidia{minor}", 0o666 | stat.S_IFCHR, os.makedev(195, minor))
+            fakenvml.make_device(made.dev / f"nvidia{minor}", minor)
         (made.root / "etc").mkdir()
         made.proc_root.mkdir()
-        cpu_dir = made.sys_root / "devices/system/cpu"
-        cpu_dir.mkdir(parents=True)
-        (cpu_dir / "online").write_text("0-3\n")
-        for cpu in range(4):
-            topo = cpu_dir / f"cpu{cpu}" / "topology"
-            topo.mkdir(parents=True)
-            (topo / "physical_package_id").write_text(f"{cpu // 2}\n")
-            (topo / "core_id").write_text(f"{cpu % 2}\n")
-            (topo / "die_id").write_text("0\n")
+        fake_sysfs(made.sys_root, {cpu: (cpu // 2, 0, cpu % 2) for cpu in range(4)})
         yield made
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import subprocess
 import sys
 import textwrap
@@ -21,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from conftest import fake_sysfs
 from slurm_ext.dev import fakenvml
 from slurm_ext.errors import SlurmExtError
 from slurm_ext.gres import render
@@ -73,24 +73,11 @@ def roots(tmp_path: Path) -> dict[str, Path]:
     dev = tmp_path / "dev"
     dev.mkdir()
     for minor in MINORS:
-        mknod(dev / f"nvidia{minor}", minor)
+        fakenvml.make_device(dev / f"nvidia{minor}", minor)
     proc = tmp_path / "proc"
     proc.mkdir()
-    sys_root = tmp_path / "sys"
-    cpu_dir = sys_root / "devices/system/cpu"
-    cpu_dir.mkdir(parents=True)
-    (cpu_dir / "online").write_text("0-15\n")
-    for cpu in range(16):
-        topo = cpu_dir / f"cpu{cpu}" / "topology"
-        topo.mkdir(parents=True)
-        (topo / "physical_package_id").write_text(f"{(cpu % 8) // 4}\n")
-        (topo / "core_id").write_text(f"{cpu % 4}\n")
-        (topo / "die_id").write_text("0\n")
+    sys_root = fake_sysfs(tmp_path / "sys", {cpu: ((cpu % 8) // 4, 0, cpu % 4) for cpu in range(16)})
     return {"dev_dir": dev, "proc_root": proc, "sys_root": sys_root}
-
-
-def mknod(path: Path, minor: int) -> None:
-    os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(195, minor))
 
 
 def short_bus(bus: str) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import fake_sysfs
 from slurm_ext.errors import SlurmExtError
 from slurm_ext.gres.topology import (
     CpuTopology,
@@ -20,22 +21,6 @@ from slurm_ext.gres.topology import (
 )
 
 
-def make_sys(root: Path, cpus: dict[int, tuple], online: str | None = None) -> Path:
-    """A fake sysfs: cpus maps OS id -> (package, core_id) or (package, die, core_id)."""
-    cpu_dir = root / "devices/system/cpu"
-    cpu_dir.mkdir(parents=True)
-    (cpu_dir / "online").write_text((online if online is not None else ranges(cpus)) + "\n")
-    for cpu, place in cpus.items():
-        topo = cpu_dir / f"cpu{cpu}" / "topology"
-        topo.mkdir(parents=True)
-        package, core = place[0], place[-1]
-        (topo / "physical_package_id").write_text(f"{package}\n")
-        (topo / "core_id").write_text(f"{core}\n")
-        if len(place) == 3:
-            (topo / "die_id").write_text(f"{place[1]}\n")
-    return root
-
-
 def two_socket_split(root: Path) -> Path:
     """2 sockets x 8 cores x 2 threads: 0-7 / 8-15 first threads, 16-23 / 24-31 second threads."""
     cpus = {}
@@ -43,14 +28,14 @@ def two_socket_split(root: Path) -> Path:
         for socket in range(2):
             for core in range(8):
                 cpus[thread * 16 + socket * 8 + core] = (socket, core)
-    return make_sys(root, cpus)
+    return fake_sysfs(root, cpus)
 
 
 # --- read_topology: layouts ------------------------------------------------------------------------------
 
 
 def test_single_socket_no_ht(tmp_path):
-    topo = read_topology(make_sys(tmp_path, {c: (0, c) for c in range(4)}))
+    topo = read_topology(fake_sysfs(tmp_path, {c: (0, c) for c in range(4)}))
     assert dict(topo.core_of) == {0: 0, 1: 1, 2: 2, 3: 3}
     assert (topo.sockets, topo.cores, topo.threads_per_core) == (1, 4, 1)
 
@@ -77,7 +62,7 @@ def test_numa_node_affinity_maps_to_its_sockets_cores(tmp_path):
 def test_adjacent_siblings_layout(tmp_path):
     # 2 sockets x 4 cores; cpus 2k and 2k+1 share core k
     cpus = {cpu: (cpu // 8, (cpu // 2) % 4) for cpu in range(16)}
-    topo = read_topology(make_sys(tmp_path, cpus))
+    topo = read_topology(fake_sysfs(tmp_path, cpus))
     assert (topo.sockets, topo.cores, topo.threads_per_core) == (2, 8, 2)
     assert all(topo.core_of[2 * k] == topo.core_of[2 * k + 1] == k for k in range(8))
     assert core_indexes(range(8, 16), topo) == [4, 5, 6, 7]
@@ -85,20 +70,20 @@ def test_adjacent_siblings_layout(tmp_path):
 
 def test_non_contiguous_core_ids_still_number_from_zero(tmp_path):
     core_ids = [0, 1, 2, 3, 8, 9, 10, 11]
-    topo = read_topology(make_sys(tmp_path, {cpu: (0, core_id) for cpu, core_id in enumerate(core_ids)}))
+    topo = read_topology(fake_sysfs(tmp_path, {cpu: (0, core_id) for cpu, core_id in enumerate(core_ids)}))
     assert [topo.core_of[cpu] for cpu in range(8)] == list(range(8))
     assert topo.cores == 8
 
 
 def test_same_core_id_on_two_sockets_is_two_cores(tmp_path):
-    topo = read_topology(make_sys(tmp_path, {0: (0, 0), 1: (1, 0)}))
+    topo = read_topology(fake_sysfs(tmp_path, {0: (0, 0), 1: (1, 0)}))
     assert dict(topo.core_of) == {0: 0, 1: 1}
     assert (topo.sockets, topo.cores) == (2, 2)
 
 
 def test_offline_cpu_is_ignored(tmp_path):
     # cpu 2 has a topology directory but is not online (as after `echo 0 > cpu2/online`)
-    root = make_sys(tmp_path, {c: (0, c) for c in range(4)}, online="0-1,3")
+    root = fake_sysfs(tmp_path, {c: (0, c) for c in range(4)}, online="0-1,3")
     topo = read_topology(root)
     assert dict(topo.core_of) == {0: 0, 1: 1, 3: 2}
     assert topo.cores == 3
@@ -106,21 +91,21 @@ def test_offline_cpu_is_ignored(tmp_path):
 
 
 def test_offline_cpu_needs_no_topology_files(tmp_path):
-    root = make_sys(tmp_path, {0: (0, 0), 1: (0, 1)}, online="0")
+    root = fake_sysfs(tmp_path, {0: (0, 0), 1: (0, 1)}, online="0")
     (root / "devices/system/cpu/cpu1/topology/core_id").unlink()
     assert dict(read_topology(root).core_of) == {0: 0}
 
 
 def test_offline_second_thread_leaves_threads_per_core_at_the_max(tmp_path):
     cpus = {0: (0, 0), 1: (0, 1), 2: (0, 0), 3: (0, 1)}
-    topo = read_topology(make_sys(tmp_path, cpus, online="0-2"))
+    topo = read_topology(fake_sysfs(tmp_path, cpus, online="0-2"))
     assert (topo.cores, topo.threads_per_core) == (2, 2)
 
 
 def test_dies_are_numbered_die_by_die(tmp_path):
     # one package, two dies whose CPUs interleave; core_id restarts on each die
     cpus = {cpu: (0, cpu % 2, cpu // 2) for cpu in range(8)}
-    topo = read_topology(make_sys(tmp_path, cpus))
+    topo = read_topology(fake_sysfs(tmp_path, cpus))
     assert (topo.sockets, topo.cores, topo.threads_per_core) == (1, 8, 1)
     assert core_indexes([0, 2, 4, 6], topo) == [0, 1, 2, 3]  # die 0
     assert core_indexes([1, 3, 5, 7], topo) == [4, 5, 6, 7]  # die 1
@@ -128,19 +113,19 @@ def test_dies_are_numbered_die_by_die(tmp_path):
 
 
 def test_missing_die_id_counts_as_die_zero(tmp_path):
-    root = make_sys(tmp_path, {0: (0, 0, 0), 1: (0, 0, 1)})
+    root = fake_sysfs(tmp_path, {0: (0, 0, 0), 1: (0, 0, 1)})
     (root / "devices/system/cpu/cpu1/topology/die_id").unlink()
     assert dict(read_topology(root).core_of) == {0: 0, 1: 1}
 
 
 def test_cores_follow_hwloc_cpu_order_not_core_id_value(tmp_path):
     # hwloc (hence Slurm) orders cores by the lowest CPU they hold, not by core_id
-    topo = read_topology(make_sys(tmp_path, {0: (0, 5), 1: (0, 2), 2: (0, 5), 3: (0, 2)}))
+    topo = read_topology(fake_sysfs(tmp_path, {0: (0, 5), 1: (0, 2), 2: (0, 5), 3: (0, 2)}))
     assert dict(topo.core_of) == {0: 0, 1: 1, 2: 0, 3: 1}
 
 
 def test_core_of_is_read_only(tmp_path):
-    topo = read_topology(make_sys(tmp_path, {0: (0, 0)}))
+    topo = read_topology(fake_sysfs(tmp_path, {0: (0, 0)}))
     with pytest.raises(TypeError):
         topo.core_of[5] = 1
 
@@ -171,7 +156,7 @@ def test_missing_online_file_names_it(tmp_path):
 
 @pytest.mark.parametrize("text", ["zero", "0-", "3-1", "0-3,x", "-1", ""])
 def test_malformed_online_file_names_it(tmp_path, text):
-    root = make_sys(tmp_path, {0: (0, 0)}, online=text)
+    root = fake_sysfs(tmp_path, {0: (0, 0)}, online=text)
     with pytest.raises(TopologyError) as info:
         read_topology(root)
     assert info.value.path == root / "devices/system/cpu/online"
@@ -179,7 +164,7 @@ def test_malformed_online_file_names_it(tmp_path, text):
 
 
 def test_missing_core_id_names_it(tmp_path):
-    root = make_sys(tmp_path, {0: (0, 0), 1: (0, 1)})
+    root = fake_sysfs(tmp_path, {0: (0, 0), 1: (0, 1)})
     path = root / "devices/system/cpu/cpu1/topology/core_id"
     path.unlink()
     with pytest.raises(TopologyError) as info:
@@ -190,7 +175,7 @@ def test_missing_core_id_names_it(tmp_path):
 
 @pytest.mark.parametrize("name", ["physical_package_id", "core_id", "die_id"])
 def test_malformed_id_file_names_it(tmp_path, name):
-    root = make_sys(tmp_path, {0: (0, 0, 0)})
+    root = fake_sysfs(tmp_path, {0: (0, 0, 0)})
     path = root / "devices/system/cpu/cpu0/topology" / name
     path.write_text("garbage\n")
     with pytest.raises(TopologyError) as info:

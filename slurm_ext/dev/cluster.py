@@ -15,7 +15,6 @@ import pwd
 import secrets
 import shutil
 import signal
-import stat
 import sys
 import time
 from dataclasses import dataclass
@@ -35,8 +34,6 @@ __all__ = ["DaemonStatus", "Status", "DemoResult", "up", "down", "status", "demo
 log = logging.getLogger("dev")
 
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
-#: character-device major number of /dev/nvidia<minor>
-_NVIDIA_MAJOR = 195
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,9 +160,7 @@ def _write_files(layout: Layout) -> set[str]:
     password = password_file.read_text().strip()
 
     for minor, device in enumerate(layout.gpu_devices()):
-        if not device.is_char_device():
-            device.unlink(missing_ok=True)
-            os.mknod(device, 0o666 | stat.S_IFCHR, os.makedev(_NVIDIA_MAJOR, minor))
+        fakenvml.make_device(device, minor)
     fakenvml.build(layout.lib)
     if not layout.gpu_spec.exists():
         fakenvml.write_spec(layout.gpu_spec, fakenvml.default_gpus(s.gpu_count, s.gpu_name))

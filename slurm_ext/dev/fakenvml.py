@@ -24,6 +24,7 @@ import importlib.util
 import json
 import os
 import re
+import stat
 import subprocess
 import tempfile
 import time
@@ -36,6 +37,7 @@ __all__ = [
     "default_gpus",
     "write_spec",
     "environ",
+    "make_device",
 ]
 
 SPEC_ENV = "SLURM_EXT_FAKE_NVML"
@@ -332,3 +334,21 @@ def environ(lib_dir: Path, spec_path: Path) -> dict[str, str]:
     loader at process start, so it cannot take effect in the current one.
     """
     return {"LD_LIBRARY_PATH": str(lib_dir), SPEC_ENV: str(spec_path)}
+
+
+#: character-device major number of /dev/nvidia<minor>
+NVIDIA_MAJOR = 195
+
+
+def make_device(path: Path, minor: int) -> Path:
+    """A GPU device file like /dev/nvidia<minor> at `path` (root only).
+
+    Slurm's gres.conf File= and its devices cgroup need a real character
+    device: a plain file is rejected at job launch. Idempotent: a character
+    device already there is kept, anything else is replaced.
+    """
+    path = Path(path)
+    if not path.is_char_device():
+        path.unlink(missing_ok=True)
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(NVIDIA_MAJOR, minor))
+    return path

@@ -75,7 +75,7 @@ def main() -> None:
         fakenvml.write_spec(spec, eight_gpus(os.cpu_count() or 1))
         (root / "dev").mkdir()
         for gpu in json.loads(spec.read_text())["gpus"]:
-            os.mknod(root / "dev" / f"nvidia{gpu['minor']}", 0o666 | 0o020000, os.makedev(195, gpu["minor"]))
+            fakenvml.make_device(root / "dev" / f"nvidia{gpu['minor']}", gpu["minor"])
         env = {**os.environ, **fakenvml.environ(lib.parent, spec)}
         out = subprocess.run([sys.executable, "-c", CHILD, str(root), str(args.runs)], env=env, check=True,
                              capture_output=True, text=True).stdout
