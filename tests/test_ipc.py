@@ -22,9 +22,14 @@ import pytest
 
 from slurm_ext.prolog_epilog import ipc
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or not all(shutil.which(tool) for tool in ("setpriv", "ipcmk", "ipcrm")),
-    reason="needs root, setpriv and ipcmk/ipcrm (util-linux)")
+
+@pytest.fixture(autouse=True)
+def _prerequisites():
+    """Root and util-linux's setpriv, ipcmk and ipcrm: on CI they are there, so missing ones fail."""
+    missing = [tool for tool in ("setpriv", "ipcmk", "ipcrm") if not shutil.which(tool)]
+    if os.geteuid() != 0 or missing:
+        pytest.fail(f"tests/test_ipc.py needs root and util-linux (missing: {', '.join(missing) or 'root'})")
+
 
 USER = 2_000_000 + (os.getpid() % 400_000) * 2  # the job's user: no passwd entry needed
 OTHER = USER + 1  # some other user on the node
@@ -183,7 +188,7 @@ def mqueue_dir():
     mount = subprocess.run(["mount", "-t", "mqueue", "none", directory], capture_output=True, text=True)
     if mount.returncode != 0:
         os.rmdir(directory)
-        pytest.skip(f"cannot mount an mqueue filesystem: {mount.stderr.strip()}")
+        pytest.fail(f"cannot mount an mqueue filesystem to test POSIX message queues: {mount.stderr.strip()}")
     try:
         yield Path(directory)
     finally:
