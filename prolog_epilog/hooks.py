@@ -27,10 +27,12 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from slurm_ext import config as config_mod, events, log
 from slurm_ext.config import Config
 from slurm_ext.errors import ConfigError, SlurmExtError
+from slurm_ext.log import printable
 
 from . import gpus, jobrecord, procs
 from .ipc import clean_ipc
@@ -76,7 +78,16 @@ def handle(phase: str, env: dict[str, str], config: Config, protect: tuple[int, 
 
 def prolog(env: dict[str, str], config: Config) -> Verdict:
     record = jobrecord.from_environ(env)
-    jobrecord.write(record, config.node.state_dir)
+    state_dir = config.node.state_dir
+    with jobrecord.uid_lock(state_dir, record.uid, _lock_timeout(config)):
+        try:
+            jobrecord.write(record, state_dir)
+        except OSError as err:
+            # Fail closed: the checks below still run, and the node takes no more jobs, since without
+            # records the Epilog of this user's other jobs cannot know this one runs here.
+            _emit(config, "record-failed", f"job {record.job_id}: cannot write its record in {state_dir}/jobs: "
+                  f"{err.strerror or err} (a full disk?); draining the node", "error", job=record.job_id)
+            _drain(config, record, f"cannot record job {record.job_id} in {state_dir}/jobs: {err.strerror or err}")
     if record.gpus:
         try:
             foreign = gpus.foreign_processes(record.gpus)
@@ -116,21 +127,47 @@ def epilog(env: dict[str, str], config: Config, protect: tuple[int, ...] = ()) -
 def _clean_up(env: dict[str, str], config: Config, record: jobrecord.JobRecord, protect: tuple[int, ...]) -> Verdict:
     settings = config.prolog_epilog
     job_id = record.job_id
-    others = jobrecord.other_jobs(record, config.node.state_dir, since=_boot_time())
-    exclusive = not others and record.uid >= settings.min_uid
+    state_dir = config.node.state_dir
     protected = procs.protected_pids(protect)
-    cleanup = procs.kill_job(record, sweep_uid=exclusive, protected=protected, timeout=settings.kill_timeout)
-    reasons = [f"job {job_id} left pid {p.pid} ({p.comm}) unkillable in state {state}"
+    # "the user has no other job here" is decided and acted on under the uid's lock, which a Prolog of
+    # the same user holds while it writes its record: no job can start between the look and the sweep
+    with jobrecord.uid_lock(state_dir, record.uid, _lock_timeout(config)):
+        others, stale = jobrecord.other_jobs(record, state_dir, since=_boot_time())
+        if stale:
+            _emit(config, "record-stale", f"job {job_id}: removed the records of job(s) "
+                  f"{','.join(map(str, stale))} of uid {record.uid}, which no longer run here", "warning",
+                  job=job_id, stale=stale)
+        exclusive = not others and record.uid >= settings.min_uid
+        live = _live_jobs(state_dir, job_id)
+        cleanup = procs.kill_job(record, sweep_uid=exclusive, protected=protected, timeout=settings.kill_timeout,
+                                 live_jobs=live)
+        ipc = clean_ipc(record.uid, exclusive=exclusive, since=record.start) if record.uid else None
+    reasons = [f"job {job_id} left pid {p.pid} ({printable(p.comm)}) unkillable in state {state}"
                for p, state in cleanup.survivors]
-    ipc = clean_ipc(record.uid, exclusive=exclusive, since=record.start) if record.uid else None
-    reasons += _release_gpus(config, record, cleanup, protected)
+    reasons += _release_gpus(config, record, cleanup, protected, live)
     _report(config, record, cleanup, ipc, others)
     for reason in reasons:
         _drain(config, record, reason)
     outcome = _run_scripts("job-end", config, env)
+    if record.uid and any(result.user == record.user and not result.refused for result in outcome.results):
+        # the user's job-end hooks ran after the cleanup: what they left goes the same way
+        late = procs.kill_job(record, sweep_uid=exclusive, protected=protected, timeout=settings.kill_timeout,
+                              live_jobs=live)
+        if late.found:
+            _report(config, record, late, None, others)
     if outcome.exit_code:
         return Verdict(outcome.exit_code, f"job {job_id}: job-end scripts failed (policy drain)")
     return Verdict(0, "; ".join(reasons))
+
+
+def _live_jobs(state_dir: str, job_id: int) -> frozenset[int]:
+    """Ids of the jobs with a record here, whoever's: a SLURM_JOB_ID naming one of them is believed."""
+    return frozenset(int(p.stem) for p in (Path(state_dir) / "jobs").glob("*.json") if p.stem.isdigit()) - {job_id}
+
+
+def _lock_timeout(config: Config) -> float:
+    """How long a hook waits for the uid lock: an Epilog holds it through its kill and IPC cleanup."""
+    return config.prolog_epilog.kill_timeout + 20.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,14 +188,14 @@ def _run_scripts(phase: str, config: Config, env: dict[str, str]):
 
 
 def _release_gpus(config: Config, record: jobrecord.JobRecord, cleanup: procs.Cleanup,
-                  protected: frozenset[int]) -> list[str]:
+                  protected: frozenset[int], live: frozenset[int]) -> list[str]:
     """Drain reasons for the job's GPUs that are still held once its processes are gone."""
     if not record.gpus:
         return []
     found = {p.pid: p for p in cleanup.found}
 
     def is_job_process(pid: int) -> bool:
-        process = found.get(pid) or procs.gpu_process_of(record, pid, protected)
+        process = found.get(pid) or procs.gpu_process_of(record, pid, protected, live)
         if process is not None:
             found[pid] = process
         return process is not None
@@ -251,5 +288,5 @@ def _main(phase: str) -> int:
     logger.info("job %s: %s done in %.0f ms without the hook service (is `slurm-ext hooks serve` running?)",
                 os.environ.get("SLURM_JOB_ID", "?"), phase, (time.monotonic() - started) * 1000)
     if verdict.message:
-        print(f"slurm-ext-{phase}: {verdict.message}", file=sys.stderr)
+        print(f"slurm-ext-{phase}: {printable(verdict.message)}", file=sys.stderr)
     return verdict.exit_code

@@ -10,16 +10,25 @@ start.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable, Iterator
 
 from slurm_ext.errors import SlurmExtError
+from slurm_ext.procfs import PROC, pids
 
 __all__ = ["JobRecord", "JobEnvironmentError", "from_environ", "job_id_of", "write", "read", "remove", "other_jobs",
-           "cgroup_paths"]
+           "cgroup_paths", "uid_lock", "running_jobs", "STARTING_GRACE"]
+
+#: a record younger than this counts as a live job even before its steps run (seconds)
+STARTING_GRACE = 300.0
+#: how often a waiter for the uid lock tries again (seconds)
+_LOCK_POLL = 0.005
 
 
 class JobEnvironmentError(SlurmExtError):
@@ -137,17 +146,99 @@ def remove(job_id: int, state_dir: str) -> None:
     _path(state_dir, job_id).unlink(missing_ok=True)
 
 
-def other_jobs(record: JobRecord, state_dir: str, since: float = 0.0) -> list[int]:
-    """Ids of the other jobs of the same user on this node, by their records.
+def other_jobs(record: JobRecord, state_dir: str, since: float = 0.0, *,
+               alive: Callable[[JobRecord], bool] | None = None, now: float | None = None,
+               cgroup_root: Path = Path("/sys/fs/cgroup")) -> tuple[list[int], list[int]]:
+    """(live, stale): ids of the other jobs of the same user on this node, and of dead jobs' records.
 
-    Records older than `since` (the kernel's boot) are left by jobs that a
-    reboot ended before their Epilog: they do not count.
+    Live: a record younger than STARTING_GRACE (its steps may not run yet),
+    or one whose job `alive` says runs here (default: it has a slurmstepd or
+    a cgroup on this node; with PrologFlags=Contain every running job has its
+    extern step); and a job of the uid that has a cgroup here but no record
+    (its Prolog could not write one). Stale: records older than `since` (the
+    kernel's boot: a reboot ended the job before its Epilog) or of jobs that
+    are gone; they are removed, so one lost Epilog does not turn the user's
+    uid sweep off until the next reboot.
     """
-    found = []
+    now = time.time() if now is None else now
+    alive = alive or (lambda other: bool(running_jobs({other.job_id})) or _has_cgroup(other, cgroup_root))
+    live, stale = set(), []
     for path in (Path(state_dir) / "jobs").glob("*.json"):
         if not path.stem.isdigit() or int(path.stem) == record.job_id:
             continue
         other = read(int(path.stem), state_dir)
-        if other is not None and other.uid == record.uid and other.start >= since:
-            found.append(other.job_id)
-    return sorted(found)
+        if other is None or other.uid != record.uid:
+            continue
+        if other.start >= since and (now - other.start < STARTING_GRACE or alive(other)):
+            live.add(other.job_id)
+        else:
+            remove(other.job_id, state_dir)
+            stale.append(other.job_id)
+    live |= _uid_job_cgroups(record, cgroup_root)
+    return sorted(live), sorted(stale)
+
+
+def running_jobs(job_ids: set[int] | None = None, proc: Path = PROC) -> set[int]:
+    """Ids of the jobs that have a slurmstepd on this node now (of `job_ids` only, when given).
+
+    slurmstepd names itself `slurmstepd: [<job>.<step>]` in its command line.
+    """
+    found = set()
+    for pid in pids(proc):
+        try:
+            with open(f"{os.fspath(proc)}/{pid}/cmdline", "rb") as f:
+                head = f.read(64)
+        except OSError:
+            continue
+        if head.startswith(b"slurmstepd: ["):
+            job = head[13:].split(b".", 1)[0].split(b"]", 1)[0]
+            if job.isdigit() and (job_ids is None or int(job) in job_ids):
+                found.add(int(job))
+    return found
+
+
+def _has_cgroup(record: JobRecord, cgroup_root: Path) -> bool:
+    return any(os.path.isdir(p) for p in cgroup_paths(record.job_id, record.uid, record.node, cgroup_root))
+
+
+def _uid_job_cgroups(record: JobRecord, cgroup_root: Path) -> set[int]:
+    """Other jobs of the uid by their v1 cgroups (slurm[_<node>]/uid_<uid>/job_<id>), record or not."""
+    found = set()
+    for place in cgroup_paths(record.job_id, record.uid, record.node, cgroup_root):
+        if place.parent.name == f"uid_{record.uid}":
+            found.update(int(d.name[4:]) for d in place.parent.glob("job_*") if d.name[4:].isdigit())
+    return found - {record.job_id}
+
+
+@contextlib.contextmanager
+def uid_lock(state_dir: str, uid: int, timeout: float) -> Iterator[bool]:
+    """Hold the uid's lock: the Prolog while it writes its record, the Epilog while it decides
+    and does what "the user has no other job here" allows (the uid sweep, removing every IPC
+    object). Without it a Prolog of the same user can start a job between the Epilog's look at
+    the records and its sweep, and that job loses its processes and its shared memory.
+
+    Yields True when held, False when it could not be had within `timeout` (or the lock file
+    cannot be made: a full disk) -- the caller goes on, a lost lock must not wedge the node.
+    """
+    directory = Path(state_dir) / "jobs"
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(directory / f".uid-{uid}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        yield False
+        return
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held = True
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    held = False
+                    break
+                time.sleep(_LOCK_POLL)
+        yield held
+    finally:
+        os.close(fd)  # closing releases the lock

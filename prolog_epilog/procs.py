@@ -13,21 +13,34 @@ fork re-parented to PID 1, a process that dropped its environment with
    process group that a tied process has; and, when the user has no other job
    on the node and the uid is at least `min_uid`, every process of that uid.
 
-(1) and (2) tie a process whatever its uid (a job may run setuid helpers);
-(3) never reaches root or another user. A process that carries another job's
-SLURM_JOB_ID or sits in another job's cgroup is that job's, unless it is in
-this job's cgroup. Never touched: PID 1, the caller and its ancestors (the
+(1) ties a process whatever its uid (a job may run setuid helpers); (2) any
+uid but root's: /proc/PID/environ is the process's own memory, and a root
+daemon that an admin job-start script started inherits SLURM_JOB_ID without
+being the job's; (3) never reaches root or another user. A process that sits
+in another job's cgroup (one of Slurm's, not any path named job_N) is that
+job's, unless it is in this job's cgroup; one that carries another job's
+SLURM_JOB_ID is that job's only when that job lives on this node (a record
+or a cgroup): anyone can write `SLURM_JOB_ID=1` into their environment to hide
+from the uid sweep. Never touched: PID 1, the caller and its ancestors (the
 hook, slurmd), the `protected` pids (the agent), and root processes running
 slurmd or slurmstepd.
 
-Killing: when a first scan finds anything, freeze the job's cgroups that can
-freeze (v1 freezer.state, v2 cgroup.freeze; not one that still holds a
-slurmstepd) and SIGSTOP every other process found, re-scanning until a
-scan finds nothing new: once all are stopped none can fork or respawn a
-child. Then SIGKILL each through a pidfd checked against the process's start
-time (a recycled pid is never hit), cgroup.kill where the kernel has it,
-thaw, wait, and scan once more. What still lives at the deadline is in
-uninterruptible sleep (state D): it is reported, not waited on forever.
+Killing: first make sure nothing can fork out of reach. With the uid sweep,
+a child running as the job's user calls kill(-1, SIGSTOP): the kernel stops
+every process of the uid in one pass that a fork cannot outrun (a process
+that forks and lets its parent exit every few milliseconds is never in one
+/proc snapshot), and its answer says whether the uid has any process at all.
+Job cgroups that have members are frozen (v1 freezer.state, v2
+cgroup.freeze; not one that still holds a slurmstepd): a non-empty job
+cgroup means something escaped, whatever a scan saw. Then scan, SIGSTOP every
+other process found and re-scan until a scan finds nothing new or the
+deadline passes. Then SIGKILL each through a pidfd checked against the
+process's start time (a recycled pid is never hit; a cgroup tie is confirmed
+in /proc/PID/cgroup after the pidfd pins the pid), cgroup.kill where the
+kernel has it, thaw, wait, and scan again until the job's cgroups are empty.
+What the uid stop stopped and was not the job's is continued. What still
+lives at the deadline is in uninterruptible sleep (state D): it is reported,
+not waited on forever.
 """
 
 from __future__ import annotations
@@ -46,7 +59,7 @@ from slurm_ext.procfs import PROC, ProcStat, pids, read_stat, real_uid
 from .jobrecord import JobRecord, cgroup_paths
 
 __all__ = ["JobProcess", "Cleanup", "find_job_processes", "kill_job", "protected_pids", "gpu_process_of",
-           "kill_process"]
+           "kill_process", "signal_uid", "in_initial_pid_namespace"]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 _KTHREADD = 2
@@ -54,7 +67,14 @@ _SLURM_BINARIES = frozenset({"slurmd", "slurmstepd"})
 #: stop rounds: each round stops what the last scan found new; a fork bomb cannot outrun this forever
 _MAX_STOP_ROUNDS = 50
 _POLL = 0.005
-_JOB_IN_CGROUP = re.compile(rb"/job_(\d+)(?:/|$)", re.MULTILINE)
+#: a job cgroup of Slurm's in a /proc/PID/cgroup line ("4:freezer:/slurm_n1/uid_5/job_42/step_0"): v1
+#: slurm[_<node>]/uid_<uid>/job_<id>, v2 system.slice/[<node>_]slurmstepd.scope/job_<id>. Anchored at the
+#: start of the path: a user may name a cgroup of a delegated subtree job_42.
+_JOB_IN_CGROUP = re.compile(
+    rb"^[^:\n]*:[^:\n]*:/(?:slurm(?:_[^/\n]+)?/uid_\d+|system\.slice/(?:[^/\n]+_)?slurmstepd\.scope)/job_(\d+)(?:/|$)",
+    re.MULTILINE)
+#: the inode of the first PID namespace (PROC_PID_INIT_INO): NVML's pids are pids in it
+_INIT_PID_NAMESPACE = "pid:[4026531836]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,10 +114,15 @@ def protected_pids(extra: tuple[int, ...] = (), proc: Path = PROC) -> frozenset[
     return frozenset(keep)
 
 
-def find_job_processes(job: JobRecord, *, sweep_uid: bool, protected: frozenset[int], proc: Path = PROC,
+def find_job_processes(job: JobRecord, *, sweep_uid: bool, protected: frozenset[int],
+                       live_jobs: frozenset[int] = frozenset(), proc: Path = PROC,
                        cgroup_root: Path = CGROUP_ROOT) -> list[JobProcess]:
-    """Every live process tied to `job` now (one pass over /proc)."""
-    scanner = _Scanner(job, sweep_uid, protected, proc, cgroup_root, pin=False)
+    """Every live process tied to `job` now (one pass over /proc).
+
+    `live_jobs`: ids of the other jobs that run on this node (their records);
+    a SLURM_JOB_ID naming one of them, or a job with a cgroup here, is trusted.
+    """
+    scanner = _Scanner(job, sweep_uid, protected, proc, cgroup_root, live_jobs, pin=False)
     return [found.process for found in scanner.scan(everything=True)]
 
 
@@ -114,16 +139,23 @@ class _Scanner:
     A first scan judges every process; later ones look only at pids not seen
     yet: the kernel hands out pids in increasing order, so a process forked
     meanwhile has a new pid (until pid_max wraps, which one Epilog never
-    sees). `scan(everything=True)` judges all again, for the verification.
+    sees). Newest pids are judged first: a process that keeps forking is most
+    likely still alive right after the listing. `scan(everything=True)`
+    judges all again, for the verification.
     """
 
     def __init__(self, job: JobRecord, sweep_uid: bool, protected: frozenset[int], proc: Path, cgroup_root: Path,
-                 pin: bool = True):
+                 live_jobs: frozenset[int] = frozenset(), pin: bool = True):
         self.job, self.sweep_uid, self.protected, self.proc, self.pin = job, sweep_uid, protected, proc, pin
         places = cgroup_paths(job.job_id, job.uid, job.node, cgroup_root)
         self.cgroups = _job_cgroups(job, places)
+        #: the job's cgroups as /proc/PID/cgroup names them, to confirm a member once its pid is pinned
+        self.cgroup_names = {_cgroup_name(d, cgroup_root) for d in self.cgroups}
+        other_cgroups = _other_job_ids(places)
         #: whether any other job has cgroups here: if not, no process needs its cgroup file read
-        self.other_jobs = _other_job_cgroups(places)
+        self.other_jobs = bool(other_cgroups)
+        #: other jobs' ids that a SLURM_JOB_ID may claim: they run here
+        self.trusted = (frozenset(live_jobs) | other_cgroups) - {job.job_id}
         self.seen: set[int] = set()
         self.tied: dict[int, _Found] = {}
         self.groups: set[int] = set()
@@ -133,30 +165,56 @@ class _Scanner:
         """Newly tied processes (with `everything`: every tied process alive now)."""
         in_cgroup = _cgroup_members(self.cgroups)
         found: list[_Found] = []
-        family: list[tuple[ProcStat, int, str]] = []  # the job user's processes not tied (yet)
-        for pid in pids(self.proc):
+        family: list[tuple[ProcStat, int]] = []  # the job user's processes not tied (yet), with their uid
+        for pid in sorted(pids(self.proc), reverse=True):
             if pid in self.seen and not everything:
                 continue
             self.seen.add(pid)
-            fd = _pidfd(pid) if self.pin else None  # first: then the stat read below is of this very process
+            fd = _pidfd(pid) if self.pin else None  # first: then the reads below are of this very process
             judged = self._judge(pid, in_cgroup)
+            if judged is not None and judged[2] == "cgroup" and fd is not None and not self._member(pid):
+                judged = None  # the pid was recycled after the cgroup was read: not the process that was there
             if judged is None or judged[2] == "family":
                 if fd is not None:
                     os.close(fd)
                 if judged is not None:
-                    family.append(judged)
+                    family.append(judged[:2])
                 continue
             found += self._tie(*judged, fd=fd)
-        changed = True
-        while changed:  # family ties, to a fixed point
-            changed = False
-            for entry in list(family):
-                stat, uid, _ = entry
-                if stat.ppid in self.tied or stat.session in self.groups or stat.pgrp in self.groups:
-                    family.remove(entry)
-                    if not self._in_other_job_cgroup(stat.pid):
-                        found += self._tie(stat, uid, "family")
-                        changed = True
+        return found + self._family(family)
+
+    def _family(self, candidates: list[tuple[ProcStat, int]]) -> list[_Found]:
+        """Tie the candidates whose parent, session or process group is tied, to a fixed point.
+
+        Breadth first over indexes by parent and group, so each candidate is
+        looked at a bounded number of times (a list re-walked until nothing
+        changes is quadratic in a user's thousands of processes).
+        """
+        by_parent: dict[int, list[tuple[ProcStat, int]]] = {}
+        by_group: dict[int, list[tuple[ProcStat, int]]] = {}
+        for entry in candidates:
+            by_parent.setdefault(entry[0].ppid, []).append(entry)
+            for group in {entry[0].session, entry[0].pgrp}:
+                by_group.setdefault(group, []).append(entry)
+        queue = [entry for entry in candidates if entry[0].ppid in self.tied or entry[0].session in self.groups
+                 or entry[0].pgrp in self.groups]
+        found: list[_Found] = []
+        done: set[int] = set()
+        while queue:
+            stat, uid = queue.pop()
+            if stat.pid in done:
+                continue
+            done.add(stat.pid)
+            if self._in_other_job_cgroup(stat.pid):
+                continue
+            groups_before = set(self.groups)
+            tied = self._tie(stat, uid, "family")
+            if not tied:
+                continue
+            found += tied
+            queue += by_parent.pop(stat.pid, [])
+            for group in self.groups - groups_before:
+                queue += by_group.pop(group, [])
         return found
 
     def _judge(self, pid: int, in_cgroup: set[int]) -> tuple[ProcStat, int, str] | None:
@@ -169,17 +227,31 @@ class _Scanner:
         uid = real_uid(pid, self.proc)
         if uid is None or (uid == 0 and _runs_slurm_daemon(pid, self.proc)):
             return None
-        job = self.job
-        env_job = _environ_job(pid, self.proc)
         if pid in in_cgroup:
             return stat, uid, "cgroup"
-        if env_job == job.job_id and not self._in_other_job_cgroup(pid):
-            return stat, uid, "environ"
-        if env_job is None and uid == job.uid and uid != 0:
-            if self.sweep_uid and not self._in_other_job_cgroup(pid):
-                return stat, uid, "uid"
-            return stat, uid, "family"
-        return None
+        if uid == 0:
+            return None  # root is the job's only by its cgroup
+        job = self.job
+        env_job = _environ_job(pid, self.proc)
+        if env_job == job.job_id:
+            return None if self._in_other_job_cgroup(pid) else (stat, uid, "environ")
+        if uid != job.uid or env_job in self.trusted:
+            return None
+        if self.sweep_uid and not self._in_other_job_cgroup(pid):
+            return stat, uid, "uid"
+        return stat, uid, "family"
+
+    def _member(self, pid: int) -> bool:
+        """Whether the (pinned) process is in one of the job's cgroups, by its own /proc/PID/cgroup."""
+        try:
+            lines = (self.proc / str(pid) / "cgroup").read_text().splitlines()
+        except OSError:
+            return False
+        for line in lines:
+            name = line.split(":", 2)[-1]
+            if any(name == own or name.startswith(own + "/") for own in self.cgroup_names):
+                return True
+        return False
 
     def _in_other_job_cgroup(self, pid: int) -> bool:
         return self.other_jobs and _in_other_job_cgroup(pid, self.job.job_id, self.proc)
@@ -208,27 +280,33 @@ class _Scanner:
                 found.fd = None
 
 
-def kill_job(job: JobRecord, *, sweep_uid: bool, protected: frozenset[int], timeout: float, proc: Path = PROC,
-             cgroup_root: Path = CGROUP_ROOT) -> Cleanup:
-    """Stop, kill and verify every process of `job`; remove its emptied cgroups."""
+def kill_job(job: JobRecord, *, sweep_uid: bool, protected: frozenset[int], timeout: float,
+             live_jobs: frozenset[int] = frozenset(), proc: Path = PROC, cgroup_root: Path = CGROUP_ROOT) -> Cleanup:
+    """Stop, kill and verify every process of `job`; remove its emptied cgroups.
+
+    `live_jobs` as for `find_job_processes`.
+    """
     started = time.monotonic()
     deadline = started + timeout
     _raise_fd_limit()
-    scanner = _Scanner(job, sweep_uid, protected, proc, cgroup_root)
+    scanner = _Scanner(job, sweep_uid, protected, proc, cgroup_root, live_jobs)
+    # nothing of the uid can fork from here on; and whether it has any process at all
+    uid_stopped = sweep_uid and job.uid != 0 and signal_uid(job.uid, signal.SIGSTOP)
     try:
-        new = scanner.scan(everything=True)
-        if not new:  # the usual Epilog: nothing escaped (Slurm removes the job's empty cgroups itself)
-            return Cleanup(found=(), survivors=(), seconds=time.monotonic() - started, cgroups_removed=0)
+        occupied = [d for d in scanner.cgroups if _cgroup_members([d])]
         # a job cgroup that still holds a slurmstepd (the extern step ending) is not ours to freeze or kill
-        whole = [d for d in scanner.cgroups if not _holds_slurm_daemon(d, proc)]
+        whole = [d for d in occupied if not _holds_slurm_daemon(d, proc)]
         frozen = [d for d in whole if _freeze(d, True)]
+        new = scanner.scan(everything=True)
+        if not new and not occupied:  # the usual Epilog: nothing escaped (Slurm removes empty job cgroups)
+            return Cleanup(found=(), survivors=(), seconds=time.monotonic() - started, cgroups_removed=0)
         cannot_fork = _cgroup_members(frozen)
         for _ in range(_MAX_STOP_ROUNDS):
             for found in new:
                 if found.process.pid not in cannot_fork:
                     _send(found, signal.SIGSTOP, proc)
             new = scanner.scan()
-            if not new:
+            if not new or time.monotonic() >= deadline:
                 break
         for found in scanner.tied.values():
             _send(found, signal.SIGKILL, proc)
@@ -237,20 +315,56 @@ def kill_job(job: JobRecord, *, sweep_uid: bool, protected: frozenset[int], time
         for directory in frozen:
             _freeze(directory, False)
         alive = _wait_gone(list(scanner.tied.values()), deadline, proc)
-        while not alive:
-            again = scanner.scan(everything=True)  # verify: nothing of the job is left
-            if not again or time.monotonic() >= deadline:
+        while not alive:  # verify: nothing of the job is left, its cgroups are empty
+            again = scanner.scan(everything=True)
+            if (not again and not _cgroup_members(whole)) or time.monotonic() >= deadline:
                 alive = again
                 break
             for found in again:
                 _send(found, signal.SIGKILL, proc)
-            alive = _wait_gone(again, deadline, proc)
+            for directory in whole:
+                _write(directory / "cgroup.kill", "1")
+            alive = _wait_gone(again, deadline, proc) if again else (time.sleep(_POLL) or [])
         survivors = tuple((f.process, _state(f.process, proc)) for f in alive if _alive(f.process, proc))
         return Cleanup(found=tuple(f.process for f in scanner.tied.values()), survivors=survivors,
                        seconds=time.monotonic() - started,
                        cgroups_removed=0 if survivors else _remove_cgroups(scanner.cgroups))
     finally:
         scanner.close()
+        if uid_stopped:
+            signal_uid(job.uid, signal.SIGCONT)  # what of the uid was not the job's runs on
+
+
+def signal_uid(uid: int, signum: int) -> bool:
+    """Send `signum` to every process of `uid` at once: kill(-1) from a child running as `uid`.
+
+    The kernel signals all of them in one pass that a fork cannot escape (a
+    child forked meanwhile is either in the pass or never created), which no
+    scan of /proc can promise. Only processes whose real or saved uid is
+    `uid` are reached: the child has no capability left. Returns whether the
+    uid had any process (kill(-1) says ESRCH when it signalled none); True
+    also when the child could not tell, so callers look rather than assume.
+    """
+    child = os.fork()
+    if child == 0:  # the child: only system calls, then _exit
+        code = 2
+        try:
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)  # a gid the user has; nothing here creates files
+            os.setresuid(uid, uid, uid)
+            os.kill(-1, signum)
+            code = 0
+        except ProcessLookupError:
+            code = 1
+        finally:
+            os._exit(code)
+    while True:
+        try:
+            _, status = os.waitpid(child, 0)
+            break
+        except InterruptedError:
+            continue
+    return os.waitstatus_to_exitcode(status) != 1
 
 
 def _wait_gone(waiting: list[_Found], deadline: float, proc: Path) -> list[_Found]:
@@ -276,21 +390,34 @@ def _wait_gone(waiting: list[_Found], deadline: float, proc: Path) -> list[_Foun
             del by_fd[fd]
 
 
-def gpu_process_of(job: JobRecord, pid: int, protected: frozenset[int], proc: Path = PROC,
-                   cgroup_root: Path = CGROUP_ROOT) -> JobProcess | None:
+def gpu_process_of(job: JobRecord, pid: int, protected: frozenset[int], live_jobs: frozenset[int] = frozenset(),
+                   proc: Path = PROC, cgroup_root: Path = CGROUP_ROOT) -> JobProcess | None:
     """`pid`, listed by NVML on one of the job's GPUs, when it is the job's.
 
     Slurm gives a job its GPUs alone (gres), so a process of the job's user on
-    one of them is the job's, unless it carries another job's SLURM_JOB_ID or
-    sits in another job's cgroup; cgroup and environ tie it as anywhere.
+    one of them is the job's, unless it sits in another job's cgroup or
+    carries the id of another job that runs here; cgroup and environ tie it
+    as anywhere. NVML's pids are pids of the host's first PID namespace: in a
+    pod's own namespace the same number is another process, so there no pid
+    is judged (None: the GPU stays held and is reported, never a wrong kill).
     """
+    if not in_initial_pid_namespace(proc):
+        return None
     # the scanner's judgement with the uid sweep on: the job's user holds the GPU, so it is the job's
-    scanner = _Scanner(job, True, protected, proc, cgroup_root, pin=False)
+    scanner = _Scanner(job, True, protected, proc, cgroup_root, live_jobs, pin=False)
     judged = scanner._judge(pid, _cgroup_members(scanner.cgroups))
     if judged is None or judged[2] == "family":  # "family" here: in another job's cgroup
         return None
     stat, uid, tie = judged
     return JobProcess(pid, stat.starttime, uid, stat.comm, "gpu" if tie == "uid" else tie)
+
+
+def in_initial_pid_namespace(proc: Path = PROC) -> bool:
+    """Whether /proc shows the host's first PID namespace, the one whose pids NVML reports."""
+    try:
+        return os.readlink(proc / "self" / "ns" / "pid") == _INIT_PID_NAMESPACE
+    except OSError:
+        return False
 
 
 def kill_process(process: JobProcess, proc: Path = PROC) -> bool:
@@ -336,14 +463,22 @@ def _holds_slurm_daemon(directory: Path, proc: Path) -> bool:
     return any(real_uid(pid, proc) == 0 and _runs_slurm_daemon(pid, proc) for pid in _cgroup_members([directory]))
 
 
-def _other_job_cgroups(places: list[Path]) -> bool:
-    """Whether a job other than the one of `places` (its cgroup_paths) has a cgroup directory here."""
+def _other_job_ids(places: list[Path]) -> frozenset[int]:
+    """Ids of the jobs other than the one of `places` (its cgroup_paths) that have a cgroup directory here."""
+    found = set()
     for place in places:
         scope, pattern = (place.parent, "job_*") if place.parent.name.endswith(".scope") else \
             (place.parent.parent, "uid_*/job_*")
-        if any(found.name != place.name for found in scope.glob(pattern)):
-            return True
-    return False
+        found.update(int(d.name[4:]) for d in scope.glob(pattern) if d.name != place.name and d.name[4:].isdigit())
+    return frozenset(found)
+
+
+def _cgroup_name(directory: Path, cgroup_root: Path) -> str:
+    """A cgroup directory as /proc/PID/cgroup writes it: its path below its hierarchy's mount."""
+    relative = directory.relative_to(cgroup_root).parts
+    if not (cgroup_root / "cgroup.controllers").is_file():
+        relative = relative[1:]  # v1 or hybrid: the first part is the hierarchy (freezer, unified, ...)
+    return "/" + "/".join(relative)
 
 
 def _in_other_job_cgroup(pid: int, job_id: int, proc: Path) -> bool:

@@ -5,14 +5,38 @@ One line per event, in the form operators grep for:
 """
 
 import logging
+import re
 import sys
 
 from .config import LogSection
 
-__all__ = ["setup"]
+__all__ = ["setup", "printable"]
 
 _FORMAT = "%(asctime)s slurm-ext[%(process)d] %(name)s %(levelname)s: %(message)s"
 _DATEFMT = "%Y-%m-%dT%H:%M:%S"
+#: C0 and C1 control characters and DEL: a newline in a process name would start a forged log line
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def printable(text: str) -> str:
+    """`text` with control characters escaped (\\n, \\x1b): one log line stays one line.
+
+    Process names, script paths, user names and script output are chosen by
+    users; written raw, `comm` "x\\n... slurm-ext[1] supervisor INFO: node
+    resumed" would add a line an operator takes for the agent's.
+    """
+    if not _CONTROL.search(text):
+        return text
+    return _CONTROL.sub(lambda m: _NAMED.get(m.group(), f"\\x{ord(m.group()):02x}"), text)
+
+
+class _Formatter(logging.Formatter):
+    """Escapes the message; a traceback appended below it keeps its lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+        record.message = printable(record.message)
+        return super().formatMessage(record)
 
 
 def setup(section: LogSection, component: str = "slurm-ext") -> logging.Logger:
@@ -31,7 +55,7 @@ def setup(section: LogSection, component: str = "slurm-ext") -> logging.Logger:
             problem = f"log.file {section.file}: {err.strerror}; logging to standard error"
     else:
         handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(_FORMAT, _DATEFMT))
+    handler.setFormatter(_Formatter(_FORMAT, _DATEFMT))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -28,7 +29,7 @@ import pytest
 from slurm_ext.procfs import pids, read_stat, real_uid
 from slurm_ext.prolog_epilog.jobrecord import JobRecord, cgroup_paths
 from slurm_ext.prolog_epilog.procs import (JobProcess, find_job_processes, gpu_process_of, kill_job, kill_process,
-                                           protected_pids)
+                                           protected_pids, signal_uid)
 
 
 @pytest.fixture(autouse=True)
@@ -256,14 +257,16 @@ def lab() -> Iterator[Lab]:
         lab.close()
 
 
-def _find(job: JobRecord, *, sweep: bool, protected: frozenset[int] | None = None) -> dict[int, JobProcess]:
+def _find(job: JobRecord, *, sweep: bool, protected: frozenset[int] | None = None,
+          live: tuple[JobRecord, ...] = ()) -> dict[int, JobProcess]:
     return _by_pid(find_job_processes(job, sweep_uid=sweep, protected=protected or protected_pids(),
-                                      cgroup_root=CGROUP))
+                                      live_jobs=frozenset(j.job_id for j in live), cgroup_root=CGROUP))
 
 
-def _kill(job: JobRecord, *, sweep: bool, timeout: float = 5.0, protected: frozenset[int] | None = None):
+def _kill(job: JobRecord, *, sweep: bool, timeout: float = 5.0, protected: frozenset[int] | None = None,
+          live: tuple[JobRecord, ...] = ()):
     return kill_job(job, sweep_uid=sweep, protected=protected or protected_pids(), timeout=timeout,
-                    cgroup_root=CGROUP)
+                    live_jobs=frozenset(j.job_id for j in live), cgroup_root=CGROUP)
 
 
 # -- ties ---------------------------------------------------------------------------
@@ -317,15 +320,16 @@ def test_uid_sweep_takes_bare_processes_of_the_user_only_when_asked(lab):
     others = lab.spawn(SLEEP, "1000", uid=lab.uid, job_id=other_job.job_id, setsid=True)
 
     assert _find(job, sweep=False) == {}
-    found = _find(job, sweep=True)
+    found = _find(job, sweep=True, live=(other_job,))
     assert {pid: p.tie for pid, p in found.items()} == {bare: "uid"}
     assert _find(other_job, sweep=False).keys() == {others}
 
-    cleanup = _kill(job, sweep=True)
+    cleanup = _kill(job, sweep=True, live=(other_job,))
     assert {p.pid for p in cleanup.found} == {bare}
     assert cleanup.survivors == ()
     _wait_dead({bare: lab.started[bare]}, timeout=0.5)
-    assert _alive(others, lab.started[others]) and read_stat(others).state == "S"  # not even stopped
+    # the uid stop stopped it a moment; it was continued
+    assert _alive(others, lab.started[others]) and read_stat(others).state == "S"
 
 
 def test_family_and_sweep_never_reach_root_or_another_user(lab):
@@ -338,17 +342,18 @@ def test_family_and_sweep_never_reach_root_or_another_user(lab):
     assert (real_uid(tied), real_uid(stranger), real_uid(leader)) == (lab.uid, lab.other_uid, 0)
     loner = lab.spawn(SLEEP, "1000", uid=lab.other_uid, setsid=True)  # another user, no tie at all
     root_plain = lab.spawn(SLEEP, "1000", setsid=True)  # root, no tie
-    root_tied = lab.spawn(SLEEP, "1000", job_id=job.job_id, setsid=True)  # root, the job's environment
+    # root with the job's environment: a daemon an admin job-start script started, say; root is the job's
+    # only by its cgroup
+    root_env = lab.spawn(SLEEP, "1000", job_id=job.job_id, setsid=True)
 
     found = _find(job, sweep=True)
-    assert {pid: p.tie for pid, p in found.items()} == {tied: "environ", root_tied: "environ"}
-    assert found[root_tied].uid == 0
+    assert {pid: p.tie for pid, p in found.items()} == {tied: "environ"}
 
     cleanup = _kill(job, sweep=True)
-    assert {p.pid for p in cleanup.found} == {tied, root_tied}
+    assert {p.pid for p in cleanup.found} == {tied}
     assert cleanup.survivors == ()
-    _wait_dead({pid: lab.started[pid] for pid in (tied, root_tied)}, timeout=0.5)
-    for pid in (leader, stranger, loner, root_plain):
+    _wait_dead({tied: lab.started[tied]}, timeout=0.5)
+    for pid in (leader, stranger, loner, root_plain, root_env):
         assert _alive(pid, lab.started[pid]) and read_stat(pid).state == "S", read_stat(pid)
 
 
@@ -549,11 +554,11 @@ def test_gpu_process_of_ties_the_users_bare_process_and_nothing_foreign(lab):
     protected = protected_pids((guard,))
 
     def tie(pid):
-        found = gpu_process_of(job, pid, protected, cgroup_root=CGROUP)
+        found = gpu_process_of(job, pid, protected, live_jobs=frozenset({other_job.job_id}), cgroup_root=CGROUP)
         return found and (found.tie, found.starttime == lab.started[pid])
 
     assert tie(bare) == ("gpu", True)
-    assert tie(root_tied) == ("environ", True)
+    assert tie(root_tied) is None  # root's environment is no tie
     assert tie(others) is None and tie(stranger) is None and tie(guard) is None
     _kill_exact(bare, lab.started[bare])
     _wait_dead({bare: lab.started[bare]})
@@ -577,3 +582,161 @@ def test_two_hundred_processes(lab):
     assert {p.pid for p in cleanup.found} == sleepers
     assert cleanup.survivors == ()
     _wait_dead({pid: lab.started[pid] for pid in sleepers}, timeout=0.5)
+
+
+# -- attacks from the security review (issue 9) ---------------------------------------
+
+#: forks and lets its parent exit, as fast as it can: its pid is never the same for long
+HOPPER = "import os\nwhile True:\n    if os.fork():\n        os._exit(0)\n"
+
+
+def _live_of_uid(uid: int) -> list[int]:
+    return [pid for pid in pids() if real_uid(pid) == uid and (s := read_stat(pid)) and s.state not in ("Z", "X")]
+
+
+def test_a_pid_hopping_fork_loop_cannot_outrun_the_uid_sweep(lab):
+    job = lab.job()
+    lab.popen("env", "-i", SYSTEM_PYTHON, "-c", HOPPER, uid=lab.uid, setsid=True)
+    try:
+        _wait("the hopper hops", lambda: _live_of_uid(lab.uid))
+        time.sleep(0.2)
+        cleanup = _kill(job, sweep=True, timeout=5)
+        assert cleanup.found and {p.tie for p in cleanup.found} == {"uid"}
+        assert cleanup.survivors == ()
+        time.sleep(0.2)
+        assert _live_of_uid(lab.uid) == []
+    finally:
+        signal_uid(lab.uid, signal.SIGKILL)
+
+
+def test_a_pid_hopper_in_the_job_cgroup_is_frozen_and_killed_without_any_other_tie(lab):
+    job = lab.job()
+    cgroup = lab.mkcgroup(FREEZER / f"slurm_{job.node}" / f"uid_{job.uid}" / f"job_{job.job_id}" / "step_0")
+    join = f"echo $$ > {cgroup}/cgroup.procs && exec setpriv --reuid={lab.uid} --regid={lab.uid} --clear-groups"
+    lab.popen("sh", "-c", f"{join} env -i {SYSTEM_PYTHON} -c '{HOPPER}'", setsid=True)
+    try:
+        _wait("the hopper hops in the job cgroup", lambda: (cgroup / "cgroup.procs").read_text().split())
+        time.sleep(0.2)
+        cleanup = _kill(job, sweep=False, timeout=5)  # no uid sweep: only the cgroup says it is the job's
+        assert cleanup.found and {p.tie for p in cleanup.found} == {"cgroup"}
+        assert cleanup.survivors == ()
+        assert not cgroup.exists()  # emptied and removed
+        assert _live_of_uid(lab.uid) == []
+    finally:
+        if cgroup.exists():
+            (cgroup / "freezer.state").write_text("FROZEN")
+            signal_uid(lab.uid, signal.SIGKILL)
+            (cgroup / "freezer.state").write_text("THAWED")
+
+
+def test_a_forged_slurm_job_id_does_not_shield_from_the_uid_sweep(lab):
+    job, live_job = lab.job(), lab.job()
+    forged = lab.spawn(SLEEP, "1000", uid=lab.uid, job_id=1, setsid=True)  # `env SLURM_JOB_ID=1 ./miner`
+    claimed = lab.spawn(SLEEP, "1000", uid=lab.uid, job_id=live_job.job_id, setsid=True)
+
+    found = _find(job, sweep=True, live=(live_job,))
+    assert {pid: p.tie for pid, p in found.items()} == {forged: "uid"}
+    cleanup = _kill(job, sweep=True, live=(live_job,))
+    assert {p.pid for p in cleanup.found} == {forged}
+    _wait_dead({forged: lab.started[forged]}, timeout=0.5)
+    assert _alive(claimed, lab.started[claimed])  # the id of a job that runs here is believed
+
+
+def test_a_cgroup_merely_named_job_n_does_not_shield_from_the_uid_sweep(lab):
+    job, other_job = lab.job(), lab.job()
+    lab.mkcgroup(FREEZER / f"slurm_{job.node}" / f"uid_{job.uid}" / f"job_{other_job.job_id}")  # a real one
+    # a cgroup the user may make in a delegated subtree, named like another job's
+    fake = lab.mkcgroup(FREEZER / f"procs-test-delegated-{os.getpid()}" / f"job_{other_job.job_id}")
+    hidden = lab.spawn("env", "-i", SLEEP, "1000", uid=lab.uid, setsid=True)
+    (fake / "cgroup.procs").write_text(str(hidden))
+
+    assert {pid: p.tie for pid, p in _find(job, sweep=True).items()} == {hidden: "uid"}
+    cleanup = _kill(job, sweep=True)
+    assert {p.pid for p in cleanup.found} == {hidden}
+    _wait_dead({hidden: lab.started[hidden]}, timeout=0.5)
+
+
+def test_a_recycled_pid_is_not_tied_through_a_stale_cgroup_listing(lab, monkeypatch):
+    from slurm_ext.prolog_epilog import procs
+    job = lab.job()
+    cgroup = lab.mkcgroup(FREEZER / f"slurm_{job.node}" / f"uid_{job.uid}" / f"job_{job.job_id}")
+    first = lab.popen("sh", "-c", f"echo $$ > {cgroup}/cgroup.procs && exec {SLEEP} 1000")
+    lab.settled(first.pid, "sleep")
+    stale = procs._cgroup_members([cgroup])
+    assert stale == {first.pid}
+    first.kill()
+    first.wait()
+    for _ in range(50):  # a root process outside every job takes the same pid
+        Path("/proc/sys/kernel/ns_last_pid").write_text(str(first.pid - 1))
+        newcomer = lab.popen(SLEEP, "1000")
+        if newcomer.pid == first.pid:
+            break
+        newcomer.kill()
+        newcomer.wait()
+    assert newcomer.pid == first.pid, "could not recycle the pid"
+    lab.settled(newcomer.pid, "sleep")
+    real = procs._cgroup_members
+    monkeypatch.setattr(procs, "_cgroup_members", lambda dirs: real(dirs) | (stale if cgroup in dirs else set()))
+
+    cleanup = _kill(job, sweep=False)
+    assert cleanup.found == ()
+    assert _alive(newcomer.pid, lab.started[newcomer.pid]) and read_stat(newcomer.pid).state == "S"
+
+
+def test_family_ties_reach_a_long_chain_in_linear_time():
+    from slurm_ext.prolog_epilog.procs import _Found, _Scanner
+    from slurm_ext.procfs import ProcStat
+    job = JobRecord(job_id=JOB_BASE + 99, uid=4242, gid=4242, user="u", node=f"procs-test-{os.getpid()}", gpus=(),
+                    start=0.0, cgroups=())
+    scanner = _Scanner(job, False, frozenset(), Path("/proc"), CGROUP, pin=False)
+    root = ProcStat(10, "S", 1, 10, 10, 1, "sh")
+    scanner.tied[10] = _Found(JobProcess(10, 1, 4242, "sh", "environ"), None)
+    scanner.groups |= {10}
+    count = 20_000  # each process in a session of its own, child of the one before; newest listed first
+    chain = [(ProcStat(100 + i, "S", 100 + i - 1 if i else root.pid, 100 + i, 100 + i, 2, "sleep"), 4242)
+             for i in range(count)]
+    began = time.monotonic()
+    found = scanner._family(list(reversed(chain)))
+    took = time.monotonic() - began
+    assert len(found) == count and {f.process.tie for f in found} == {"family"}
+    assert took < 5.0, f"{count} family ties took {took:.1f}s: not linear"  # a fixed-point re-walk takes minutes
+
+
+def test_the_stop_rounds_end_at_the_deadline(lab):
+    job = lab.job()
+    # another user's process that keeps starting children carrying this job's id: each round finds new ones
+    spawner = (f"import os, time\nwhile True:\n    pid = os.fork()\n    if pid == 0:\n"
+               f"        os.execve('{SLEEP}', ['sleep', '1000'], {{'SLURM_JOB_ID': '{job.job_id}'}})\n"
+               f"    time.sleep(0.001)\n")
+    lab.popen("env", "-i", SYSTEM_PYTHON, "-c", spawner, uid=lab.other_uid, setsid=True)
+    try:
+        _wait("children", lambda: len(_live_of_uid(lab.other_uid)) > 20)
+        began = time.monotonic()
+        _kill(job, sweep=False, timeout=0.5)
+        took = time.monotonic() - began
+        assert took < 2.0, f"kill_job took {took:.2f}s with a 0.5s deadline"
+    finally:
+        signal_uid(lab.other_uid, signal.SIGSTOP)
+        signal_uid(lab.other_uid, signal.SIGKILL)
+
+
+def test_nvml_pids_are_not_judged_inside_a_pid_namespace_of_its_own(lab):
+    """In a pod's PID namespace NVML's host pid N is another local process: never the job's by number."""
+    job = lab.job()
+    code = (f"import subprocess, sys\n"
+            f"from slurm_ext.prolog_epilog.jobrecord import JobRecord\n"
+            f"from slurm_ext.prolog_epilog.procs import gpu_process_of, protected_pids\n"
+            f"from slurm_ext.procfs import read_stat\n"
+            f"subprocess.run(['true'])\n"  # pid 2 is taken: kthreadd's number is never judged
+            f"child = subprocess.Popen(['setpriv', '--reuid={lab.uid}', '--regid={lab.uid}', '--clear-groups', "
+            f"'{SLEEP}', '1000'])\n"
+            f"import time\n"
+            f"while read_stat(child.pid).comm != 'sleep': time.sleep(0.01)\n"
+            f"job = JobRecord({job.job_id}, {lab.uid}, {lab.uid}, 'u', '{job.node}', (0,), 0.0, ())\n"
+            f"print(child.pid, gpu_process_of(job, child.pid, protected_pids()), flush=True)\n"
+            f"child.kill()\n")
+    result = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", code],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    local_pid, judged = result.stdout.split(maxsplit=1)
+    assert int(local_pid) < 10 and judged.strip() == "None", result.stdout
