@@ -221,7 +221,8 @@ def _release_gpus(config: Config, record: jobrecord.JobRecord, cleanup: procs.Cl
 def _report(config: Config, record: jobrecord.JobRecord, cleanup: procs.Cleanup, ipc, others: list[int]) -> None:
     """One journal event when the Epilog found something to clean, a debug line when not."""
     removed = ipc.removed if ipc else ()
-    if not cleanup.found and not removed and not cleanup.survivors:
+    errors = ipc.errors if ipc else ()
+    if not cleanup.found and not removed and not errors and not cleanup.survivors:
         logger.debug("job %s: nothing left behind (%.0f ms)", record.job_id, cleanup.seconds * 1000)
         return
     ties: dict[str, int] = {}
@@ -232,10 +233,13 @@ def _report(config: Config, record: jobrecord.JobRecord, cleanup: procs.Cleanup,
             f"{f' ({how})' if how else ''} in {cleanup.seconds * 1000:.0f} ms; removed {len(removed)} IPC "
             f"object(s)" + (f"; user has other job(s) {','.join(map(str, others))}: only what no process holds"
                             if others else ""))
-    severity = "error" if cleanup.survivors else "warning"
+    if errors:
+        text += f"; {len(errors)} IPC object(s) could not be removed"
+    severity = "error" if cleanup.survivors or errors else "warning"
     _emit(config, "leftovers-cleaned", text, severity, job=record.job_id, uid=record.uid,
           processes=[str(p) for p in cleanup.found][:50], ipc_removed=list(removed)[:50],
-          ipc_kept=list(ipc.kept)[:50] if ipc else [], survivors=[f"{p} state {s}" for p, s in cleanup.survivors])
+          ipc_kept=list(ipc.kept)[:50] if ipc else [], ipc_errors=list(errors)[:50],
+          survivors=[f"{p} state {s}" for p, s in cleanup.survivors])
 
 
 def _drain(config: Config, record: jobrecord.JobRecord, reason: str) -> None:

@@ -9,25 +9,43 @@ for days, until the node swaps or the next job fails to allocate a segment.
 
 Rules, and why:
   * Only the job user's objects are touched: /dev/shm and /dev/mqueue entries
-    by `lstat().st_uid`, SysV objects by the owner (`uid`) column of
-    /proc/sysvipc/{shm,sem,msg}. uid 0 is never cleaned, since root's objects
-    belong to system daemons too.
+    by `lstat().st_uid`, SysV objects by the owner (`uid`) OR the creator
+    (`cuid`) column of /proc/sysvipc/{shm,sem,msg}: an owner may give an
+    object away with IPC_SET (shm_perm.uid = 0) and, as its creator, keep
+    every right on it, so an owner-only match would leave it to look like
+    root's forever. uid 0 is never cleaned, since root's objects (owner and
+    creator 0) belong to system daemons too.
   * Symlinks are never followed. A user can plant /dev/shm/x -> /etc/shadow;
     the link is the user's and is unlinked (which removes the link only), the
-    target is never opened, changed or removed. A user's directory goes with
+    target is never opened, changed or removed. Nothing is ever chmod-ed,
+    chown-ed or opened for writing.
+  * Entries are found, checked and removed through the directory's fd
+    (opened with O_NOFOLLOW), and just before its unlink or rmtree an entry is
+    looked at again: when it is no longer the same inode of the same owner
+    (renamed away, another file put in its place) it stays, and an error line
+    says so, so a swap between the check and the removal cannot make root
+    remove another user's or root's file. A user's directory goes with
     `shutil.rmtree`, which works through file descriptors and refuses to step
-    through symlinks. Nothing is ever chmod-ed, chown-ed or opened for writing.
+    through symlinks.
+  * A directory of root or another user that is sticky and world-writable
+    like /dev/shm itself (MPI libraries make such shared directories) may hold
+    files of the user: it is searched too, by the same rules, down to
+    `_SHARED_DEPTH` levels, on the same filesystem only, never through a link.
   * exclusive=True (the user has no other job on the node): every object of
     the uid goes, held or not; anything still attached is a leftover too.
   * exclusive=False (another job of the same user still runs here): only
     objects that no live process holds AND that were created or changed at or
     after `since` (the ending job's start) go. Older objects belong to the
-    other job. "Held" means, for a file, open or mmap-ed by some process (one
-    pass over /proc); for a SysV segment, nattch > 0; for a SysV message
-    queue, its last sender or receiver is alive. Semaphore sets record no
-    holder, so they are kept. SysV times are whole seconds, so an object made
-    in the job's first fraction of a second may be kept: keeping a leftover
-    costs memory, removing another job's object breaks that job.
+    other job. "Held" means, for a file, open, mmap-ed or the working
+    directory of some process (one pass over /proc, comparing the targets of
+    /proc/PID/fd and cwd links and the device and inode of /proc/PID/maps
+    lines: a stat through those links would reach the file's own filesystem,
+    and one on a stalled FUSE or NFS server blocks the Epilog); for a SysV
+    segment, nattch > 0; for a SysV message queue, its last sender or
+    receiver is alive. Semaphore sets record no holder, so they are kept.
+    SysV times are whole seconds, so an object made in the job's first
+    fraction of a second may be kept: keeping a leftover costs memory,
+    removing another job's object breaks that job.
   * One object never stops the others: failures land in `errors`, objects
     that vanished meanwhile (a process removed them) in `notes`.
 """
@@ -57,10 +75,19 @@ _SHM_DEST = 0o1000
 
 #: /proc/sysvipc/<kind>: the id column and the columns read from it
 _SYSV_COLUMNS = {
-    "shm": ("shmid", ("key", "perms", "size", "nattch", "uid", "ctime")),
-    "sem": ("semid", ("key", "uid", "ctime")),
-    "msg": ("msqid", ("key", "uid", "lspid", "lrpid", "ctime")),
+    "shm": ("shmid", ("key", "perms", "size", "nattch", "uid", "cuid", "ctime")),
+    "sem": ("semid", ("key", "uid", "cuid", "ctime")),
+    "msg": ("msqid", ("key", "uid", "cuid", "lspid", "lrpid", "ctime")),
 }
+
+#: how directories are opened: never through a symlink, never inherited by a child
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+#: how many levels of shared sticky directories (root's or another user's, mode 1777) are searched
+_SHARED_DEPTH = 4
+
+#: how deep a user's directory is searched for what processes map; deeper ones are kept when not exclusive
+_TREE_DEPTH = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,9 +109,10 @@ class IpcCleanup:
 class _Holders:
     """Who holds what, from one pass over /proc; only built when not exclusive."""
 
-    #: (st_dev, st_ino) -> "open by pid N" / "mapped by pid N" / "working directory of pid N"
+    #: (st_dev, st_ino) of a /proc/PID/maps line -> "mapped by pid N"
     by_inode: dict[tuple[int, int], str]
-    #: path in /proc/PID/maps -> "mapped by pid N"
+    #: path, as the kernel writes it in /proc/PID/fd and cwd links and maps lines ("(deleted)" cut)
+    #: -> "open by pid N" / "working directory of pid N" / "mapped by pid N"
     by_path: dict[str, str]
     #: why /proc could not be read at all (then nothing that needs a holder check is removed)
     failed: str | None = None
@@ -96,6 +124,8 @@ class _SysvObject:
     ident: int
     key: int
     ctime: float
+    owner: int  # uid column, which IPC_SET can change
+    creator: int  # cuid column, fixed at creation
     size: int = 0
     nattch: int = 0
     destroyed: bool = False  # shm already removed, still attached
@@ -104,9 +134,10 @@ class _SysvObject:
 
     @property
     def label(self) -> str:
+        given = f" (owner uid {self.owner}, creator uid {self.creator})" if self.owner != self.creator else ""
         if self.kind == "shm":
-            return f"sysv shm id {self.ident} key 0x{self.key & 0xFFFFFFFF:08x} ({self.size} bytes)"
-        return f"sysv {self.kind} id {self.ident}"
+            return f"sysv shm id {self.ident} key 0x{self.key & 0xFFFFFFFF:08x} ({self.size} bytes){given}"
+        return f"sysv {self.kind} id {self.ident}{given}"
 
 
 class _Tally:
@@ -148,7 +179,7 @@ def clean_ipc(uid: int, exclusive: bool, since: float = 0.0, *, shm_dir: Path = 
         tally.notes.append(f"{shm_dir}: no such directory; POSIX shared memory not checked")
     mounted, why = _is_mqueue_mount(mqueue_dir, proc)
     if mounted:
-        _clean_dir(mqueue_dir, "mqueue ", uid, exclusive, since, holders, tally)
+        _clean_dir(mqueue_dir, "mqueue ", uid, exclusive, since, holders, tally, mqueue=True)
     else:
         tally.notes.append(f"{mqueue_dir}: {why}; POSIX message queues not checked")
     for kind in ("shm", "sem", "msg"):
@@ -179,60 +210,185 @@ class _LazyHolders:
 
 # --- files: /dev/shm and /dev/mqueue -----------------------------------------------------------------------
 
+@dataclass(frozen=True, slots=True)
+class _Rules:
+    """What one `_clean_dir` looks for, the same in every directory it searches."""
+
+    uid: int
+    exclusive: bool
+    since: float
+    holders: _LazyHolders | None
+    #: put before every line: "" for /dev/shm, "mqueue " for /dev/mqueue
+    prefix: str
+    #: st_dev of the top directory: a shared directory on another filesystem (a mount) is not searched
+    dev: int
+    #: the entries are POSIX message queues, whose mq_open fds read "/<name>" in /proc/PID/fd
+    mqueue: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Place:
+    """A directory being searched, open as `fd`."""
+
+    fd: int
+    #: its path in log lines, under the directory clean_ipc was given
+    shown: str
+    #: its path as the kernel writes it in /proc/PID/fd and cwd links and maps lines, to match holders
+    real: str
+    #: 0 for the top directory, 1 for a shared directory in it, and so on
+    depth: int
+
+
 def _clean_dir(directory: Path, prefix: str, uid: int, exclusive: bool, since: float,
-               holders: _LazyHolders | None, tally: _Tally) -> None:
-    """Remove the uid's top-level entries of `directory` (lstat only: links are never followed)."""
+               holders: _LazyHolders | None, tally: _Tally, *, mqueue: bool = False) -> None:
+    """Remove the uid's entries of `directory` and of the shared sticky directories in it.
+
+    The directory's own path is root's (/dev/shm may be root's link to
+    /run/shm), so it is resolved; then it is opened once and everything in it
+    is listed, lstat-ed and removed through directory fds.
+    """
+    real = os.path.realpath(directory)
     try:
-        names = sorted(os.listdir(directory))
+        fd = os.open(real, _DIR_FLAGS)
     except OSError as err:
-        tally.errors.append(f"{prefix}{directory}: cannot list: {err.strerror or err}")
+        tally.errors.append(f"{prefix}{directory}: cannot open: {err.strerror or err}")
+        return
+    try:
+        rules = _Rules(uid, exclusive, since, holders, prefix, os.fstat(fd).st_dev, mqueue)
+        _clean_place(_Place(fd, os.fspath(directory), real, 0), rules, tally)
+    finally:
+        os.close(fd)
+
+
+def _clean_place(place: _Place, rules: _Rules, tally: _Tally) -> None:
+    """The uid's entries of one open directory (lstat only: links are never followed); the shared sticky
+    directories in it are searched in turn."""
+    try:
+        names = sorted(os.listdir(place.fd))
+    except OSError as err:
+        tally.errors.append(f"{rules.prefix}{place.shown}: cannot list: {err.strerror or err}")
         return
     for name in names:
-        path = directory / name
         try:
-            st = os.lstat(path)
+            st = os.stat(name, dir_fd=place.fd, follow_symlinks=False)
         except FileNotFoundError:
             continue  # gone since the listing
         except OSError as err:
-            tally.errors.append(f"{prefix}{path}: cannot lstat: {err.strerror or err}")
+            tally.errors.append(f"{rules.prefix}{place.shown}/{name}: cannot lstat: {err.strerror or err}")
             continue
-        if st.st_uid != uid:
-            continue
-        is_dir = stat.S_ISDIR(st.st_mode)
-        label = prefix + _describe(path, st)
-        if holders is not None:
-            why = _kept_because(max(st.st_ctime, st.st_mtime), since,
-                                lambda: _file_holder(path, st, is_dir, holders))
-            if why:
-                tally.kept.append(f"{label}: {why}")
-                continue
-        if is_dir:
-            _remove_tree(path, label, tally)
-        else:
-            try:
-                os.unlink(path)  # on a symlink: removes the link, never its target
-            except FileNotFoundError:
-                tally.notes.append(f"{label}: already gone (removed by someone else)")
-            except OSError as err:
-                tally.errors.append(f"{label}: cannot remove: {err.strerror or err}")
-            else:
-                tally.removed.append(label)
+        if st.st_uid == rules.uid:
+            _clean_entry(place, name, st, rules, tally)
+        elif place.depth < _SHARED_DEPTH and _is_shared(st, rules):
+            _search_shared(place, name, st, rules, tally)
 
 
-def _describe(path: Path, st: os.stat_result) -> str:
+def _is_shared(st: os.stat_result, rules: _Rules) -> bool:
+    """A directory of root or another user in which anyone may create files (sticky and world-writable,
+    like /dev/shm), on the same filesystem: the user's files in it are the user's leftovers too."""
+    return (stat.S_ISDIR(st.st_mode) and bool(st.st_mode & stat.S_ISVTX) and bool(st.st_mode & stat.S_IWOTH)
+            and st.st_dev == rules.dev)
+
+
+def _search_shared(place: _Place, name: str, st: os.stat_result, rules: _Rules, tally: _Tally) -> None:
+    """Clean the uid's entries of a shared directory, opened without following links and only when it is
+    still the directory that was lstat-ed."""
+    shown = f"{place.shown}/{name}"
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=place.fd)
+    except FileNotFoundError:
+        return  # gone since the listing
+    except OSError as err:  # ELOOP: a link was put in its place
+        tally.errors.append(f"{rules.prefix}{shown} (shared directory): not searched: {err.strerror or err}")
+        return
+    try:
+        why = _changed(os.fstat(fd), st)
+        if why:
+            tally.errors.append(f"{rules.prefix}{shown} (shared directory): not searched: {why}")
+            return
+        _clean_place(_Place(fd, shown, os.path.join(place.real, name), place.depth + 1), rules, tally)
+    finally:
+        os.close(fd)
+
+
+def _clean_entry(place: _Place, name: str, st: os.stat_result, rules: _Rules, tally: _Tally) -> None:
+    """One entry of the uid: kept (not exclusive, and held or older than the job) or removed."""
+    label = rules.prefix + _describe(place, name, st)
+    if rules.holders is not None:
+        why = _kept_because(max(st.st_ctime, st.st_mtime), rules.since,
+                            lambda: _file_holder(place, name, st, rules))
+        if why:
+            tally.kept.append(f"{label}: {why}")
+            return
+    if stat.S_ISDIR(st.st_mode):
+        _remove_tree(place.fd, name, st, label, tally)
+    else:
+        _unlink(place.fd, name, st, label, tally)
+
+
+def _describe(place: _Place, name: str, st: os.stat_result) -> str:
+    path = f"{place.shown}/{name}"
     if stat.S_ISDIR(st.st_mode):
         return f"{path} (directory)"
     if stat.S_ISLNK(st.st_mode):
         try:
-            return f"{path} (symlink to {os.readlink(path)})"  # reads the link, not its target
+            return f"{path} (symlink to {os.readlink(name, dir_fd=place.fd)})"  # reads the link, not its target
         except OSError:
             return f"{path} (symlink)"
-    return str(path)
+    return path
 
 
-def _remove_tree(path: Path, label: str, tally: _Tally) -> None:
+def _recheck(dir_fd: int, name: str, checked: os.stat_result) -> str | None:
+    """Why the entry `name` is no longer the one that was checked, or None when it still is: asked just
+    before removing it, so that a rename or a swap since the check cannot make root remove another file.
+
+    Raises:
+        FileNotFoundError: it is gone.
+        OSError: it cannot be lstat-ed.
+    """
+    return _changed(os.stat(name, dir_fd=dir_fd, follow_symlinks=False), checked)
+
+
+def _changed(now: os.stat_result, checked: os.stat_result) -> str | None:
+    if (now.st_dev, now.st_ino) != (checked.st_dev, checked.st_ino):
+        return (f"replaced since it was checked (now inode {now.st_ino} of uid {now.st_uid}, "
+                f"checked inode {checked.st_ino})")
+    if now.st_uid != checked.st_uid:
+        return f"owner changed since it was checked (now uid {now.st_uid}, checked uid {checked.st_uid})"
+    return None
+
+
+def _unlink(dir_fd: int, name: str, st: os.stat_result, label: str, tally: _Tally) -> None:
+    """Unlink the entry if it is still the one checked; on a symlink that removes the link, never its target."""
+    try:
+        why = _recheck(dir_fd, name, st)
+        if why is None:
+            os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        tally.notes.append(f"{label}: already gone (removed by someone else)")
+    except OSError as err:
+        tally.errors.append(f"{label}: cannot remove: {err.strerror or err}")
+    else:
+        if why is None:
+            tally.removed.append(label)
+        else:
+            tally.errors.append(f"{label}: not removed: {why}")
+
+
+def _remove_tree(dir_fd: int, name: str, st: os.stat_result, label: str, tally: _Tally) -> None:
+    """Remove the directory with everything in it if it is still the one checked."""
     if not shutil.rmtree.avoids_symlink_attacks:
         tally.errors.append(f"{label}: not removed: this platform's shutil.rmtree could follow symlinks")
+        return
+    try:
+        why = _recheck(dir_fd, name, st)
+    except FileNotFoundError:
+        tally.notes.append(f"{label}: already gone (removed by someone else)")
+        return
+    except OSError as err:
+        tally.errors.append(f"{label}: cannot remove: {err.strerror or err}")
+        return
+    if why:
+        tally.errors.append(f"{label}: not removed: {why}")
         return
     problems: list[str] = []
     gone = False
@@ -241,14 +397,17 @@ def _remove_tree(path: Path, label: str, tally: _Tally) -> None:
         nonlocal gone
         exc = exc[1] if isinstance(exc, tuple) else exc  # onerror passes exc_info, onexc the exception
         if isinstance(exc, FileNotFoundError):
-            gone = gone or os.fspath(failed) == os.fspath(path)
+            gone = gone or os.fspath(failed) == name
             return
         problems.append(f"{failed}: {getattr(exc, 'strerror', None) or exc}")
 
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(path, onexc=record)
-    else:
-        shutil.rmtree(path, onerror=record)
+    try:
+        if sys.version_info >= (3, 12):
+            shutil.rmtree(name, dir_fd=dir_fd, onexc=record)
+        else:
+            shutil.rmtree(name, dir_fd=dir_fd, onerror=record)
+    except RecursionError:  # rmtree recurses once per level: a user can nest directories deeper than Python
+        problems.insert(0, f"too deep for shutil.rmtree (over {sys.getrecursionlimit()} levels)")
     if gone:
         tally.notes.append(f"{label}: already gone (removed by someone else)")
     elif problems:
@@ -258,44 +417,91 @@ def _remove_tree(path: Path, label: str, tally: _Tally) -> None:
         tally.removed.append(label)
 
 
-def _file_holder(path: Path, st: os.stat_result, is_dir: bool, holders: _Holders) -> str | None:
-    """Why the file (or something in the directory) is in use, or None."""
+def _file_holder(place: _Place, name: str, st: os.stat_result, rules: _Rules) -> str | None:
+    """Why the entry (or something in the directory) is in use, or None; matched by path against the
+    fd, cwd and maps paths of every process, and by inode against their maps."""
+    holders = rules.holders
     if holders.failed:
         return f"cannot tell whether it is in use ({holders.failed})"
-    if not is_dir:
-        return holders.by_inode.get((st.st_dev, st.st_ino)) or holders.by_path.get(str(path))
-    for inode in _tree_inodes(path, st):
+    real = os.path.join(place.real, name)
+    if not stat.S_ISDIR(st.st_mode):
+        return (holders.by_inode.get((st.st_dev, st.st_ino)) or holders.by_path.get(real)
+                or (holders.by_path.get("/" + name) if rules.mqueue else None))
+    inodes = _tree_inodes(place.fd, name, st)
+    if inodes is None:
+        return f"cannot tell whether it is in use (unreadable, replaced or over {_TREE_DEPTH} levels deep)"
+    for inode in inodes:
         if inode in holders.by_inode:
             return holders.by_inode[inode]
-    inside = f"{path}/"
-    for mapped, who in holders.by_path.items():
-        if mapped.startswith(inside):
+    inside = real + "/"
+    for path, who in holders.by_path.items():
+        if path == real or path.startswith(inside):
             return who
     return None
 
 
-def _tree_inodes(top: Path, st: os.stat_result) -> set[tuple[int, int]]:
-    """(st_dev, st_ino) of the directory and everything under it, without following symlinks."""
-    found = {(st.st_dev, st.st_ino)}
-    stack = [os.fspath(top)]
-    while stack:
-        try:
-            with os.scandir(stack.pop()) as entries:
-                for entry in entries:
-                    try:
-                        entry_st = entry.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    found.add((entry_st.st_dev, entry_st.st_ino))
-                    if stat.S_ISDIR(entry_st.st_mode):
-                        stack.append(entry.path)
-        except OSError:
-            continue
+def _tree_inodes(dir_fd: int, name: str, st: os.stat_result) -> set[tuple[int, int]] | None:
+    """(st_dev, st_ino) of the directory `name` and everything under it, read through directory fds opened
+    with O_NOFOLLOW (a link the user swaps in is never followed out of the directory); None when it was
+    replaced, part of it cannot be read, or it is over `_TREE_DEPTH` levels deep."""
+    found: set[tuple[int, int]] = set()
+    stack: list[tuple[int, list[str]]] = []  # one open directory per level, with its subdirectories to do
+    try:
+        stack.append(_list_dir(dir_fd, name, found))
+        if _changed(os.fstat(stack[0][0]), st):
+            return None
+        while stack:
+            fd, subdirs = stack[-1]
+            if not subdirs:
+                os.close(stack.pop()[0])
+            elif len(stack) > _TREE_DEPTH:
+                return None
+            else:
+                try:
+                    stack.append(_list_dir(fd, subdirs.pop(), found))
+                except FileNotFoundError:
+                    continue  # removed since it was listed
+    except OSError:
+        return None
+    finally:
+        for fd, _ in stack:
+            os.close(fd)
     return found
 
 
+def _list_dir(dir_fd: int, name: str, found: set[tuple[int, int]]) -> tuple[int, list[str]]:
+    """Open the directory `name` of `dir_fd`, add its (st_dev, st_ino) and its entries' to `found`;
+    its fd (the caller closes it) and the names of its subdirectories.
+
+    Raises:
+        OSError: it cannot be opened (ELOOP: a link is in its place) or listed.
+    """
+    fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    try:
+        own = os.fstat(fd)
+        found.add((own.st_dev, own.st_ino))
+        subdirs = []
+        for entry in os.listdir(fd):
+            try:
+                entry_st = os.stat(entry, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            found.add((entry_st.st_dev, entry_st.st_ino))
+            if stat.S_ISDIR(entry_st.st_mode):
+                subdirs.append(entry)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, subdirs
+
+
 def _is_mqueue_mount(directory: Path, proc: Path) -> tuple[bool, str]:
-    """Whether the last mount on `directory` is an mqueue filesystem, and if not, why."""
+    """Whether the last mount on `directory` is an mqueue filesystem, and if not, why.
+
+    Mount points are compared as the kernel writes them (already resolved),
+    never resolved again: that would stat every mount point of the node, and
+    one on a stalled NFS or FUSE server would block the Epilog.
+    """
     try:
         lines = (proc / "self" / "mounts").read_text().splitlines()
     except OSError as err:
@@ -304,7 +510,7 @@ def _is_mqueue_mount(directory: Path, proc: Path) -> tuple[bool, str]:
     fstype = None
     for line in lines:
         fields = line.split()
-        if len(fields) >= 3 and os.path.realpath(_unescape(fields[1])) == wanted:
+        if len(fields) >= 3 and _unescape(fields[1]) == wanted:
             fstype = fields[2]  # the last mount on a path hides the ones below it
     if fstype == "mqueue":
         return True, ""
@@ -323,9 +529,12 @@ def _unescape(field: str) -> str:
 def _scan_holders(proc: Path) -> _Holders:
     """Every file some live process has open, mapped or as its working directory.
 
-    Processes that exit meanwhile are skipped; one whose fd table or maps
-    cannot be read does not stop the pass (root can read them all, short of
-    a hardened kernel).
+    Only link targets (readlink of /proc/PID/fd/N and /proc/PID/cwd) and maps
+    lines are read, never a stat through those links: the stat would be
+    answered by the file's own filesystem, and one of a stalled FUSE or NFS
+    server blocks until the server comes back. Processes that exit meanwhile
+    are skipped; one whose fd table or maps cannot be read does not stop the
+    pass (root can read them all, short of a hardened kernel).
     """
     by_inode: dict[tuple[int, int], str] = {}
     by_path: dict[str, str] = {}
@@ -334,30 +543,31 @@ def _scan_holders(proc: Path) -> _Holders:
     except OSError as err:
         return _Holders({}, {}, failed=f"cannot list processes: {err.strerror or err}")
     for pid in pids:
-        base = proc / pid
+        base = f"{os.fspath(proc)}/{pid}"
         try:
-            fds = os.listdir(base / "fd")
+            fds = os.listdir(f"{base}/fd")
         except OSError:
             fds = []  # gone, or unreadable: its maps may still tell
         for fd in fds:
-            try:
-                fd_st = os.stat(base / "fd" / fd)  # follows the magic link to the open file itself
-            except OSError:
-                continue
-            by_inode.setdefault((fd_st.st_dev, fd_st.st_ino), f"open by pid {pid}")
+            _add_link(f"{base}/fd/{fd}", f"open by pid {pid}", by_path)
+        _add_link(f"{base}/cwd", f"working directory of pid {pid}", by_path)
         try:
-            cwd_st = os.stat(base / "cwd")
-        except OSError:
-            pass
-        else:
-            by_inode.setdefault((cwd_st.st_dev, cwd_st.st_ino), f"working directory of pid {pid}")
-        try:
-            with open(base / "maps", encoding="utf-8", errors="surrogateescape") as maps:
+            with open(f"{base}/maps", encoding="utf-8", errors="surrogateescape") as maps:
                 for line in maps:
                     _add_mapping(line, f"mapped by pid {pid}", by_inode, by_path)
         except OSError:
             continue
     return _Holders(by_inode, by_path)
+
+
+def _add_link(link: str, who: str, by_path: dict[str, str]) -> None:
+    """One /proc/PID/fd/N or cwd link, by its target's text (pipes, sockets and anonymous inodes are no paths)."""
+    try:
+        target = os.readlink(link)
+    except OSError:
+        return  # closed, or the process exited meanwhile
+    if target.startswith("/"):
+        by_path.setdefault(target.removesuffix(" (deleted)"), who)
 
 
 def _add_mapping(line: str, who: str, by_inode: dict[tuple[int, int], str], by_path: dict[str, str]) -> None:
@@ -416,7 +626,8 @@ def _clean_sysv(kind: str, uid: int, exclusive: bool, since: float, holders: _La
 
 
 def _read_sysv(kind: str, table: Path, uid: int) -> list[_SysvObject]:
-    """The uid's objects in /proc/sysvipc/<kind>, found by the header's column names.
+    """The uid's objects in /proc/sysvipc/<kind>: those it owns or created (see the module docstring),
+    found by the header's column names.
 
     Raises:
         ValueError: a column is missing or a line does not fit the header.
@@ -438,10 +649,12 @@ def _read_sysv(kind: str, table: Path, uid: int) -> list[_SysvObject]:
             raise ValueError(f"line {number} has {len(values)} fields, the header {len(header)}")
         row = dict(zip(header, values))
         try:
-            if int(row["uid"]) != uid:
+            owner, creator = int(row["uid"]), int(row["cuid"])
+            if uid not in (owner, creator):
                 continue
             objects.append(_SysvObject(
                 kind=kind, ident=int(row[id_column]), key=int(row["key"]), ctime=float(row["ctime"]),
+                owner=owner, creator=creator,
                 size=int(row.get("size", 0)), nattch=int(row.get("nattch", 0)),
                 destroyed=bool(int(row.get("perms", "0"), 8) & _SHM_DEST) if kind == "shm" else False,
                 lspid=int(row.get("lspid", 0)), lrpid=int(row.get("lrpid", 0))))

@@ -1,4 +1,5 @@
-"""clean_ipc against real IPC objects, made by spare uids through setpriv (needs root and util-linux).
+"""clean_ipc against real IPC objects, made by spare uids through setpriv (needs root, util-linux and, for
+the stalled-filesystem test, /dev/fuse: its FUSE server is a few lines of Python here, no package).
 
 The uids are unique to this run, so an exclusive cleanup here can only meet
 this run's objects; every object, holder process and mount is undone by the
@@ -14,6 +15,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import json
+import signal
 import textwrap
 import time
 from pathlib import Path
@@ -25,8 +28,9 @@ from slurm_ext.prolog_epilog import ipc
 
 @pytest.fixture(autouse=True)
 def _prerequisites():
-    """Root and util-linux's setpriv, ipcmk and ipcrm: on CI they are there, so missing ones fail."""
-    missing = [tool for tool in ("setpriv", "ipcmk", "ipcrm") if not shutil.which(tool)]
+    """Root and util-linux's setpriv, ipcmk, ipcrm, unshare and nsenter: on CI they are there, so missing ones
+    fail."""
+    missing = [tool for tool in ("setpriv", "ipcmk", "ipcrm", "unshare", "nsenter") if not shutil.which(tool)]
     if os.geteuid() != 0 or missing:
         pytest.fail(f"tests/test_ipc.py needs root and util-linux (missing: {', '.join(missing) or 'root'})")
 
@@ -35,6 +39,7 @@ USER = 2_000_000 + (os.getpid() % 400_000) * 2  # the job's user: no passwd entr
 OTHER = USER + 1  # some other user on the node
 TAG = f"slurmext-test-ipc-{os.getpid()}"
 SHM = Path("/dev/shm")
+KINDS = ("shm", "sem", "msg")
 IPCMK = {"shm": ["-M", "4096"], "sem": ["-S", "1"], "msg": ["-Q"]}
 IPCRM = {"shm": "-m", "sem": "-s", "msg": "-q"}
 ID_COLUMN = {"shm": "shmid", "sem": "semid", "msg": "msqid"}
@@ -66,6 +71,101 @@ os.close(fd)
 """
 
 
+SYSV_GIVE = """
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+IPC_CREAT, IPC_SET, IPC_STAT = 0o1000, 1, 2
+MAKE = {"shm": lambda: libc.shmget(0, 4096, IPC_CREAT | 0o600), "sem": lambda: libc.semget(0, 1, IPC_CREAT | 0o600),
+        "msg": lambda: libc.msgget(0, IPC_CREAT | 0o600)}
+CTL = {"shm": libc.shmctl, "msg": libc.msgctl, "sem": lambda ident, cmd, buf: libc.semctl(ident, 0, cmd, buf)}
+owner = int(sys.argv[1])
+for kind, ident in (arg.split("=") for arg in sys.argv[2:]):
+    ident = MAKE[kind]() if ident == "new" else int(ident)
+    assert ident >= 0, ctypes.get_errno()
+    ds = ctypes.create_string_buffer(512)  # shmid_ds, semid_ds and msqid_ds open with ipc_perm: key, uid, gid, cuid
+    assert CTL[kind](ident, IPC_STAT, ds) == 0, ctypes.get_errno()
+    ctypes.c_uint32.from_buffer(ds, 4).value = owner
+    assert CTL[kind](ident, IPC_SET, ds) == 0, ctypes.get_errno()
+    print(kind, ident)
+"""
+
+MQ_OPEN = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.mq_open({name!r}, os.O_RDWR) >= 0, ctypes.get_errno()  # through the kernel's own mqueue mount
+"""
+
+# A FUSE filesystem with one file, "held", served from /dev/fuse by a child process; run in a mount namespace
+# of its own, so that nothing of the node sees the mount. The parent holds the file open, has the mount as its
+# working directory, holds the file named in argv[2] open too, and waits for the server; the test stops the
+# server (SIGSTOP) to stall the filesystem and kills it (which aborts the connection) to end. A watchdog kills
+# the server after two minutes if the test never does.
+FUSE_HOLDER = """
+import ctypes, errno, os, signal, struct, sys
+mount_point, also_held = sys.argv[1:]
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+device = os.open("/dev/fuse", os.O_RDWR)
+options = f"fd={device},rootmode=40000,user_id=0,group_id=0".encode()
+if libc.mount(b"slurmext-test", mount_point.encode(), b"fuse", 0x6, options) != 0:  # MS_NOSUID | MS_NODEV
+    sys.exit(f"mount fuse: {os.strerror(ctypes.get_errno())}")
+
+def attr(node):  # struct fuse_attr; node 1 is the root directory, node 2 the file
+    mode, size = (0o40755, 0) if node == 1 else (0o100444, 4)
+    return struct.pack("<QQQQQQIIIIIIIIII", node, size, 0, 0, 0, 0, 0, 0, 0, mode, 1, 0, 0, 0, 4096, 0)
+
+def serve():
+    while True:
+        try:
+            request = os.read(device, 1 << 20)
+        except OSError as err:
+            if err.errno == errno.ENODEV:  # unmounted
+                os._exit(0)
+            raise
+        length, opcode, unique, node = struct.unpack_from("<IIQQ", request)
+        body, error = None, 0
+        if opcode == 26:  # INIT: protocol 7.31, max_write 128 KiB
+            body = struct.pack("<IIIIHHIIHHI", 7, 31, 0, 0, 0, 0, 1 << 17, 1, 0, 0, 0) + bytes(28)
+        elif opcode == 1:  # LOOKUP; attributes valid for 0 s, so every stat asks this server
+            if request[40:length].rstrip(b"\\0") == b"held":
+                body = struct.pack("<QQQQII", 2, 0, 0, 0, 0, 0) + attr(2)
+            else:
+                error = errno.ENOENT
+        elif opcode == 3:  # GETATTR
+            body = struct.pack("<QII", 0, 0, 0) + attr(node)
+        elif opcode in (14, 27):  # OPEN, OPENDIR
+            body = struct.pack("<QII", 0, 0, 0)
+        elif opcode in (2, 42):  # FORGET, BATCH_FORGET: no answer
+            continue
+        else:
+            error = errno.ENOSYS
+        body = body or b""
+        os.write(device, struct.pack("<IiQ", 16 + len(body), -error, unique) + body)
+
+server = os.fork()
+if server == 0:
+    serve()
+os.close(device)  # the server's copy is the last: killing it aborts the connection
+held = os.open(os.path.join(mount_point, "held"), os.O_RDONLY)
+other = os.open(also_held, os.O_RDONLY)
+os.chdir(mount_point)
+signal.signal(signal.SIGALRM, lambda *_: os.kill(server, signal.SIGKILL))
+signal.alarm(120)
+print("ready", server, flush=True)
+os.waitpid(server, 0)
+"""
+
+CLEAN_NOT_EXCLUSIVE = """
+import json, sys
+from pathlib import Path
+from slurm_ext.prolog_epilog import ipc
+uid, since, shm_dir, mqueue_dir = sys.argv[1:]
+result = ipc.clean_ipc(int(uid), exclusive=False, since=float(since), shm_dir=Path(shm_dir),
+                       mqueue_dir=Path(mqueue_dir))
+print(json.dumps({"removed": result.removed, "kept": result.kept, "errors": result.errors}))
+"""
+
+
 def as_uid(uid: int) -> list[str]:
     return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
 
@@ -92,7 +192,7 @@ class Maker:
 
     def __init__(self) -> None:
         self.paths: list[Path] = []
-        self.sysv: list[tuple[str, int]] = []
+        self.sysv: list[tuple[str, int, str]] = []  # kind, id, creator uid
         self.holders: list[subprocess.Popen] = []
         self.count = 0
 
@@ -100,9 +200,9 @@ class Maker:
         self.count += 1
         return f"{TAG}-{what}-{self.count}"
 
-    def run_as(self, uid: int, code: str) -> None:
-        subprocess.run([*as_uid(uid), sys.executable, "-c", code], check=True, capture_output=True, cwd="/",
-                       timeout=30)
+    def run_as(self, uid: int, code: str, *args: str) -> str:
+        return subprocess.run([*as_uid(uid), sys.executable, "-c", code, *args], check=True, capture_output=True,
+                              text=True, cwd="/", timeout=30).stdout
 
     def file(self, uid: int, directory: Path = SHM, content: str = "data") -> Path:
         path = directory / self.name("file")
@@ -123,9 +223,9 @@ class Maker:
         self.run_as(uid, f"import os; os.symlink({str(target)!r}, {str(path)!r})")
         return path
 
-    def directory(self, uid: int, link_to: Path) -> Path:
-        """A directory of `uid` in /dev/shm holding a file, a subdirectory and a symlink to `link_to`."""
-        path = SHM / self.name("dir")
+    def directory(self, uid: int, link_to: Path, parent: Path = SHM) -> Path:
+        """A directory of `uid` in `parent` holding a file, a subdirectory and a symlink to `link_to`."""
+        path = parent / self.name("dir")
         self.paths.append(path)
         self.run_as(uid, textwrap.dedent(f"""
             import os
@@ -136,12 +236,27 @@ class Maker:
         """))
         return path
 
+    def shared(self, uid: int, parent: Path, name: str = "") -> Path:
+        """A directory of `uid` in which anyone may create files (mode 1777), like an MPI library's in /dev/shm."""
+        path = parent / (name or self.name("shared"))
+        self.paths.append(path)
+        self.run_as(uid, f"import os; os.mkdir({str(path)!r}); os.chmod({str(path)!r}, 0o1777)")
+        return path
+
     def ipc(self, uid: int, kind: str) -> int:
         out = subprocess.run([*as_uid(uid), "ipcmk", *IPCMK[kind]], check=True, capture_output=True, text=True,
                              cwd="/", timeout=30).stdout
         ident = int(re.search(r"id: (\d+)", out)[1])
-        self.sysv.append((kind, ident))
+        self.sysv.append((kind, ident, str(uid)))
         return ident
+
+    def give_away(self, uid: int, owner: int, **objects: int | str) -> dict[str, int]:
+        """As `uid`, set the owner of SysV objects to `owner` with IPC_SET: {kind: id}, or {kind: "new"} for one
+        that this same process creates first (the creator keeps its rights on what it gives away)."""
+        out = self.run_as(uid, SYSV_GIVE, str(owner), *(f"{kind}={ident}" for kind, ident in objects.items()))
+        given = {kind: int(ident) for kind, ident in (line.split() for line in out.splitlines())}
+        self.sysv += [(kind, given[kind], str(uid)) for kind, ident in objects.items() if ident == "new"]
+        return given
 
     def holder(self, uid: int, code: str) -> subprocess.Popen:
         """A process of `uid` that runs `code`, says so, and sleeps until killed."""
@@ -160,15 +275,15 @@ class Maker:
         for child in self.holders:
             if child.poll() is None:
                 self.stop(child)
-        for kind, ident in self.sysv:
+        for kind, ident, creator in self.sysv:
             row = sysv_table(kind).get(ident)
-            if row is not None and int(row["uid"]) in (USER, OTHER):  # still ours, not a reused id
+            if row is not None and row["cuid"] == creator:  # still ours, not a reused id
                 subprocess.run(["ipcrm", IPCRM[kind], str(ident)], capture_output=True)
         for path in reversed(self.paths):
             if path.is_symlink() or not path.is_dir():
                 path.unlink(missing_ok=True)
             else:
-                shutil.rmtree(path, ignore_errors=True)
+                subprocess.run(["rm", "-rf", "--one-file-system", str(path)], check=True)  # rmtree fails on deep trees
 
 
 @pytest.fixture
@@ -336,7 +451,7 @@ def test_objects_removed_meanwhile_are_notes_not_errors(make, tmp_path, monkeypa
     real_unlink = os.unlink
 
     def unlink_after_someone_else(path, *args, **kwargs):
-        real_unlink(path)  # the user's last process removes it between the scan and our unlink
+        real_unlink(path, *args, **kwargs)  # the user's last process removes it between the scan and our unlink
         return real_unlink(path, *args, **kwargs)
 
     monkeypatch.setattr(ipc.os, "unlink", unlink_after_someone_else)
@@ -355,7 +470,7 @@ def test_sysv_columns_are_found_by_header_name(make, tmp_path):
     row = sysv_table("shm")[ident]
     fake = tmp_path / "proc" / "sysvipc"
     fake.mkdir(parents=True)
-    order = ["uid", "shmid", "ctime", "nattch", "perms", "size", "key", "extra"]  # a kernel of another layout
+    order = ["uid", "shmid", "ctime", "cuid", "nattch", "perms", "size", "key", "extra"]  # another kernel's layout
     (fake / "shm").write_text(" ".join(order) + "\n" + " ".join(row.get(name, "7") for name in order) + "\n")
     (fake / "sem").write_text("key semid perms\n1 2\n")  # garbled: one error line, nothing raised
     result = ipc.clean_ipc(USER, exclusive=True, shm_dir=tmp_path / "none", mqueue_dir=tmp_path / "none",
@@ -387,3 +502,247 @@ def test_uid_zero_is_never_cleaned(tmp_path):
     (shm / "daemon").write_text("root's")
     result = ipc.clean_ipc(0, exclusive=True, shm_dir=shm, mqueue_dir=tmp_path)
     assert (shm / "daemon").exists() and result.removed == () and "uid 0" in result.notes[0]
+
+
+# --- issue 9, item 4: SysV objects given away with IPC_SET ---------------------------------------------------
+
+@pytest.fixture
+def nowhere(tmp_path):
+    """An empty stand-in for /dev/shm and /dev/mqueue, for tests about SysV objects only."""
+    path = tmp_path / "empty"
+    path.mkdir()
+    return path
+
+
+def test_sysv_objects_given_away_with_ipc_set_are_still_removed(make, nowhere):
+    # the attack: a process of the user makes a segment, a semaphore set and a queue, sets their owner to root
+    # with IPC_SET (its creator's rights stay) and exits; they now look like root's
+    given = make.give_away(USER, owner=0, shm="new", sem="new", msg="new")
+    for kind, ident in given.items():
+        row = sysv_table(kind)[ident]
+        assert (row["uid"], row["cuid"]) == ("0", str(USER)), (kind, row)
+    handed = make.give_away(0, owner=USER, **{kind: make.ipc(0, kind) for kind in KINDS})  # root's, given to the user
+    roots = {kind: make.ipc(0, kind) for kind in KINDS}  # root's own
+    theirs = make.give_away(OTHER, owner=0, shm="new", sem="new", msg="new")  # another user's, given away
+
+    result = ipc.clean_ipc(USER, exclusive=True, shm_dir=nowhere, mqueue_dir=nowhere)
+
+    assert result.errors == () and result.kept == ()
+    for kind in KINDS:
+        assert given[kind] not in sysv_table(kind) and handed[kind] not in sysv_table(kind), kind
+        assert roots[kind] in sysv_table(kind) and theirs[kind] in sysv_table(kind), kind
+    removed = "\n".join(result.removed) + "\n"
+    for line in (f"sysv shm id {given['shm']} key 0x00000000 (4096 bytes) (owner uid 0, creator uid {USER})\n",
+                 f"sysv sem id {given['sem']} (owner uid 0, creator uid {USER})\n",
+                 f"sysv msg id {given['msg']} (owner uid 0, creator uid {USER})\n",
+                 f"sysv msg id {handed['msg']} (owner uid {USER}, creator uid 0)\n"):
+        assert line in removed, line
+    assert len(result.removed) == 6
+
+
+def test_given_away_sysv_objects_follow_the_rules_when_not_exclusive(make, nowhere):
+    old = make.give_away(USER, owner=0, shm="new")["shm"]
+    now = time.time()
+    time.sleep(math.ceil(now) - now + 0.05)  # SysV times are whole seconds: start the job in a new one
+    since = float(math.floor(time.time()))
+    new = make.give_away(USER, owner=0, shm="new", sem="new", msg="new")
+    attached = make.give_away(USER, owner=0, shm="new")["shm"]
+    used = make.give_away(USER, owner=0, msg="new")["msg"]
+    make.holder(USER, SHMAT.format(ident=attached))  # as its creator, the user still attaches to it
+    sender = make.holder(USER, MSGSND.format(ident=used))
+
+    result = ipc.clean_ipc(USER, exclusive=False, since=since, shm_dir=nowhere, mqueue_dir=nowhere)
+
+    assert result.errors == ()
+    assert new["shm"] not in sysv_table("shm") and new["msg"] not in sysv_table("msg")
+    assert old in sysv_table("shm") and attached in sysv_table("shm")
+    assert new["sem"] in sysv_table("sem") and used in sysv_table("msg")
+    kept = "\n".join(result.kept) + "\n"
+    given = f"(owner uid 0, creator uid {USER})"
+    for line in (f"sysv shm id {old} key 0x00000000 (4096 bytes) {given}: predates the job",
+                 f"sysv shm id {attached} key 0x00000000 (4096 bytes) {given}: attached by 1 process\n",
+                 f"sysv sem id {new['sem']} {given}: semaphore sets record no holder",
+                 f"sysv msg id {used} {given}: last sender pid {sender.pid} is alive\n"):
+        assert line in kept, line
+    assert len(result.kept) == 4 and len(result.removed) == 2
+
+
+# --- issue 9, item 18: removal through directory fds, shared sticky directories ------------------------------
+
+@pytest.fixture
+def shm_dir():
+    """A stand-in for /dev/shm: root's, sticky and world-writable, in a place every test uid can reach."""
+    path = Path(tempfile.mkdtemp(prefix=f"{TAG}-shm-"))
+    path.chmod(0o1777)
+    yield path
+    subprocess.run(["rm", "-rf", "--one-file-system", str(path)], check=True)  # rmtree fails on too deep trees
+
+
+def test_a_directory_too_deep_to_remove_does_not_stop_the_rest(make, shm_dir, nowhere):
+    deep = make.directory(USER, link_to=nowhere, parent=shm_dir)
+    make.run_as(USER, textwrap.dedent(f"""
+        import os
+        fd = os.open({str(deep)!r}, os.O_RDONLY)
+        for _ in range(1500):  # deeper than Python's recursion limit
+            os.mkdir("d", dir_fd=fd)
+            fd = os.open("d", os.O_RDONLY, dir_fd=fd)
+    """))
+    after = make.file(USER, shm_dir)  # listed after the directory
+
+    result = ipc.clean_ipc(USER, exclusive=True, shm_dir=shm_dir, mqueue_dir=nowhere)
+
+    assert result.removed == (str(after),) and not after.exists()
+    assert len(result.errors) == 1
+    assert result.errors[0].startswith(f"{deep} (directory): cannot remove all of it: too deep for shutil.rmtree")
+
+
+def test_user_files_in_shared_sticky_directories_are_removed(make, shm_dir, nowhere):
+    shared = make.shared(0, shm_dir)  # root's, like an MPI library's
+    mine, theirs = make.file(USER, shared), make.file(OTHER, shared)
+    their_shared = make.shared(OTHER, shm_dir)  # another user's
+    mine_in_theirs, theirs_in_theirs = make.file(USER, their_shared), make.file(OTHER, their_shared)
+    deep, deep_files = shm_dir, []  # shared directories in shared directories: searched four levels down
+    for level in range(1, 6):
+        deep = make.shared(0, deep, name=f"level{level}")
+        deep_files.append(make.file(USER, deep))
+    *searched, too_deep = deep_files
+    private = shm_dir / "private"  # root's, not writable by others: the user's files there are root's business
+    private.mkdir(mode=0o755)
+    (private / "f").write_text("x")
+    os.chown(private / "f", USER, USER)
+    elsewhere = make.shared(0, Path(tempfile.gettempdir()))  # a shared directory outside, which only a link leads to
+    outside = make.file(USER, elsewhere)
+    make.symlink(OTHER, elsewhere, directory=shm_dir)
+
+    result = ipc.clean_ipc(USER, exclusive=True, shm_dir=shm_dir, mqueue_dir=nowhere)
+
+    assert result.errors == ()
+    assert sorted(result.removed) == sorted(str(path) for path in (mine, mine_in_theirs, *searched))
+    assert not any(path.exists() for path in (mine, mine_in_theirs, *searched))
+    assert theirs.exists() and theirs_in_theirs.exists() and shared.is_dir() and their_shared.is_dir()
+    assert too_deep.exists() and (private / "f").exists() and outside.exists()
+
+
+def test_shared_sticky_directories_follow_the_rules_when_not_exclusive(make, shm_dir, nowhere):
+    shared = make.shared(OTHER, shm_dir)
+    old = make.file(USER, shared)
+    time.sleep(0.05)
+    since = time.time()
+    time.sleep(0.05)
+    new, held = make.file(USER, shared), make.file(USER, shared)
+    opener = make.holder(USER, f"f = open({str(held)!r})")
+
+    result = ipc.clean_ipc(USER, exclusive=False, since=since, shm_dir=shm_dir, mqueue_dir=nowhere)
+
+    assert result.errors == () and result.removed == (str(new),)
+    assert not new.exists() and old.exists() and held.exists()
+    kept = "\n".join(result.kept) + "\n"
+    assert f"{old}: predates the job" in kept and f"{held}: open by pid {opener.pid}\n" in kept
+
+
+def test_an_entry_replaced_after_its_check_is_not_removed(make, shm_dir, nowhere, monkeypatch):
+    # the race: between root's check of the user's entry and its removal, another file takes its name; here
+    # root's file and directory, and another user's file in a shared directory of that user (whose owner may
+    # replace any entry in it). Done by a hook on the step between the two, so that it happens every time.
+    mine = make.file(USER, shm_dir)
+    my_dir = make.directory(USER, link_to=shm_dir, parent=shm_dir)
+    their_shared = make.shared(OTHER, shm_dir)
+    mine_in_theirs = make.file(USER, their_shared)
+    roots = shm_dir / "root-file"
+    roots.write_text("root's")
+    root_dir = shm_dir / "root-dir"
+    root_dir.mkdir()
+    (root_dir / "keep").write_text("root's too")
+    theirs = make.file(OTHER, their_shared, content="theirs")
+    swaps = {mine.name: lambda: os.rename(roots, mine),
+             my_dir.name: lambda: (os.rename(my_dir, shm_dir / "moved"), os.rename(root_dir, my_dir)),
+             mine_in_theirs.name: lambda: make.run_as(OTHER, f"import os; os.rename({str(theirs)!r}, "
+                                                            f"{str(mine_in_theirs)!r})")}
+    real_clean_entry = ipc._clean_entry
+
+    def clean_entry_after_a_swap(place, name, st, rules, tally):
+        swaps.pop(name)()
+        return real_clean_entry(place, name, st, rules, tally)
+
+    monkeypatch.setattr(ipc, "_clean_entry", clean_entry_after_a_swap)
+    result = ipc.clean_ipc(USER, exclusive=True, shm_dir=shm_dir, mqueue_dir=nowhere)
+    monkeypatch.undo()
+
+    assert swaps == {} and result.removed == ()
+    assert mine.read_text() == "root's" and (my_dir / "keep").read_text() == "root's too"
+    assert mine_in_theirs.read_text() == "theirs"
+    errors = "\n".join(result.errors)
+    for label in (str(mine), f"{my_dir} (directory)", str(mine_in_theirs)):
+        assert f"{label}: not removed: replaced since it was checked" in errors, label
+    assert len(result.errors) == 3
+
+
+# --- issue 9, item 13: the holder scan never stats through /proc/PID/fd and cwd ------------------------------
+
+def test_not_exclusive_keeps_directories_in_use(make, shm_dir, nowhere, root_files):
+    _, target_dir = root_files
+    since = time.time() - 1
+    cwd_dir, open_dir, mapped_dir, free_dir = (make.directory(USER, link_to=target_dir, parent=shm_dir)
+                                               for _ in range(4))
+    in_cwd = make.holder(USER, f"import os\nos.chdir({str(cwd_dir / 'sub')!r})")
+    opener = make.holder(USER, f"f = open({str(open_dir / 'sub' / 'f')!r})")
+    mapper = make.holder(USER, MMAP.format(path=str(mapped_dir / "sub" / "f")))
+
+    result = ipc.clean_ipc(USER, exclusive=False, since=since, shm_dir=shm_dir, mqueue_dir=nowhere)
+
+    assert result.errors == () and result.removed == (f"{free_dir} (directory)",)
+    assert set(result.kept) == {f"{cwd_dir} (directory): working directory of pid {in_cwd.pid}",
+                                f"{open_dir} (directory): open by pid {opener.pid}",
+                                f"{mapped_dir} (directory): mapped by pid {mapper.pid}"}
+    assert not free_dir.exists() and (target_dir / "keep").exists()
+
+
+def test_not_exclusive_keeps_a_queue_held_through_mq_open(make, mqueue_dir, nowhere):
+    held, free = make.queue(USER, mqueue_dir), make.queue(USER, mqueue_dir)
+    opener = make.holder(USER, MQ_OPEN.format(name=f"/{held.name}".encode()))  # its fd reads "/<name>"
+
+    result = ipc.clean_ipc(USER, exclusive=False, since=time.time() - 60, shm_dir=nowhere, mqueue_dir=mqueue_dir)
+
+    assert result.errors == () and result.removed == (f"mqueue {free}",)
+    assert result.kept == (f"mqueue {held}: open by pid {opener.pid}",) and held.exists()
+
+
+def test_holder_scan_does_not_block_on_a_stalled_fuse_mount(make, shm_dir, nowhere, tmp_path):
+    # a process holds a file of a FUSE filesystem open and has it as its working directory, and the server
+    # stops answering (like a hung NFS server); the Epilog's holder scan must go on. The candidate that makes
+    # it scan is a new file of the user, held open by that same process.
+    if not os.path.exists("/dev/fuse"):
+        pytest.fail("tests/test_ipc.py needs /dev/fuse (the fuse kernel module) to stall a filesystem")
+    candidate = make.file(USER, shm_dir)
+    mount_point = tmp_path / "fuse"
+    mount_point.mkdir()
+    holder = subprocess.Popen(["unshare", "--mount", "--propagation", "private", sys.executable, "-c", FUSE_HOLDER,
+                               str(mount_point), str(candidate)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+    server = None
+    try:
+        ready = holder.stdout.readline()
+        assert ready.startswith("ready "), holder.stderr.read()
+        server = int(ready.split()[1])
+        os.kill(server, signal.SIGSTOP)
+        # from the node's mount namespace only the holder's fd and cwd links lead to the mount; from the
+        # holder's, /proc/self/mounts names it too
+        for enter in ([], ["nsenter", f"--mount=/proc/{holder.pid}/ns/mnt"]):
+            try:
+                run = subprocess.run([*enter, sys.executable, "-c", CLEAN_NOT_EXCLUSIVE, str(USER),
+                                      str(time.time() - 60), str(shm_dir), str(nowhere)],
+                                     capture_output=True, text=True, cwd="/", timeout=20)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"clean_ipc {' '.join(enter) or 'on the node'} blocked on the stalled FUSE mount")
+            assert run.returncode == 0, run.stderr
+            result = json.loads(run.stdout)
+            assert result == {"removed": [], "kept": [f"{candidate}: open by pid {holder.pid}"], "errors": []}, enter
+    finally:
+        if server is not None:
+            os.kill(server, signal.SIGKILL)  # the last /dev/fuse fd: the connection is aborted, the holder ends
+        try:
+            holder.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            holder.kill()
+            holder.wait(timeout=30)
+    assert candidate.exists()
