@@ -24,6 +24,14 @@ are not addressed here: an index names a whole GPU.
 Every NVML failure (library missing, driver not loaded, GPU lost, no such
 index) becomes a `GpuCheckError` whose message says what to do; no pynvml
 exception leaves this module.
+
+NVML calls run on a worker thread and are waited for `NVML_TIMEOUT_S` at
+most: a GPU falling off the bus can leave a call such as
+nvmlDeviceGetComputeRunningProcesses blocked in the driver, and the Prolog
+or Epilog waiting on it would wedge the job's start or end. A call that
+does not return in time is a `GpuCheckTimeout` (a `GpuCheckError`); while
+it is still blocked, later checks fail at once with the same error instead
+of piling more blocked threads onto the driver.
 """
 
 from __future__ import annotations
@@ -41,11 +49,13 @@ __all__ = [
     "GpuProcess",
     "GpuUsage",
     "GpuCheckError",
+    "GpuCheckTimeout",
     "gpu_usage",
     "held_gpus",
     "release_gpus",
     "foreign_processes",
     "POLL_INTERVAL_S",
+    "NVML_TIMEOUT_S",
 ]
 
 MIB = 2**20
@@ -54,6 +64,10 @@ MIB = 2**20
 #: The driver frees a killed process's context within milliseconds to a few
 #: seconds; polling faster than this only burns CPU in the Epilog.
 POLL_INTERVAL_S = 0.1
+
+#: Longest wait for one reading of a job's GPUs (nvmlInit included, which
+#: can take seconds on a busy node; the reads themselves take milliseconds).
+NVML_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +110,15 @@ class GpuCheckError(SlurmExtError):
         self.nvml_code = nvml_code
         where = "NVML" if gpu is None else f"GPU {gpu}"
         super().__init__(f"gpu check: {where}: {nvml_codes.describe(problem, nvml_code)}")
+
+
+class GpuCheckTimeout(GpuCheckError):
+    """An NVML call did not return within its timeout (`seconds`); it may
+    still be blocked in the driver, so the GPU's state is unknown."""
+
+    def __init__(self, problem: str, gpu: int | None, seconds: float):
+        self.seconds = seconds
+        super().__init__(problem, gpu)
 
 
 # NVML is initialised once per process and never shut down: the node agent
@@ -180,33 +203,122 @@ def _read_gpu(nvml: Any, index: int) -> GpuUsage:
     return GpuUsage(index, uuid, _merge(index, entries), used_mib)
 
 
-def gpu_usage(indexes: Iterable[int], nvml: Any = None) -> list[GpuUsage]:
+@dataclass(slots=True)
+class _Call:
+    """One worker's NVML call: where it is (for the timeout's message) and how it ended.
+
+    Not frozen: the worker thread fills it in as it goes.
+    """
+
+    nvml: Any
+    started: float
+    gpu: int | None = None
+    doing: str = "initialising"
+    done: bool = False
+    value: Any = None
+    error: BaseException | None = None
+
+
+# Calls that timed out and have not returned yet, per nvml module (as _INITIALISED).
+_BLOCKED_LOCK = threading.Lock()
+_BLOCKED: list[_Call] = []
+
+
+def _blocked_call(nvml: Any) -> _Call | None:
+    """The oldest call of `nvml` that timed out and is still blocked, if any."""
+    with _BLOCKED_LOCK:
+        _BLOCKED[:] = [call for call in _BLOCKED if not call.done]
+        return next((call for call in _BLOCKED if call.nvml is nvml), None)
+
+
+def _timeout_error(call: _Call, seconds: float, earlier: bool = False) -> GpuCheckTimeout:
+    """What the operator reads: how long NVML has been blocked, where, and what to do."""
+    where = "NVML" if call.gpu is None else f"GPU {call.gpu}"
+    age = time.monotonic() - call.started
+    what = (f"an earlier NVML call has been blocked for {age:.1f}s {call.doing} {where}; not asking again until "
+            "it returns" if earlier else f"NVML did not answer within {seconds:g}s {call.doing} {where}")
+    return GpuCheckTimeout(f"{what}: a GPU that fell off the bus or a hung driver does this; check dmesg for Xid "
+                           "errors and nvidia-smi, then drain the node and reset the GPU or reboot", call.gpu, seconds)
+
+
+def _with_timeout(nvml: Any, work: Callable[[_Call], Any], timeout: float) -> Any:
+    """Run `work` (the NVML calls) on a worker thread and wait `timeout` seconds at most.
+
+    The worker is a daemon thread: one blocked in the driver for good does
+    not keep the process from exiting. It records what it is doing in its
+    `_Call`, so a timeout names the GPU and the step.
+
+    Raises:
+        GpuCheckTimeout: `work` did not finish in time, or an earlier call of
+            `nvml` that timed out is still blocked (asking again would only
+            block another thread).
+        Whatever `work` raises.
+    """
+    blocked = _blocked_call(nvml)
+    if blocked is not None:
+        raise _timeout_error(blocked, timeout, earlier=True)
+    call = _Call(nvml, time.monotonic())
+
+    def run() -> None:
+        try:
+            call.value = work(call)
+        except BaseException as err:  # handed to the caller, whatever it is
+            call.error = err
+        finally:
+            call.done = True
+
+    worker = threading.Thread(target=run, name="nvml-call", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if not call.done:
+        with _BLOCKED_LOCK:
+            _BLOCKED.append(call)
+        raise _timeout_error(call, timeout)
+    if call.error is not None:
+        raise call.error
+    return call.value
+
+
+def gpu_usage(indexes: Iterable[int], nvml: Any = None, *, timeout: float | None = None) -> list[GpuUsage]:
     """Read the processes and memory of each GPU in `indexes` (NVML indexes).
 
     Returns one record per distinct index, in the order given. `nvml` is the
     pynvml module (the default) or a stand-in with its interface. NVML is
     initialised on first use and kept initialised for the life of the
-    process (thread-safe).
+    process (thread-safe). The NVML calls run on a worker thread; `timeout`
+    (default NVML_TIMEOUT_S) bounds the whole reading.
 
     Raises:
         GpuCheckError: NVML cannot be loaded or initialised; an index that
             NVML does not have (naming the index and NVML's count); a GPU
             that is lost or whose query fails (naming the index).
+        GpuCheckTimeout: NVML did not answer within `timeout` seconds, or an
+            earlier call that timed out is still blocked (naming the GPU
+            when a GPU's query blocked).
     """
     nvml = _default_nvml() if nvml is None else nvml
+    timeout = NVML_TIMEOUT_S if timeout is None else timeout
+    indexes = list(dict.fromkeys(indexes))
+    return _with_timeout(nvml, lambda call: _read_gpus(nvml, indexes, call), timeout)
+
+
+def _read_gpus(nvml: Any, indexes: list[int], call: _Call) -> list[GpuUsage]:
+    """gpu_usage's NVML calls, on the worker thread; `call` follows where they are."""
     _ensure_init(nvml)
     errors = _nvml_errors(nvml)
+    call.doing = "counting GPUs in"
     try:
         count = int(nvml.nvmlDeviceGetCount())
     except errors as err:
         raise _translate(err, None, "cannot count GPUs") from err
     usages = []
-    for index in dict.fromkeys(indexes):
+    for index in indexes:
         if not 0 <= index < count:
             seen = f"indexes 0-{count - 1}" if count else "no GPUs"
             raise GpuCheckError(
                 f"no such GPU: NVML has {count} ({seen}); check SLURM_JOB_GPUS against gres.conf", index
             )
+        call.gpu, call.doing = index, "reading processes and memory of"
         try:
             usages.append(_read_gpu(nvml, index))
         except errors as err:
@@ -234,6 +346,7 @@ def release_gpus(
     threshold_mib: int,
     timeout: float = 5.0,
     nvml: Any = None,
+    nvml_timeout: float | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> list[GpuUsage]:
@@ -245,7 +358,8 @@ def release_gpus(
     does not die faster for more signals). Processes that are not the job's
     are never killed: they are someone else's, and the GPU is reported held.
     Polls every POLL_INTERVAL_S until no GPU is held (see `held_gpus`) or
-    `timeout` seconds have passed; reads at least once.
+    `timeout` seconds have passed; reads at least once; each reading has
+    `nvml_timeout` (see `gpu_usage`).
 
     Returns the GPUs still held at the last poll, as read then (empty list:
     all released).
@@ -260,7 +374,7 @@ def release_gpus(
     deadline = clock() + timeout
     judged: set[int] = set()
     while True:
-        usages = gpu_usage(indexes, nvml)
+        usages = gpu_usage(indexes, nvml, timeout=nvml_timeout)
         for process in (p for u in usages for p in u.processes):
             if process.pid in judged:
                 continue
@@ -277,7 +391,8 @@ def release_gpus(
         sleep(min(POLL_INTERVAL_S, remaining))
 
 
-def foreign_processes(indexes: Iterable[int], nvml: Any = None) -> list[GpuProcess]:
+def foreign_processes(indexes: Iterable[int], nvml: Any = None, *,
+                      timeout: float | None = None) -> list[GpuProcess]:
     """Processes already on GPUs just allocated to a new job (Prolog check).
 
     At Prolog time the job has not started, so any process on its GPUs
@@ -288,4 +403,4 @@ def foreign_processes(indexes: Iterable[int], nvml: Any = None) -> list[GpuProce
     Raises:
         GpuCheckError: as `gpu_usage`.
     """
-    return [p for usage in gpu_usage(indexes, nvml) for p in usage.processes]
+    return [p for usage in gpu_usage(indexes, nvml, timeout=timeout) for p in usage.processes]

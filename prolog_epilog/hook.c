@@ -7,35 +7,105 @@
  * service (warm imports, NVML initialised) over a Unix socket that only root
  * can use, waits for the verdict and exits with it.
  *
- * When no service answers (socket missing, connection refused, or the
- * service dies before its verdict) it executes the Python hook, which does
- * the same work itself: slower, same result.
+ * When no service answers (socket missing, connection refused, the socket
+ * served by a process that is not root, or the service dies before its
+ * verdict) it executes the Python hook, which does the same work itself:
+ * slower, same result.
  *
- * Protocol: "slurm-ext-hook 1\n<phase>\n" then the environment as NUL-ended
- * entries, then end-of-file; the answer is "<exit code> <message>\n".
+ * Deadlines: slurmd waits for a Prolog or Epilog forever by default
+ * (PrologEpilogTimeout unset), so a service that accepted the job and hangs
+ * would hang the job's start or end forever. The client gives the service
+ * HOOK_DEADLINE seconds in all, of which at most 10 to take the request:
+ *   - not taken in time (the service does not read): the request is
+ *     incomplete and the service never acts on it, so the Python hook runs;
+ *   - taken but no verdict in time: the service may still be working on the
+ *     job. The Prolog exits 1 (slurmd drains the node and requeues the job
+ *     held): running the job-start scripts a second time beside the
+ *     service's, or starting the job unchecked, is worse than a drained node
+ *     and a requeued job. The Epilog runs the Python hook: the job is over,
+ *     its cleanup (kill, IPC, GPU check) is idempotent, and the next job must
+ *     not find its leftovers.
+ * HOOK_DEADLINE must exceed the longest Prolog of a healthy service (its
+ * job-start scripts' timeouts added up) and stay under PrologEpilogTimeout
+ * where that is set.
  *
- * Built by `slurm-ext hooks build` with -DHOOK_SOCKET, -DPROLOG_FALLBACK and
- * -DEPILOG_FALLBACK; the phase comes from slurmd's SLURM_SCRIPT_CONTEXT
- * (prolog_slurmd / epilog_slurmd), else from this program's name.
+ * Protocol: "slurm-ext-hook 2\n<phase>\n" then the environment as NUL-ended
+ * entries, then an empty entry (one more NUL: the service refuses a request
+ * cut short), then end-of-file; the answer is "<exit code> <message>\n".
+ *
+ * Built by `slurm-ext hooks build` with -DHOOK_SOCKET, -DPROLOG_FALLBACK,
+ * -DEPILOG_FALLBACK and -DHOOK_DEADLINE; the phase comes from slurmd's
+ * SLURM_SCRIPT_CONTEXT (prolog_slurmd / epilog_slurmd), else from this
+ * program's name.
  */
+#define _GNU_SOURCE
 #include <errno.h>
+#include <limits.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
+
+#ifndef HOOK_DEADLINE
+#define HOOK_DEADLINE 300
+#endif
+/* Handing a request over takes well under a millisecond; a service that has not read it in 10 s (its own
+ * read timeout) is not reading. */
+#define HANDOVER_DEADLINE (HOOK_DEADLINE < 10 ? HOOK_DEADLINE : 10)
+
+/* what ask() returns instead of an exit code */
+#define NO_VERDICT (-1)  /* the service closed, or answered nothing we understand */
+#define NOT_TAKEN (-2)   /* the service did not take the request within HANDOVER_DEADLINE */
+#define TOO_LATE (-3)    /* the service took the request but gave no verdict within HOOK_DEADLINE */
 
 extern char **environ;
 
-/* MSG_NOSIGNAL: a service that closes early (refused, crashed) must mean the fallback, not SIGPIPE. */
-static int write_all(int fd, const char *data, size_t len)
+static long long now_ms(void)
+{
+    struct timespec now;
+
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return now.tv_sec * 1000LL + now.tv_nsec / 1000000;
+}
+
+/* Wait until fd is ready for `events` (or hung up): 1 ready, 0 deadline passed, -1 error. */
+static int wait_for(int fd, short events, long long deadline)
+{
+    for (;;) {
+        long long left = deadline - now_ms();
+        struct pollfd ready = {.fd = fd, .events = events};
+        int n;
+
+        if (left <= 0)
+            return 0;
+        n = poll(&ready, 1, left > INT_MAX ? INT_MAX : (int)left);
+        if (n > 0)
+            return 1;
+        if (n < 0 && errno != EINTR)
+            return -1;
+    }
+}
+
+/* MSG_NOSIGNAL: a service that closes early (refused, crashed) must mean the fallback, not SIGPIPE.
+ * 0 sent; -1 with errno, ETIMEDOUT when the deadline passed. */
+static int write_all(int fd, const char *data, size_t len, long long deadline)
 {
     while (len > 0) {
         ssize_t n = send(fd, data, len, MSG_NOSIGNAL);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                int ready = wait_for(fd, POLLOUT, deadline);
+                if (ready > 0)
+                    continue;
+                if (ready == 0)
+                    errno = ETIMEDOUT;
+            }
             return -1;
         }
         data += n;
@@ -74,32 +144,82 @@ static int fallback(const char *phase, char **argv, const char *why)
     return 1;
 }
 
-/* Send the request; the verdict's exit code, or -1 when the service did not give one. */
-static int ask(int fd, const char *phase, char *message, size_t size)
+/* The verdict deadline passed with the request in the service's hands (see the top of this file). */
+static int too_late(const char *phase, char **argv)
 {
-    char header[64], reply[1024];
+    char why[128];
+
+    if (strcmp(phase, "prolog") == 0) {
+        fprintf(stderr, "slurm-ext-hook: prolog: the hook service at " HOOK_SOCKET " took the job but gave no "
+                        "verdict within %d s; exiting 1 rather than start the job unchecked (slurmd drains the "
+                        "node and requeues the job): check `slurm-ext hooks serve` on this node\n", HOOK_DEADLINE);
+        return 1;
+    }
+    snprintf(why, sizeof(why), "the hook service took the job but gave no verdict within %d s", HOOK_DEADLINE);
+    return fallback(phase, argv, why);
+}
+
+/* Only root may serve the socket: anyone else gets neither the job's environment nor a say in its verdict. */
+static int served_by_root(int fd, char *why, size_t size)
+{
+    struct ucred peer;
+    socklen_t len = sizeof(peer);
+
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &len) < 0) {
+        snprintf(why, size, "cannot tell who serves " HOOK_SOCKET " (%s)", strerror(errno));
+        return 0;
+    }
+    if (peer.uid != 0) {
+        snprintf(why, size, HOOK_SOCKET " is served by uid %u (pid %d), not root: not taking its verdict "
+                 "(check who can write to its directory)", (unsigned)peer.uid, (int)peer.pid);
+        return 0;
+    }
+    return 1;
+}
+
+/* Header, environment (empty strings left out: an empty entry ends the request), end marker, end-of-file. */
+static int send_request(int fd, const char *phase, long long deadline)
+{
+    char header[64];
+
+    snprintf(header, sizeof(header), "slurm-ext-hook 2\n%s\n", phase);
+    if (write_all(fd, header, strlen(header), deadline) < 0)
+        return -1;
+    for (char **entry = environ; *entry; entry++)
+        if (**entry && write_all(fd, *entry, strlen(*entry) + 1, deadline) < 0)
+            return -1;
+    if (write_all(fd, "", 1, deadline) < 0)
+        return -1;
+    return shutdown(fd, SHUT_WR);
+}
+
+/* Send the request; the verdict's exit code, or NO_VERDICT, NOT_TAKEN or TOO_LATE. */
+static int ask(int fd, const char *phase, char *message, size_t size, long long start)
+{
+    char reply[1024];
     size_t got = 0;
     int code;
 
-    snprintf(header, sizeof(header), "slurm-ext-hook 1\n%s\n", phase);
-    if (write_all(fd, header, strlen(header)) < 0)
-        return -1;
-    for (char **entry = environ; *entry; entry++)
-        if (write_all(fd, *entry, strlen(*entry) + 1) < 0)
-            return -1;
-    if (shutdown(fd, SHUT_WR) < 0)
-        return -1;
-    while (got < sizeof(reply) - 1) {
+    if (send_request(fd, phase, start + HANDOVER_DEADLINE * 1000LL) < 0)
+        return errno == ETIMEDOUT ? NOT_TAKEN : NO_VERDICT;
+    while (got < sizeof(reply) - 1 && !memchr(reply, '\n', got)) {
         ssize_t n = read(fd, reply + got, sizeof(reply) - 1 - got);
         if (n < 0 && errno == EINTR)
             continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            int ready = wait_for(fd, POLLIN, start + HOOK_DEADLINE * 1000LL);
+            if (ready == 0)
+                return TOO_LATE;
+            if (ready > 0)
+                continue;
+        }
         if (n <= 0)
             break;
         got += (size_t)n;
     }
     reply[got] = '\0';
-    if (got == 0 || !strchr(reply, '\n') || sscanf(reply, "%d", &code) != 1)
-        return -1;
+    if (got == 0 || !strchr(reply, '\n') || sscanf(reply, "%d", &code) != 1 || code < 0)
+        return NO_VERDICT;
     snprintf(message, size, "%s", strchr(reply, ' ') ? strchr(reply, ' ') + 1 : "");
     message[strcspn(message, "\n")] = '\0';
     return code;
@@ -109,7 +229,8 @@ int main(int argc, char **argv)
 {
     struct sockaddr_un address = {.sun_family = AF_UNIX};
     const char *phase = phase_of(argc > 0 ? argv[0] : "");
-    char message[1024];
+    long long start = now_ms();
+    char message[1024], why[512];
     int fd, code;
 
     if (!phase) {
@@ -119,13 +240,28 @@ int main(int argc, char **argv)
         return 1;
     }
     snprintf(address.sun_path, sizeof(address.sun_path), "%s", HOOK_SOCKET);
-    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    /* non-blocking: a service whose backlog is full must not hold connect() either */
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0)
         return fallback(phase, argv, "no socket");
-    if (connect(fd, (struct sockaddr *)&address, sizeof(address)) < 0)
-        return fallback(phase, argv, "no hook service at " HOOK_SOCKET);
-    code = ask(fd, phase, message, sizeof(message));
+    if (connect(fd, (struct sockaddr *)&address, sizeof(address)) < 0) {
+        snprintf(why, sizeof(why), "no hook service at " HOOK_SOCKET " (%s)",
+                 errno == EAGAIN ? "it accepts no more connections" : strerror(errno));
+        close(fd);
+        return fallback(phase, argv, why);
+    }
+    if (!served_by_root(fd, why, sizeof(why))) {
+        close(fd);
+        return fallback(phase, argv, why);
+    }
+    code = ask(fd, phase, message, sizeof(message), start);
     close(fd);
+    if (code == TOO_LATE)
+        return too_late(phase, argv);
+    if (code == NOT_TAKEN) {
+        snprintf(why, sizeof(why), "the hook service did not take the job within %d s", HANDOVER_DEADLINE);
+        return fallback(phase, argv, why);
+    }
     if (code < 0)
         return fallback(phase, argv, "the hook service gave no verdict");
     if (message[0])

@@ -91,6 +91,14 @@ def prolog(env: dict[str, str], config: Config) -> Verdict:
     if record.gpus:
         try:
             foreign = gpus.foreign_processes(record.gpus)
+        except gpus.GpuCheckTimeout as err:
+            # NVML blocked in the driver: a GPU that hangs its driver (off the bus, say) is no GPU to start on
+            _emit(config, "gpu-check-failed", f"job {record.job_id}: cannot check its GPUs before it starts: {err}",
+                  "error", job=record.job_id)
+            _drain(config, record, f"gpu {err.gpu if err.gpu is not None else ','.join(map(str, record.gpus))} "
+                   f"not answering NVML before job {record.job_id}")
+            return Verdict(1, f"job {record.job_id}: NVML did not answer for its GPUs ({err}); node drained, "
+                           "Slurm requeues the job")
         except gpus.GpuCheckError as err:
             _emit(config, "gpu-check-failed", f"job {record.job_id}: cannot check its GPUs before it starts: {err}",
                   "error", job=record.job_id)

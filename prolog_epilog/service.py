@@ -9,18 +9,22 @@ the worker role's workers (`slurm-ext hooks serve`): a separate process, so
 the agent's reaper never steals the exit status of a script the service
 waits for, and a fault here cannot take down the agent that keeps slurmd up.
 
-Only root may talk to it: the socket is mode 0600 in a root directory, and
-each peer's credentials (SO_PEERCRED) must be uid 0. Job records live on
+Only root may talk to it: the socket is mode 0600 in a directory only root
+can change (the service refuses to start otherwise), each peer's
+credentials (SO_PEERCRED) must be uid 0, and the client in turn takes a
+verdict only from a service that runs as root. Job records live on
 disk (jobrecord), so a restart of the service loses nothing: a Prolog
 answered by one service life is cleaned up by the Epilog of the next.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib.util
 import logging
 import os
+import select
 import signal
 import socket
 import stat
@@ -37,19 +41,43 @@ from slurm_ext.errors import CommandError, ConfigError, SlurmExtError
 
 from . import gpus, hooks
 
-__all__ = ["socket_path", "serve", "build_hook", "write_launchers", "HookBuildError", "HOOK_SOURCE"]
+__all__ = ["socket_path", "serve", "build_hook", "write_launchers", "HookBuildError", "UnsafeRuntimeDir",
+           "HOOK_SOURCE", "HOOK_DEADLINE_S"]
 
 logger = logging.getLogger("prolog_epilog")
 
 HOOK_SOURCE = Path(__file__).with_name("hook.c")
-_PROTOCOL = b"slurm-ext-hook 1"
+_PROTOCOL = b"slurm-ext-hook 2"
 _MAX_REQUEST = 1 << 20
+#: longest a request may take to arrive in all (the client sends it at once, in well under a millisecond)
 _READ_TIMEOUT = 10.0
+#: longest the verdict may take to leave (at most ~1 KiB, so it fits in the socket buffer of a client that never reads)
+_SEND_TIMEOUT = 10.0
 _CC_TIMEOUT = 120.0
+
+#: Seconds the C client gives the service for a verdict before its fail-safe outcome (hook.c explains it):
+#: above the longest healthy Prolog (job-start scripts have 60 s each by default), far below forever,
+#: which is how long slurmd waits for a Prolog or Epilog unless PrologEpilogTimeout is set (set it above this).
+HOOK_DEADLINE_S = 300
 
 
 class HookBuildError(SlurmExtError):
     """The C hook client could not be compiled."""
+
+
+class UnsafeRuntimeDir(SlurmExtError):
+    """The hook socket's directory, or one above it, can be changed by someone other than root.
+
+    Whoever can write there can put their own socket at the path the Prolog
+    and Epilog trust, or move the service's away. `directory` is the
+    directory at fault, `problem` what is wrong with it, `fix` what to do.
+    """
+
+    def __init__(self, directory: Path, problem: str, fix: str):
+        self.directory = directory
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"{directory} {problem}, so someone other than root could replace the hook socket; {fix}")
 
 
 def socket_path(config: Config) -> Path:
@@ -65,9 +93,10 @@ def serve(config_path: str | None = None) -> int:
     try:
         listener = _listen(path)
         bound = path.lstat()  # what this service removes when it stops, and nothing else
-    except OSError as err:
+    except (OSError, UnsafeRuntimeDir) as err:
+        problem = err.strerror if isinstance(err, OSError) else str(err)
         events.emit(config.node.state_dir, "prolog_epilog", "hook-service-failed",
-                    f"cannot listen on {path}: {err.strerror}", "error")
+                    f"cannot listen on {path}: {problem}", "error")
         return 1
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
@@ -104,7 +133,13 @@ def _stop(signum, frame) -> None:
 
 
 def _listen(path: Path) -> socket.socket:
-    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    """Bind the 0600 socket at `path`, in a directory only root can change.
+
+    Raises:
+        UnsafeRuntimeDir: the directory or one above it is not root's alone.
+        OSError: it cannot be created, or something that is not a socket is at `path`.
+    """
+    _prepare_runtime_dir(path.parent)
     try:
         if stat.S_ISSOCK(path.lstat().st_mode):
             path.unlink()  # left by a service that died: no one listens on it
@@ -118,6 +153,64 @@ def _listen(path: Path) -> socket.socket:
         os.umask(old)
     listener.listen(128)
     return listener
+
+
+def _prepare_runtime_dir(directory: Path) -> None:
+    """Make `directory` (0755, with any missing parents) unless it exists; check that only root can change it.
+
+    Like sshd's StrictModes: the directory must be root's, a directory, and
+    writable by root alone; every directory above it must be root's and not
+    writable by group or others, except sticky ones such as /tmp (there
+    nobody can move away what root made). The checks run before anything is
+    created, so nothing is made 0755 inside a directory someone else owns.
+
+    Raises:
+        UnsafeRuntimeDir: naming the directory at fault and the fix.
+        OSError: a directory cannot be created (a file in the way, read-only).
+    """
+    directory = Path(os.path.abspath(directory))
+    existing, missing = directory, []
+    while not os.path.lexists(existing):
+        missing.append(existing)
+        existing = existing.parent
+    resolved = Path(os.path.realpath(existing))
+    if missing:  # `existing` is the nearest directory above: checked with all above it
+        above = [existing, *existing.parents, resolved, *resolved.parents]
+    else:
+        above = [*existing.parents, *resolved.parents]
+    for ancestor in dict.fromkeys(above):  # by name and as resolved: a link cannot lead around the check
+        _check_ancestor(ancestor, directory)
+    for path in reversed(missing):
+        os.mkdir(path, 0o755)
+    _check_own_dir(directory)
+
+
+def _check_ancestor(path: Path, directory: Path) -> None:
+    """`path`, above the runtime dir `directory`, must be root's and writable by root alone (or sticky)."""
+    info = path.lstat()
+    if stat.S_ISLNK(info.st_mode):
+        return  # only who can write the directory holding it can change a link: that directory is checked too
+    fix = f"set supervisor.runtime_dir to a directory under a root-owned one such as /run (not under {path})"
+    if info.st_uid != 0:
+        raise UnsafeRuntimeDir(path, f"(above runtime dir {directory}) is owned by uid {info.st_uid}, not root",
+                               f"chown root {path}, or {fix}")
+    if info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX:
+        raise UnsafeRuntimeDir(path, f"(above runtime dir {directory}) is writable by group or others "
+                               f"(mode {stat.S_IMODE(info.st_mode):04o})", f"chmod go-w {path}, or {fix}")
+
+
+def _check_own_dir(directory: Path) -> None:
+    """The runtime dir itself (a link to it is followed: its holder is checked above) must be root's alone."""
+    info = directory.stat()
+    fix = "or set supervisor.runtime_dir to another directory"
+    if not stat.S_ISDIR(info.st_mode):
+        raise NotADirectoryError(errno.ENOTDIR, f"{directory} is not a directory")
+    if info.st_uid != 0:
+        raise UnsafeRuntimeDir(directory, f"(runtime dir) is owned by uid {info.st_uid}, not root",
+                               f"chown root:root {directory} && chmod 0755 {directory}, {fix}")
+    if info.st_mode & 0o022:
+        raise UnsafeRuntimeDir(directory, f"(runtime dir) is writable by group or others "
+                               f"(mode {stat.S_IMODE(info.st_mode):04o})", f"chmod 0755 {directory}, {fix}")
 
 
 class _ConfigHolder:
@@ -162,9 +255,14 @@ def _answer(connection: socket.socket, holder: _ConfigHolder) -> None:
         except (OSError, ValueError) as err:
             logger.warning("bad hook request: %s", err)
             return
+        if _client_gone(connection):
+            logger.warning("job %s: %s request dropped: its client gave up waiting before the service read it "
+                           "(it ran its fallback or failed the job)", env.get("SLURM_JOB_ID"), phase)
+            return
         verdict = hooks.handle(phase, env, holder.get(), protect=(pid,))
         message = verdict.message.replace("\n", " ")[:900]
         try:
+            connection.settimeout(_SEND_TIMEOUT)  # a client that never reads must not hold this thread
             connection.sendall(f"{verdict.exit_code} {message}\n".encode())
         except OSError as err:
             logger.warning("job %s: %s verdict not delivered: %s", env.get("SLURM_JOB_ID"), phase, err)
@@ -172,10 +270,30 @@ def _answer(connection: socket.socket, holder: _ConfigHolder) -> None:
                  (time.monotonic() - started) * 1000)
 
 
+def _client_gone(connection: socket.socket) -> bool:
+    """Has the client closed its end (not just its writing half)?
+
+    A client that gave up (hook.c's deadline) has already run its fallback
+    or failed the job: a service that reads its request only now, after a
+    stall, must not run the job's hook a second time.
+    """
+    poller = select.poll()
+    poller.register(connection, select.POLLIN)
+    return any(events & select.POLLHUP for _, events in poller.poll(0))
+
+
 def _read_request(connection: socket.socket) -> tuple[str, dict[str, str]]:
-    connection.settimeout(_READ_TIMEOUT)
+    """Phase and environment of one request, read within _READ_TIMEOUT in all.
+
+    Raises:
+        ValueError: not a slurm-ext-hook request, too large, or cut short
+            (no end marker: the client gave up or died while sending).
+        OSError: the client did not finish in time (socket.timeout) or the read failed.
+    """
+    deadline = time.monotonic() + _READ_TIMEOUT
     chunks, size = [], 0
     while True:
+        connection.settimeout(max(deadline - time.monotonic(), 0.001))
         chunk = connection.recv(65536)
         if not chunk:
             break
@@ -187,7 +305,11 @@ def _read_request(connection: socket.socket) -> tuple[str, dict[str, str]]:
     header, _, rest = data.partition(b"\n")
     phase, _, environ = rest.partition(b"\n")
     if header != _PROTOCOL or phase not in (b"prolog", b"epilog"):
-        raise ValueError(f"not a slurm-ext-hook request (header {header[:40]!r})")
+        raise ValueError(f"not a slurm-ext-hook request (header {header[:40]!r}; expected {_PROTOCOL!r}: "
+                         "rebuild the client with `slurm-ext hooks build`)")
+    if not (environ == b"\0" or environ.endswith(b"\0\0")):
+        raise ValueError(f"{phase.decode()} request cut short (no end marker): its client gave up or died "
+                         "while sending it")
     env = {}
     for entry in environ.split(b"\0"):
         name, sep, value = entry.partition(b"=")
@@ -196,13 +318,22 @@ def _read_request(connection: socket.socket) -> tuple[str, dict[str, str]]:
     return phase.decode(), env
 
 
-def build_hook(output: Path, socket_file: str, prolog_fallback: str, epilog_fallback: str) -> Path:
+def build_hook(output: Path, socket_file: str, prolog_fallback: str, epilog_fallback: str, *,
+               deadline: int = HOOK_DEADLINE_S) -> Path:
     """Compile hook.c into `output` (atomically; skipped when nothing changed).
 
+    `deadline`: seconds the client waits for the service's verdict before its
+    fail-safe outcome (hook.c): the Prolog exits 1, the Epilog runs its
+    fallback. Keep it above the longest healthy Prolog and under Slurm's
+    PrologEpilogTimeout where that is set.
+
     Raises:
-        HookBuildError: no C compiler, or it failed (its message is kept).
+        HookBuildError: no C compiler, or it failed (its message is kept);
+            a deadline that is not a whole number of seconds from 1 to 86400.
     """
     output = Path(output)
+    if isinstance(deadline, bool) or not isinstance(deadline, int) or not 1 <= deadline <= 86400:
+        raise HookBuildError(f"hook deadline {deadline!r}: expected whole seconds from 1 to 86400")
     for what, value in (("socket", socket_file), ("Prolog fallback", prolog_fallback),
                         ("Epilog fallback", epilog_fallback)):
         if '"' in value or "\\" in value or "\n" in value:
@@ -211,7 +342,7 @@ def build_hook(output: Path, socket_file: str, prolog_fallback: str, epilog_fall
         raise HookBuildError(f"socket path {socket_file} is longer than a Unix socket address allows (107 bytes): "
                              "choose a shorter supervisor.runtime_dir")
     defines = [f'-DHOOK_SOCKET="{socket_file}"', f'-DPROLOG_FALLBACK="{prolog_fallback}"',
-               f'-DEPILOG_FALLBACK="{epilog_fallback}"']
+               f'-DEPILOG_FALLBACK="{epilog_fallback}"', f"-DHOOK_DEADLINE={deadline}"]
     flags = ["-O2", "-Wall", "-Wextra", "-Werror", *defines]
     stamp = hashlib.sha256(HOOK_SOURCE.read_bytes() + "\0".join(flags).encode()).hexdigest()
     stamp_file = output.with_name(f".{output.name}.sha256")

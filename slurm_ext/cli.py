@@ -129,10 +129,11 @@ def _hooks_build(args: argparse.Namespace) -> int:
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
     fallbacks = [str(path) for path in write_launchers(output.parent)]
-    output = build_hook(output, str(socket_path(loaded)), *fallbacks)
+    output = build_hook(output, str(socket_path(loaded)), *fallbacks, deadline=args.deadline)
     print(f"built {output}: it hands each job to the hook service at {socket_path(loaded)}, else runs "
-          f"{fallbacks[0]} / {fallbacks[1]}")
-    print(f"slurm.conf:\n  Prolog={output}\n  Epilog={output}\n  PrologFlags=Alloc,Contain")
+          f"{fallbacks[0]} / {fallbacks[1]}; it waits at most {args.deadline}s for a verdict")
+    print(f"slurm.conf:\n  Prolog={output}\n  Epilog={output}\n  PrologFlags=Alloc,Contain\n"
+          f"  PrologEpilogTimeout={args.deadline + 30}  (above the client's deadline)")
     return 0
 
 
@@ -301,6 +302,9 @@ def _parser() -> argparse.ArgumentParser:
     build = hooks_commands.add_parser("build", help="compile slurm-ext-hook for this node's config (needs cc)")
     build.add_argument("--output", default="/usr/local/libexec/slurm-ext/slurm-ext-hook", metavar="PATH",
                        help="where to put it (default: %(default)s)")
+    build.add_argument("--deadline", type=int, default=300, metavar="SECONDS",
+                       help="longest wait for the service's verdict; then the Prolog exits 1 (drain, requeue) "
+                            "and the Epilog runs the Python hook (default: %(default)s)")
     build.set_defaults(func=_hooks_build)
 
     gres = commands.add_parser("gres", help="gres.conf from NVML, and whether Slurm agrees",

@@ -6,7 +6,9 @@ per process and LD_LIBRARY_PATH is read at process start). The job's
 process on GPU 1 is a real `sleep` listed as a `while_alive` process, so
 the fake drops it and frees its memory when it dies, as the driver does.
 The polling, kill and judging logic is also tested in-process with a small
-stand-in for the pynvml module and a fake clock.
+stand-in for the pynvml module and a fake clock. A call blocked in the
+driver is the fake's `process_list_delay_ms` (real pynvml, a real blocked C
+call) and, in-process, a stand-in call that waits on an event.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -38,8 +41,9 @@ GIB = 2**30
 # exception (a pynvml one escaping, say) fails the child with a traceback.
 CHILD = textwrap.dedent(
     """
-    import dataclasses, json, os, signal, sys
+    import dataclasses, json, os, signal, sys, time
     import pynvml
+    from slurm_ext.dev import fakenvml
     from slurm_ext.prolog_epilog import gpus
 
     request = json.loads(sys.argv[1])
@@ -65,6 +69,28 @@ CHILD = textwrap.dedent(
             value = {"held": records(held), "killed": killed}
         elif op == "foreign":
             value = records(gpus.foreign_processes(request["gpus"]))
+        elif op == "hang":
+            # the spec makes GPU 1's process lists block; the calls get `timeout` each
+            def timed(read):
+                started = time.monotonic()
+                try:
+                    return {"value": records(read()), "s": time.monotonic() - started}
+                except gpus.GpuCheckError as err:
+                    return {"error": str(err), "type": type(err).__name__, "gpu": err.gpu,
+                            "s": time.monotonic() - started}
+
+            first = timed(lambda: gpus.foreign_processes(request["gpus"], timeout=request["timeout"]))
+            again = timed(lambda: gpus.gpu_usage([0], timeout=request["timeout"]))
+            spec = json.loads(open(os.environ["SLURM_EXT_FAKE_NVML"]).read())
+            for gpu in spec["gpus"]:
+                gpu.pop("process_list_delay_ms", None)
+            fakenvml.write_spec(os.environ["SLURM_EXT_FAKE_NVML"], spec)  # the GPU answers again
+            waited = time.monotonic()
+            while "error" in (later := timed(lambda: gpus.gpu_usage(request["gpus"], timeout=request["timeout"]))):
+                if time.monotonic() - waited > 30:
+                    break
+                time.sleep(0.05)
+            value = {"first": first, "again": again, "later": later}
         else:
             raise SystemExit(f"unknown op {op}")
         print(json.dumps({"value": value}))
@@ -224,6 +250,29 @@ def test_malformed_spec_init_failure_is_a_check_error(fakenvml_lib: Path, spec_p
         "error": "gpu check: NVML: cannot initialise: Unknown Error (NVML error 999)",
         "gpu": None, "code": 999, "cause": "NVMLError_Unknown",
     }
+
+
+def test_blocked_nvml_call_is_a_timeout_naming_the_gpu_not_a_wedged_hook(
+    fakenvml_lib: Path, spec_path: Path
+) -> None:
+    """GPU 1's process list blocks in the (fake) driver for 2 s per call, as when a GPU falls off the
+    bus: the Prolog's check must give up after its timeout, naming GPU 1; while that call is still
+    blocked, the next check fails at once instead of blocking another thread; once the GPU answers
+    again, checks work."""
+    spec = fakenvml.default_gpus(2)
+    spec["gpus"][1]["process_list_delay_ms"] = 2000
+    fakenvml.write_spec(spec_path, spec)
+    got = run_child(fakenvml_lib, spec_path, {"op": "hang", "gpus": [0, 1], "timeout": 0.3})["value"]
+    first, again, later = got["first"], got["again"], got["later"]
+    assert (first.get("type"), first.get("gpu")) == ("GpuCheckTimeout", 1), first
+    assert first["s"] < 1.5, f"the check waited {first['s']:.1f}s for a blocked NVML call"
+    assert first["error"].startswith(
+        "gpu check: GPU 1: NVML did not answer within 0.3s reading processes and memory of GPU 1: ")
+    assert "check dmesg for Xid errors" in first["error"] and "drain the node" in first["error"]
+    assert (again.get("type"), again.get("gpu")) == ("GpuCheckTimeout", 1), again
+    assert again["s"] < 0.2, "a second check went to the driver that has a call blocked"
+    assert "an earlier NVML call has been blocked for" in again["error"]
+    assert [u["gpu"] for u in later.get("value", [])] == [0, 1], later
 
 
 @pytest.mark.skipif(ctypes.util.find_library("nvidia-ml") is not None, reason="a real libnvidia-ml is installed")
@@ -400,3 +449,48 @@ def test_release_with_zero_timeout_reads_once() -> None:
     held = gpus.release_gpus([0], lambda pid: True, lambda pid: None, threshold_mib=100, timeout=0,
                              nvml=nvml, clock=clock, sleep=clock.sleep)
     assert [u.gpu for u in held] == [0] and clock.sleeps == []
+
+
+class BlockingNvml(FakeNvml):
+    """FakeNvml whose compute process list blocks until `unblock` is set (a call stuck in the driver)."""
+
+    def __init__(self, gpus: dict[int, dict[str, Any]]):
+        super().__init__(gpus)
+        self.unblock = threading.Event()
+        self.entered = 0
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[SimpleNamespace]:
+        self.entered += 1
+        self.unblock.wait(30)
+        return super().nvmlDeviceGetComputeRunningProcesses(handle)
+
+
+def test_release_gives_up_on_a_blocked_nvml_and_recovers_when_it_returns() -> None:
+    nvml = BlockingNvml({0: {"compute": [(10, GIB)]}})
+    started = time.monotonic()
+    with pytest.raises(gpus.GpuCheckTimeout) as caught:
+        gpus.release_gpus([0], lambda pid: True, lambda pid: None, threshold_mib=100, nvml=nvml, nvml_timeout=0.2)
+    assert time.monotonic() - started < 2
+    assert isinstance(caught.value, GpuCheckError) and caught.value.gpu == 0 and caught.value.seconds == 0.2
+    with pytest.raises(gpus.GpuCheckTimeout, match="an earlier NVML call has been blocked"):
+        gpus.foreign_processes([0], nvml, timeout=5)
+    assert nvml.entered == 1, "asked a driver that still has a call blocked"
+    nvml.unblock.set()
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            assert gpus.foreign_processes([0], nvml) == [GpuProcess(0, 10, 1024)]
+            break
+        except gpus.GpuCheckTimeout:
+            assert time.monotonic() < deadline, "the blocked call returned but checks still fail"
+            time.sleep(0.01)
+
+
+def test_a_blocked_call_of_one_nvml_does_not_fail_another() -> None:
+    blocked = BlockingNvml({0: {}})
+    with pytest.raises(gpus.GpuCheckTimeout):
+        gpus.gpu_usage([0], blocked, timeout=0.1)
+    try:
+        assert gpus.gpu_usage([0], FakeNvml({0: {"used": GIB}})) == [GpuUsage(0, "GPU-0", (), 1024)]
+    finally:
+        blocked.unblock.set()

@@ -3,7 +3,8 @@
 Real processes over a real Unix socket: the client is compiled by build_hook, the service is
 `slurm-ext hooks serve` in a child process, and the fallbacks are shell scripts that leave a mark of
 how they ran (uid, arguments, environment) and exit 7, so a test can tell the service's answer from
-the fallback's.
+the fallback's. Faults are real too: listeners that take a job and never answer, one whose backlog
+is full, one run as nobody at the client's socket path, runtime dirs another uid owns.
 
 The jobs belong to uid 64242, which no account and no process on the host has: the Epilog kills
 every process of an exclusive job's user and removes its IPC objects, and a uid in use (nobody)
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -27,9 +29,10 @@ from pathlib import Path
 
 import pytest
 
-from slurm_ext.prolog_epilog.service import HookBuildError, build_hook
+from slurm_ext.prolog_epilog.service import HOOK_DEADLINE_S, HookBuildError, build_hook
 
 NOBODY = 65534
+OTHER_UID = 4242  # owns the runtime dirs of the attacks; no process runs as it
 JOB_UID = 64242
 FALLBACK_EXIT = 7
 WAIT = 30.0
@@ -86,12 +89,17 @@ class Node:
             path.write_text(FALLBACK_SCRIPT.format(phase=phase, marks=self.marks_dir, code=FALLBACK_EXIT))
             path.chmod(0o755)
             self.fallback[phase] = path
-        self.hook = build_hook(self.root / "bin" / "slurm-ext-hook", str(self.socket), str(self.fallback["prolog"]),
-                               str(self.fallback["epilog"]))
+        self.hook = self.build_hook()
         self.config_file = self.root / "slurm-ext.toml"
         self.write_config()
         self.services: list[subprocess.Popen] = []
         self.logs: list[Path] = []
+
+    def build_hook(self, deadline: int = HOOK_DEADLINE_S) -> Path:
+        """The client for this node's socket and fallbacks; named after its deadline unless the default."""
+        name = "slurm-ext-hook" if deadline == HOOK_DEADLINE_S else f"slurm-ext-hook-{deadline}s"
+        return build_hook(self.root / "bin" / name, str(self.socket), str(self.fallback["prolog"]),
+                          str(self.fallback["epilog"]), deadline=deadline)
 
     def write_config(self, extra: str = "", runtime_dir: Path | None = None) -> None:
         self.config_file.write_text(
@@ -228,6 +236,85 @@ class FakeService:
         self.listener.close()
 
 
+class SilentService:
+    """A root listener at the client's socket path that never gives a verdict.
+
+    accept=True: each connection is accepted, its request read to the end, and then held open (a
+    service stuck in the job's hook). accept=False: connections wait in the backlog, unread (a service
+    whose accept loop is stuck); `backlog` 0 with one connection queued by the test is a full backlog.
+    """
+
+    def __init__(self, path: Path, accept: bool = True, backlog: int = 8):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(str(path))
+        self.listener.listen(backlog)
+        self.held: list[socket.socket] = []
+        self.requests: list[bytes] = []
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True) if accept else None
+        if self.thread:
+            self.listener.settimeout(0.1)
+            self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                connection, _ = self.listener.accept()
+            except (socket.timeout, OSError):
+                continue
+            self.held.append(connection)
+            connection.settimeout(WAIT)
+            request = b""
+            try:
+                while chunk := connection.recv(65536):
+                    request += chunk
+            except OSError:
+                pass
+            self.requests.append(request)
+
+    def close(self) -> None:
+        self.stopping.set()
+        if self.thread:
+            self.thread.join(WAIT)
+        for connection in self.held:
+            connection.close()
+        self.listener.close()
+
+
+@pytest.fixture
+def silent(node):
+    made: list[SilentService] = []
+
+    def start(accept: bool = True, backlog: int = 8) -> SilentService:
+        service = SilentService(node.socket, accept, backlog)
+        made.append(service)
+        return service
+
+    yield start
+    for service in made:
+        service.close()
+
+
+def request_bytes(phase: str, env: dict[str, str], end: bool = True) -> bytes:
+    """A request as hook.c sends it; end=False leaves out the end marker (a request cut short)."""
+    entries = b"".join(f"{name}={value}".encode() + b"\0" for name, value in env.items())
+    return f"slurm-ext-hook 2\n{phase}\n".encode() + entries + (b"\0" if end else b"")
+
+
+def connect(path: Path) -> socket.socket:
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    client.settimeout(WAIT)
+    client.connect(str(path))
+    return client
+
+
+def closed_by_peer(client: socket.socket, timeout: float = 0) -> bool:
+    poller = select.poll()
+    poller.register(client, select.POLLIN)
+    return any(events & select.POLLHUP for _, events in poller.poll(timeout * 1000))
+
+
 @pytest.fixture
 def fake(node):
     made: list[FakeService] = []
@@ -269,6 +356,21 @@ def test_build_hook_compiles_once_per_arguments():
 
         build_hook(output, *args[:2], "/opt/slurm-ext-epilog")  # a fallback is part of the build too
         assert b"/opt/slurm-ext-epilog" in output.read_bytes()
+
+        before = output.stat()
+        build_hook(output, *args[:2], "/opt/slurm-ext-epilog", deadline=42)  # so is the deadline
+        assert output.stat().st_ino != before.st_ino, "a new deadline must rebuild the client"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.parametrize("deadline", [0, -5, 1.5, "60", True, 86401])
+def test_build_hook_refuses_a_deadline_that_is_not_whole_seconds(deadline):
+    root = temp_dir()
+    try:
+        with pytest.raises(HookBuildError, match="hook deadline .*: expected whole seconds from 1 to 86400"):
+            build_hook(root / "slurm-ext-hook", "/run/x.sock", "/bin/true", "/bin/true", deadline=deadline)
+        assert not (root / "slurm-ext-hook").exists()
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -381,9 +483,10 @@ def test_client_sends_header_phase_and_its_environment(node, fake):
     env = job_env("epilog", 4242010, SLURM_EXT_TEST_EMPTY="", SLURM_EXT_TEST_EQ="a=b")
     done = node.client(env)
     header, phase, sent = service.done()
-    assert header == b"slurm-ext-hook 1"
+    assert header == b"slurm-ext-hook 2"
     assert phase == "epilog"
     assert sent == env
+    assert service.request.endswith(b"\0\0"), "no end marker: the service would take the request for cut short"
     assert done.returncode == 0
     assert done.stderr == "slurm-ext-hook: epilog: hello\n"
     assert node.any_marks() == []
@@ -421,6 +524,104 @@ def test_service_gone_while_the_client_writes_means_fallback_not_sigpipe(node, f
     done = node.client(job_env("prolog", 4242013, **big_values()))
     assert done.returncode == FALLBACK_EXIT, f"exit {done.returncode}: {done.stderr}"
     assert [m["SLURM_JOB_ID"] for m in node.marks("prolog")] == ["4242013"]
+
+
+# -- the client's deadlines: a service that takes the job and hangs ------------------------------------
+
+
+def timed_client(node: Node, env: dict[str, str], program: Path) -> tuple[subprocess.CompletedProcess, float]:
+    started = time.monotonic()
+    done = node.client(env, program=program)
+    return done, time.monotonic() - started
+
+
+def test_prolog_with_no_verdict_by_the_deadline_exits_1_and_runs_no_second_prolog(node, silent):
+    """The service has the whole request and may still be running the job-start scripts: the Prolog
+    must neither hang the job's start nor run them again beside it, nor start the job unchecked."""
+    service = silent()
+    done, took = timed_client(node, job_env("prolog", 4242060), node.build_hook(deadline=2))
+    assert done.returncode == 1, done.stderr
+    assert 1.8 < took < 10, f"took {took:.1f}s with a 2 s deadline"
+    assert "took the job but gave no verdict within 2 s; exiting 1" in done.stderr
+    assert node.any_marks() == [], "the fallback Prolog ran beside a service that may still run it"
+    [request] = service.requests
+    assert request.startswith(b"slurm-ext-hook 2\nprolog\n") and request.endswith(b"\0\0")
+
+
+def test_epilog_with_no_verdict_by_the_deadline_runs_the_epilog_fallback(node, silent):
+    """The job is over and its cleanup is idempotent: the Epilog does it itself rather than hang."""
+    silent()
+    done, took = timed_client(node, job_env("epilog", 4242061), node.build_hook(deadline=2))
+    assert done.returncode == FALLBACK_EXIT, done.stderr
+    assert 1.8 < took < 10, f"took {took:.1f}s with a 2 s deadline"
+    assert "took the job but gave no verdict within 2 s; running" in done.stderr
+    assert [m["SLURM_JOB_ID"] for m in node.marks("epilog")] == ["4242061"]
+
+
+def test_request_the_service_never_reads_falls_back_by_the_deadline(node, silent):
+    """A stuck accept loop: the connection waits in the backlog and a large request fills the socket
+    buffer. The request is incomplete, so the service will never act on it: the fallback is safe."""
+    silent(accept=False)
+    done, took = timed_client(node, job_env("prolog", 4242062, **big_values()), node.build_hook(deadline=2))
+    assert done.returncode == FALLBACK_EXIT, done.stderr
+    assert 1.8 < took < 10, f"took {took:.1f}s with a 2 s deadline"
+    assert "the hook service did not take the job within 2 s" in done.stderr
+    assert [m["SLURM_JOB_ID"] for m in node.marks("prolog")] == ["4242062"]
+
+
+def test_full_backlog_falls_back_at_once_instead_of_blocking_in_connect(node, silent):
+    silent(accept=False, backlog=0)
+    queued = connect(node.socket)  # the one connection a backlog of 0 holds: the next one is refused
+    try:
+        done, took = timed_client(node, job_env("prolog", 4242063), node.hook)
+    finally:
+        queued.close()
+    assert done.returncode == FALLBACK_EXIT, done.stderr
+    assert took < 5, f"took {took:.1f}s"
+    assert f"no hook service at {node.socket} (it accepts no more connections)" in done.stderr
+    assert [m["SLURM_JOB_ID"] for m in node.marks("prolog")] == ["4242063"]
+
+
+# -- the client trusts only a service that runs as root ---------------------------------------------
+
+IMPOSTOR = """
+import socket, sys
+listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+listener.bind(sys.argv[1])
+listener.listen(1)
+print("listening", flush=True)
+connection, _ = listener.accept()
+connection.settimeout(20)
+got = b""
+try:
+    while chunk := connection.recv(65536):
+        got += chunk
+    connection.sendall(b"0 all clear from an impostor\\n")
+except OSError:
+    pass
+print(f"received {len(got)} bytes", flush=True)
+"""
+
+
+def test_client_refuses_a_socket_served_by_a_non_root_process(node):
+    """A runtime dir nobody can write (a mistake the service now refuses too) lets nobody serve the
+    socket path: the client must neither send it the job nor take its verdict."""
+    node.run_dir.mkdir()
+    os.chown(node.run_dir, NOBODY, NOBODY)
+    impostor = subprocess.Popen(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                                 sys.executable, "-I", "-c", IMPOSTOR, str(node.socket)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert impostor.stdout.readline() == "listening\n"
+        done = node.client(job_env("prolog", 4242070))
+        out, _ = impostor.communicate(timeout=WAIT)
+    finally:
+        kill(impostor)
+    assert done.returncode == FALLBACK_EXIT, f"exit {done.returncode}: {done.stderr}"
+    assert "impostor" not in done.stderr
+    assert f"{node.socket} is served by uid {NOBODY} (pid {impostor.pid}), not root" in done.stderr
+    assert [m["SLURM_JOB_ID"] for m in node.marks("prolog")] == ["4242070"]
+    assert out == "received 0 bytes\n", "the job's environment went to a non-root listener"
 
 
 # -- the real service --------------------------------------------------------------------------------
@@ -571,3 +772,100 @@ def test_service_that_cannot_listen_exits_1_with_an_event(node, where):
     assert event["message"].startswith(f"cannot listen on {runtime_dir / 'hooks.sock'}: ")
     if where == "socket-path-is-a-file":
         assert (runtime_dir / "hooks.sock").read_text() == "not a socket\n", "a file that is not a socket was touched"
+
+
+@pytest.mark.parametrize("case", ["owned-by-another-uid", "mode-0777", "missing-under-another-uids-dir"])
+def test_service_refuses_a_runtime_dir_someone_else_can_change(node, case):
+    """Whoever can write the runtime dir can put their own socket at the path the Prolog trusts (the
+    client now refuses a non-root peer, but the service must not run there either)."""
+    if case == "owned-by-another-uid":
+        node.run_dir.mkdir()
+        os.chown(node.run_dir, OTHER_UID, OTHER_UID)
+        at_fault, said = node.run_dir, f"(runtime dir) is owned by uid {OTHER_UID}, not root"
+        fix = f"chown root:root {node.run_dir} && chmod 0755 {node.run_dir}"
+    elif case == "mode-0777":
+        node.run_dir.mkdir()
+        node.run_dir.chmod(0o777)
+        at_fault, said = node.run_dir, "(runtime dir) is writable by group or others (mode 0777)"
+        fix = f"chmod 0755 {node.run_dir}"
+    else:
+        at_fault = node.root / "users-dir"
+        at_fault.mkdir()
+        os.chown(at_fault, OTHER_UID, OTHER_UID)
+        node.write_config(runtime_dir=at_fault / "run")
+        said = f"(above runtime dir {at_fault / 'run'}) is owned by uid {OTHER_UID}, not root"
+        fix = "set supervisor.runtime_dir to a directory under a root-owned one"
+    runtime_dir = at_fault if case != "missing-under-another-uids-dir" else at_fault / "run"
+    service = node.start_service(wait=False)
+    assert service.wait(timeout=WAIT) == 1
+    log = node.log(service)
+    assert "Traceback" not in log
+    [event] = [e for e in node.journal() if e["event"] == "hook-service-failed"]
+    assert event["severity"] == "error"
+    assert event["message"].startswith(f"cannot listen on {runtime_dir / 'hooks.sock'}: {at_fault} {said}")
+    assert "someone other than root could replace the hook socket" in event["message"]
+    assert fix in event["message"]
+    assert not (runtime_dir / "hooks.sock").exists()
+    if case == "missing-under-another-uids-dir":
+        assert not runtime_dir.exists(), "the runtime dir was made inside a directory another uid owns"
+
+
+def test_request_cut_short_is_not_acted_on(node):
+    """A client that dies (or gives up) while sending leaves a request that looks whole up to its
+    end-of-file: without the end marker the service must not run the job's Prolog on it."""
+    service = node.start_service()
+    job = 4242080
+    client = connect(node.socket)
+    with client:
+        client.sendall(request_bytes("prolog", job_env("prolog", job), end=False))
+        client.shutdown(socket.SHUT_WR)
+        assert client.recv(1024) == b"", "a verdict for a request cut short"
+    node.wait_log(service, "prolog request cut short (no end marker)")
+    assert not node.record(job).exists()
+    assert node.events_of(job) == []
+
+
+def test_request_of_a_client_that_gave_up_is_not_acted_on(node):
+    """A client past its deadline has run its fallback (Epilog) or failed the job (Prolog): a service
+    that reads the request only now must not run the hook a second time."""
+    service = node.start_service()
+    job = 4242081
+    client = connect(node.socket)
+    client.sendall(request_bytes("prolog", job_env("prolog", job)))
+    client.close()  # gone, not just done writing
+    node.wait_log(service, f"job {job}: prolog request dropped: its client gave up waiting")
+    assert not node.record(job).exists()
+    assert node.events_of(job) == []
+    assert node.client(job_env("prolog", job + 1)).returncode == 0, "the service must keep answering"
+
+
+def test_request_trickled_in_is_cut_off_after_the_read_timeout(node):
+    """The read timeout is for the whole request, not for each byte: a client that sends one byte a
+    second must not hold a service thread for as long as it likes."""
+    node.start_service()
+    client = connect(node.socket)
+    with client:
+        client.sendall(b"slurm-ext-hook 2\nprolog\n")
+        started = time.monotonic()
+        while not closed_by_peer(client) and time.monotonic() - started < 16:
+            try:
+                client.sendall(b"X")
+            except OSError:
+                break
+            closed_by_peer(client, timeout=1.0)
+        took = time.monotonic() - started
+    assert 8 < took < 13, f"the service read a trickled request for {took:.1f}s (expected about 10 s)"
+
+
+def test_client_that_never_reads_its_verdict_does_not_hold_the_service(node):
+    """The verdict (at most ~1 KiB) fits in the socket buffer, and the send has a timeout besides: a
+    client that never reads and never closes does not keep the request's thread."""
+    service = node.start_service()
+    job = 4242082
+    client = connect(node.socket)
+    with client:
+        client.sendall(request_bytes("prolog", job_env("prolog", job)))
+        client.shutdown(socket.SHUT_WR)
+        node.wait_log(service, f"job {job}: prolog answered in")
+        assert node.record(job).exists()
+    assert node.client(job_env("prolog", job + 1)).returncode == 0

@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -280,3 +281,32 @@ def test_the_journal_is_rotated_and_user_text_in_events_is_bounded(tmp_path, mon
     assert last["message"].startswith("[") and last["message"].endswith("y")
     assert len(last["message"]) < events.FIELD_MAX_CHARS + 100 and len(last["output"]) < events.FIELD_MAX_CHARS + 100
     assert len(last["processes"]) == events.LIST_MAX_ITEMS + 1 and last["processes"][-1] == "[900 more]"
+
+
+def test_a_gpu_that_hangs_nvml_stops_the_job_in_its_prolog(node, tmp_path):
+    """NVML blocked in the driver for the job's GPU (a GPU off the bus does that): the Prolog does not
+    wait forever, and it does not start the job on a GPU it could not check: drain, exit 1 (requeue)."""
+    from slurm_ext.dev import fakenvml
+    lib = fakenvml.build(tmp_path / "lib").parent
+    spec = fakenvml.default_gpus(2)
+    spec["gpus"][0]["process_list_delay_ms"] = 5000
+    fakenvml.write_spec(tmp_path / "gpus.json", spec)
+    code = (f"import json, sys\n"
+            f"from slurm_ext.config import from_dict\n"
+            f"from slurm_ext.prolog_epilog import gpus, hooks\n"
+            f"gpus.NVML_TIMEOUT_S = 0.5\n"
+            f"env = {{**{node.env(node.job_id())!r}, 'SLURM_JOB_GPUS': '0'}}\n"
+            f"config = from_dict({{'node': {{'state_dir': {str(node.state)!r}}}, "
+            f"'prolog_epilog': {{'scripts_dir': {str(node.scripts)!r}}}, 'slurm': {{'timeout': '2s'}}}})\n"
+            f"verdict = hooks.handle('prolog', env, config)\n"
+            f"print(json.dumps([verdict.exit_code, verdict.message]))\n")
+    began = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, **fakenvml.environ(lib, tmp_path / "gpus.json")})
+    took = time.monotonic() - began
+    assert result.returncode == 0, result.stderr
+    exit_code, message = json.loads(result.stdout.splitlines()[-1])
+    assert exit_code == 1 and "NVML did not answer" in message, message
+    assert took < 5.0, f"the Prolog waited {took:.1f}s on a blocked NVML call"
+    drains = [e for e in node.journal() if e["event"] == "drain"]
+    assert drains and "gpu 0 not answering NVML before job" in drains[0]["message"]

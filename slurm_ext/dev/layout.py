@@ -99,8 +99,9 @@ class Layout:
 
     @property
     def hook_socket(self) -> Path:
-        """Where the worker agent's hook service listens for slurm-ext-hook."""
-        return self.run / "slurm-ext" / "hooks.sock"
+        """Where the worker agent's hook service listens for slurm-ext-hook: not under run/, which
+        belongs to mysql (the service refuses a runtime dir anyone but root can change)."""
+        return self.root / "slurm-ext-run" / "hooks.sock"
 
     def pidfile(self, daemon: str) -> Path:
         return self.run / f"{daemon}.pid"

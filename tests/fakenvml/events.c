@@ -109,7 +109,7 @@ static long long now_ms(void)
     return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static void sleep_ms(long long ms)
+void fake_sleep_ms(long long ms)
 {
     struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
     while (nanosleep(&ts, &ts) != 0)
@@ -137,7 +137,7 @@ static nvmlReturn_t wait_for_event(nvmlEventSet_t set, unsigned timeout_ms,
         left = deadline - now_ms();
         if (left <= 0)
             return NVML_ERROR_TIMEOUT;
-        sleep_ms(left < POLL_INTERVAL_MS ? left : POLL_INTERVAL_MS);
+        fake_sleep_ms(left < POLL_INTERVAL_MS ? left : POLL_INTERVAL_MS);
     }
 }
 

@@ -1309,6 +1309,17 @@ static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned *infoCount, voi
 
     if (rc != NVML_SUCCESS)
         return rc;
+    if (g->process_list_delay_ms) {
+        /* A call blocked in the driver (a GPU falling off the bus).  The
+         * lock is dropped meanwhile, so other threads' calls go on, and
+         * the answer reflects the spec as it is when the sleep ends. */
+        unsigned delay = g->process_list_delay_ms;
+        fake_leave(NVML_SUCCESS);
+        fake_sleep_ms(delay);
+        rc = enter_device(device, &g, &m, NULL);
+        if (rc != NVML_SUCCESS)
+            return rc;
+    }
     if (!infoCount)
         return fake_leave(NVML_ERROR_INVALID_ARGUMENT);
     procs = graphics ? g->gfx_procs : g->procs;

@@ -61,6 +61,9 @@ nvmlDevice_t fake_gpu_handle(unsigned index);
 /* What a generated stub returns (see fakenvml.c). */
 int fake_stub_result(const void *first_arg);
 
+/* events.c: sleep `ms` milliseconds, EINTR or not (call without the lock). */
+void fake_sleep_ms(long long ms);
+
 /* events.c: called with the lock held after a new spec was swapped in. */
 void fake_events_spec_changed(size_t n_events);
 

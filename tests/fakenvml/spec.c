@@ -617,7 +617,7 @@ static int parse_gpu(ctx *c, const json_value *gobj, unsigned index,
         "retired_pages_pending", "processes", "graphics_processes",
         "pcie_replay_counter", "clock_graphics", "clock_sm", "clock_mem",
         "clock_video", "persistence_mode", "brand", "architecture",
-        "cuda_compute_capability", "supported_event_types", NULL};
+        "cuda_compute_capability", "supported_event_types", "process_list_delay_ms", NULL};
     char where[32], buf[160];
     const json_value *v;
     unsigned long long lost = 0;
@@ -652,7 +652,8 @@ static int parse_gpu(ctx *c, const json_value *gobj, unsigned index,
         opt_uint(c, where, gobj, "brand", UINT_MAX, &g->brand) < 0 ||
         opt_uint(c, where, gobj, "architecture", UINT_MAX, &g->architecture) < 0 ||
         opt_u64(c, where, gobj, "supported_event_types", ULLONG_MAX,
-                &g->supported_events) < 0)
+                &g->supported_events) < 0 ||
+        opt_uint(c, where, gobj, "process_list_delay_ms", 3600000, &g->process_list_delay_ms) < 0)
         return -1;
     g->lost = (int)lost;
 

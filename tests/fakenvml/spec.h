@@ -94,6 +94,7 @@ struct fake_gpu {
 
     size_t n_procs, n_gfx_procs;
     struct fake_process *procs, *gfx_procs;
+    unsigned process_list_delay_ms; /* each process-list call sleeps this long */
 
     unsigned pcie_replay;
     unsigned clock_graphics, clock_sm, clock_mem, clock_video; /* MHz */
