@@ -156,13 +156,9 @@ def _clean_up(env: dict[str, str], config: Config, record: jobrecord.JobRecord, 
     _report(config, record, cleanup, ipc, others)
     for reason in reasons:
         _drain(config, record, reason)
+    # the user's job-end hooks run after the cleanup; each runs in a cgroup of its own that is killed when
+    # it ends (scripts._HookCgroup), so nothing they start outlives them
     outcome = _run_scripts("job-end", config, env)
-    if record.uid and any(result.user == record.user and not result.refused for result in outcome.results):
-        # the user's job-end hooks ran after the cleanup: what they left goes the same way
-        late = procs.kill_job(record, sweep_uid=exclusive, protected=protected, timeout=settings.kill_timeout,
-                              live_jobs=live)
-        if late.found:
-            _report(config, record, late, None, others)
     if outcome.exit_code:
         return Verdict(outcome.exit_code, f"job {job_id}: job-end scripts failed (policy drain)")
     return Verdict(0, "; ".join(reasons))

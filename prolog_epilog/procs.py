@@ -207,13 +207,13 @@ class _Scanner:
             done.add(stat.pid)
             if self._in_other_job_cgroup(stat.pid):
                 continue
-            groups_before = set(self.groups)
+            fresh = {stat.session, stat.pgrp} - self.groups
             tied = self._tie(stat, uid, "family")
             if not tied:
                 continue
             found += tied
             queue += by_parent.pop(stat.pid, [])
-            for group in self.groups - groups_before:
+            for group in fresh & self.groups:
                 queue += by_group.pop(group, [])
         return found
 

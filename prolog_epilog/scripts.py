@@ -11,18 +11,30 @@ Why it is built this way:
 - Every script is validated (`validate.VerdictCache`) before it runs: a
   script that a user could rewrite is a root shell, and one with a syntax
   error fails every job of the cluster. A refused script does not run and
-  counts as a failure of the phase.
+  counts as a failure of the phase. What runs is the very file that was
+  checked: its open descriptor (`/proc/self/fd/N`), not its path again, so
+  `$0` of a script is that descriptor and its path is in SLURM_EXT_SCRIPT.
 - Each script runs in its own session with a clean environment, stdin from
   /dev/null and cwd /: what it sees does not depend on what slurmd or the
   agent happened to have, and its whole process group can be killed. A
   script that runs too long, or that exits but leaves a background child
   holding its output, never wedges the hook: its group is killed and the
   runner moves on.
+- A user hook is the user's code started by root, so it gets no more than
+  the user's job would: it runs as the user in a cgroup of its own
+  (`<cgroup root>/<hierarchy>/slurm-ext/hook_<job>_...`) that it joins
+  before it can run anything, with the job's GPUs only (cgroup v1 devices),
+  pids.max, and rlimits (no core files, HOOK_NOFILE, HOOK_FSIZE); when it
+  ends everything left in that cgroup is killed (`setsid`, `nohup` and
+  daemons included) and the cgroup removed. At most MAX_USER_HOOKS run per
+  phase, all of them together within `prolog_epilog.script_timeout`.
 - Every script leaves one event in the node journal (script-ok,
   script-failed, script-timeout, script-refused) with its exit code, run
   time and the last 4 KiB of its output, so an operator learns what failed
   without logging in to the node. Nothing a script does makes the runner
-  raise.
+  raise, and each script's failure is its own: whatever goes wrong while a
+  user hook is checked or run becomes that hook's result, and never changes
+  what the admin scripts' results say.
 - What a failure does is the phase's policy (`prolog_epilog.on_failure`).
   job-start defaults to drain: a job whose node did not finish its start
   scripts is not on the node it expects, and a non-zero Prolog makes Slurm
@@ -36,12 +48,14 @@ Why it is built this way:
 
 from __future__ import annotations
 
+import errno
+import itertools
 import os
 import pwd
 import selectors
 import signal
-import stat
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,16 +64,28 @@ from typing import Callable
 from slurm_ext import events, procfs
 from slurm_ext.config import Config
 
-from .places import DEFAULT_SCRIPTS_DIR, PHASES, SCRIPT_ROLES, phase_dir, scripts_dir, user_hook_dir
-from .validate import VerdictCache, script_names
+from .places import CLEAN_PATH, DEFAULT_SCRIPTS_DIR, PHASES, SCRIPT_ROLES, phase_dir, scripts_dir, user_hook_dir
+from .validate import ScriptFile, VerdictCache, script_names
 
 __all__ = ["ScriptResult", "ScriptsOutcome", "run_scripts", "scripts_dir", "user_hook_dir", "CLEAN_PATH",
-           "DEFAULT_SCRIPTS_DIR", "OUTPUT_LIMIT"]
+           "DEFAULT_SCRIPTS_DIR", "OUTPUT_LIMIT", "MAX_USER_HOOKS", "MAX_HOOK_ENTRIES", "HOOK_NOFILE", "HOOK_FSIZE",
+           "HOOK_PIDS_MAX", "CGROUP_ROOT"]
 
-#: PATH of every script and hook; nothing of the caller's PATH is kept
-CLEAN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: bytes of a script's output (stdout and stderr together) kept for the journal: the last ones
 OUTPUT_LIMIT = 4096
+#: user hooks run per phase, in run order; the ones after them are refused together
+MAX_USER_HOOKS = 16
+#: entries of a user's hook directory that are read: with more, none of its hooks runs (root sorts every name)
+MAX_HOOK_ENTRIES = 256
+#: RLIMIT_NOFILE of a user hook (the hook service raises its own limit for its pidfds)
+HOOK_NOFILE = 1024
+#: RLIMIT_FSIZE of a user hook, in bytes: no file it writes grows past this
+HOOK_FSIZE = 16 << 30
+#: pids.max of a user hook's cgroup. Not RLIMIT_NPROC: that counts every process of the uid on the node,
+#: its running jobs included, so a user with a busy job could not even start a hook.
+HOOK_PIDS_MAX = 512
+#: where the cgroup hierarchies are mounted
+CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 _COMPONENT = "prolog_epilog"
 _USER_HOOK_PHASES = ("job-start", "job-end")
@@ -70,6 +96,47 @@ _EOF_GRACE = 1.0
 # how often a silent script is checked for having exited
 _POLL = 0.05
 _LEFTOVERS_NOTE = b"\n[slurm-ext: killed the processes it left behind holding its output]\n"
+_CGROUP_NOTE = "\n[slurm-ext: killed the processes it left running in its cgroup]\n"
+# the hook cgroups' parent directory in each hierarchy (left in place: other hooks may be using it)
+_CGROUP_PARENT = "slurm-ext"
+# v1 hierarchies a hook gets a directory in; the freezer is required (it stops the hook's processes together)
+_V1_CONTROLLERS = ("freezer", "devices", "pids")
+# nvidia GPUs are character devices 195:<minor>; 254 (nvidia-modeset) and 255 (nvidiactl) are not GPUs
+_GPU_MAJOR = 195
+_GPU_MINORS = range(254)
+_SEQUENCE = itertools.count(1)
+
+# Started as root, in the hook's own session: joins the hook's cgroups, sets its limits, drops to the user
+# (groups, gid, uid: nothing of root is left) and execs the checked descriptor. Not subprocess's `user=`:
+# that drops privileges before anything could join a cgroup, and a process of the user's that ran outside
+# the cgroup even for a moment could have forked out of it (or been ptraced into doing so).
+_LAUNCHER = """\
+import os, resource, sys
+fd, uid, gid, nofile, fsize = (int(arg) for arg in sys.argv[1:6])
+groups, name, procs = sys.argv[6], sys.argv[7], sys.argv[8:]
+def fail(what, err):
+    sys.stderr.write("slurm-ext: user hook %s not started: %s: %s\\n" % (name, what, err))
+    sys.exit(126)
+for path in procs:
+    try:
+        with open(path, "w") as f:
+            f.write(str(os.getpid()))
+    except OSError as err:
+        fail("cannot join its cgroup " + path, err)
+try:
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+    os.setgroups([int(g) for g in groups.split(",") if g])
+    os.setgid(gid)
+    os.setuid(uid)
+except (OSError, ValueError) as err:
+    fail("cannot become uid %d" % uid, err)
+try:
+    os.execv("/proc/self/fd/%d" % fd, [name])
+except OSError as err:
+    fail("cannot execute it", err)
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,12 +202,6 @@ class _Identity:
     gid: int | None = None
     groups: tuple[int, ...] = ()
 
-    def popen_args(self) -> dict:
-        if self.uid is None:
-            return {}
-        # subprocess does setgroups, setgid, setuid in the child, in that order, without preexec_fn
-        return {"user": self.uid, "group": self.gid, "extra_groups": list(self.groups)}
-
 
 def _passwd_home(uid: int) -> str:
     return pwd.getpwuid(uid).pw_dir
@@ -154,6 +215,7 @@ def run_scripts(
     env: dict[str, str] | None = None,
     cache: VerdictCache | None = None,
     home_of: Callable[[int], str] = _passwd_home,
+    cgroup_root: Path = CGROUP_ROOT,
 ) -> ScriptsOutcome:
     """Run the scripts of `phase` for `role`, then the job user's hooks; never raises for a script.
 
@@ -163,14 +225,17 @@ def run_scripts(
     nothing else of it or of this process's environment is. `cache` keeps
     validation verdicts between calls (a long-running agent passes one; its
     owner must be root). `home_of` maps the job's uid to its home directory
-    (passwd by default).
+    (passwd by default). `cgroup_root` is where the cgroup hierarchies of
+    the user hooks' cgroups are.
 
     Each script may run for `prolog_epilog.script_timeouts[<file name>]`,
-    else `prolog_epilog.script_timeout`; user hooks always get the latter,
-    so a user cannot pick a longer limit by naming a hook like an admin
-    script. User hooks run only for job-start and job-end, only when
+    else `prolog_epilog.script_timeout`; a user cannot pick a longer limit
+    by naming a hook like an admin script: the user hooks of a phase run
+    within one `script_timeout` all together, and at most MAX_USER_HOOKS of
+    them. User hooks run only for job-start and job-end, only when
     `prolog_epilog.allow_user_hooks` is true, as the job's user with its
-    groups; they fail the phase like an admin script does.
+    groups, each in a cgroup of its own; they fail the phase like an admin
+    script does.
 
     Raises:
         ValueError: `phase` or `role` is not one slurm-ext knows (a caller's bug).
@@ -189,16 +254,31 @@ def run_scripts(
     if error:
         results.append(_refuse(config, phase, job_env, str(directory), admin.name, error))
     for path in paths:
-        problems = _validate(cache, path)
-        if problems:
-            results.append(_refuse(config, phase, job_env, str(path), admin.name, problems))
-            continue
         timeout = settings.script_timeouts.get(path.name, settings.script_timeout)
-        results.append(_run_one(config, phase, role, job_env, path, admin, timeout))
+        results.append(_guarded(config, phase, job_env, str(path), admin.name, _admin_script,
+                                config, phase, role, job_env, path, admin, cache, timeout))
     if phase in _USER_HOOK_PHASES and settings.allow_user_hooks:
-        results += _user_hooks(config, phase, role, job_env, home_of)
+        hooks_dir = f"user hooks of {job_env.get('SLURM_JOB_USER') or job_env.get('SLURM_JOB_UID', '?')}"
+        results += _guarded(config, phase, job_env, hooks_dir, job_env.get("SLURM_JOB_USER", ""), _user_hooks,
+                            config, phase, role, job_env, home_of, cgroup_root, many=True)
     policy = "ignore" if phase == "node-boot" else settings.failure_policy(phase)
     return ScriptsOutcome(phase, policy, tuple(results))
+
+
+def _guarded(config: Config, phase: str, env: dict[str, str], path: str, user: str, work: Callable, *args,
+             many: bool = False):
+    """`work(*args)`, or, should it raise, a refused result for `path` ([that result] when `many`).
+
+    Why catch everything: a hostile hook (or a bug the next hook finds) must
+    cost that hook alone. Letting it escape would throw away the results of
+    the admin scripts that already ran, and the hook then exits 0 after a
+    failed job-start script.
+    """
+    try:
+        return work(*args)
+    except Exception as err:
+        result = _refuse(config, phase, env, path, user, f"{path}: error: cannot check or run it: {err!r}")
+        return [result] if many else result
 
 
 def _admin_identity() -> _Identity:
@@ -218,28 +298,40 @@ def _listing(directory: Path) -> tuple[list[Path], str]:
         return [], f"cannot list the directory: {err.strerror}"
 
 
-def _validate(cache: VerdictCache, path: Path) -> str:
-    """The error-severity problems of `path`, joined; warnings (shellcheck's) never refuse."""
+def _checked(cache: VerdictCache, path: Path) -> tuple[ScriptFile | None, str]:
+    """The checked, open script (None when it must not run) and its errors joined (warnings never refuse)."""
     try:
-        problems = cache.problems(path)
+        script, problems = cache.open(path)
     except (OSError, subprocess.SubprocessError) as err:
-        return f"{path}: error: cannot check it: {err}"
-    return "; ".join(str(problem) for problem in problems if problem.severity == "error")
+        return None, f"{path}: error: cannot check it: {err}"
+    errors = "; ".join(str(problem) for problem in problems if problem.severity == "error")
+    if errors and script is not None:
+        script.close()
+        return None, errors
+    return script, errors
 
 
-def _user_hooks(config: Config, phase: str, role: str, env: dict[str, str],
-                home_of: Callable[[int], str]) -> list[ScriptResult]:
-    """The job user's hooks of `phase`, each run as that user.
+def _admin_script(config: Config, phase: str, role: str, env: dict[str, str], path: Path, who: _Identity,
+                  cache: VerdictCache, timeout: float) -> ScriptResult:
+    script, problems = _checked(cache, path)
+    if script is None:
+        return _refuse(config, phase, env, str(path), who.name, problems)
+    with script:
+        return _run_one(config, phase, role, env, script, who, timeout)
 
-    A hook must be a regular file owned by the user, checked with lstat
-    before anything reads it: a symbolic link could point at a file only
-    root may read, and its content would end up in validation messages.
-    (A user who swaps the file for a link in the moment between that check
-    and validation can still get a few tokens of such a file quoted in the
-    root-only journal; running it is always done as the user.)
-    Where the user or the home cannot be found or read, the hooks are
-    skipped with a warning event: that is the user's setup, not a fault of
-    the node.
+
+def _user_hooks(config: Config, phase: str, role: str, env: dict[str, str], home_of: Callable[[int], str],
+                cgroup_root: Path) -> list[ScriptResult]:
+    """The job user's hooks of `phase`, each run as that user in a cgroup of its own.
+
+    The hook directory is reached without following a link the user
+    controls and is listed through its descriptor; each hook is opened with
+    O_NOFOLLOW and judged on that descriptor before anything reads it (a
+    link could point at a file only root may read, and its content would
+    end up in validation messages), and that descriptor is what runs.
+    Where the user, the home or the hook directory cannot be found or read,
+    the hooks are skipped with a warning event: that is the user's setup,
+    not a fault of the node.
     """
     def skipped(reason: str) -> list[ScriptResult]:
         events.emit(config.node.state_dir, _COMPONENT, "user-hooks-skipped",
@@ -260,18 +352,60 @@ def _user_hooks(config: Config, phase: str, role: str, env: dict[str, str],
     except OSError as err:
         return skipped(f"cannot look up uid {uid}: {err.strerror or err}")
     user = _Identity(name, home, uid, gid, groups)
-    paths, error = _listing(user_hook_dir(home, phase))
-    if error:
-        return skipped(f"{user_hook_dir(home, phase)}: {error}")
-    cache = VerdictCache(owner=uid)
+    directory = user_hook_dir(home, phase)
+    try:
+        paths = script_names(directory, owner=uid, limit=MAX_HOOK_ENTRIES)
+    except OSError as err:
+        return skipped(f"{directory}: cannot list the directory: {err.strerror or err}")
+    cache = VerdictCache(owner=uid, group=gid)
+    budget = config.prolog_epilog.script_timeout
+    end = time.monotonic() + budget
     results = []
-    for path in paths:
-        problems = _hook_file_problem(path, uid) or _validate(cache, path)
-        if problems:
-            results.append(_refuse(config, phase, env, str(path), name, problems))
+    for path in paths[:MAX_USER_HOOKS]:
+        left = end - time.monotonic()
+        if left <= 0:
+            results.append(_refuse(config, phase, env, str(path), name, f"{path}: error: not run: the {phase} user "
+                                   f"hooks had {budget:g}s (prolog_epilog.script_timeout) all together and used it up"))
             continue
-        results.append(_run_one(config, phase, role, env, path, user, config.prolog_epilog.script_timeout))
+        results.append(_guarded(config, phase, env, str(path), name, _user_hook,
+                                config, phase, role, env, path, user, cache, left, cgroup_root))
+    if len(paths) > MAX_USER_HOOKS:
+        rest = paths[MAX_USER_HOOKS:]
+        shown = ", ".join(p.name for p in rest[:5]) + (", ..." if len(rest) > 5 else "")
+        results.append(_refuse(config, phase, env, str(directory), name, f"{directory}: error: {len(paths)} user hooks "
+                               f"(expected at most {MAX_USER_HOOKS} per phase): {len(rest)} not run ({shown})"))
     return results
+
+
+def _user_hook(config: Config, phase: str, role: str, env: dict[str, str], path: Path, who: _Identity,
+               cache: VerdictCache, timeout: float, cgroup_root: Path) -> ScriptResult:
+    script, problems = _checked(cache, path)
+    if script is None:
+        return _refuse(config, phase, env, str(path), who.name, problems)
+    with script:
+        try:
+            cgroup = _HookCgroup.make(cgroup_root, env.get("SLURM_JOB_ID", ""), _job_gpus(env))
+        except OSError as err:
+            return _refuse(config, phase, env, str(path), who.name,
+                           f"{path}: error: not run: cannot make its cgroup under {cgroup_root}: "
+                           f"{err.strerror or err} (a user hook runs only in a cgroup of its own, killed when it ends)")
+        try:
+            return _run_one(config, phase, role, env, script, who, timeout, cgroup)
+        finally:
+            left = cgroup.close()
+            if left:
+                events.emit(config.node.state_dir, _COMPONENT, "hook-cgroup-left",
+                            f"{phase} user hook {path}: cgroup {', '.join(left)} still holds processes after "
+                            f"SIGKILL (state D?); left in place", "warning", **_job_field(env), phase=phase,
+                            script=str(path), cgroups=left)
+
+
+def _job_gpus(env: dict[str, str]) -> tuple[int, ...]:
+    """The job's GPU indexes (SLURM_JOB_GPUS); none when absent or unreadable, which denies every GPU."""
+    try:
+        return tuple(int(gpu) for gpu in env.get("SLURM_JOB_GPUS", "").split(",") if gpu.strip())
+    except ValueError:
+        return ()
 
 
 def _user_name(uid: int) -> str:
@@ -279,22 +413,6 @@ def _user_name(uid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return str(uid)
-
-
-def _hook_file_problem(path: Path, uid: int) -> str:
-    """Why a user hook must not even be read, from lstat alone; empty when it may be validated."""
-    try:
-        info = os.lstat(path)
-    except OSError as err:
-        return f"{path}: error: cannot read: {err.strerror}"
-    if stat.S_ISLNK(info.st_mode):
-        return (f"{path}: error: a symbolic link: user hooks must be regular files (a link could point at a "
-                "file the user may not read)")
-    if not stat.S_ISREG(info.st_mode):
-        return f"{path}: error: not a regular file"
-    if info.st_uid != uid:
-        return f"{path}: error: owned by uid {info.st_uid} (expected the job's user, uid {uid})"
-    return ""
 
 
 def _refuse(config: Config, phase: str, env: dict[str, str], path: str, user: str, problems: str) -> ScriptResult:
@@ -305,10 +423,11 @@ def _refuse(config: Config, phase: str, env: dict[str, str], path: str, user: st
     return result
 
 
-def _run_one(config: Config, phase: str, role: str, env: dict[str, str], path: Path, who: _Identity,
-             timeout: float) -> ScriptResult:
-    exit_code, timed_out, seconds, output = _execute(path, timeout, _environment(phase, role, env, who), who)
-    result = ScriptResult(str(path), who.name, exit_code, timed_out, round(seconds, 3), output)
+def _run_one(config: Config, phase: str, role: str, env: dict[str, str], script: ScriptFile, who: _Identity,
+             timeout: float, cgroup: _HookCgroup | None = None) -> ScriptResult:
+    exit_code, timed_out, seconds, output = _execute(script, timeout, _environment(phase, role, env, who, script.path),
+                                                     who, cgroup)
+    result = ScriptResult(script.path, who.name, exit_code, timed_out, round(seconds, 3), output)
     events.emit(config.node.state_dir, _COMPONENT, result.event, _message(phase, result, timeout),
                 "info" if result.ok else "error", **_job_field(env), phase=phase, script=result.path,
                 user=who.name, exit_code=exit_code, seconds=result.seconds, output=output)
@@ -342,29 +461,64 @@ def _job_field(env: dict[str, str]) -> dict[str, str]:
     return {"job": env["SLURM_JOB_ID"]} if env.get("SLURM_JOB_ID") else {}
 
 
-def _environment(phase: str, role: str, env: dict[str, str], who: _Identity) -> dict[str, str]:
-    """A clean environment: a script must not depend on what its caller happened to export."""
+def _environment(phase: str, role: str, env: dict[str, str], who: _Identity, path: str) -> dict[str, str]:
+    """A clean environment: a script must not depend on what its caller happened to export.
+
+    SLURM_EXT_JOB_ID repeats SLURM_JOB_ID under a name the Epilog's cleanup
+    does not read: a daemon an admin script starts should drop SLURM_JOB_ID
+    (`env -u SLURM_JOB_ID`), or that job's Epilog takes it for the job's own.
+    SLURM_EXT_SCRIPT is the script's path ($0 is the descriptor it runs from).
+    """
     clean = {"PATH": CLEAN_PATH, "LANG": "C.UTF-8", "HOME": who.home, "USER": who.name, "LOGNAME": who.name}
     clean.update({key: value for key, value in env.items() if key.startswith(("SLURM_", "SLURMD_"))})
-    clean.update(SLURM_EXT_PHASE=phase, SLURM_EXT_ROLE=role)
+    clean.update(SLURM_EXT_PHASE=phase, SLURM_EXT_ROLE=role, SLURM_EXT_SCRIPT=path)
+    if env.get("SLURM_JOB_ID"):
+        clean["SLURM_EXT_JOB_ID"] = env["SLURM_JOB_ID"]
     return clean
 
 
-def _execute(path: Path, timeout: float, env: dict[str, str], who: _Identity) -> tuple[int | None, bool, float, str]:
-    """Run one script: (exit code, timed out, seconds, output tail)."""
+def _execute(script: ScriptFile, timeout: float, env: dict[str, str], who: _Identity,
+             cgroup: _HookCgroup | None) -> tuple[int | None, bool, float, str]:
+    """Run one checked script from its descriptor: (exit code, timed out, seconds, output tail).
+
+    With `cgroup` (a user hook), through the launcher that joins it and
+    drops to the user; everything left in it is killed once the hook is done.
+    """
     start = time.monotonic()
+    if cgroup is None:
+        argv, executable = [script.path], script.exec_path
+    else:
+        argv, executable = _launcher(script, who, cgroup), None
     try:
-        proc = subprocess.Popen([str(path)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        proc = subprocess.Popen(argv, executable=executable, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, cwd="/", env=env, start_new_session=True,
-                                **who.popen_args())
+                                pass_fds=(script.fd,))
     except (OSError, ValueError, subprocess.SubprocessError) as err:
         reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
-        return None, False, time.monotonic() - start, f"cannot execute {path}: {reason}\n"
+        return None, False, time.monotonic() - start, f"cannot execute {script.path}: {reason}\n"
     try:
         output, timed_out = _collect(proc, start + timeout)
+        if cgroup is not None and cgroup.kill():
+            output = _noted(output, _CGROUP_NOTE)
+    except BaseException:
+        _stop_group(proc)
+        raise
     finally:
         proc.stdout.close()  # not `with proc`: its exit waits without a limit
     return (None if timed_out else proc.returncode), timed_out, time.monotonic() - start, output
+
+
+def _launcher(script: ScriptFile, who: _Identity, cgroup: _HookCgroup) -> list[str]:
+    return [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(script.fd), str(who.uid), str(who.gid), str(HOOK_NOFILE),
+            str(HOOK_FSIZE), ",".join(map(str, who.groups)), script.path, *cgroup.procs_files()]
+
+
+def _noted(output: str, note: str) -> str:
+    """`output` with `note` at its end, still within OUTPUT_LIMIT bytes."""
+    if _LEFTOVERS_NOTE.decode() in output:
+        return output
+    tail = (output + note).encode()[-OUTPUT_LIMIT:]
+    return tail.decode("utf-8", "replace")
 
 
 def _collect(proc: subprocess.Popen, deadline: float) -> tuple[str, bool]:
@@ -453,3 +607,185 @@ def _signal_group(group: int, number: int) -> None:
         os.killpg(group, number)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+# -- the cgroup of a user hook ------------------------------------------------------------------
+
+
+class _HookCgroup:
+    """The cgroup of one user hook: made before it starts, emptied and removed when it ends.
+
+    cgroup v1: a directory in the freezer hierarchy (required: it is how the
+    hook's processes are stopped together, so none forks away while they are
+    killed) and in devices and pids where they are mounted. cgroup v2 (where
+    `<root>/cgroup.controllers` exists): one directory, emptied with
+    cgroup.kill (or frozen and killed on kernels before 5.14).
+
+    Devices (v1): the hook may open the job's GPUs only, as under Slurm's
+    ConstrainDevices. The rule is deliberately simple: every nvidia GPU
+    device 195:<minor> (minors 0-253) whose minor is not one of the job's
+    GPU indexes (SLURM_JOB_GPUS) is denied. Indexes equal minors where
+    gres.conf lists the GPUs in minor order, which slurm-ext's generated
+    gres.conf does on nodes whose minors follow the PCI bus order;
+    nvidiactl (255), nvidia-modeset (254), nvidia-uvm and nvidia-caps stay
+    open, as Slurm leaves them. v2 has no devices files (its device control
+    is eBPF): there a hook is not held to its job's GPUs.
+    """
+
+    def __init__(self, directories: list[Path]):
+        #: the hook's directory in each hierarchy; the first one freezes or kills
+        self.directories = directories
+
+    @classmethod
+    def make(cls, root: Path, job: str, gpus: tuple[int, ...]) -> _HookCgroup:
+        """Make the directories and set their limits.
+
+        Raises:
+            OSError: no cgroup v1 freezer or v2 hierarchy under `root`, or a directory or limit cannot be made.
+        """
+        name = f"hook_{job if job.isdigit() else 'nojob'}_{os.getpid()}_{next(_SEQUENCE)}"
+        unified = (root / "cgroup.controllers").is_file()
+        if unified:
+            parents = [root / _CGROUP_PARENT]
+        else:
+            parents = [root / c / _CGROUP_PARENT for c in _V1_CONTROLLERS if (root / c / "cgroup.procs").is_file()]
+            if not parents or parents[0].parent.name != "freezer":
+                raise OSError(errno.ENOENT, f"no cgroup v1 freezer hierarchy at {root / 'freezer'} and no cgroup v2 "
+                              f"at {root}")
+        made = cls([])
+        try:
+            for parent in parents:
+                made.directories.append(_make_child(parent, name, unified))
+            made._limit(gpus)
+        except BaseException:
+            made.close()
+            raise
+        return made
+
+    def _limit(self, gpus: tuple[int, ...]) -> None:
+        for directory in self.directories:
+            if (directory / "devices.deny").exists():
+                _write_each(directory / "devices.deny",
+                            [f"c {_GPU_MAJOR}:{minor} rwm" for minor in _GPU_MINORS if minor not in gpus])
+            if (directory / "pids.max").exists():
+                _write_each(directory / "pids.max", [str(HOOK_PIDS_MAX)])
+
+    def procs_files(self) -> list[str]:
+        return [str(directory / "cgroup.procs") for directory in self.directories]
+
+    def kill(self) -> int:
+        """SIGKILL everything in the cgroup and wait (a short while) until it is empty; returns how many there were."""
+        members = self._members()
+        count = len(members)
+        deadline = time.monotonic() + 2 * _KILL_GRACE
+        while members and time.monotonic() < deadline:
+            top = self.directories[0]
+            if (top / "cgroup.kill").exists():
+                _write(top / "cgroup.kill", "1")  # the kernel's own: nothing forks past it
+            else:
+                frozen = _freeze(top, True)  # while frozen nothing forks or exits: the pids read are the members
+                for pid in self._members():
+                    _kill(pid)
+                if frozen:
+                    _freeze(top, False)
+            time.sleep(0.01)
+            members = self._members()
+        return count
+
+    def close(self) -> list[str]:
+        """Kill what is left and remove the directories; returns those still there (a process stuck in state D).
+
+        The `slurm-ext` parent goes too once no other hook uses it: nothing
+        of the hooks stays on the node.
+        """
+        if self.directories:
+            self.kill()
+        left = [str(directory) for directory in self.directories if not _rmdir(directory)]
+        for directory in self.directories:
+            try:
+                directory.parent.rmdir()
+            except OSError:  # another hook's directory is in it (EBUSY), or it is gone already
+                pass
+        self.directories = []
+        return left
+
+    def _members(self) -> set[int]:
+        if not self.directories:
+            return set()
+        try:
+            return {int(pid) for pid in (self.directories[0] / "cgroup.procs").read_text().split()}
+        except OSError:
+            return set()
+
+
+def _make_child(parent: Path, name: str, unified: bool) -> Path:
+    """mkdir `parent/name`, making the parent as needed (another hook's close may remove it meanwhile)."""
+    for _ in range(10):
+        parent.mkdir(exist_ok=True)
+        if unified:  # so that the hook's directory gets pids.max; not there when the root lacks pids
+            _write(parent / "cgroup.subtree_control", "+pids")
+        try:
+            (parent / name).mkdir()
+            return parent / name
+        except FileNotFoundError:
+            continue
+    raise OSError(errno.EAGAIN, f"{parent} keeps disappearing", str(parent))
+
+
+def _freeze(directory: Path, frozen: bool) -> bool:
+    """Freeze (or thaw) a cgroup and wait until it is; False when it cannot freeze."""
+    if (directory / "cgroup.freeze").exists():  # v2
+        control, value, done, events_file = "cgroup.freeze", "1" if frozen else "0", "frozen 1", "cgroup.events"
+    else:
+        control, value, done, events_file = "freezer.state", "FROZEN" if frozen else "THAWED", "FROZEN", "freezer.state"
+    if not _write(directory / control, value):
+        return False
+    deadline = time.monotonic() + _KILL_GRACE  # freezing settles in milliseconds; never wait on it for long
+    while frozen and time.monotonic() < deadline:
+        try:
+            if done in (directory / events_file).read_text():
+                break
+        except OSError:
+            break
+        time.sleep(0.005)
+    return True
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _write(path: Path, text: str) -> bool:
+    try:
+        _write_each(path, [text])
+        return True
+    except OSError:
+        return False
+
+
+def _write_each(path: Path, lines: list[str]) -> None:
+    """One write() per line: cgroup files read one rule per write. Raises OSError."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        for line in lines:
+            os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def _rmdir(directory: Path) -> bool:
+    """Remove an emptied cgroup directory; its last processes may take a moment to leave it."""
+    deadline = time.monotonic() + _KILL_GRACE
+    while True:
+        try:
+            directory.rmdir()
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError as err:
+            if err.errno != errno.EBUSY or time.monotonic() >= deadline:
+                return False
+        time.sleep(0.01)

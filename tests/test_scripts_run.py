@@ -172,7 +172,8 @@ def test_clean_environment(tree, monkeypatch):
         "PATH": CLEAN_PATH, "LANG": "C.UTF-8", "HOME": "/root", "USER": "root", "LOGNAME": "root",
         "SLURM_JOB_ID": "42", "SLURM_JOB_UID": str(NOBODY), "SLURM_JOB_GID": str(NOGROUP),
         "SLURM_JOB_USER": "nobody", "SLURMD_NODENAME": "node7", "SLURM_SCRIPT_CONTEXT": "prolog_slurmd",
-        "SLURM_EXT_PHASE": "job-start", "SLURM_EXT_ROLE": "worker"}
+        "SLURM_EXT_PHASE": "job-start", "SLURM_EXT_ROLE": "worker", "SLURM_EXT_JOB_ID": "42",
+        "SLURM_EXT_SCRIPT": str(tree.phase("job-start") / "10-env")}
 
 
 def test_stdin_is_dev_null_and_stderr_is_captured(tree):
