@@ -27,7 +27,6 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from slurm_ext import config as config_mod, events, log
 from slurm_ext.config import Config
@@ -146,7 +145,7 @@ def _clean_up(env: dict[str, str], config: Config, record: jobrecord.JobRecord, 
                   f"{','.join(map(str, stale))} of uid {record.uid}, which no longer run here", "warning",
                   job=job_id, stale=stale)
         exclusive = not others and record.uid >= settings.min_uid
-        live = _live_jobs(state_dir, job_id)
+        live = frozenset(jobrecord.recorded_jobs(state_dir) - {job_id})  # a SLURM_JOB_ID naming one is believed
         cleanup = procs.kill_job(record, sweep_uid=exclusive, protected=protected, timeout=settings.kill_timeout,
                                  live_jobs=live)
         ipc = clean_ipc(record.uid, exclusive=exclusive, since=record.start) if record.uid else None
@@ -162,11 +161,6 @@ def _clean_up(env: dict[str, str], config: Config, record: jobrecord.JobRecord, 
     if outcome.exit_code:
         return Verdict(outcome.exit_code, f"job {job_id}: job-end scripts failed (policy drain)")
     return Verdict(0, "; ".join(reasons))
-
-
-def _live_jobs(state_dir: str, job_id: int) -> frozenset[int]:
-    """Ids of the jobs with a record here, whoever's: a SLURM_JOB_ID naming one of them is believed."""
-    return frozenset(int(p.stem) for p in (Path(state_dir) / "jobs").glob("*.json") if p.stem.isdigit()) - {job_id}
 
 
 def _lock_timeout(config: Config) -> float:

@@ -23,7 +23,7 @@ from slurm_ext.errors import SlurmExtError
 from slurm_ext.procfs import PROC, pids
 
 __all__ = ["JobRecord", "JobEnvironmentError", "from_environ", "job_id_of", "write", "read", "remove", "other_jobs",
-           "cgroup_paths", "uid_lock", "running_jobs", "STARTING_GRACE"]
+           "cgroup_paths", "uid_lock", "recorded_jobs", "running_jobs", "STARTING_GRACE"]
 
 #: a record younger than this counts as a live job even before its steps run (seconds)
 STARTING_GRACE = 300.0
@@ -163,10 +163,8 @@ def other_jobs(record: JobRecord, state_dir: str, since: float = 0.0, *,
     now = time.time() if now is None else now
     alive = alive or (lambda other: bool(running_jobs({other.job_id})) or _has_cgroup(other, cgroup_root))
     live, stale = set(), []
-    for path in (Path(state_dir) / "jobs").glob("*.json"):
-        if not path.stem.isdigit() or int(path.stem) == record.job_id:
-            continue
-        other = read(int(path.stem), state_dir)
+    for job_id in recorded_jobs(state_dir) - {record.job_id}:
+        other = read(job_id, state_dir)
         if other is None or other.uid != record.uid:
             continue
         if other.start >= since and (now - other.start < STARTING_GRACE or alive(other)):
@@ -176,6 +174,11 @@ def other_jobs(record: JobRecord, state_dir: str, since: float = 0.0, *,
             stale.append(other.job_id)
     live |= _uid_job_cgroups(record, cgroup_root)
     return sorted(live), sorted(stale)
+
+
+def recorded_jobs(state_dir: str) -> set[int]:
+    """Ids of the jobs that have a record here."""
+    return {int(path.stem) for path in (Path(state_dir) / "jobs").glob("*.json") if path.stem.isdigit()}
 
 
 def running_jobs(job_ids: set[int] | None = None, proc: Path = PROC) -> set[int]:
