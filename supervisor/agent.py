@@ -2,9 +2,22 @@
 
 One thread does all process work. Signal handlers do nothing but wake it
 (signal.set_wakeup_fd writes the signal number into a pipe); the loop reads
-the numbers and acts. Each pass reaps every exited child with waitpid(-1,
-WNOHANG) -- workers and orphans re-parented to the agent alike (it is PID 1
-or a child subreaper) -- so no zombie outlives one pass.
+the numbers and acts. Each pass reaps every exited child of this thread --
+workers and orphans re-parented to the agent alike (it is PID 1 or a child
+subreaper, and the kernel hands orphans to the main thread) -- so no zombie
+outlives one pass.
+
+Start steps (slurmd -G, NVML, scontrol, node-boot scripts) can take minutes,
+so they run on a thread of their own (pipeline.StepRunner) while the loop
+keeps reaping and answering; the loop starts the workers when the steps say
+so. The loop reaps with __WNOTHREAD: the children of other threads (a step's
+scripts, the Slurm thread's scontrol) are left to the thread that waits for
+them, so each gets its own exit status.
+
+Workers are held by pidfd, not by pid: signals go through the pidfd, and the
+death of a main process followed through MAINPID= (not yet the agent's
+child) is seen when its pidfd becomes readable, so a recycled pid is never
+signalled nor taken for the worker.
 
 A dead worker is restarted by this same process after a doubling, capped
 delay; nothing else is killed with it: slurmd's job steps (slurmstepd) are
@@ -16,8 +29,10 @@ cleared by the agent once the worker has been stable again.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
+import select
 import selectors
 import shutil
 import signal
@@ -25,10 +40,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slurm_ext import command, config as config_mod, events
+from slurm_ext import config as config_mod, events
 from slurm_ext.config import Config
 from slurm_ext.errors import ConfigError
-from slurm_ext.procfs import all_stats
+from slurm_ext.procfs import all_stats, read_stat
 from slurm_ext.slurm import REASON_PREFIX, SlurmClient
 
 from . import pipeline
@@ -38,7 +53,7 @@ from .restart import CrashWindow, backoff_delay, should_restart
 from .states import WorkerState, check_transition
 from .workers import WorkerSpec, workers_for
 
-__all__ = ["Agent", "Worker"]
+__all__ = ["Agent", "Worker", "session_members", "kill_session"]
 
 log = logging.getLogger("supervisor")
 
@@ -47,6 +62,11 @@ _HANDLED = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 CRASH_LOOP_REASON = f"{REASON_PREFIX} slurmd crash loop"
 #: longest sleep of an idle loop: signals and notify messages wake it at once
 _IDLE_WAKEUP = 30.0
+#: waitpid/waitid option (linux/wait.h, not in the os module): only children of the calling thread
+_WNOTHREAD = 0x20000000
+_NEVER = float("inf")
+#: at exit, how long a start step whose processes were killed may take to notice
+_ABANDON_WAIT = 3.0
 
 
 @dataclass
@@ -77,6 +97,10 @@ class Worker:
     restart_after_stop: bool = False
     #: a newer spec to use from its next start
     pending_spec: WorkerSpec | None = field(default=None, repr=False)
+    #: pidfd of the main process (pid): what signals go through, readable once it has exited
+    pidfd: int | None = None
+    #: its start steps (before_restart_of) run now or are queued: started when they succeed
+    awaiting_steps: bool = False
 
 
 class Agent:
@@ -89,11 +113,12 @@ class Agent:
                               f"{', '.join(config_mod.ROLES)}", key="--role")
         self.config = config
         self.role = role
-        self.config_path = config_path
-        self.pidfile = Path(pidfile) if pidfile else None
+        # absolute: the agent works from / (see _setup_process)
+        self.config_path = os.path.abspath(config_path) if config_path else None
+        self.pidfile = Path(pidfile).absolute() if pidfile else None
         environ = dict(os.environ if environ is None else environ)
         if config_path:  # workers of slurm-ext itself (the hook service) read the same file
-            environ[config_mod.ENV_VAR] = os.path.abspath(config_path)
+            environ[config_mod.ENV_VAR] = self.config_path
         self._systemd_socket = environ.pop("NOTIFY_SOCKET", None)
         self.base_env = environ
         self.port = port
@@ -109,6 +134,9 @@ class Agent:
         self._pipeline_failures = 0
         self._next_pipeline = 0.0
         self._stop_queue: list[Worker] = []
+        self._steps = pipeline.StepRunner()
+        #: workers whose start steps wait for the runner
+        self._steps_queue: list[Worker] = []
         self._selector = selectors.DefaultSelector()
         self._wakeup_r = self._wakeup_w = -1
         self.liaison: SlurmLiaison | None = None
@@ -170,16 +198,20 @@ class Agent:
             self._request_stop(worker)
             return
         worker.spec = spec
-        if worker.state == WorkerState.BACKOFF:  # e.g. the command was fixed: try it now
+        if worker.state == WorkerState.BACKOFF and not worker.awaiting_steps:  # e.g. the command was fixed: try now
             worker.failures = 0
             worker.next_start = time.monotonic()
 
     def _setup_process(self) -> None:
+        # Workers inherit the cwd: the directory someone started the agent from may be theirs to
+        # write, and `python -m` (the hook service) imports from it. / is root's, like any daemon's.
+        os.chdir("/")
         self._wakeup_r, self._wakeup_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(self._wakeup_w, warn_on_full_buffer=False)
         for signum in _HANDLED:
             signal.signal(signum, lambda *_: None)  # the wakeup fd carries the signal to the loop
-        self._selector.register(self._wakeup_r, selectors.EVENT_READ, None)
+        self._selector.register(self._wakeup_r, selectors.EVENT_READ, self._read_signals)
+        self._selector.register(self._steps, selectors.EVENT_READ, self._on_steps_done)
         if os.getpid() == 1:
             log.info("running as PID 1: reaping every orphan of this PID namespace")
             if self.config.supervisor.leave_root_cgroup:
@@ -232,6 +264,8 @@ class Agent:
                       f"{', '.join(w.spec.name for w in self.workers) or 'no workers'}")
             while not (self.stopping and not self._stop_queue and self._all_stopped()):
                 self._pass()
+            if self._steps.busy:
+                self._abandon_steps()
         finally:
             self._teardown()
         self.emit("exited", "all workers stopped" + ("" if self.stop_clean else "; some needed SIGKILL"),
@@ -241,10 +275,7 @@ class Agent:
     def _pass(self) -> None:
         now = time.monotonic()
         for key, _ in self._selector.select(self._timeout(now)):
-            if key.fd == self._wakeup_r:
-                self._read_signals()
-            else:
-                self._on_notify(key.data)
+            key.data()  # the handler registered with the descriptor
         self._reap()
         self._tick(time.monotonic())
         self.heartbeat = time.monotonic()
@@ -291,10 +322,23 @@ class Agent:
         self.liaison.poke()
 
     def _reap(self) -> None:
-        # command.reap_child leaves the exit status of the Slurm thread's scontrol to that thread
-        while (reaped := command.reap_child()) is not None:
-            pid, status = reaped
+        """Reap every exited child of this thread: workers, and orphans the kernel re-parented here.
+
+        Children of the other threads (a start step's scripts and slurmd -G,
+        the Slurm thread's scontrol) are not looked at (__WNOTHREAD): the
+        thread that started one waits for it and gets its exit status.
+        """
+        while (pid := _exited_child()) is not None:
             worker = self.by_pid.pop(pid, None)
+            if worker is not None and worker.state == WorkerState.STOPPING:
+                # before the reap: while the leader is a zombie no new process can get its session id
+                self._kill_session(worker)
+            status = _reap_pid(pid)
+            if status is None:  # waited for by someone else after all: a bug elsewhere, not worth dying of
+                log.error("pid %d was reaped by another waiter of this process; its exit status is lost", pid)
+                if worker is not None:
+                    self._on_exit(worker, None)
+                continue
             if worker is not None:
                 self._on_exit(worker, os.waitstatus_to_exitcode(status))
             else:
@@ -302,7 +346,7 @@ class Agent:
 
     def _tick(self, now: float) -> None:
         if not self.pipeline_done and not self.stopping and now >= self._next_pipeline:
-            self._run_pipeline(now)
+            self._run_pipeline()
         for worker in list(self.workers):
             if worker.state == WorkerState.BACKOFF and not self.stopping and self.pipeline_done \
                     and now >= worker.next_start:
@@ -310,7 +354,6 @@ class Agent:
             elif worker.state == WorkerState.STOPPING and now >= worker.stop_deadline:
                 self._kill(worker)
             elif worker.state == WorkerState.RUNNING:
-                self._check_main_pid(worker)
                 if (worker.failures or worker.crash_loop) and now - worker.started >= self._settle_time(worker):
                     self._stable(worker)
         if self.stopping:
@@ -318,8 +361,13 @@ class Agent:
 
     # -- starting ----------------------------------------------------------------
 
-    def _run_pipeline(self, now: float) -> None:
-        if self._run_steps(pipeline.steps_for(self.role)):
+    def _run_pipeline(self) -> None:
+        """Start the role's start steps on the step thread; _pipeline_done takes their result."""
+        self._next_pipeline = _NEVER  # until they are done
+        self._run_steps(pipeline.steps_for(self.role))
+
+    def _pipeline_done(self, ok: bool) -> None:
+        if ok:
             self.pipeline_done = True
             for worker in self.workers:
                 if worker.state == WorkerState.STOPPED:
@@ -327,40 +375,87 @@ class Agent:
             return
         self._pipeline_failures += 1
         s = self.config.supervisor
-        self._next_pipeline = now + backoff_delay(self._pipeline_failures, max(s.backoff_initial, 1.0),
-                                                  s.backoff_max)
+        self._next_pipeline = time.monotonic() + backoff_delay(self._pipeline_failures,
+                                                               max(s.backoff_initial, 1.0), s.backoff_max)
 
     def _resume_when_fit(self, reasons: tuple[str, ...]) -> None:
         self.liaison.resume_reasons = reasons
         self.liaison.poke()
 
-    def _steps_before_restart(self, name: str) -> bool:
-        """Run the start steps that precede every restart of worker `name`; False when one blocks."""
-        steps = [step for step in pipeline.steps_for(self.role) if step.before_restart_of == name]
-        if not steps:
-            return True
-        return self._run_steps(steps)
-
-    def _run_steps(self, steps: list[pipeline.StartStep]) -> bool:
+    def _run_steps(self, steps: list[pipeline.StartStep], worker: Worker | None = None) -> None:
+        """Run `steps` on the step thread, for `worker`'s restart (None: the role's start)."""
         slurm = SlurmClient(self.config.slurm, environ=self.base_env)
         context = pipeline.StepContext(self.role, self.config, self.node, slurm, self.emit, self._resume_when_fit)
-        return pipeline.run_steps(steps, context, Path(self.config.supervisor.runtime_dir), pipeline.boot_id())
+        self._steps.start(steps, context, Path(self.config.supervisor.runtime_dir), pipeline.boot_id(), worker)
+
+    def _abandon_steps(self) -> None:
+        """Stopped while start steps run: kill what they started (each in its own session), so that
+        no node-boot script outlives the agent, and give the step a moment to record it."""
+        killed = [pid for child in self._steps.children() for pid in kill_session(child, signal.SIGKILL)]
+        self.emit("start-steps-abandoned", f"stopped while start steps ran ({self._steps.running}); killed "
+                  f"{len(killed)} process(es) they had started: {' '.join(map(str, killed)) or 'none'}",
+                  severity="warning")
+        self._steps.wait(_ABANDON_WAIT)
+
+    def _on_steps_done(self) -> None:
+        """The step thread finished a batch: start the workers it was for, or back off."""
+        done = self._steps.result()
+        if done is None:
+            return
+        worker, ok = done
+        if worker is None:
+            if not self.stopping:
+                self._pipeline_done(ok)
+        else:
+            self._restart_steps_done(worker, ok)
+        while self._steps_queue and not self._steps.busy:
+            waiting = self._steps_queue.pop(0)
+            if self.stopping or waiting.state != WorkerState.BACKOFF:
+                waiting.awaiting_steps = False  # stopped while it waited
+                continue
+            self._run_steps(self._restart_steps(waiting), waiting)
+
+    def _restart_steps(self, worker: Worker) -> list[pipeline.StartStep]:
+        """The start steps that precede every restart of `worker` (gres.conf before slurmd)."""
+        return [step for step in pipeline.steps_for(self.role) if step.before_restart_of == worker.spec.name]
+
+    def _restart_steps_done(self, worker: Worker, ok: bool) -> None:
+        worker.awaiting_steps = False
+        if self.stopping or worker not in self.workers or worker.state != WorkerState.BACKOFF:
+            return  # stopped or removed meanwhile
+        if ok:
+            self._spawn(worker)
+        else:
+            self._failed(worker, "a start step before its restart failed", time.monotonic())
 
     def _start(self, worker: Worker) -> None:
-        if self.stopping or not self.pipeline_done:
+        """Start `worker`, after its restart steps (on the step thread) when it ran before."""
+        if self.stopping or not self.pipeline_done or worker.awaiting_steps:
             return
         if worker.pending_spec is not None:
             worker.spec, worker.pending_spec = worker.pending_spec, None
-        spec = worker.spec
-        if worker.started and not self._steps_before_restart(spec.name):
-            self._failed(worker, "a start step before its restart failed", time.monotonic())
+        steps = self._restart_steps(worker) if worker.started else []
+        if not steps:
+            self._spawn(worker)
             return
+        worker.awaiting_steps = True
+        worker.next_start = _NEVER  # started by _restart_steps_done
+        if worker.state != WorkerState.BACKOFF:
+            self._set_state(worker, WorkerState.BACKOFF, "start steps run before its restart")
+        if self._steps.busy:
+            self._steps_queue.append(worker)
+        else:
+            self._run_steps(steps, worker)
+
+    def _spawn(self, worker: Worker) -> None:
+        spec = worker.spec
         env = {**self.base_env, **spec.environment}
         if spec.notify:
             if worker.notify is None:
                 worker.notify = NotifySocket(Path(self.config.supervisor.runtime_dir)
                                              / f"notify-{self.role}-{spec.name}.sock")
-                self._selector.register(worker.notify, selectors.EVENT_READ, worker)
+                self._selector.register(worker.notify, selectors.EVENT_READ,
+                                        functools.partial(self._on_notify, worker))
             env["NOTIFY_SOCKET"] = str(worker.notify.path)
         program = shutil.which(spec.command[0], path=env.get("PATH", os.defpath))
         try:
@@ -375,16 +470,49 @@ class Agent:
         worker.started = time.monotonic()
         worker.notified_ready = worker.announced_stop = False
         self.by_pid[pid] = worker
+        # our unreaped child: its pid cannot be reused before this pidfd refers to it
+        self._watch(worker, _pidfd_open(pid, f"worker {spec.name}"))
         self.liaison.poke()
+
+    def _watch(self, worker: Worker, pidfd: int | None) -> None:
+        """Hold `pidfd` for the worker's main process; the loop hears of its exit through it."""
+        worker.pidfd = pidfd
+        if pidfd is not None:
+            self._selector.register(pidfd, selectors.EVENT_READ, functools.partial(self._on_pidfd, worker, pidfd))
+
+    def _unwatch(self, worker: Worker) -> None:
+        if worker.pidfd is not None:
+            self._selector.unregister(worker.pidfd)
+            os.close(worker.pidfd)
+            worker.pidfd = None
+
+    def _on_pidfd(self, worker: Worker, pidfd: int) -> None:
+        """The worker's main process has exited. Our child: the reap says how. A MAINPID that was
+        not yet re-parented to us: its parent reaps it, so how it ended is not ours to know."""
+        if worker.pidfd != pidfd or not _pidfd_exited(pidfd):
+            return  # closed and reused earlier in this pass
+        self._reap()
+        if worker.pidfd != pidfd:
+            return
+        if worker.state == WorkerState.STOPPING:
+            self._kill_session(worker)
+        self.by_pid.pop(worker.pid, None)
+        self._on_exit(worker, None)
 
     # -- exits ---------------------------------------------------------------------
 
-    def _on_exit(self, worker: Worker, code: int) -> None:
-        how = f"exit status {code}" if code >= 0 else f"killed by {signal.Signals(-code).name}"
+    def _on_exit(self, worker: Worker, code: int | None) -> None:
+        """The worker's main process is gone; `code` is its exit code (negative: signal), None: unknown.
+
+        A STOPPING worker's session has been killed already, by the caller."""
+        if code is None:
+            how = f"exit status unknown: main pid {worker.pid} was not this agent's child"
+        else:
+            how = f"exit status {code}" if code >= 0 else f"killed by {signal.Signals(-code).name}"
         worker.last_exit = how
         worker.pid = None
+        self._unwatch(worker)
         if worker.state == WorkerState.STOPPING:
-            self._kill_session(worker)
             self._set_state(worker, WorkerState.STOPPED, f"stopped ({how})")
             if worker.restart_after_stop and not self.stopping:
                 worker.restart_after_stop = False
@@ -393,7 +521,8 @@ class Agent:
         now = time.monotonic()
         if worker.announced_stop:
             log.info("worker %s announced STOPPING=1 before it exited (%s)", worker.spec.name, how)
-        if not should_restart(worker.spec.restart, code if code >= 0 else None) or self.stopping:
+        if not should_restart(worker.spec.restart, code if code is not None and code >= 0 else None) \
+                or self.stopping:
             self._set_state(worker, WorkerState.STOPPED, f"exited ({how}); restart policy "
                             f"{worker.spec.restart}: not restarting")
             return
@@ -443,15 +572,6 @@ class Agent:
                 self.liaison.want_drain = None
                 self.liaison.poke()
 
-    def _check_main_pid(self, worker: Worker) -> None:
-        """A main PID taken over through MAINPID= may not be our child yet: notice its death."""
-        if worker.pid is None or worker.pid in self.by_pid:
-            return
-        try:
-            os.kill(worker.pid, 0)
-        except ProcessLookupError:
-            self._on_exit(worker, -signal.SIGKILL)
-
     # -- notify ------------------------------------------------------------------
 
     def _on_notify(self, worker: Worker) -> None:
@@ -479,15 +599,27 @@ class Agent:
                 worker.status_text = message.status
 
     def _follow_mainpid(self, worker: Worker, pid: int) -> None:
-        if worker.state != WorkerState.RUNNING or not is_descendant(pid, os.getpid()):
-            log.warning("notify %s: MAINPID=%d is not a descendant of this agent: ignored", worker.spec.name, pid)
+        """Take `pid` as the worker's main process, held by a pidfd opened before it is checked."""
+        name = worker.spec.name
+        if worker.state != WorkerState.RUNNING:
+            log.warning("notify %s: MAINPID=%d while %s: ignored", name, pid, worker.state.value)
             return
-        self.emit("mainpid", f"worker {worker.spec.name}: main process is now pid {pid} (was {worker.pid})",
-                  worker=worker.spec.name, pid=pid)
+        pidfd = _pidfd_open(pid, f"notify {name}: MAINPID")
+        if pidfd is None:
+            return
+        # checked while the pidfd holds the process: alive after the check, the check was about it
+        if not is_descendant(pid, os.getpid()) or not _pidfd_alive(pidfd):
+            os.close(pidfd)
+            log.warning("notify %s: MAINPID=%d is not a descendant of this agent: ignored", name, pid)
+            return
+        self.emit("mainpid", f"worker {name}: main process is now pid {pid} (was {worker.pid})",
+                  worker=name, pid=pid)
         if worker.pid is not None:
             self.by_pid.pop(worker.pid, None)  # its exit is now a hand-over, not a death
+        self._unwatch(worker)
         worker.pid = pid
         self.by_pid[pid] = worker
+        self._watch(worker, pidfd)
 
     # -- stopping ----------------------------------------------------------------
 
@@ -496,7 +628,7 @@ class Agent:
             self._set_state(worker, WorkerState.STOPPING, f"sending SIG{worker.spec.stop_signal} to pid "
                             f"{worker.pid}; SIGKILL after {worker.spec.stop_grace:g}s")
             worker.stop_deadline = time.monotonic() + worker.spec.stop_grace
-            _signal(worker.pid, worker.spec.signal)
+            self._send(worker, worker.spec.signal)
         elif worker.state == WorkerState.BACKOFF:
             self._set_state(worker, WorkerState.STOPPED, "stopped while waiting to restart")
 
@@ -515,16 +647,26 @@ class Agent:
             self.emit("kill", f"worker {worker.spec.name} (pid {worker.pid}) still running "
                       f"{worker.spec.stop_grace:g}s after SIG{worker.spec.stop_signal}: SIGKILL",
                       severity="warning", worker=worker.spec.name)
-            _signal(worker.pid, signal.SIGKILL)
+            self._send(worker, signal.SIGKILL)
             self.stop_clean = False
-        worker.stop_deadline = float("inf")
+        worker.stop_deadline = _NEVER
+
+    @staticmethod
+    def _send(worker: Worker, signum: int) -> None:
+        """Signal the worker's main process through its pidfd: never whoever has its pid now."""
+        try:
+            if worker.pidfd is not None:
+                signal.pidfd_send_signal(worker.pidfd, signum)
+            elif worker.pid is not None:  # no pidfd (none was left): only our own unreaped child, never a
+                os.kill(worker.pid, signum)  # MAINPID (followed only with a pidfd), so the pid is still it
+        except ProcessLookupError:
+            pass
 
     def _kill_session(self, worker: Worker) -> None:
         """After a stop, kill what the worker left in its own session (helpers it
         forked). slurmstepd and jobs run in sessions of their own: untouched."""
-        for pid in session_members(worker.session):
+        for pid in kill_session(worker.session, signal.SIGKILL):
             log.warning("worker %s: pid %d of its session outlived it: SIGKILL", worker.spec.name, pid)
-            _signal(pid, signal.SIGKILL)
 
     def _all_stopped(self) -> bool:
         return all(w.state == WorkerState.STOPPED for w in self.workers)
@@ -533,10 +675,14 @@ class Agent:
         if self.liaison:
             self.liaison.stop()
         if self.http:
-            self.http.server_close()
+            self.http.close()
         for worker in self.workers:
             if worker.notify:
                 worker.notify.close()
+            if worker.pidfd is not None:
+                os.close(worker.pidfd)
+                worker.pidfd = None
+        self._steps.close()
         if self.pidfile:
             self.pidfile.unlink(missing_ok=True)
         signal.set_wakeup_fd(-1)
@@ -596,8 +742,74 @@ def session_members(session: int | None, proc: Path = Path("/proc")) -> list[int
     return [s.pid for s in all_stats(proc) if s.session == session and s.state not in ("Z", "X")]
 
 
-def _signal(pid: int, signum: int) -> None:
+def kill_session(session: int | None, signum: int, proc: Path = Path("/proc")) -> list[int]:
+    """Send `signum` to the live processes of `session`; returns their pids.
+
+    Each is signalled through a pidfd opened before its session is checked
+    again, so a pid that exits and is reused between the listing and the
+    signal is never hit: the pidfd still names the process that was checked.
+    """
+    signalled = []
+    for pid in session_members(session, proc):
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue  # gone since the listing
+        except OSError as err:
+            log.error("session %d: cannot open a pidfd of pid %d to signal it: %s", session, pid, err.strerror)
+            continue
+        try:
+            stat = read_stat(pid, proc)
+            if stat is not None and stat.session == session:
+                signal.pidfd_send_signal(pidfd, signum)
+                signalled.append(pid)
+        except ProcessLookupError:
+            pass
+        finally:
+            os.close(pidfd)
+    return signalled
+
+
+def _exited_child() -> int | None:
+    """The pid of an exited child of this thread, left unreaped (WNOWAIT); None when there is none."""
     try:
-        os.kill(pid, signum)
+        info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT | _WNOTHREAD)
+    except ChildProcessError:
+        return None
+    return info.si_pid if info is not None and info.si_pid else None
+
+
+def _reap_pid(pid: int) -> int | None:
+    """Reap `pid`, a zombie child of this thread; returns its wait status (None: already reaped)."""
+    try:
+        _, status = os.waitpid(pid, _WNOTHREAD)
+    except ChildProcessError:
+        return None
+    return status
+
+
+def _pidfd_open(pid: int, what: str) -> int | None:
+    """A pidfd of `pid`, or None (logged) when it is gone or no descriptor is left."""
+    try:
+        return os.pidfd_open(pid)
     except ProcessLookupError:
-        pass
+        log.warning("%s: pid %d has already exited", what, pid)
+    except OSError as err:
+        log.error("%s: cannot open a pidfd of pid %d: %s", what, pid, err.strerror)
+    return None
+
+
+def _pidfd_alive(pidfd: int) -> bool:
+    """The pidfd's process still runs (not exited, not a zombie)."""
+    try:
+        signal.pidfd_send_signal(pidfd, 0)
+    except ProcessLookupError:
+        return False
+    return not _pidfd_exited(pidfd)
+
+
+def _pidfd_exited(pidfd: int) -> bool:
+    """A pidfd is readable once its process has exited (a zombie counts)."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))

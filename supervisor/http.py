@@ -1,15 +1,38 @@
 """The agent's HTTP listener: /livez, /readyz and /metrics (Prometheus).
 
-Served from a thread; handlers only read the agent's state. Metrics are
-collected at scrape time from that state, so the loop never updates them.
+`serve(agent, host, port)` starts a `ProbeServer` in a thread of its own;
+handlers only read the agent's state, and metrics are collected at scrape
+time from that state, so the loop never updates them.
+
+Why one thread and a selector, not a thread per connection: 127.0.0.1 is
+reachable from every job of a pod, and a job that holds a few hundred idle
+connections to a threading server ties up one thread and one descriptor of
+PID 1 each, until the liveness probe times out (or, at a low descriptor
+limit, accept fails in a tight loop) and the kubelet restarts the pod with
+every job on it. Here a connection costs one descriptor and a few hundred
+bytes, and three rules keep a new probe answered in time:
+
+- every connection has HEAD_TIMEOUT to send its request and take the answer,
+  whether it sends nothing or one byte a second (slow loris): then it is closed;
+- at most `max_connections` are open; one more sheds the oldest (the one a
+  probe, which sends its request at once, is least likely to be), and so
+  does accept failing for want of descriptors;
+- a request head is at most MAX_HEAD bytes and the answer is computed at
+  once (the handlers only read memory), so no connection waits on another.
 """
 
 from __future__ import annotations
 
+import errno
+import http
 import logging
+import os
+import resource
+import selectors
+import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily
@@ -18,9 +41,28 @@ from slurm_ext.errors import AgentError
 
 from .states import WorkerState
 
-__all__ = ["serve", "AgentCollector"]
+__all__ = ["serve", "AgentCollector", "ProbeServer", "Answer", "HEAD_TIMEOUT", "MAX_HEAD", "connection_cap"]
 
 log = logging.getLogger("supervisor")
+
+#: seconds a connection has, from accept, to send its request head and take the answer
+HEAD_TIMEOUT = 5.0
+#: bytes of request line and headers accepted; more is answered 431 and closed
+MAX_HEAD = 8192
+#: most connections open at once, whatever the descriptor limit allows
+MAX_CONNECTIONS = 1024
+#: descriptors left to the rest of the agent (journal, pidfds, notify sockets, pipes)
+_FDS_KEPT = 48
+#: connections the kernel completes before they are accepted (a flood must not make it drop a probe's SYN)
+_BACKLOG = 1024
+#: accepts per wake-up, so that requests already read are answered in between
+_ACCEPT_BATCH = 32
+#: after accept failed with no connection left to shed, wait this long before accepting again
+_ACCEPT_PAUSE = 0.05
+_TEXT = "text/plain; charset=utf-8"
+
+#: (status code, body, content type)
+Answer = tuple[int, bytes, str]
 
 
 class AgentCollector:
@@ -58,43 +100,272 @@ class AgentCollector:
         yield ready
 
 
-def serve(agent, host: str, port: int) -> ThreadingHTTPServer:
-    """Start the listener in a daemon thread; returns the server (call .shutdown())."""
+def agent_routes(agent) -> Callable[[str], Answer]:
+    """The answer to a GET of each path, from the agent's state."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(AgentCollector(agent))
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 (http.server's name)
-            if self.path == "/livez":
-                ok = agent.live()
-                self._reply(200 if ok else 503, "ok\n" if ok else "agent loop stalled\n")
-            elif self.path == "/readyz":
-                ok, why = agent.ready()
-                self._reply(200 if ok else 503, why + "\n")
-            elif self.path == "/metrics":
-                self._reply(200, generate_latest(registry), CONTENT_TYPE_LATEST)
-            else:
-                self._reply(404, "try /livez, /readyz or /metrics\n")
+    def answer(path: str) -> Answer:
+        if path == "/livez":
+            ok = agent.live()
+            return (200, b"ok\n", _TEXT) if ok else (503, b"agent loop stalled\n", _TEXT)
+        if path == "/readyz":
+            ok, why = agent.ready()
+            return 200 if ok else 503, (why + "\n").encode(), _TEXT
+        if path == "/metrics":
+            return 200, generate_latest(registry), CONTENT_TYPE_LATEST
+        return 404, b"try /livez, /readyz or /metrics\n", _TEXT
 
-        def _reply(self, code: int, body, content_type: str = "text/plain; charset=utf-8") -> None:
-            data = body.encode() if isinstance(body, str) else body
-            self.send_response(code)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    return answer
 
-        def log_message(self, *args) -> None:  # probes every few seconds: keep them out of the log
+
+def connection_cap(limit: int = MAX_CONNECTIONS) -> int:
+    """Connections to keep open at most: `limit`, or fewer when the descriptor limit is low."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return limit
+    return max(4, min(limit, (soft - _FDS_KEPT) // 2))
+
+
+class _Connection:
+    """One accepted connection: what it sent so far, what is still to be sent, its deadline."""
+
+    __slots__ = ("sock", "deadline", "received", "outgoing", "answered")
+
+    def __init__(self, sock: socket.socket, deadline: float):
+        self.sock = sock
+        self.deadline = deadline
+        self.received = bytearray()
+        self.outgoing = b""
+        #: the whole answer is sent: what the client still sends is read and dropped until it closes
+        self.answered = False
+
+
+class ProbeServer:
+    """HTTP/1.1 GET server of one thread: each connection one request, then closed.
+
+    `answer(path)` must be quick and must not block (it runs on this thread).
+    Start it with `start()`; `close()` stops the thread and closes every socket.
+    """
+
+    def __init__(self, host: str, port: int, answer: Callable[[str], Answer],
+                 max_connections: int | None = None, timeout: float = HEAD_TIMEOUT):
+        self.answer = answer
+        self.timeout = timeout
+        self.max_connections = max_connections or connection_cap()
+        self.listener = socket.create_server((host, port), backlog=_BACKLOG)
+        self.listener.setblocking(False)
+        self.address = self.listener.getsockname()[:2]
+        #: open connections, oldest first (dicts keep insertion order; all share one timeout)
+        self._open: dict[socket.socket, _Connection] = {}
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._selector.register(self.listener, selectors.EVENT_READ, "accept")
+        self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._accept_paused_until = 0.0
+        self._closing = False
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "ProbeServer":
+        self._thread = threading.Thread(target=self._serve, name="http", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop serving: the thread closes every connection and the listener, then ends."""
+        self._closing = True
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
             pass
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(2.0)
 
+    # -- the thread -------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        try:
+            while not self._closing:
+                for key, _ in self._selector.select(self._wait()):
+                    if key.data == "accept":
+                        self._accept()
+                    elif key.data == "wake":
+                        os.read(self._wake_r, 64)
+                    elif key.fileobj in self._open:  # not closed earlier in this batch
+                        self._on_ready(self._open[key.fileobj])
+                self._expire(time.monotonic())
+        except Exception:  # the probes must not die silently: the kubelet would restart the pod
+            log.exception("http: probe server failed; /livez no longer answers")
+        finally:
+            for conn in list(self._open.values()):
+                self._close(conn)
+            self._selector.close()
+            self.listener.close()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def _wait(self) -> float | None:
+        """Seconds until the oldest connection's deadline or the end of an accept pause; None: no deadline."""
+        now = time.monotonic()
+        deadlines = [next(iter(self._open.values())).deadline] if self._open else []
+        if self._accept_paused_until:
+            deadlines.append(self._accept_paused_until)
+        return max(0.0, min(deadlines) - now) if deadlines else None
+
+    def _accept(self) -> None:
+        for _ in range(_ACCEPT_BATCH):
+            try:
+                sock, _ = self.listener.accept()
+            except BlockingIOError:
+                return
+            except OSError as err:
+                if err.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    self._out_of_descriptors(err)
+                    return
+                if err.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EINTR):
+                    continue
+                raise
+            if len(self._open) >= self.max_connections:
+                self._shed_oldest()
+            sock.setblocking(False)
+            conn = _Connection(sock, time.monotonic() + self.timeout)
+            self._open[sock] = conn
+            self._selector.register(sock, selectors.EVENT_READ, "conn")
+            self._read(conn)  # a probe has usually sent its request already
+
+    def _out_of_descriptors(self, err: OSError) -> None:
+        """accept found no descriptor: make room by shedding, or stop accepting for a moment."""
+        if self._open:
+            log.warning("http: accept failed (%s) with %d connections open: closing the oldest",
+                        err.strerror, len(self._open))
+            self._shed_oldest()
+            return
+        log.warning("http: accept failed (%s) with no connection open: pausing accept for %gs",
+                    err.strerror, _ACCEPT_PAUSE)
+        self._selector.unregister(self.listener)
+        self._accept_paused_until = time.monotonic() + _ACCEPT_PAUSE
+
+    def _shed_oldest(self) -> None:
+        self._close(next(iter(self._open.values())))
+
+    def _expire(self, now: float) -> None:
+        if self._accept_paused_until and now >= self._accept_paused_until:
+            self._accept_paused_until = 0.0
+            self._selector.register(self.listener, selectors.EVENT_READ, "accept")
+        while self._open:
+            oldest = next(iter(self._open.values()))
+            if oldest.deadline > now:
+                return
+            self._close(oldest)
+
+    def _on_ready(self, conn: _Connection) -> None:
+        if conn.answered:
+            self._drain(conn)
+        elif conn.outgoing:
+            self._write(conn)
+        else:
+            self._read(conn)
+
+    def _read(self, conn: _Connection) -> None:
+        try:
+            data = conn.sock.recv(MAX_HEAD + 1 - len(conn.received))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close(conn)
+            return
+        conn.received += data
+        end = conn.received.find(b"\r\n\r\n")
+        if end < 0:
+            end = conn.received.find(b"\n\n")
+        if end >= 0:
+            self._reply(conn, *self._respond(bytes(conn.received[:end])))
+        elif len(conn.received) > MAX_HEAD:
+            self._reply(conn, 431, f"request head longer than {MAX_HEAD} bytes\n".encode(), _TEXT)
+
+    def _respond(self, head: bytes) -> Answer:
+        """The answer to one request head (request line and headers)."""
+        line = head.split(b"\n", 1)[0].decode("latin-1").strip()
+        parts = line.split()
+        if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+            return 400, b"expected: GET /livez HTTP/1.1\n", _TEXT
+        method, target, _ = parts
+        if method != "GET":
+            return 405, b"only GET\n", _TEXT
+        try:
+            return self.answer(target.partition("?")[0])
+        except Exception:  # a bug in a handler answers 500; the server goes on
+            log.exception("http: GET %s failed", target[:100])
+            return 500, b"internal error: see the agent's log\n", _TEXT
+
+    def _reply(self, conn: _Connection, code: int, body: bytes, content_type: str) -> None:
+        reason = http.HTTPStatus(code).phrase
+        head = (f"HTTP/1.1 {code} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
+                "Connection: close\r\n\r\n").encode()
+        conn.outgoing = head + body
+        self._selector.modify(conn.sock, selectors.EVENT_WRITE, "conn")
+        self._write(conn)
+
+    def _write(self, conn: _Connection) -> None:
+        try:
+            sent = conn.sock.send(conn.outgoing)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._close(conn)
+            return
+        conn.outgoing = conn.outgoing[sent:]
+        if not conn.outgoing:
+            self._finish(conn)
+
+    def _finish(self, conn: _Connection) -> None:
+        """The answer is sent: end our side, and close once the client has (or at the deadline).
+
+        Closing at once, with bytes of the client's still unread (a request
+        body, a head over MAX_HEAD), would make the kernel reset the
+        connection, and the client could lose the answer."""
+        conn.answered = True
+        try:
+            conn.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            self._close(conn)
+            return
+        self._selector.modify(conn.sock, selectors.EVENT_READ, "conn")
+        self._drain(conn)
+
+    def _drain(self, conn: _Connection) -> None:
+        try:
+            data = conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close(conn)
+
+    def _close(self, conn: _Connection) -> None:
+        self._open.pop(conn.sock, None)
+        try:
+            self._selector.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        conn.sock.close()
+
+
+def serve(agent, host: str, port: int) -> ProbeServer:
+    """Start the listener in its own thread; returns the server (call .close()).
+
+    Raises:
+        AgentError: the address cannot be listened on (port taken, address not local).
+    """
     try:
-        server = ThreadingHTTPServer((host, port), Handler)
+        server = ProbeServer(host, port, agent_routes(agent))
     except OSError as err:
         raise AgentError(f"cannot listen on {host}:{port} for probes and metrics: {err.strerror} "
                          "(another agent of this role running? set supervisor.ports or --port)") from err
-    server.daemon_threads = True
-    # No shutdown() is ever called (the thread dies with the agent), so the
-    # listener need not wake up to check for one: idle agents stay idle.
-    threading.Thread(target=server.serve_forever, args=(3600.0,), name="http", daemon=True).start()
-    log.info("probes and metrics on http://%s:%d/ (livez, readyz, metrics)", host, port)
+    server.start()
+    log.info("probes and metrics on http://%s:%d/ (livez, readyz, metrics); at most %d connections, each "
+             "closed after %gs", host, server.address[1], server.max_connections, server.timeout)
     return server

@@ -6,10 +6,17 @@ failure by raising; the failure is an event, and then, per step (config
 `supervisor.step_failure`, else the step's own default), the start either
 blocks (retried with backoff) or continues. Steps marked `once_per_boot` run
 once per kernel boot: a marker in the runtime dir holds the boot id.
+
+The agent runs the steps on a `StepRunner` thread, never on its loop: a
+step may take minutes (slurmd -G, NVML, scontrol, node-boot scripts) and the
+loop must keep reaping orphans and answering /livez meanwhile.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -18,7 +25,9 @@ from slurm_ext import events, gres, prolog_epilog
 from slurm_ext.config import Config
 from slurm_ext.slurm import SlurmClient
 
-__all__ = ["StepContext", "StartStep", "steps_for", "run_steps", "boot_id"]
+__all__ = ["StepContext", "StartStep", "StepRunner", "steps_for", "run_steps", "boot_id"]
+
+log = logging.getLogger("supervisor")
 
 
 @dataclass(frozen=True)
@@ -137,3 +146,93 @@ def _read(path: Path) -> str | None:
         return path.read_text().strip()
     except OSError:
         return None
+
+
+class StepRunner:
+    """Runs one batch of start steps at a time on a thread of its own.
+
+    The agent's loop selects on `fileno()`, which turns readable when a batch
+    is done; `result()` then gives (what it was for, whether it succeeded).
+    A step's children (scripts, slurmd -G) are this thread's own: the agent
+    reaps only its own thread's children (__WNOTHREAD), so a step always gets
+    its children's exit status.
+    """
+
+    def __init__(self):
+        self._read_end, self._write_end = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._thread: threading.Thread | None = None
+        self._done: tuple[object, bool] | None = None
+        self._closed = False
+        self._lock = threading.Lock()  # close() against the thread's last write
+        self._native_id: int | None = None
+        #: the names of the steps of the batch that runs now, for messages
+        self.running = ""
+
+    def fileno(self) -> int:
+        return self._read_end
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None
+
+    def start(self, steps: list[StartStep], context: StepContext, marker_dir: Path, boot: str,
+              purpose: object = None) -> None:
+        """Run `steps` (run_steps) on the thread; `purpose` comes back with the result.
+
+        Raises:
+            RuntimeError: a batch is still running (the caller queues instead).
+        """
+        if self.busy:
+            raise RuntimeError(f"start steps {self.running} still run: one batch at a time")
+        self.running = ", ".join(step.name for step in steps)
+        self._native_id = None  # set by the new thread
+        self._thread = threading.Thread(target=self._run, args=(steps, context, marker_dir, boot, purpose),
+                                        name="start-steps", daemon=True)
+        self._thread.start()
+
+    def _run(self, steps: list[StartStep], context: StepContext, marker_dir: Path, boot: str,
+             purpose: object) -> None:
+        self._native_id = threading.get_native_id()
+        try:
+            ok = run_steps(steps, context, marker_dir, boot)
+        except BaseException:  # run_steps contains each step's failure; this is a bug of ours
+            log.exception("start steps %s: unexpected error; counted as a failure", self.running)
+            ok = False
+        with self._lock:
+            self._done = (purpose, ok)
+            if not self._closed:
+                os.write(self._write_end, b"x")
+
+    def result(self) -> tuple[object, bool] | None:
+        """(purpose, ok) of the batch that has finished, or None while it runs."""
+        try:
+            os.read(self._read_end, 64)
+        except BlockingIOError:
+            pass
+        if self._done is None:
+            return None
+        self._thread.join()
+        done, self._done, self._thread, self.running = self._done, None, None, ""
+        return done
+
+    def children(self) -> list[int]:
+        """The processes the running batch has started and not yet waited for (scripts, slurmd -G)."""
+        if not self.busy or self._native_id is None:
+            return []
+        try:
+            return [int(pid) for pid in Path(f"/proc/self/task/{self._native_id}/children").read_text().split()]
+        except OSError:  # the thread has just ended
+            return []
+
+    def wait(self, timeout: float) -> None:
+        """Let the running batch finish for up to `timeout` seconds."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def close(self) -> None:
+        """Close the pipe; a batch still running is abandoned (its thread ends with the process)."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                os.close(self._read_end)
+                os.close(self._write_end)

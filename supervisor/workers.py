@@ -44,8 +44,9 @@ BUILTIN = (
     WorkerSpec("sshd", ("login",), ("/usr/sbin/sshd", "-D", "-e")),
     WorkerSpec("slurmdbd", ("accounting",), ("slurmdbd", "-D"), stop_grace=30.0),
     WorkerSpec("slurmctld", ("controller",), ("slurmctld", "-D"), stop_grace=30.0),
-    # the Prolog/Epilog's warm side (prolog_epilog.service), up before slurmd runs the first hook
-    WorkerSpec("hooks", ("worker",), (sys.executable, "-m", "slurm_ext.cli", "hooks", "serve")),
+    # the Prolog/Epilog's warm side (prolog_epilog.service), up before slurmd runs the first hook;
+    # -I: isolated, so neither the cwd (sys.path[0] of `-m`) nor PYTHON* variables choose what root imports
+    WorkerSpec("hooks", ("worker",), (sys.executable, "-I", "-m", "slurm_ext.cli", "hooks", "serve")),
     WorkerSpec("slurmd", ("worker",), ("slurmd", "-D"), ready="slurm-node", drain_on_crash_loop=True),
 )
 

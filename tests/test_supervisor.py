@@ -112,6 +112,12 @@ def agents(tmp_path):
 
     yield start
     for agent in started:
+        if agent.proc.poll() is None:  # a test that failed midway: stop it as SIGTERM does, workers and all
+            try:
+                os.kill(agent.pid, signal.SIGTERM)
+                agent.proc.wait(15)
+            except (OSError, IndexError, ValueError, subprocess.TimeoutExpired):
+                pass
         if agent.proc.poll() is None:
             if agent.prefix:  # unshare does not pass signals on: kill the agent itself
                 os.kill(agent.pid, signal.SIGKILL)
