@@ -56,6 +56,7 @@ __all__ = [
     "foreign_processes",
     "POLL_INTERVAL_S",
     "NVML_TIMEOUT_S",
+    "minor_numbers",
 ]
 
 MIB = 2**20
@@ -114,10 +115,13 @@ class GpuCheckError(SlurmExtError):
 
 class GpuCheckTimeout(GpuCheckError):
     """An NVML call did not return within its timeout (`seconds`); it may
-    still be blocked in the driver, so the GPU's state is unknown."""
+    still be blocked in the driver, so the GPU's state is unknown.
+    `initialising`: the call is still in nvmlInit, which takes seconds on a
+    node of many GPUs without persistence mode: slow, not yet a hung GPU."""
 
-    def __init__(self, problem: str, gpu: int | None, seconds: float):
+    def __init__(self, problem: str, gpu: int | None, seconds: float, initialising: bool = False):
         self.seconds = seconds
+        self.initialising = initialising
         super().__init__(problem, gpu)
 
 
@@ -238,7 +242,8 @@ def _timeout_error(call: _Call, seconds: float, earlier: bool = False) -> GpuChe
     what = (f"an earlier NVML call has been blocked for {age:.1f}s {call.doing} {where}; not asking again until "
             "it returns" if earlier else f"NVML did not answer within {seconds:g}s {call.doing} {where}")
     return GpuCheckTimeout(f"{what}: a GPU that fell off the bus or a hung driver does this; check dmesg for Xid "
-                           "errors and nvidia-smi, then drain the node and reset the GPU or reboot", call.gpu, seconds)
+                           "errors and nvidia-smi, then drain the node and reset the GPU or reboot", call.gpu, seconds,
+                           initialising=call.doing == "initialising")
 
 
 def _with_timeout(nvml: Any, work: Callable[[_Call], Any], timeout: float) -> Any:
@@ -300,6 +305,35 @@ def gpu_usage(indexes: Iterable[int], nvml: Any = None, *, timeout: float | None
     timeout = NVML_TIMEOUT_S if timeout is None else timeout
     indexes = list(dict.fromkeys(indexes))
     return _with_timeout(nvml, lambda call: _read_gpus(nvml, indexes, call), timeout)
+
+
+def minor_numbers(indexes: Iterable[int], nvml: Any = None, *, timeout: float | None = None) -> dict[int, int]:
+    """The device minor (`/dev/nvidia<minor>`) of each GPU in `indexes` (NVML indexes), as
+    `gpu_usage` reads: on a worker, within `timeout`.
+
+    A job's GPU indexes are not its device minors wherever the driver numbers
+    devices in another order than the PCI bus: a cgroup that allows a job's
+    devices must ask.
+
+    Raises:
+        GpuCheckError, GpuCheckTimeout: as `gpu_usage`.
+    """
+    nvml = _default_nvml() if nvml is None else nvml
+    timeout = NVML_TIMEOUT_S if timeout is None else timeout
+    indexes = list(dict.fromkeys(indexes))
+
+    def read(call: _Call) -> dict[int, int]:
+        _ensure_init(nvml)
+        minors = {}
+        for index in indexes:
+            call.gpu, call.doing = index, "reading the minor number of"
+            try:
+                minors[index] = int(nvml.nvmlDeviceGetMinorNumber(nvml.nvmlDeviceGetHandleByIndex(index)))
+            except _nvml_errors(nvml) as err:
+                raise _translate(err, index, "cannot read its minor number") from err
+        return minors
+
+    return _with_timeout(nvml, read, timeout)
 
 
 def _read_gpus(nvml: Any, indexes: list[int], call: _Call) -> list[GpuUsage]:

@@ -6,26 +6,30 @@ warm: imports done, NVML initialised, script verdicts cached) when the thin
 (`slurm-ext-prolog`, `slurm-ext-epilog`) when no service answers.
 
 Prolog: record the job (the Epilog needs its uid, GPUs and cgroups when the
-job is gone), refuse GPUs that a process already holds, run job-start
-scripts. Epilog: kill what is left of the job, free its IPC, check its GPUs
-are released, run job-end scripts, forget the job.
+job is gone), refuse GPUs that a process already holds or that NVML does not
+answer for, run job-start scripts. Epilog: kill what is left of the job, free
+its IPC, check its GPUs are released, run job-end scripts, forget the job.
 
 Exit codes are chosen with care: a non-zero exit makes slurmd drain the node
 with a bare "Prolog error"/"Epilog error" (and requeue-hold a starting job).
 So faults slurm-ext finds itself drain the node with an owned reason that
 says what and where (`slurm-ext: gpu 1 memory held after job 42`), and the
-exit is non-zero only where the job must not start (a held GPU, a failed
-job-start script under the drain policy). A hook that cannot do its own
-bookkeeping reports it and still exits 0: a missing record costs the Epilog
-precision, never a job.
+exit is non-zero only where the job must not start (a held or hung GPU, a
+failed job-start script under the drain policy). Failing closed where it
+matters: a record that cannot be written (a full disk) still runs every
+check and script, and drains the node, since the Epilogs of the user's other
+jobs rely on records; an internal error is an event and exit 0, so a
+slurm-ext bug never drains the cluster.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from slurm_ext import config as config_mod, events, log
@@ -78,7 +82,11 @@ def handle(phase: str, env: dict[str, str], config: Config, protect: tuple[int, 
 def prolog(env: dict[str, str], config: Config) -> Verdict:
     record = jobrecord.from_environ(env)
     state_dir = config.node.state_dir
-    with jobrecord.uid_lock(state_dir, record.uid, _lock_timeout(config)):
+    with jobrecord.uid_lock(state_dir, record.uid, _lock_timeout(config)) as held:
+        if not held:
+            _emit(config, "uid-lock-timeout", f"job {record.job_id}: uid {record.uid}'s lock not had within "
+                  f"{_lock_timeout(config):g}s (an Epilog of the user's still cleaning up?); recording the job "
+                  "anyway", "warning", job=record.job_id)
         try:
             jobrecord.write(record, state_dir)
         except OSError as err:
@@ -87,32 +95,40 @@ def prolog(env: dict[str, str], config: Config) -> Verdict:
             _emit(config, "record-failed", f"job {record.job_id}: cannot write its record in {state_dir}/jobs: "
                   f"{err.strerror or err} (a full disk?); draining the node", "error", job=record.job_id)
             _drain(config, record, f"cannot record job {record.job_id} in {state_dir}/jobs: {err.strerror or err}")
-    if record.gpus:
-        try:
-            foreign = gpus.foreign_processes(record.gpus)
-        except gpus.GpuCheckTimeout as err:
-            # NVML blocked in the driver: a GPU that hangs its driver (off the bus, say) is no GPU to start on
-            _emit(config, "gpu-check-failed", f"job {record.job_id}: cannot check its GPUs before it starts: {err}",
-                  "error", job=record.job_id)
-            _drain(config, record, f"gpu {err.gpu if err.gpu is not None else ','.join(map(str, record.gpus))} "
-                   f"not answering NVML before job {record.job_id}")
-            return Verdict(1, f"job {record.job_id}: NVML did not answer for its GPUs ({err}); node drained, "
-                           "Slurm requeues the job")
-        except gpus.GpuCheckError as err:
-            _emit(config, "gpu-check-failed", f"job {record.job_id}: cannot check its GPUs before it starts: {err}",
-                  "error", job=record.job_id)
-            foreign = []
-        if foreign:
-            held = sorted({p.gpu for p in foreign})
-            pids = ", ".join(f"pid {p.pid} on gpu {p.gpu}" for p in foreign)
-            _drain(config, record, f"gpu {','.join(map(str, held))} held by another process before job "
-                   f"{record.job_id} ({pids})")
-            return Verdict(1, f"job {record.job_id}: gpu {','.join(map(str, held))} already in use ({pids}); "
-                           "node drained, Slurm requeues the job")
+    if record.gpus and (refused := _gpus_unfit(record, config)):
+        return refused
     outcome = _run_scripts("job-start", config, env)
     if outcome.exit_code:
         return Verdict(outcome.exit_code, f"job {record.job_id}: job-start scripts failed (policy drain)")
     return Verdict(0, "")
+
+
+def _gpus_unfit(record: jobrecord.JobRecord, config: Config) -> Verdict | None:
+    """The Prolog's verdict when the job must not start on its GPUs (the node is drained), else None.
+
+    A process already on one of them, or a query that NVML does not answer
+    (a GPU off the bus hangs its driver), stops the job; NVML missing, or an
+    nvmlInit still running (slow on many GPUs without persistence mode), is
+    an event and the job starts.
+    """
+    job = record.job_id
+    try:
+        foreign = gpus.foreign_processes(record.gpus)
+    except gpus.GpuCheckError as err:
+        _emit(config, "gpu-check-failed", f"job {job}: cannot check its GPUs before it starts: {err}", "error",
+              job=job)
+        if not isinstance(err, gpus.GpuCheckTimeout) or err.initialising:
+            return None
+        which = err.gpu if err.gpu is not None else ",".join(map(str, record.gpus))
+        _drain(config, record, f"gpu {which} not answering NVML before job {job}")
+        return Verdict(1, f"job {job}: NVML did not answer for its GPUs ({err}); node drained, Slurm requeues "
+                       "the job")
+    if not foreign:
+        return None
+    held = ",".join(map(str, sorted({p.gpu for p in foreign})))
+    pids = ", ".join(f"pid {p.pid} on gpu {p.gpu}" for p in foreign)
+    _drain(config, record, f"gpu {held} held by another process before job {job} ({pids})")
+    return Verdict(1, f"job {job}: gpu {held} already in use ({pids}); node drained, Slurm requeues the job")
 
 
 def epilog(env: dict[str, str], config: Config, protect: tuple[int, ...] = ()) -> Verdict:
@@ -134,33 +150,51 @@ def epilog(env: dict[str, str], config: Config, protect: tuple[int, ...] = ()) -
 def _clean_up(env: dict[str, str], config: Config, record: jobrecord.JobRecord, protect: tuple[int, ...]) -> Verdict:
     settings = config.prolog_epilog
     job_id = record.job_id
-    state_dir = config.node.state_dir
     protected = procs.protected_pids(protect)
-    # "the user has no other job here" is decided and acted on under the uid's lock, which a Prolog of
-    # the same user holds while it writes its record: no job can start between the look and the sweep
-    with jobrecord.uid_lock(state_dir, record.uid, _lock_timeout(config)):
-        others, stale = jobrecord.other_jobs(record, state_dir, since=_boot_time())
-        if stale:
-            _emit(config, "record-stale", f"job {job_id}: removed the records of job(s) "
-                  f"{','.join(map(str, stale))} of uid {record.uid}, which no longer run here", "warning",
-                  job=job_id, stale=stale)
-        exclusive = not others and record.uid >= settings.min_uid
-        live = frozenset(jobrecord.recorded_jobs(state_dir) - {job_id})  # a SLURM_JOB_ID naming one is believed
+    with _exclusive_step(config, record) as (others, exclusive):
         cleanup = procs.kill_job(record, sweep_uid=exclusive, protected=protected, timeout=settings.kill_timeout,
-                                 live_jobs=live)
+                                 live_jobs=frozenset(others))
         ipc = clean_ipc(record.uid, exclusive=exclusive, since=record.start) if record.uid else None
     reasons = [f"job {job_id} left pid {p.pid} ({printable(p.comm)}) unkillable in state {state}"
                for p, state in cleanup.survivors]
-    reasons += _release_gpus(config, record, cleanup, protected, live)
+    reasons += _release_gpus(config, record, cleanup, protected, frozenset(others))
     _report(config, record, cleanup, ipc, others)
     for reason in reasons:
         _drain(config, record, reason)
-    # the user's job-end hooks run after the cleanup; each runs in a cgroup of its own that is killed when
-    # it ends (scripts._HookCgroup), so nothing they start outlives them
+    # the user's job-end hooks run after the cleanup: each in a cgroup of its own that is killed when it
+    # ends (scripts._HookCgroup), so no process of theirs outlives them; what they left in IPC goes now
     outcome = _run_scripts("job-end", config, env)
+    if record.uid and any(result.user == record.user and not result.refused for result in outcome.results):
+        with _exclusive_step(config, record) as (others, exclusive):
+            late = clean_ipc(record.uid, exclusive=exclusive, since=record.start)
+        if late.removed or late.errors:
+            _report(config, record, procs.Cleanup((), (), 0.0, 0), late, others)
     if outcome.exit_code:
         return Verdict(outcome.exit_code, f"job {job_id}: job-end scripts failed (policy drain)")
     return Verdict(0, "; ".join(reasons))
+
+
+@contextlib.contextmanager
+def _exclusive_step(config: Config, record: jobrecord.JobRecord) -> Iterator[tuple[list[int], bool]]:
+    """(the same user's other live jobs, whether the user has none) while the uid's lock is held.
+
+    A Prolog of the same user holds the lock while it writes its record, so
+    no job of the user can start between this look and what it allows (the
+    uid sweep, removing every IPC object). Without the lock (not had in time)
+    the user is never taken to have no other job.
+    """
+    state_dir = config.node.state_dir
+    with jobrecord.uid_lock(state_dir, record.uid, _lock_timeout(config)) as held:
+        others, stale = jobrecord.other_jobs(record, state_dir, since=_boot_time())
+        if stale:
+            _emit(config, "record-stale", f"job {record.job_id}: removed the records of job(s) "
+                  f"{','.join(map(str, stale))} of uid {record.uid}, which no longer run here", "warning",
+                  job=record.job_id, stale=stale)
+        if not held:
+            _emit(config, "uid-lock-timeout", f"job {record.job_id}: uid {record.uid}'s lock not had within "
+                  f"{_lock_timeout(config):g}s; cleaning up as if the user had another job here", "warning",
+                  job=record.job_id)
+        yield others, held and not others and record.uid >= config.prolog_epilog.min_uid
 
 
 def _lock_timeout(config: Config) -> float:

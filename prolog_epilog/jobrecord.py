@@ -161,7 +161,17 @@ def other_jobs(record: JobRecord, state_dir: str, since: float = 0.0, *,
     uid sweep off until the next reboot.
     """
     now = time.time() if now is None else now
-    alive = alive or (lambda other: bool(running_jobs({other.job_id})) or _has_cgroup(other, cgroup_root))
+    running: set[int] | None = None
+
+    def runs_here(other: JobRecord) -> bool:  # the cgroup first; /proc is read once, and only if needed
+        nonlocal running
+        if _has_cgroup(other, cgroup_root):
+            return True
+        if running is None:
+            running = running_jobs()
+        return other.job_id in running
+
+    alive = alive or runs_here
     live, stale = set(), []
     for job_id in recorded_jobs(state_dir) - {record.job_id}:
         other = read(job_id, state_dir)
@@ -184,19 +194,26 @@ def recorded_jobs(state_dir: str) -> set[int]:
 def running_jobs(job_ids: set[int] | None = None, proc: Path = PROC) -> set[int]:
     """Ids of the jobs that have a slurmstepd on this node now (of `job_ids` only, when given).
 
-    slurmstepd names itself `slurmstepd: [<job>.<step>]` in its command line.
+    slurmstepd names itself `slurmstepd: [<job>.<step>]` in its command line;
+    anyone can name a process so (`exec -a`), so only root's processes whose
+    program is slurmstepd count.
     """
     found = set()
     for pid in pids(proc):
+        base = f"{os.fspath(proc)}/{pid}"
         try:
-            with open(f"{os.fspath(proc)}/{pid}/cmdline", "rb") as f:
+            with open(f"{base}/cmdline", "rb") as f:
                 head = f.read(64)
+            if not head.startswith(b"slurmstepd: ["):
+                continue
+            if os.stat(base).st_uid != 0 or \
+                    os.path.basename(os.readlink(f"{base}/exe").removesuffix(" (deleted)")) != "slurmstepd":
+                continue
         except OSError:
             continue
-        if head.startswith(b"slurmstepd: ["):
-            job = head[13:].split(b".", 1)[0].split(b"]", 1)[0]
-            if job.isdigit() and (job_ids is None or int(job) in job_ids):
-                found.add(int(job))
+        job = head[13:].split(b".", 1)[0].split(b"]", 1)[0]
+        if job.isdigit() and (job_ids is None or int(job) in job_ids):
+            found.add(int(job))
     return found
 
 

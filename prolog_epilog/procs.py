@@ -19,9 +19,9 @@ daemon that an admin job-start script started inherits SLURM_JOB_ID without
 being the job's; (3) never reaches root or another user. A process that sits
 in another job's cgroup (one of Slurm's, not any path named job_N) is that
 job's, unless it is in this job's cgroup; one that carries another job's
-SLURM_JOB_ID is that job's only when that job lives on this node (a record
-or a cgroup): anyone can write `SLURM_JOB_ID=1` into their environment to hide
-from the uid sweep. Never touched: PID 1, the caller and its ancestors (the
+SLURM_JOB_ID is that job's only when it is another job of the same user that
+runs on this node: anyone can write `SLURM_JOB_ID=1`, or the id of another
+user's job from squeue, into their environment to hide from the uid sweep. Never touched: PID 1, the caller and its ancestors (the
 hook, slurmd), the `protected` pids (the agent), and root processes running
 slurmd or slurmstepd.
 
@@ -56,6 +56,7 @@ from pathlib import Path
 
 from slurm_ext.procfs import PROC, ProcStat, pids, read_stat, real_uid
 
+from . import cgroupfs
 from .jobrecord import JobRecord, cgroup_paths
 
 __all__ = ["JobProcess", "Cleanup", "find_job_processes", "kill_job", "protected_pids", "gpu_process_of",
@@ -119,8 +120,8 @@ def find_job_processes(job: JobRecord, *, sweep_uid: bool, protected: frozenset[
                        cgroup_root: Path = CGROUP_ROOT) -> list[JobProcess]:
     """Every live process tied to `job` now (one pass over /proc).
 
-    `live_jobs`: ids of the other jobs that run on this node (their records);
-    a SLURM_JOB_ID naming one of them, or a job with a cgroup here, is trusted.
+    `live_jobs`: ids of the same user's other jobs that run on this node; a
+    SLURM_JOB_ID naming one of them is believed, any other is not.
     """
     scanner = _Scanner(job, sweep_uid, protected, proc, cgroup_root, live_jobs, pin=False)
     return [found.process for found in scanner.scan(everything=True)]
@@ -151,11 +152,11 @@ class _Scanner:
         self.cgroups = _job_cgroups(job, places)
         #: the job's cgroups as /proc/PID/cgroup names them, to confirm a member once its pid is pinned
         self.cgroup_names = {_cgroup_name(d, cgroup_root) for d in self.cgroups}
-        other_cgroups = _other_job_ids(places)
         #: whether any other job has cgroups here: if not, no process needs its cgroup file read
-        self.other_jobs = bool(other_cgroups)
-        #: other jobs' ids that a SLURM_JOB_ID may claim: they run here
-        self.trusted = (frozenset(live_jobs) | other_cgroups) - {job.job_id}
+        self.other_jobs = _other_job_cgroups(places)
+        #: other jobs' ids that a SLURM_JOB_ID may claim: the same user's that run here (anyone can read
+        #: another user's job ids in squeue; claiming one must not hide a process from the uid sweep)
+        self.trusted = frozenset(live_jobs) - {job.job_id}
         self.seen: set[int] = set()
         self.tied: dict[int, _Found] = {}
         self.groups: set[int] = set()
@@ -163,7 +164,7 @@ class _Scanner:
 
     def scan(self, everything: bool = False) -> list[_Found]:
         """Newly tied processes (with `everything`: every tied process alive now)."""
-        in_cgroup = _cgroup_members(self.cgroups)
+        in_cgroup = cgroupfs.members(self.cgroups)
         found: list[_Found] = []
         family: list[tuple[ProcStat, int]] = []  # the job user's processes not tied (yet), with their uid
         for pid in sorted(pids(self.proc), reverse=True):
@@ -290,17 +291,19 @@ def kill_job(job: JobRecord, *, sweep_uid: bool, protected: frozenset[int], time
     deadline = started + timeout
     _raise_fd_limit()
     scanner = _Scanner(job, sweep_uid, protected, proc, cgroup_root, live_jobs)
-    # nothing of the uid can fork from here on; and whether it has any process at all
-    uid_stopped = sweep_uid and job.uid != 0 and signal_uid(job.uid, signal.SIGSTOP)
+    frozen: list[Path] = []
+    uid_stopped = False
     try:
-        occupied = [d for d in scanner.cgroups if _cgroup_members([d])]
+        # nothing of the uid can fork from here on; and whether it has any process at all
+        uid_stopped = sweep_uid and job.uid != 0 and signal_uid(job.uid, signal.SIGSTOP)
+        occupied = [d for d in scanner.cgroups if cgroupfs.members([d])]
         # a job cgroup that still holds a slurmstepd (the extern step ending) is not ours to freeze or kill
         whole = [d for d in occupied if not _holds_slurm_daemon(d, proc)]
-        frozen = [d for d in whole if _freeze(d, True)]
+        frozen = [d for d in whole if cgroupfs.freeze(d, True)]
         new = scanner.scan(everything=True)
         if not new and not occupied:  # the usual Epilog: nothing escaped (Slurm removes empty job cgroups)
             return Cleanup(found=(), survivors=(), seconds=time.monotonic() - started, cgroups_removed=0)
-        cannot_fork = _cgroup_members(frozen)
+        cannot_fork = cgroupfs.members(frozen)
         for _ in range(_MAX_STOP_ROUNDS):
             for found in new:
                 if found.process.pid not in cannot_fork:
@@ -311,28 +314,43 @@ def kill_job(job: JobRecord, *, sweep_uid: bool, protected: frozenset[int], time
         for found in scanner.tied.values():
             _send(found, signal.SIGKILL, proc)
         for directory in whole:
-            _write(directory / "cgroup.kill", "1")
+            cgroupfs.write(directory / "cgroup.kill", "1")
         for directory in frozen:
-            _freeze(directory, False)
+            cgroupfs.freeze(directory, False)
+        frozen = []
         alive = _wait_gone(list(scanner.tied.values()), deadline, proc)
         while not alive:  # verify: nothing of the job is left, its cgroups are empty
             again = scanner.scan(everything=True)
-            if (not again and not _cgroup_members(whole)) or time.monotonic() >= deadline:
+            if (not again and not cgroupfs.members(whole)) or time.monotonic() >= deadline:
                 alive = again
                 break
             for found in again:
                 _send(found, signal.SIGKILL, proc)
             for directory in whole:
-                _write(directory / "cgroup.kill", "1")
+                cgroupfs.write(directory / "cgroup.kill", "1")
             alive = _wait_gone(again, deadline, proc) if again else (time.sleep(_POLL) or [])
-        survivors = tuple((f.process, _state(f.process, proc)) for f in alive if _alive(f.process, proc))
-        return Cleanup(found=tuple(f.process for f in scanner.tied.values()), survivors=survivors,
+        survivors = [(f.process, _state(f.process, proc)) for f in alive if _alive(f.process, proc)]
+        survivors += _cgroup_survivors(whole, {p.pid for p, _ in survivors}, proc)
+        return Cleanup(found=tuple(f.process for f in scanner.tied.values()), survivors=tuple(survivors),
                        seconds=time.monotonic() - started,
                        cgroups_removed=0 if survivors else _remove_cgroups(scanner.cgroups))
     finally:
+        for directory in frozen:  # an error on the way must not leave the job's cgroups frozen
+            cgroupfs.freeze(directory, False)
         scanner.close()
         if uid_stopped:
             signal_uid(job.uid, signal.SIGCONT)  # what of the uid was not the job's runs on
+
+
+def _cgroup_survivors(directories: list[Path], known: set[int], proc: Path) -> list[tuple[JobProcess, str]]:
+    """What is still in the job's cgroups at the end and not reported yet: a job cgroup that does not
+    empty leaves the node unfit, whatever the scan made of its members."""
+    left = []
+    for pid in sorted(cgroupfs.members(directories) - known):
+        stat = read_stat(pid, proc)
+        if stat is not None and stat.state not in ("Z", "X"):
+            left.append((JobProcess(pid, stat.starttime, real_uid(pid, proc) or 0, stat.comm, "cgroup"), stat.state))
+    return left
 
 
 def signal_uid(uid: int, signum: int) -> bool:
@@ -343,9 +361,13 @@ def signal_uid(uid: int, signum: int) -> bool:
     scan of /proc can promise. Only processes whose real or saved uid is
     `uid` are reached: the child has no capability left. Returns whether the
     uid had any process (kill(-1) says ESRCH when it signalled none); True
-    also when the child could not tell, so callers look rather than assume.
+    also when the child could not tell or not be made, so callers look
+    rather than assume.
     """
-    child = os.fork()
+    try:
+        child = os.fork()
+    except OSError:  # no memory or pids left for a child: look with scans alone
+        return True
     if child == 0:  # the child: only system calls, then _exit
         code = 2
         try:
@@ -405,7 +427,7 @@ def gpu_process_of(job: JobRecord, pid: int, protected: frozenset[int], live_job
         return None
     # the scanner's judgement with the uid sweep on: the job's user holds the GPU, so it is the job's
     scanner = _Scanner(job, True, protected, proc, cgroup_root, live_jobs, pin=False)
-    judged = scanner._judge(pid, _cgroup_members(scanner.cgroups))
+    judged = scanner._judge(pid, cgroupfs.members(scanner.cgroups))
     if judged is None or judged[2] == "family":  # "family" here: in another job's cgroup
         return None
     stat, uid, tie = judged
@@ -433,18 +455,6 @@ def _job_cgroups(job: JobRecord, places: list[Path]) -> list[Path]:
     return [p for p in dict.fromkeys([*map(Path, job.cgroups), *places]) if os.path.isdir(p)]
 
 
-def _cgroup_members(directories: list[Path]) -> set[int]:
-    members: set[int] = set()
-    for top in directories:
-        for directory, _, _ in os.walk(top):
-            try:
-                with open(os.path.join(directory, "cgroup.procs"), "rb") as f:
-                    members.update(int(line) for line in f.read().split())
-            except (OSError, ValueError):
-                continue
-    return members
-
-
 def _environ_job(pid: int, proc: Path) -> int | None:
     """The SLURM_JOB_ID in the process's environment, if it has one."""
     try:
@@ -460,17 +470,17 @@ def _environ_job(pid: int, proc: Path) -> int | None:
 
 
 def _holds_slurm_daemon(directory: Path, proc: Path) -> bool:
-    return any(real_uid(pid, proc) == 0 and _runs_slurm_daemon(pid, proc) for pid in _cgroup_members([directory]))
+    return any(real_uid(pid, proc) == 0 and _runs_slurm_daemon(pid, proc) for pid in cgroupfs.members([directory]))
 
 
-def _other_job_ids(places: list[Path]) -> frozenset[int]:
-    """Ids of the jobs other than the one of `places` (its cgroup_paths) that have a cgroup directory here."""
-    found = set()
+def _other_job_cgroups(places: list[Path]) -> bool:
+    """Whether a job other than the one of `places` (its cgroup_paths) has a cgroup directory here."""
     for place in places:
         scope, pattern = (place.parent, "job_*") if place.parent.name.endswith(".scope") else \
             (place.parent.parent, "uid_*/job_*")
-        found.update(int(d.name[4:]) for d in scope.glob(pattern) if d.name != place.name and d.name[4:].isdigit())
-    return frozenset(found)
+        if any(found.name != place.name for found in scope.glob(pattern)):
+            return True
+    return False
 
 
 def _cgroup_name(directory: Path, cgroup_root: Path) -> str:
@@ -558,33 +568,6 @@ def _raise_fd_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard))
         except (ValueError, OSError):
             pass
-
-
-def _freeze(directory: Path, frozen: bool) -> bool:
-    """Freeze (or thaw) a cgroup; False when it cannot freeze."""
-    if (directory / "cgroup.freeze").exists():
-        return _write(directory / "cgroup.freeze", "1" if frozen else "0")
-    state = directory / "freezer.state"
-    if not state.exists() or not _write(state, "FROZEN" if frozen else "THAWED"):
-        return False
-    deadline = time.monotonic() + 1.0  # FREEZING settles in milliseconds; never wait on it for long
-    while frozen and time.monotonic() < deadline:
-        try:
-            if state.read_text().strip() == "FROZEN":
-                break
-        except OSError:
-            break
-        time.sleep(_POLL)
-    return True
-
-
-def _write(path: Path, text: str) -> bool:
-    try:
-        with open(path, "w") as f:
-            f.write(text)
-        return True
-    except OSError:
-        return False
 
 
 def _remove_cgroups(directories: list[Path]) -> int:

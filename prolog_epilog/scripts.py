@@ -64,6 +64,7 @@ from typing import Callable
 from slurm_ext import events, procfs
 from slurm_ext.config import Config
 
+from . import cgroupfs
 from .places import CLEAN_PATH, DEFAULT_SCRIPTS_DIR, PHASES, SCRIPT_ROLES, phase_dir, scripts_dir, user_hook_dir
 from .validate import ScriptFile, VerdictCache, script_names
 
@@ -357,7 +358,7 @@ def _user_hooks(config: Config, phase: str, role: str, env: dict[str, str], home
         paths = script_names(directory, owner=uid, limit=MAX_HOOK_ENTRIES)
     except OSError as err:
         return skipped(f"{directory}: cannot list the directory: {err.strerror or err}")
-    cache = VerdictCache(owner=uid, group=gid)
+    cache = VerdictCache(owner=uid)
     budget = config.prolog_epilog.script_timeout
     end = time.monotonic() + budget
     results = []
@@ -384,7 +385,7 @@ def _user_hook(config: Config, phase: str, role: str, env: dict[str, str], path:
         return _refuse(config, phase, env, str(path), who.name, problems)
     with script:
         try:
-            cgroup = _HookCgroup.make(cgroup_root, env.get("SLURM_JOB_ID", ""), _job_gpus(env))
+            cgroup = _HookCgroup.make(cgroup_root, env.get("SLURM_JOB_ID", ""), _gpu_minors(env))
         except OSError as err:
             return _refuse(config, phase, env, str(path), who.name,
                            f"{path}: error: not run: cannot make its cgroup under {cgroup_root}: "
@@ -400,11 +401,23 @@ def _user_hook(config: Config, phase: str, role: str, env: dict[str, str], path:
                             script=str(path), cgroups=left)
 
 
-def _job_gpus(env: dict[str, str]) -> tuple[int, ...]:
-    """The job's GPU indexes (SLURM_JOB_GPUS); none when absent or unreadable, which denies every GPU."""
+def _gpu_minors(env: dict[str, str]) -> tuple[int, ...] | None:
+    """The device minors of the job's GPUs (SLURM_JOB_GPUS, asked of NVML); None when the job has none.
+
+    An empty tuple, which denies every GPU, when the indexes are unreadable
+    or NVML cannot say: a hook is never let at a GPU on a guess.
+    """
+    text = env.get("SLURM_JOB_GPUS", "")
+    if not text.strip():
+        return None
     try:
-        return tuple(int(gpu) for gpu in env.get("SLURM_JOB_GPUS", "").split(",") if gpu.strip())
+        indexes = [int(gpu) for gpu in text.split(",") if gpu.strip()]
     except ValueError:
+        return ()
+    from . import gpus  # only for a job with GPUs and user hooks
+    try:
+        return tuple(gpus.minor_numbers(indexes).values())
+    except gpus.GpuCheckError:
         return ()
 
 
@@ -622,14 +635,12 @@ class _HookCgroup:
     cgroup.kill (or frozen and killed on kernels before 5.14).
 
     Devices (v1): the hook may open the job's GPUs only, as under Slurm's
-    ConstrainDevices. The rule is deliberately simple: every nvidia GPU
-    device 195:<minor> (minors 0-253) whose minor is not one of the job's
-    GPU indexes (SLURM_JOB_GPUS) is denied. Indexes equal minors where
-    gres.conf lists the GPUs in minor order, which slurm-ext's generated
-    gres.conf does on nodes whose minors follow the PCI bus order;
-    nvidiactl (255), nvidia-modeset (254), nvidia-uvm and nvidia-caps stay
-    open, as Slurm leaves them. v2 has no devices files (its device control
-    is eBPF): there a hook is not held to its job's GPUs.
+    ConstrainDevices: every nvidia GPU device 195:<minor> (minors 0-253)
+    that is not one of the job's GPUs (SLURM_JOB_GPUS, their minors asked of
+    NVML; every GPU when NVML cannot say) is denied. nvidiactl (255),
+    nvidia-modeset (254), nvidia-uvm and nvidia-caps stay open, as Slurm
+    leaves them. v2 has no devices files (its device control is eBPF): there
+    the hooks of a job with GPUs do not run at all.
     """
 
     def __init__(self, directories: list[Path]):
@@ -637,14 +648,18 @@ class _HookCgroup:
         self.directories = directories
 
     @classmethod
-    def make(cls, root: Path, job: str, gpus: tuple[int, ...]) -> _HookCgroup:
-        """Make the directories and set their limits.
+    def make(cls, root: Path, job: str, minors: tuple[int, ...] | None) -> _HookCgroup:
+        """Make the directories and set their limits; `minors`: the job's GPU devices (None: no GPUs).
 
         Raises:
-            OSError: no cgroup v1 freezer or v2 hierarchy under `root`, or a directory or limit cannot be made.
+            OSError: no cgroup v1 freezer or v2 hierarchy under `root`, a directory or limit cannot be
+                made, or the job has GPUs and the hierarchy is v2 (which cannot hold the hook to them).
         """
         name = f"hook_{job if job.isdigit() else 'nojob'}_{os.getpid()}_{next(_SEQUENCE)}"
         unified = (root / "cgroup.controllers").is_file()
+        if unified and minors is not None:
+            raise OSError(errno.EOPNOTSUPP, f"cgroup v2 at {root} cannot hold a hook to its job's GPUs (device "
+                          "control there needs eBPF): the user hooks of jobs with GPUs run only on cgroup v1")
         if unified:
             parents = [root / _CGROUP_PARENT]
         else:
@@ -656,19 +671,19 @@ class _HookCgroup:
         try:
             for parent in parents:
                 made.directories.append(_make_child(parent, name, unified))
-            made._limit(gpus)
+            made._limit(minors)
         except BaseException:
             made.close()
             raise
         return made
 
-    def _limit(self, gpus: tuple[int, ...]) -> None:
+    def _limit(self, minors: tuple[int, ...] | None) -> None:
         for directory in self.directories:
             if (directory / "devices.deny").exists():
-                _write_each(directory / "devices.deny",
-                            [f"c {_GPU_MAJOR}:{minor} rwm" for minor in _GPU_MINORS if minor not in gpus])
+                cgroupfs.write_each(directory / "devices.deny",
+                            [f"c {_GPU_MAJOR}:{minor} rwm" for minor in _GPU_MINORS if minor not in (minors or ())])
             if (directory / "pids.max").exists():
-                _write_each(directory / "pids.max", [str(HOOK_PIDS_MAX)])
+                cgroupfs.write_each(directory / "pids.max", [str(HOOK_PIDS_MAX)])
 
     def procs_files(self) -> list[str]:
         return [str(directory / "cgroup.procs") for directory in self.directories]
@@ -681,13 +696,13 @@ class _HookCgroup:
         while members and time.monotonic() < deadline:
             top = self.directories[0]
             if (top / "cgroup.kill").exists():
-                _write(top / "cgroup.kill", "1")  # the kernel's own: nothing forks past it
+                cgroupfs.write(top / "cgroup.kill", "1")  # the kernel's own: nothing forks past it
             else:
-                frozen = _freeze(top, True)  # while frozen nothing forks or exits: the pids read are the members
+                frozen = cgroupfs.freeze(top, True)  # while frozen nothing forks or exits: the pids read are the members
                 for pid in self._members():
                     _kill(pid)
                 if frozen:
-                    _freeze(top, False)
+                    cgroupfs.freeze(top, False)
             time.sleep(0.01)
             members = self._members()
         return count
@@ -700,7 +715,7 @@ class _HookCgroup:
         """
         if self.directories:
             self.kill()
-        left = [str(directory) for directory in self.directories if not _rmdir(directory)]
+        left = [str(directory) for directory in self.directories if not cgroupfs.rmdir(directory, wait=_KILL_GRACE)]
         for directory in self.directories:
             try:
                 directory.parent.rmdir()
@@ -710,12 +725,7 @@ class _HookCgroup:
         return left
 
     def _members(self) -> set[int]:
-        if not self.directories:
-            return set()
-        try:
-            return {int(pid) for pid in (self.directories[0] / "cgroup.procs").read_text().split()}
-        except OSError:
-            return set()
+        return cgroupfs.members(self.directories[:1])
 
 
 def _make_child(parent: Path, name: str, unified: bool) -> Path:
@@ -723,7 +733,7 @@ def _make_child(parent: Path, name: str, unified: bool) -> Path:
     for _ in range(10):
         parent.mkdir(exist_ok=True)
         if unified:  # so that the hook's directory gets pids.max; not there when the root lacks pids
-            _write(parent / "cgroup.subtree_control", "+pids")
+            cgroupfs.write(parent / "cgroup.subtree_control", "+pids")
         try:
             (parent / name).mkdir()
             return parent / name
@@ -732,60 +742,8 @@ def _make_child(parent: Path, name: str, unified: bool) -> Path:
     raise OSError(errno.EAGAIN, f"{parent} keeps disappearing", str(parent))
 
 
-def _freeze(directory: Path, frozen: bool) -> bool:
-    """Freeze (or thaw) a cgroup and wait until it is; False when it cannot freeze."""
-    if (directory / "cgroup.freeze").exists():  # v2
-        control, value, done, events_file = "cgroup.freeze", "1" if frozen else "0", "frozen 1", "cgroup.events"
-    else:
-        control, value, done, events_file = "freezer.state", "FROZEN" if frozen else "THAWED", "FROZEN", "freezer.state"
-    if not _write(directory / control, value):
-        return False
-    deadline = time.monotonic() + _KILL_GRACE  # freezing settles in milliseconds; never wait on it for long
-    while frozen and time.monotonic() < deadline:
-        try:
-            if done in (directory / events_file).read_text():
-                break
-        except OSError:
-            break
-        time.sleep(0.005)
-    return True
-
-
 def _kill(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _write(path: Path, text: str) -> bool:
-    try:
-        _write_each(path, [text])
-        return True
-    except OSError:
-        return False
-
-
-def _write_each(path: Path, lines: list[str]) -> None:
-    """One write() per line: cgroup files read one rule per write. Raises OSError."""
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        for line in lines:
-            os.write(fd, line.encode())
-    finally:
-        os.close(fd)
-
-
-def _rmdir(directory: Path) -> bool:
-    """Remove an emptied cgroup directory; its last processes may take a moment to leave it."""
-    deadline = time.monotonic() + _KILL_GRACE
-    while True:
-        try:
-            directory.rmdir()
-            return True
-        except FileNotFoundError:
-            return True
-        except OSError as err:
-            if err.errno != errno.EBUSY or time.monotonic() >= deadline:
-                return False
-        time.sleep(0.01)

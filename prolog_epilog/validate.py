@@ -487,14 +487,13 @@ class VerdictCache:
     path, content hash and interpreter; the file, its directories and its
     interpreter are judged again at every call, so a chmod, a chown or a
     changed directory is seen at once. `owner` is the uid that must own the
-    scripts (0: admin scripts); for a user's hooks the syntax check runs as
-    that uid, with group `group` (default: the file's group) and no other.
+    scripts (0: admin scripts); a user's hooks are opened and judged as
+    files, but not syntax-checked (see `_content_problems`).
     """
 
-    def __init__(self, owner: int = 0, shellcheck: bool = False, group: int | None = None):
+    def __init__(self, owner: int = 0, shellcheck: bool = False):
         self.owner = owner
         self.shellcheck = shellcheck
-        self.group = group
         self._verdicts: dict[tuple, list[Problem]] = {}
 
     def problems(self, path: Path) -> list[Problem]:
@@ -523,10 +522,14 @@ class VerdictCache:
         programs, problem = _interpreter(script.path, script.content)
         if problem:
             return [problem]
+        if self.owner != 0:
+            # A user's hook is not syntax-checked at all: a checker running as the user outside the hook's
+            # cgroup could be ptraced by the user's other processes into forking out of reach, and one
+            # running as root would run what the user names. A broken hook fails when it runs, in its cgroup.
+            return []
         untrusted = [p for program in programs for p in _untrusted(script.path, program)]
         if untrusted:
-            # an admin script must not name it; a user's own interpreter is not run by the checks at all
-            return untrusted if self.owner == 0 else []
+            return untrusted  # an admin script must not name an interpreter that others can change
         key = (script.path, hashlib.sha256(script.content).digest(), programs[-1])
         if key not in self._verdicts:
             self._verdicts[key] = self._syntax(script, programs[-1])
@@ -536,32 +539,25 @@ class VerdictCache:
         base = Path(interpreter).name
         problems = []
         if base in _SHELLS:
-            problems = _shell_syntax(script, interpreter, self._as_user(script))
+            problems = _shell_syntax(script, interpreter)
             if self.shellcheck and not any(p.line for p in problems):
                 problems += _shellcheck(script)
         elif base.startswith("python"):
-            problems = _python_syntax(script, interpreter, self._as_user(script))
+            problems = _python_syntax(script, interpreter)
         return problems
 
-    def _as_user(self, script: ScriptFile) -> dict:
-        """subprocess arguments that run a check as the hook's user (nothing for admin scripts)."""
-        if self.owner == 0:
-            return {}
-        group = self.group if self.group is not None else script.info.st_gid
-        return {"user": self.owner, "group": group, "extra_groups": []}
 
-
-def _check(argv: list[str], script: ScriptFile, as_user: dict) -> subprocess.CompletedProcess:
+def _check(argv: list[str], script: ScriptFile) -> subprocess.CompletedProcess:
     """Run one syntax checker on the open script (never by its path), in a clean environment."""
     return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
                           timeout=_SYNTAX_TIMEOUT, cwd="/", env={"PATH": CLEAN_PATH, "LANG": "C.UTF-8"},
-                          pass_fds=(script.fd,), **as_user)
+                          pass_fds=(script.fd,))
 
 
-def _shell_syntax(script: ScriptFile, interpreter: str, as_user: dict) -> list[Problem]:
+def _shell_syntax(script: ScriptFile, interpreter: str) -> list[Problem]:
     base, name = Path(interpreter).name, script.path
     try:
-        result = _check([interpreter, "-n", script.exec_path], script, as_user)
+        result = _check([interpreter, "-n", script.exec_path], script)
     except subprocess.TimeoutExpired:
         return [Problem(name, None, f"{base} -n did not finish within {_SYNTAX_TIMEOUT:g}s")]
     if result.returncode == 0:
@@ -575,10 +571,10 @@ def _shell_syntax(script: ScriptFile, interpreter: str, as_user: dict) -> list[P
     return problems or [Problem(name, None, f"{base} -n failed: {result.stderr.strip()}")]
 
 
-def _python_syntax(script: ScriptFile, interpreter: str, as_user: dict) -> list[Problem]:
+def _python_syntax(script: ScriptFile, interpreter: str) -> list[Problem]:
     name = script.path
     try:
-        result = _check([interpreter, "-I", "-S", "-c", _PYTHON_CHECK, script.exec_path, name], script, as_user)
+        result = _check([interpreter, "-I", "-S", "-c", _PYTHON_CHECK, script.exec_path, name], script)
     except subprocess.TimeoutExpired:
         return [Problem(name, None, f"python compile did not finish within {_SYNTAX_TIMEOUT:g}s")]
     if result.returncode == 0:

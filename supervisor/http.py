@@ -180,29 +180,35 @@ class ProbeServer:
             pass
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(2.0)
+        if self._thread is None or not self._thread.is_alive():  # else it still reads them: leave them
+            os.close(self._wake_r)
+            os.close(self._wake_w)
 
     # -- the thread -------------------------------------------------------------------
 
     def _serve(self) -> None:
         try:
             while not self._closing:
-                for key, _ in self._selector.select(self._wait()):
-                    if key.data == "accept":
-                        self._accept()
-                    elif key.data == "wake":
-                        os.read(self._wake_r, 64)
-                    elif key.fileobj in self._open:  # not closed earlier in this batch
-                        self._on_ready(self._open[key.fileobj])
-                self._expire(time.monotonic())
-        except Exception:  # the probes must not die silently: the kubelet would restart the pod
-            log.exception("http: probe server failed; /livez no longer answers")
+                try:
+                    self._pass()
+                except Exception:  # the probes must not die: the kubelet would restart the pod with its jobs
+                    log.exception("http: probe server error; serving on")
+                    time.sleep(0.1)
         finally:
             for conn in list(self._open.values()):
                 self._close(conn)
             self._selector.close()
             self.listener.close()
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+
+    def _pass(self) -> None:
+        for key, _ in self._selector.select(self._wait()):
+            if key.data == "accept":
+                self._accept()
+            elif key.data == "wake":
+                os.read(self._wake_r, 64)
+            elif key.fileobj in self._open:  # not closed earlier in this batch
+                self._on_ready(self._open[key.fileobj])
+        self._expire(time.monotonic())
 
     def _wait(self) -> float | None:
         """Seconds until the oldest connection's deadline or the end of an accept pause; None: no deadline."""
@@ -222,9 +228,9 @@ class ProbeServer:
                 if err.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                     self._out_of_descriptors(err)
                     return
-                if err.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EINTR):
-                    continue
-                raise
+                # accept(2): network errors pending on the new connection are to be treated like EAGAIN
+                log.warning("http: accept on the probe port failed: %s", err)
+                return
             if len(self._open) >= self.max_connections:
                 self._shed_oldest()
             sock.setblocking(False)

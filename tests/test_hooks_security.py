@@ -8,7 +8,6 @@ tmpfs; the hooks run in this process as the hook service would run them. No Slur
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
@@ -209,7 +208,7 @@ def test_a_stale_record_does_not_turn_the_uid_sweep_off(node, monkeypatch):
     assert swept and "by uid" in swept[0]["message"]
 
 
-def test_a_young_record_or_a_running_slurmstepd_keeps_the_other_job(node, tmp_path):
+def test_a_young_record_or_a_running_slurmstepd_keeps_the_other_job(node):
     record = jobrecord.from_environ(node.env(1), now=time.time())
     young = jobrecord.from_environ(node.env(2), now=time.time() - 10)
     old = jobrecord.from_environ(node.env(3), now=time.time() - 3600)
@@ -217,16 +216,25 @@ def test_a_young_record_or_a_running_slurmstepd_keeps_the_other_job(node, tmp_pa
         jobrecord.write(other, str(node.state))
     assert jobrecord.other_jobs(record, str(node.state), alive=lambda r: r.job_id == 3) == ([2, 3], [])
     assert jobrecord.other_jobs(record, str(node.state), alive=lambda r: False) == ([2], [3])
-    # slurmstepd calls itself "slurmstepd: [<job>.<step>]"
-    fake = subprocess.Popen(["bash", "-c", "exec -a 'slurmstepd: [4242.extern]' sleep 1000"])
+    # slurmstepd calls itself "slurmstepd: [<job>.<step>]"; only root's program named slurmstepd counts
+    binaries = node.root / "bin"  # a uid without a home must reach it: not pytest's 0700 tmp_path
+    binaries.mkdir()
+    shutil.copy("/bin/sleep", binaries / "slurmstepd")
+    real = subprocess.Popen(["bash", "-c", f"exec -a 'slurmstepd: [4242.extern]' {binaries}/slurmstepd 1000"])
+    named = subprocess.Popen(["bash", "-c", "exec -a 'slurmstepd: [4243.extern]' sleep 1000"])
+    forged = subprocess.Popen(["setpriv", f"--reuid={node.uid}", f"--regid={node.uid}", "--clear-groups",
+                               "bash", "-c", f"exec -a 'slurmstepd: [4244.extern]' {binaries}/slurmstepd 1000"])
     try:
         deadline = time.monotonic() + 5
         while 4242 not in jobrecord.running_jobs({4242}) and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert jobrecord.running_jobs({4242, 4243}) == {4242}
+        time.sleep(0.2)  # the others have exec'd too
+        assert forged.poll() is None, "the forged slurmstepd did not start"
+        assert jobrecord.running_jobs({4242, 4243, 4244}) == {4242}
     finally:
-        fake.kill()
-        fake.wait()
+        for child in (real, named, forged):
+            child.kill()
+            child.wait()
 
 
 def test_user_chosen_names_cannot_forge_log_lines(node):
@@ -310,3 +318,59 @@ def test_a_gpu_that_hangs_nvml_stops_the_job_in_its_prolog(node, tmp_path):
     assert took < 5.0, f"the Prolog waited {took:.1f}s on a blocked NVML call"
     drains = [e for e in node.journal() if e["event"] == "drain"]
     assert drains and "gpu 0 not answering NVML before job" in drains[0]["message"]
+
+
+def test_another_users_running_job_id_does_not_shield_from_the_uid_sweep(node):
+    """`env SLURM_JOB_ID=<a job of someone else that runs here> ./miner`: job ids are public (squeue)."""
+    config = node.config()
+    job, theirs = node.job_id(), node.job_id()
+    someone = {**node.env(theirs), "SLURM_JOB_UID": str(node.uid + 1), "SLURM_JOB_GID": str(node.uid + 1)}
+    jobrecord.write(jobrecord.from_environ(someone), str(node.state))  # their job runs here
+    jobrecord.write(jobrecord.from_environ(node.env(job), now=time.time() - 60), str(node.state))
+    miner = node.start("print('ready', flush=True)\nimport time\ntime.sleep(1000)\n", job_id=theirs)
+    assert _ready(miner) == "ready"
+
+    hooks.handle("epilog", node.env(job), config)
+    assert miner.wait(timeout=10) == -signal.SIGKILL
+    assert jobrecord.read(theirs, str(node.state)) is not None  # their record is theirs
+
+
+def test_ipc_left_by_a_job_end_user_hook_is_removed(node, monkeypatch):
+    """Job-end user hooks run after the cleanup; what they leave in /dev/shm goes too."""
+    import pwd
+    home = node.root / "home"
+    hooks_dir = home / ".config" / "slurm-ext" / "job-end"
+    hooks_dir.mkdir(parents=True)
+    shm = Path(f"/dev/shm/slurm-ext-test-{os.getpid()}-late")
+    node.shm.append(shm)
+    (hooks_dir / "10-leave").write_text(f"#!/bin/sh\necho x > {shm}\n")
+    (hooks_dir / "10-leave").chmod(0o755)
+    for path in (home, home / ".config", home / ".config" / "slurm-ext", hooks_dir, hooks_dir / "10-leave"):
+        os.chown(path, node.uid, node.uid)
+    real = pwd.getpwuid
+    entry = pwd.struct_passwd((f"u{node.uid}", "x", node.uid, node.uid, "", str(home), "/bin/sh"))
+    monkeypatch.setattr(pwd, "getpwuid", lambda uid: entry if uid == node.uid else real(uid))  # the user's home
+    config = from_dict({"node": {"state_dir": str(node.state)},
+                        "prolog_epilog": {"scripts_dir": str(node.scripts), "allow_user_hooks": True}})
+    job = node.job_id()
+    jobrecord.write(jobrecord.from_environ(node.env(job), now=time.time() - 60), str(node.state))
+
+    verdict = hooks.handle("epilog", node.env(job), config)
+    assert verdict.exit_code == 0, verdict
+    ran = [e for e in node.journal() if e["event"] == "script-ok"]
+    assert ran and ran[0]["script"].endswith("10-leave"), node.journal()
+    assert not shm.exists(), "the job-end hook's /dev/shm file outlived the Epilog"
+
+
+def test_without_the_uid_lock_the_epilog_does_not_sweep_the_uid(node, monkeypatch):
+    """A lock not had in time (another Epilog of the user busy for long): no "the user has no other job"."""
+    monkeypatch.setattr(hooks, "_lock_timeout", lambda config: 0.3)
+    config = node.config()
+    job = node.job_id()
+    jobrecord.write(jobrecord.from_environ(node.env(job), now=time.time() - 60), str(node.state))
+    bare = node.start("print('ready', flush=True)\nimport time\ntime.sleep(1000)\n")
+    assert _ready(bare) == "ready"
+    with jobrecord.uid_lock(str(node.state), node.uid, timeout=5):  # held elsewhere all along
+        hooks.handle("epilog", node.env(job), config)
+    assert _alive(bare), "the uid was swept without the lock"
+    assert [e for e in node.journal() if e["event"] == "uid-lock-timeout"]

@@ -657,12 +657,12 @@ def test_a_cgroup_merely_named_job_n_does_not_shield_from_the_uid_sweep(lab):
 
 
 def test_a_recycled_pid_is_not_tied_through_a_stale_cgroup_listing(lab, monkeypatch):
-    from slurm_ext.prolog_epilog import procs
+    from slurm_ext.prolog_epilog import cgroupfs
     job = lab.job()
     cgroup = lab.mkcgroup(FREEZER / f"slurm_{job.node}" / f"uid_{job.uid}" / f"job_{job.job_id}")
     first = lab.popen("sh", "-c", f"echo $$ > {cgroup}/cgroup.procs && exec {SLEEP} 1000")
     lab.settled(first.pid, "sleep")
-    stale = procs._cgroup_members([cgroup])
+    stale = cgroupfs.members([cgroup])
     assert stale == {first.pid}
     first.kill()
     first.wait()
@@ -675,8 +675,8 @@ def test_a_recycled_pid_is_not_tied_through_a_stale_cgroup_listing(lab, monkeypa
         newcomer.wait()
     assert newcomer.pid == first.pid, "could not recycle the pid"
     lab.settled(newcomer.pid, "sleep")
-    real = procs._cgroup_members
-    monkeypatch.setattr(procs, "_cgroup_members", lambda dirs: real(dirs) | (stale if cgroup in dirs else set()))
+    real = cgroupfs.members
+    monkeypatch.setattr(cgroupfs, "members", lambda dirs: real(dirs) | (stale if cgroup in dirs else set()))
 
     cleanup = _kill(job, sweep=False)
     assert cleanup.found == ()
@@ -740,3 +740,16 @@ def test_nvml_pids_are_not_judged_inside_a_pid_namespace_of_its_own(lab):
     assert result.returncode == 0, result.stderr
     local_pid, judged = result.stdout.split(maxsplit=1)
     assert int(local_pid) < 10 and judged.strip() == "None", result.stdout
+
+
+def test_a_job_cgroup_that_does_not_empty_is_reported_whatever_the_scan_made_of_it(lab):
+    """A member the judge will not touch (here a protected pid moved into the job's cgroup): the Epilog does
+    not call the job clean, it reports the member, so the node is drained rather than reused as it is."""
+    job = lab.job()
+    cgroup = lab.mkcgroup(FREEZER / f"slurm_{job.node}" / f"uid_{job.uid}" / f"job_{job.job_id}")
+    guard = lab.spawn("env", "-i", SLEEP, "1000", uid=lab.uid, setsid=True)
+    (cgroup / "cgroup.procs").write_text(str(guard))
+    cleanup = _kill(job, sweep=False, timeout=0.5, protected=protected_pids((guard,)))
+    assert [(p.pid, p.tie) for p, _ in cleanup.survivors] == [(guard, "cgroup")]
+    assert cleanup.cgroups_removed == 0 and cgroup.is_dir()
+    assert _alive(guard, lab.started[guard]) and read_stat(guard).state == "S"  # thawed, untouched
