@@ -205,6 +205,7 @@ def _lock_timeout(config: Config) -> float:
 @dataclass(frozen=True, slots=True)
 class _NothingRan:
     exit_code: int = 0
+    results: tuple = ()
 
 
 def _run_scripts(phase: str, config: Config, env: dict[str, str]):

@@ -84,6 +84,11 @@ class Node:
         path = events.journal_path(str(self.state))
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
+    def assert_no_internal_error(self) -> None:
+        """handle() turns a bug into exit 0 and an event: a test that only looks at the effects misses it."""
+        failed = [e for e in self.journal() if e["event"] in ("prolog-failed", "epilog-failed")]
+        assert not failed, failed
+
     def close(self) -> None:
         signal_uid(self.uid, signal.SIGKILL)
         for child in self.children:
@@ -137,6 +142,7 @@ def test_a_full_disk_does_not_make_the_prolog_fail_open(node, caplog):
     with caplog.at_level(logging.INFO, logger="events"):
         verdict = hooks.handle("prolog", node.env(job), node.config())
     assert verdict.exit_code == 1, verdict  # the failed job-start script is not skipped
+    assert "prolog-failed" not in caplog.text
     logged = caplog.text
     assert "record-failed" in logged and "No space left on device" in logged
     assert f"drain: node hooks-sec-{os.getpid()}: cannot record job {job} in {node.state}/jobs" in logged
@@ -183,6 +189,7 @@ def test_the_epilog_rereads_the_records_once_it_has_the_lock(node):
                             "time.sleep(1000)\n", job_id=job_b)
         assert _ready(worker) == "ready"
     epilog.join(timeout=30)
+    node.assert_no_internal_error()
     assert _alive(worker), "job B's process was swept by job A's Epilog"
     assert shm.exists(), "job B's shared memory was removed by job A's Epilog"
 
@@ -200,6 +207,7 @@ def test_a_stale_record_does_not_turn_the_uid_sweep_off(node, monkeypatch):
 
     verdict = hooks.handle("epilog", node.env(job), config)
     assert verdict.exit_code == 0
+    node.assert_no_internal_error()
     assert bare.wait(timeout=10) == -signal.SIGKILL
     assert jobrecord.read(lost, str(node.state)) is None
     stale = [e for e in node.journal() if e["event"] == "record-stale"]
@@ -331,6 +339,7 @@ def test_another_users_running_job_id_does_not_shield_from_the_uid_sweep(node):
     assert _ready(miner) == "ready"
 
     hooks.handle("epilog", node.env(job), config)
+    node.assert_no_internal_error()
     assert miner.wait(timeout=10) == -signal.SIGKILL
     assert jobrecord.read(theirs, str(node.state)) is not None  # their record is theirs
 
@@ -357,6 +366,7 @@ def test_ipc_left_by_a_job_end_user_hook_is_removed(node, monkeypatch):
 
     verdict = hooks.handle("epilog", node.env(job), config)
     assert verdict.exit_code == 0, verdict
+    node.assert_no_internal_error()
     ran = [e for e in node.journal() if e["event"] == "script-ok"]
     assert ran and ran[0]["script"].endswith("10-leave"), node.journal()
     assert not shm.exists(), "the job-end hook's /dev/shm file outlived the Epilog"
@@ -372,5 +382,6 @@ def test_without_the_uid_lock_the_epilog_does_not_sweep_the_uid(node, monkeypatc
     assert _ready(bare) == "ready"
     with jobrecord.uid_lock(str(node.state), node.uid, timeout=5):  # held elsewhere all along
         hooks.handle("epilog", node.env(job), config)
+    node.assert_no_internal_error()
     assert _alive(bare), "the uid was swept without the lock"
     assert [e for e in node.journal() if e["event"] == "uid-lock-timeout"]

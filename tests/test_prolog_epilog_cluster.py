@@ -151,11 +151,14 @@ def _submit_as_nobody(cluster: Cluster, script: str, *args: str) -> int:
 
 
 def _epilog_done(cluster: Cluster, job_id: int, timeout: float = 60.0) -> None:
-    """Wait until the job is over and its Epilog returned (its job record is removed last)."""
+    """Wait until the job is over and its Epilog returned (its job record is removed last), and check
+    neither hook hit an internal error (which the hooks turn into exit 0 and an event)."""
     record = cluster.layout.node_state / "jobs" / f"{job_id}.json"
     slurm = cluster.client()
     wait_for(f"job {job_id}'s Epilog", lambda: (job := slurm.job(job_id)) is not None and job.finished
              and not record.exists(), timeout=timeout, interval=0.2)
+    failed = _journal(cluster, "prolog-failed", job_id) + _journal(cluster, "epilog-failed", job_id)
+    assert not failed, failed
 
 
 def _journal(cluster: Cluster, event: str, job_id: int) -> list[dict]:
