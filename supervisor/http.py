@@ -272,15 +272,22 @@ class ProbeServer:
         else:
             self._read(conn)
 
-    def _read(self, conn: _Connection) -> None:
+    def _recv(self, conn: _Connection, size: int) -> bytes | None:
+        """What the peer sent (None: nothing yet); the connection is closed at its end or on an error."""
         try:
-            data = conn.sock.recv(MAX_HEAD + 1 - len(conn.received))
+            data = conn.sock.recv(size)
         except (BlockingIOError, InterruptedError):
-            return
+            return None
         except OSError:
             data = b""
         if not data:
             self._close(conn)
+            return None
+        return data
+
+    def _read(self, conn: _Connection) -> None:
+        data = self._recv(conn, MAX_HEAD + 1 - len(conn.received))
+        if data is None:
             return
         conn.received += data
         end = conn.received.find(b"\r\n\r\n")
@@ -342,14 +349,7 @@ class ProbeServer:
         self._drain(conn)
 
     def _drain(self, conn: _Connection) -> None:
-        try:
-            data = conn.sock.recv(65536)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self._close(conn)
+        self._recv(conn, 65536)
 
     def _close(self, conn: _Connection) -> None:
         self._open.pop(conn.sock, None)
