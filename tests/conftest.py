@@ -1,4 +1,5 @@
-"""Shared fixtures: the real single-host Slurm cluster, made by slurm-ext's own dev code.
+"""Shared fixtures: the real single-host Slurm cluster, made by slurm-ext's own dev code, and the
+node agent run by a test (`AgentProcess`, the `agents` fixture).
 
 The cluster uses its own ports, node name and cluster name, so it never meets
 a `slurm-ext dev up` cluster or a production Slurm on the same host. Its state
@@ -8,12 +9,17 @@ its datadir) and removed after `dev down`.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -180,3 +186,117 @@ def cli_as_nobody(*args: str) -> tuple[int, str]:
         stderr = pipe.read()
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status), stderr
+
+
+# -- the node agent, run by a test ---------------------------------------------------------
+
+PORT = 19870
+
+
+class AgentProcess:
+    """`slurm-ext supervise` run by a test, with its log and journal at hand."""
+
+    def __init__(self, tmp_path: Path, body: str, role: str = "login", port: int = PORT, prefix: list[str] = (),
+                 slurm: str = ""):
+        self.dir = tmp_path
+        self.slurm = slurm
+        self.config = tmp_path / "slurm-ext.toml"
+        self.port = port
+        self.prefix = list(prefix)
+        self.write_config(body)
+        self.log = tmp_path / "agent.log"
+        self.out = open(self.log, "ab")
+        self.proc = subprocess.Popen([*prefix, sys.executable, "-m", "slurm_ext.cli", "--config", str(self.config),
+                                      "supervise", "--role", role, "--port", str(port)],
+                                     stdout=self.out, stderr=self.out)
+
+    def write_config(self, body: str) -> None:
+        self.config.write_text(textwrap.dedent(f"""\
+            [node]
+            name = "testnode"
+            state_dir = "{self.dir}/state"
+            [slurm]
+            timeout = "2s"
+            {self.slurm}
+            [supervisor]
+            runtime_dir = "{self.dir}/run"
+            """) + textwrap.dedent(body))
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def journal(self) -> list[dict]:
+        path = self.dir / "state" / "journal.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def wait_log(self, pattern: str, timeout: float = 10.0, count: int = 1) -> list[str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = re.findall(pattern, self.text())
+            if len(found) >= count:
+                return found
+            time.sleep(0.05)
+        raise AssertionError(f"{pattern!r} x{count} not in the agent's log:\n{self.text()[-3000:]}")
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as answer:
+                return answer.status, answer.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode()
+
+    def metric(self, name: str, **labels) -> float:
+        _, text = self.get("/metrics")
+        want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        for line in text.splitlines():
+            if line.startswith(f"{name}{{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+                return float(line.rsplit(" ", 1)[1])
+        raise AssertionError(f"no {name}{{{want}}} in /metrics")
+
+    @property
+    def pid(self) -> int:
+        """The agent's PID (under `unshare --fork` it is unshare's child, PID 1 inside)."""
+        if not self.prefix:
+            return self.proc.pid
+        return int(Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()[0])
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            os.kill(self.pid, signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.out.close()
+
+
+@pytest.fixture
+def agents(tmp_path):
+    started: list[AgentProcess] = []
+
+    def start(body: str, **kwargs) -> AgentProcess:
+        agent = AgentProcess(tmp_path, body, **kwargs)
+        started.append(agent)
+        return agent
+
+    yield start
+    for agent in started:
+        if agent.proc.poll() is None:  # a test that failed midway: stop it as SIGTERM does, workers and all
+            try:
+                os.kill(agent.pid, signal.SIGTERM)
+                agent.proc.wait(15)
+            except (OSError, IndexError, ValueError, subprocess.TimeoutExpired):
+                pass
+        if agent.proc.poll() is None:
+            if agent.prefix:  # unshare does not pass signals on: kill the agent itself
+                os.kill(agent.pid, signal.SIGKILL)
+            agent.proc.kill()
+            agent.proc.wait()
+        agent.out.close()
+
+
+def pytest_collection_modifyitems(items):
+    """Every test that needs the real cluster carries the `cluster` marker, however it reaches the fixture
+    (`-m "not cluster"` runs the rest, with no Slurm at all)."""
+    for item in items:
+        if "cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.cluster)

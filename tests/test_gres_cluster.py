@@ -20,7 +20,6 @@ from conftest import Cluster, cli, wait_for
 from slurm_ext import dev
 from slurm_ext.dev import fakenvml
 
-pytestmark = pytest.mark.cluster
 
 #: minor numbers of the 8 GPUs, by NVML index: not contiguous, and not in PCI order
 MINORS = [5, 0, 13, 7, 2, 15, 9, 11]

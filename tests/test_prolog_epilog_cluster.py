@@ -25,7 +25,6 @@ from conftest import Cluster, wait_for
 from slurm_ext import dev
 from slurm_ext.dev import fakenvml
 
-pytestmark = pytest.mark.cluster
 
 NOBODY = 65534
 OTHER_UID = 4242  # "another user": setpriv needs no passwd entry

@@ -12,7 +12,7 @@ import pytest
 from conftest import cli, wait_for
 from slurm_ext import dev
 from slurm_ext.slurm import REASON_PREFIX
-from test_supervisor import AgentProcess
+from conftest import AgentProcess
 
 
 def _agent_pid(cluster, role: str) -> int:

@@ -30,7 +30,6 @@ from pathlib import Path
 import pytest
 
 from slurm_ext.procfs import all_stats, pid_alive
-from test_supervisor import agents  # noqa: F401  (a fixture)
 
 NOBODY = 65534
 #: "a few seconds": the longest an idle or slow-loris connection may stay open (the agent's HEAD_TIMEOUT is 5 s)
