@@ -98,7 +98,10 @@ class SlurmLiaison(threading.Thread):
             return
         node = self.slurm.node(self.node)
         if not node.drained or not node.reason.startswith(reasons):
-            self.resume_reasons = ()  # nothing of ours (an admin's drain stays)
+            if node.drained:  # an admin's drain, or another tool's: it stays, and the journal says so
+                self.emit("resume-skipped", f"node {self.node} stays drained: its reason {node.reason!r} is not "
+                          "slurm-ext's", node=self.node)
+            self.resume_reasons = ()
         elif node.responding and "INVALID_REG" not in node.flags:
             self.slurm.resume(self.node)
             self.emit("drain-cleared", f"resumed node {self.node}: {node.reason!r} no longer holds", node=self.node)

@@ -11,7 +11,6 @@ import dataclasses
 import json
 import os
 import signal
-import time
 
 import psutil
 import pytest
@@ -144,8 +143,11 @@ def test_a_lost_gpu_drains_with_its_uuid_and_coming_back_clears_only_our_drain(e
 
     # an admin's drain is not ours to clear, even when the GPUs are all there
     cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=drain", "reason=maintenance")
+    skipped = len(_journal(cluster, "resume-skipped"))
     _restart_slurmd(cluster)
-    time.sleep(3)
+    wait_for("the agent's decision to leave the admin's drain",
+             lambda: len(_journal(cluster, "resume-skipped")) > skipped, timeout=30)
+    assert "'maintenance'" in _journal(cluster, "resume-skipped")[-1]["message"]
     node = slurm.node(cluster.node)
     assert node.drained and node.reason.startswith("maintenance"), node.reason
 
