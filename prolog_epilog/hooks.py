@@ -276,7 +276,7 @@ def _report(config: Config, record: jobrecord.JobRecord, cleanup: procs.Cleanup,
 
 
 def _drain(config: Config, record: jobrecord.JobRecord, reason: str) -> None:
-    node = record.node or config.node.name or os.uname().nodename.split(".")[0]
+    node = record.node or config.node.slurm_name
     _emit(config, "drain", f"node {node}: {reason}", "error", job=record.job_id, node=node)
     from slurm_ext.slurm import SlurmClient  # only here: a drain is rare, the import is not free
     try:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -137,10 +136,6 @@ def _hooks_build(args: argparse.Namespace) -> int:
     return 0
 
 
-def _node_name(loaded: config.Config) -> str:
-    return loaded.node.name or os.uname().nodename.split(".")[0]
-
-
 def _gres_emitter(loaded: config.Config, journal: bool):
     """Events of `slurm-ext gres ...`: into the node journal, or (dry runs) onto standard error only."""
     from . import events
@@ -160,7 +155,7 @@ def _gres_generate(args: argparse.Namespace) -> int:
         loaded = replace(loaded, gres=replace(loaded.gres, output=args.output))
     dry = args.dry_run or args.diff
     try:
-        generation = generate(loaded, _node_name(loaded), emit=_gres_emitter(loaded, journal=not dry), dry_run=dry,
+        generation = generate(loaded, loaded.node.slurm_name, emit=_gres_emitter(loaded, journal=not dry), dry_run=dry,
                               accept=args.accept)
     except OSError as err:
         from .gres import output_path
@@ -215,7 +210,7 @@ def _gres_check(args: argparse.Namespace) -> int:
     from .gres.render import gres_conf
     from .slurm import SlurmClient
     loaded = config.load(args.config)
-    node = _node_name(loaded)
+    node = loaded.node.slurm_name
     inventory = read_inventory(dev_dir=Path(loaded.gres.dev_dir), types=loaded.gres.types)
     expected = nvml_counts(inventory)
     problems = compare_counts(expected, slurmd_counts(slurm_conf_path(loaded), gres_conf(inventory, node), node),

@@ -68,6 +68,11 @@ class NodeSection:
                      pattern=r"^[A-Za-z0-9._-]*$")
     state_dir: str = _key("/var/lib/slurm-ext", "node-local state: job records, the node journal", "path")
 
+    @property
+    def slurm_name(self) -> str:
+        """The node's name in Slurm: `name`, else the short host name (what slurmd itself uses)."""
+        return self.name or os.uname().nodename.split(".")[0]
+
 
 @dataclass(frozen=True, slots=True)
 class LogSection:

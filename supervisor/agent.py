@@ -122,7 +122,7 @@ class Agent:
         self._systemd_socket = environ.pop("NOTIFY_SOCKET", None)
         self.base_env = environ
         self.port = port
-        self.node = config.node.name or os.uname().nodename.split(".")[0]
+        self.node = config.node.slurm_name
         self.workers: list[Worker] = []
         self.by_pid: dict[int, Worker] = {}
         self.orphans_reaped = 0
