@@ -54,9 +54,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from slurm_ext import cgroupfs
 from slurm_ext.procfs import PROC, ProcStat, pids, read_stat, real_uid
 
-from . import cgroupfs
 from .jobrecord import JobRecord, cgroup_paths
 
 __all__ = ["JobProcess", "Cleanup", "find_job_processes", "kill_job", "protected_pids", "gpu_process_of",

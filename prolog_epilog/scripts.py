@@ -61,10 +61,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from slurm_ext import events, procfs
+from slurm_ext import cgroupfs, events, procfs
 from slurm_ext.config import Config
 
-from . import cgroupfs
 from .places import CLEAN_PATH, DEFAULT_SCRIPTS_DIR, PHASES, SCRIPT_ROLES, phase_dir, scripts_dir, user_hook_dir
 from .validate import ScriptFile, VerdictCache, script_names
 

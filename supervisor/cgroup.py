@@ -24,6 +24,7 @@ import logging
 import os
 from pathlib import Path
 
+from slurm_ext import cgroupfs
 from slurm_ext.errors import SlurmExtError
 
 __all__ = ["CgroupError", "leave_root_cgroup"]
@@ -73,7 +74,7 @@ def leave_root_cgroup(
         "slurm-operator issue 238)"
     )
     try:
-        listed = _read_pids(procs)
+        listed = cgroupfs.read_pids(procs)
         if not listed:
             log.debug("%s holds no process; nothing to move", root)
             return None
@@ -116,7 +117,7 @@ def _move_all(procs: Path, listed: list[int], dest: Path, first: int) -> tuple[i
             except ProcessLookupError:  # ESRCH: it exited after being listed
                 continue
             moved.add(p)
-        listed = _read_pids(procs)
+        listed = cgroupfs.read_pids(procs)
         if not listed:
             break
     return len(moved), sorted(listed)
@@ -143,11 +144,6 @@ def _enable_controllers(root: Path) -> None:
                 control,
                 err.strerror,
             )
-
-
-def _read_pids(procs: Path) -> list[int]:
-    """The pids listed in a cgroup.procs file, without duplicates, in order."""
-    return list(dict.fromkeys(int(word) for word in procs.read_text().split()))
 
 
 def _write(path: Path, text: str) -> None:

@@ -657,7 +657,7 @@ def test_a_cgroup_merely_named_job_n_does_not_shield_from_the_uid_sweep(lab):
 
 
 def test_a_recycled_pid_is_not_tied_through_a_stale_cgroup_listing(lab, monkeypatch):
-    from slurm_ext.prolog_epilog import cgroupfs
+    from slurm_ext import cgroupfs
     job = lab.job()
     cgroup = lab.mkcgroup(FREEZER / f"slurm_{job.node}" / f"uid_{job.uid}" / f"job_{job.job_id}")
     first = lab.popen("sh", "-c", f"echo $$ > {cgroup}/cgroup.procs && exec {SLEEP} 1000")

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import command
+from .. import cgroupfs, command
 from ..config import DevSection, SlurmSection
 from ..errors import CommandError, DevClusterError, SlurmError, SlurmExtError
 from ..slurm import Job, Node, SlurmClient
@@ -356,7 +356,7 @@ def _remove_job_cgroups(node_name: str, timeout: float = 10.0) -> None:
     for top in job_cgroups(node_name):
         for directory in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [top]:
             while True:
-                for pid in _cgroup_pids(directory):
+                for pid in sorted(cgroupfs.members([directory])):
                     log.warning("killing pid %d left in %s", pid, directory)
                     try:
                         os.kill(pid, signal.SIGKILL)
@@ -371,13 +371,6 @@ def _remove_job_cgroups(node_name: str, timeout: float = 10.0) -> None:
                     if time.monotonic() > deadline:
                         raise DevClusterError(f"cannot remove cgroup {directory}: {err.strerror}") from err
                     time.sleep(0.05)
-
-
-def _cgroup_pids(directory: Path) -> list[int]:
-    try:
-        return [int(p) for p in (directory / "cgroup.procs").read_text().split()]
-    except OSError:
-        return []
 
 
 def status(settings: DevSection) -> Status:

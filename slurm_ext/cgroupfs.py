@@ -1,8 +1,9 @@
-"""The few cgroup file operations the Epilog and the user-hook runner share: members, freeze, write, rmdir.
+"""The few cgroup file operations slurm-ext needs: members, freeze, write, rmdir.
 
 One place for both hierarchies' spellings (v1 `freezer.state`, v2
-`cgroup.freeze` and `cgroup.events`), so the job's cgroups and a hook's own
-are frozen and emptied the same way.
+`cgroup.freeze` and `cgroup.events`) and for reading cgroup.procs, so the
+Epilog's job cgroups, a user hook's own, the agent's move out of the root
+cgroup and the dev cluster's teardown all read and empty cgroups the same way.
 """
 
 from __future__ import annotations
@@ -12,21 +13,30 @@ import os
 import time
 from pathlib import Path
 
-__all__ = ["members", "freeze", "write", "write_each", "rmdir"]
+__all__ = ["read_pids", "members", "freeze", "write", "write_each", "rmdir"]
 
 #: freezing settles in milliseconds; nothing waits on it for longer than this
 _SETTLE = 1.0
 _POLL = 0.005
 
 
+def read_pids(procs: Path) -> list[int]:
+    """The pids listed in one cgroup.procs file, in order, without duplicates.
+
+    Raises:
+        OSError: the file cannot be read (the cgroup is gone, say).
+    """
+    with open(procs, "rb") as f:
+        return list(dict.fromkeys(int(word) for word in f.read().split()))
+
+
 def members(directories: list[Path]) -> set[int]:
-    """Pids in the cgroups `directories` and every cgroup below them."""
+    """Pids in the cgroups `directories` and every cgroup below them; one that cannot be read has none."""
     found: set[int] = set()
     for top in directories:
         for directory, _, _ in os.walk(top):
             try:
-                with open(os.path.join(directory, "cgroup.procs"), "rb") as f:
-                    found.update(int(line) for line in f.read().split())
+                found.update(read_pids(Path(directory) / "cgroup.procs"))
             except (OSError, ValueError):
                 continue
     return found
