@@ -144,6 +144,25 @@ def fake_sysfs(root: Path, cpus: dict[int, tuple], online: str | None = None) ->
     return root
 
 
+def temp_dir(owner: int = 0, mode: int = 0o755) -> Path:
+    """mkdtemp under /tmp (not pytest's tmp_path, which other uids cannot enter; /tmp is root-owned and
+    sticky, an ancestor script validation accepts), chowned and chmodded."""
+    path = Path(tempfile.mkdtemp(prefix="slurm-ext-test-"))
+    os.chown(path, owner, owner)
+    path.chmod(mode)
+    return path
+
+
+def script(directory: Path, name: str, text: str, mode: int = 0o755, owner: int = 0) -> Path:
+    """A lifecycle script or user hook: written, chowned and chmodded (its directory made as needed)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    path.write_text(text)
+    os.chown(path, owner, owner)
+    path.chmod(mode)
+    return path
+
+
 def wait_for(what: str, test, timeout: float = 15.0, interval: float = 0.02):
     """Poll `test` until it returns something true, and return that; fail naming `what`."""
     deadline = time.monotonic() + timeout

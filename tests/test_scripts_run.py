@@ -5,12 +5,12 @@ import json
 import os
 import shutil
 import signal
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
+from conftest import script, temp_dir
 from slurm_ext import procfs
 from slurm_ext.config import Config, from_dict
 from slurm_ext.prolog_epilog.scripts import CLEAN_PATH, DEFAULT_SCRIPTS_DIR, OUTPUT_LIMIT, run_scripts, scripts_dir
@@ -20,23 +20,6 @@ NOBODY = 65534
 NOGROUP = 65534
 JOB_ENV = {"SLURM_JOB_ID": "42", "SLURM_JOB_UID": str(NOBODY), "SLURM_JOB_GID": str(NOGROUP),
            "SLURM_JOB_USER": "nobody", "SLURMD_NODENAME": "node7", "SLURM_SCRIPT_CONTEXT": "prolog_slurmd"}
-
-
-def temp_dir(owner: int = 0) -> Path:
-    """mkdtemp under /tmp (not pytest's tmp_path, which nobody cannot enter), mode 0755."""
-    path = Path(tempfile.mkdtemp(prefix="slurm-ext-scripts-"))
-    path.chmod(0o755)
-    os.chown(path, owner, owner)
-    return path
-
-
-def script(directory: Path, name: str, text: str, mode: int = 0o755, owner: int = 0) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / name
-    path.write_text(text)
-    os.chown(path, owner, owner)
-    path.chmod(mode)
-    return path
 
 
 class Tree:

@@ -15,14 +15,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import cli
+from conftest import cli, script, temp_dir
 from slurm_ext import procfs
 from slurm_ext.config import from_dict
 from slurm_ext.prolog_epilog import validate
@@ -35,23 +34,6 @@ JOB_ENV = {"SLURM_JOB_ID": "42", "SLURM_JOB_UID": str(NOBODY), "SLURM_JOB_GID": 
            "SLURM_JOB_USER": "nobody", "SLURMD_NODENAME": "node7"}
 V1 = Path("/sys/fs/cgroup")
 V2 = Path("/sys/fs/cgroup/unified")  # this host's hybrid v2 hierarchy: a real cgroup v2, no controllers
-
-
-def temp_dir(owner: int = 0, mode: int = 0o755) -> Path:
-    """mkdtemp under /tmp (root-owned and sticky: an accepted ancestor), chowned and chmodded."""
-    path = Path(tempfile.mkdtemp(prefix="slurm-ext-sec-"))
-    os.chown(path, owner, owner)
-    path.chmod(mode)
-    return path
-
-
-def script(directory: Path, name: str, text: str, mode: int = 0o755, owner: int = 0) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / name
-    path.write_text(text)
-    os.chown(path, owner, owner)
-    path.chmod(mode)
-    return path
 
 
 class Node:

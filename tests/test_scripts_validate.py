@@ -1,23 +1,14 @@
 """`slurm-ext scripts validate`: every reason a lifecycle script must not run, with file and line."""
 
-import os
 from pathlib import Path
 
 import pytest
 
-from conftest import cli
+from conftest import cli, script
 from slurm_ext.prolog_epilog import script_dirs, validate_dir, validate_script
 from slurm_ext.prolog_epilog.validate import VerdictCache, script_names
 
 NOBODY = 65534
-
-
-def script(directory: Path, name: str, text: str, mode: int = 0o755, owner: int = 0) -> Path:
-    path = directory / name
-    path.write_text(text)
-    path.chmod(mode)
-    os.chown(path, owner, owner)
-    return path
 
 
 @pytest.fixture
