@@ -4,7 +4,7 @@ After a pod reschedules, Slurm's idea of a node's GPUs drifts from the
 hardware; Slurm's own AutoDetect=nvml needs a Slurm built against NVML.
 This component asks NVML through pynvml and writes what Slurm needs.
 
-`regenerate(config, node, slurm, emit)` is the worker agent's start step:
+`regenerate(config, node, emit, node_state)` is the worker agent's start step:
 read the inventory, write gres.conf when it changed, check it with
 `slurmd -G`, and make the node's drain agree (an owned drain for a missing
 or lost GPU, cleared when the GPUs are back). `generate` is the same
@@ -14,33 +14,52 @@ functions are what `slurm-ext gres inventory` and `gres check` use.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from slurm_ext.config import Config
-from slurm_ext.errors import CommandError, SlurmExtError
-from slurm_ext.slurm import SlurmClient
+if TYPE_CHECKING:
+    from slurm_ext.config import Config
 
-from .check import compare_counts, nvml_counts, slurmd_counts
-from .generate import OUR_REASONS, Generation, generate, output_path, slurm_conf_path
-from .inventory import GresError, Inventory, read_inventory
+    from .generation import Generation
 
 __all__ = ["regenerate", "generate", "read_inventory", "output_path", "slurm_conf_path", "Generation", "Inventory",
-           "GresError", "OUR_REASONS"]
+           "GresError", "OWNER"]
+
+#: the owner of this component's drains in the node-state catalogue (slurm_ext.nodestate)
+OWNER = "gres"
+
+# Imported on first use: loading a config with a [gres] section imports this package (its settings),
+# and the Python hooks load the config once per job.
+_LAZY = {"generate": "generation", "output_path": "generation", "slurm_conf_path": "generation",
+         "Generation": "generation",
+         "read_inventory": "inventory", "Inventory": "inventory", "GresError": "inventory"}
 
 
-def regenerate(config: Config, node: str, slurm: SlurmClient | None, emit: Callable[..., object],
-               resume_when_fit: Callable[[tuple[str, ...]], None] | None = None) -> Generation:
-    """The start step: generate, let slurmd check the file, then drain or clear our drain.
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-    Clearing waits for slurmd's next registration when `resume_when_fit` is
-    given (the agent's Slurm thread does it): Slurm refuses to resume a node
-    whose last registration reported fewer GPUs than configured.
+
+def regenerate(config: Config, node: str, emit: Callable[..., object], node_state) -> Generation:
+    """The start step: generate, let slurmd check the file, then have the node drained or our drain cleared.
+
+    `node_state` is the node-state owner (slurm_ext.nodestate; the agent's
+    Slurm thread): a GPU drain is waited for, since slurmd must not
+    register with the wrong GPUs before Slurm shows the node drained; a
+    clear is not (the owner resumes the node once the new slurmd has
+    registered, which it cannot do before this step lets it start).
 
     Raises:
-        SlurmExtError: the node needs a drain and Slurm could not be told
-            (the agent then keeps slurmd down and retries: a node must not
-            register with the wrong GPUs).
+        SlurmExtError: the node needs a drain and Slurm has not shown it
+            within slurm.timeout (the agent then keeps slurmd down and
+            retries, without counting it as a slurmd exit).
     """
+    from slurm_ext.errors import CommandError, SlurmExtError
+
+    from .check import compare_counts, nvml_counts, slurmd_counts
+    from .generation import generate, slurm_conf_path
+
     generation = generate(config, node, emit=emit)
     drain = generation.drain
     if generation.inventory is not None and drain is None:
@@ -52,21 +71,12 @@ def regenerate(config: Config, node: str, slurm: SlurmClient | None, emit: Calla
         if mismatch:
             emit("gres-rejected", f"{generation.path}: {'; '.join(mismatch)}", "error")
             drain = f"gpu inventory failed: {mismatch[0]}"
-    if slurm is None:
+    if not drain:
+        node_state.clear(OWNER)
         return generation
-    if drain:
-        slurm.drain(node, drain)
-        emit("drain", f"node {node}: {drain}", "error")
-        return generation
-    if resume_when_fit is not None:
-        resume_when_fit(OUR_REASONS)
-        return generation
-    try:
-        current = slurm.node(node)
-        if current.drained and current.reason.startswith(OUR_REASONS):
-            slurm.resume(node)
-            emit("drain-cleared", f"node {node}: the GPUs are all back ({generation.gres}); resumed from "
-                 f"{current.reason!r}", "info")
-    except SlurmExtError as err:  # best effort: the next start tries again
-        emit("drain-clear-failed", f"node {node}: cannot clear an old GPU drain now: {err}", "warning")
+    timeout = config.slurm.timeout + 1.0
+    ticket = node_state.want(OWNER, drain)
+    if ticket.wait(timeout) is None:
+        raise SlurmExtError(f"node {node} needs a drain ({drain}) that Slurm has not shown within {timeout:g}s; "
+                            "slurmd stays down until it does")
     return generation

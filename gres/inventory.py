@@ -23,7 +23,16 @@ still reach gres.conf; things that make a line of gres.conf wrong without
 hiding a GPU (a missing /dev file, an unmapped GPU name, no MIG caps file)
 become `Inventory.problems` lines for the operator.
 
-Every pynvml exception is translated here; none leaves this module.
+Every pynvml exception is translated here; none leaves this module. Loading
+pynvml, its exception types, its strings and its init come from the core
+adapter `slurm_ext.nvml`.
+
+NVML is initialised for each read and shut down after it
+(`slurm_ext.nvml.session`), unlike the per-job GPU checks, which keep it
+initialised: the inventory is read once per slurmd start, so an init per read
+costs little, and the read leaves no NVML state behind (NVML counts inits, so
+the agent's own init stays in force). The reads run on the caller's thread,
+without the per-job checks' worker and timeout: no job waits on a node start.
 """
 
 from __future__ import annotations
@@ -38,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurm_ext import nvml as nvml_codes
+from slurm_ext import nvml as nvml_adapter
 from slurm_ext.errors import SlurmExtError
 
 from .topology import CpuTopology, TopologyError, core_indexes, cpus_from_masks, read_topology
@@ -145,7 +154,7 @@ class GresError(SlurmExtError):
     def __init__(self, problem: str, nvml_code: int | None = None):
         self.problem = problem
         self.nvml_code = nvml_code
-        super().__init__(f"gres: {nvml_codes.describe(problem, nvml_code)}")
+        super().__init__(f"gres: {nvml_adapter.describe(problem, nvml_code)}")
 
 
 def slurm_type(name: str, types: Mapping[str, str]) -> tuple[str, bool]:
@@ -189,18 +198,8 @@ def read_inventory(
             count the GPUs or tell the driver version.
     """
     nvml = _default_nvml() if nvml is None else nvml
-    errors = _nvml_errors(nvml)
-    try:
-        nvml.nvmlInit()
-    except errors as err:
-        raise _translate(err, "cannot initialise NVML") from err
-    try:
-        return _read(nvml, errors, dev_dir, proc_root, topology, sys_root, types)
-    finally:
-        try:
-            nvml.nvmlShutdown()
-        except errors:
-            pass  # nothing depends on it; the process keeps its handles either way
+    with nvml_adapter.session(nvml, lambda err: _translate(err, "cannot initialise NVML")):
+        return _read(nvml, nvml_adapter.errors(nvml), dev_dir, proc_root, topology, sys_root, types)
 
 
 def to_json(inventory: Inventory) -> str:
@@ -239,46 +238,15 @@ def from_json(text: str) -> Inventory:
 
 
 def _default_nvml() -> Any:
+    """pynvml, or the adapter's "not installed" as a GresError."""
     try:
-        import pynvml
-    except ImportError as err:
-        raise GresError("the pynvml package is not installed (pip install nvidia-ml-py)") from err
-    return pynvml
-
-
-def _nvml_errors(nvml: Any) -> tuple[type[BaseException], ...]:
-    """NVMLError (and subclasses), plus pynvml's NVMLLibraryMismatchError,
-    which is not an NVMLError, for a driver that lacks a versioned call."""
-    errors: list[type[BaseException]] = [nvml.NVMLError]
-    mismatch = getattr(nvml, "NVMLLibraryMismatchError", None)
-    if isinstance(mismatch, type):
-        errors.append(mismatch)
-    return tuple(errors)
-
-
-def _code(err: BaseException) -> int | None:
-    code = getattr(err, "value", None)
-    return code if isinstance(code, int) else None
+        return nvml_adapter.load()
+    except nvml_adapter.NvmlUnavailable as err:
+        raise GresError(err.problem) from err
 
 
 def _translate(err: BaseException, doing: str) -> GresError:
-    return GresError(f"{doing}: {err}", _code(err))
-
-
-def _text(value: Any) -> str:
-    """pynvml before 11.5 returned bytes for strings."""
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-
-
-def _optional(nvml: Any, call, *args, default: Any, codes=(nvml_codes.NOT_SUPPORTED,)) -> Any:
-    """`call(*args)`, or `default` when NVML answers one of `codes` (a feature
-    this GPU lacks); other NVML errors propagate (the GPU is unreadable)."""
-    try:
-        return call(*args)
-    except nvml.NVMLError as err:
-        if _code(err) in codes:
-            return default
-        raise
+    return GresError(f"{doing}: {err}", nvml_adapter.error_code(err))
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,7 +262,7 @@ class _Read:
 
 def _read(nvml, errors, dev_dir, proc_root, topology, sys_root, types) -> Inventory:
     try:
-        driver = _text(nvml.nvmlSystemGetDriverVersion())
+        driver = nvml_adapter.text(nvml.nvmlSystemGetDriverVersion())
         count = int(nvml.nvmlDeviceGetCount())
     except errors as err:
         raise _translate(err, "NVML started but cannot list the GPUs") from err
@@ -351,16 +319,16 @@ def _read_gpu(nvml, handle, index: int, dev_dir: Path, topology: CpuTopology | N
               types: Mapping[str, str]) -> tuple[_Read, bool]:
     """One GPU, and whether its MIG mode is on; NVML errors other than "not
     supported" propagate (a lost GPU)."""
-    name = _text(nvml.nvmlDeviceGetName(handle))
-    uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+    name = nvml_adapter.text(nvml.nvmlDeviceGetName(handle))
+    uuid = nvml_adapter.text(nvml.nvmlDeviceGetUUID(handle))
     minor = int(nvml.nvmlDeviceGetMinorNumber(handle))
-    bus_id = _text(nvml.nvmlDeviceGetPciInfo(handle).busId)
+    bus_id = nvml_adapter.text(nvml.nvmlDeviceGetPciInfo(handle).busId)
 
-    words = _optional(nvml, nvml.nvmlDeviceGetCpuAffinity, handle, _AFFINITY_WORDS, default=[])
+    words = nvml_adapter.optional(nvml, nvml.nvmlDeviceGetCpuAffinity, handle, _AFFINITY_WORDS, default=[])
     cpus = tuple(cpus_from_masks([int(w) for w in words]))
     cores = tuple(core_indexes(cpus, topology)) if topology is not None else ()
 
-    mode = _optional(nvml, nvml.nvmlDeviceGetMigMode, handle, default=[0, 0])
+    mode = nvml_adapter.optional(nvml, nvml.nvmlDeviceGetMigMode, handle, default=[0, 0])
     kind, _ = slurm_type(name, types)
     gpu = Gpu(index, minor, name, kind, uuid, bus_id, str(dev_dir / f"nvidia{minor}"), cpus, cores, ())
     return _Read(gpu, _pci_key(bus_id), _nvlink_peers(nvml, handle)), int(mode[0]) == 1
@@ -372,17 +340,17 @@ def _nvlink_peers(nvml, handle) -> dict[tuple[int, int, int, int], int]:
     PCIe card fails on link 0). Links to NVSwitches count toward the switch's
     bus, which is no GPU of the inventory, as in Slurm's AutoDetect."""
     peers: dict[tuple[int, int, int, int], int] = {}
-    stop = (nvml_codes.NOT_SUPPORTED, nvml_codes.INVALID_ARGUMENT)
+    stop = (nvml_adapter.NOT_SUPPORTED, nvml_adapter.INVALID_ARGUMENT)
     for link in range(int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", _DEFAULT_MAX_LINKS))):
-        state = _optional(nvml, nvml.nvmlDeviceGetNvLinkState, handle, link, default=None, codes=stop)
+        state = nvml_adapter.optional(nvml, nvml.nvmlDeviceGetNvLinkState, handle, link, default=None, codes=stop)
         if state is None:
             break
         if int(state) != 1:
             continue
-        remote = _optional(nvml, nvml.nvmlDeviceGetNvLinkRemotePciInfo, handle, link, default=None)
+        remote = nvml_adapter.optional(nvml, nvml.nvmlDeviceGetNvLinkRemotePciInfo, handle, link, default=None)
         if remote is None:
             continue
-        key = _pci_key(_text(remote.busId)) or (int(remote.domain), int(remote.bus), int(remote.device), 0)
+        key = _pci_key(nvml_adapter.text(remote.busId)) or (int(remote.domain), int(remote.bus), int(remote.device), 0)
         peers[key] = peers.get(key, 0) + 1
     return peers
 
@@ -396,13 +364,13 @@ def _with_mig(nvml, handle, item: _Read, minors: dict[str, int] | None, proc_roo
         try:
             mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
         except nvml.NVMLError as err:
-            if _code(err) == nvml_codes.NOT_FOUND:
+            if nvml_adapter.error_code(err) == nvml_adapter.NOT_FOUND:
                 continue  # a free slot
-            if _code(err) == nvml_codes.INVALID_ARGUMENT:
+            if nvml_adapter.error_code(err) == nvml_adapter.INVALID_ARGUMENT:
                 break
             raise
-        name = _text(nvml.nvmlDeviceGetName(mig))
-        uuid = _text(nvml.nvmlDeviceGetUUID(mig))
+        name = nvml_adapter.text(nvml.nvmlDeviceGetName(mig))
+        uuid = nvml_adapter.text(nvml.nvmlDeviceGetUUID(mig))
         gi = int(nvml.nvmlDeviceGetGpuInstanceId(mig))
         ci = int(nvml.nvmlDeviceGetComputeInstanceId(mig))
         match = _MIG_PROFILE.search(name)
@@ -473,14 +441,14 @@ def _describe_lost(nvml, index: int, err: BaseException) -> str:
     except Exception:  # noqa: BLE001 - best effort: the description must not fail
         handle = None
     if handle is not None:
-        for call in (lambda: _text(nvml.nvmlDeviceGetUUID(handle)),
-                     lambda: _text(nvml.nvmlDeviceGetPciInfo(handle).busId)):
+        for call in (lambda: nvml_adapter.text(nvml.nvmlDeviceGetUUID(handle)),
+                     lambda: nvml_adapter.text(nvml.nvmlDeviceGetPciInfo(handle).busId)):
             try:
                 known.append(call())
             except Exception:  # noqa: BLE001 - best effort
                 pass
     where = f"NVML GPU {index}" + (f" ({', '.join(known)})" if known else "")
-    return f"{where}: {nvml_codes.describe(str(err), _code(err))}"
+    return f"{where}: {nvml_adapter.describe(str(err), nvml_adapter.error_code(err))}"
 
 
 def _pci_key(bus_id: str) -> tuple[int, int, int, int] | None:

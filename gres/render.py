@@ -26,11 +26,12 @@ time line says when the content last changed. The time lives in the text
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
+
+from slurm_ext.fileio import atomic_write
 
 from .inventory import Gpu, Inventory
 from .topology import ranges
@@ -134,9 +135,8 @@ def write_if_changed(path: Path, text: str, mode: int = 0o644) -> bool:
 
     Returns True when the file was written, False when its content already
     matched (the file, its mode and its mtime are then left alone). The
-    write is atomic: a temporary file in the same directory, given `mode`,
-    fsynced, then renamed over `path` and the directory fsynced, so slurmd
-    (or a crash) sees the old file or the new one, never half of one.
+    write is `fileio.atomic_write`'s, durable: slurmd (or a crash) sees the
+    old file or the new one, never half of one.
 
     Raises:
         OSError: the file cannot be read, written or renamed into place (the
@@ -146,34 +146,8 @@ def write_if_changed(path: Path, text: str, mode: int = 0o644) -> bool:
     path = Path(path)
     if not differs(path, text):
         return False
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(text.encode())
-            os.fchmod(out.fileno(), mode)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
+    atomic_write(path, text, mode=mode)
     return True
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make the rename durable; some filesystems refuse to fsync a directory,
-    which costs only durability, never correctness."""
-    try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _without_time(text: str) -> list[str]:

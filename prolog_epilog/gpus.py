@@ -23,7 +23,13 @@ are not addressed here: an index names a whole GPU.
 
 Every NVML failure (library missing, driver not loaded, GPU lost, no such
 index) becomes a `GpuCheckError` whose message says what to do; no pynvml
-exception leaves this module.
+exception leaves this module. Loading pynvml, its exception types, its
+strings and its init come from the core adapter `slurm_ext.nvml`.
+
+NVML is initialised once per process and never shut down
+(`slurm_ext.nvml.init_once`), unlike the gres inventory, which reads once per
+node start: these checks run for every job in the warm node agent, and
+nvmlInit costs up to seconds on a busy node.
 
 NVML calls run on a worker thread and are waited for `NVML_TIMEOUT_S` at
 most: a GPU falling off the bus can leave a call such as
@@ -42,7 +48,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from slurm_ext import nvml as nvml_codes
+from slurm_ext import nvml as nvml_adapter
 from slurm_ext.errors import SlurmExtError
 
 __all__ = [
@@ -110,7 +116,7 @@ class GpuCheckError(SlurmExtError):
         self.problem = problem
         self.nvml_code = nvml_code
         where = "NVML" if gpu is None else f"GPU {gpu}"
-        super().__init__(f"gpu check: {where}: {nvml_codes.describe(problem, nvml_code)}")
+        super().__init__(f"gpu check: {where}: {nvml_adapter.describe(problem, nvml_code)}")
 
 
 class GpuCheckTimeout(GpuCheckError):
@@ -125,59 +131,28 @@ class GpuCheckTimeout(GpuCheckError):
         super().__init__(problem, gpu)
 
 
-# NVML is initialised once per process and never shut down: the node agent
-# runs these checks for every job, and nvmlInit costs up to seconds on a
-# busy node. Kept per nvml module object so tests can pass fakes.
-_INIT_LOCK = threading.Lock()
-_INITIALISED: list[Any] = []
-
-
 def _default_nvml() -> Any:
+    """pynvml, or the adapter's "not installed" as a GpuCheckError."""
     try:
-        import pynvml
-    except ImportError as err:
-        raise GpuCheckError("the pynvml package is not installed (pip install nvidia-ml-py)") from err
-    return pynvml
-
-
-def _nvml_errors(nvml: Any) -> tuple[type[BaseException], ...]:
-    """The exceptions an NVML call may raise: NVMLError and its subclasses,
-    and pynvml's NVMLLibraryMismatchError (not an NVMLError) for a driver
-    that lacks the versioned call pynvml wants."""
-    errors: list[type[BaseException]] = [nvml.NVMLError]
-    mismatch = getattr(nvml, "NVMLLibraryMismatchError", None)
-    if isinstance(mismatch, type):
-        errors.append(mismatch)
-    return tuple(errors)
+        return nvml_adapter.load()
+    except nvml_adapter.NvmlUnavailable as err:
+        raise GpuCheckError(err.problem) from err
 
 
 def _translate(err: BaseException, gpu: int | None, doing: str) -> GpuCheckError:
-    code = getattr(err, "value", None)
-    return GpuCheckError(f"{doing}: {err}", gpu, code if isinstance(code, int) else None)
+    return GpuCheckError(f"{doing}: {err}", gpu, nvml_adapter.error_code(err))
 
 
 def _ensure_init(nvml: Any) -> None:
-    """nvmlInit once per process and nvml module; a failure is not cached, so
-    a driver loaded later is picked up by the next check."""
-    with _INIT_LOCK:
-        if any(done is nvml for done in _INITIALISED):
-            return
-        try:
-            nvml.nvmlInit()
-        except _nvml_errors(nvml) as err:
-            raise _translate(err, None, "cannot initialise") from err
-        _INITIALISED.append(nvml)
+    """NVML initialised for this process (see the module docstring); a failure
+    is not cached, so a driver loaded later is picked up by the next check."""
+    nvml_adapter.init_once(nvml, lambda err: _translate(err, None, "cannot initialise"))
 
 
 def _processes(nvml: Any, call: Callable[[Any], Any], handle: Any) -> list[Any]:
     """One NVML process list; NOT_SUPPORTED (e.g. graphics on a compute-only
     GPU) means the GPU has none of that kind."""
-    try:
-        return list(call(handle))
-    except nvml.NVMLError as err:
-        if getattr(err, "value", None) == nvml_codes.NOT_SUPPORTED:
-            return []
-        raise
+    return list(nvml_adapter.optional(nvml, call, handle, default=[]))
 
 
 def _merge(gpu: int, entries: Iterable[Any]) -> tuple[GpuProcess, ...]:
@@ -198,9 +173,7 @@ def _merge(gpu: int, entries: Iterable[Any]) -> tuple[GpuProcess, ...]:
 
 def _read_gpu(nvml: Any, index: int) -> GpuUsage:
     handle = nvml.nvmlDeviceGetHandleByIndex(index)
-    uuid = nvml.nvmlDeviceGetUUID(handle)
-    if isinstance(uuid, bytes):  # pynvml before 11.5 returned bytes
-        uuid = uuid.decode()
+    uuid = nvml_adapter.text(nvml.nvmlDeviceGetUUID(handle))
     used_mib = int(nvml.nvmlDeviceGetMemoryInfo(handle).used) // MIB
     entries = _processes(nvml, nvml.nvmlDeviceGetComputeRunningProcesses, handle)
     entries += _processes(nvml, nvml.nvmlDeviceGetGraphicsRunningProcesses, handle)
@@ -223,7 +196,7 @@ class _Call:
     error: BaseException | None = None
 
 
-# Calls that timed out and have not returned yet, per nvml module (as _INITIALISED).
+# Calls that timed out and have not returned yet, per nvml module (by identity: tests pass stand-ins).
 _BLOCKED_LOCK = threading.Lock()
 _BLOCKED: list[_Call] = []
 
@@ -329,7 +302,7 @@ def minor_numbers(indexes: Iterable[int], nvml: Any = None, *, timeout: float | 
             call.gpu, call.doing = index, "reading the minor number of"
             try:
                 minors[index] = int(nvml.nvmlDeviceGetMinorNumber(nvml.nvmlDeviceGetHandleByIndex(index)))
-            except _nvml_errors(nvml) as err:
+            except nvml_adapter.errors(nvml) as err:
                 raise _translate(err, index, "cannot read its minor number") from err
         return minors
 
@@ -339,7 +312,7 @@ def minor_numbers(indexes: Iterable[int], nvml: Any = None, *, timeout: float | 
 def _read_gpus(nvml: Any, indexes: list[int], call: _Call) -> list[GpuUsage]:
     """gpu_usage's NVML calls, on the worker thread; `call` follows where they are."""
     _ensure_init(nvml)
-    errors = _nvml_errors(nvml)
+    errors = nvml_adapter.errors(nvml)
     call.doing = "counting GPUs in"
     try:
         count = int(nvml.nvmlDeviceGetCount())

@@ -45,6 +45,8 @@ __all__ = ["Verdict", "prolog", "epilog", "handle", "prolog_main", "epilog_main"
 
 logger = logging.getLogger("prolog_epilog")
 _COMPONENT = "prolog_epilog"
+#: the owner of the Prolog's and Epilog's drains in the node-state catalogue (slurm_ext.nodestate)
+OWNER = "jobs"
 #: verdicts of admin scripts, kept for the life of the process (the hook service lives long)
 _CACHE = None
 
@@ -276,14 +278,24 @@ def _report(config: Config, record: jobrecord.JobRecord, cleanup: procs.Cleanup,
 
 
 def _drain(config: Config, record: jobrecord.JobRecord, reason: str) -> None:
+    """Hand the drain to the node-state owner (the agent's, or this process's own when no agent runs).
+
+    Waited for: the node must show it before Slurm can give it the next job."""
     node = record.node or config.node.slurm_name
     _emit(config, "drain", f"node {node}: {reason}", "error", job=record.job_id, node=node)
-    from slurm_ext.slurm import SlurmClient  # only here: a drain is rare, the import is not free
+    # only here: a drain is rare, the imports are not free
+    from slurm_ext import nodestate
+    from slurm_ext.slurm import SlurmClient
     try:
-        SlurmClient(config.slurm).drain(node, reason)
+        outcome = nodestate.post(config.supervisor.runtime_dir, OWNER, reason, node=node,
+                                 slurm=lambda: SlurmClient(config.slurm),
+                                 emit=events.emitter(config.node.state_dir, "nodestate"),
+                                 timeout=config.slurm.timeout + 2.0, job=record.job_id)
     except SlurmExtError as err:
         _emit(config, "drain-failed", f"node {node}: could not drain ({reason}): {err}", "error",
               job=record.job_id, node=node)
+    else:
+        logger.info("job %s: node %s drain (%s): %s", record.job_id, node, reason, outcome)
 
 
 def _emit(config: Config, event: str, message: str, severity: str = "info", **fields) -> None:

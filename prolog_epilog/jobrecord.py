@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from slurm_ext.errors import SlurmExtError
+from slurm_ext.fileio import atomic_write
 from slurm_ext.procfs import PROC, pids
 
 __all__ = ["JobRecord", "JobEnvironmentError", "from_environ", "job_id_of", "write", "read", "remove", "other_jobs",
@@ -119,18 +120,15 @@ def _path(state_dir: str, job_id: int) -> Path:
 
 
 def write(record: JobRecord, state_dir: str) -> Path:
-    """Write the record atomically (temp file, fsync, rename); the directory is root's only."""
+    """Write the record atomically; the directory is root's only.
+
+    fsync "file", not "all": a record never reads back empty after a crash,
+    and the directory's fsync is left out of every job start because a
+    reboot makes every record stale anyway (`other_jobs` drops them).
+    """
     path = _path(state_dir, record.job_id)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, json.dumps(asdict(record), sort_keys=True).encode() + b"\n")
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    return path
+    return atomic_write(path, json.dumps(asdict(record), sort_keys=True) + "\n", mode=0o600, fsync="file")
 
 
 def read(job_id: int, state_dir: str) -> JobRecord | None:

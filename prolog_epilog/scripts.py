@@ -335,7 +335,7 @@ def _user_hooks(config: Config, phase: str, role: str, env: dict[str, str], home
     """
     def skipped(reason: str) -> list[ScriptResult]:
         events.emit(config.node.state_dir, _COMPONENT, "user-hooks-skipped",
-                    f"{phase} user hooks of job {env.get('SLURM_JOB_ID', '?')} not run: {reason}", "warning",
+                    f"{phase} user hooks of job {env.get('SLURM_JOB_ID', '?')} not run: {reason}",
                     **_job_field(env), phase=phase, user=env.get("SLURM_JOB_USER", ""), reason=reason)
         return []
 
@@ -396,7 +396,7 @@ def _user_hook(config: Config, phase: str, role: str, env: dict[str, str], path:
             if left:
                 events.emit(config.node.state_dir, _COMPONENT, "hook-cgroup-left",
                             f"{phase} user hook {path}: cgroup {', '.join(left)} still holds processes after "
-                            f"SIGKILL (state D?); left in place", "warning", **_job_field(env), phase=phase,
+                            f"SIGKILL (state D?); left in place", **_job_field(env), phase=phase,
                             script=str(path), cgroups=left)
 
 
@@ -430,8 +430,7 @@ def _user_name(uid: int) -> str:
 def _refuse(config: Config, phase: str, env: dict[str, str], path: str, user: str, problems: str) -> ScriptResult:
     result = ScriptResult(path, user, None, refused=problems)
     events.emit(config.node.state_dir, _COMPONENT, result.event, f"{phase} script {path} not run: {problems}",
-                "error", **_job_field(env), phase=phase, script=path, user=user, exit_code=None, seconds=0.0,
-                output="")
+                **_job_field(env), phase=phase, script=path, user=user, exit_code=None, seconds=0.0, output="")
     return result
 
 
@@ -440,9 +439,10 @@ def _run_one(config: Config, phase: str, role: str, env: dict[str, str], script:
     exit_code, timed_out, seconds, output = _execute(script, timeout, _environment(phase, role, env, who, script.path),
                                                      who, cgroup)
     result = ScriptResult(script.path, who.name, exit_code, timed_out, round(seconds, 3), output)
+    # severity: the catalogue's for result.event (script-ok info, the others error)
     events.emit(config.node.state_dir, _COMPONENT, result.event, _message(phase, result, timeout),
-                "info" if result.ok else "error", **_job_field(env), phase=phase, script=result.path,
-                user=who.name, exit_code=exit_code, seconds=result.seconds, output=output)
+                **_job_field(env), phase=phase, script=result.path, user=who.name, exit_code=exit_code,
+                seconds=result.seconds, output=output)
     return result
 
 

@@ -15,6 +15,15 @@ credentials (SO_PEERCRED) must be uid 0, and the client in turn takes a
 verdict only from a service that runs as root. Job records live on
 disk (jobrecord), so a restart of the service loses nothing: a Prolog
 answered by one service life is cleaned up by the Epilog of the next.
+
+On bare metal without the agent, systemd can own the socket instead
+(slurm-ext-hooks.socket, written by `slurm-ext hooks install-units`): it
+listens from boot and starts the service on the first connection, passing
+the listening socket as fd 3 (LISTEN_FDS/LISTEN_PID, sd_listen_fds(3)). The
+service then checks that it is the Unix stream socket at the path the
+client connects to, root's and 0600 in a runtime dir only root can change,
+and leaves the file to systemd when it stops: connections made meanwhile
+wait in systemd's socket for the next start.
 """
 
 from __future__ import annotations
@@ -38,11 +47,12 @@ from pathlib import Path
 from slurm_ext import command, config as config_mod, events, log
 from slurm_ext.config import Config
 from slurm_ext.errors import CommandError, ConfigError, SlurmExtError
+from slurm_ext.fileio import atomic_write
 
 from . import gpus, hooks
 
 __all__ = ["socket_path", "serve", "build_hook", "write_launchers", "HookBuildError", "UnsafeRuntimeDir",
-           "HOOK_SOURCE", "HOOK_DEADLINE_S"]
+           "PassedSocketError", "HOOK_SOURCE", "HOOK_DEADLINE_S"]
 
 logger = logging.getLogger("prolog_epilog")
 
@@ -59,6 +69,10 @@ _CC_TIMEOUT = 120.0
 #: above the longest healthy Prolog (job-start scripts have 60 s each by default), far below forever,
 #: which is how long slurmd waits for a Prolog or Epilog unless PrologEpilogTimeout is set (set it above this).
 HOOK_DEADLINE_S = 300
+
+#: the first descriptor systemd passes (SD_LISTEN_FDS_START in sd-daemon.h)
+_LISTEN_FDS_START = 3
+_ACTIVATION_VARIABLES = ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES")
 
 
 class HookBuildError(SlurmExtError):
@@ -80,21 +94,45 @@ class UnsafeRuntimeDir(SlurmExtError):
         super().__init__(f"{directory} {problem}, so someone other than root could replace the hook socket; {fix}")
 
 
+class PassedSocketError(SlurmExtError):
+    """The socket systemd passed (LISTEN_FDS) is not the hook socket the client connects to.
+
+    Serving it would answer nobody (another address), anybody (a TCP port,
+    a socket others may open), or not work at all (a file, a datagram
+    socket). `expected` is the hook socket's path, `problem` what the
+    passed descriptor is instead.
+    """
+
+    def __init__(self, expected: Path, problem: str):
+        self.expected = expected
+        self.problem = problem
+        super().__init__(f"systemd passed a socket (LISTEN_FDS) that is not the hook socket {expected}: {problem}; "
+                         "the socket unit's ListenStream= must be that path with SocketMode=0600 "
+                         "(`slurm-ext hooks install-units` writes it from this config)")
+
+
 def socket_path(config: Config) -> Path:
     return Path(config.supervisor.runtime_dir) / "hooks.sock"
 
 
 def serve(config_path: str | None = None) -> int:
-    """Answer hook clients until SIGTERM; returns the exit status."""
+    """Answer hook clients until SIGTERM; returns the exit status.
+
+    Serves the socket systemd passed when LISTEN_PID names this process
+    (socket activation), else binds its own at `socket_path`.
+    """
     holder = _ConfigHolder(config_path)
     config = holder.get()
     log.setup(config.log, "hooks")
     path = socket_path(config)
+    bound = None  # the file this service made, and removes when it stops; systemd's socket stays systemd's
     try:
-        listener = _listen(path)
-        bound = path.lstat()  # what this service removes when it stops, and nothing else
-    except (OSError, UnsafeRuntimeDir) as err:
-        problem = err.strerror if isinstance(err, OSError) else str(err)
+        listener = _passed_listener(path)
+        if listener is None:
+            listener = _listen(path)
+            bound = path.lstat()
+    except (OSError, UnsafeRuntimeDir, PassedSocketError) as err:
+        problem = err.strerror or str(err) if isinstance(err, OSError) else str(err)
         events.emit(config.node.state_dir, "prolog_epilog", "hook-service-failed",
                     f"cannot listen on {path}: {problem}", "error")
         return 1
@@ -105,7 +143,7 @@ def serve(config_path: str | None = None) -> int:
             gpus.gpu_usage(())  # NVML initialised now, not in the first job's Prolog
         except gpus.GpuCheckError as err:
             logger.info("NVML not available (%s): jobs with GPUs will report it", err)
-        logger.info("hook service listening on %s", path)
+        logger.info("hook service listening on %s%s", path, " (socket passed by systemd)" if bound is None else "")
         while True:
             try:
                 connection, _ = listener.accept()
@@ -116,16 +154,18 @@ def serve(config_path: str | None = None) -> int:
             threading.Thread(target=_answer, args=(connection, holder), daemon=True,
                              name="hook-request").start()
     except SystemExit:
-        logger.info("hook service stopping: clients still waiting run their hook themselves")
+        logger.info("hook service stopping: clients still waiting run their hook themselves%s",
+                    "" if bound is not None else "; new connections wait in systemd's socket for the next start")
         return 0
     finally:
         listener.close()
-        try:
-            now = path.lstat()
-            if (now.st_dev, now.st_ino) == (bound.st_dev, bound.st_ino):  # not a successor's socket
-                path.unlink()
-        except OSError:
-            pass
+        if bound is not None:
+            try:
+                now = path.lstat()
+                if (now.st_dev, now.st_ino) == (bound.st_dev, bound.st_ino):  # not a successor's socket
+                    path.unlink()
+            except OSError:
+                pass
 
 
 def _stop(signum, frame) -> None:
@@ -153,6 +193,84 @@ def _listen(path: Path) -> socket.socket:
         os.umask(old)
     listener.listen(128)
     return listener
+
+
+def _passed_listener(path: Path, environ: dict[str, str] | None = None) -> socket.socket | None:
+    """The listening socket systemd passed for `path` (fd 3), or None when it passed none to this process.
+
+    sd_listen_fds(3) semantics: the variables count only when LISTEN_PID is
+    this process (a parent's, inherited, are not ours); they are removed in
+    every case, and fd 3 is made close-on-exec, so the scripts and user
+    hooks the service runs inherit neither. The socket must be the one the
+    client connects to: a listening AF_UNIX stream socket bound to `path`,
+    root's and 0600 there, in a runtime dir only root can change (the checks
+    `_listen` makes on its own socket).
+
+    Raises:
+        PassedSocketError: more than one descriptor, or fd 3 is not that socket.
+        UnsafeRuntimeDir: the socket's directory, or one above it, is not root's alone.
+    """
+    environ = os.environ if environ is None else environ
+    values = {name: environ.pop(name, None) for name in _ACTIVATION_VARIABLES}
+    if values["LISTEN_PID"] is None and values["LISTEN_FDS"] is None:
+        return None
+    if values["LISTEN_PID"] != str(os.getpid()):
+        logger.info("LISTEN_FDS is for pid %s, not this process (%d): ignored, binding %s itself",
+                    values["LISTEN_PID"], os.getpid(), path)
+        return None
+    if values["LISTEN_FDS"] != "1":
+        raise PassedSocketError(path, f"LISTEN_FDS={values['LISTEN_FDS']}, expected 1 (a single ListenStream=)")
+    fd = _LISTEN_FDS_START
+    try:
+        os.set_inheritable(fd, False)
+        kind = os.fstat(fd).st_mode
+    except OSError as err:
+        raise PassedSocketError(path, f"fd {fd} is not open ({err.strerror})") from err
+    if not stat.S_ISSOCK(kind):
+        what = "a regular file" if stat.S_ISREG(kind) else "a directory" if stat.S_ISDIR(kind) else \
+            "a pipe" if stat.S_ISFIFO(kind) else "a device" if stat.S_ISCHR(kind) or stat.S_ISBLK(kind) else \
+            "not a socket"
+        raise PassedSocketError(path, f"fd {fd} is {what}")
+    listener = socket.socket(fileno=fd)
+    try:
+        _check_passed(listener, path)
+    except BaseException:
+        listener.detach()  # refused, but the descriptor is still systemd's to hand to the next start
+        raise
+    listener.setblocking(True)
+    return listener
+
+
+def _check_passed(listener: socket.socket, path: Path) -> None:
+    """`listener` must be a listening Unix stream socket bound to `path`, root's alone, in a safe directory."""
+    fd = listener.fileno()
+    if listener.family != socket.AF_UNIX:
+        family = getattr(listener.family, "name", listener.family)
+        raise PassedSocketError(path, f"fd {fd} is an {family} socket at {listener.getsockname()}, not a Unix socket")
+    if listener.type != socket.SOCK_STREAM:
+        kind = getattr(listener.type, "name", listener.type)
+        raise PassedSocketError(path, f"fd {fd} is a Unix socket of type {kind}, not SOCK_STREAM")
+    if not listener.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+        raise PassedSocketError(path, f"fd {fd} is a Unix stream socket that is not listening")
+    address = listener.getsockname()
+    address = os.fsdecode(address) if isinstance(address, bytes) else address
+    if not address or address.startswith("\0"):
+        raise PassedSocketError(path, f"fd {fd} is bound to {'no path' if not address else 'an abstract address'}")
+    if os.path.abspath(address) != os.path.abspath(path):
+        raise PassedSocketError(path, f"fd {fd} is bound to {address}, but slurm-ext-hook connects to {path} "
+                                "(supervisor.runtime_dir)")
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        raise PassedSocketError(path, f"fd {fd} is bound to {path}, but no file is there any more (removed, "
+                                "or replaced by another service's socket and then removed)") from None
+    _prepare_runtime_dir(path.parent)  # it holds the socket, so it exists: checked, nothing made
+    if not stat.S_ISSOCK(info.st_mode):
+        raise PassedSocketError(path, f"{path} is no longer a socket")
+    if info.st_uid != 0 or stat.S_IMODE(info.st_mode) & 0o077:
+        raise PassedSocketError(path, f"{path} is owned by uid {info.st_uid} with mode "
+                                f"{stat.S_IMODE(info.st_mode):04o}, expected root and 0600 (SocketUser=root, "
+                                "SocketMode=0600): only root may hand this service a job")
 
 
 def _prepare_runtime_dir(directory: Path) -> None:
@@ -358,9 +476,10 @@ def build_hook(output: Path, socket_file: str, prolog_fallback: str, epilog_fall
     except CommandError as err:
         raise HookBuildError(f"cannot compile {HOOK_SOURCE} into {output}: {err} (is a C compiler installed? "
                              "apt-get install gcc)") from err
+    # not atomic_write: cc writes the file, so it gets the temporary name; the rename is the same
     tmp.chmod(0o755)
     os.replace(tmp, output)
-    stamp_file.write_text(stamp + "\n")
+    atomic_write(stamp_file, stamp + "\n")
     return output
 
 
@@ -400,9 +519,6 @@ def write_launchers(directory: Path) -> tuple[Path, Path]:
         path = Path(directory) / f"slurm-ext-{phase}.py"
         text = _LAUNCHER.format(python=sys.executable, phase=phase, paths=paths, components=components)
         if not path.is_file() or path.read_text() != text:
-            tmp = path.with_name(f".{path.name}.tmp")
-            tmp.write_text(text)
-            tmp.chmod(0o755)
-            os.replace(tmp, path)
+            atomic_write(path, text, mode=0o755)
         written.append(path)
     return written[0], written[1]

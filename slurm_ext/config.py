@@ -6,12 +6,22 @@ file is rejected as a whole with a `ConfigError` naming the file, the line
 where it can be found, the key, the bad value and what is allowed: a config
 that is half applied is worse than one that is refused.
 
-Keys are declared once, in the section dataclasses below, with their doc
-text; `render()` (``slurm-ext config show``) and the README reference are both
-made from these declarations.
+Keys are declared once, with `setting()`, in the section dataclasses with
+their doc text: the core's sections ([node], [log], [slurm]) below, each
+component's in its own `settings` module, which registers it here
+(`register_section`). `render()` (``slurm-ext config show``) and the README
+reference are both made from these declarations.
+
+The core knows its components' sections by name only (`_SECTION_OWNERS`, a
+fixed table) and imports a component's `settings` on demand: when a file has
+the section, when code first reads it, or for `sections()` / `render()`. Not
+entry points or importing every component up front, because the Python hook
+fallback loads the config for every job: an entry-point scan costs
+milliseconds each time and the component packages tens of milliseconds.
 """
 
 import dataclasses
+import importlib
 import os
 import re
 import tomllib
@@ -21,7 +31,9 @@ from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["Config", "ROLES", "DEFAULT_PATH", "ENV_VAR", "load", "from_dict", "render", "parse_duration", "sections"]
+__all__ = ["Config", "ROLES", "DEFAULT_PATH", "ENV_VAR", "load", "from_dict", "render", "parse_duration", "sections",
+           "section_names", "section_class", "register_section", "setting", "NodeSection", "LogSection",
+           "SlurmSection"]
 
 DEFAULT_PATH = Path("/etc/slurm-ext/slurm-ext.toml")
 ENV_VAR = "SLURM_EXT_CONFIG"
@@ -42,8 +54,8 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
 
 
-def _key(default: Any, doc: str, kind: str, **rules: Any) -> Any:
-    """Declare a config key: its default, its doc line, its kind and rules.
+def setting(default: Any, doc: str, kind: str, **rules: Any) -> Any:
+    """Declare a config key (a field of a section dataclass): its default, its doc line, its kind and rules.
 
     Kinds: str, int, bool, duration (stored as seconds), path (absolute, or
     empty where allowed), choice (one of `choices`), list (a tuple of `item`
@@ -64,9 +76,9 @@ def _key(default: Any, doc: str, kind: str, **rules: Any) -> Any:
 class NodeSection:
     """This host as slurm-ext sees it."""
 
-    name: str = _key("", "Slurm node name of this host; empty means the short host name", "str",
-                     pattern=r"^[A-Za-z0-9._-]*$")
-    state_dir: str = _key("/var/lib/slurm-ext", "node-local state: job records, the node journal", "path")
+    name: str = setting("", "Slurm node name of this host; empty means the short host name", "str",
+                        pattern=r"^[A-Za-z0-9._-]*$")
+    state_dir: str = setting("/var/lib/slurm-ext", "node-local state: job records, the node journal", "path")
 
     @property
     def slurm_name(self) -> str:
@@ -78,186 +90,132 @@ class NodeSection:
 class LogSection:
     """Where slurm-ext's own log lines go."""
 
-    level: str = _key("info", "least severe level logged", "choice",
-                      choices=("debug", "info", "warning", "error"))
-    file: str = _key("", "append log lines to this file; empty means standard error", "path", empty_ok=True)
+    level: str = setting("info", "least severe level logged", "choice",
+                         choices=("debug", "info", "warning", "error"))
+    file: str = setting("", "append log lines to this file; empty means standard error", "path", empty_ok=True)
 
 
 @dataclass(frozen=True, slots=True)
 class SlurmSection:
     """How slurm-ext talks to Slurm (through its command-line tools)."""
 
-    bin_dir: str = _key("", "directory holding scontrol, sinfo, squeue, sacct, sacctmgr; empty means PATH",
-                        "path", empty_ok=True, must_exist=True)
-    conf: str = _key("", "slurm.conf passed to the tools as SLURM_CONF; empty means Slurm's own default",
-                     "path", empty_ok=True)
-    timeout: float = _key(10.0, "longest wait for one Slurm command before Slurm counts as unreachable",
-                          "duration", minimum=0.1, maximum=600.0)
-    json: str = _key("auto", "use the tools' --json output: auto (when the installed Slurm has it), always, never",
-                     "choice", choices=("auto", "always", "never"))
+    bin_dir: str = setting("", "directory holding scontrol, sinfo, squeue, sacct, sacctmgr; empty means PATH",
+                           "path", empty_ok=True, must_exist=True)
+    conf: str = setting("", "slurm.conf passed to the tools as SLURM_CONF; empty means Slurm's own default",
+                        "path", empty_ok=True)
+    timeout: float = setting(10.0, "longest wait for one Slurm command before Slurm counts as unreachable",
+                             "duration", minimum=0.1, maximum=600.0)
+    json: str = setting("auto", "use the tools' --json output: auto (when the installed Slurm has it), always, never",
+                        "choice", choices=("auto", "always", "never"))
 
 
+#: the roles a node agent can run (`slurm-ext supervise --role`); a core word, shared by the
+#: components (the supervisor's ports and workers, the lifecycle scripts' directories)
 ROLES = ("worker", "controller", "accounting", "login")
-_DEFAULT_PORTS = {"worker": 9810, "controller": 9811, "accounting": 9812, "login": 9813}
-_SIGNALS = ("TERM", "INT", "QUIT", "HUP", "USR1", "USR2", "KILL")
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerSection:
-    """One program the node agent runs, [supervisor.workers.<name>].
+# -- the components' sections -------------------------------------------------------------
 
-    Every key is optional: a key left out keeps the built-in default of a
-    worker of that name (slurmd, slurmctld, slurmdbd, mariadbd, munged, sshd),
-    or the generic default below for a new name.
+#: Each component's section, in file order after the core's own: [section] -> the component
+#: that declares it in `slurm_ext.<component>.settings` and registers it there. A fixed table
+#: (see the module docstring for why): a new component with a section adds itself here.
+_SECTION_OWNERS = {
+    "supervisor": "supervisor",
+    "prolog_epilog": "prolog_epilog",
+    "gres": "gres",
+    "dev": "devcluster",
+}
+_CORE_SECTIONS = {"node": NodeSection, "log": LogSection, "slurm": SlurmSection}
+_registered: dict[str, type] = {}
+
+
+def register_section(name: str, cls: type) -> None:
+    """Called by a component's settings module: `cls` is the dataclass of its [`name`] section.
+
+    Raises:
+        ValueError: `name` is not a section the core names in its table of
+            components (add it there), or a core section.
     """
-
-    roles: tuple | None = _key(None, "roles that run this worker", "list",
-                               item={"kind": "choice", "choices": ROLES})
-    command: tuple | None = _key(None, "program and arguments, run in the foreground; the program is looked up "
-                                 "in PATH", "list", item={"kind": "str"}, min_items=1)
-    environment: dict | None = _key(None, "extra environment variables", "table", item={"kind": "str"})
-    restart: str | None = _key(None, "when to restart it after it exits: always, on-failure, never", "choice",
-                               choices=("always", "on-failure", "never"))
-    stop_signal: str | None = _key(None, "signal that asks it to stop", "choice", choices=_SIGNALS)
-    stop_grace: float | None = _key(None, "wait this long after stop_signal before SIGKILL", "duration",
-                                    minimum=0.0, maximum=3600.0)
-    notify: bool | None = _key(None, "serve it a NOTIFY_SOCKET (sd_notify: READY=1, MAINPID=, STATUS=)", "bool")
-    ready: str | None = _key(None, "when it counts as ready: running, notify (READY=1), slurm-node (this node "
-                             "registered and responding in Slurm)", "choice",
-                             choices=("running", "notify", "slurm-node"))
-    drain_on_crash_loop: bool | None = _key(None, "drain this node (owned reason) while it crash-loops", "bool")
+    if name not in _SECTION_OWNERS:
+        raise ValueError(f"[{name}] is not a component section of slurm_ext.config; add it to _SECTION_OWNERS")
+    _registered[name] = cls
 
 
-@dataclass(frozen=True, slots=True)
-class SupervisorSection:
-    """The node agent, `slurm-ext supervise --role ROLE`."""
+def section_class(name: str) -> type:
+    """The dataclass of section [`name`], importing the component that declares it if need be.
 
-    listen: str = _key("127.0.0.1", "address of the HTTP listener for /livez, /readyz, /metrics", "str",
-                       pattern=r"^[0-9A-Za-z.:-]+$")
-    ports: dict = _key(_DEFAULT_PORTS,
-                       "HTTP port of each role's agent (0: no listener); a role left out keeps its default",
-                       "table", keys=ROLES, item={"kind": "int", "minimum": 0, "maximum": 65535})
-    runtime_dir: str = _key("/run/slurm-ext", "notify sockets and boot markers", "path")
-    backoff_initial: float = _key(0.01, "delay before the first restart of a worker that died", "duration",
-                                  minimum=0.0, maximum=60.0)
-    backoff_max: float = _key(30.0, "cap of the doubling restart delay, and the delay while crash-looping", "duration",
-                              minimum=0.01, maximum=3600.0)
-    stable_after: float = _key(2.0, "a worker up this long started fine: its next restart delay starts over "
-                               "from backoff_initial (like supervisord's startsecs)", "duration",
-                               minimum=0.1, maximum=86400.0)
-    crash_loop_count: int = _key(5, "this many exits within crash_loop_window is a crash loop", "int",
-                                 minimum=2, maximum=1000)
-    crash_loop_window: float = _key(10.0, "window for crash_loop_count (5 in 10s is also systemd's start limit); "
-                                    "a crash loop is over once the worker has run this long", "duration",
-                                    minimum=1.0, maximum=86400.0)
-    ready_interval: float = _key(30.0, "how often readiness is asked of Slurm once ready (every node asks "
-                                 "slurmctld: keep it long on large clusters)", "duration", minimum=0.1, maximum=600.0)
-    stale_drain_reasons: tuple = _key(("slurm-ext: slurmd crash loop",),
-                                      "at start, resume this node when its reason starts with one of these "
-                                      "(drains a previous life of this node left behind)", "list",
-                                      item={"kind": "str"})
-    step_failure: dict = _key({}, "per start step: block (do not start workers until it succeeds) or continue",
-                              "table", item={"kind": "choice", "choices": ("block", "continue")})
-    leave_root_cgroup: bool = _key(True, "as PID 1 in a cgroup v2 container, move out of the root cgroup so "
-                                   "slurmd can enable controllers", "bool")
-    workers: dict = _key({}, "per-worker settings, [supervisor.workers.<name>]", "sections", section=WorkerSection)
-
-    def port(self, role: str) -> int:
-        """The HTTP port of `role`'s agent (a role missing from `ports` keeps its default)."""
-        return self.ports.get(role, _DEFAULT_PORTS[role])
+    Raises:
+        KeyError: no such section.
+    """
+    if name in _CORE_SECTIONS:
+        return _CORE_SECTIONS[name]
+    cls = _registered.get(name)
+    if cls is None:
+        module = f"slurm_ext.{_SECTION_OWNERS[name]}.settings"
+        importlib.import_module(module)
+        cls = _registered.get(name)
+        if cls is None:
+            raise RuntimeError(f"{module} did not register the [{name}] section")
+    return cls
 
 
-_HOOK_PHASES = ("job-start", "job-end")
-
-
-@dataclass(frozen=True, slots=True)
-class PrologEpilogSection:
-    """The Prolog and Epilog: job cleanup, GPU release checks, lifecycle scripts."""
-
-    scripts_dir: str = _key("", "holds <role>/<phase>.d/ lifecycle script directories (node-boot.d, job-start.d, "
-                            "job-end.d); empty means the config file's directory", "path", empty_ok=True)
-    script_timeout: float = _key(60.0, "longest run of one lifecycle script or user hook; then its process group "
-                                 "is killed and it counts as failed", "duration", minimum=0.1, maximum=86400.0)
-    script_timeouts: dict = _key({}, "per-script timeout by file name, e.g. { \"10-mounts\" = \"5m\" }",
-                                 "table", item={"kind": "duration", "minimum": 0.1, "maximum": 86400.0})
-    on_failure: dict = _key({"job-start": "drain", "job-end": "ignore"},
-                            "per phase: drain (non-zero exit to Slurm, which drains the node and requeues a "
-                            "starting job) or ignore (event only); a phase left out keeps its default",
-                            "table", keys=_HOOK_PHASES, item={"kind": "choice", "choices": ("drain", "ignore")})
-    allow_user_hooks: bool = _key(False, "run the job user's ~/.config/slurm-ext/{job-start,job-end}/ executables, "
-                                  "as that user", "bool")
-    min_uid: int = _key(1000, "the Epilog kills every process of a job's user who has no other job on the node "
-                        "only when the uid is at least this (never root)", "int", minimum=1, maximum=2**32 - 2)
-    kill_timeout: float = _key(10.0, "longest wait for killed job processes to be gone; one still there (state D) "
-                               "drains the node", "duration", minimum=0.1, maximum=600.0)
-    gpu_memory_threshold: int = _key(1024, "MiB of memory a GPU may still show in use after its job's processes "
-                                     "are gone before the node is drained", "int", minimum=0, maximum=10**7)
-
-    def failure_policy(self, phase: str) -> str:
-        """drain or ignore: what a failed `phase` script does (a phase left out keeps its default)."""
-        return self.on_failure.get(phase, {"job-start": "drain"}.get(phase, "ignore"))
-
-
-@dataclass(frozen=True, slots=True)
-class GresSection:
-    """gres.conf and Gres= from NVML, regenerated before every slurmd start."""
-
-    output: str = _key("", "the generated gres.conf; empty means gres.conf beside slurm.conf (Slurm reads it only "
-                       "there); keep it node-local, never a file shared by several nodes", "path", empty_ok=True)
-    dev_dir: str = _key("/dev", "where the GPUs' device files (nvidia<minor>) are", "path")
-    types: dict = _key({}, "Slurm GRES type by NVML name, e.g. { \"NVIDIA H200\" = \"h200\" }; a name left out "
-                       "gets Slurm's rule: lower-cased, spaces to _", "table",
-                       item={"kind": "str", "pattern": r"^[A-Za-z0-9_.-]+$"})
-    expected: int = _key(0, "GPUs this node must have: with NVML failing, or fewer GPUs, the node is drained "
-                         "(owned reason) instead of registering the wrong count; 0: whatever NVML reports",
-                         "int", minimum=0, maximum=1024)
-
-
-@dataclass(frozen=True, slots=True)
-class DevSection:
-    """The local development cluster (`slurm-ext dev ...`): one host, loopback only."""
-
-    state_dir: str = _key("/var/lib/slurm-ext/dev", "everything of the dev cluster: configs, logs, database, state",
-                          "path")
-    cluster_name: str = _key("dev", "Slurm ClusterName", "str", pattern=r"^[a-z][a-z0-9_]*$")
-    node_name: str = _key("node1", "the one node's NodeName (slurmd -N)", "str", pattern=r"^[A-Za-z][A-Za-z0-9-]*$")
-    gpu_count: int = _key(4, "fake GPUs on the node", "int", minimum=0, maximum=64)
-    gpu_name: str = _key("NVIDIA H200", "the fake GPUs' NVML name", "str", pattern=r"^[A-Za-z0-9 ._-]+$")
-    gpu_type: str = _key("h200", "the fake GPUs' Slurm GRES type", "str", pattern=r"^[a-z0-9_]+$")
-    slurmctld_port: int = _key(6817, "slurmctld's TCP port on 127.0.0.1", "int", minimum=1, maximum=65535)
-    slurmd_port: int = _key(6818, "slurmd's TCP port on 127.0.0.1", "int", minimum=1, maximum=65535)
-    slurmdbd_port: int = _key(6819, "slurmdbd's TCP port on 127.0.0.1", "int", minimum=1, maximum=65535)
-    controller_probe_port: int = _key(9811, "HTTP port of slurmctld's agent (probes, metrics) on 127.0.0.1",
-                                      "int", minimum=1, maximum=65535)
-    worker_probe_port: int = _key(9810, "HTTP port of slurmd's agent (probes, metrics) on 127.0.0.1", "int",
-                                  minimum=1, maximum=65535)
-    mariadb_port: int = _key(3307, "MariaDB's TCP port on 127.0.0.1 (not 3306: leaves a system MariaDB alone)",
-                             "int", minimum=1, maximum=65535)
-    proctrack: str = _key("cgroup", "Slurm's ProctrackType: cgroup, or linuxproc to watch the Epilog clean up "
-                          "where Slurm's own cgroup tracking is unavailable (as in pods)", "choice",
-                          choices=("cgroup", "linuxproc"))
-    up_timeout: float = _key(60.0, "longest wait in `dev up` for each daemon and for the node to be idle",
-                             "duration", minimum=1.0, maximum=3600.0)
-
-
-@dataclass(frozen=True, slots=True)
-class Config:
-    """The effective configuration: one section per component."""
-
-    node: NodeSection = field(default_factory=NodeSection)
-    log: LogSection = field(default_factory=LogSection)
-    slurm: SlurmSection = field(default_factory=SlurmSection)
-    supervisor: SupervisorSection = field(default_factory=SupervisorSection)
-    prolog_epilog: PrologEpilogSection = field(default_factory=PrologEpilogSection)
-    gres: GresSection = field(default_factory=GresSection)
-    dev: DevSection = field(default_factory=DevSection)
-    #: the file it was read from; None when every value is a default
-    source: str | None = None
+def section_names() -> tuple[str, ...]:
+    """Every section's name, in file order, without importing any component."""
+    return (*_CORE_SECTIONS, *_SECTION_OWNERS)
 
 
 def sections() -> dict[str, type]:
-    """Section name -> section dataclass, in file order."""
-    return {f.name: f.default_factory for f in dataclasses.fields(Config) if f.name != "source"}
+    """Section name -> section dataclass, in file order (imports every component's settings)."""
+    return {name: section_class(name) for name in section_names()}
+
+
+@dataclass(frozen=True, init=False, eq=False)
+class Config:
+    """The effective configuration: the core's sections and one per component.
+
+    `config.supervisor`, `config.gres`, ... read like fields; a component's
+    section that the file does not have is made with its defaults when first
+    read, so loading a config imports no component it does not need.
+    `dataclasses.replace(config, gres=...)` works as for any dataclass.
+    """
+
+    node: NodeSection
+    log: LogSection
+    slurm: SlurmSection
+    #: the file it was read from; None when every value is a default
+    source: str | None
+    #: the components' sections by name: those given, and those read so far (defaults)
+    components: dict
+
+    def __init__(self, node: NodeSection | None = None, log: LogSection | None = None,
+                 slurm: SlurmSection | None = None, source: str | None = None, components: dict | None = None,
+                 **sections: Any) -> None:
+        unknown = [name for name in sections if name not in _SECTION_OWNERS]
+        if unknown:
+            raise TypeError(f"Config() got an unknown section {unknown[0]!r}; sections: {', '.join(section_names())}")
+        object.__setattr__(self, "node", node if node is not None else NodeSection())
+        object.__setattr__(self, "log", log if log is not None else LogSection())
+        object.__setattr__(self, "slurm", slurm if slurm is not None else SlurmSection())
+        object.__setattr__(self, "source", source)
+        object.__setattr__(self, "components", {**(components or {}), **sections})
+
+    def __getattr__(self, name: str) -> Any:
+        # reached only for names that are not fields: a component's section
+        if name not in _SECTION_OWNERS:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        components = object.__getattribute__(self, "components")
+        section = components.get(name)
+        if section is None:
+            section = components[name] = section_class(name)()
+        return section
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Config):
+            return NotImplemented
+        return self.source == other.source and all(
+            getattr(self, name) == getattr(other, name) for name in section_names())
+
+    __hash__ = None  # type: ignore[assignment]  # sections hold dicts
 
 
 def load(path: str | os.PathLike | None = None) -> Config:
@@ -300,7 +258,7 @@ def from_dict(data: dict, source: str | os.PathLike = "<config>", text: str = ""
     Raises:
         ConfigError: as for `load`.
     """
-    known = sections()
+    known = section_names()
     built = {}
     for name, table in data.items():
         if name not in known:
@@ -309,7 +267,7 @@ def from_dict(data: dict, source: str | os.PathLike = "<config>", text: str = ""
         if not isinstance(table, dict):
             raise ConfigError(source, f"[{name}] must be a table of keys, got {_describe(table)}",
                               key=name, line=_line_of(text, None, name))
-        built[name] = _build_section(name, known[name], table, source, text)
+        built[name] = _build_section(name, section_class(name), table, source, text)
     return Config(**built, source=str(source))
 
 
@@ -445,7 +403,7 @@ def _line_of(text: str, section: str | None, key: str | None) -> int | None:
 def render(config: Config) -> str:
     """The effective config as TOML, each key with its doc line (`config show`)."""
     out = [f"# effective slurm-ext config; source: {config.source or 'defaults (no file)'}"]
-    for name in sections():
+    for name in section_names():
         _render_section(out, name, getattr(config, name))
     return "\n".join(out) + "\n"
 

@@ -1,31 +1,48 @@
 """Node events: one JSON line each in the node journal, and one log line.
 
 The journal (`<node.state_dir>/journal.jsonl`) is what an operator reads to
-learn what happened on a node and why; Slurm's own history (`sacctmgr show
-event`) only has what reached slurmctld. Writing the journal must never take
-the node down: a full disk or a read-only state dir is logged and skipped.
+learn what happened on a node and why (`slurm-ext events`, see `journal`);
+Slurm's own history (`sacctmgr show event`) only has what reached slurmctld.
+Writing the journal must never take the node down: a full disk or a
+read-only state dir is logged and skipped.
+
+Every event name is in the catalogue (`eventnames.CATALOGUE`), with the
+components that emit it and its default severity; `emit` refuses any other
+name, so a misspelt event fails a test instead of reaching a journal that
+no one can explain. `emitter(state_dir, component, **fields)` is the one
+way a component binds its name and fixed fields (role, job) once.
 
 The journal is bounded: past JOURNAL_MAX_BYTES it is renamed to
-`journal.jsonl.1` (the one before that goes) and a new one begins; and text
-from users (script output, process names, paths) is cut to FIELD_MAX_CHARS
-per field, lists to LIST_MAX_ITEMS, so no job can fill the node's disk
-through its events.
+`journal.jsonl.1`, the older ones shift up to `journal.jsonl.JOURNAL_KEEP`
+(the oldest goes) and a new one begins, so the journal never takes more
+than (JOURNAL_KEEP + 1) * JOURNAL_MAX_BYTES and a line per writer; and text from
+users (script output, process names, paths) is cut to FIELD_MAX_CHARS per
+field, lists to LIST_MAX_ITEMS, so no job can fill the node's disk through
+its events.
 """
+
+from __future__ import annotations
 
 import fcntl
 import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["emit", "journal_path", "JOURNAL_MAX_BYTES", "FIELD_MAX_CHARS", "LIST_MAX_ITEMS"]
+from .eventnames import CATALOGUE
+
+__all__ = ["emit", "emitter", "journal_path", "journal_files", "JOURNAL_MAX_BYTES", "JOURNAL_KEEP",
+           "FIELD_MAX_CHARS", "LIST_MAX_ITEMS"]
 
 log = logging.getLogger("events")
 
 _LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
-#: size at which the journal is rotated (one older file is kept)
+#: size at which the journal is rotated
 JOURNAL_MAX_BYTES = 16 * 2**20
+#: rotated files kept (journal.jsonl.1 .. .JOURNAL_KEEP, .1 the newest): at most 64 MiB in all by default
+JOURNAL_KEEP = 3
 #: longest string kept in an event (the message and each field); the tail is what is kept of longer ones
 FIELD_MAX_CHARS = 8192
 #: most entries kept of a list field
@@ -33,17 +50,56 @@ LIST_MAX_ITEMS = 100
 
 
 def journal_path(state_dir: str) -> Path:
+    """The journal being written now."""
     return Path(state_dir) / "journal.jsonl"
 
 
-def emit(state_dir: str, component: str, event: str, message: str, severity: str = "info", **fields) -> dict:
-    """Record one event; returns the record that was written (or tried)."""
+def journal_files(state_dir: str) -> list[Path]:
+    """Every file the journal may have, oldest first (journal.jsonl.JOURNAL_KEEP .. .1, journal.jsonl)."""
+    path = journal_path(state_dir)
+    return [path.with_name(f"{path.name}.{n}") for n in range(JOURNAL_KEEP, 0, -1)] + [path]
+
+
+def emit(state_dir: str | None, component: str, event: str, message: str, severity: str | None = None,
+         **fields) -> dict:
+    """Record one event; returns the record that was written (or tried).
+
+    `severity` None is the catalogue's default for `event`. `state_dir`
+    None writes the log line only (dry runs, which must leave the node's
+    journal alone).
+
+    Raises:
+        ValueError: with SLURM_EXT_STRICT_EVENTS=1 (the tests set it), when
+            `event` is not in `eventnames.CATALOGUE`, `component` is not one
+            of its components, or `severity` is not info, warning or error: a
+            bug in the caller. Outside the tests the event is written anyway,
+            with an error in the log: a misnamed event must not take a node's
+            agent or a job's Epilog down.
+    """
+    entry = CATALOGUE.get(event)
+    problem = ""
+    if entry is None:
+        problem = (f"event {event!r} is not in the catalogue (slurm_ext/eventnames.py): add it there and to the "
+                   "README's table of events")
+    elif component not in entry.components:
+        problem = (f"event {event!r}: component {component!r} is not one of its components in the catalogue "
+                   f"({', '.join(entry.components)}; slurm_ext/eventnames.py)")
+    elif severity is not None and severity not in _LEVELS:
+        problem = f"event {event!r}: severity {severity!r} (expected info, warning or error)"
+    if problem:
+        if os.environ.get("SLURM_EXT_STRICT_EVENTS") == "1":
+            raise ValueError(problem)
+        log.error("%s (a bug of slurm-ext; the event is recorded anyway)", problem)
+    if severity not in _LEVELS:
+        severity = entry.severity if entry is not None and severity is None else "error"
     fields = {key: _bounded(value) for key, value in fields.items()}
     record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "component": component, "event": event,
               "severity": severity, "message": _bounded(message), **fields}
     detail = " ".join(f"{k}={v}" for k, v in fields.items())
-    log.log(_LEVELS.get(severity, logging.INFO), "%s: %s: %s%s", component, event, record["message"],
+    log.log(_LEVELS[severity], "%s: %s: %s%s", component, event, record["message"],
             f" ({detail})" if detail else "")
+    if state_dir is None:
+        return record
     path = journal_path(state_dir)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -60,6 +116,18 @@ def emit(state_dir: str, component: str, event: str, message: str, severity: str
     return record
 
 
+def emitter(state_dir: str | None, component: str, **fixed) -> Callable[..., dict]:
+    """`emit(event, message, severity=None, **fields)` for `component`, with `fixed` fields in every event.
+
+    What components pass around instead of a wrapper of their own: the
+    agent binds its role, a dry run binds state_dir None (log line only).
+    A field given to the call replaces a fixed one of the same name.
+    """
+    def emit_event(event: str, message: str, severity: str | None = None, **fields) -> dict:
+        return emit(state_dir, component, event, message, severity, **{**fixed, **fields})
+    return emit_event
+
+
 def _bounded(value):
     """`value` cut to the journal's limits: long strings keep their end (where errors are), lists their head."""
     if isinstance(value, str) and len(value) > FIELD_MAX_CHARS:
@@ -71,11 +139,23 @@ def _bounded(value):
 
 
 def _rotate(path: Path, fd: int) -> None:
-    """Rename the full journal to .1, once: writers that raced here find it already done."""
+    """Shift .1 .. .JOURNAL_KEEP-1 up by one and rename the full journal to .1, once.
+
+    Writers that raced here find it already done: each locks the file it
+    wrote to and rotates only while that file is still `path`. The renames
+    run under that lock, and no writer can reach the next journal.jsonl
+    (with its own lock) before the last rename made room for it, so two
+    rotations never shift the older files at the same time.
+    """
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
         mine, current = os.fstat(fd), os.stat(path)
         if (mine.st_dev, mine.st_ino) == (current.st_dev, current.st_ino):
+            for number in range(JOURNAL_KEEP - 1, 0, -1):
+                try:
+                    os.replace(path.with_name(f"{path.name}.{number}"), path.with_name(f"{path.name}.{number + 1}"))
+                except FileNotFoundError:
+                    pass
             os.replace(path, path.with_name(path.name + ".1"))
     except FileNotFoundError:
         pass

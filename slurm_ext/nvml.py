@@ -1,11 +1,43 @@
-"""NVML's return codes and what an operator does about each: one table for every component.
+"""The NVML adapter every component shares: loading pynvml, its exceptions, its
+strings, its init, and what an operator does about each NVML return code.
+
+Main API:
+
+- `load()` imports pynvml, or raises `NvmlUnavailable` naming the package to
+  install. pynvml is imported there and nowhere else, so importing this module
+  (the Prolog/Epilog hot path does, through prolog_epilog.gpus) costs nothing
+  until NVML is used.
+- `errors(nvml)` is the tuple of exceptions an NVML call may raise.
+- `error_code(err)` is NVML's return code of one of them, `text(value)` a pynvml
+  string as str, `optional(nvml, call, ...)` a call whose "not supported"
+  means "this GPU lacks the feature".
+- `init_once(nvml, fail)` initialises NVML once for the life of the process
+  (readers in the warm node agent); `session(nvml, fail)` initialises it for
+  one `with` block and shuts it down after (a reader that runs once per start).
+  NVML counts inits, so the two live side by side in one process.
+- `describe(problem, code)` / `advice(code)`: the operator's next step.
+
+Components translate at their boundary: `fail` turns the pynvml exception of a
+failed nvmlInit into the component's own error, and the component catches
+`errors(nvml)` around its other calls. No pynvml exception is turned into an
+error here, so every component keeps its own exception type and messages.
 
 pynvml raises NVMLError with the driver's numeric code in `.value`; the codes
 are part of the driver's ABI (nvml.h), so they are stable.
 """
 
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from slurm_ext.errors import SlurmExtError
+
 __all__ = ["INVALID_ARGUMENT", "NOT_SUPPORTED", "NO_PERMISSION", "NOT_FOUND", "DRIVER_NOT_LOADED",
            "LIBRARY_NOT_FOUND", "FUNCTION_NOT_FOUND", "GPU_IS_LOST", "RESET_REQUIRED", "LIB_RM_VERSION_MISMATCH",
+           "NvmlUnavailable", "load", "errors", "error_code", "text", "optional", "init_once", "session",
            "advice", "describe"]
 
 INVALID_ARGUMENT = 2
@@ -28,6 +60,126 @@ _ADVICE = {
     RESET_REQUIRED: "drain the node and reset the GPU (nvidia-smi -r) or reboot",
     LIB_RM_VERSION_MISMATCH: "the driver was upgraded without a reboot: reboot the node",
 }
+
+#: The fix for a missing pynvml; the package is nvidia-ml-py, the module pynvml.
+_MISSING = "the pynvml package is not installed (pip install nvidia-ml-py)"
+
+
+class NvmlUnavailable(SlurmExtError):
+    """pynvml cannot be imported, so nothing can be asked of NVML.
+
+    `problem` says what is missing and how to install it; components put it
+    into their own error unchanged.
+    """
+
+    def __init__(self, problem: str = _MISSING):
+        self.problem = problem
+        super().__init__(f"nvml: {problem}")
+
+
+def load() -> Any:
+    """The pynvml module, imported on first use (it loads no library until nvmlInit).
+
+    Raises:
+        NvmlUnavailable: pynvml is not installed.
+    """
+    try:
+        import pynvml
+    except ImportError as err:
+        raise NvmlUnavailable() from err
+    return pynvml
+
+
+def errors(nvml: Any) -> tuple[type[BaseException], ...]:
+    """The exceptions an NVML call may raise: NVMLError and its subclasses,
+    and pynvml's NVMLLibraryMismatchError (not an NVMLError) for a driver
+    that lacks the versioned call pynvml wants. `nvml` may be a stand-in
+    that has only NVMLError."""
+    found: list[type[BaseException]] = [nvml.NVMLError]
+    mismatch = getattr(nvml, "NVMLLibraryMismatchError", None)
+    if isinstance(mismatch, type):
+        found.append(mismatch)
+    return tuple(found)
+
+
+def error_code(err: BaseException) -> int | None:
+    """NVML's return code carried by `err` (pynvml's ``.value``), or None when it has none."""
+    value = getattr(err, "value", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def text(value: Any) -> str:
+    """A pynvml string as str: pynvml before 11.5 returned bytes."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def optional(nvml: Any, call: Callable[..., Any], *args: Any, default: Any,
+             codes: tuple[int, ...] = (NOT_SUPPORTED,)) -> Any:
+    """`call(*args)`, or `default` when NVML answers one of `codes` (a feature
+    this GPU lacks, such as graphics processes on a compute-only GPU).
+
+    Raises:
+        nvml.NVMLError: any other code; the GPU is unreadable, which the
+            caller translates.
+    """
+    try:
+        return call(*args)
+    except nvml.NVMLError as err:
+        if error_code(err) in codes:
+            return default
+        raise
+
+
+# init_once: modules initialised in this process, by identity (tests pass stand-ins).
+_INIT_LOCK = threading.Lock()
+_INITIALISED: list[Any] = []
+
+
+def init_once(nvml: Any, fail: Callable[[BaseException], Exception]) -> None:
+    """nvmlInit once per process and `nvml` module, never shut down; thread-safe.
+
+    For readers in a long-lived process (the node agent checks every job's
+    GPUs): nvmlInit costs up to seconds on a busy node. A failure is not
+    remembered, so a driver loaded later is picked up by the next call.
+
+    Raises:
+        Whatever `fail(err)` returns for the NVML error `err` of nvmlInit
+        (the caller's own error type), chained to `err`.
+    """
+    with _INIT_LOCK:
+        if any(done is nvml for done in _INITIALISED):
+            return
+        try:
+            nvml.nvmlInit()
+        except errors(nvml) as err:
+            raise fail(err) from err
+        _INITIALISED.append(nvml)
+
+
+@contextmanager
+def session(nvml: Any, fail: Callable[[BaseException], Exception]) -> Iterator[Any]:
+    """NVML initialised for one `with` block, then shut down; yields `nvml`.
+
+    For a reader that runs once per start and should leave no state behind.
+    NVML counts inits, so an `init_once` in the same process stays in force.
+    An error of nvmlShutdown is ignored: nothing depends on it.
+
+    Raises:
+        Whatever `fail(err)` returns for the NVML error `err` of nvmlInit,
+        chained to `err`; errors of the block itself pass through untouched.
+    """
+    caught = errors(nvml)
+    try:
+        nvml.nvmlInit()
+    except caught as err:
+        raise fail(err) from err
+    try:
+        yield nvml
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except caught:
+            pass
 
 
 def advice(code: int | None) -> str | None:

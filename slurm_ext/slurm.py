@@ -72,6 +72,8 @@ class Node:
     #: MiB
     real_memory: int = 0
     partitions: tuple[str, ...] = ()
+    #: when the slurmd that last registered started (it sends this in its registration)
+    slurmd_start: datetime | None = None
 
     @property
     def drained(self) -> bool:
@@ -362,6 +364,7 @@ def _node_from_json(data: dict) -> Node:
         cpus=_number(data.get("cpus")) or 0,
         real_memory=_number(data.get("real_memory")) or 0,
         partitions=tuple(partitions.split(",") if isinstance(partitions, str) else partitions),
+        slurmd_start=_epoch(data.get("slurmd_start_time")),
     )
 
 
@@ -406,6 +409,7 @@ def _node_from_text(line: str) -> Node:
         cpus=int(fields.get("CPUTot", "0") or 0),
         real_memory=int(fields.get("RealMemory", "0") or 0),
         partitions=tuple(p for p in partitions.split(",") if p),
+        slurmd_start=_parse_time(fields.get("SlurmdStartTime", "")),
     )
 
 

@@ -8,25 +8,26 @@ and scripts). Other components plug start steps in through
 
 from __future__ import annotations
 
-import urllib.error
-import urllib.request
-
 from slurm_ext.config import Config
 
-from .agent import Agent
-
 __all__ = ["supervise", "probe"]
+
+# The agent and urllib are imported where they are used: the core imports this package (for
+# `settings`, its config section) whenever a config names [supervisor], the hook fallback too.
 
 
 def supervise(config: Config, role: str, config_path: str | None = None, port: int | None = None,
               pidfile: str | None = None) -> int:
     """Run the agent for `role`; returns its exit status (0: clean stop)."""
+    from .agent import Agent
     return Agent(config, role, config_path=config_path, port=port, pidfile=pidfile).run()
 
 
 def probe(config: Config, kind: str, role: str = "worker", port: int | None = None,
           timeout: float = 5.0) -> tuple[bool, str]:
     """(ok, text) from the agent's /livez or /readyz."""
+    import urllib.error
+    import urllib.request
     settings = config.supervisor
     if port is None:
         port = settings.port(role)

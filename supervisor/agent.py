@@ -19,11 +19,13 @@ death of a main process followed through MAINPID= (not yet the agent's
 child) is seen when its pidfd becomes readable, so a recycled pid is never
 signalled nor taken for the worker.
 
-A dead worker is restarted by this same process after a doubling, capped
-delay; nothing else is killed with it: slurmd's job steps (slurmstepd) are
-not the agent's to kill, so jobs survive a slurmd crash. N exits within W
-seconds is a crash loop: an event, a metric and, for slurmd, an owned drain,
-cleared by the agent once the worker has been stable again.
+A dead worker is restarted in place by this same process; nothing else is
+killed with it: slurmd's job steps (slurmstepd) are not the agent's to kill,
+so jobs survive a slurmd crash. When to restart, and whether it crash-loops,
+is each worker's `lifecycle.Life` to decide (a worker that had got ready
+comes back after backoff_initial; one that never does backs off); this
+class keeps the operating-system side: spawn, reap, signals, sockets. A
+crash loop's drain is a want of the node-state owner, on the Slurm thread.
 """
 
 from __future__ import annotations
@@ -40,17 +42,18 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slurm_ext import config as config_mod, events
+from slurm_ext import config as config_mod, events, fileio
 from slurm_ext.config import Config
 from slurm_ext.errors import ConfigError
 from slurm_ext.procfs import all_stats, read_stat
-from slurm_ext.slurm import REASON_PREFIX, SlurmClient
+from slurm_ext.slurm import SlurmClient
 
 from . import pipeline
 from .liaison import SlurmLiaison
-from .notify import NotifySocket, is_descendant
-from .restart import CrashWindow, backoff_delay, should_restart
-from .states import WorkerState, check_transition
+from .notify import NotifySocket, SystemdLink, is_descendant
+from .lifecycle import CrashLoopOver, GiveUp, Life, Policy, Restart
+from .restart import backoff_delay
+from .states import WorkerState
 from .workers import WorkerSpec, workers_for
 
 __all__ = ["Agent", "Worker", "session_members", "kill_session"]
@@ -59,7 +62,6 @@ log = logging.getLogger("supervisor")
 
 _PR_SET_CHILD_SUBREAPER = 36
 _HANDLED = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-CRASH_LOOP_REASON = f"{REASON_PREFIX} slurmd crash loop"
 #: longest sleep of an idle loop: signals and notify messages wake it at once
 _IDLE_WAKEUP = 30.0
 #: waitpid/waitid option (linux/wait.h, not in the os module): only children of the calling thread
@@ -71,20 +73,13 @@ _ABANDON_WAIT = 3.0
 
 @dataclass
 class Worker:
-    """A worker's live record (the spec is what to run, this is how it goes)."""
+    """A worker's live record: the spec is what to run, `life` its restart decisions, the rest its process."""
 
     spec: WorkerSpec
-    state: WorkerState = WorkerState.STOPPED
+    life: Life
     pid: int | None = None
     #: the session it was started in (setsid): its helpers share it, job steps do not
     session: int | None = None
-    started: float = 0.0
-    #: exits since it was last stable; sets the backoff delay
-    failures: int = 0
-    next_start: float = 0.0
-    stop_deadline: float = 0.0
-    crash_loop: bool = False
-    restarts: int = 0
     #: READY=1 received since the last start
     notified_ready: bool = False
     #: STOPPING=1 received: its coming exit is announced, not a crash
@@ -92,7 +87,7 @@ class Worker:
     status_text: str = ""
     last_exit: str = ""
     notify: NotifySocket | None = None
-    window: CrashWindow | None = None
+    stop_deadline: float = 0.0
     #: start again as soon as it has stopped (a changed spec)
     restart_after_stop: bool = False
     #: a newer spec to use from its next start
@@ -101,6 +96,27 @@ class Worker:
     pidfd: int | None = None
     #: its start steps (before_restart_of) run now or are queued: started when they succeed
     awaiting_steps: bool = False
+
+    @property
+    def state(self) -> WorkerState:
+        return self.life.state
+
+    @property
+    def restarts(self) -> int:
+        return self.life.restarts
+
+    @property
+    def crash_loop(self) -> bool:
+        return self.life.crash_loop
+
+    @property
+    def started(self) -> float:
+        return self.life.started or 0.0
+
+    @property
+    def drain_owner(self) -> str:
+        """Its name as the owner of a crash-loop drain (slurm_ext.nodestate)."""
+        return f"crash-loop/{self.spec.name}"
 
 
 class Agent:
@@ -141,21 +157,16 @@ class Agent:
         self._wakeup_r = self._wakeup_w = -1
         self.liaison: SlurmLiaison | None = None
         self.http = None
-        self._systemd = None
-        self._watchdog_every = 0.0
-        self._last_watchdog = 0.0
-        self._systemd_status = ""
+        self._systemd: SystemdLink | None = None
         self._apply_config(config, first=True)
 
     # -- set-up -------------------------------------------------------------------
 
-    def emit(self, event: str, message: str, severity: str = "info", **fields) -> dict:
-        return events.emit(self.config.node.state_dir, "supervisor", event, message, severity,
-                           role=self.role, **fields)
-
     def _apply_config(self, config: Config, first: bool = False) -> None:
         """Adopt a (new) config: worker specs, restart settings."""
         self.config = config
+        #: emit(event, message, severity=None, **fields): a journal event of this agent
+        self.emit = events.emitter(config.node.state_dir, "supervisor", role=self.role)
         s = config.supervisor
         try:
             specs = workers_for(self.role, s)
@@ -174,7 +185,7 @@ class Agent:
                 self._start(worker)
             elif spec != worker.spec:
                 self._respec(worker, spec)
-            worker.window.count, worker.window.window = s.crash_loop_count, s.crash_loop_window
+            worker.life.adopt(_policy(s, spec))
             updated.append(worker)
         for worker in old.values():
             self.emit("worker-removed", f"worker {worker.spec.name} removed by the reloaded config: stopping it",
@@ -185,8 +196,7 @@ class Agent:
         self.workers = updated
 
     def _new_worker(self, spec: WorkerSpec) -> Worker:
-        s = self.config.supervisor
-        return Worker(spec=spec, window=CrashWindow(s.crash_loop_count, s.crash_loop_window))
+        return Worker(spec=spec, life=Life(_policy(self.config.supervisor, spec)))
 
     def _respec(self, worker: Worker, spec: WorkerSpec) -> None:
         """A worker's definition changed: run the new one."""
@@ -199,8 +209,8 @@ class Agent:
             return
         worker.spec = spec
         if worker.state == WorkerState.BACKOFF and not worker.awaiting_steps:  # e.g. the command was fixed: try now
-            worker.failures = 0
-            worker.next_start = time.monotonic()
+            worker.life.failures = 0
+            worker.life.next_start = time.monotonic()
 
     def _setup_process(self) -> None:
         # Workers inherit the cwd: the directory someone started the agent from may be theirs to
@@ -215,7 +225,7 @@ class Agent:
         if os.getpid() == 1:
             log.info("running as PID 1: reaping every orphan of this PID namespace")
             if self.config.supervisor.leave_root_cgroup:
-                self._leave_root_cgroup()
+                _leave_root_cgroup(self.emit)
         else:
             libc = ctypes.CDLL(None, use_errno=True)
             if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
@@ -227,32 +237,21 @@ class Agent:
                          os.getpid())
         if self.pidfile:
             self.pidfile.parent.mkdir(parents=True, exist_ok=True)
-            self.pidfile.write_text(f"{os.getpid()}\n")
+            fileio.atomic_write(self.pidfile, f"{os.getpid()}\n", mode=0o644, fsync="none")
         if self._systemd_socket:
-            import sdnotify
-            os.environ["NOTIFY_SOCKET"] = self._systemd_socket
-            self._systemd = sdnotify.SystemdNotifier()
-            usec = int(self.base_env.pop("WATCHDOG_USEC", "0") or 0)
-            self._watchdog_every = usec / 2e6
+            self._systemd = SystemdLink(self._systemd_socket, int(self.base_env.pop("WATCHDOG_USEC", "0") or 0))
         port = self.port if self.port is not None else self.config.supervisor.port(self.role)
         if port:
             from .http import serve
             self.http = serve(self, self.config.supervisor.listen, port)
         slurm = SlurmClient(self.config.slurm, environ=self.base_env)
-        self.liaison = SlurmLiaison(slurm, self.node, self.config.supervisor.ready_interval, self.emit,
-                                    CRASH_LOOP_REASON)
-        self.liaison.watch_node = any(w.spec.ready == "slurm-node" for w in self.workers)
+        s = self.config.supervisor
+        self.liaison = SlurmLiaison(slurm, self.node, s.ready_interval,
+                                    events.emitter(self.config.node.state_dir, "nodestate", role=self.role),
+                                    Path(s.runtime_dir), s.stale_drain_reasons,
+                                    on_change=functools.partial(_poke, self._wakeup_w),
+                                    runs_slurmd=any(w.spec.ready == "slurm-node" for w in self.workers))
         self.liaison.start()
-
-    def _leave_root_cgroup(self) -> None:
-        from .cgroup import leave_root_cgroup
-        try:
-            leaf = leave_root_cgroup()
-        except (OSError, RuntimeError) as err:
-            self.emit("cgroup-failed", str(err), severity="error")
-        else:
-            if leaf:
-                self.emit("cgroup-leaf", f"moved out of the root cgroup into {leaf}")
 
     # -- the loop -----------------------------------------------------------------
 
@@ -262,7 +261,8 @@ class Agent:
             self._setup_process()
             self.emit("started", f"supervising role {self.role} on node {self.node}: "
                       f"{', '.join(w.spec.name for w in self.workers) or 'no workers'}")
-            while not (self.stopping and not self._stop_queue and self._all_stopped()):
+            while not (self.stopping and not self._stop_queue
+                       and all(w.state == WorkerState.STOPPED for w in self.workers)):
                 self._pass()
             if self._steps.busy:
                 self._abandon_steps()
@@ -279,17 +279,17 @@ class Agent:
         self._reap()
         self._tick(time.monotonic())
         self.heartbeat = time.monotonic()
-        self._notify_systemd()
+        if self._systemd:
+            ready, why = self.ready()
+            self._systemd.tick(time.monotonic(), ready, f"{self.role}: {why}")
 
     def _timeout(self, now: float) -> float:
-        deadlines = [w.next_start for w in self.workers if w.state == WorkerState.BACKOFF]
+        deadlines = [d for w in self.workers if (d := w.life.deadline()) is not None]
         deadlines += [w.stop_deadline for w in self.workers if w.state == WorkerState.STOPPING]
-        deadlines += [w.started + self._settle_time(w) for w in self.workers
-                      if w.state == WorkerState.RUNNING and (w.failures or w.crash_loop)]
         if not self.pipeline_done and not self.stopping:
             deadlines.append(self._next_pipeline)
-        if self._watchdog_every:
-            deadlines.append(self._last_watchdog + self._watchdog_every)
+        if self._systemd and self._systemd.watchdog_every:
+            deadlines.append(self._systemd.next_watchdog())
         wake = min([now + _IDLE_WAKEUP, *deadlines])
         self._next_wake = wake
         return max(0.0, wake - now)
@@ -332,7 +332,7 @@ class Agent:
             worker = self.by_pid.pop(pid, None)
             if worker is not None and worker.state == WorkerState.STOPPING:
                 # before the reap: while the leader is a zombie no new process can get its session id
-                self._kill_session(worker)
+                _kill_leftovers(worker)
             status = _reap_pid(pid)
             if status is None:  # waited for by someone else after all: a bug elsewhere, not worth dying of
                 log.error("pid %d was reaped by another waiter of this process; its exit status is lost", pid)
@@ -340,31 +340,29 @@ class Agent:
                     self._on_exit(worker, None)
                 continue
             if worker is not None:
-                self._on_exit(worker, os.waitstatus_to_exitcode(status))
+                self._on_exit(worker, status)
             else:
                 self.orphans_reaped += 1
 
     def _tick(self, now: float) -> None:
         if not self.pipeline_done and not self.stopping and now >= self._next_pipeline:
-            self._run_pipeline()
+            self._next_pipeline = _NEVER  # until they are done: _pipeline_done takes their result
+            self._run_steps(pipeline.steps_for(self.role))
         for worker in list(self.workers):
             if worker.state == WorkerState.BACKOFF and not self.stopping and self.pipeline_done \
-                    and now >= worker.next_start:
+                    and now >= worker.life.next_start:
                 self._start(worker)
             elif worker.state == WorkerState.STOPPING and now >= worker.stop_deadline:
                 self._kill(worker)
             elif worker.state == WorkerState.RUNNING:
-                if (worker.failures or worker.crash_loop) and now - worker.started >= self._settle_time(worker):
-                    self._stable(worker)
+                if not worker.life.ready and worker.spec.ready != "running" and self.worker_ready(worker):
+                    worker.life.on_ready()
+                if isinstance(over := worker.life.tick(now), CrashLoopOver):
+                    self._crash_loop_over(worker, over)
         if self.stopping:
             self._advance_stop()
 
     # -- starting ----------------------------------------------------------------
-
-    def _run_pipeline(self) -> None:
-        """Start the role's start steps on the step thread; _pipeline_done takes their result."""
-        self._next_pipeline = _NEVER  # until they are done
-        self._run_steps(pipeline.steps_for(self.role))
 
     def _pipeline_done(self, ok: bool) -> None:
         if ok:
@@ -378,14 +376,9 @@ class Agent:
         self._next_pipeline = time.monotonic() + backoff_delay(self._pipeline_failures,
                                                                max(s.backoff_initial, 1.0), s.backoff_max)
 
-    def _resume_when_fit(self, reasons: tuple[str, ...]) -> None:
-        self.liaison.resume_reasons = reasons
-        self.liaison.poke()
-
     def _run_steps(self, steps: list[pipeline.StartStep], worker: Worker | None = None) -> None:
         """Run `steps` on the step thread, for `worker`'s restart (None: the role's start)."""
-        slurm = SlurmClient(self.config.slurm, environ=self.base_env)
-        context = pipeline.StepContext(self.role, self.config, self.node, slurm, self.emit, self._resume_when_fit)
+        context = pipeline.StepContext(self.role, self.config, self.node, self.emit, self.liaison)
         self._steps.start(steps, context, Path(self.config.supervisor.runtime_dir), pipeline.boot_id(), worker)
 
     def _abandon_steps(self) -> None:
@@ -413,11 +406,7 @@ class Agent:
             if self.stopping or waiting.state != WorkerState.BACKOFF:
                 waiting.awaiting_steps = False  # stopped while it waited
                 continue
-            self._run_steps(self._restart_steps(waiting), waiting)
-
-    def _restart_steps(self, worker: Worker) -> list[pipeline.StartStep]:
-        """The start steps that precede every restart of `worker` (gres.conf before slurmd)."""
-        return [step for step in pipeline.steps_for(self.role) if step.before_restart_of == worker.spec.name]
+            self._run_steps(_restart_steps(self.role, waiting), waiting)
 
     def _restart_steps_done(self, worker: Worker, ok: bool) -> None:
         worker.awaiting_steps = False
@@ -426,7 +415,9 @@ class Agent:
         if ok:
             self._spawn(worker)
         else:
-            self._failed(worker, "a start step before its restart failed", time.monotonic())
+            decision = worker.life.on_steps_failed(time.monotonic())
+            _log_state(worker, WorkerState.BACKOFF, f"a start step before its restart failed; next try in "
+                            f"{decision.delay:.3g}s (not counted as an exit of {worker.spec.name})")
 
     def _start(self, worker: Worker) -> None:
         """Start `worker`, after its restart steps (on the step thread) when it ran before."""
@@ -434,14 +425,14 @@ class Agent:
             return
         if worker.pending_spec is not None:
             worker.spec, worker.pending_spec = worker.pending_spec, None
-        steps = self._restart_steps(worker) if worker.started else []
+        steps = _restart_steps(self.role, worker) if worker.started else []
         if not steps:
             self._spawn(worker)
             return
         worker.awaiting_steps = True
-        worker.next_start = _NEVER  # started by _restart_steps_done
+        worker.life.next_start = _NEVER  # started by _restart_steps_done
         if worker.state != WorkerState.BACKOFF:
-            self._set_state(worker, WorkerState.BACKOFF, "start steps run before its restart")
+            _set_state(worker, WorkerState.BACKOFF, "start steps run before its restart")
         if self._steps.busy:
             self._steps_queue.append(worker)
         else:
@@ -463,16 +454,19 @@ class Agent:
                 raise FileNotFoundError(f"{spec.command[0]}: not found in PATH ({env.get('PATH', os.defpath)})")
             pid = os.posix_spawn(program, list(spec.command), env, setsid=True)
         except OSError as err:
-            self._failed(worker, f"cannot start: {err}", time.monotonic())
+            old = worker.state
+            self._back_off(worker, worker.life.on_start_failed(time.monotonic()), f"cannot start: {err}", old)
             return
-        self._set_state(worker, WorkerState.RUNNING, f"started pid {pid}: {' '.join(spec.command)}")
+        old = worker.state
+        worker.life.on_start(time.monotonic())
+        _log_state(worker, old, f"started pid {pid}: {' '.join(spec.command)}")
         worker.pid = worker.session = pid
-        worker.started = time.monotonic()
         worker.notified_ready = worker.announced_stop = False
         self.by_pid[pid] = worker
         # our unreaped child: its pid cannot be reused before this pidfd refers to it
         self._watch(worker, _pidfd_open(pid, f"worker {spec.name}"))
-        self.liaison.poke()
+        if spec.ready == "slurm-node":
+            self.liaison.slurmd_started()
 
     def _watch(self, worker: Worker, pidfd: int | None) -> None:
         """Hold `pidfd` for the worker's main process; the loop hears of its exit through it."""
@@ -495,82 +489,63 @@ class Agent:
         if worker.pidfd != pidfd:
             return
         if worker.state == WorkerState.STOPPING:
-            self._kill_session(worker)
+            _kill_leftovers(worker)
         self.by_pid.pop(worker.pid, None)
         self._on_exit(worker, None)
 
     # -- exits ---------------------------------------------------------------------
 
-    def _on_exit(self, worker: Worker, code: int | None) -> None:
-        """The worker's main process is gone; `code` is its exit code (negative: signal), None: unknown.
+    def _on_exit(self, worker: Worker, status: int | None) -> None:
+        """The worker's main process is gone; `status` is its wait status, None when unknown.
 
         A STOPPING worker's session has been killed already, by the caller."""
-        if code is None:
-            how = f"exit status unknown: main pid {worker.pid} was not this agent's child"
-        else:
-            how = f"exit status {code}" if code >= 0 else f"killed by {signal.Signals(-code).name}"
-        worker.last_exit = how
-        worker.pid = None
+        how, exit_fields = _how_it_ended(status, worker.pid)
+        code = exit_fields["exit_code"]
+        pid, worker.last_exit, worker.pid = worker.pid, how, None
         self._unwatch(worker)
-        if worker.state == WorkerState.STOPPING:
-            self._set_state(worker, WorkerState.STOPPED, f"stopped ({how})")
+        now = time.monotonic()
+        # every exit is an event: how it ended, after how long, what comes next
+        exited = functools.partial(self.emit, "worker-exited", worker=worker.spec.name, pid=pid,
+                                   uptime=round(now - worker.started, 3), **exit_fields)
+        said = f"worker {worker.spec.name} (pid {pid}) {how} after {now - worker.started:.3g}s"
+        if worker.state == WorkerState.STOPPING or self.stopping:
+            _set_state(worker, WorkerState.STOPPED, f"stopped ({how})")
+            exited(f"{said}; it was asked to stop", severity="info", restarts=worker.restarts)
             if worker.restart_after_stop and not self.stopping:
                 worker.restart_after_stop = False
                 self._start(worker)
             return
-        now = time.monotonic()
-        if worker.announced_stop:
-            log.info("worker %s announced STOPPING=1 before it exited (%s)", worker.spec.name, how)
-        if not should_restart(worker.spec.restart, code if code is not None and code >= 0 else None) \
-                or self.stopping:
-            self._set_state(worker, WorkerState.STOPPED, f"exited ({how}); restart policy "
-                            f"{worker.spec.restart}: not restarting")
+        decision = worker.life.on_exit(now, code, worker.announced_stop)
+        if isinstance(decision, GiveUp):
+            _log_state(worker, WorkerState.RUNNING, f"exited ({how}); {decision.why}")
+            exited(f"{said}; {decision.why}", restarts=worker.restarts)
             return
-        if worker.announced_stop:
-            self._set_state(worker, WorkerState.BACKOFF, f"exited ({how}) after STOPPING=1: restarting")
-            worker.next_start = now
+        exited(f"{said}; starting it again in {decision.delay:.3g}s", restarts=worker.restarts,
+               delay=decision.delay, was_ready=decision.was_ready)
+        what = f"exited ({how}) after STOPPING=1" if worker.announced_stop else f"died ({how})"
+        self._back_off(worker, decision, what, old=WorkerState.RUNNING)
+
+    def _back_off(self, worker: Worker, decision: Restart, what: str, old: WorkerState | None = None) -> None:
+        """Log the restart the worker's life decided on; a crash loop it began is an event and maybe a drain."""
+        s = self.config.supervisor
+        _log_state(worker, old or WorkerState.BACKOFF, f"{what}; restart {worker.restarts} in "
+                        f"{decision.delay:.3g}s")
+        if not decision.crash_loop_began:
             return
-        self._failed(worker, f"died ({how})", now)
+        self.emit("crash-loop", f"worker {worker.spec.name} is crash-looping: {decision.exits_in_window} exits "
+                  f"within {s.crash_loop_window:g}s; "
+                  + (f"restarted after {decision.delay:g}s each time, it gets ready" if decision.was_ready else
+                     f"retrying every {s.backoff_max:g}s at most"),
+                  severity="error", worker=worker.spec.name, last=what)
+        if worker.spec.drain_on_crash_loop:
+            self.liaison.want(worker.drain_owner, f"{worker.spec.name} crash loop: {decision.exits_in_window} exits "
+                              f"in {s.crash_loop_window:g}s (last: {what})")
 
-    def _failed(self, worker: Worker, what: str, now: float) -> None:
-        """A worker died or could not start: back off, and watch for a crash loop.
-
-        The delay doubles with each exit of a worker that had not yet run
-        stable_after; in a crash loop it is backoff_max. Never given up."""
-        s = self.config.supervisor
-        worker.failures += 1
-        worker.restarts += 1
-        entering = worker.window.add(now) and not worker.crash_loop
-        delay = s.backoff_max if worker.crash_loop or entering else \
-            backoff_delay(worker.failures, s.backoff_initial, s.backoff_max)
-        worker.next_start = now + delay
-        self._set_state(worker, WorkerState.BACKOFF, f"{what}; restart {worker.restarts} in {delay:.3g}s")
-        if entering:
-            worker.crash_loop = True
-            reason = f"{CRASH_LOOP_REASON}: {len(worker.window)} exits in {s.crash_loop_window:g}s (last: {what})"
-            self.emit("crash-loop", f"worker {worker.spec.name} is crash-looping: {len(worker.window)} exits "
-                      f"within {s.crash_loop_window:g}s; retrying every {s.backoff_max:g}s at most",
-                      severity="error", worker=worker.spec.name, last=what)
-            if worker.spec.drain_on_crash_loop:
-                self.liaison.want_drain = reason
-                self.liaison.poke()
-
-    def _settle_time(self, worker: Worker) -> float:
-        """How long a worker must run before its failures (or crash loop) are forgotten."""
-        s = self.config.supervisor
-        return max(s.stable_after, s.crash_loop_window) if worker.crash_loop else s.stable_after
-
-    def _stable(self, worker: Worker) -> None:
-        settled = self._settle_time(worker)
-        worker.failures = 0
-        if worker.crash_loop:
-            worker.crash_loop = False
-            worker.window.clear()
-            self.emit("recovered", f"worker {worker.spec.name} has run for {settled:g}s: crash loop over",
-                      worker=worker.spec.name)
-            if worker.spec.drain_on_crash_loop:
-                self.liaison.want_drain = None
-                self.liaison.poke()
+    def _crash_loop_over(self, worker: Worker, over: CrashLoopOver) -> None:
+        self.emit("recovered", f"worker {worker.spec.name} has run for {over.ran:.3g}s: crash loop over",
+                  worker=worker.spec.name)
+        if worker.spec.drain_on_crash_loop:
+            self.liaison.clear(worker.drain_owner)
 
     # -- notify ------------------------------------------------------------------
 
@@ -625,12 +600,12 @@ class Agent:
 
     def _request_stop(self, worker: Worker) -> None:
         if worker.state == WorkerState.RUNNING and worker.pid:
-            self._set_state(worker, WorkerState.STOPPING, f"sending SIG{worker.spec.stop_signal} to pid "
+            _set_state(worker, WorkerState.STOPPING, f"sending SIG{worker.spec.stop_signal} to pid "
                             f"{worker.pid}; SIGKILL after {worker.spec.stop_grace:g}s")
             worker.stop_deadline = time.monotonic() + worker.spec.stop_grace
-            self._send(worker, worker.spec.signal)
+            _signal(worker, worker.spec.signal)
         elif worker.state == WorkerState.BACKOFF:
-            self._set_state(worker, WorkerState.STOPPED, "stopped while waiting to restart")
+            _set_state(worker, WorkerState.STOPPED, "stopped while waiting to restart")
 
     def _advance_stop(self) -> None:
         """Stop workers one at a time, last started first."""
@@ -647,29 +622,9 @@ class Agent:
             self.emit("kill", f"worker {worker.spec.name} (pid {worker.pid}) still running "
                       f"{worker.spec.stop_grace:g}s after SIG{worker.spec.stop_signal}: SIGKILL",
                       severity="warning", worker=worker.spec.name)
-            self._send(worker, signal.SIGKILL)
+            _signal(worker, signal.SIGKILL)
             self.stop_clean = False
         worker.stop_deadline = _NEVER
-
-    @staticmethod
-    def _send(worker: Worker, signum: int) -> None:
-        """Signal the worker's main process through its pidfd: never whoever has its pid now."""
-        try:
-            if worker.pidfd is not None:
-                signal.pidfd_send_signal(worker.pidfd, signum)
-            elif worker.pid is not None:  # no pidfd (none was left): only our own unreaped child, never a
-                os.kill(worker.pid, signum)  # MAINPID (followed only with a pidfd), so the pid is still it
-        except ProcessLookupError:
-            pass
-
-    def _kill_session(self, worker: Worker) -> None:
-        """After a stop, kill what the worker left in its own session (helpers it
-        forked). slurmstepd and jobs run in sessions of their own: untouched."""
-        for pid in kill_session(worker.session, signal.SIGKILL):
-            log.warning("worker %s: pid %d of its session outlived it: SIGKILL", worker.spec.name, pid)
-
-    def _all_stopped(self) -> bool:
-        return all(w.state == WorkerState.STOPPED for w in self.workers)
 
     def _teardown(self) -> None:
         if self.liaison:
@@ -688,12 +643,6 @@ class Agent:
         signal.set_wakeup_fd(-1)
 
     # -- reporting -----------------------------------------------------------------
-
-    def _set_state(self, worker: Worker, new: WorkerState, why: str) -> None:
-        check_transition(worker.state, new)
-        level = logging.INFO if new in (WorkerState.RUNNING, WorkerState.STOPPED) else logging.WARNING
-        log.log(level, "worker %s: %s -> %s: %s", worker.spec.name, worker.state.value, new.value, why)
-        worker.state = new
 
     def worker_ready(self, worker: Worker) -> bool:
         if worker.state != WorkerState.RUNNING:
@@ -720,19 +669,6 @@ class Agent:
     def live(self, grace: float = 10.0) -> bool:
         """The loop is alive: it has not overslept the wake-up it planned."""
         return time.monotonic() < max(self._next_wake, self.heartbeat) + grace
-
-    def _notify_systemd(self) -> None:
-        if not self._systemd:
-            return
-        now = time.monotonic()
-        if self._watchdog_every and now - self._last_watchdog >= self._watchdog_every:
-            self._systemd.notify("WATCHDOG=1")
-            self._last_watchdog = now
-        ready, why = self.ready()
-        status = f"{self.role}: {why}"
-        if status != self._systemd_status:
-            self._systemd.notify(("READY=1\n" if ready else "") + f"STATUS={status}")
-            self._systemd_status = status
 
 
 def session_members(session: int | None, proc: Path = Path("/proc")) -> list[int]:
@@ -813,3 +749,79 @@ def _pidfd_exited(pidfd: int) -> bool:
     poller = select.poll()
     poller.register(pidfd, select.POLLIN)
     return bool(poller.poll(0))
+
+
+def _policy(settings, spec: WorkerSpec) -> Policy:
+    """A worker's restart policy from [supervisor] and its spec."""
+    return Policy(restart=spec.restart, backoff_initial=settings.backoff_initial, backoff_max=settings.backoff_max,
+                  stable_after=settings.stable_after, crash_loop_count=settings.crash_loop_count,
+                  crash_loop_window=settings.crash_loop_window)
+
+
+def _set_state(worker: Worker, new: WorkerState, why: str) -> None:
+    old = worker.state
+    worker.life.move(new)
+    _log_state(worker, old, why)
+
+
+def _log_state(worker: Worker, old: WorkerState, why: str) -> None:
+    """One line per transition (the worker's life has made it already)."""
+    new = worker.state
+    level = logging.INFO if new in (WorkerState.RUNNING, WorkerState.STOPPED) else logging.WARNING
+    log.log(level, "worker %s: %s -> %s: %s", worker.spec.name, old.value, new.value, why)
+
+
+def _signal(worker: Worker, signum: int) -> None:
+    """Signal the worker's main process through its pidfd: never whoever has its pid now."""
+    try:
+        if worker.pidfd is not None:
+            signal.pidfd_send_signal(worker.pidfd, signum)
+        elif worker.pid is not None:  # no pidfd (none was left): only our own unreaped child, never a
+            os.kill(worker.pid, signum)  # MAINPID (followed only with a pidfd), so the pid is still it
+    except ProcessLookupError:
+        pass
+
+
+def _kill_leftovers(worker: Worker) -> None:
+    """After a stop, kill what the worker left in its own session (helpers it
+    forked). slurmstepd and jobs run in sessions of their own: untouched."""
+    for pid in kill_session(worker.session, signal.SIGKILL):
+        log.warning("worker %s: pid %d of its session outlived it: SIGKILL", worker.spec.name, pid)
+
+
+def _restart_steps(role: str, worker: Worker) -> list[pipeline.StartStep]:
+    """The start steps that precede every restart of `worker` (gres.conf before slurmd)."""
+    return [step for step in pipeline.steps_for(role) if step.before_restart_of == worker.spec.name]
+
+
+def _leave_root_cgroup(emit) -> None:
+    from .cgroup import leave_root_cgroup
+    try:
+        leaf = leave_root_cgroup()
+    except (OSError, RuntimeError) as err:
+        emit("cgroup-failed", str(err), severity="error")
+    else:
+        if leaf:
+            emit("cgroup-leaf", f"moved out of the root cgroup into {leaf}")
+
+
+def _poke(fd: int) -> None:
+    """From another thread: make the loop look again now (a 0 byte in the signal pipe is no signal)."""
+    try:
+        os.write(fd, b"\0")
+    except OSError:
+        pass  # full: the loop wakes anyway
+
+
+def _how_it_ended(status: int | None, pid: int | None) -> tuple[str, dict]:
+    """A wait status in words, and as the event's fields (exit_code None: a signal, or not known)."""
+    if status is None:
+        return (f"exit status unknown: main pid {pid} was not this agent's child",
+                {"exit_code": None, "signal": None, "core_dumped": False})
+    code = os.waitstatus_to_exitcode(status)
+    if code >= 0:
+        return f"exit status {code}", {"exit_code": code, "signal": None, "core_dumped": False}
+    core = os.WCOREDUMP(status)
+    name = signal.Signals(-code).name
+    return (f"killed by {name}" + (" (core dumped)" if core else ""),
+            {"exit_code": None, "signal": name, "core_dumped": core})

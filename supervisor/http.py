@@ -34,14 +34,10 @@ import threading
 import time
 from typing import Callable
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily
-
 from slurm_ext.errors import AgentError
 
-from .states import WorkerState
 
-__all__ = ["serve", "AgentCollector", "ProbeServer", "Answer", "HEAD_TIMEOUT", "MAX_HEAD", "connection_cap"]
+__all__ = ["serve", "ProbeServer", "Answer", "HEAD_TIMEOUT", "MAX_HEAD", "connection_cap"]
 
 log = logging.getLogger("supervisor")
 
@@ -65,45 +61,9 @@ _TEXT = "text/plain; charset=utf-8"
 Answer = tuple[int, bytes, str]
 
 
-class AgentCollector:
-    """Prometheus view of one agent."""
-
-    def __init__(self, agent):
-        self.agent = agent
-
-    def collect(self):
-        agent = self.agent
-        now = time.monotonic()
-        labels = ["role", "worker"]
-        restarts = CounterMetricFamily("slurm_ext_supervisor_restarts", "Restarts of a worker after it died "
-                                       "or failed to start", labels=labels)
-        up = GaugeMetricFamily("slurm_ext_supervisor_worker_up", "1 while the worker runs", labels=labels)
-        uptime = GaugeMetricFamily("slurm_ext_supervisor_worker_uptime_seconds", "Seconds since the worker "
-                                   "last started (0 when not running)", labels=labels)
-        loop = GaugeMetricFamily("slurm_ext_supervisor_crash_loop", "1 while the worker is in a crash loop",
-                                 labels=labels)
-        for worker in list(agent.workers):
-            key = [agent.role, worker.spec.name]
-            running = worker.state == WorkerState.RUNNING
-            restarts.add_metric(key, worker.restarts)
-            up.add_metric(key, 1 if running else 0)
-            uptime.add_metric(key, now - worker.started if running else 0)
-            loop.add_metric(key, 1 if worker.crash_loop else 0)
-        yield from (restarts, up, uptime, loop)
-        orphans = CounterMetricFamily("slurm_ext_supervisor_orphans_reaped", "Exited processes reaped that "
-                                      "were not workers (orphans re-parented to the agent)", labels=["role"])
-        orphans.add_metric([agent.role], agent.orphans_reaped)
-        yield orphans
-        ready = GaugeMetricFamily("slurm_ext_supervisor_ready", "1 when the role is ready for work",
-                                  labels=["role"])
-        ready.add_metric([agent.role], 1 if agent.ready()[0] else 0)
-        yield ready
-
-
 def agent_routes(agent) -> Callable[[str], Answer]:
     """The answer to a GET of each path, from the agent's state."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(AgentCollector(agent))
+    exposition = []
 
     def answer(path: str) -> Answer:
         if path == "/livez":
@@ -113,7 +73,11 @@ def agent_routes(agent) -> Callable[[str], Answer]:
             ok, why = agent.ready()
             return 200 if ok else 503, (why + "\n").encode(), _TEXT
         if path == "/metrics":
-            return 200, generate_latest(registry), CONTENT_TYPE_LATEST
+            if not exposition:  # prometheus_client is 12 MB of a 20 MB agent: loaded when first scraped
+                from .metrics import exposition_of
+                exposition.append(exposition_of(agent))
+            body, content_type = exposition[0]()
+            return 200, body, content_type
         return 404, b"try /livez, /readyz or /metrics\n", _TEXT
 
     return answer

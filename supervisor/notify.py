@@ -16,7 +16,7 @@ from pathlib import Path
 
 from slurm_ext.procfs import read_stat
 
-__all__ = ["NotifyMessage", "NotifySocket", "parse", "is_descendant"]
+__all__ = ["NotifyMessage", "NotifySocket", "SystemdLink", "parse", "is_descendant"]
 
 _MAX_DATAGRAM = 4096
 
@@ -109,3 +109,28 @@ class NotifySocket:
     def close(self) -> None:
         self.sock.close()
         self.path.unlink(missing_ok=True)
+
+
+class SystemdLink:
+    """The agent's own sd_notify link to systemd, when systemd runs it: READY=1, STATUS= and the watchdog."""
+
+    def __init__(self, socket_path: str, watchdog_usec: int):
+        import sdnotify  # only under systemd
+        os.environ["NOTIFY_SOCKET"] = socket_path
+        self._notifier = sdnotify.SystemdNotifier()
+        #: seconds between WATCHDOG=1 (half of WatchdogSec, as sd_watchdog_enabled advises); 0: none asked
+        self.watchdog_every = watchdog_usec / 2e6
+        self._last_watchdog = 0.0
+        self._status = ""
+
+    def next_watchdog(self) -> float:
+        return self._last_watchdog + self.watchdog_every
+
+    def tick(self, now: float, ready: bool, status: str) -> None:
+        """Pet the watchdog when due; tell systemd a new status (READY=1 with it once ready)."""
+        if self.watchdog_every and now >= self.next_watchdog():
+            self._notifier.notify("WATCHDOG=1")
+            self._last_watchdog = now
+        if status != self._status:
+            self._notifier.notify(("READY=1\n" if ready else "") + f"STATUS={status}")
+            self._status = status

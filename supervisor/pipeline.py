@@ -19,11 +19,10 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
-from slurm_ext import events, gres, prolog_epilog
+from slurm_ext import events, fileio, gres, prolog_epilog
 from slurm_ext.config import Config
-from slurm_ext.slurm import SlurmClient
 
 __all__ = ["StepContext", "StartStep", "StepRunner", "steps_for", "run_steps", "boot_id"]
 
@@ -35,11 +34,10 @@ class StepContext:
     role: str
     config: Config
     node: str
-    slurm: SlurmClient
     #: emit(event, message, severity="info", **fields): record a node event
     emit: Callable[..., dict]
-    #: resume_when_fit(reasons): resume the node once slurmd has registered, if drained for one of these
-    resume_when_fit: Callable[[tuple[str, ...]], None] | None = None
+    #: the node-state owner (the agent's Slurm thread): want(owner, reason), clear(owner), look() -> Ticket
+    node_state: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,13 +53,20 @@ class StartStep:
 
 
 def clear_stale_drains(context: StepContext) -> None:
-    """Resume this node when a previous life of it left one of our transient drains."""
-    prefixes = context.config.supervisor.stale_drain_reasons
-    node = context.slurm.node(context.node)
-    if (node.drained or node.state == "DOWN") and any(node.reason.startswith(p) for p in prefixes):
-        context.slurm.resume(context.node)
-        context.emit("stale-drain-cleared", f"resumed node {context.node}: its drain {node.reason!r} was left "
-                     "by a previous run of this node", node=context.node)
+    """Have the node-state owner read the node before slurmd starts.
+
+    Its first read takes over what a previous run of this node left: a
+    stale drain of ours (a crash loop of a slurmd now gone) is lifted once
+    the new slurmd has registered (Slurm refuses it before), by the owner;
+    other reasons of ours stay with their owners. This step fails when
+    Slurm does not answer, so `step_failure` can make that block the start.
+    """
+    timeout = context.config.slurm.timeout + 1.0
+    ticket = context.node_state.look()
+    if ticket.wait(timeout) is None:
+        raise RuntimeError(f"node {context.node}: Slurm did not answer within {timeout:g}s")
+    if not ticket.ok:
+        raise RuntimeError(f"node {context.node}: cannot read its state: {ticket.outcome}")
 
 
 def validate_scripts(context: StepContext) -> None:
@@ -86,10 +91,8 @@ def node_boot_scripts(context: StepContext) -> None:
 
 def regenerate_gres(context: StepContext) -> None:
     """gres.conf from NVML, checked by slurmd -G, and the node's GPU drain made right (gres.regenerate)."""
-    def emit(event: str, message: str, severity: str = "info", **fields) -> None:
-        events.emit(context.config.node.state_dir, "gres", event, message, severity, role=context.role, **fields)
-
-    gres.regenerate(context.config, context.node, context.slurm, emit, resume_when_fit=context.resume_when_fit)
+    emit = events.emitter(context.config.node.state_dir, "gres", role=context.role)
+    gres.regenerate(context.config, context.node, emit, context.node_state)
 
 
 def steps_for(role: str) -> list[StartStep]:
@@ -137,7 +140,7 @@ def run_steps(steps: list[StartStep], context: StepContext, marker_dir: Path, bo
             continue
         if step.once_per_boot:
             marker_dir.mkdir(parents=True, exist_ok=True)
-            marker.write_text(boot + "\n")
+            fileio.atomic_write(marker, boot + "\n", mode=0o600, fsync="file")
     return True
 
 

@@ -9,7 +9,7 @@ import signal
 import sys
 from dataclasses import dataclass
 
-from slurm_ext.config import SupervisorSection, WorkerSection
+from .settings import SupervisorSection, WorkerSection
 
 __all__ = ["WorkerSpec", "BUILTIN", "workers_for"]
 

@@ -25,9 +25,12 @@ from pathlib import Path
 
 import pytest
 
-from slurm_ext import command, dev
-from slurm_ext.config import DevSection
-from slurm_ext.dev.layout import Layout
+# an event name missing from the catalogue is an error in the tests (and in the agents they start)
+os.environ["SLURM_EXT_STRICT_EVENTS"] = "1"
+
+from slurm_ext import command, devcluster as dev
+from slurm_ext.devcluster.settings import DevSection
+from slurm_ext.devcluster.layout import Layout
 from slurm_ext.slurm import Job, SlurmClient
 
 TEST_CLUSTER = dict(

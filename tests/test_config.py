@@ -139,3 +139,32 @@ def test_readme_documents_every_key():
     for name, section in config.sections().items():
         for field in dataclasses.fields(section):
             assert f"`{name}.{field.name}`" in readme, f"README lacks {name}.{field.name}"
+
+
+def test_every_section_in_file_order_each_declared_by_its_owner():
+    owners = {name: cls.__module__ for name, cls in config.sections().items()}
+    assert owners == {"node": "slurm_ext.config", "log": "slurm_ext.config", "slurm": "slurm_ext.config",
+                      "supervisor": "slurm_ext.supervisor.settings",
+                      "prolog_epilog": "slurm_ext.prolog_epilog.settings",
+                      "gres": "slurm_ext.gres.settings", "dev": "slurm_ext.devcluster.settings"}
+    assert list(owners) == list(config.section_names())
+
+
+def test_a_component_section_reads_and_replaces_like_a_field():
+    loaded = config.from_dict({"gres": {"expected": 8}})
+    assert loaded.gres.expected == 8
+    assert loaded.supervisor.port("worker") == 9810  # not in the file: its defaults, made when read
+    changed = dataclasses.replace(loaded, gres=dataclasses.replace(loaded.gres, output="/x/gres.conf"))
+    assert (changed.gres.output, changed.gres.expected, loaded.gres.output) == ("/x/gres.conf", 8, "")
+    assert changed != loaded and changed.source == loaded.source == "<config>"
+    assert config.Config() == config.Config(dev=config.section_class("dev")())
+    assert config.Config() != config.Config(dev=config.section_class("dev")(gpu_count=8))
+
+
+def test_a_section_nobody_declares_is_refused():
+    with pytest.raises(TypeError, match="unknown section 'bogus'"):
+        config.Config(bogus={})
+    with pytest.raises(AttributeError, match="bogus"):
+        config.Config().bogus
+    with pytest.raises(ValueError, match="_SECTION_OWNERS"):
+        config.register_section("bogus", dict)

@@ -1,9 +1,11 @@
 """`slurm-ext dev ...`: the real local cluster from nothing, idempotent up, clean down."""
 
 import json
+import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -12,8 +14,9 @@ import psutil
 import pytest
 
 from conftest import cli, cli_as_nobody
-from slurm_ext import dev
-from slurm_ext.dev import daemons, deps
+from slurm_ext import devcluster as dev
+from slurm_ext.devcluster import daemons, deps, fakenvml
+from slurm_ext.devcluster.cluster import demo_script
 from slurm_ext.errors import DevClusterError
 from slurm_ext.procfs import pid_alive
 
@@ -151,7 +154,47 @@ def test_cli_status_and_demo(running_cluster):
     assert demo.returncode == 0, demo.stdout + demo.stderr
     assert "COMPLETED exit code 0" in demo.stdout
     assert "CUDA_VISIBLE_DEVICES=0" in demo.stdout
+    assert "NVML in the job sees 1 of the 4 GPUs of the node" in demo.stdout
     assert "NVML gpu 0: NVIDIA H200 GPU-" in demo.stdout  # the job read its GPU through pynvml
+    assert "NVML gpu 1" not in demo.stdout, demo.stdout  # and only its GPU: the devices cgroup hides the rest
+
+
+def test_a_job_sees_in_nvml_only_the_gpus_slurm_gave_it(running_cluster):
+    """ConstrainDevices=yes: the job's devices cgroup lets it open only its GPUs' device files,
+    and the fake NVML, like the driver, then enumerates only those (dense indexes 0, 1)."""
+    out = running_cluster.layout.out / f"nvml-count-{os.getpid()}.out"
+    code = ("import pynvml; pynvml.nvmlInit(); "
+            "hs = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]; "
+            "print(pynvml.nvmlDeviceGetCount(), *(pynvml.nvmlDeviceGetMinorNumber(h) for h in hs))")
+    job_id = running_cluster.sbatch("--gres=gpu:2", f"--output={out}", f"--wrap={sys.executable} -c '{code}'")
+    job = running_cluster.wait_accounted(job_id)
+    text = out.read_text()
+    out.unlink()
+    assert job.state == "COMPLETED" and job.exit_code == 0, (job, text)
+    count, *minors = text.split()
+    assert count == "2", text
+    assert sorted(map(int, minors)) == [0, 1], text  # the GPUs Slurm gave it (CUDA_VISIBLE_DEVICES=0,1)
+
+
+def test_the_demo_job_script_prints_the_gpus_nvml_shows_it(tmp_path):
+    """demo_script under bash, against the fake with a dev dir that holds only the node of
+    the GPU with minor 2 (as a job's devices cgroup leaves it only its GPU)."""
+    if os.geteuid() != 0:
+        pytest.skip("mknod of the GPU device files needs root")
+    lib = fakenvml.build(tmp_path / "lib")
+    spec = fakenvml.default_gpus(4)
+    fakenvml.write_spec(tmp_path / "gpus.json", spec)
+    (tmp_path / "dev").mkdir()
+    fakenvml.make_device(tmp_path / "dev" / "nvidia2", 2)
+    env = {**os.environ, **fakenvml.environ(lib.parent, tmp_path / "gpus.json", dev_dir=tmp_path / "dev"),
+           "SLURM_JOB_ID": "7", "SLURMD_NODENAME": "n1", "CUDA_VISIBLE_DEVICES": "0"}
+    run = subprocess.run(["bash", "-c", demo_script(4)], env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == [
+        "job 7 on n1: CUDA_VISIBLE_DEVICES=0",
+        "NVML in the job sees 1 of the 4 GPUs of the node (its devices cgroup hides the others):",
+        f"NVML gpu 0: NVIDIA H200 {spec['gpus'][2]['uuid']} nvidia2",
+    ]
 
 
 def test_a_taken_port_is_a_clear_error_before_anything_starts(cluster, tmp_path):

@@ -1,4 +1,4 @@
-"""The fake libnvidia-ml.so.1 (tests/fakenvml) seen through the real pynvml.
+"""The fake libnvidia-ml.so.1 (devcluster/fakenvml) seen through the real pynvml.
 
 pynvml loads the library once per process and caches it, and the loader
 reads LD_LIBRARY_PATH only at process start, so every scenario runs pynvml
@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -20,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from slurm_ext.dev import fakenvml
+from slurm_ext.devcluster import fakenvml
 
 GIB = 1024**3
 
@@ -63,23 +65,24 @@ def fakenvml_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return fakenvml.build(tmp_path_factory.mktemp("fakenvml-lib")).parent
 
 
-def child_env(lib_dir: Path, spec_path: Path) -> dict[str, str]:
-    return {**os.environ, **fakenvml.environ(lib_dir, spec_path)}
+def child_env(lib_dir: Path, spec_path: Path, dev_dir: Path | None = None) -> dict[str, str]:
+    return {**os.environ, **fakenvml.environ(lib_dir, spec_path, dev_dir=dev_dir)}
 
 
-def run_pynvml(lib_dir: Path, spec_path: Path, code: str, timeout: float = 30) -> subprocess.CompletedProcess:
+def run_pynvml(lib_dir: Path, spec_path: Path, code: str, timeout: float = 30,
+               dev_dir: Path | None = None) -> subprocess.CompletedProcess:
     """Run `code` in a fresh interpreter using the fake; it may print JSON."""
     return subprocess.run(
         [sys.executable, "-c", "import pynvml as n\n" + textwrap.dedent(code)],
-        env=child_env(lib_dir, spec_path),
+        env=child_env(lib_dir, spec_path, dev_dir),
         capture_output=True,
         text=True,
         timeout=timeout,
     )
 
 
-def run_json(lib_dir: Path, spec_path: Path, code: str) -> Any:
-    proc = run_pynvml(lib_dir, spec_path, code)
+def run_json(lib_dir: Path, spec_path: Path, code: str, dev_dir: Path | None = None) -> Any:
+    proc = run_pynvml(lib_dir, spec_path, code, dev_dir=dev_dir)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -87,10 +90,10 @@ def run_json(lib_dir: Path, spec_path: Path, code: str) -> Any:
 class PynvmlChild:
     """A pynvml process that stays alive while the test rewrites the spec."""
 
-    def __init__(self, lib_dir: Path, spec_path: Path):
+    def __init__(self, lib_dir: Path, spec_path: Path, dev_dir: Path | None = None):
         self.proc = subprocess.Popen(
             [sys.executable, "-c", CHILD_LOOP],
-            env=child_env(lib_dir, spec_path),
+            env=child_env(lib_dir, spec_path, dev_dir),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -141,8 +144,8 @@ def spec_path(tmp_path: Path) -> Path:
 def child_factory(fakenvml_lib: Path):
     children: list[PynvmlChild] = []
 
-    def make(spec: Path) -> PynvmlChild:
-        child = PynvmlChild(fakenvml_lib, spec)
+    def make(spec: Path, dev_dir: Path | None = None) -> PynvmlChild:
+        child = PynvmlChild(fakenvml_lib, spec, dev_dir)
         children.append(child)
         return child
 
@@ -888,3 +891,189 @@ def test_build_reports_gcc_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         fakenvml.build(tmp_path / "out")
     assert not (tmp_path / "out" / "libnvidia-ml.so.1").exists()
     assert not [p for p in (tmp_path / "out").iterdir() if p.name.endswith(".tmp")]
+
+
+
+# ---------------------------------------------------------------------------
+# Visibility by device file: the devices cgroup of a job
+# ---------------------------------------------------------------------------
+
+#: minor numbers of the four GPUs, by spec position: not the positions, so a
+#: fake that looked up nvidia<index> instead of nvidia<minor> would be caught
+VISIBILITY_MINORS = [6, 2, 9, 4]
+
+#: defines visible() in the child: what NVML shows of the GPUs, by NVML index
+VISIBLE_GPUS = """
+def visible():
+    count = n.nvmlDeviceGetCount()
+    handles = [n.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+    uuids = [n.nvmlDeviceGetUUID(h) for h in handles]
+    return {
+        "count": count,
+        "uuids": uuids,
+        "minors": [n.nvmlDeviceGetMinorNumber(h) for h in handles],
+        "indexes": [n.nvmlDeviceGetIndex(h) for h in handles],
+        "by_uuid": [n.nvmlDeviceGetIndex(n.nvmlDeviceGetHandleByUUID(u)) for u in uuids],
+        "by_pci": [n.nvmlDeviceGetIndex(n.nvmlDeviceGetHandleByPciBusId(n.nvmlDeviceGetPciInfo(h).busId))
+                   for h in handles],
+    }
+"""
+
+#: one-shot: print visible() as JSON
+PRINT_VISIBLE = VISIBLE_GPUS + """
+import json
+n.nvmlInit()
+print(json.dumps(visible()))
+"""
+
+
+def expected_visible(spec: dict[str, Any], positions: list[int]) -> dict[str, Any]:
+    """visible() of a process that sees the spec's GPUs at `positions`: dense indexes."""
+    return {
+        "count": len(positions),
+        "uuids": [spec["gpus"][p]["uuid"] for p in positions],
+        "minors": [spec["gpus"][p]["minor"] for p in positions],
+        "indexes": list(range(len(positions))),
+        "by_uuid": list(range(len(positions))),
+        "by_pci": list(range(len(positions))),
+    }
+
+
+@pytest.fixture
+def gpu_nodes(tmp_path: Path, spec_path: Path) -> tuple[dict[str, Any], Path]:
+    """Four GPUs (minors VISIBILITY_MINORS) in the spec, and a dev dir with their
+    nvidia<minor> character devices (mknod, major 195: needs root)."""
+    if os.geteuid() != 0:
+        pytest.skip("mknod of the GPU device files needs root")
+    spec = fakenvml.default_gpus(4)
+    for gpu, minor in zip(spec["gpus"], VISIBILITY_MINORS):
+        gpu["minor"] = minor
+    fakenvml.write_spec(spec_path, spec)
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for minor in VISIBILITY_MINORS:
+        fakenvml.make_device(dev / f"nvidia{minor}", minor)
+    return spec, dev
+
+
+DEVICES_CGROUP = Path("/sys/fs/cgroup/devices")
+
+
+@pytest.fixture
+def devices_cgroup():
+    """A cgroup v1 devices cgroup of this test's own (unique name), removed afterwards.
+
+    Every process the test moved in must be gone (killed and waited for) by
+    teardown, or rmdir fails with EBUSY: request this fixture before
+    child_factory, whose teardown would come too late.
+    """
+    if os.geteuid() != 0 or not (DEVICES_CGROUP / "devices.deny").exists():
+        pytest.skip("needs root and a cgroup v1 devices hierarchy at /sys/fs/cgroup/devices")
+    path = DEVICES_CGROUP / f"slurm-ext-test-fakenvml-{os.getpid()}-{time.monotonic_ns()}"
+    path.mkdir()
+    try:
+        yield path
+    finally:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                path.rmdir()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+
+def test_a_gpu_denied_by_the_devices_cgroup_is_not_visible(devices_cgroup: Path, child_factory, fakenvml_lib: Path,
+                                                           spec_path: Path, gpu_nodes) -> None:
+    """As under Slurm's ConstrainDevices: the driver enumerates only the GPUs whose
+    /dev/nvidia<minor> the process may open; indexes stay dense, in spec order."""
+    spec, dev = gpu_nodes
+    hidden = 1  # spec position of the GPU the cgroup denies
+    (devices_cgroup / "devices.deny").write_text(f"c {fakenvml.NVIDIA_MAJOR}:{VISIBILITY_MINORS[hidden]} rwm\n")
+    child = child_factory(spec_path, dev)
+    try:
+        # moved in before its first NVML call: until then it only waits on stdin
+        (devices_cgroup / "cgroup.procs").write_text(f"{child.proc.pid}\n")
+        devices_line = next(line for line in Path(f"/proc/{child.proc.pid}/cgroup").read_text().splitlines()
+                            if ":devices:" in line)
+        assert devices_line.endswith("/" + devices_cgroup.name), devices_line
+        assert child("n.nvmlInit()") is None
+        child(VISIBLE_GPUS)
+        seen = child("visible()")
+        hidden_by_uuid = child.error(f"n.nvmlDeviceGetHandleByUUID({spec['gpus'][hidden]['uuid']!r})")
+        hidden_by_pci = child.error(f"n.nvmlDeviceGetHandleByPciBusId({spec['gpus'][hidden]['pci_bus_id']!r})")
+        past_the_end = child.error("n.nvmlDeviceGetHandleByIndex(3)")
+    finally:
+        child.proc.kill()
+        child.close()
+    assert seen == expected_visible(spec, [0, 2, 3])
+    assert (hidden_by_uuid, hidden_by_pci) == ("NVMLError_NotFound", "NVMLError_NotFound")
+    assert past_the_end == "NVMLError_InvalidArgument"
+    # the same library, spec and dev dir outside the cgroup: all four
+    assert run_json(fakenvml_lib, spec_path, PRINT_VISIBLE, dev_dir=dev) == \
+        expected_visible(spec, [0, 1, 2, 3])
+
+
+def test_with_every_device_openable_nothing_changes(fakenvml_lib: Path, spec_path: Path, gpu_nodes) -> None:
+    spec, dev = gpu_nodes
+    with_dev_dir = run_json(fakenvml_lib, spec_path, PRINT_VISIBLE, dev_dir=dev)
+    without = run_json(fakenvml_lib, spec_path, PRINT_VISIBLE)
+    assert with_dev_dir == without == expected_visible(spec, [0, 1, 2, 3])
+
+
+def test_a_missing_or_plain_device_file_hides_its_gpu_only_with_a_dev_dir(fakenvml_lib: Path, spec_path: Path,
+                                                                         gpu_nodes) -> None:
+    """A GPU without its device node is not there for the driver (a container that
+    was given only some /dev/nvidia<N>); without a dev dir the fake checks no file,
+    which the tests of gres' "device file missing" problem rely on."""
+    spec, dev = gpu_nodes
+    (dev / f"nvidia{VISIBILITY_MINORS[0]}").unlink()
+    (dev / f"nvidia{VISIBILITY_MINORS[2]}").unlink()
+    (dev / f"nvidia{VISIBILITY_MINORS[2]}").write_text("")  # a plain file is no GPU device
+    assert run_json(fakenvml_lib, spec_path, PRINT_VISIBLE, dev_dir=dev) == expected_visible(spec, [1, 3])
+    assert run_json(fakenvml_lib, spec_path, PRINT_VISIBLE) == expected_visible(spec, [0, 1, 2, 3])
+
+
+def test_a_device_file_the_user_may_not_open_hides_its_gpu(fakenvml_lib: Path, gpu_nodes) -> None:
+    """The driver opens /dev/nvidia<N> read-write: a node of mode 0644 hides the GPU from
+    other users, as a restrictive NVreg_DeviceFileMode does with the real driver."""
+    spec, _ = gpu_nodes
+    shared = Path(tempfile.mkdtemp(prefix="slurm-ext-test-fakenvml-"))  # pytest's tmp dirs are root's 0700
+    try:
+        shared.chmod(0o755)
+        spec_path, dev = shared / "gpus.json", shared / "dev"
+        fakenvml.write_spec(spec_path, spec)
+        dev.mkdir()
+        for minor in VISIBILITY_MINORS:
+            fakenvml.make_device(dev / f"nvidia{minor}", minor)
+        (dev / f"nvidia{VISIBILITY_MINORS[3]}").chmod(0o644)
+        # the library is loaded while still root (its build dir is root's), then nobody calls nvmlInit
+        as_nobody = PRINT_VISIBLE.replace("import json", "import json, os\nn._LoadNvmlLibrary()\n"
+                                          "os.setgroups([])\nos.setgid(65534)\nos.setuid(65534)")
+        assert run_json(fakenvml_lib, spec_path, as_nobody, dev_dir=dev) == expected_visible(spec, [0, 1, 2])
+        assert run_json(fakenvml_lib, spec_path, PRINT_VISIBLE, dev_dir=dev) == expected_visible(spec, [0, 1, 2, 3])
+    finally:
+        shutil.rmtree(shared)
+
+
+def test_a_rewritten_spec_is_matched_against_the_device_files_again(child_factory, spec_path: Path,
+                                                                    gpu_nodes) -> None:
+    """The fake reloads a changed spec mid-run (see "Live changes"); the GPUs it now lists
+    are checked against the device files then, so a GPU moved to a minor without a node
+    vanishes, and a handle taken before answers GPU_IS_LOST like a GPU off the bus."""
+    spec, dev = gpu_nodes
+    child = child_factory(spec_path, dev)
+    child("n.nvmlInit()")
+    child(VISIBLE_GPUS)
+    assert child("visible()") == expected_visible(spec, [0, 1, 2, 3])
+    child("h = n.nvmlDeviceGetHandleByIndex(2)")
+    spec["gpus"][1]["minor"] = 63  # no nvidia63 in the dev dir
+    fakenvml.write_spec(spec_path, spec)
+    assert child("visible()") == expected_visible(spec, [0, 2, 3])
+    assert child("n.nvmlDeviceGetUUID(h)") == spec["gpus"][2]["uuid"]  # a handle is the GPU, not its index
+    spec["gpus"][2]["minor"] = 62
+    fakenvml.write_spec(spec_path, spec)
+    assert child.error("n.nvmlDeviceGetUUID(h)") == "NVMLError_GpuIsLost"
+    assert child("visible()") == expected_visible(spec, [0, 3])

@@ -1,7 +1,7 @@
 """prolog_epilog.gpus: the Epilog's GPU release check and the Prolog's foreign-process check.
 
 The main tests run the module with the real pynvml over the fake
-libnvidia-ml (tests/fakenvml) in a child process (pynvml caches the library
+libnvidia-ml (devcluster/fakenvml) in a child process (pynvml caches the library
 per process and LD_LIBRARY_PATH is read at process start). The job's
 process on GPU 1 is a real `sleep` listed as a `while_alive` process, so
 the fake drops it and frees its memory when it dies, as the driver does.
@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from slurm_ext.dev import fakenvml
+from slurm_ext.devcluster import fakenvml
 from slurm_ext.errors import SlurmExtError
 from slurm_ext.prolog_epilog import gpus
 from slurm_ext.prolog_epilog.gpus import GpuCheckError, GpuProcess, GpuUsage
@@ -43,7 +43,7 @@ CHILD = textwrap.dedent(
     """
     import dataclasses, json, os, signal, sys, time
     import pynvml
-    from slurm_ext.dev import fakenvml
+    from slurm_ext.devcluster import fakenvml
     from slurm_ext.prolog_epilog import gpus
 
     request = json.loads(sys.argv[1])

@@ -1,7 +1,7 @@
 """Tests for slurm_ext.gres.generate (`generate`) and the `slurm-ext gres` CLI: gres.conf, baseline, drains.
 
 Every generation runs the real pynvml over the fake libnvidia-ml
-(tests/fakenvml) in a child process: pynvml caches the library per process
+(devcluster/fakenvml) in a child process: pynvml caches the library per process
 and LD_LIBRARY_PATH is read at process start. The child prints the
 Generation and the events it emitted as JSON; the parent rebuilds the
 Generation, so assertions read as they would in-process. Between runs the
@@ -28,7 +28,7 @@ from typing import Any, Iterator
 import pytest
 
 from conftest import fake_sysfs
-from slurm_ext.dev import fakenvml
+from slurm_ext.devcluster import fakenvml
 from slurm_ext.gres import Generation
 from slurm_ext.gres.drift import Drift, Missing
 from slurm_ext.gres.inventory import from_json

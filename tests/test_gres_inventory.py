@@ -1,7 +1,7 @@
 """Tests for slurm_ext.gres.inventory: what NVML says the node's GPUs are, in Slurm's order.
 
 The reader runs with the real pynvml over the fake libnvidia-ml
-(tests/fakenvml) in a child process: pynvml caches the library per process
+(devcluster/fakenvml) in a child process: pynvml caches the library per process
 and LD_LIBRARY_PATH is read at process start. The child prints the
 inventory as to_json, so every test also goes through the JSON round trip.
 /dev, /proc and /sys are fake trees under tmp_path; device files are real
@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from conftest import fake_sysfs
-from slurm_ext.dev import fakenvml
+from slurm_ext.devcluster import fakenvml
 from slurm_ext.errors import SlurmExtError
 from slurm_ext.gres import render
 from slurm_ext.gres.inventory import Gpu, GresError, Inventory, MigDevice, from_json, slurm_type, to_json

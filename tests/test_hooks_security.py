@@ -289,7 +289,7 @@ def test_the_journal_is_rotated_and_user_text_in_events_is_bounded(tmp_path, mon
     finally:
         logging.getLogger("events").disabled = False
     files = sorted(p.name for p in tmp_path.iterdir())
-    assert files == ["journal.jsonl", "journal.jsonl.1"], files
+    assert files == ["journal.jsonl"] + [f"journal.jsonl.{n}" for n in range(1, events.JOURNAL_KEEP + 1)], files
     limit = events.JOURNAL_MAX_BYTES + 20_000  # a full file plus at most one line past it
     sizes = [(tmp_path / name).stat().st_size for name in files]
     assert all(size <= limit for size in sizes), sizes
@@ -302,7 +302,7 @@ def test_the_journal_is_rotated_and_user_text_in_events_is_bounded(tmp_path, mon
 def test_a_gpu_that_hangs_nvml_stops_the_job_in_its_prolog(node, tmp_path):
     """NVML blocked in the driver for the job's GPU (a GPU off the bus does that): the Prolog does not
     wait forever, and it does not start the job on a GPU it could not check: drain, exit 1 (requeue)."""
-    from slurm_ext.dev import fakenvml
+    from slurm_ext.devcluster import fakenvml
     lib = fakenvml.build(tmp_path / "lib").parent
     spec = fakenvml.default_gpus(2)
     spec["gpus"][0]["process_list_delay_ms"] = 5000

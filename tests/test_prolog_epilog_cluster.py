@@ -22,8 +22,8 @@ import psutil
 import pytest
 
 from conftest import Cluster, wait_for
-from slurm_ext import dev
-from slurm_ext.dev import fakenvml
+from slurm_ext import devcluster as dev
+from slurm_ext.devcluster import fakenvml
 
 
 NOBODY = 65534

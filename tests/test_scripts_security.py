@@ -460,7 +460,7 @@ def test_without_a_cgroup_a_user_hook_does_not_run(node):
 def test_a_user_hook_may_open_only_its_jobs_gpus(node, tmp_path):
     """The job has NVML GPU 1, whose device is /dev/nvidia7 (minors need not follow the indexes): the hook
     may open 195:7 and not 195:0. Run in a child with the real pynvml over the fake NVML."""
-    from slurm_ext.dev import fakenvml
+    from slurm_ext.devcluster import fakenvml
     lib = fakenvml.build(tmp_path / "lib").parent
     spec = fakenvml.default_gpus(2)
     spec["gpus"][0]["minor"], spec["gpus"][1]["minor"] = 0, 7

@@ -5,9 +5,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from slurm_ext import dev
-from slurm_ext.dev import cluster as dev_cluster, daemons
-from slurm_ext.dev.layout import Layout
+from slurm_ext import devcluster as dev
+from slurm_ext.devcluster import cluster as dev_cluster, daemons
+from slurm_ext.devcluster.layout import Layout
 from slurm_ext.errors import NotOurDrain, SlurmError, SlurmUnreachable
 from slurm_ext.slurm import REASON_PREFIX, Node, _job_from_sacct_json, _node_from_json, _node_from_text
 

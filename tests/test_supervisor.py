@@ -342,7 +342,7 @@ def test_start_steps_block_or_continue_and_boot_steps_run_once_per_boot(tmp_path
         ran.append("broken")
         raise RuntimeError("no GPUs answered")
 
-    context = pipeline.StepContext("worker", config.Config(), "n1", None,
+    context = pipeline.StepContext("worker", config.Config(), "n1",
                                    lambda event, message, **kw: emitted.append((event, message, kw)))
     steps = [pipeline.StartStep("boot", ok, once_per_boot=True), pipeline.StartStep("broken", broken)]
     assert pipeline.run_steps(steps, context, tmp_path, "boot-a") is True  # broken continues by default
@@ -353,7 +353,7 @@ def test_start_steps_block_or_continue_and_boot_steps_run_once_per_boot(tmp_path
     assert emitted[0][0] == "start-step-failed" and "no GPUs answered" in emitted[0][1]
 
     blocking = config.from_dict({"supervisor": {"step_failure": {"broken": "block"}}})
-    context = pipeline.StepContext("worker", blocking, "n1", None,
+    context = pipeline.StepContext("worker", blocking, "n1",
                                    lambda event, message, **kw: emitted.append((event, message, kw)))
     assert pipeline.run_steps(steps, context, tmp_path, "boot-b") is False
     assert "workers are not started until it succeeds" in emitted[-1][1]

@@ -23,11 +23,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from conftest import TEST_CLUSTER  # noqa: E402  the test cluster's ports and names
 
-from slurm_ext import dev  # noqa: E402
-from slurm_ext.config import DevSection  # noqa: E402
-from slurm_ext.dev import daemons  # noqa: E402
-from slurm_ext.dev.cluster import cluster_daemons  # noqa: E402
-from slurm_ext.dev.layout import Layout  # noqa: E402
+from slurm_ext import devcluster as dev  # noqa: E402
+from slurm_ext.devcluster.settings import DevSection  # noqa: E402
+from slurm_ext.devcluster import daemons  # noqa: E402
+from slurm_ext.devcluster.cluster import cluster_daemons  # noqa: E402
+from slurm_ext.devcluster.layout import Layout  # noqa: E402
 
 
 def time_dev_up(settings: DevSection) -> float:

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from test_gres_cluster import eight_gpus  # noqa: E402  the acceptance test's 8-GPU layout
 
-from slurm_ext.dev import fakenvml  # noqa: E402
+from slurm_ext.devcluster import fakenvml  # noqa: E402
 
 CHILD = r"""
 import json, os, statistics, sys, time

@@ -20,16 +20,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import cgroupfs, command
-from ..config import DevSection, SlurmSection
-from ..errors import CommandError, DevClusterError, SlurmError, SlurmExtError
-from ..slurm import Job, Node, SlurmClient
+from slurm_ext import cgroupfs, command
+from slurm_ext.config import SlurmSection
+from slurm_ext.errors import CommandError, DevClusterError, SlurmError, SlurmExtError
+from slurm_ext.slurm import Job, Node, SlurmClient
+
 from . import daemons, deps, fakenvml, render
 from .daemons import Daemon
 from .layout import Layout
+from .settings import DevSection
 
-__all__ = ["DaemonStatus", "Status", "DemoResult", "up", "down", "status", "demo", "client", "cluster_daemons",
-           "job_cgroups"]
+__all__ = ["DaemonStatus", "Status", "DemoResult", "up", "down", "status", "demo", "demo_script", "client",
+           "cluster_daemons", "job_cgroups"]
 
 log = logging.getLogger("dev")
 
@@ -166,7 +168,7 @@ def _write_files(layout: Layout) -> set[str]:
         fakenvml.write_spec(layout.gpu_spec, fakenvml.default_gpus(s.gpu_count, s.gpu_name))
 
     prolog, epilog = layout.bin / "slurm-ext-prolog", layout.bin / "slurm-ext-epilog"
-    from ..prolog_epilog import build_hook, write_launchers  # dev assembles the components into a cluster
+    from slurm_ext.prolog_epilog import build_hook, write_launchers  # dev assembles the components into a cluster
     python_prolog, python_epilog = write_launchers(layout.bin)
     _write(prolog, render.hook_wrapper(layout, str(python_prolog)), 0o755)
     _write(epilog, render.hook_wrapper(layout, str(python_epilog)), 0o755)
@@ -203,8 +205,8 @@ def _entry_point(name: str) -> str:
     for candidate in (Path(sys.executable).parent / name, shutil.which(name)):
         if candidate and os.access(candidate, os.X_OK):
             return str(candidate)
-    raise DevClusterError(f"{name} is not installed next to {sys.executable}: run `pip install -e .` "
-                          f"in the slurm-ext checkout")
+    raise DevClusterError(f"{name} is not installed next to {sys.executable}: install slurm-ext into this "
+                          f"Python's environment (its wheel, or `pip install -e .` in a checkout)")
 
 
 def _prepare_munge(layout: Layout) -> None:
@@ -388,8 +390,35 @@ def status(settings: DevSection) -> Status:
     return Status(layout.root, states, node, problem)
 
 
+def demo_script(gpu_count: int) -> str:
+    """The demo job's shell script: its CUDA_VISIBLE_DEVICES, then the GPUs NVML shows it.
+
+    NVML (the fake, given the dev dir) lists only the GPUs whose device file
+    the job may open, so this prints the job's own GPUs, not the node's
+    `gpu_count`.
+    """
+    return (
+        'echo "job $SLURM_JOB_ID on $SLURMD_NODENAME: CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"\n'
+        f"exec {sys.executable} -c '"
+        "import pynvml\n"
+        "pynvml.nvmlInit()\n"
+        "count = pynvml.nvmlDeviceGetCount()\n"
+        f'print(f"NVML in the job sees {{count}} of the {gpu_count} GPUs of the node'
+        ' (its devices cgroup hides the others):")\n'
+        "for i in range(count):\n"
+        "    h = pynvml.nvmlDeviceGetHandleByIndex(i)\n"
+        '    print(f"NVML gpu {i}: {pynvml.nvmlDeviceGetName(h)} {pynvml.nvmlDeviceGetUUID(h)} '
+        'nvidia{pynvml.nvmlDeviceGetMinorNumber(h)}")\n'
+        "'\n"
+    )
+
+
 def demo(settings: DevSection, timeout: float = 60.0) -> DemoResult:
-    """Submit a job that reads its GPU through NVML; wait until sacct has it.
+    """Submit a job that lists, through NVML, the GPUs it sees; wait until sacct has it.
+
+    The job asks for one GPU; Slurm's devices cgroup (ConstrainDevices) lets it
+    open only that GPU's device file, so NVML in the job shows one GPU of the
+    node's `gpu_count`, as the real driver would.
 
     Raises:
         DevClusterError: the cluster is not up, or the job does not reach
@@ -398,16 +427,7 @@ def demo(settings: DevSection, timeout: float = 60.0) -> DemoResult:
     layout = Layout(settings)
     if not status(settings).node:
         raise DevClusterError("the dev cluster is not up: run `slurm-ext dev up` first")
-    script = (
-        'echo "job $SLURM_JOB_ID on $SLURMD_NODENAME: CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"\n'
-        f"exec {sys.executable} -c '"
-        "import os, pynvml\n"
-        "pynvml.nvmlInit()\n"
-        "for i in range(pynvml.nvmlDeviceGetCount()):\n"
-        "    h = pynvml.nvmlDeviceGetHandleByIndex(i)\n"
-        '    print(f"NVML gpu {i}: {pynvml.nvmlDeviceGetName(h)} {pynvml.nvmlDeviceGetUUID(h)}")\n'
-        "'\n"
-    )
+    script = demo_script(settings.gpu_count)
     gres = ["--gres=gpu:1"] if settings.gpu_count else []
     try:
         submitted = command.run(["sbatch", "--parsable", "--job-name=slurm-ext-demo", *gres,

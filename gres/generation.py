@@ -19,18 +19,12 @@ from pathlib import Path
 from typing import Callable
 
 from slurm_ext.config import Config
-from slurm_ext.slurm import REASON_PREFIX
 
 from . import render
 from .drift import Drift, compare
 from .inventory import GresError, Inventory, read_inventory
 
-__all__ = ["Generation", "generate", "output_path", "slurm_conf_path", "OUR_REASONS"]
-
-#: the drain reasons this component sets, and so may clear
-OUR_REASONS = tuple(f"{REASON_PREFIX} {what}" for what in (
-    "gpu missing", "gpu lost during inventory", "gpu inventory failed", "gpus fewer than expected"))
-
+__all__ = ["Generation", "generate", "output_path", "slurm_conf_path"]
 
 @dataclass(frozen=True, slots=True)
 class Generation:
@@ -42,7 +36,8 @@ class Generation:
     text: str
     #: the file was (or, with dry_run, would be) rewritten
     changed: bool
-    #: the drain reason the node needs now (without the slurm-ext: prefix), or None when it is fit
+    #: the drain reason the node needs now (without the slurm-ext: prefix; a gres kind of
+    #: slurm_ext.nodestate's catalogue), or None when it is fit
     drain: str | None
 
     @property

@@ -14,7 +14,7 @@
 #include "spec.h"
 
 /* Everything is compiled with -fvisibility=hidden; only functions marked
- * NVML_API are exported.  slurm_ext/dev/fakenvml.py also greps for this
+ * NVML_API are exported.  devcluster/fakenvml/__init__.py also greps for this
  * marker to learn which entry points are real (the rest get stubs that
  * return NVML_ERROR_NOT_SUPPORTED), so keep "NVML_API <type> nvmlName(" on
  * one line. */
@@ -57,6 +57,10 @@ nvmlReturn_t fake_enter_gpu(nvmlDevice_t device, const struct fake_gpu **gpu,
 /* The stable handle of GPU `index` (what nvmlDeviceGetHandleByIndex hands
  * out); index must be < FAKE_MAX_GPUS. */
 nvmlDevice_t fake_gpu_handle(unsigned index);
+
+/* Is the GPU at spec position `position` visible to this process (its
+ * device file opens, or no dev dir is set)?  Lock held. */
+int fake_gpu_visible(unsigned position);
 
 /* What a generated stub returns (see fakenvml.c). */
 int fake_stub_result(const void *first_arg);

@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import DevClusterError
-from ..procfs import comm, pid_alive
+from slurm_ext.errors import DevClusterError
+from slurm_ext.procfs import comm, pid_alive
 
 __all__ = ["Daemon", "running_pid", "start", "stop", "check_port_free", "wait_for"]
 

@@ -91,7 +91,9 @@ static int take_event(struct nvmlEventSet_st *s, struct fake_event *out)
         return 0; /* out of memory: behave as "nothing yet", retry later */
     for (size_t k = 0; k < spec->n_events; k++) {
         const struct fake_event *ev = &spec->events[k];
-        if (s->delivered[k] || ev->gpu >= spec->n_gpus || ev->gpu >= FAKE_MAX_GPUS)
+        /* A hidden GPU's events wait, as an unregistered GPU's do. */
+        if (s->delivered[k] || ev->gpu >= spec->n_gpus || ev->gpu >= FAKE_MAX_GPUS ||
+            !fake_gpu_visible(ev->gpu))
             continue;
         if (s->mask[ev->gpu] & ev->type) {
             s->delivered[k] = 1;
@@ -179,7 +181,7 @@ NVML_API nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned lon
 
 NVML_API nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
 {
-    struct fake_event ev;
+    struct fake_event ev = {0}; /* set by wait_for_event on success; quiets -Wmaybe-uninitialized */
     nvmlReturn_t rc;
 
     if (!data)

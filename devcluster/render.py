@@ -98,6 +98,8 @@ PartitionName=debug Nodes={s.node_name} Default=YES MaxTime=INFINITE State=UP
 
 def cgroup_conf() -> str:
     # CgroupPlugin is left to autodetect: v1 on hybrid hosts like this one.
+    # ConstrainDevices: a job may open only its GPUs' device files, so NVML in
+    # the job (the fake, given the dev dir, like the driver) lists only those.
     return _HEADER + """\
 ConstrainCores=yes
 ConstrainRAMSpace=yes

@@ -34,6 +34,10 @@
 #include <unistd.h>
 
 #define SPEC_ENV "SLURM_EXT_FAKE_NVML"
+/* Where the GPUs' nvidia<minor> device files are.  Set: a GPU is visible
+ * only when the process can open its file, as with the real driver (see
+ * "Visibility by device file" in README.md).  Unset: every GPU is. */
+#define DEV_DIR_ENV "SLURM_EXT_FAKE_NVML_DEV_DIR"
 
 /* ---- NVML structures (layouts from pynvml's ctypes definitions) ------- */
 
@@ -124,6 +128,14 @@ static struct file_id g_seen;         /* file version behind g_spec/errors */
 static int g_seen_valid;
 static char g_last_error[512];        /* why the newest version was refused */
 
+/* Which GPUs of g_spec this process sees.  NVML indexes are dense over the
+ * visible GPUs, in spec order: g_visible[index] is the spec position, and
+ * g_nvml_index[position] the index (-1: hidden).  Handles stay positional. */
+static char g_dev_dir[PATH_MAX];      /* "": no visibility check */
+static unsigned g_visible[FAKE_MAX_GPUS];
+static unsigned g_n_visible;
+static int g_nvml_index[FAKE_MAX_GPUS];
+
 /* Device handles are addresses inside these static tables; the offset says
  * which GPU (and MIG slot) is meant.  Because the tables never move or get
  * freed, a handle stays safe to use after the spec shrinks or changes: it
@@ -172,6 +184,56 @@ static void report_error(void)
     fflush(stderr);
 }
 
+/* Can this process use the GPU whose device file is <g_dev_dir>/nvidia<minor>?
+ * The driver opens it read-write: the devices cgroup (EPERM), the file mode
+ * (EACCES) or a missing node (ENOENT, a container given only some GPUs)
+ * hide the GPU.  ENXIO/ENODEV mean the node passed every access check and
+ * only the kernel driver behind major 195 is missing, which is what the
+ * fake stands in for: visible.  Not a character device: hidden, as the
+ * driver could not talk to it.  errno is preserved. */
+static int device_usable(unsigned minor)
+{
+    char path[PATH_MAX + 32];
+    struct stat st;
+    int fd, usable, saved_errno = errno;
+
+    snprintf(path, sizeof(path), "%s/nvidia%u", g_dev_dir, minor);
+    if (stat(path, &st) != 0 || !S_ISCHR(st.st_mode)) {
+        usable = 0;
+    } else {
+        fd = open(path, O_RDWR | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+        if (fd >= 0) {
+            close(fd);
+            usable = 1;
+        } else {
+            usable = errno == ENXIO || errno == ENODEV;
+        }
+    }
+    errno = saved_errno;
+    return usable;
+}
+
+/* Lock held: decide which GPUs of g_spec are visible (see g_visible). */
+static void update_visibility_locked(void)
+{
+    size_t n = g_spec ? g_spec->n_gpus : 0;
+
+    g_n_visible = 0;
+    for (size_t k = 0; k < FAKE_MAX_GPUS; k++)
+        g_nvml_index[k] = -1;
+    for (size_t k = 0; k < n && k < FAKE_MAX_GPUS; k++) {
+        if (g_dev_dir[0] && !device_usable(g_spec->gpus[k].minor))
+            continue;
+        g_nvml_index[k] = (int)g_n_visible;
+        g_visible[g_n_visible++] = (unsigned)k;
+    }
+}
+
+int fake_gpu_visible(unsigned position)
+{
+    return position < FAKE_MAX_GPUS && g_nvml_index[position] >= 0;
+}
+
 /* Reload the spec if the file changed since we last looked (lock held).
  * Each file version is parsed at most once, so a broken file costs one
  * stat per call and one message, not a parse and a message per call.
@@ -199,6 +261,8 @@ static int refresh_locked(void)
     spec_free(g_spec);
     g_spec = fresh;
     g_last_error[0] = '\0';
+    /* The GPUs (and their minors) may have changed: check their files again. */
+    update_visibility_locked();
     fake_events_spec_changed(fresh->n_events);
     return 0;
 }
@@ -273,7 +337,9 @@ static nvmlReturn_t resolve(nvmlDevice_t h, const struct fake_gpu **gpu,
     if (gi >= g_spec->n_gpus)
         return NVML_ERROR_GPU_IS_LOST;
     g = &g_spec->gpus[gi];
-    if (g->lost)
+    /* Hidden since the handle was taken (a rewrite moved it to another
+     * minor): gone for this process, like a GPU off the bus. */
+    if (g->lost || !fake_gpu_visible(gi))
         return NVML_ERROR_GPU_IS_LOST;
     *mig = NULL;
     if (mi >= 0) {
@@ -423,6 +489,7 @@ static void fill_pci_info_legacy(fake_pci_info_legacy_t *out, const struct fake_
 static nvmlReturn_t init_library(void)
 {
     const char *path = getenv(SPEC_ENV);
+    const char *dev_dir = getenv(DEV_DIR_ENV);
     int printed;
 
     pthread_mutex_lock(&g_lock);
@@ -437,6 +504,14 @@ static nvmlReturn_t init_library(void)
             pthread_mutex_unlock(&g_lock);
             return NVML_ERROR_UNKNOWN;
         }
+        if (dev_dir && strlen(dev_dir) >= sizeof(g_dev_dir)) {
+            fprintf(stderr, "fakenvml: $%s is too long; nvmlInit fails with "
+                            "NVML_ERROR_UNKNOWN\n", DEV_DIR_ENV);
+            fflush(stderr);
+            pthread_mutex_unlock(&g_lock);
+            return NVML_ERROR_UNKNOWN;
+        }
+        snprintf(g_dev_dir, sizeof(g_dev_dir), "%s", dev_dir ? dev_dir : "");
         if (strcmp(path, g_path) != 0) {
             spec_free(g_spec);
             g_spec = NULL;
@@ -445,6 +520,11 @@ static nvmlReturn_t init_library(void)
         }
     }
     printed = refresh_locked();
+    /* The driver decides at init which GPUs this process may open; the
+     * spec may be unchanged while the dev dir or our cgroup differ.  A
+     * nested init leaves the running session's indexes alone. */
+    if (g_refcount == 0)
+        update_visibility_locked();
     if (!g_spec) {
         if (!printed)
             report_error();
@@ -544,7 +624,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount)
         return rc;
     if (!deviceCount)
         return fake_leave(NVML_ERROR_INVALID_ARGUMENT);
-    *deviceCount = (unsigned)g_spec->n_gpus;
+    *deviceCount = g_n_visible;
     return fake_leave(NVML_SUCCESS);
 }
 
@@ -554,15 +634,16 @@ NVML_API nvmlReturn_t nvmlDeviceGetCount(unsigned int *deviceCount)
 }
 
 /* Succeeds for lost GPUs too: NVML hands out the handle and the GPU's
- * calls then fail, which is the situation health checks must handle. */
+ * calls then fail, which is the situation health checks must handle.
+ * `index` counts visible GPUs only (g_visible). */
 NVML_API nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device)
 {
     nvmlReturn_t rc = fake_enter();
     if (rc != NVML_SUCCESS)
         return rc;
-    if (!device || index >= g_spec->n_gpus)
+    if (!device || index >= g_n_visible)
         return fake_leave(NVML_ERROR_INVALID_ARGUMENT);
-    *device = fake_gpu_handle(index);
+    *device = fake_gpu_handle(g_visible[index]);
     return fake_leave(NVML_SUCCESS);
 }
 
@@ -581,6 +662,8 @@ NVML_API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *
         return fake_leave(NVML_ERROR_INVALID_ARGUMENT);
     for (unsigned k = 0; k < g_spec->n_gpus; k++) {
         const struct fake_gpu *g = &g_spec->gpus[k];
+        if (!fake_gpu_visible(k))
+            continue;
         if (strcmp(g->uuid, uuid) == 0) {
             *device = fake_gpu_handle(k);
             return fake_leave(NVML_SUCCESS);
@@ -604,7 +687,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, nvm
     if (!pciBusId || !device || fake_parse_pci(pciBusId, &want) < 0)
         return fake_leave(NVML_ERROR_INVALID_ARGUMENT);
     for (unsigned k = 0; k < g_spec->n_gpus; k++) {
-        if (same_pci(&g_spec->gpus[k].pci, &want)) {
+        if (fake_gpu_visible(k) && same_pci(&g_spec->gpus[k].pci, &want)) {
             *device = fake_gpu_handle(k);
             return fake_leave(NVML_SUCCESS);
         }
@@ -626,7 +709,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *inde
         return rc;
     if (!index)
         return fake_leave(NVML_ERROR_INVALID_ARGUMENT);
-    *index = gi;
+    *index = (unsigned)g_nvml_index[gi]; /* resolve() let only visible GPUs through */
     return fake_leave(NVML_SUCCESS);
 }
 
@@ -1393,7 +1476,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t devi
  * Stubs
  * ====================================================================== */
 
-/* Called by the generated stubs (slurm_ext/dev/fakenvml.py) for the entry
+/* Called by the generated stubs (devcluster/fakenvml/__init__.py) for the entry
  * points the fake does not implement, with their first argument.  NVML
  * device calls take the device handle first, so a stub can still honour
  * "every call on a lost GPU fails with GPU_IS_LOST"; anything else is

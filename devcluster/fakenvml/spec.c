@@ -139,7 +139,7 @@ int fake_parse_pci(const char *s, struct fake_pci *out)
 
 /* ---- defaults ----------------------------------------------------------- */
 
-/* Keep in sync with slurm_ext/dev/fakenvml.py:default_gpus so that a spec
+/* Keep in sync with __init__.py:default_gpus so that a spec
  * with only "count" and one written by default_gpus describe the same GPUs. */
 static void gpu_defaults(struct fake_gpu *g, unsigned index)
 {

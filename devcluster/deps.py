@@ -4,7 +4,7 @@ import logging
 import os
 import subprocess
 
-from ..errors import DevClusterError
+from slurm_ext.errors import DevClusterError
 
 __all__ = ["PACKAGES", "missing_packages", "install_command", "install", "require", "require_root"]
 

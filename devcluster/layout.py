@@ -8,7 +8,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import DevSection
+from .settings import DevSection
 
 __all__ = ["Layout"]
 
@@ -123,4 +123,6 @@ class Layout:
             "SLURM_EXT_CONFIG": str(self.slurm_ext_conf),
             "LD_LIBRARY_PATH": str(self.lib),
             "SLURM_EXT_FAKE_NVML": str(self.gpu_spec),
+            # a job sees only the GPUs its devices cgroup lets it open, as with the real driver
+            "SLURM_EXT_FAKE_NVML_DEV_DIR": str(self.dev),
         }

@@ -1,0 +1,101 @@
+"""`slurm-ext dev ...`: the local cluster's commands, registered with the core CLI.
+
+`add_commands(commands)` is what `slurm_ext.cli` calls while it builds the
+parser; the cluster code itself is imported only when a command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+
+from slurm_ext import config
+
+from .settings import DevSection
+
+__all__ = ["add_commands"]
+
+
+def _dev_settings(args: argparse.Namespace) -> DevSection:
+    settings = config.load(args.config).dev
+    if getattr(args, "state_dir", None):
+        settings = replace(settings, state_dir=args.state_dir)
+    if getattr(args, "proctrack", None):
+        settings = replace(settings, proctrack=args.proctrack)
+    return settings
+
+
+def _dev_install_deps(args: argparse.Namespace) -> int:
+    from .deps import install
+    install()
+    return 0
+
+
+def _dev_up(args: argparse.Namespace) -> int:
+    from . import cluster
+    state = cluster.up(_dev_settings(args))
+    _print_status(state)
+    print(f"\nUse it:  export SLURM_CONF={state.state_dir}/etc/slurm.conf; sinfo")
+    return 0
+
+
+def _dev_down(args: argparse.Namespace) -> int:
+    from . import cluster
+    stopped = cluster.down(_dev_settings(args))
+    print(f"stopped {len(stopped)} daemons" + (f" (pids {' '.join(map(str, stopped))})" if stopped else ""))
+    return 0
+
+
+def _dev_status(args: argparse.Namespace) -> int:
+    from . import cluster
+    state = cluster.status(_dev_settings(args))
+    _print_status(state)
+    return 0 if state.node else 3
+
+
+def _dev_demo(args: argparse.Namespace) -> int:
+    from . import cluster
+    result = cluster.demo(_dev_settings(args))
+    job = result.job
+    print(f"job {job.job_id} ({job.name}) {job.state} exit code {job.exit_code} on {job.nodes}, "
+          f"as seen by sacct")
+    print("its output:")
+    print("".join(f"  {line}\n" for line in result.output.splitlines()), end="")
+    return 0 if job.state == "COMPLETED" else 1
+
+
+def _print_status(state) -> None:
+    print(f"dev cluster in {state.state_dir}")
+    for daemon in state.daemons:
+        print(f"  {daemon.name:<21} {'running, pid ' + str(daemon.pid) if daemon.pid else 'stopped'}")
+    node = state.node
+    if node:
+        flags = "+".join(sorted(node.flags))
+        reason = f" reason {node.reason!r}" if node.reason else ""
+        print(f"  node {node.name}: {node.state}{'+' + flags if flags else ''} gres {node.gres or '-'}{reason}")
+    else:
+        print(f"  node: unknown ({state.problem})")
+
+
+def add_commands(commands: argparse._SubParsersAction) -> None:
+    """Add `dev` and its actions to the core CLI's subcommands."""
+    dev = commands.add_parser(
+        "dev", help="a local Slurm cluster on this host (root), for trying slurm-ext and for its tests",
+        description="Real munge, MariaDB, slurmdbd, slurmctld and slurmd on 127.0.0.1 with fake GPUs, "
+                    "all under one state directory ([dev] state_dir).")
+    dev_commands = dev.add_subparsers(dest="action", metavar="ACTION", required=True)
+    for name, func, text in (
+        ("install-deps", _dev_install_deps, "apt-get install the Debian packages the cluster needs"),
+        ("up", _dev_up, "start what is not running and wait for the node (idempotent)"),
+        ("down", _dev_down, "cancel jobs, stop every daemon by its pidfile, remove job cgroups"),
+        ("status", _dev_status, "say what runs and the node's state (exit 3 when the node is unknown)"),
+        ("demo", _dev_demo, "submit a GPU job and show it completed in sacct"),
+    ):
+        sub = dev_commands.add_parser(name, help=text, description=text)
+        if name != "install-deps":
+            sub.add_argument("--state-dir", metavar="DIR", help="override [dev] state_dir")
+        if name == "up":
+            sub.add_argument("--proctrack", choices=("cgroup", "linuxproc"),
+                             help="Slurm's ProctrackType (override [dev] proctrack; default cgroup); linuxproc "
+                                  "shows the Epilog's cleanup where Slurm cannot track jobs by cgroup, as in pods")
+        sub.set_defaults(func=func)

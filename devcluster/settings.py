@@ -1,0 +1,42 @@
+"""The dev cluster's config: [dev] (the section keeps its short name: `slurm-ext dev`).
+
+Declared by the component and registered with the core
+(`slurm_ext.config.register_section`), which imports this module by name
+when a config needs the section.
+"""
+
+from dataclasses import dataclass
+
+from slurm_ext.config import register_section, setting
+
+__all__ = ["DevSection"]
+
+
+@dataclass(frozen=True, slots=True)
+class DevSection:
+    """The local development cluster (`slurm-ext dev ...`): one host, loopback only."""
+
+    state_dir: str = setting("/var/lib/slurm-ext/dev", "everything of the dev cluster: configs, logs, database, state",
+                             "path")
+    cluster_name: str = setting("dev", "Slurm ClusterName", "str", pattern=r"^[a-z][a-z0-9_]*$")
+    node_name: str = setting("node1", "the one node's NodeName (slurmd -N)", "str", pattern=r"^[A-Za-z][A-Za-z0-9-]*$")
+    gpu_count: int = setting(4, "fake GPUs on the node", "int", minimum=0, maximum=64)
+    gpu_name: str = setting("NVIDIA H200", "the fake GPUs' NVML name", "str", pattern=r"^[A-Za-z0-9 ._-]+$")
+    gpu_type: str = setting("h200", "the fake GPUs' Slurm GRES type", "str", pattern=r"^[a-z0-9_]+$")
+    slurmctld_port: int = setting(6817, "slurmctld's TCP port on 127.0.0.1", "int", minimum=1, maximum=65535)
+    slurmd_port: int = setting(6818, "slurmd's TCP port on 127.0.0.1", "int", minimum=1, maximum=65535)
+    slurmdbd_port: int = setting(6819, "slurmdbd's TCP port on 127.0.0.1", "int", minimum=1, maximum=65535)
+    controller_probe_port: int = setting(9811, "HTTP port of slurmctld's agent (probes, metrics) on 127.0.0.1",
+                                         "int", minimum=1, maximum=65535)
+    worker_probe_port: int = setting(9810, "HTTP port of slurmd's agent (probes, metrics) on 127.0.0.1", "int",
+                                     minimum=1, maximum=65535)
+    mariadb_port: int = setting(3307, "MariaDB's TCP port on 127.0.0.1 (not 3306: leaves a system MariaDB alone)",
+                                "int", minimum=1, maximum=65535)
+    proctrack: str = setting("cgroup", "Slurm's ProctrackType: cgroup, or linuxproc to watch the Epilog clean up "
+                             "where Slurm's own cgroup tracking is unavailable (as in pods)", "choice",
+                             choices=("cgroup", "linuxproc"))
+    up_timeout: float = setting(60.0, "longest wait in `dev up` for each daemon and for the node to be idle",
+                                "duration", minimum=1.0, maximum=3600.0)
+
+
+register_section("dev", DevSection)

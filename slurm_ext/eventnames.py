@@ -1,0 +1,144 @@
+"""The catalogue of node events: every event name slurm-ext emits, in one place.
+
+`CATALOGUE` maps each name to an `EventName`: the components that emit it,
+its default severity and one line of what it means. `events.emit` refuses a
+name that is not here (ValueError), and a unit test scans the source for
+every literal name passed to an emitter, so a typo or a new name without an
+entry fails the tests instead of reaching an operator's journal unexplained.
+The README's table of events is `markdown_table()`; a test keeps the two the
+same.
+
+Add an entry when adding an event; change the entry (and the README table)
+when changing what an event means. An operator greps the journal for these
+names, so a name is renamed only with a note in the changelog.
+
+This module imports nothing: `events` loads it in every Prolog and Epilog.
+"""
+
+from dataclasses import dataclass
+
+__all__ = ["EventName", "CATALOGUE", "SEVERITIES", "markdown_table"]
+
+#: the severities an event may have, least severe first
+SEVERITIES = ("info", "warning", "error")
+
+
+@dataclass(frozen=True, slots=True)
+class EventName:
+    """One event name of the node journal."""
+
+    #: the journal's "event" field, lower-case words joined by hyphens
+    name: str
+    #: the components that emit it (the journal's "component" field)
+    components: tuple[str, ...]
+    #: the severity when the emitter gives none (a caller may pass another where it varies)
+    severity: str
+    #: one line: what happened, for the operator reading the journal
+    meaning: str
+
+
+_SUPERVISOR, _GRES, _HOOKS, _NODESTATE = ("supervisor",), ("gres",), ("prolog_epilog",), ("nodestate",)
+
+_ENTRIES = (
+    # -- the node agent (supervisor/) ---------------------------------------------------------------
+    EventName("started", _SUPERVISOR, "info", "the node agent started supervising its role's workers"),
+    EventName("stop", _SUPERVISOR, "info", "SIGTERM or SIGINT: the agent stops every worker, last started first"),
+    EventName("exited", _SUPERVISOR, "info",
+              "the agent stopped with every worker down (warning: a worker needed SIGKILL)"),
+    EventName("reload", _SUPERVISOR, "info", "SIGHUP: the agent reloaded its config"),
+    EventName("reload-failed", ("supervisor", "prolog_epilog"), "error",
+              "the config file changed but is invalid; the running config is kept"),
+    EventName("worker-added", _SUPERVISOR, "info", "the reloaded config adds a worker; it is started"),
+    EventName("worker-removed", _SUPERVISOR, "info", "the reloaded config drops a worker; it is stopped"),
+    EventName("worker-changed", _SUPERVISOR, "info",
+              "the reloaded config changes a worker's definition; it is restarted with the new one"),
+    EventName("subreaper-failed", _SUPERVISOR, "error",
+              "the agent could not become child subreaper: orphans of its workers escape it"),
+    EventName("cgroup-failed", _SUPERVISOR, "error",
+              "as PID 1, the agent could not leave the root cgroup (slurmd cannot enable controllers)"),
+    EventName("cgroup-leaf", _SUPERVISOR, "info",
+              "as PID 1, the agent moved out of the root cgroup into a leaf of its own"),
+    EventName("start-step-failed", _SUPERVISOR, "error",
+              "a start step failed: the workers wait for it (block) or start anyway (continue)"),
+    EventName("start-steps-abandoned", _SUPERVISOR, "warning",
+              "the agent was stopped while start steps ran; what they had started was killed"),
+    EventName("crash-loop", _SUPERVISOR, "error",
+              "a worker exited supervisor.crash_loop_count times within crash_loop_window (a drain for slurmd); "
+              "one that had got ready is still restarted after backoff_initial, one that never did every "
+              "backoff_max"),
+    EventName("recovered", _SUPERVISOR, "info", "a crash-looping worker has run crash_loop_window without exiting: "
+              "the crash loop is over (its drain is cleared)"),
+    EventName("worker-exited", _SUPERVISOR, "warning",
+              "a worker's main process ended: exit status or signal, core dump, uptime, restarts, the delay "
+              "before the next start (info when it was asked to stop)"),
+    EventName("mainpid", _SUPERVISOR, "info", "a notify worker named a new main process (MAINPID=), now followed"),
+    EventName("kill", _SUPERVISOR, "warning", "a worker outlived its stop grace and was sent SIGKILL"),
+    # -- node state: the one owner of drains and resumes (slurm_ext/nodestate/) ---------------------
+    EventName("drain", ("nodestate", "prolog_epilog"), "warning",
+              "prolog_epilog: the Prolog or Epilog found the node unfit and wants it drained (error); nodestate: "
+              "slurm-ext drained the node, or re-worded its drain, with a reason of its catalogue (the most "
+              "severe wanted; '(+N more)' counts the others)"),
+    EventName("resume", _NODESTATE, "info",
+              "slurm-ext resumed the node from a reason of its own: no want is left (why=cleared), or the drain "
+              "was left by a previous run (why=stale); only after slurmd has registered"),
+    EventName("drain-skipped", _NODESTATE, "info",
+              "the node is drained by someone else (an admin, NHC, slurm-operator): their reason is kept and "
+              "ours waits behind it"),
+    EventName("resume-skipped", _NODESTATE, "info",
+              "an owner cleared its drain, but the node stays drained: its current reason is not slurm-ext's"),
+    EventName("drain-overridden", _NODESTATE, "warning",
+              "someone resumed or re-reasoned a drain of ours while it was wanted: an operator's decision, "
+              "kept; not drained again until its owner asks anew"),
+    EventName("drain-failed", ("nodestate", "prolog_epilog"), "error",
+              "the node should be drained or resumed but Slurm could not be told now; retried"),
+    EventName("nodestate-socket-failed", _NODESTATE, "error",
+              "the agent cannot serve the node-state socket: the hook service drains the node itself"),
+    # -- GPUs and gres.conf (gres/) -----------------------------------------------------------------
+    EventName("inventory-failed", _GRES, "warning",
+              "NVML could not be read: gres.conf left as it is (error, and a drain, with gres.expected)"),
+    EventName("inventory-problem", _GRES, "warning",
+              "a GPU detail (cores, links, MIG devices, type) could not be read; gres.conf does without it"),
+    EventName("gpu-baseline", _GRES, "info", "the GPUs seen now are taken as the node's (first start, or --accept)"),
+    EventName("gpu-missing", _GRES, "error", "a GPU of the baseline is not shown by NVML now (the node is drained)"),
+    EventName("gpu-lost", _GRES, "error", "a GPU failed during the inventory and is left out of gres.conf"),
+    EventName("gpu-new", _GRES, "info", "a GPU not in the baseline appeared"),
+    EventName("gpu-renumbered", _GRES, "warning", "a GPU has another minor number than before; gres.conf follows"),
+    EventName("gres-written", _GRES, "info", "gres.conf was rewritten because its content changed"),
+    EventName("gres-rejected", _GRES, "error", "slurmd -G does not find in gres.conf what NVML reports"),
+    # -- Prolog, Epilog, lifecycle scripts (prolog_epilog/) -----------------------------------------
+    EventName("prolog-failed", _HOOKS, "error",
+              "the Prolog failed; the job starts (the message says what went wrong)"),
+    EventName("epilog-failed", _HOOKS, "error", "the Epilog failed; the job's leftovers may remain"),
+    EventName("record-failed", _HOOKS, "error", "the Prolog could not write the job's record (the node is drained)"),
+    EventName("record-missing", _HOOKS, "warning",
+              "the Epilog found no record of its job; it cleans up from its environment"),
+    EventName("record-stale", _HOOKS, "warning", "records of jobs that no longer run here were removed"),
+    EventName("uid-lock-timeout", _HOOKS, "warning",
+              "a hook did not get the user's lock in time; it goes on as if the user had another job"),
+    EventName("gpu-check-failed", _HOOKS, "error", "NVML did not say whether the job's GPUs are free"),
+    EventName("gpu-held", _HOOKS, "error",
+              "a GPU still holds memory after its job's processes are gone (the node is drained)"),
+    EventName("leftovers-cleaned", _HOOKS, "warning",
+              "the Epilog killed processes or removed IPC its job left (error: some could not be)"),
+    EventName("script-ok", _HOOKS, "info", "a lifecycle script or user hook exited 0"),
+    EventName("script-failed", _HOOKS, "error",
+              "a lifecycle script or user hook exited non-zero, was killed or did not start"),
+    EventName("script-timeout", _HOOKS, "error",
+              "a lifecycle script or user hook ran past its timeout; its process group was killed"),
+    EventName("script-refused", _HOOKS, "error", "a lifecycle script or user hook failed its checks and did not run"),
+    EventName("user-hooks-skipped", _HOOKS, "warning", "the job user's hooks were not run (the message says why)"),
+    EventName("hook-cgroup-left", _HOOKS, "warning",
+              "a user hook's cgroup still holds processes after SIGKILL (state D?); left in place"),
+    EventName("hook-service-failed", _HOOKS, "error",
+              "the hook service could not listen; the hooks fall back to running in Python"),
+)
+
+#: every event name slurm-ext emits, by name
+CATALOGUE: dict[str, EventName] = {entry.name: entry for entry in _ENTRIES}
+
+
+def markdown_table() -> str:
+    """The README's table of events (name, component, severity, meaning), one row per entry."""
+    rows = ["| event | component | severity | meaning |", "|---|---|---|---|"]
+    rows += [f"| `{e.name}` | {', '.join(e.components)} | {e.severity} | {e.meaning} |" for e in _ENTRIES]
+    return "\n".join(rows) + "\n"

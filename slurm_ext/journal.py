@@ -1,0 +1,270 @@
+"""Reading the node journal: what `slurm-ext events` shows.
+
+`read_events(state_dir, selection, on_bad_line)` yields the `JournalEvent`s
+of every journal file (`events.journal_files`: the rotated ones oldest
+first, then journal.jsonl) that `selection` (an `EventFilter`) keeps;
+`follow_events` goes on with the events written after that, across
+rotations. `parse_since` turns `--since` (an ISO time or a duration back
+from now) into a time; `format_event` is the one-line form.
+
+Why it is built this way:
+
+- The files are opened newest first and then read oldest first, and a
+  file already opened under another name is read once: a rotation while
+  the reader opens them shifts names, not contents, so no event is missed
+  or shown twice.
+- A line that is not a JSON event (a torn last line after a full disk or a
+  crash, a line someone wrote by hand) is skipped and reported through
+  `on_bad_line(path, line number, problem)`; one bad line never hides the
+  rest of the journal.
+- Messages and fields hold text that users chose (script output, process
+  names); `format_event` escapes control characters, so a journal can never
+  send escape sequences to an operator's terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import BinaryIO
+
+from . import events
+from .config import parse_duration
+from .eventnames import SEVERITIES
+from .log import printable
+
+__all__ = ["JournalEvent", "EventFilter", "read_events", "follow_events", "parse_since", "format_event"]
+
+#: how often `follow_events` looks for new lines (a file rotated out of the kept ones between looks is missed)
+FOLLOW_POLL = 0.2
+
+# the fields every journal line has; the rest are the event's own
+_HEAD = ("time", "component", "event", "severity", "message")
+
+
+@dataclass(frozen=True, slots=True)
+class JournalEvent:
+    """One line of the node journal."""
+
+    #: when it was emitted (with the node's UTC offset at that time)
+    time: datetime
+    component: str
+    event: str
+    severity: str
+    message: str
+    #: the event's own fields (job, worker, node, exit_code, ...)
+    fields: dict
+    #: the line as written, without its newline (what --json prints)
+    line: str
+
+
+@dataclass(frozen=True, slots=True)
+class EventFilter:
+    """Which events to show; an empty field keeps every event."""
+
+    #: only events at or after this time
+    since: datetime | None = None
+    #: only events of these components
+    components: tuple[str, ...] = ()
+    #: only events of these names
+    names: tuple[str, ...] = ()
+    #: only events at least this severe (info, warning, error)
+    severity: str = ""
+
+    def keeps(self, event: JournalEvent) -> bool:
+        return ((self.since is None or event.time >= self.since)
+                and (not self.components or event.component in self.components)
+                and (not self.names or event.event in self.names)
+                and (not self.severity or _rank(event.severity) >= _rank(self.severity)))
+
+
+#: on_bad_line(path, line number (from 1), problem)
+BadLineHandler = Callable[[Path, int, str], None]
+
+
+def parse_since(text: str, now: datetime | None = None) -> datetime:
+    """The time `--since` names: a duration back from `now` (10m, 2h, 1d) or an ISO time.
+
+    An ISO time without a UTC offset is local time.
+
+    Raises:
+        ValueError: neither (the message says what is accepted).
+    """
+    text = text.strip()
+    now = now or datetime.now().astimezone()
+    if text.endswith("d") and text[:-1].replace(".", "", 1).isdigit():
+        return now - timedelta(days=float(text[:-1]))
+    try:
+        return now - timedelta(seconds=parse_duration(text))
+    except ValueError:
+        pass
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"--since {text!r}: expected a duration back from now (30s, 10m, 2h, 1d) or an ISO time "
+                         "(2025-01-31T14:00, 2025-01-31 14:00:00+01:00)") from None
+    return when if when.tzinfo else when.astimezone()
+
+
+def read_events(state_dir: str, selection: EventFilter = EventFilter(),
+                on_bad_line: BadLineHandler | None = None) -> Iterator[JournalEvent]:
+    """The journal's events that `selection` keeps, oldest first; never raises for a bad line.
+
+    Raises:
+        OSError: a journal file exists but cannot be read (no permission).
+    """
+    opened = _open_oldest_first(state_dir)
+    try:
+        for path, stream in opened:
+            yield from _events_of(path, stream, selection, on_bad_line)
+    finally:
+        for _, stream in opened:
+            stream.close()
+
+
+def follow_events(state_dir: str, selection: EventFilter = EventFilter(),
+                  on_bad_line: BadLineHandler | None = None, poll: float = FOLLOW_POLL,
+                  stop: Callable[[], bool] = lambda: False) -> Iterator[JournalEvent]:
+    """`read_events`, then every event written after it, until `stop()` (or for ever, as `tail -F`).
+
+    A rotation renames the file being followed: its rest is read, then every
+    file that came after it (more than one when the journal rotated several
+    times between two looks), and the newest is followed in turn. A line
+    still being written (no newline yet) is waited for.
+    """
+    current = events.journal_path(state_dir)
+    path, stream = current, None
+    number, pending = 0, b""
+    try:
+        while True:
+            if stream is not None:
+                chunk = stream.read()
+                if chunk:  # read up to the end before looking at anything else
+                    *lines, pending = (pending + chunk).split(b"\n")
+                    yield from _kept(path, number, lines, selection, on_bad_line)
+                    number += len(lines)
+                    continue
+            if stop():
+                return
+            newer = _newer_than(state_dir, stream) if stream is None or _replaced(stream, current) else []
+            if not newer:
+                time.sleep(poll)
+                continue
+            if stream is not None:  # a torn last line is not waited for any more
+                rest = (pending + stream.read()).split(b"\n")  # written between the last read and the rename
+                yield from _kept(path, number, rest, selection, on_bad_line)
+                stream.close()
+            for older_path, older in newer[:-1]:
+                with older:
+                    yield from _events_of(older_path, older, selection, on_bad_line)
+            (path, stream), number, pending = newer[-1], 0, b""
+    finally:
+        if stream is not None:
+            stream.close()
+
+
+def format_event(event: JournalEvent) -> str:
+    """`<time> <severity> <component>: <event>: <message>`, control characters escaped."""
+    return (f"{event.time.isoformat()} {event.severity:<7} {printable(event.component)}: {printable(event.event)}: "
+            f"{printable(event.message)}")
+
+
+def _rank(severity: str) -> int:
+    return SEVERITIES.index(severity) if severity in SEVERITIES else len(SEVERITIES)
+
+
+def _open(path: Path) -> BinaryIO | None:
+    try:
+        return open(path, "rb")
+    except FileNotFoundError:
+        return None
+
+
+def _open_oldest_first(state_dir: str) -> list[tuple[Path, BinaryIO]]:
+    """(path, open binary file) of each journal file, oldest first, each file once."""
+    opened, seen = [], set()
+    for path in reversed(events.journal_files(state_dir)):  # newest first: a rotation now shifts what is left
+        stream = _open(path)
+        if stream is None:
+            continue
+        identity = _identity(stream)
+        if identity in seen:
+            stream.close()
+            continue
+        seen.add(identity)
+        opened.append((path, stream))
+    opened.reverse()
+    return opened
+
+
+def _newer_than(state_dir: str, stream: BinaryIO | None) -> list[tuple[Path, BinaryIO]]:
+    """The journal files written after `stream`'s, oldest first (all of them when `stream` is None or gone)."""
+    opened = _open_oldest_first(state_dir)
+    if stream is None:
+        return opened
+    ids = [_identity(older) for _, older in opened]
+    mine = _identity(stream)
+    if mine not in ids:  # rotated out of the kept files: every one left is newer
+        return opened
+    for _, older in opened[:ids.index(mine) + 1]:
+        older.close()
+    return opened[ids.index(mine) + 1:]
+
+
+def _replaced(stream: BinaryIO, path: Path) -> bool:
+    """`path` is now another file than `stream`'s: the journal rotated since `stream` was opened."""
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (now.st_dev, now.st_ino) != _identity(stream)
+
+
+def _identity(stream: BinaryIO) -> tuple[int, int]:
+    info = os.fstat(stream.fileno())
+    return info.st_dev, info.st_ino
+
+
+def _kept(path: Path, number: int, lines: list[bytes], selection: EventFilter,
+          on_bad_line: BadLineHandler | None) -> Iterator[JournalEvent]:
+    """The events of `lines` that `selection` keeps; `number`: the line number before the first."""
+    for offset, text in enumerate(lines, 1):
+        found = _parse(path, number + offset, text, on_bad_line)
+        if found is not None and selection.keeps(found):
+            yield found
+
+
+def _events_of(path: Path, stream: BinaryIO, selection: EventFilter, on_bad_line: BadLineHandler | None
+               ) -> Iterator[JournalEvent]:
+    for number, text in enumerate(stream, 1):
+        found = _parse(path, number, text.rstrip(b"\n"), on_bad_line)
+        if found is not None and selection.keeps(found):
+            yield found
+
+
+def _parse(path: Path, number: int, text: bytes, on_bad_line: BadLineHandler | None) -> JournalEvent | None:
+    """The event on one line, or None (reported to `on_bad_line`) when it is not one."""
+    if not text.strip():
+        return None
+    try:
+        line = text.decode()
+        record = json.loads(line)
+        if not isinstance(record, dict):
+            raise ValueError("not a JSON object")
+        head = [record.get(key) for key in _HEAD]
+        if not all(isinstance(value, str) for value in head):
+            raise ValueError(f"lacks one of the fields {', '.join(_HEAD)}")
+        when = datetime.fromisoformat(head[0])
+        if when.tzinfo is None:
+            when = when.astimezone()
+    except ValueError as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        if on_bad_line is not None:
+            on_bad_line(path, number, f"not a journal event ({err}); skipped")
+        return None
+    fields = {key: value for key, value in record.items() if key not in _HEAD}
+    return JournalEvent(when, head[1], head[2], head[3], head[4], fields, line)

@@ -1,0 +1,62 @@
+"""The one owner of this node's Slurm state: every drain and resume of slurm-ext goes through here.
+
+Parts of slurm-ext state what they want (`want(owner, reason)` /
+`clear(owner)`); one reconciler, on the node agent's Slurm thread, makes the
+node show the most severe want, resumes it only when none is left, and never
+touches a reason that is not ours. The catalogue lists every reason slurm-ext
+may set, its owner and its resume rule. Another process (the hook service,
+a Python hook) posts its want to the agent with `post`; without an agent it
+applies it itself, through the same rules.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from slurm_ext.errors import SlurmExtError
+from slurm_ext.slurm import SlurmClient
+
+from . import channel
+from .catalogue import CATALOGUE, OWNERS, DrainKind, kind_of
+from .channel import SOCKET_NAME, ChannelServer
+from .owner import NodeState, UnknownReason
+from .reconciler import Reconciler, Ticket, registered
+
+__all__ = ["CATALOGUE", "OWNERS", "DrainKind", "kind_of", "NodeState", "UnknownReason", "Reconciler", "Ticket",
+           "registered", "ChannelServer", "SOCKET_NAME", "DrainNotConfirmed", "post", "socket_path"]
+
+
+class DrainNotConfirmed(SlurmExtError):
+    """The agent took a want but Slurm has not shown it yet (the agent keeps trying)."""
+
+
+def socket_path(runtime_dir: str | Path) -> Path:
+    return Path(runtime_dir) / SOCKET_NAME
+
+
+def post(runtime_dir: str | Path, owner: str, reason: str, *, node: str, slurm: Callable[[], SlurmClient],
+         emit: Callable[..., object], timeout: float, **fields) -> str:
+    """Have the node drained for `owner`'s `reason`: by the agent when one runs, else here; returns the outcome.
+
+    `slurm` makes the client only when no agent answers (most calls never need one); `fields` go into the
+    journal's drain event.
+
+    Raises:
+        UnknownReason: the reason is not catalogued for `owner` (a bug).
+        DrainNotConfirmed: the agent did not confirm within `timeout`.
+        SlurmExtError: no agent, and Slurm refused or did not answer.
+    """
+    try:
+        answer = channel.request(socket_path(runtime_dir), {"owner": owner, "want": reason, "fields": fields},
+                                 timeout)
+    except channel.NoAgent:
+        reconciler = Reconciler(slurm(), node, emit, lift_stale=False)
+        ticket = reconciler.want(owner, reason, **fields)
+        reconciler.reconcile()
+        return ticket.outcome or "not shown yet"
+    except TimeoutError as err:
+        raise DrainNotConfirmed(str(err)) from None
+    if not answer.get("ok"):
+        raise DrainNotConfirmed(f"the agent did not confirm the drain: {answer.get('error')}")
+    return answer.get("outcome", "")

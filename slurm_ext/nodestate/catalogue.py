@@ -1,0 +1,93 @@
+"""The closed list of drain reasons slurm-ext may set: who sets each, how it reads, how it ends.
+
+A reason in Slurm is free text; this catalogue is what makes ours
+recognisable again. Every drain slurm-ext writes matches exactly one kind
+here, so the node-state owner can tell, from the text alone, whose it is,
+how severe, and whether slurm-ext may lift it (`when-cleared`: once its
+owner says the condition is gone) or only an operator may (`by-operator`:
+slurm-ext cannot know the node is fit again, e.g. an unkillable process).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+__all__ = ["DrainKind", "CATALOGUE", "OWNERS", "kind_of", "split_more"]
+
+#: the resume rules
+WHEN_CLEARED = "when-cleared"
+BY_OPERATOR = "by-operator"
+
+
+@dataclass(frozen=True, slots=True)
+class DrainKind:
+    #: who wants it: the part of an owner name before '/' (crash-loop/slurmd is owned by crash-loop)
+    owner: str
+    name: str
+    #: how the reason reads after "slurm-ext: "; {fields} stand for any text
+    template: str
+    #: the node shows the most severe reason wanted
+    severity: int
+    #: when-cleared or by-operator
+    resume: str
+    meaning: str
+    #: left by a previous run of the node (a crash loop of a slurmd now gone): lifted at the agent's start
+    stale_at_start: bool = False
+    pattern: re.Pattern = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        regex = re.sub(r"\\\{([a-z_]+)\\\}", r"(?P<\1>.+?)", re.escape(self.template))
+        object.__setattr__(self, "pattern", re.compile(regex + r"\Z", re.DOTALL))
+
+    def matches(self, reason: str) -> bool:
+        return self.pattern.match(reason) is not None
+
+    def owner_of(self, reason: str) -> str:
+        """The full owner name of a reason of this kind: crash-loop/slurmd for a crash loop of slurmd."""
+        found = self.pattern.match(reason)
+        worker = found.groupdict().get("worker") if found else None
+        return f"{self.owner}/{worker}" if worker else self.owner
+
+
+CATALOGUE: tuple[DrainKind, ...] = (
+    DrainKind("gres", "gpu-missing", "gpu missing: {uuid}", 50, WHEN_CLEARED,
+              "a GPU this node had is not in NVML: jobs would get the wrong GPUs"),
+    DrainKind("gres", "gpu-lost", "gpu lost during inventory: {gpu}", 50, WHEN_CLEARED,
+              "a GPU answered NVML partly (fell off the bus while being read)"),
+    DrainKind("gres", "inventory-failed", "gpu inventory failed: {error}", 50, WHEN_CLEARED,
+              "NVML could not be read, or slurmd -G disagrees with it"),
+    DrainKind("gres", "gpus-fewer", "gpus fewer than expected: {count}", 50, WHEN_CLEARED,
+              "fewer GPUs than gres.expected"),
+    DrainKind("jobs", "gpu-held-before-job", "gpu {gpus} held by another process before job {job} ({pids})", 45,
+              BY_OPERATOR, "the Prolog found a process of someone else on the job's GPU"),
+    DrainKind("jobs", "gpu-not-answering", "gpu {gpus} not answering NVML before job {job}", 45, BY_OPERATOR,
+              "the Prolog's NVML query for the job's GPUs hung (a GPU off the bus hangs the driver)"),
+    DrainKind("jobs", "unkillable", "job {job} left pid {pid} unkillable in state {state}", 40, BY_OPERATOR,
+              "a process of a finished job survived SIGKILL (state D: stuck in the kernel)"),
+    DrainKind("jobs", "gpu-memory-held", "gpu {gpu} memory held after job {job}", 40, BY_OPERATOR,
+              "a GPU still holds memory after its job's processes are gone"),
+    DrainKind("jobs", "record-failed", "cannot record job {job} in {where}", 35, BY_OPERATOR,
+              "the Prolog could not write the job's record (a full disk?): cleanup could not tell jobs apart"),
+    DrainKind("crash-loop", "crash-loop", "{worker} crash loop: {detail}", 30, WHEN_CLEARED,
+              "a worker exited crash_loop_count times within crash_loop_window; lifted once it has run the "
+              "window", stale_at_start=True),
+)
+
+OWNERS = frozenset(kind.owner for kind in CATALOGUE)
+
+_MORE = re.compile(r"(.*) \(\+(\d+) more\)\Z", re.DOTALL)
+
+
+def split_more(reason: str) -> tuple[str, int]:
+    """'gpu missing: X (+2 more)' -> ('gpu missing: X', 2): the shown reason and how many others were wanted."""
+    found = _MORE.match(reason)
+    return (found.group(1), int(found.group(2))) if found else (reason, 0)
+
+
+def kind_of(reason: str, owner: str | None = None) -> DrainKind | None:
+    """The kind of a reason (without the slurm-ext: prefix and the (+N more) tail), or None."""
+    for kind in CATALOGUE:
+        if (owner is None or kind.owner == owner) and kind.matches(reason):
+            return kind
+    return None

@@ -1,0 +1,247 @@
+"""The node-state owner's decisions, without Slurm: wants in, one action out.
+
+Several parts of slurm-ext may want the node drained at once (slurmd crash-
+looping while a GPU is missing); Slurm holds one reason. `NodeState` keeps
+every want and, given what Slurm shows now, says the one thing to do:
+drain (or re-word our drain), resume, or leave the node alone. It is fed
+literal `Node` records in its tests; `reconciler.Reconciler` runs it against
+Slurm.
+
+Rules (DESIGN.md: Slurm is the source of truth):
+- the node shows the most severe want, and says how many more there are;
+- a drain whose reason is not ours (an admin's, `NHC:`, `slurm-operator:`)
+  is never changed: our wants wait behind it;
+- someone resuming our drain, or replacing its reason, while we want it is
+  an operator's decision: those wants are dismissed (by-operator ones
+  dropped) until their owner wants them again;
+- the node is resumed only when no want is left, only from a reason of ours
+  (set in this run, or left by a previous run and stale by the catalogue),
+  and only once slurmd has registered.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from slurm_ext.slurm import REASON_PREFIX, Node, is_our_reason
+
+from .catalogue import BY_OPERATOR, WHEN_CLEARED, DrainKind, kind_of, split_more
+
+__all__ = ["Want", "Drain", "Resume", "Leave", "Wait", "NodeState", "UnknownReason"]
+
+#: a reason of ours that the catalogue does not know (another version of slurm-ext wrote it): kept for an operator
+_UNKNOWN = DrainKind("unknown", "unknown", "{text}", 0, BY_OPERATOR, "a slurm-ext reason this version does not know")
+
+
+class UnknownReason(ValueError):
+    """A want whose reason is not in the catalogue for its owner: a bug of the caller."""
+
+    def __init__(self, owner: str, reason: str):
+        super().__init__(f"drain reason {reason!r} of owner {owner!r} is not in the catalogue "
+                         "(slurm_ext/nodestate/catalogue.py)")
+
+
+@dataclass(slots=True)
+class Want:
+    owner: str
+    reason: str
+    kind: DrainKind
+    seq: int
+    #: part of the reason Slurm showed (so someone else's change to it is an operator's decision)
+    shown: bool = False
+    #: an operator resumed or replaced it: not shown again until its owner wants it anew
+    dismissed: bool = False
+    #: what the journal's drain event says besides the reason (e.g. the job)
+    fields: dict = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """One want per owner for conditions that come and go; by-operator ones pile up."""
+        return (self.owner, "" if self.kind.resume == WHEN_CLEARED else self.reason)
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    #: the full reason to set, with the prefix
+    reason: str
+    #: the reason it replaces ('' when the node was not drained)
+    replaces: str
+    #: the shown want's fields, for the journal
+    fields: dict = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    #: our reason being lifted
+    reason: str
+    #: why it may go: "cleared" (no want left) or "stale" (left by a previous run)
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Leave:
+    """Nothing to write. `event`/`message` say why, once, when it is news."""
+
+    event: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Resume due, but slurmd has not registered yet (Slurm refuses it then): ask again soon."""
+
+    reason: str
+
+
+Action = Drain | Resume | Leave | Wait
+
+
+@dataclass
+class NodeState:
+    node: str
+    #: at start, our reasons starting with one of these are stale too (supervisor.stale_drain_reasons)
+    stale_prefixes: tuple[str, ...] = ()
+    #: lift stale reasons at the first step: the agent at its start does; a one-off writer does not
+    lift_stale: bool = True
+    wants: dict[tuple[str, str], Want] = field(default_factory=dict)
+    #: the reason we last saw Slurm show for us, with the prefix; None when ours is not shown
+    shown: str | None = None
+    #: a reason of a previous run, to be resumed once slurmd has registered
+    stale: str | None = None
+    #: an owner cleared while someone else's drain held the node: say once that it stays
+    cleared_behind: bool = False
+    #: the foreign reason already reported (not news again)
+    _reported: str = ""
+    _seq: itertools.count = field(default_factory=itertools.count)
+    _started: bool = False
+
+    # -- requests -------------------------------------------------------------------
+
+    def want(self, owner: str, reason: str, **fields) -> Want:
+        """`owner` (e.g. "gres", "crash-loop/slurmd", "jobs") wants the node drained for `reason`.
+
+        Raises:
+            UnknownReason: the reason is not a catalogued kind of that owner.
+        """
+        reason = reason.removeprefix(REASON_PREFIX).strip()
+        kind = kind_of(reason, owner.split("/", 1)[0])
+        if kind is None:
+            raise UnknownReason(owner, reason)
+        want = Want(owner, reason, kind, next(self._seq), fields=fields)
+        old = self.wants.get(want.key)
+        if old is not None and old.reason == reason and not old.dismissed:
+            return old  # asked again, same reason: nothing new
+        self.wants[want.key] = want
+        return want
+
+    def clear(self, owner: str) -> list[Want]:
+        """`owner`'s conditions are gone; by-operator wants stay (an operator lifts those)."""
+        gone = [w for w in self.wants.values() if w.owner == owner and w.kind.resume == WHEN_CLEARED]
+        for want in gone:
+            del self.wants[want.key]
+        self.cleared_behind = True
+        return gone
+
+    def active(self) -> list[Want]:
+        """The wants that count now, most severe first (then oldest)."""
+        return sorted((w for w in self.wants.values() if not w.dismissed), key=lambda w: (-w.kind.severity, w.seq))
+
+    def desired(self) -> str | None:
+        """The full reason the node should show, or None when nothing is wanted."""
+        active = self.active()
+        if not active:
+            return None
+        more = f" (+{len(active) - 1} more)" if len(active) > 1 else ""
+        return f"{REASON_PREFIX} {active[0].reason}{more}"
+
+    # -- the decision -----------------------------------------------------------------
+
+    def step(self, node: Node, registered: bool) -> Action:
+        """What to do, given the node as Slurm shows it now. Call `done` once a Drain or Resume is written."""
+        if not self._started:
+            self._started = True
+            self._adopt(node, at_start=True)
+        ours = _shows_ours(node)
+        if node.drained and not ours:
+            return self._held_by_someone_else(node)
+        self._reported = ""
+        if ours:
+            if node.reason != self.shown and node.reason != self.stale:
+                self._adopt(node, at_start=False)  # ours, but not from this owner: another process's, kept
+            want = self.desired()
+            if want is None:
+                why = "stale" if node.reason == self.stale else "cleared"
+                return Resume(node.reason, why) if registered else Wait(node.reason)
+            if want != node.reason:
+                return Drain(want, node.reason, self.active()[0].fields)
+            self._mark_shown(want)
+            return Leave()
+        if self.shown is not None:  # we showed a reason and now none is there: an operator resumed the node
+            self._dismiss_shown()
+            message = (f"node {self.node}: our drain {self.shown!r} was resumed by someone else while still "
+                       "wanted; not draining again until its owner asks anew")
+            self.shown = None
+            return Leave("drain-overridden", message)
+        self.stale = None
+        want = self.desired()
+        return Drain(want, "", self.active()[0].fields) if want else Leave()
+
+    def done(self, action: Action) -> None:
+        """`action` was written to Slurm."""
+        if isinstance(action, Drain):
+            self._mark_shown(action.reason)
+        elif isinstance(action, Resume):
+            self.shown = self.stale = None
+            self.cleared_behind = False
+
+    # -- inside ---------------------------------------------------------------------------
+
+    def _held_by_someone_else(self, node: Node) -> Action:
+        if self.shown is not None:  # our reason was replaced: the operator took the node over
+            self._dismiss_shown()
+            replaced, self.shown = self.shown, None
+            self._reported = node.reason
+            return Leave("drain-overridden", f"node {self.node}: our drain {replaced!r} was replaced by "
+                         f"{node.reason!r}; that reason stays, and ours is not set again until its owner asks anew")
+        self.stale = None
+        if self.desired() is not None and self._reported != node.reason:
+            self._reported = node.reason
+            return Leave("drain-skipped", f"node {self.node} is already drained by someone else ({node.reason!r}); "
+                         f"not replacing their reason with ours ({self.desired()!r})")
+        if self.cleared_behind and self.desired() is None:
+            self.cleared_behind = False
+            return Leave("resume-skipped", f"node {self.node} stays drained: its reason {node.reason!r} is not "
+                         "this agent's")
+        return Leave()
+
+    def _adopt(self, node: Node, at_start: bool) -> None:
+        """Take over a reason of ours found in Slurm that this owner did not set."""
+        if not _shows_ours(node):
+            return
+        text, _ = split_more(node.reason.removeprefix(REASON_PREFIX).strip())
+        kind = kind_of(text) or _UNKNOWN
+        if at_start and self.lift_stale and (kind.stale_at_start or node.reason.startswith(self.stale_prefixes or ("\0",))):
+            self.stale = node.reason
+            return
+        want = Want(kind.owner_of(text), text, kind, next(self._seq), shown=True)
+        self.wants.setdefault(want.key, want)
+        self.shown = node.reason
+
+    def _mark_shown(self, reason: str) -> None:
+        self.shown = reason
+        for want in self.active():
+            want.shown = True
+
+    def _dismiss_shown(self) -> None:
+        for key, want in list(self.wants.items()):
+            if want.shown and not want.dismissed:
+                if want.kind.resume == BY_OPERATOR:
+                    del self.wants[key]
+                else:
+                    want.dismissed = True
+
+
+def _shows_ours(node: Node) -> bool:
+    """Drained (or down) with a reason of slurm-ext's."""
+    return (node.drained or node.state == "DOWN") and is_our_reason(node.reason)

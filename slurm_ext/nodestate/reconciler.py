@@ -1,0 +1,214 @@
+"""Makes Slurm agree with the node-state owner: one thread's work, Slurm calls and all.
+
+`want` and `clear` may come from any thread (a start step, the agent's loop,
+a request of the hook service); they are queued and taken up by the one
+thread that calls `reconcile`, so NodeState has a single user and Slurm a
+single writer of this node's drain. Each request returns a `Ticket` its
+caller may wait on: a start step that needs a drain before slurmd starts
+waits for it on its own thread, the agent's loop never does.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+from slurm_ext.errors import SlurmExtError
+from slurm_ext.slurm import Node, SlurmClient
+
+from .owner import Drain, Leave, NodeState, Resume, UnknownReason, Wait, Want
+from .catalogue import kind_of
+
+__all__ = ["Ticket", "Reconciler", "registered"]
+
+log = logging.getLogger("nodestate")
+
+#: most actions in one pass (a re-worded drain, then a resume): a bound, not a number to reach
+_ACTIONS_PER_PASS = 4
+
+
+@dataclass
+class Ticket:
+    """A want or clear on its way to Slurm; `wait` returns how it ended, None while it has not."""
+
+    owner: str
+    reason: str | None
+    fields: dict = field(default_factory=dict)
+    outcome: str = ""
+    #: False: it ended without reaching Slurm (only a look ends so; a want is retried until it does)
+    ok: bool = True
+    _done: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    def settle(self, outcome: str, ok: bool = True) -> None:
+        self.outcome, self.ok = outcome, ok
+        self._done.set()
+
+    @property
+    def settled(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None) -> str | None:
+        return self.outcome if self._done.wait(timeout) else None
+
+
+def registered(node: Node, since: float | None) -> bool:
+    """slurmd has registered with slurmctld, after `since` (epoch seconds) when given.
+
+    Slurm refuses to resume a node whose slurmd does not answer or whose
+    last registration was invalid; SlurmdStartTime tells a slurmd started
+    after `since` from the one before it (whole seconds: `since` is floored).
+    """
+    if node.flags & {"NOT_RESPONDING", "INVALID_REG"} or node.state in ("UNKNOWN", "FUTURE"):
+        return False
+    if since is None:
+        return True
+    return node.slurmd_start is not None and node.slurmd_start.timestamp() >= math.floor(since)
+
+
+class Reconciler:
+    def __init__(self, slurm: SlurmClient, node: str, emit: Callable[..., object],
+                 stale_prefixes: tuple[str, ...] = (), lift_stale: bool = True):
+        self.slurm = slurm
+        self.node = node
+        self.emit = emit
+        self.state = NodeState(node, stale_prefixes, lift_stale)
+        #: epoch time of the latest slurmd start (set by the agent); None: any registration will do
+        self.slurmd_started: float | None = None
+        #: the node as last read
+        self.last: Node | None = None
+        self._queue: list[tuple[str, str, Ticket]] = []
+        self._open: list[tuple[Want | None, Ticket]] = []
+        self._lock = threading.Lock()
+        self._failing = ""
+        #: a resume waits for slurmd to register
+        self._waiting = False
+
+    # -- requests (any thread) --------------------------------------------------------
+
+    def want(self, owner: str, reason: str, **fields) -> Ticket:
+        """Queue a want; raises UnknownReason at once when the reason is not catalogued for `owner`.
+
+        `fields` go into the journal's drain event (e.g. job=...)."""
+        text = reason.removeprefix("slurm-ext:").strip()
+        if kind_of(text, owner.split("/", 1)[0]) is None:
+            raise UnknownReason(owner, text)
+        return self._enqueue("want", owner, text, fields)
+
+    def clear(self, owner: str) -> Ticket:
+        return self._enqueue("clear", owner, None)
+
+    def look(self) -> Ticket:
+        """Settled by the next pass: with what the node shows, or (ok False) with why Slurm did not say."""
+        return self._enqueue("look", "", None)
+
+    def _enqueue(self, what: str, owner: str, reason: str | None, fields: dict | None = None) -> Ticket:
+        ticket = Ticket(owner, reason, fields or {})
+        with self._lock:
+            self._queue.append((what, owner, ticket))
+        return ticket
+
+    @property
+    def busy(self) -> bool:
+        """Requests wait, or a resume waits for slurmd: the caller should reconcile again soon."""
+        with self._lock:
+            return bool(self._queue or self._open or self._waiting)
+
+    # -- the work (the one thread) ------------------------------------------------------
+
+    def reconcile(self) -> Node:
+        """Take up queued requests, read the node, write what it needs; returns the node as read.
+
+        Raises:
+            SlurmExtError: Slurm did not answer or refused; requests stay, the next call retries.
+        """
+        with self._lock:
+            queued, self._queue = self._queue, []
+        looks = []
+        for what, owner, ticket in queued:
+            if what == "want":
+                self._open.append((self.state.want(owner, ticket.reason, **ticket.fields), ticket))
+            elif what == "clear":
+                gone = self.state.clear(owner)
+                self._open.append((None, ticket))
+                if gone:
+                    log.info("node %s: %s cleared %s", self.node, owner, "; ".join(w.reason for w in gone))
+            else:
+                looks.append(ticket)
+        try:
+            node = self._pass()
+        except SlurmExtError as err:
+            for ticket in looks:
+                ticket.settle(str(err), ok=False)
+            raise
+        for ticket in looks:
+            ticket.settle(node.reason if node.drained or node.state == "DOWN" else "")
+        return node
+
+    def _pass(self) -> Node:
+        node = self.slurm.node(self.node)
+        for _ in range(_ACTIONS_PER_PASS):
+            # a resume needs a slurmd that answers with a valid registration, not necessarily our newest one
+            action = self.state.step(node, registered(node, None))
+            if isinstance(action, Leave):
+                if action.event:
+                    self.emit(action.event, action.message, node=self.node)
+                break
+            if isinstance(action, Wait):
+                if not self._waiting:
+                    log.info("node %s: resume from %r waits for slurmd to register", self.node, action.reason)
+                break
+            self._write(action, node)
+            node = self.slurm.node(self.node)
+        self._waiting = isinstance(action, Wait)
+        self.last = node
+        self._settle(node)
+        return node
+
+    def _write(self, action: Drain | Resume, node: Node) -> None:
+        try:
+            if isinstance(action, Drain):
+                self.slurm.drain(self.node, action.reason)
+            else:
+                self.slurm.resume(self.node)
+        except SlurmExtError as err:
+            what = f"drain ({action.reason})" if isinstance(action, Drain) else f"resume from {action.reason!r}"
+            if str(err) != self._failing:
+                self._failing = str(err)
+                state = "+".join([node.state, *sorted(node.flags)])
+                self.emit("drain-failed", f"node {self.node} ({state}): cannot {what} now: {err}; retrying",
+                          severity="error", node=self.node)
+            raise
+        self._failing = ""
+        self.state.done(action)
+        if isinstance(action, Drain):
+            was = f" (was {action.replaces!r})" if action.replaces else ""
+            self.emit("drain", f"drained node {self.node}: {action.reason}{was}", severity="warning",
+                      **{**action.fields, "node": self.node, "reason": action.reason})
+        else:
+            why = ("left by a previous run of this node" if action.why == "stale"
+                   else "no slurm-ext drain is wanted any more")
+            self.emit("resume", f"resumed node {self.node} from {action.reason!r}: {why}", node=self.node,
+                      reason=action.reason, why=action.why)
+
+    def _settle(self, node: Node) -> None:
+        """Tell the waiters whose request Slurm now reflects (or that someone else's drain holds)."""
+        foreign = node.drained and not node.reason_is_ours
+        still = []
+        for want, ticket in self._open:
+            if want is None:  # a clear: done once no resume of ours is pending
+                if self.state.desired() is None and self.state.shown is not None and not foreign:
+                    still.append((want, ticket))
+                else:
+                    ticket.settle(f"cleared; node {node.name} shows {node.reason or 'no reason'!r}")
+            elif foreign:
+                ticket.settle(f"held by someone else's drain: {node.reason!r}")
+            elif want.dismissed or self.state.wants.get(want.key) is not want:
+                ticket.settle(f"dismissed; node shows {node.reason or 'no reason'!r}")
+            elif want.shown:
+                ticket.settle(f"drained: {node.reason}")
+            else:
+                still.append((want, ticket))
+        self._open = still

@@ -1,0 +1,49 @@
+"""`slurm-ext supervise` and `slurm-ext probe`: the node agent's commands, registered with the core CLI.
+
+`add_commands(commands)` is what `slurm_ext.cli` calls while it builds the
+parser; the agent itself is imported only when `supervise` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from slurm_ext import config
+
+__all__ = ["add_commands"]
+
+
+def _supervise(args: argparse.Namespace) -> int:
+    from slurm_ext import log
+    from . import supervise
+    loaded = config.load(args.config)
+    log.setup(loaded.log, "supervisor")
+    return supervise(loaded, args.role, config_path=args.config, port=args.port, pidfile=args.pidfile)
+
+
+def _probe(args: argparse.Namespace) -> int:
+    from . import probe
+    ok, text = probe(config.load(args.config), args.kind, args.role, port=args.port)
+    print(f"{args.role} {args.kind}: {text}", file=sys.stdout if ok else sys.stderr)
+    return 0 if ok else 1
+
+
+def add_commands(commands: argparse._SubParsersAction) -> None:
+    """Add this component's commands to the core CLI's subcommands."""
+    sup = commands.add_parser(
+        "supervise", help="run the node agent for a role (PID 1 of a container, or a systemd service)",
+        description="Start the role's workers, reap every orphan, restart dead workers in place with backoff, "
+                    "drain the node while slurmd crash-loops, serve /livez /readyz /metrics. SIGTERM stops the "
+                    "workers in reverse order; SIGHUP reloads the config.")
+    sup.add_argument("--role", required=True, metavar="ROLE",
+                     help="worker, controller, accounting or login")
+    sup.add_argument("--port", type=int, help="HTTP port for probes and metrics (default: supervisor.ports)")
+    sup.add_argument("--pidfile", metavar="PATH", help="write the agent's PID here")
+    sup.set_defaults(func=_supervise)
+
+    prb = commands.add_parser("probe", help="ask the local agent whether it is live or ready (exit 0 or 1)")
+    prb.add_argument("kind", choices=("live", "ready"))
+    prb.add_argument("--role", default="worker", choices=config.ROLES, help="whose agent (default: worker)")
+    prb.add_argument("--port", type=int, help="the agent's HTTP port (default: supervisor.ports)")
+    prb.set_defaults(func=_probe)

@@ -1,0 +1,292 @@
+"""Reading the node journal (`slurm_ext.journal`, `slurm-ext events`): real files, the CLI as a child process."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from conftest import cli
+from slurm_ext import events
+from slurm_ext.journal import EventFilter, JournalEvent, follow_events, format_event, parse_since, read_events
+
+UTC = timezone.utc
+
+
+def line(when: str, component: str, event: str, message: str, severity: str = "info", **fields) -> str:
+    """A journal line as events.emit writes it, at a time the test chooses."""
+    return json.dumps({"time": when, "component": component, "event": event, "severity": severity,
+                       "message": message, **fields}) + "\n"
+
+
+@pytest.fixture
+def journal_dir(tmp_path) -> Path:
+    """Three rotated files and the current one, each with events of its own hour of 2025-01-31 (UTC)."""
+    (tmp_path / "journal.jsonl.3").write_text(
+        line("2025-01-31T10:00:00+0000", "supervisor", "started", "agent up")
+        + line("2025-01-31T10:30:00+0000", "gres", "gpu-new", "gpu A is new"))
+    (tmp_path / "journal.jsonl.2").write_text(
+        line("2025-01-31T11:00:00+0000", "supervisor", "crash-loop", "slurmd crash-looping", "error", worker="slurmd"))
+    (tmp_path / "journal.jsonl.1").write_text(
+        line("2025-01-31T12:00:00+0000", "prolog_epilog", "leftovers-cleaned", "killed 3", "warning", job="42"))
+    (tmp_path / "journal.jsonl").write_text(
+        line("2025-01-31T13:00:00+0100", "gres", "gpu-missing", "gpu B gone", "error")  # 12:00 UTC: another offset
+        + line("2025-01-31T13:30:00+0000", "supervisor", "recovered", "slurmd fine"))
+    return tmp_path
+
+
+def names(found) -> list[str]:
+    return [e.event for e in found]
+
+
+def collect_bad_lines():
+    bad = []
+    return bad, lambda path, number, problem: bad.append((Path(path).name, number, problem))
+
+
+# ---------------------------------------------------------------------------
+# reading
+# ---------------------------------------------------------------------------
+
+
+def test_the_rotated_files_are_read_oldest_first(journal_dir):
+    found = list(read_events(str(journal_dir)))
+    assert names(found) == ["started", "gpu-new", "crash-loop", "leftovers-cleaned", "gpu-missing", "recovered"]
+    crash = found[2]
+    assert (crash.component, crash.severity, crash.message, crash.fields) == \
+        ("supervisor", "error", "slurmd crash-looping", {"worker": "slurmd"})
+    assert crash.time == datetime(2025, 1, 31, 11, tzinfo=UTC)
+    assert json.loads(crash.line)["worker"] == "slurmd" and not crash.line.endswith("\n")
+
+
+def test_since_keeps_events_at_or_after_the_time_whatever_their_offset(journal_dir):
+    since = datetime(2025, 1, 31, 12, tzinfo=UTC)
+    found = list(read_events(str(journal_dir), EventFilter(since=since)))
+    assert names(found) == ["leftovers-cleaned", "gpu-missing", "recovered"]
+
+
+def test_component_event_and_severity_filters(journal_dir):
+    state = str(journal_dir)
+    assert names(read_events(state, EventFilter(components=("gres",)))) == ["gpu-new", "gpu-missing"]
+    assert names(read_events(state, EventFilter(components=("gres", "prolog_epilog")))) == \
+        ["gpu-new", "leftovers-cleaned", "gpu-missing"]
+    assert names(read_events(state, EventFilter(names=("recovered", "started")))) == ["started", "recovered"]
+    assert names(read_events(state, EventFilter(severity="warning"))) == \
+        ["crash-loop", "leftovers-cleaned", "gpu-missing"]
+    assert names(read_events(state, EventFilter(severity="error", components=("gres",)))) == ["gpu-missing"]
+
+
+def test_a_torn_last_line_and_foreign_lines_are_skipped_and_reported(tmp_path):
+    (tmp_path / "journal.jsonl.1").write_text(
+        "written by hand\n" + line("2025-01-31T10:00:00+0000", "supervisor", "started", "up") + "[1, 2]\n\n"
+        + json.dumps({"time": "2025-01-31T10:05:00+0000", "event": "stop"}) + "\n")
+    torn = line("2025-01-31T11:00:00+0000", "supervisor", "stop", "SIGTERM")
+    (tmp_path / "journal.jsonl").write_bytes(
+        line("2025-01-31T10:30:00+0000", "gres", "gpu-new", "new").encode() + b"\xff\xfe\n" + torn[:25].encode())
+    bad, on_bad_line = collect_bad_lines()
+    assert names(read_events(str(tmp_path), on_bad_line=on_bad_line)) == ["started", "gpu-new"]
+    assert [(name, number) for name, number, _ in bad] == [
+        ("journal.jsonl.1", 1), ("journal.jsonl.1", 3), ("journal.jsonl.1", 5), ("journal.jsonl", 2),
+        ("journal.jsonl", 3)]
+    assert all(problem.startswith("not a journal event") for _, _, problem in bad)
+    assert "lacks one of the fields" in bad[2][2]
+
+
+def test_a_file_seen_under_two_names_is_read_once(tmp_path):
+    """What a rotation between the reader's opens looks like: journal.jsonl became .1 meanwhile."""
+    current = tmp_path / "journal.jsonl"
+    current.write_text(line("2025-01-31T10:00:00+0000", "supervisor", "started", "up"))
+    os.link(current, tmp_path / "journal.jsonl.1")
+    assert names(read_events(str(tmp_path))) == ["started"]
+
+
+def test_no_journal_is_no_events(tmp_path):
+    assert list(read_events(str(tmp_path / "none"))) == []
+
+
+def test_events_written_by_emit_read_back_across_rotations(tmp_path, monkeypatch):
+    monkeypatch.setattr(events, "JOURNAL_MAX_BYTES", 2048)
+    logging.getLogger("events").disabled = True
+    try:
+        for n in range(100):
+            events.emit(str(tmp_path), "gres", "gpu-new", f"event {n}", n=n)
+    finally:
+        logging.getLogger("events").disabled = False
+    assert (tmp_path / "journal.jsonl.3").exists()
+    kept = [e.fields["n"] for e in read_events(str(tmp_path))]
+    assert kept == list(range(kept[0], 100)) and kept[0] > 0
+
+
+# ---------------------------------------------------------------------------
+# --since and the line format
+# ---------------------------------------------------------------------------
+
+
+NOW = datetime(2025, 1, 31, 14, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("10m", NOW - timedelta(minutes=10)),
+    ("2h", NOW - timedelta(hours=2)),
+    ("30s", NOW - timedelta(seconds=30)),
+    ("1d", NOW - timedelta(days=1)),
+    ("2025-01-31T12:00:00+01:00", datetime(2025, 1, 31, 11, tzinfo=UTC)),
+    ("2025-01-31T12:00:00Z", datetime(2025, 1, 31, 12, tzinfo=UTC)),
+])
+def test_since_takes_a_duration_or_an_iso_time(text, expected):
+    assert parse_since(text, now=NOW) == expected
+
+
+def test_since_without_an_offset_is_local_time():
+    assert parse_since("2025-01-31 12:00") == datetime(2025, 1, 31, 12).astimezone()
+
+
+@pytest.mark.parametrize("text", ["yesterday", "10 minutes", "-5m", "2025-13-01"])
+def test_a_bad_since_says_what_is_accepted(text):
+    with pytest.raises(ValueError, match="expected a duration back from now .* or an ISO time"):
+        parse_since(text, now=NOW)
+
+
+def test_the_line_format_escapes_what_users_chose():
+    event = JournalEvent(datetime(2025, 1, 31, 12, tzinfo=UTC), "prolog_epilog", "script-failed", "error",
+                         "job-start script /s: exit 1: \x1b[2Jgone\nslurm-ext: forged", {}, "{}")
+    assert format_event(event) == ("2025-01-31T12:00:00+00:00 error   prolog_epilog: script-failed: "
+                                   "job-start script /s: exit 1: \\x1b[2Jgone\\nslurm-ext: forged")
+
+
+# ---------------------------------------------------------------------------
+# following
+# ---------------------------------------------------------------------------
+
+
+def test_follow_goes_on_across_a_rotation_and_waits_for_a_line_being_written(tmp_path, monkeypatch):
+    monkeypatch.setattr(events, "JOURNAL_MAX_BYTES", 600)
+    logging.getLogger("events").disabled = True
+    state = str(tmp_path)
+    events.emit(state, "supervisor", "started", "before the reader")
+    plan = iter(range(1, 30))
+    written: list[int] = []
+
+    def stop() -> bool:  # called each time the reader has caught up: write the next event, or stop
+        n = next(plan, None)
+        if n is None:
+            return True
+        if n == 5:  # half a line, as a writer between its write() and the next; the rest comes with event 6
+            with open(events.journal_path(state), "a") as f:
+                f.write(line("2025-01-31T12:00:00+0000", "gres", "gpu-new", "split")[:30])
+            return False
+        if n == 6:
+            with open(events.journal_path(state), "a") as f:
+                f.write(line("2025-01-31T12:00:00+0000", "gres", "gpu-new", "split")[30:])
+        burst = range(100 + n * 10, 100 + n * 10 + 10) if n == 10 else ()  # two rotations or more between looks
+        for number in (n, *burst):
+            events.emit(state, "gres", "gpu-new", f"event {number}", n=number)
+            written.append(number)
+        return False
+
+    try:
+        found = list(follow_events(state, poll=0.01, stop=stop))
+    finally:
+        logging.getLogger("events").disabled = False
+    assert (tmp_path / "journal.jsonl.2").exists()  # it did rotate, twice at least
+    assert found[0].event == "started" and [e.message for e in found if e.message == "split"] == ["split"]
+    assert [e.fields["n"] for e in found if "n" in e.fields] == written
+
+
+# ---------------------------------------------------------------------------
+# the CLI
+# ---------------------------------------------------------------------------
+
+
+def test_cli_prints_every_event_oldest_first(journal_dir):
+    proc = cli("events", "--state-dir", str(journal_dir))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "2025-01-31T10:00:00+00:00 info    supervisor: started: agent up"
+    assert lines[2] == "2025-01-31T11:00:00+00:00 error   supervisor: crash-loop: slurmd crash-looping"
+    assert len(lines) == 6 and proc.stderr == ""
+
+
+def test_cli_json_since_component(journal_dir):
+    proc = cli("events", "--state-dir", str(journal_dir), "--json", "--since", "2025-01-31T11:30:00Z",
+               "--component", "gres")
+    assert proc.returncode == 0, proc.stderr
+    assert [json.loads(text)["event"] for text in proc.stdout.splitlines()] == ["gpu-missing"]
+    assert proc.stdout == (journal_dir / "journal.jsonl").read_text().splitlines(keepends=True)[0]
+
+
+def test_cli_since_a_duration_and_severity(tmp_path):
+    state = str(tmp_path)
+    old = (datetime.now(UTC) - timedelta(hours=3)).strftime("%Y-%m-%dT%H:%M:%S%z")
+    (tmp_path / "journal.jsonl").write_text(line(old, "gres", "gpu-missing", "long ago", "error"))
+    events.emit(state, "gres", "gpu-new", "just now")
+    events.emit(state, "gres", "gpu-lost", "just now too")
+    proc = cli("events", "--state-dir", state, "--since", "1h")
+    assert [text.split(": ")[1] for text in proc.stdout.splitlines()] == ["gpu-new", "gpu-lost"], proc.stderr
+    proc = cli("events", "--state-dir", state, "--severity", "error")
+    assert [text.split(": ")[1] for text in proc.stdout.splitlines()] == ["gpu-missing", "gpu-lost"]
+
+
+def test_cli_reads_the_state_dir_from_the_config(tmp_path):
+    state = tmp_path / "state"
+    events.emit(str(state), "supervisor", "started", "from the config's state dir")
+    config = tmp_path / "slurm-ext.toml"
+    config.write_text(f'[node]\nstate_dir = "{state}"\n')
+    proc = cli("--config", str(config), "events")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.endswith("supervisor: started: from the config's state dir\n")
+
+
+def test_cli_warns_about_bad_lines_with_file_and_line(tmp_path):
+    (tmp_path / "journal.jsonl").write_text(line("2025-01-31T10:00:00+0000", "supervisor", "started", "up")
+                                            + '{"time": "2025-01-31T1')
+    proc = cli("events", "--state-dir", str(tmp_path))
+    assert proc.returncode == 0 and proc.stdout.count("\n") == 1
+    assert f"slurm-ext: warning: {tmp_path / 'journal.jsonl'}, line 2: not a journal event" in proc.stderr
+
+
+def test_cli_errors_an_operator_can_act_on(tmp_path):
+    proc = cli("events", "--state-dir", str(tmp_path), "--since", "yesterday")
+    assert proc.returncode == 2 and "--since 'yesterday': expected a duration" in proc.stderr
+    proc = cli("events", "--state-dir", str(tmp_path / "none"))
+    assert proc.returncode == 0 and proc.stdout == ""
+    assert f"no journal in {tmp_path / 'none'}" in proc.stderr
+    events.emit(str(tmp_path), "supervisor", "started", "up")
+    proc = cli("events", "--state-dir", str(tmp_path), "--event", "startd")
+    assert proc.returncode == 0 and proc.stdout == ""
+    assert "--event startd: not an event of this slurm-ext" in proc.stderr
+
+
+def test_cli_follow_prints_new_events_until_interrupted(tmp_path, monkeypatch):
+    monkeypatch.setattr(events, "JOURNAL_MAX_BYTES", 2048)
+    logging.getLogger("events").disabled = True
+    state = str(tmp_path)
+    events.emit(state, "gres", "gpu-baseline", "before the follower")
+    follower = subprocess.Popen([sys.executable, "-m", "slurm_ext.cli", "events", "--follow", "--state-dir", state,
+                                 "--component", "gres"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    printed: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [printed.put(text) for text in follower.stdout], daemon=True).start()
+    try:
+        assert printed.get(timeout=20).endswith("gres: gpu-baseline: before the follower\n")
+        for n in range(40):  # about six rotations while it follows
+            events.emit(state, "gres", "gpu-new", f"event {n}", n=n)
+            events.emit(state, "supervisor", "mainpid", "not shown: another component")
+            time.sleep(0.02)
+        seen = [printed.get(timeout=20) for _ in range(40)]
+        assert (tmp_path / "journal.jsonl.3").exists()
+        assert [text.rsplit(": ", 1)[1] for text in seen] == [f"event {n}\n" for n in range(40)]
+    finally:
+        logging.getLogger("events").disabled = False
+        follower.send_signal(signal.SIGINT)
+        assert follower.wait(10) == 130
+        follower.stderr.close()

@@ -1,0 +1,154 @@
+"""The node-state owner and the restart policy against the real cluster (issue 10's acceptance runs).
+
+- five kills of a registered slurmd 1.5 s apart, a job running across them;
+- two owners wanting a drain at once, through the agent's node-state socket
+  as the hook service does, with an admin's drain set in between;
+- a crash-loop drain left over a full `dev down` / `dev up`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import time
+
+import psutil
+
+from conftest import wait_for
+from slurm_ext import devcluster as dev, nodestate
+from slurm_ext.nodestate import channel
+
+CRASH = "slurmd crash loop: 5 exits in 10s (last: died (killed by SIGKILL))"
+GPU = "gpu missing: GPU-00000000-0000-0000-0000-000000000003"
+
+
+def _journal(cluster, since: int = 0) -> list[dict]:
+    """The node journal's events from line `since` on."""
+    path = cluster.layout.node_state / "journal.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()[since:]] if path.exists() else []
+
+
+def _journal_length(cluster) -> int:
+    return len(_journal(cluster))
+
+
+def _slurmd(cluster) -> int | None:
+    agent = next(d.pid for d in dev.status(cluster.settings).daemons if d.name == "supervise-worker")
+    for child in psutil.Process(agent).children():
+        if child.name() == "slurmd" and child.status() != psutil.STATUS_ZOMBIE:
+            return child.pid
+    return None
+
+
+def _registered_since(cluster, since: float) -> bool:
+    node = cluster.client().node(cluster.node)
+    return node.slurmd_start is not None and node.slurmd_start.timestamp() >= math.floor(since) \
+        and node.responding
+
+
+def _ask(cluster, message: dict, timeout: float = 30.0) -> dict:
+    """One request on the worker agent's node-state socket, as the hook service sends it."""
+    return channel.request(nodestate.socket_path(cluster.layout.hook_socket.parent), message, timeout)
+
+
+def test_five_fast_kills_of_a_registered_slurmd_each_see_a_new_one_within_a_second(running_cluster):
+    cluster = running_cluster
+    first_line = _journal_length(cluster)
+    release, started = cluster.layout.out / "release-five", cluster.layout.out / "started-five"
+    release.unlink(missing_ok=True)
+    started.unlink(missing_ok=True)
+    job_id = cluster.sbatch(f"--wrap=touch {started}; while [ ! -e {release} ]; do sleep 0.2; done; echo survived")
+    wait_for("the job's script to start", started.exists, timeout=30)
+    spawned, last_kill, comebacks = 0.0, 0.0, []
+    for round_ in range(5):
+        # the slurmd that is there registered: its death is that of a worker that worked
+        wait_for(f"round {round_}: slurmd registered", lambda: _registered_since(cluster, spawned), timeout=10,
+                 interval=0.05)
+        time.sleep(max(0.0, last_kill + 1.5 - time.monotonic()))
+        old = _slurmd(cluster)
+        psutil.Process(old).send_signal(signal.SIGKILL)
+        last_kill = time.monotonic()
+        wait_for(f"round {round_}: a new slurmd", lambda: _slurmd(cluster) not in (None, old), timeout=30,
+                 interval=0.01)
+        comebacks.append(time.monotonic() - last_kill)
+        spawned = time.time()
+    assert max(comebacks) < 1.0, f"seconds from each kill to a new slurmd: {comebacks}"
+
+    events = _journal(cluster, first_line)
+    deaths = [e for e in events if e["event"] == "worker-exited" and e["worker"] == "slurmd"]
+    assert len(deaths) == 5 and all(e["signal"] == "SIGKILL" and e["uptime"] > 1.0 for e in deaths), deaths
+    assert any(e["event"] == "crash-loop" for e in events)
+    node = wait_for("the crash-loop drain", lambda: (n := cluster.client().node(cluster.node)).drained and n)
+    assert node.reason.startswith("slurm-ext: slurmd crash loop: 5 exits in 10s"), node.reason
+
+    release.touch()
+    job = cluster.wait_accounted(job_id)
+    assert job.state == "COMPLETED" and (cluster.layout.out / f"{job_id}.out").read_text().strip() == "survived"
+    # nobody resumes it: the agent does once slurmd has run the crash window
+    cluster.wait_idle(timeout=40)
+    events = _journal(cluster, first_line)
+    assert any(e["event"] == "recovered" for e in events)
+    assert any(e["event"] == "resume" and e["why"] == "cleared" for e in events)
+
+
+def test_two_owners_at_once_then_each_clearing_and_an_admins_drain_in_between(running_cluster):
+    cluster = running_cluster
+    slurm = cluster.client()
+    try:
+        assert _ask(cluster, {"owner": "crash-loop/slurmd", "want": CRASH})["ok"]
+        assert slurm.node(cluster.node).reason == f"slurm-ext: {CRASH}"
+        answer = _ask(cluster, {"owner": "gres", "want": GPU, "fields": {"job": "7"}})
+        assert answer["ok"] and answer["outcome"] == f"drained: slurm-ext: {GPU} (+1 more)", answer
+        assert slurm.node(cluster.node).reason == f"slurm-ext: {GPU} (+1 more)"
+
+        assert _ask(cluster, {"owner": "gres", "clear": True})["ok"]
+        node = slurm.node(cluster.node)
+        assert node.drained and node.reason == f"slurm-ext: {CRASH}", node  # the other want holds
+        assert _ask(cluster, {"owner": "crash-loop/slurmd", "clear": True})["ok"]
+        wait_for("the resume after the last clear", lambda: not slurm.node(cluster.node).drained, timeout=10)
+
+        # again, and an admin drains the node in between: their reason is never touched
+        assert _ask(cluster, {"owner": "crash-loop/slurmd", "want": CRASH})["ok"]
+        assert _ask(cluster, {"owner": "gres", "want": GPU})["ok"]
+        cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=drain", "reason=maintenance")
+        first_line = _journal_length(cluster)
+        assert _ask(cluster, {"owner": "gres", "clear": True})["ok"]
+        assert _ask(cluster, {"owner": "crash-loop/slurmd", "clear": True})["ok"]
+        events = _journal(cluster, first_line)
+        assert [e["event"] for e in events if e["component"] == "nodestate"][:2] == \
+            ["drain-overridden", "resume-skipped"], events
+        node = slurm.node(cluster.node)
+        assert node.drained and node.reason == "maintenance", node
+
+        # a user cannot talk to the owner
+        import os
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.setuid(65534)
+                try:
+                    _ask(cluster, {"owner": "jobs", "want": "gpu 0 memory held after job 1"}, timeout=5)
+                except (channel.NoAgent, PermissionError, TimeoutError, OSError):
+                    code = 0
+            finally:
+                os._exit(code)
+        assert os.waitpid(pid, 0)[1] == 0, "a non-root process got an answer from the node-state owner"
+        assert slurm.node(cluster.node).reason == "maintenance"
+    finally:
+        cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=resume", check=False)
+
+
+def test_a_crash_loop_drain_left_over_dev_down_and_up_is_cleared_without_an_error(running_cluster):
+    cluster = running_cluster
+    cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=drain", f"reason=slurm-ext: {CRASH}")
+    dev.down(cluster.settings)
+    first_line = _journal_length(cluster)
+    dev.up(cluster.settings)  # waits for the node to be idle
+    node = cluster.wait_idle(timeout=60)
+    assert not node.drained, node
+    events = _journal(cluster, first_line)
+    said = [f'{e["component"]} {e["event"]}: {e["message"]}' for e in events]
+    assert any(e["event"] == "resume" and e["why"] == "stale" for e in events), "\n".join(said)
+    assert not [e for e in events if e["severity"] == "error"], "\n".join(said)
