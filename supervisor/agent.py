@@ -417,7 +417,7 @@ class Agent:
         else:
             decision = worker.life.on_steps_failed(time.monotonic())
             _log_state(worker, WorkerState.BACKOFF, f"a start step before its restart failed; next try in "
-                            f"{decision.delay:.3g}s (not counted as an exit of {worker.spec.name})")
+                       f"{decision.delay:.3g}s (not counted as an exit of {worker.spec.name})")
 
     def _start(self, worker: Worker) -> None:
         """Start `worker`, after its restart steps (on the step thread) when it ran before."""
@@ -528,8 +528,7 @@ class Agent:
     def _back_off(self, worker: Worker, decision: Restart, what: str, old: WorkerState | None = None) -> None:
         """Log the restart the worker's life decided on; a crash loop it began is an event and maybe a drain."""
         s = self.config.supervisor
-        _log_state(worker, old or WorkerState.BACKOFF, f"{what}; restart {worker.restarts} in "
-                        f"{decision.delay:.3g}s")
+        _log_state(worker, old or WorkerState.BACKOFF, f"{what}; restart {worker.restarts} in {decision.delay:.3g}s")
         if not decision.crash_loop_began:
             return
         self.emit("crash-loop", f"worker {worker.spec.name} is crash-looping: {decision.exits_in_window} exits "
@@ -601,7 +600,7 @@ class Agent:
     def _request_stop(self, worker: Worker) -> None:
         if worker.state == WorkerState.RUNNING and worker.pid:
             _set_state(worker, WorkerState.STOPPING, f"sending SIG{worker.spec.stop_signal} to pid "
-                            f"{worker.pid}; SIGKILL after {worker.spec.stop_grace:g}s")
+                       f"{worker.pid}; SIGKILL after {worker.spec.stop_grace:g}s")
             worker.stop_deadline = time.monotonic() + worker.spec.stop_grace
             _signal(worker, worker.spec.signal)
         elif worker.state == WorkerState.BACKOFF:

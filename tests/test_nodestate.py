@@ -192,3 +192,10 @@ def test_a_crash_loop_reason_is_its_workers():
     owner.clear("crash-loop/munged")
     node, _ = settle(owner, node)
     assert not node.drained
+
+
+def test_a_clear_long_before_an_admins_drain_is_no_news_about_it():
+    owner = NodeState("n1")
+    owner.clear("gres")  # every slurmd start with its GPUs all there
+    settle(owner, IDLE)
+    assert settle(owner, drained("maintenance"))[1] == [Leave()]

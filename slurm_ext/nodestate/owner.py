@@ -109,7 +109,7 @@ class NodeState:
     shown: str | None = None
     #: a reason of a previous run, to be resumed once slurmd has registered
     stale: str | None = None
-    #: an owner cleared while someone else's drain held the node: say once that it stays
+    #: an owner cleared while someone else's drain holds the node: say once that it stays
     cleared_behind: bool = False
     #: the foreign reason already reported (not news again)
     _reported: str = ""
@@ -166,6 +166,7 @@ class NodeState:
         if node.drained and not ours:
             return self._held_by_someone_else(node)
         self._reported = ""
+        self.cleared_behind = False  # a clear that found no one else's drain: nothing to say about it
         if ours:
             if node.reason != self.shown and node.reason != self.stale:
                 self._adopt(node, at_start=False)  # ours, but not from this owner: another process's, kept
@@ -221,7 +222,8 @@ class NodeState:
             return
         text, _ = split_more(node.reason.removeprefix(REASON_PREFIX).strip())
         kind = kind_of(text) or _UNKNOWN
-        if at_start and self.lift_stale and (kind.stale_at_start or node.reason.startswith(self.stale_prefixes or ("\0",))):
+        stale = kind.stale_at_start or any(node.reason.startswith(prefix) for prefix in self.stale_prefixes)
+        if at_start and self.lift_stale and stale:
             self.stale = node.reason
             return
         want = Want(kind.owner_of(text), text, kind, next(self._seq), shown=True)
