@@ -55,7 +55,6 @@ from __future__ import annotations
 import errno
 import functools
 import os
-import shutil
 import stat
 import sys
 import time
@@ -376,6 +375,7 @@ def _unlink(dir_fd: int, name: str, st: os.stat_result, label: str, tally: _Tall
 
 def _remove_tree(dir_fd: int, name: str, st: os.stat_result, label: str, tally: _Tally) -> None:
     """Remove the directory with everything in it if it is still the one checked."""
+    import shutil  # only here: it imports compression modules, and most Epilogs remove no directory
     if not shutil.rmtree.avoids_symlink_attacks:
         tally.errors.append(f"{label}: not removed: this platform's shutil.rmtree could follow symlinks")
         return
@@ -509,8 +509,8 @@ def _is_mqueue_mount(directory: Path, proc: Path) -> tuple[bool, str]:
     wanted = os.path.realpath(directory)
     fstype = None
     for line in lines:
-        fields = line.split()
-        if len(fields) >= 3 and _unescape(fields[1]) == wanted:
+        fields = line.split(maxsplit=3)
+        if len(fields) >= 3 and (_unescape(fields[1]) if "\\" in fields[1] else fields[1]) == wanted:
             fstype = fields[2]  # the last mount on a path hides the ones below it
     if fstype == "mqueue":
         return True, ""

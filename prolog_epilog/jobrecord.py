@@ -15,7 +15,7 @@ import fcntl
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -24,7 +24,7 @@ from slurm_ext.fileio import atomic_write
 from slurm_ext.procfs import PROC, pids
 
 __all__ = ["JobRecord", "JobEnvironmentError", "from_environ", "job_id_of", "write", "read", "remove", "other_jobs",
-           "cgroup_paths", "uid_lock", "recorded_jobs", "running_jobs", "STARTING_GRACE"]
+           "cgroup_paths", "cgroup_places", "uid_lock", "recorded_jobs", "running_jobs", "STARTING_GRACE"]
 
 #: a record younger than this counts as a live job even before its steps run (seconds)
 STARTING_GRACE = 300.0
@@ -51,6 +51,10 @@ class JobRecord:
     cgroups: tuple[str, ...]
 
 
+#: the record's fields, in the order the dataclass defines them (what `write` stores)
+_FIELDS = tuple(f.name for f in fields(JobRecord))
+
+
 def from_environ(env: dict[str, str], cgroup_root: Path = Path("/sys/fs/cgroup"),
                  now: float | None = None) -> JobRecord:
     """The record of the job whose Prolog runs with environment `env`.
@@ -68,7 +72,7 @@ def from_environ(env: dict[str, str], cgroup_root: Path = Path("/sys/fs/cgroup")
         raise JobEnvironmentError(f"SLURM_JOB_GPUS={gpus_text!r}: expected GPU indexes such as 0,1") from None
     return JobRecord(job_id=job_id, uid=uid, gid=gid, user=env.get("SLURM_JOB_USER", str(uid)), node=node,
                      gpus=gpus, start=time.time() if now is None else now,
-                     cgroups=tuple(str(p) for p in cgroup_paths(job_id, uid, node, cgroup_root)))
+                     cgroups=tuple(_places(_hierarchies(cgroup_root), job_id, uid, node)))
 
 
 def job_id_of(env: dict[str, str]) -> int:
@@ -98,50 +102,90 @@ def cgroup_paths(job_id: int, uid: int, node: str, cgroup_root: Path = Path("/sy
     hierarchy system.slice/<node>_slurmstepd.scope/job_<id> (MULTIPLE_SLURMD) and
     system.slice/slurmstepd.scope/job_<id>.
     """
-    if (cgroup_root / "cgroup.controllers").is_file():
-        hierarchies = [cgroup_root]  # pure v2: its subdirectories are cgroups, not hierarchies
-    elif cgroup_root.is_dir():
-        hierarchies = sorted(p for p in cgroup_root.iterdir() if p.is_dir())  # v1 or hybrid: one per mount
-    else:
-        hierarchies = []
-    found: list[Path] = []
-    for hierarchy in hierarchies:
-        if (hierarchy / "cgroup.controllers").is_file():
-            found += [hierarchy / "system.slice" / f"{node}_slurmstepd.scope" / f"job_{job_id}",
-                      hierarchy / "system.slice" / "slurmstepd.scope" / f"job_{job_id}"]
-        elif (hierarchy / "cgroup.procs").is_file():
-            found += [hierarchy / f"slurm_{node}" / f"uid_{uid}" / f"job_{job_id}",
-                      hierarchy / "slurm" / f"uid_{uid}" / f"job_{job_id}"]
+    return [Path(p) for p in cgroup_places(job_id, uid, node, cgroup_root)]
+
+
+def cgroup_places(job_id: int, uid: int, node: str, cgroup_root: Path = Path("/sys/fs/cgroup")) -> list[str]:
+    """cgroup_paths as plain strings, for the Epilog's hot path (a Path costs more than the stat of it)."""
+    return _places(_hierarchies(cgroup_root), job_id, uid, node)
+
+
+def _hierarchies(cgroup_root: Path) -> list[tuple[str, bool]]:
+    """(mount, is cgroup v2) of each cgroup hierarchy under `cgroup_root`, in name order.
+
+    Plain strings and one directory listing, not pathlib: every Prolog and
+    Epilog asks, and a v1 host has a dozen hierarchies.
+    """
+    root = os.fspath(cgroup_root)
+    if os.path.isfile(f"{root}/cgroup.controllers"):
+        return [(root, True)]  # pure v2: its subdirectories are cgroups, not hierarchies
+    try:
+        with os.scandir(root) as entries:  # v1 or hybrid: one per mount
+            mounts = sorted(entry.path for entry in entries if entry.is_dir())
+    except OSError:
+        return []
+    found = []
+    for mount in mounts:
+        if os.path.isfile(f"{mount}/cgroup.controllers"):
+            found.append((mount, True))
+        elif os.path.isfile(f"{mount}/cgroup.procs"):
+            found.append((mount, False))
     return found
 
 
-def _path(state_dir: str, job_id: int) -> Path:
-    return Path(state_dir) / "jobs" / f"{job_id}.json"
+def _places(hierarchies: list[tuple[str, bool]], job_id: int, uid: int, node: str) -> list[str]:
+    """cgroup_paths as strings, for hierarchies already found."""
+    found = []
+    for mount, v2 in hierarchies:
+        if v2:
+            found += [f"{mount}/system.slice/{node}_slurmstepd.scope/job_{job_id}",
+                      f"{mount}/system.slice/slurmstepd.scope/job_{job_id}"]
+        else:
+            found += [f"{mount}/slurm_{node}/uid_{uid}/job_{job_id}", f"{mount}/slurm/uid_{uid}/job_{job_id}"]
+    return found
+
+
+def _path(state_dir: str, job_id: int) -> str:
+    return f"{state_dir}/jobs/{job_id}.json"
 
 
 def write(record: JobRecord, state_dir: str) -> Path:
     """Write the record atomically; the directory is root's only.
 
-    fsync "file", not "all": a record never reads back empty after a crash,
-    and the directory's fsync is left out of every job start because a
-    reboot makes every record stale anyway (`other_jobs` drops them).
+    No fsync: the record must outlive a crash of the hook service (or of
+    the Python hook) between the Prolog and the Epilog, and once write()
+    and rename() have returned it is in the kernel's page cache, which a
+    process crash does not touch. Only a kernel crash or a power loss can
+    lose it, and either reboots the node, which ends every job on it: all
+    records are stale then (older than the boot, `other_jobs` drops them),
+    and an empty or missing one reads as no record. An fsync would cost a
+    disk flush on every job start for nothing. A full disk still fails the
+    write itself (local filesystems reserve the blocks at write()).
     """
     path = _path(state_dir, record.job_id)
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return atomic_write(path, json.dumps(asdict(record), sort_keys=True) + "\n", mode=0o600, fsync="file")
+    text = json.dumps({name: getattr(record, name) for name in _FIELDS}, sort_keys=True) + "\n"
+    try:
+        return atomic_write(path, text, mode=0o600, fsync="none")
+    except FileNotFoundError:  # the first record on this node: make the directory, once
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        return atomic_write(path, text, mode=0o600, fsync="none")
 
 
 def read(job_id: int, state_dir: str) -> JobRecord | None:
     """The job's record, or None when the Prolog left none (or it is unreadable)."""
     try:
-        data = json.loads(_path(state_dir, job_id).read_text())
+        with open(_path(state_dir, job_id), "rb") as f:
+            data = json.loads(f.read())
         return JobRecord(**{**data, "gpus": tuple(data["gpus"]), "cgroups": tuple(data["cgroups"])})
     except (OSError, ValueError, TypeError, KeyError):
         return None
 
 
 def remove(job_id: int, state_dir: str) -> None:
-    _path(state_dir, job_id).unlink(missing_ok=True)
+    try:
+        os.unlink(_path(state_dir, job_id))
+    except FileNotFoundError:
+        pass
 
 
 def other_jobs(record: JobRecord, state_dir: str, since: float = 0.0, *,
@@ -160,10 +204,11 @@ def other_jobs(record: JobRecord, state_dir: str, since: float = 0.0, *,
     """
     now = time.time() if now is None else now
     running: set[int] | None = None
+    hierarchies = _hierarchies(cgroup_root)  # once for every record
 
     def runs_here(other: JobRecord) -> bool:  # the cgroup first; /proc is read once, and only if needed
         nonlocal running
-        if _has_cgroup(other, cgroup_root):
+        if any(os.path.isdir(p) for p in _places(hierarchies, other.job_id, other.uid, other.node)):
             return True
         if running is None:
             running = running_jobs()
@@ -180,13 +225,17 @@ def other_jobs(record: JobRecord, state_dir: str, since: float = 0.0, *,
         else:
             remove(other.job_id, state_dir)
             stale.append(other.job_id)
-    live |= _uid_job_cgroups(record, cgroup_root)
+    live |= _uid_job_cgroups(record, hierarchies)
     return sorted(live), sorted(stale)
 
 
 def recorded_jobs(state_dir: str) -> set[int]:
     """Ids of the jobs that have a record here."""
-    return {int(path.stem) for path in (Path(state_dir) / "jobs").glob("*.json") if path.stem.isdigit()}
+    try:
+        names = os.listdir(f"{state_dir}/jobs")
+    except OSError:
+        return set()
+    return {int(name[:-5]) for name in names if name.endswith(".json") and name[:-5].isdigit()}
 
 
 def running_jobs(job_ids: set[int] | None = None, proc: Path = PROC) -> set[int]:
@@ -200,8 +249,11 @@ def running_jobs(job_ids: set[int] | None = None, proc: Path = PROC) -> set[int]
     for pid in pids(proc):
         base = f"{os.fspath(proc)}/{pid}"
         try:
-            with open(f"{base}/cmdline", "rb") as f:
-                head = f.read(64)
+            fd = os.open(f"{base}/cmdline", os.O_RDONLY | os.O_CLOEXEC)  # not open(): once per process
+            try:
+                head = os.read(fd, 64)
+            finally:
+                os.close(fd)
             if not head.startswith(b"slurmstepd: ["):
                 continue
             if os.stat(base).st_uid != 0 or \
@@ -215,16 +267,18 @@ def running_jobs(job_ids: set[int] | None = None, proc: Path = PROC) -> set[int]
     return found
 
 
-def _has_cgroup(record: JobRecord, cgroup_root: Path) -> bool:
-    return any(os.path.isdir(p) for p in cgroup_paths(record.job_id, record.uid, record.node, cgroup_root))
-
-
-def _uid_job_cgroups(record: JobRecord, cgroup_root: Path) -> set[int]:
+def _uid_job_cgroups(record: JobRecord, hierarchies: list[tuple[str, bool]]) -> set[int]:
     """Other jobs of the uid by their v1 cgroups (slurm[_<node>]/uid_<uid>/job_<id>), record or not."""
     found = set()
-    for place in cgroup_paths(record.job_id, record.uid, record.node, cgroup_root):
-        if place.parent.name == f"uid_{record.uid}":
-            found.update(int(d.name[4:]) for d in place.parent.glob("job_*") if d.name[4:].isdigit())
+    for mount, v2 in hierarchies:
+        if v2:
+            continue
+        for top in (f"{mount}/slurm_{record.node}", f"{mount}/slurm"):
+            try:
+                names = os.listdir(f"{top}/uid_{record.uid}")
+            except OSError:  # missing, the usual case
+                continue
+            found.update(int(name[4:]) for name in names if name.startswith("job_") and name[4:].isdigit())
     return found - {record.job_id}
 
 
@@ -238,11 +292,18 @@ def uid_lock(state_dir: str, uid: int, timeout: float) -> Iterator[bool]:
     Yields True when held, False when it could not be had within `timeout` (or the lock file
     cannot be made: a full disk) -- the caller goes on, a lost lock must not wedge the node.
     """
-    directory = Path(state_dir) / "jobs"
+    directory = f"{state_dir}/jobs"
     try:
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(directory / f".uid-{uid}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        fd = _open_lock(f"{directory}/.uid-{uid}.lock")
+    except FileNotFoundError:  # the first hook on this node
+        try:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            fd = _open_lock(f"{directory}/.uid-{uid}.lock")
+        except OSError:
+            fd = None
     except OSError:
+        fd = None
+    if fd is None:
         yield False
         return
     try:
@@ -260,3 +321,7 @@ def uid_lock(state_dir: str, uid: int, timeout: float) -> Iterator[bool]:
         yield held
     finally:
         os.close(fd)  # closing releases the lock
+
+
+def _open_lock(path: str) -> int:
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)

@@ -26,11 +26,11 @@ hook, slurmd), the `protected` pids (the agent), and root processes running
 slurmd or slurmstepd.
 
 Killing: first make sure nothing can fork out of reach. With the uid sweep,
-a child running as the job's user calls kill(-1, SIGSTOP): the kernel stops
+kill(-1, SIGSTOP) is sent with the job user's credentials (by a thread of
+this process that switches its own, see `signal_uid`): the kernel stops
 every process of the uid in one pass that a fork cannot outrun (a process
 that forks and lets its parent exit every few milliseconds is never in one
-/proc snapshot), and its answer says whether the uid has any process at all.
-Job cgroups that have members are frozen (v1 freezer.state, v2
+/proc snapshot). Job cgroups that have members are frozen (v1 freezer.state, v2
 cgroup.freeze; not one that still holds a slurmstepd): a non-empty job
 cgroup means something escaped, whatever a scan saw. Then scan, SIGSTOP every
 other process found and re-scan until a scan finds nothing new or the
@@ -45,23 +45,28 @@ not waited on forever.
 
 from __future__ import annotations
 
+import gc
+import logging
 import os
 import re
 import resource
 import select
 import signal
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_ext import cgroupfs
 from slurm_ext.procfs import PROC, ProcStat, pids, read_stat, real_uid
 
-from .jobrecord import JobRecord, cgroup_paths
+from .jobrecord import JobRecord, cgroup_places
 
 __all__ = ["JobProcess", "Cleanup", "find_job_processes", "kill_job", "protected_pids", "gpu_process_of",
            "kill_process", "signal_uid", "in_initial_pid_namespace"]
 
+logger = logging.getLogger("prolog_epilog")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 _KTHREADD = 2
 _SLURM_BINARIES = frozenset({"slurmd", "slurmstepd"})
@@ -71,11 +76,20 @@ _POLL = 0.005
 #: a job cgroup of Slurm's in a /proc/PID/cgroup line ("4:freezer:/slurm_n1/uid_5/job_42/step_0"): v1
 #: slurm[_<node>]/uid_<uid>/job_<id>, v2 system.slice/[<node>_]slurmstepd.scope/job_<id>. Anchored at the
 #: start of the path: a user may name a cgroup of a delegated subtree job_42.
-_JOB_IN_CGROUP = re.compile(
-    rb"^[^:\n]*:[^:\n]*:/(?:slurm(?:_[^/\n]+)?/uid_\d+|system\.slice/(?:[^/\n]+_)?slurmstepd\.scope)/job_(\d+)(?:/|$)",
-    re.MULTILINE)
+#: A pattern, not a compiled one: compiled (once, by re's cache) only when another job has cgroups here.
+_JOB_IN_CGROUP = \
+    rb"(?m)^[^:\n]*:[^:\n]*:/(?:slurm(?:_[^/\n]+)?/uid_\d+|system\.slice/(?:[^/\n]+_)?slurmstepd\.scope)/job_(\d+)(?:/|$)"
 #: the inode of the first PID namespace (PROC_PID_INIT_INO): NVML's pids are pids in it
 _INIT_PID_NAMESPACE = "pid:[4026531836]"
+#: setresuid's number in the system call tables of the 64-bit Linux ABIs known here (x86_64's own; the
+#: generic table of aarch64 and riscv64); elsewhere signal_uid forks
+_SYS_SETRESUID = {"x86_64": 117, "aarch64": 147, "riscv64": 147}
+_PR_GET_DUMPABLE, _PR_SET_DUMPABLE = 3, 4
+_CAPABILITY_VERSION_3 = 0x20080522
+#: one signal_uid at a time: the hook service runs hooks on threads, and the dumpable mark is the process's
+_SIGNAL_LOCK = threading.Lock()
+#: signal_uid's bound C calls, once bound (None: they cannot be had here)
+_SWITCH: list[_UidSwitch | None] = []
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,12 +157,18 @@ class _Scanner:
     sees). Newest pids are judged first: a process that keeps forking is most
     likely still alive right after the listing. `scan(everything=True)`
     judges all again, for the verification.
+
+    Most of a node's processes are root's or other users' daemons: they are
+    ruled out by their uid (and, for other users, their environment) before
+    anything else is read or a pidfd opened. A process that may be the
+    job's is pinned first and then judged on reads made after the pin.
     """
 
     def __init__(self, job: JobRecord, sweep_uid: bool, protected: frozenset[int], proc: Path, cgroup_root: Path,
                  live_jobs: frozenset[int] = frozenset(), pin: bool = True):
-        self.job, self.sweep_uid, self.protected, self.proc, self.pin = job, sweep_uid, protected, proc, pin
-        places = cgroup_paths(job.job_id, job.uid, job.node, cgroup_root)
+        self.job, self.sweep_uid, self.protected, self.pin = job, sweep_uid, protected, pin
+        self.proc = os.fspath(proc)  # a string: it is joined with every pid, several times
+        places = cgroup_places(job.job_id, job.uid, job.node, cgroup_root)
         self.cgroups = _job_cgroups(job, places)
         #: the job's cgroups as /proc/PID/cgroup names them, to confirm a member once its pid is pinned
         self.cgroup_names = {_cgroup_name(d, cgroup_root) for d in self.cgroups}
@@ -171,6 +191,8 @@ class _Scanner:
             if pid in self.seen and not everything:
                 continue
             self.seen.add(pid)
+            if not self._may_be_tied(pid, in_cgroup):
+                continue
             fd = _pidfd(pid) if self.pin else None  # first: then the reads below are of this very process
             judged = self._judge(pid, in_cgroup)
             if judged is not None and judged[2] == "cgroup" and fd is not None and not self._member(pid):
@@ -218,6 +240,17 @@ class _Scanner:
                 queue += by_group.pop(group, [])
         return found
 
+    def _may_be_tied(self, pid: int, in_cgroup: set[int]) -> bool:
+        """False for a process that cannot be the job's, told by the cheapest reads (`_judge` decides)."""
+        if pid in self.protected or pid == _KTHREADD:
+            return False
+        if pid in in_cgroup:
+            return True
+        uid = real_uid(pid, self.proc)
+        if uid is None or uid == 0:
+            return False  # gone, or root: root is the job's only by its cgroup
+        return uid == self.job.uid or _environ_job(pid, self.proc) == self.job.job_id
+
     def _judge(self, pid: int, in_cgroup: set[int]) -> tuple[ProcStat, int, str] | None:
         """(stat, uid, tie) of a process that is, or may through family be, the job's; else None."""
         if pid in self.protected or pid == _KTHREADD:
@@ -226,10 +259,10 @@ class _Scanner:
         if stat is None or stat.state in ("Z", "X") or stat.ppid == _KTHREADD:
             return None
         uid = real_uid(pid, self.proc)
-        if uid is None or (uid == 0 and _runs_slurm_daemon(pid, self.proc)):
+        if uid is None:
             return None
         if pid in in_cgroup:
-            return stat, uid, "cgroup"
+            return None if uid == 0 and _runs_slurm_daemon(pid, self.proc) else (stat, uid, "cgroup")
         if uid == 0:
             return None  # root is the job's only by its cgroup
         job = self.job
@@ -244,11 +277,8 @@ class _Scanner:
 
     def _member(self, pid: int) -> bool:
         """Whether the (pinned) process is in one of the job's cgroups, by its own /proc/PID/cgroup."""
-        try:
-            lines = (self.proc / str(pid) / "cgroup").read_text().splitlines()
-        except OSError:
-            return False
-        for line in lines:
+        data = _read_all(f"{self.proc}/{pid}/cgroup")
+        for line in data.decode(errors="surrogateescape").splitlines():
             name = line.split(":", 2)[-1]
             if any(name == own or name.startswith(own + "/") for own in self.cgroup_names):
                 return True
@@ -294,7 +324,7 @@ def kill_job(job: JobRecord, *, sweep_uid: bool, protected: frozenset[int], time
     frozen: list[Path] = []
     uid_stopped = False
     try:
-        # nothing of the uid can fork from here on; and whether it has any process at all
+        # nothing of the uid can fork from here on
         uid_stopped = sweep_uid and job.uid != 0 and signal_uid(job.uid, signal.SIGSTOP)
         occupied = [d for d in scanner.cgroups if cgroupfs.members([d])]
         # a job cgroup that still holds a slurmstepd (the extern step ending) is not ours to freeze or kill
@@ -342,7 +372,7 @@ def kill_job(job: JobRecord, *, sweep_uid: bool, protected: frozenset[int], time
             signal_uid(job.uid, signal.SIGCONT)  # what of the uid was not the job's runs on
 
 
-def _cgroup_survivors(directories: list[Path], known: set[int], proc: Path) -> list[tuple[JobProcess, str]]:
+def _cgroup_survivors(directories: list[Path], known: set[int], proc: Path | str) -> list[tuple[JobProcess, str]]:
     """What is still in the job's cgroups at the end and not reported yet: a job cgroup that does not
     empty leaves the node unfit, whatever the scan made of its members."""
     left = []
@@ -354,16 +384,104 @@ def _cgroup_survivors(directories: list[Path], known: set[int], proc: Path) -> l
 
 
 def signal_uid(uid: int, signum: int) -> bool:
-    """Send `signum` to every process of `uid` at once: kill(-1) from a child running as `uid`.
+    """Send `signum` to every process of `uid` at once: kill(-1) with the credentials of `uid`.
 
     The kernel signals all of them in one pass that a fork cannot escape (a
     child forked meanwhile is either in the pass or never created), which no
-    scan of /proc can promise. Only processes whose real or saved uid is
-    `uid` are reached: the child has no capability left. Returns whether the
-    uid had any process (kill(-1) says ESRCH when it signalled none); True
-    also when the child could not tell or not be made, so callers look
-    rather than assume.
+    scan of /proc can promise. Returns False only when kill(-1) said ESRCH,
+    which Linux says only when no process but the caller's exists (in a PID
+    namespace of its own): processes it may not signal count too. True also
+    when nothing could be sent, so callers look rather than assume.
+
+    How, and why it is safe: a short-lived thread of this process (not a
+    fork: forking the hook service, tens of MiB with NVML loaded, cost
+    milliseconds per call) sets its own credentials to (uid, uid, 0) with
+    the raw setresuid system call, calls kill(-1), and sets them back. Linux
+    keeps credentials per thread; glibc's setresuid() changes every thread
+    of the process (it signals them all to follow), the raw call only the
+    calling one. A sender may signal a process whose real or saved uid is
+    the sender's real or effective uid, or, with CAP_KILL, any process. The
+    euid leaving 0 clears the thread's effective capabilities; capget checks
+    that before the kill (under SECBIT_NO_SETUID_FIXUP they would stay, and
+    then nothing is sent). So only processes whose real or saved uid is
+    `uid` are reached: never root's, never another user's; and kill(-1)
+    skips the caller's own thread group, so never this process. The saved
+    uid stays 0 so that the thread can switch back; no other Python code
+    runs on it meanwhile (automatic garbage collection, which could run a
+    finalizer there, is off for those microseconds), and a thread's
+    credentials end with it anyway. The euid change makes the kernel mark
+    the whole process not dumpable: the mark is set back afterwards.
+
+    As with the child this replaces: kill(-1, SIGCONT) also reaches the
+    processes of the caller's session, whatever their uid (the kernel allows
+    SIGCONT within a session); and while the thread runs as `uid`, a process
+    of `uid` may signal it, as it could the child (now for microseconds, not
+    milliseconds). Where the system call's number is not known (another
+    architecture, a 32-bit Python), a forked child does it, as before.
     """
+    switch = _uid_switch()
+    if switch is None:
+        return _signal_uid_from_child(uid, signum)
+    outcome: list[str] = []
+    with _SIGNAL_LOCK:
+        dumpable = switch.prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0)
+        thread = threading.Thread(target=_kill_all_as, args=(switch, uid, signum, outcome),
+                                  name=f"signal-uid-{uid}", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError as err:  # no thread to be had (a pids limit): look with scans alone
+            logger.warning("kill(-1, %s) as uid %d not sent: %s", signal.Signals(signum).name, uid, err)
+            return True
+        try:
+            thread.join()
+        finally:
+            if dumpable >= 0 and switch.prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0) != dumpable:
+                switch.prctl(_PR_SET_DUMPABLE, dumpable, 0, 0, 0)
+    if outcome and outcome[0] not in ("sent", "none"):
+        logger.warning("kill(-1, %s) as uid %d not sent: %s",
+                       signal.Signals(signum).name, uid, outcome[0])
+    return not outcome or outcome[0] != "none"
+
+
+def _kill_all_as(switch: _UidSwitch, uid: int, signum: int, outcome: list[str]) -> None:
+    """The body of signal_uid's thread: switch this thread to `uid`, kill(-1), switch back.
+
+    Between the switches only C calls bound beforehand and os.kill run, on
+    arguments made beforehand; `outcome` gets "sent", "none" (ESRCH) or why
+    nothing was sent.
+    """
+    setresuid, capget, kill, number = switch.setresuid, switch.capget, os.kill, switch.number
+    header, data = switch.header_type(_CAPABILITY_VERSION_3, 0), (switch.data_type * 2)()  # pid 0: this thread
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        if setresuid(number, uid, uid, 0) != 0:
+            outcome.append(f"setresuid failed: {os.strerror(switch.errno())}")
+            return
+        try:
+            if capget(header, data) != 0:
+                outcome.append(f"capget failed: {os.strerror(switch.errno())}")
+                return
+            if data[0].effective or data[1].effective:
+                outcome.append("the thread kept effective capabilities as the uid (SECBIT_NO_SETUID_FIXUP?)")
+                return
+            try:
+                kill(-1, signum)
+                outcome.append("sent")
+            except ProcessLookupError:
+                outcome.append("none")
+            except OSError as err:
+                outcome.append(f"kill failed: {err.strerror or err}")
+        finally:
+            # allowed: the saved uid is 0. Should it fail, the thread ends now, and its credentials with it.
+            setresuid(number, 0, 0, 0)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _signal_uid_from_child(uid: int, signum: int) -> bool:
+    """signal_uid where the thread cannot be used: kill(-1) from a forked child running as `uid`."""
     try:
         child = os.fork()
     except OSError:  # no memory or pids left for a child: look with scans alone
@@ -389,7 +507,63 @@ def signal_uid(uid: int, signum: int) -> bool:
     return os.waitstatus_to_exitcode(status) != 1
 
 
-def _wait_gone(waiting: list[_Found], deadline: float, proc: Path) -> list[_Found]:
+class _UidSwitch:
+    """The C calls signal_uid's thread makes, bound once (ctypes is imported by the first uid sweep).
+
+    A plain class, not a dataclass: it holds functions, not a record, and a
+    dataclass costs the Python hooks half a millisecond at every import.
+    """
+
+    __slots__ = ("number", "setresuid", "capget", "header_type", "data_type", "prctl", "errno")
+
+    def __init__(self, number: int, setresuid: Callable[..., int], capget: Callable[..., int], header_type: type,
+                 data_type: type, prctl: Callable[..., int], errno: Callable[[], int]):
+        #: setresuid's system call number on this machine
+        self.number = number
+        #: syscall(number, ruid, euid, suid): for the calling thread alone
+        self.setresuid = setresuid
+        #: capget(header, data): header.pid 0 names the calling thread
+        self.capget, self.header_type, self.data_type = capget, header_type, data_type
+        self.prctl, self.errno = prctl, errno
+
+
+def _uid_switch() -> _UidSwitch | None:
+    """signal_uid's bound calls, or None where they cannot be had (an unknown ABI, no C library)."""
+    if not _SWITCH:
+        _SWITCH.append(_bind_uid_switch())
+    return _SWITCH[0]
+
+
+def _bind_uid_switch() -> _UidSwitch | None:
+    number = _SYS_SETRESUID.get(os.uname().machine)
+    if number is None:
+        return None
+    try:
+        import ctypes
+        if ctypes.sizeof(ctypes.c_void_p) != 8:  # a 32-bit (or x32) Python on a 64-bit kernel: other numbers
+            return None
+        libc = ctypes.CDLL(None, use_errno=True)  # the C library this process has, no ldconfig run
+    except (ImportError, OSError):
+        return None
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                    ("inheritable", ctypes.c_uint32)]
+
+    # separate function objects: libc.syscall's types must not leak to another user of this CDLL
+    setresuid = ctypes.CFUNCTYPE(ctypes.c_long, ctypes.c_long, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
+                                 use_errno=True)(("syscall", libc))
+    capget = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(Header), ctypes.POINTER(Data),
+                              use_errno=True)(("capget", libc))
+    prctl = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                             ctypes.c_ulong, use_errno=True)(("prctl", libc))
+    return _UidSwitch(number, setresuid, capget, Header, Data, prctl, ctypes.get_errno)
+
+
+def _wait_gone(waiting: list[_Found], deadline: float, proc: Path | str) -> list[_Found]:
     """Wait until each has exited (a pidfd turns readable then) or the deadline; those still alive."""
     poller = select.poll()
     by_fd = {}
@@ -450,18 +624,31 @@ def kill_process(process: JobProcess, proc: Path = PROC) -> bool:
 # -- evidence ------------------------------------------------------------------------
 
 
-def _job_cgroups(job: JobRecord, places: list[Path]) -> list[Path]:
+def _job_cgroups(job: JobRecord, places: list[str]) -> list[Path]:
     """The job's cgroup directories that exist: recorded at the Prolog, or `places` computed now."""
-    return [p for p in dict.fromkeys([*map(Path, job.cgroups), *places]) if os.path.isdir(p)]
+    return [Path(p) for p in dict.fromkeys([*job.cgroups, *places]) if os.path.isdir(p)]
 
 
-def _environ_job(pid: int, proc: Path) -> int | None:
-    """The SLURM_JOB_ID in the process's environment, if it has one."""
+def _read_all(path: str) -> bytes:
+    """A whole /proc file (environ may be large), b"" when it cannot be read."""
     try:
-        with open(f"{os.fspath(proc)}/{pid}/environ", "rb") as f:
-            data = b"\0" + f.read()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
-        return None
+        return b""
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
+def _environ_job(pid: int, proc: Path | str) -> int | None:
+    """The SLURM_JOB_ID in the process's environment, if it has one."""
+    data = b"\0" + _read_all(f"{os.fspath(proc)}/{pid}/environ")
     at = data.find(b"\0SLURM_JOB_ID=")
     if at < 0:
         return None
@@ -469,18 +656,30 @@ def _environ_job(pid: int, proc: Path) -> int | None:
     return int(value) if value.isdigit() else None
 
 
-def _holds_slurm_daemon(directory: Path, proc: Path) -> bool:
+def _holds_slurm_daemon(directory: Path, proc: Path | str) -> bool:
     return any(real_uid(pid, proc) == 0 and _runs_slurm_daemon(pid, proc) for pid in cgroupfs.members([directory]))
 
 
-def _other_job_cgroups(places: list[Path]) -> bool:
+def _other_job_cgroups(places: list[str]) -> bool:
     """Whether a job other than the one of `places` (its cgroup_paths) has a cgroup directory here."""
     for place in places:
-        scope, pattern = (place.parent, "job_*") if place.parent.name.endswith(".scope") else \
-            (place.parent.parent, "uid_*/job_*")
-        if any(found.name != place.name for found in scope.glob(pattern)):
+        parent, own = os.path.split(place)
+        if parent.endswith(".scope"):  # v2: .../<scope>/job_<id>
+            jobs = [parent]
+        else:  # v1: .../slurm[_<node>]/uid_<uid>/job_<id>
+            top = os.path.dirname(parent)
+            jobs = [f"{top}/{name}" for name in _names(top) if name.startswith("uid_")]
+        if any(name.startswith("job_") and name != own for directory in jobs for name in _names(directory)):
             return True
     return False
+
+
+def _names(directory: str) -> list[str]:
+    """The entries of a directory; none when it is missing (the usual case) or unreadable."""
+    try:
+        return os.listdir(directory)
+    except OSError:
+        return []
 
 
 def _cgroup_name(directory: Path, cgroup_root: Path) -> str:
@@ -491,17 +690,14 @@ def _cgroup_name(directory: Path, cgroup_root: Path) -> str:
     return "/" + "/".join(relative)
 
 
-def _in_other_job_cgroup(pid: int, job_id: int, proc: Path) -> bool:
-    try:
-        data = (proc / str(pid) / "cgroup").read_bytes()
-    except OSError:
-        return False
-    return any(int(found) != job_id for found in _JOB_IN_CGROUP.findall(data))
+def _in_other_job_cgroup(pid: int, job_id: int, proc: Path | str) -> bool:
+    data = _read_all(f"{os.fspath(proc)}/{pid}/cgroup")
+    return any(int(found) != job_id for found in re.findall(_JOB_IN_CGROUP, data))
 
 
-def _runs_slurm_daemon(pid: int, proc: Path) -> bool:
+def _runs_slurm_daemon(pid: int, proc: Path | str) -> bool:
     try:
-        exe = os.readlink(proc / str(pid) / "exe")
+        exe = os.readlink(f"{os.fspath(proc)}/{pid}/exe")
     except OSError:
         return False
     return os.path.basename(exe.removesuffix(" (deleted)")) in _SLURM_BINARIES
@@ -510,12 +706,12 @@ def _runs_slurm_daemon(pid: int, proc: Path) -> bool:
 # -- acting ------------------------------------------------------------------------
 
 
-def _alive(process: JobProcess, proc: Path) -> bool:
+def _alive(process: JobProcess, proc: Path | str) -> bool:
     stat = read_stat(process.pid, proc)
     return stat is not None and stat.starttime == process.starttime and stat.state not in ("Z", "X")
 
 
-def _state(process: JobProcess, proc: Path) -> str:
+def _state(process: JobProcess, proc: Path | str) -> str:
     stat = read_stat(process.pid, proc)
     return stat.state if stat else "gone"
 
@@ -527,7 +723,7 @@ def _pidfd(pid: int) -> int | None:
         return None
 
 
-def _pin(process: JobProcess, proc: Path) -> int | None:
+def _pin(process: JobProcess, proc: Path | str) -> int | None:
     """A pidfd for the very process that was found, or None when it is gone (or pidfds are unavailable)."""
     try:
         fd = os.pidfd_open(process.pid)
@@ -540,7 +736,7 @@ def _pin(process: JobProcess, proc: Path) -> int | None:
     return fd
 
 
-def _send(found: _Found, signum: int, proc: Path) -> bool:
+def _send(found: _Found, signum: int, proc: Path | str) -> bool:
     """Signal a found process through its pidfd (or a fresh, checked one); False when it is gone."""
     if found.fd is not None:
         try:

@@ -2,7 +2,8 @@
 
 The agent (reaping, sessions, MAINPID ancestry), the dev cluster (pidfiles)
 and the tests all ask the same few questions of /proc; `proc` is a parameter
-so tests can feed a fixture tree.
+so tests can feed a fixture tree (a Path, or a plain string: the Epilog's
+scan passes one, since it is joined with every pid several times).
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from typing import Iterator
 __all__ = ["ProcStat", "read_stat", "pid_alive", "comm", "all_stats", "real_uid", "pids"]
 
 PROC = Path("/proc")
+#: bytes read of /proc/PID/stat: 52 numbers and a name of at most 64 bytes fit with room to spare
+_STAT_SIZE = 2048
+#: bytes read of /proc/PID/status: its Uid line is the ninth, after a name of at most 64 bytes
+_STATUS_HEAD = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,39 +37,57 @@ class ProcStat:
     comm: str
 
 
-def read_stat(pid: int, proc: Path = PROC) -> ProcStat | None:
+def read_stat(pid: int, proc: Path | str = PROC) -> ProcStat | None:
     """The process's stat fields, or None when it is gone (or unreadable)."""
-    try:
-        with open(f"{os.fspath(proc)}/{pid}/stat", "rb") as f:  # not pathlib: scans call this per process
-            data = f.read()
-    except OSError:
-        return None
+    data = _read(f"{os.fspath(proc)}/{pid}/stat", _STAT_SIZE)
     # the command name in parentheses may itself hold spaces and ')'
-    end = data.rindex(b")")
+    end = data.rfind(b")")
+    if end < 0:  # gone between the open and the read (or nothing could be read)
+        return None
     fields = data[end + 2:].split()
     return ProcStat(pid, fields[0].decode(), int(fields[1]), int(fields[3]), int(fields[2]), int(fields[19]),
                     data[data.index(b"(") + 1:end].decode(errors="replace"))
 
 
-def pid_alive(pid: int, proc: Path = PROC) -> bool:
+def _read(path: str, size: int) -> bytes:
+    """The first `size` bytes of a /proc file, b"" when it cannot be read.
+
+    os.open and one os.read, not open(): an Epilog's scan reads a few files
+    per process of the node, and the buffered file object costs as much as
+    the kernel's work on a small /proc file. /proc files are made whole at
+    the first read, so one read of enough bytes sees a consistent text.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return b""
+    try:
+        return os.read(fd, size)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
+def pid_alive(pid: int, proc: Path | str = PROC) -> bool:
     """True while `pid` runs; a zombie (exited, not yet reaped) counts as gone."""
     stat = read_stat(pid, proc)
     return stat is not None and stat.state not in ("Z", "X")
 
 
-def comm(pid: int, proc: Path = PROC) -> str | None:
+def comm(pid: int, proc: Path | str = PROC) -> str | None:
     """The process's name as the kernel keeps it (cut at 15 characters)."""
-    try:
-        return (proc / str(pid) / "comm").read_text().strip()
-    except OSError:
-        return None
+    data = _read(f"{os.fspath(proc)}/{pid}/comm", 64)
+    return data.decode(errors="replace").strip() if data else None
 
 
-def real_uid(pid: int, proc: Path = PROC) -> int | None:
+def real_uid(pid: int, proc: Path | str = PROC) -> int | None:
     """The process's real uid, or None when it is gone.
 
-    /proc/PID's owner is the effective uid, and root for a non-dumpable
-    process; so a root-owned entry is checked in status, the slower read.
+    /proc/PID's owner is the effective uid (the kernel keeps it for the
+    directory even when the process is not dumpable); so a root-owned entry,
+    which may be a setuid-root program a user started, is checked in status,
+    the slower read.
     """
     base = f"{os.fspath(proc)}/{pid}"
     try:
@@ -73,22 +96,22 @@ def real_uid(pid: int, proc: Path = PROC) -> int | None:
         return None
     if owner != 0:
         return owner
+    data = _read(f"{base}/status", _STATUS_HEAD)
+    at = data.find(b"\nUid:")  # Name, the only text a user chooses, comes first and has its newlines escaped
+    if at < 0:
+        return None
     try:
-        with open(f"{base}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"Uid:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+        return int(data[at + 5:data.index(b"\n", at + 1)].split()[0])
+    except (ValueError, IndexError):
+        return None
 
 
-def pids(proc: Path = PROC) -> list[int]:
+def pids(proc: Path | str = PROC) -> list[int]:
     """Every process id in /proc now."""
     return [int(name) for name in os.listdir(proc) if name.isdigit()]
 
 
-def all_stats(proc: Path = PROC) -> Iterator[ProcStat]:
+def all_stats(proc: Path | str = PROC) -> Iterator[ProcStat]:
     """Every process that can be read now."""
     for pid in pids(proc):
         stat = read_stat(pid, proc)

@@ -385,3 +385,59 @@ def test_without_the_uid_lock_the_epilog_does_not_sweep_the_uid(node, monkeypatc
     node.assert_no_internal_error()
     assert _alive(bare), "the uid was swept without the lock"
     assert [e for e in node.journal() if e["event"] == "uid-lock-timeout"]
+
+
+# -- the Python hooks, cheaper (issue 10) ------------------------------------------------------------
+
+
+def test_the_python_hooks_import_only_what_every_job_needs():
+    """The fallback starts a fresh Python per hook: NVML, the process scan, IPC cleanup, ctypes and the
+    compression modules shutil pulls in are imported where a job needs them, not by every Prolog."""
+    lazy = ["slurm_ext.prolog_epilog.gpus", "slurm_ext.nvml", "pynvml", "slurm_ext.prolog_epilog.procs",
+            "slurm_ext.prolog_epilog.ipc", "slurm_ext.prolog_epilog.scripts", "slurm_ext.prolog_epilog.validate",
+            "ctypes", "shutil", "lzma", "bz2", "subprocess"]
+    code = (f"import sys\nimport slurm_ext.prolog_epilog.hooks\n"
+            f"print([name for name in {lazy!r} if name in sys.modules])\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_the_python_hooks_started_as_slurm_ext_hook_starts_them_do_the_whole_job(node):
+    """The launchers that slurm-ext-hook runs without a service (python -IS, imports where used, os._exit
+    at the end): the Prolog records the job, the Epilog sweeps the uid and forgets it, both log that they
+    ran without the service, and a verdict's message is printed."""
+    from slurm_ext.prolog_epilog.service import write_launchers
+    config_file, log_file = node.root / "slurm-ext.toml", node.root / "hooks.log"
+    config_file.write_text(f'[node]\nstate_dir = "{node.state}"\n[prolog_epilog]\nscripts_dir = "{node.scripts}"\n'
+                           f'[log]\nfile = "{log_file}"\n')  # a file is block-buffered: lost unless flushed
+    bin_dir = node.root / "bin"
+    bin_dir.mkdir()
+    prolog, epilog = write_launchers(bin_dir)
+    job = node.job_id()
+    env = {**node.env(job), "PATH": PATH, "SLURM_EXT_CONFIG": str(config_file)}
+
+    done = subprocess.run([str(prolog)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert f"job {job}: prolog done in" in log_file.read_text()  # the log line, flushed before the exit
+    assert jobrecord.read(job, str(node.state)) is not None
+    leftover = node.start("print('ready', flush=True)\nimport time\ntime.sleep(1000)\n")
+    assert _ready(leftover) == "ready"
+    done = subprocess.run([str(epilog)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert f"job {job}: epilog done in" in log_file.read_text()
+    assert leftover.wait(timeout=10) == -signal.SIGKILL
+    assert jobrecord.read(job, str(node.state)) is None
+    # a verdict with a message: printed, and the event in the journal
+    broken = {key: value for key, value in env.items() if key != "SLURM_JOB_UID"}
+    done = subprocess.run([str(prolog)], env=broken, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert f"slurm-ext-prolog: job {job}: prolog failed: SLURM_JOB_UID=None" in done.stderr
+    assert [e for e in node.journal() if e["event"] == "prolog-failed"]
+
+
+def test_the_boot_time_is_the_kernels():
+    """Records older than the boot are stale: the boot time from the clocks is /proc/stat's btime."""
+    btime = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                 if line.startswith("btime "))
+    assert abs(hooks._boot_time() - btime) < 2.0

@@ -36,8 +36,11 @@ def _journal_length(cluster) -> int:
 def _slurmd(cluster) -> int | None:
     agent = next(d.pid for d in dev.status(cluster.settings).daemons if d.name == "supervise-worker")
     for child in psutil.Process(agent).children():
-        if child.name() == "slurmd" and child.status() != psutil.STATUS_ZOMBIE:
-            return child.pid
+        try:
+            if child.name() == "slurmd" and child.status() != psutil.STATUS_ZOMBIE:
+                return child.pid
+        except psutil.NoSuchProcess:  # the slurmd just killed, reaped between the listing and the look
+            continue
     return None
 
 

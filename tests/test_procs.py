@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,8 +29,8 @@ import pytest
 
 from slurm_ext.procfs import pids, read_stat, real_uid
 from slurm_ext.prolog_epilog.jobrecord import JobRecord, cgroup_paths
-from slurm_ext.prolog_epilog.procs import (JobProcess, find_job_processes, gpu_process_of, kill_job, kill_process,
-                                           protected_pids, signal_uid)
+from slurm_ext.prolog_epilog.procs import (JobProcess, _signal_uid_from_child, find_job_processes, gpu_process_of,
+                                           kill_job, kill_process, protected_pids, signal_uid)
 
 
 @pytest.fixture(autouse=True)
@@ -753,3 +754,114 @@ def test_a_job_cgroup_that_does_not_empty_is_reported_whatever_the_scan_made_of_
     assert [(p.pid, p.tie) for p, _ in cleanup.survivors] == [(guard, "cgroup")]
     assert cleanup.cgroups_removed == 0 and cgroup.is_dir()
     assert _alive(guard, lab.started[guard]) and read_stat(guard).state == "S"  # thawed, untouched
+
+
+# -- signalling every process of a uid from a thread (issue 10) -------------------------
+
+
+def _cap_eff() -> str:
+    """This thread's effective capabilities, as the kernel shows them."""
+    for line in Path("/proc/thread-self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return line.split()[1]
+    raise AssertionError("no CapEff line in /proc/thread-self/status")
+
+
+def _dumpable() -> int:
+    import ctypes
+    return ctypes.CDLL(None).prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE
+
+
+@pytest.mark.parametrize("send", [signal_uid, _signal_uid_from_child], ids=["thread", "child"])
+def test_signal_uid_reaches_every_process_of_the_uid_and_never_root_or_another_user(lab, send):
+    mine = [lab.spawn(SLEEP, "1000", uid=lab.uid, setsid=True), lab.spawn("env", "-i", SLEEP, "1000", uid=lab.uid)]
+    spared = [lab.spawn(SLEEP, "1000", uid=lab.other_uid, setsid=True),  # another user
+              lab.spawn(SLEEP, "1000", setsid=True),  # root, a session of its own
+              lab.spawn(SLEEP, "1000")]  # root, in pytest's session (only SIGCONT may cross a session)
+    before = (os.getresuid(), os.getresgid(), _cap_eff(), _dumpable())
+
+    assert send(lab.uid, signal.SIGSTOP) is True
+    for pid in mine:
+        _wait(f"pid {pid} of the uid stopped", lambda: read_stat(pid).state == "T")
+    for pid in spared:
+        assert read_stat(pid).state == "S", read_stat(pid)
+    # with CAP_KILL still effective, or a real uid of 0 left, root's sleepers would die here
+    assert send(lab.uid, signal.SIGKILL) is True
+    _wait_dead({pid: lab.started[pid] for pid in mine})
+    time.sleep(0.1)
+    for pid in spared:
+        assert _alive(pid, lab.started[pid]) and read_stat(pid).state == "S", read_stat(pid)
+    # this process: its credentials, capabilities and dumpable mark as they were
+    assert (os.getresuid(), os.getresgid(), _cap_eff(), _dumpable()) == before
+
+
+def test_signal_uid_changes_the_credentials_of_its_own_thread_only(lab):
+    """glibc's setresuid() would switch every thread of the process; the raw system call switches one."""
+    seen: set[tuple[int, int, int]] = set()
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            seen.add(os.getresuid())
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        for _ in range(300):
+            signal_uid(lab.uid, signal.SIGCONT)
+    finally:
+        stop.set()
+        watcher.join()
+    assert seen == {(0, 0, 0)}
+    # and a thread started afterwards is root as well
+    after: list[tuple[int, int, int]] = []
+    thread = threading.Thread(target=lambda: after.append(os.getresuid()))
+    thread.start()
+    thread.join()
+    assert after == [(0, 0, 0)]
+
+
+def test_signal_uid_sends_nothing_when_its_thread_would_keep_capabilities(lab):
+    """SECBIT_NO_SETUID_FIXUP keeps a thread's capabilities when its euid leaves 0: with CAP_KILL, kill(-1)
+    would reach every process. signal_uid checks and sends nothing. Run in a PID namespace of its own, so
+    that a broken check can only reach the namespace's processes."""
+    code = (f"import ctypes, signal, subprocess, sys, time\n"
+            f"from slurm_ext.prolog_epilog.procs import signal_uid\n"
+            f"mine = subprocess.Popen(['setpriv', '--reuid={lab.uid}', '--regid={lab.uid}', '--clear-groups', "
+            f"'{SLEEP}', '1000'])\n"
+            f"root = subprocess.Popen(['{SLEEP}', '1000'])\n"
+            f"time.sleep(0.3)\n"
+            f"libc = ctypes.CDLL(None, use_errno=True)\n"
+            f"assert libc.prctl(28, 1 << 2, 0, 0, 0) == 0, ctypes.get_errno()  # PR_SET_SECUREBITS\n"
+            f"sent = signal_uid({lab.uid}, signal.SIGKILL)\n"
+            f"time.sleep(0.3)\n"
+            f"print(sent, mine.poll(), root.poll(), flush=True)\n"
+            f"mine.kill(); root.kill()\n")
+    result = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", code],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "None", "None"], result.stdout  # sent nothing: both still run
+    assert "kept effective capabilities" in result.stderr
+
+
+def test_a_setuid_root_program_of_the_user_is_found_by_its_real_uid(lab):
+    """A program the user started that runs with root's effective uid (passwd, a setuid helper): /proc/PID is
+    root's, so its real uid is read from status, and neither the uid sweep nor the environment misses it."""
+    job = lab.job()
+
+    def setuid_root(uid: int) -> str:
+        return f"import os, signal; os.setresuid({uid}, 0, 0); signal.pause()"
+
+    swept = lab.spawn("env", "-i", SYSTEM_PYTHON, "-c", setuid_root(lab.uid), setsid=True, comm="python3")
+    carried = lab.spawn(SYSTEM_PYTHON, "-c", setuid_root(lab.other_uid), job_id=job.job_id, setsid=True,
+                        comm="python3")
+    stranger = lab.spawn("env", "-i", SYSTEM_PYTHON, "-c", setuid_root(lab.other_uid), setsid=True, comm="python3")
+    for pid, uid in ((swept, lab.uid), (carried, lab.other_uid), (stranger, lab.other_uid)):
+        _wait(f"pid {pid} runs as real uid {uid}", lambda: real_uid(pid) == uid)
+        assert os.stat(f"/proc/{pid}").st_uid == 0  # the entry is root's: its owner is the effective uid
+
+    assert {pid: p.tie for pid, p in _find(job, sweep=True).items()} == {swept: "uid", carried: "environ"}
+    cleanup = _kill(job, sweep=True)
+    assert {p.pid for p in cleanup.found} == {swept, carried}
+    _wait_dead({pid: lab.started[pid] for pid in (swept, carried)}, timeout=0.5)
+    assert _alive(stranger, lab.started[stranger]) and read_stat(stranger).state == "S"
