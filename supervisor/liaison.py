@@ -45,6 +45,8 @@ class SlurmLiaison(threading.Thread):
         #: last answer: the node is registered (by the slurmd started last) and responding
         self.node_ok = False
         self.node_problem = "not asked yet"
+        #: epoch time of the latest slurmd start: the node is ready once that slurmd has registered
+        self._slurmd_started: float | None = None
         self._stop = threading.Event()
         self._wake = threading.Event()
         #: the node-state socket: served by the agent of the node's slurmd, whose hook service drains through it
@@ -76,7 +78,7 @@ class SlurmLiaison(threading.Thread):
 
     def slurmd_started(self) -> None:
         """A slurmd has just been started: the node is ready again once it has registered."""
-        self.owner.slurmd_started = time.time()
+        self._slurmd_started = time.time()
         self.node_ok = False
         self.node_problem = "slurmd started, not registered yet"
         self.poke()
@@ -126,7 +128,7 @@ class SlurmLiaison(threading.Thread):
 
     def _check_node(self, node: Node) -> None:
         ok = node.responding and node.state not in ("UNKNOWN", "FUTURE") and \
-            nodestate.registered(node, self.owner.slurmd_started)
+            nodestate.registered(node, self._slurmd_started)
         problem = "" if ok else (f"node {node.name} is {node.state}+{'+'.join(sorted(node.flags))}" if
                                  not node.responding or node.state in ("UNKNOWN", "FUTURE")
                                  else f"node {node.name}: the slurmd started last has not registered yet")

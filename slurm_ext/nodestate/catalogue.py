@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["DrainKind", "CATALOGUE", "OWNERS", "kind_of", "split_more"]
+__all__ = ["DrainKind", "CATALOGUE", "kind_of", "split_more"]
 
 #: the resume rules
 WHEN_CLEARED = "when-cleared"
@@ -73,8 +73,6 @@ CATALOGUE: tuple[DrainKind, ...] = (
               "a worker exited crash_loop_count times within crash_loop_window; lifted once it has run the "
               "window", stale_at_start=True),
 )
-
-OWNERS = frozenset(kind.owner for kind in CATALOGUE)
 
 _MORE = re.compile(r"(.*) \(\+(\d+) more\)\Z", re.DOTALL)
 

@@ -28,7 +28,7 @@ from slurm_ext.slurm import REASON_PREFIX, Node, is_our_reason
 
 from .catalogue import BY_OPERATOR, WHEN_CLEARED, DrainKind, kind_of, split_more
 
-__all__ = ["Want", "Drain", "Resume", "Leave", "Wait", "NodeState", "UnknownReason"]
+__all__ = ["Want", "Drain", "Resume", "Leave", "Wait", "NodeState", "UnknownReason", "checked"]
 
 #: a reason of ours that the catalogue does not know (another version of slurm-ext wrote it): kept for an operator
 _UNKNOWN = DrainKind("unknown", "unknown", "{text}", 0, BY_OPERATOR, "a slurm-ext reason this version does not know")
@@ -40,6 +40,19 @@ class UnknownReason(ValueError):
     def __init__(self, owner: str, reason: str):
         super().__init__(f"drain reason {reason!r} of owner {owner!r} is not in the catalogue "
                          "(slurm_ext/nodestate/catalogue.py)")
+
+
+def checked(owner: str, reason: str) -> tuple[str, DrainKind]:
+    """`reason` without the slurm-ext: prefix, and its kind in the catalogue for `owner`.
+
+    Raises:
+        UnknownReason: the reason is not a catalogued kind of that owner.
+    """
+    text = reason.removeprefix(REASON_PREFIX).strip()
+    kind = kind_of(text, owner.split("/", 1)[0])
+    if kind is None:
+        raise UnknownReason(owner, text)
+    return text, kind
 
 
 @dataclass(slots=True)
@@ -124,10 +137,7 @@ class NodeState:
         Raises:
             UnknownReason: the reason is not a catalogued kind of that owner.
         """
-        reason = reason.removeprefix(REASON_PREFIX).strip()
-        kind = kind_of(reason, owner.split("/", 1)[0])
-        if kind is None:
-            raise UnknownReason(owner, reason)
+        reason, kind = checked(owner, reason)
         want = Want(owner, reason, kind, next(self._seq), fields=fields)
         old = self.wants.get(want.key)
         if old is not None and old.reason == reason and not old.dismissed:

@@ -19,8 +19,7 @@ from typing import Callable
 from slurm_ext.errors import SlurmExtError
 from slurm_ext.slurm import Node, SlurmClient
 
-from .owner import Drain, Leave, NodeState, Resume, UnknownReason, Wait, Want
-from .catalogue import kind_of
+from .owner import Drain, Leave, NodeState, Resume, Wait, Want, checked
 
 __all__ = ["Ticket", "Reconciler", "registered"]
 
@@ -75,10 +74,6 @@ class Reconciler:
         self.node = node
         self.emit = emit
         self.state = NodeState(node, stale_prefixes, lift_stale)
-        #: epoch time of the latest slurmd start (set by the agent); None: any registration will do
-        self.slurmd_started: float | None = None
-        #: the node as last read
-        self.last: Node | None = None
         self._queue: list[tuple[str, str, Ticket]] = []
         self._open: list[tuple[Want | None, Ticket]] = []
         self._lock = threading.Lock()
@@ -92,9 +87,7 @@ class Reconciler:
         """Queue a want; raises UnknownReason at once when the reason is not catalogued for `owner`.
 
         `fields` go into the journal's drain event (e.g. job=...)."""
-        text = reason.removeprefix("slurm-ext:").strip()
-        if kind_of(text, owner.split("/", 1)[0]) is None:
-            raise UnknownReason(owner, text)
+        text, _ = checked(owner, reason)
         return self._enqueue("want", owner, text, fields)
 
     def clear(self, owner: str) -> Ticket:
@@ -163,7 +156,6 @@ class Reconciler:
             self._write(action, node)
             node = self.slurm.node(self.node)
         self._waiting = isinstance(action, Wait)
-        self.last = node
         self._settle(node)
         return node
 
