@@ -33,6 +33,11 @@
  * entries, then an empty entry (one more NUL: the service refuses a request
  * cut short), then end-of-file; the answer is "<exit code> <message>\n".
  *
+ * The client puts its own path in SLURM_EXT_HOOK for the service and the
+ * Python hook (any value slurmd passed is replaced): the Epilog runs it again
+ * as `slurm-ext-hook signal-uid UID SIGNUM` for its sweep of a user's
+ * processes (see signal_uid below).
+ *
  * Built by `slurm-ext hooks build` with -DHOOK_SOCKET, -DPROLOG_FALLBACK,
  * -DEPILOG_FALLBACK and -DHOOK_DEADLINE; the phase comes from slurmd's
  * SLURM_SCRIPT_CONTEXT (prolog_slurmd / epilog_slurmd), else from this
@@ -40,12 +45,16 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <grp.h>
 #include <limits.h>
+#include <linux/capability.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -225,6 +234,70 @@ static int ask(int fd, const char *phase, char *message, size_t size, long long 
     return code;
 }
 
+/*
+ * `slurm-ext-hook signal-uid UID SIGNUM`: kill(-1, SIGNUM) with the credentials of UID, for the Epilog's
+ * sweep of a user's processes (signal_uid in procs.py). The kernel signals every process the sender may
+ * signal in one pass that no fork outruns; as UID, with no capability left, that is every process whose
+ * real or saved uid is UID: never root's, never another user's, never this one (kill(-1) skips the
+ * caller). A process of its own, so that the Python caller never takes a user's credentials itself (a
+ * thread of the hook service running as the user could be sent a fatal signal by the user); the caller
+ * starts it with posix_spawn and a session of its own (kill(-1, SIGCONT) also reaches the sender's session).
+ * Exit status: 0 sent, 1 no process to signal (ESRCH), 2 bad arguments, 3 the uid could not be taken,
+ * 4 capabilities kept as the uid (SECBIT_NO_SETUID_FIXUP: nothing sent), 5 kill failed.
+ */
+static int signal_uid(const char *uid_text, const char *signum_text)
+{
+    struct __user_cap_header_struct header = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct caps[_LINUX_CAPABILITY_U32S_3];
+    char *end;
+    unsigned long uid;
+    long signum;
+
+    errno = 0;
+    uid = strtoul(uid_text, &end, 10);
+    if (errno || !*uid_text || *end || *uid_text == '-' || uid == 0 || uid >= (uid_t)-1) {
+        fprintf(stderr, "slurm-ext-hook: signal-uid: %s is not a uid other than root's\n", uid_text);
+        return 2;
+    }
+    errno = 0;
+    signum = strtol(signum_text, &end, 10);
+    if (errno || !*signum_text || *end || signum < 0 || signum >= NSIG) {
+        fprintf(stderr, "slurm-ext-hook: signal-uid: %s is not a signal number\n", signum_text);
+        return 2;
+    }
+    /* groups and gid first, while still root; the gid only has to be none of root's: kill looks at uids */
+    if (setgroups(0, NULL) < 0 || setresgid((gid_t)uid, (gid_t)uid, (gid_t)uid) < 0 ||
+        setresuid((uid_t)uid, (uid_t)uid, (uid_t)uid) < 0) {
+        fprintf(stderr, "slurm-ext-hook: signal-uid: cannot take uid %lu: %s\n", uid, strerror(errno));
+        return 3;
+    }
+    if (syscall(SYS_capget, &header, caps) < 0 || caps[0].effective || caps[1].effective) {
+        fprintf(stderr, "slurm-ext-hook: signal-uid: uid %lu kept capabilities (SECBIT_NO_SETUID_FIXUP?): "
+                        "sending nothing, which would reach every process\n", uid);
+        return 4;
+    }
+    if (kill(-1, (int)signum) == 0)
+        return 0;
+    if (errno == ESRCH)
+        return 1;
+    fprintf(stderr, "slurm-ext-hook: signal-uid: kill(-1, %ld) as uid %lu: %s\n", signum, uid, strerror(errno));
+    return 5;
+}
+
+/* SLURM_EXT_HOOK: this program, for the Epilog's signal-uid (see the top of this file). */
+static void name_self(void)
+{
+    char self[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
+
+    if (len > 0) {
+        self[len] = '\0';
+        setenv("SLURM_EXT_HOOK", self, 1);
+    } else {
+        unsetenv("SLURM_EXT_HOOK");
+    }
+}
+
 int main(int argc, char **argv)
 {
     struct sockaddr_un address = {.sun_family = AF_UNIX};
@@ -233,12 +306,15 @@ int main(int argc, char **argv)
     char message[1024], why[512];
     int fd, code;
 
+    if (argc == 4 && strcmp(argv[1], "signal-uid") == 0)
+        return signal_uid(argv[2], argv[3]);
     if (!phase) {
         fprintf(stderr, "slurm-ext-hook: neither slurmd's Prolog nor its Epilog (SLURM_SCRIPT_CONTEXT=%s); "
                         "install it as Prolog= and Epilog= in slurm.conf, not PrologSlurmctld=\n",
                 getenv("SLURM_SCRIPT_CONTEXT") ? getenv("SLURM_SCRIPT_CONTEXT") : "");
         return 1;
     }
+    name_self();
     snprintf(address.sun_path, sizeof(address.sun_path), "%s", HOOK_SOCKET);
     /* non-blocking: a service whose backlog is full must not hold connect() either */
     fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);

@@ -31,7 +31,6 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NoReturn
 
 from slurm_ext import config as config_mod, events, log
 from slurm_ext.config import Config
@@ -42,8 +41,12 @@ from . import jobrecord
 from .places import phase_dir
 
 # Imported where they are used: the Python hooks start afresh for every job on a node without the hook
-# service, and a Prolog needs no process scan or IPC cleanup, a job without GPUs no NVML.
+# service, and a Prolog needs no process scan or IPC cleanup, a job without GPUs no NVML (nor typing:
+# ~3 ms of such a start).
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import NoReturn
+
     from . import procs
 
 __all__ = ["Verdict", "prolog", "epilog", "handle", "prolog_main", "epilog_main"]
@@ -162,8 +165,9 @@ def _clean_up(env: dict[str, str], config: Config, record: jobrecord.JobRecord, 
     job_id = record.job_id
     protected = procs.protected_pids(protect)
     with _exclusive_step(config, record) as (others, exclusive):
+        # the hook client that ran this hook names itself: it sends the uid sweep's signals (procs.signal_uid)
         cleanup = procs.kill_job(record, sweep_uid=exclusive, protected=protected, timeout=settings.kill_timeout,
-                                 live_jobs=frozenset(others))
+                                 live_jobs=frozenset(others), signal_helper=env.get("SLURM_EXT_HOOK"))
         ipc = clean_ipc(record.uid, exclusive=exclusive, since=record.start) if record.uid else None
     reasons = [f"job {job_id} left pid {p.pid} ({printable(p.comm)}) unkillable in state {state}"
                for p, state in cleanup.survivors]
@@ -328,19 +332,22 @@ def _boot_time() -> float:
 # -- the Python hooks (used when no hook service answers) ----------------------------
 
 
-def prolog_main() -> NoReturn:
-    """The Python Prolog, a process of its own: run it and exit with its verdict."""
-    _exit(_main("prolog"))
+def prolog_main(config_cache: str | None = None) -> NoReturn:
+    """The Python Prolog, a process of its own: run it and exit with its verdict.
+
+    `config_cache`: where to keep the parsed config between runs (`config.load`'s parsed_cache).
+    """
+    _exit(_main("prolog", config_cache))
 
 
-def epilog_main() -> NoReturn:
-    """The Python Epilog, a process of its own: run it and exit with its verdict."""
-    _exit(_main("epilog"))
+def epilog_main(config_cache: str | None = None) -> NoReturn:
+    """The Python Epilog, a process of its own: run it and exit with its verdict (`config_cache`: as for the Prolog)."""
+    _exit(_main("epilog", config_cache))
 
 
-def _main(phase: str) -> int:
+def _main(phase: str, config_cache: str | None) -> int:
     try:
-        config = config_mod.load()
+        config = config_mod.load(parsed_cache=config_cache)
     except ConfigError as err:
         print(f"slurm-ext-{phase}: {err}; using defaults", file=sys.stderr)
         config = Config()

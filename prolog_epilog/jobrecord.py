@@ -15,9 +15,9 @@ import fcntl
 import json
 import os
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Callable, Iterator
 
 from slurm_ext.errors import SlurmExtError
 from slurm_ext.fileio import atomic_write

@@ -26,8 +26,8 @@ hook, slurmd), the `protected` pids (the agent), and root processes running
 slurmd or slurmstepd.
 
 Killing: first make sure nothing can fork out of reach. With the uid sweep,
-kill(-1, SIGSTOP) is sent with the job user's credentials (by a thread of
-this process that switches its own, see `signal_uid`): the kernel stops
+kill(-1, SIGSTOP) is sent with the job user's credentials (by a process
+of its own, see `signal_uid`): the kernel stops
 every process of the uid in one pass that a fork cannot outrun (a process
 that forks and lets its parent exit every few milliseconds is never in one
 /proc snapshot). Job cgroups that have members are frozen (v1 freezer.state, v2
@@ -45,16 +45,13 @@ not waited on forever.
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import re
 import resource
 import select
 import signal
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,15 +78,10 @@ _JOB_IN_CGROUP = \
     rb"(?m)^[^:\n]*:[^:\n]*:/(?:slurm(?:_[^/\n]+)?/uid_\d+|system\.slice/(?:[^/\n]+_)?slurmstepd\.scope)/job_(\d+)(?:/|$)"
 #: the inode of the first PID namespace (PROC_PID_INIT_INO): NVML's pids are pids in it
 _INIT_PID_NAMESPACE = "pid:[4026531836]"
-#: setresuid's number in the system call tables of the 64-bit Linux ABIs known here (x86_64's own; the
-#: generic table of aarch64 and riscv64); elsewhere signal_uid forks
-_SYS_SETRESUID = {"x86_64": 117, "aarch64": 147, "riscv64": 147}
-_PR_GET_DUMPABLE, _PR_SET_DUMPABLE = 3, 4
-_CAPABILITY_VERSION_3 = 0x20080522
-#: one signal_uid at a time: the hook service runs hooks on threads, and the dumpable mark is the process's
-_SIGNAL_LOCK = threading.Lock()
-#: signal_uid's bound C calls, once bound (None: they cannot be had here)
-_SWITCH: list[_UidSwitch | None] = []
+#: what the exit statuses of `slurm-ext-hook signal-uid` (hook.c) and of signal_uid's forked child from 2 up
+#: mean (0: sent, 1: no process to signal)
+_SENDER_EXITS = {2: "bad arguments", 3: "the uid could not be taken",
+                 4: "capabilities kept as the uid, nothing sent", 5: "kill failed", 6: "no child process to be had"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +133,7 @@ def find_job_processes(job: JobRecord, *, sweep_uid: bool, protected: frozenset[
     return [found.process for found in scanner.scan(everything=True)]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # never compared; eq costs the Python Epilog ~0.3 ms to create
 class _Found:
     process: JobProcess
     #: a pidfd naming exactly this process (signals through it can never hit a recycled pid); None if none
@@ -312,10 +304,11 @@ class _Scanner:
 
 
 def kill_job(job: JobRecord, *, sweep_uid: bool, protected: frozenset[int], timeout: float,
-             live_jobs: frozenset[int] = frozenset(), proc: Path = PROC, cgroup_root: Path = CGROUP_ROOT) -> Cleanup:
+             live_jobs: frozenset[int] = frozenset(), signal_helper: str | None = None, proc: Path = PROC,
+             cgroup_root: Path = CGROUP_ROOT) -> Cleanup:
     """Stop, kill and verify every process of `job`; remove its emptied cgroups.
 
-    `live_jobs` as for `find_job_processes`.
+    `live_jobs` as for `find_job_processes`; `signal_helper` as `signal_uid`'s helper.
     """
     started = time.monotonic()
     deadline = started + timeout
@@ -325,7 +318,7 @@ def kill_job(job: JobRecord, *, sweep_uid: bool, protected: frozenset[int], time
     uid_stopped = False
     try:
         # nothing of the uid can fork from here on
-        uid_stopped = sweep_uid and job.uid != 0 and signal_uid(job.uid, signal.SIGSTOP)
+        uid_stopped = sweep_uid and job.uid != 0 and signal_uid(job.uid, signal.SIGSTOP, signal_helper)
         occupied = [d for d in scanner.cgroups if cgroupfs.members([d])]
         # a job cgroup that still holds a slurmstepd (the extern step ending) is not ours to freeze or kill
         whole = [d for d in occupied if not _holds_slurm_daemon(d, proc)]
@@ -369,7 +362,7 @@ def kill_job(job: JobRecord, *, sweep_uid: bool, protected: frozenset[int], time
             cgroupfs.freeze(directory, False)
         scanner.close()
         if uid_stopped:
-            signal_uid(job.uid, signal.SIGCONT)  # what of the uid was not the job's runs on
+            signal_uid(job.uid, signal.SIGCONT, signal_helper)  # what of the uid was not the job's runs on
 
 
 def _cgroup_survivors(directories: list[Path], known: set[int], proc: Path | str) -> list[tuple[JobProcess, str]]:
@@ -383,184 +376,93 @@ def _cgroup_survivors(directories: list[Path], known: set[int], proc: Path | str
     return left
 
 
-def signal_uid(uid: int, signum: int) -> bool:
+def signal_uid(uid: int, signum: int, helper: str | None = None) -> bool:
     """Send `signum` to every process of `uid` at once: kill(-1) with the credentials of `uid`.
 
     The kernel signals all of them in one pass that a fork cannot escape (a
     child forked meanwhile is either in the pass or never created), which no
     scan of /proc can promise. Returns False only when kill(-1) said ESRCH,
-    which Linux says only when no process but the caller's exists (in a PID
+    which Linux says only when no process but the sender exists (in a PID
     namespace of its own): processes it may not signal count too. True also
     when nothing could be sent, so callers look rather than assume.
 
-    How, and why it is safe: a short-lived thread of this process (not a
-    fork: forking the hook service, tens of MiB with NVML loaded, cost
-    milliseconds per call) sets its own credentials to (uid, uid, 0) with
-    the raw setresuid system call, calls kill(-1), and sets them back. Linux
-    keeps credentials per thread; glibc's setresuid() changes every thread
-    of the process (it signals them all to follow), the raw call only the
-    calling one. A sender may signal a process whose real or saved uid is
-    the sender's real or effective uid, or, with CAP_KILL, any process. The
-    euid leaving 0 clears the thread's effective capabilities; capget checks
-    that before the kill (under SECBIT_NO_SETUID_FIXUP they would stay, and
-    then nothing is sent). So only processes whose real or saved uid is
-    `uid` are reached: never root's, never another user's; and kill(-1)
-    skips the caller's own thread group, so never this process. The saved
-    uid stays 0 so that the thread can switch back; no other Python code
-    runs on it meanwhile (automatic garbage collection, which could run a
-    finalizer there, is off for those microseconds), and a thread's
-    credentials end with it anyway. The euid change makes the kernel mark
-    the whole process not dumpable: the mark is set back afterwards.
-
-    As with the child this replaces: kill(-1, SIGCONT) also reaches the
-    processes of the caller's session, whatever their uid (the kernel allows
-    SIGCONT within a session); and while the thread runs as `uid`, a process
-    of `uid` may signal it, as it could the child (now for microseconds, not
-    milliseconds). Where the system call's number is not known (another
-    architecture, a 32-bit Python), a forked child does it, as before.
+    Who sends: a process of its own that takes the uid, never this process
+    (a thread of the hook service running as the user could be sent a fatal
+    signal by the user, and the service would die with it). `helper` is the
+    hook client (`slurm-ext-hook signal-uid UID SIGNUM`, hook.c, whose path
+    the client passes in SLURM_EXT_HOOK), started with posix_spawn: the child
+    shares this process's memory until it executes, so it costs the hook
+    service, NVML loaded, no more than the small Python hook. Without one a
+    forked child does the same. Either runs in a session of its own
+    (kill(-1, SIGCONT) also reaches the sender's session, whatever the uid).
+    As the uid, with no capability left (the helper checks), only processes
+    whose real or saved uid is `uid` are reached: never root's, never
+    another user's, never the sender.
     """
-    switch = _uid_switch()
-    if switch is None:
-        return _signal_uid_from_child(uid, signum)
-    outcome: list[str] = []
-    with _SIGNAL_LOCK:
-        dumpable = switch.prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0)
-        thread = threading.Thread(target=_kill_all_as, args=(switch, uid, signum, outcome),
-                                  name=f"signal-uid-{uid}", daemon=True)
-        try:
-            thread.start()
-        except RuntimeError as err:  # no thread to be had (a pids limit): look with scans alone
-            logger.warning("kill(-1, %s) as uid %d not sent: %s", signal.Signals(signum).name, uid, err)
-            return True
-        try:
-            thread.join()
-        finally:
-            if dumpable >= 0 and switch.prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0) != dumpable:
-                switch.prctl(_PR_SET_DUMPABLE, dumpable, 0, 0, 0)
-    if outcome and outcome[0] not in ("sent", "none"):
-        logger.warning("kill(-1, %s) as uid %d not sent: %s",
-                       signal.Signals(signum).name, uid, outcome[0])
-    return not outcome or outcome[0] != "none"
+    code = _spawn_helper(helper, uid, signum) if helper else None
+    if code is None:
+        code = _signal_uid_from_child(uid, signum)
+    if code >= 2:
+        logger.warning("kill(-1, %s) as uid %d not sent: %s (%s exited %d)", signal.Signals(signum).name, uid,
+                       _SENDER_EXITS.get(code, "unknown status"), helper or "a forked child", code)
+    return code != 1
 
 
-def _kill_all_as(switch: _UidSwitch, uid: int, signum: int, outcome: list[str]) -> None:
-    """The body of signal_uid's thread: switch this thread to `uid`, kill(-1), switch back.
-
-    Between the switches only C calls bound beforehand and os.kill run, on
-    arguments made beforehand; `outcome` gets "sent", "none" (ESRCH) or why
-    nothing was sent.
-    """
-    setresuid, capget, kill, number = switch.setresuid, switch.capget, os.kill, switch.number
-    header, data = switch.header_type(_CAPABILITY_VERSION_3, 0), (switch.data_type * 2)()  # pid 0: this thread
-    collecting = gc.isenabled()
-    gc.disable()
+def _spawn_helper(helper: str, uid: int, signum: int) -> int | None:
+    """The helper's exit status; None when it cannot be started (then a forked child does its work)."""
     try:
-        if setresuid(number, uid, uid, 0) != 0:
-            outcome.append(f"setresuid failed: {os.strerror(switch.errno())}")
-            return
-        try:
-            if capget(header, data) != 0:
-                outcome.append(f"capget failed: {os.strerror(switch.errno())}")
-                return
-            if data[0].effective or data[1].effective:
-                outcome.append("the thread kept effective capabilities as the uid (SECBIT_NO_SETUID_FIXUP?)")
-                return
-            try:
-                kill(-1, signum)
-                outcome.append("sent")
-            except ProcessLookupError:
-                outcome.append("none")
-            except OSError as err:
-                outcome.append(f"kill failed: {err.strerror or err}")
-        finally:
-            # allowed: the saved uid is 0. Should it fail, the thread ends now, and its credentials with it.
-            setresuid(number, 0, 0, 0)
-    finally:
-        if collecting:
-            gc.enable()
+        pid = os.posix_spawn(helper, [helper, "signal-uid", str(uid), str(signum)], {}, setsid=True)
+    except OSError as err:
+        logger.warning("cannot start %s to signal uid %d: %s; forking instead", helper, uid, err.strerror or err)
+        return None
+    return _exit_status(pid)
 
 
-def _signal_uid_from_child(uid: int, signum: int) -> bool:
-    """signal_uid where the thread cannot be used: kill(-1) from a forked child running as `uid`."""
+def _signal_uid_from_child(uid: int, signum: int) -> int:
+    """signal_uid without the helper: kill(-1) from a forked child running as `uid`; the helper's exit status."""
     try:
         child = os.fork()
     except OSError:  # no memory or pids left for a child: look with scans alone
-        return True
-    if child == 0:  # the child: only system calls, then _exit
-        code = 2
+        return 6
+    if child == 0:  # the child: system calls only, then _exit
+        code = 3
         try:
+            os.setsid()
             os.setgroups([])
-            os.setresgid(uid, uid, uid)  # a gid the user has; nothing here creates files
+            os.setresgid(uid, uid, uid)  # a gid none of root's; kill looks at uids only
             os.setresuid(uid, uid, uid)
-            os.kill(-1, signum)
-            code = 0
+            code = 4
+            if not _capabilities_kept():
+                code = 5
+                os.kill(-1, signum)
+                code = 0
         except ProcessLookupError:
             code = 1
         finally:
             os._exit(code)
+    return _exit_status(child)
+
+
+def _capabilities_kept() -> bool:
+    """This process still has effective capabilities (or cannot tell): see hook.c's signal_uid."""
+    fd = os.open("/proc/self/status", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        status = os.read(fd, 16384)
+    finally:
+        os.close(fd)
+    for line in status.splitlines():
+        if line.startswith(b"CapEff:"):
+            return int(line.split()[1], 16) != 0
+    return True
+
+
+def _exit_status(pid: int) -> int:
     while True:
         try:
-            _, status = os.waitpid(child, 0)
-            break
+            _, status = os.waitpid(pid, 0)
+            return os.waitstatus_to_exitcode(status)
         except InterruptedError:
             continue
-    return os.waitstatus_to_exitcode(status) != 1
-
-
-class _UidSwitch:
-    """The C calls signal_uid's thread makes, bound once (ctypes is imported by the first uid sweep).
-
-    A plain class, not a dataclass: it holds functions, not a record, and a
-    dataclass costs the Python hooks half a millisecond at every import.
-    """
-
-    __slots__ = ("number", "setresuid", "capget", "header_type", "data_type", "prctl", "errno")
-
-    def __init__(self, number: int, setresuid: Callable[..., int], capget: Callable[..., int], header_type: type,
-                 data_type: type, prctl: Callable[..., int], errno: Callable[[], int]):
-        #: setresuid's system call number on this machine
-        self.number = number
-        #: syscall(number, ruid, euid, suid): for the calling thread alone
-        self.setresuid = setresuid
-        #: capget(header, data): header.pid 0 names the calling thread
-        self.capget, self.header_type, self.data_type = capget, header_type, data_type
-        self.prctl, self.errno = prctl, errno
-
-
-def _uid_switch() -> _UidSwitch | None:
-    """signal_uid's bound calls, or None where they cannot be had (an unknown ABI, no C library)."""
-    if not _SWITCH:
-        _SWITCH.append(_bind_uid_switch())
-    return _SWITCH[0]
-
-
-def _bind_uid_switch() -> _UidSwitch | None:
-    number = _SYS_SETRESUID.get(os.uname().machine)
-    if number is None:
-        return None
-    try:
-        import ctypes
-        if ctypes.sizeof(ctypes.c_void_p) != 8:  # a 32-bit (or x32) Python on a 64-bit kernel: other numbers
-            return None
-        libc = ctypes.CDLL(None, use_errno=True)  # the C library this process has, no ldconfig run
-    except (ImportError, OSError):
-        return None
-
-    class Header(ctypes.Structure):
-        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-    class Data(ctypes.Structure):
-        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
-                    ("inheritable", ctypes.c_uint32)]
-
-    # separate function objects: libc.syscall's types must not leak to another user of this CDLL
-    setresuid = ctypes.CFUNCTYPE(ctypes.c_long, ctypes.c_long, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
-                                 use_errno=True)(("syscall", libc))
-    capget = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(Header), ctypes.POINTER(Data),
-                              use_errno=True)(("capget", libc))
-    prctl = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
-                             ctypes.c_ulong, use_errno=True)(("prctl", libc))
-    return _UidSwitch(number, setresuid, capget, Header, Data, prctl, ctypes.get_errno)
 
 
 def _wait_gone(waiting: list[_Found], deadline: float, proc: Path | str) -> list[_Found]:

@@ -57,6 +57,8 @@ __all__ = ["socket_path", "serve", "build_hook", "write_launchers", "HookBuildEr
 logger = logging.getLogger("prolog_epilog")
 
 HOOK_SOURCE = Path(__file__).with_name("hook.c")
+#: the fallback hooks' parsed config, beside them (`write_launchers`)
+CONFIG_CACHE = "slurm-ext-config.cache.json"
 _PROTOCOL = b"slurm-ext-hook 2"
 _MAX_REQUEST = 1 << 20
 #: longest a request may take to arrive in all (the client sends it at once, in well under a millisecond)
@@ -493,7 +495,8 @@ sys.path[:0] = {paths!r}
 import slurm_ext
 slurm_ext.__path__[:0] = {components!r}
 from slurm_ext.prolog_epilog.hooks import {phase}_main
-sys.exit({phase}_main())
+# the parsed config, kept here for the next run: parsing it costs this hook a sixth of its time
+{phase}_main({cache!r})
 """
 
 
@@ -503,7 +506,10 @@ def write_launchers(directory: Path) -> tuple[Path, Path]:
     Why not the console scripts: a plain Python start processes site-packages'
     .pth files, which on a node can cost more than the whole hook; with
     `python -I -S` and the few paths it needs written in, the fallback starts
-    in about half the time. Re-run after moving or reinstalling slurm-ext.
+    in about half the time. They keep the parsed config in CONFIG_CACHE
+    beside them (`config.load`'s parsed_cache), which saves tomllib: trust
+    the directory as the hooks themselves, writable by root only. Re-run
+    after moving or reinstalling slurm-ext.
     """
     spec = importlib.util.find_spec("slurm_ext")
     core_parent = str(Path(spec.origin).parent.parent)
@@ -517,7 +523,8 @@ def write_launchers(directory: Path) -> tuple[Path, Path]:
     written = []
     for phase in ("prolog", "epilog"):
         path = Path(directory) / f"slurm-ext-{phase}.py"
-        text = _LAUNCHER.format(python=sys.executable, phase=phase, paths=paths, components=components)
+        text = _LAUNCHER.format(python=sys.executable, phase=phase, paths=paths, components=components,
+                                cache=str(Path(directory) / CONFIG_CACHE))
         if not path.is_file() or path.read_text() != text:
             atomic_write(path, text, mode=0o755)
         written.append(path)

@@ -18,18 +18,24 @@ the section, when code first reads it, or for `sections()` / `render()`. Not
 entry points or importing every component up front, because the Python hook
 fallback loads the config for every job: an entry-point scan costs
 milliseconds each time and the component packages tens of milliseconds.
+For the same reason `load(parsed_cache=...)` can keep the parsed file for
+the next process: tomllib costs a Python hook about a sixth of its run.
 """
+
+from __future__ import annotations
 
 import dataclasses
 import importlib
 import os
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from .errors import ConfigError
+
+TYPE_CHECKING = False  # typing costs a Python hook ~3 ms to import; annotations here are never evaluated
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["Config", "ROLES", "DEFAULT_PATH", "ENV_VAR", "load", "from_dict", "render", "parse_duration", "sections",
            "section_names", "section_class", "register_section", "setting", "NodeSection", "LogSection",
@@ -218,12 +224,19 @@ class Config:
     __hash__ = None  # type: ignore[assignment]  # sections hold dicts
 
 
-def load(path: str | os.PathLike | None = None) -> Config:
+def load(path: str | os.PathLike | None = None, *, parsed_cache: str | os.PathLike | None = None) -> Config:
     """Read and validate the config file.
 
     The file is `path`, else $SLURM_EXT_CONFIG, else /etc/slurm-ext/slurm-ext.toml.
     Only the last may be missing (then every value is its default): a file
     someone named explicitly and that is not there is an error.
+
+    `parsed_cache`: a file that keeps the parsed TOML, with the text it came
+    from, for the next process that loads the same file (the Python hooks,
+    one process per job). Used only when it holds this very text of this
+    very path, and is a plain file of this user that no one else can write;
+    otherwise the file is parsed and the cache rewritten. A cache that cannot
+    be written only costs the parse. The values are validated every time.
 
     Raises:
         ConfigError: unreadable file, TOML syntax error, unknown section or
@@ -241,15 +254,61 @@ def load(path: str | os.PathLike | None = None) -> Config:
         raise ConfigError(path, f"cannot read: {err.strerror}") from err
     try:
         text = raw.decode("utf-8")
-        data = tomllib.loads(text)
     except UnicodeDecodeError as err:
         raise ConfigError(path, f"not UTF-8 text (byte {err.start})") from err
+    data = _from_cache(parsed_cache, str(path), text) if parsed_cache else None
+    if data is None:
+        data = _parse(path, text)
+        if parsed_cache:
+            _to_cache(parsed_cache, str(path), text, data)
+    return from_dict(data, path, text)
+
+
+def _parse(path: Path, text: str) -> dict:
+    import tomllib  # here: a load served by the parsed cache never imports it
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         message = str(err)
         line = re.search(r"line (\d+)", message)
         raise ConfigError(path, f"TOML syntax error: {message}",
                           line=int(line.group(1)) if line else None) from err
-    return from_dict(data, path, text)
+
+
+def _from_cache(cache: str | os.PathLike, source: str, text: str) -> dict | None:
+    """The parsed data `cache` keeps for `text` of `source`; None when it keeps anything else or cannot be trusted."""
+    import json
+    import stat
+    try:
+        fd = os.open(cache, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with open(fd, "rb") as file:
+        info = os.fstat(fd)
+        # whoever else can write it could make this process run with a config of their choosing
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+            return None
+        try:
+            entry = json.loads(file.read())
+        except (OSError, ValueError):
+            return None
+    if not isinstance(entry, dict) or entry.get("source") != source or entry.get("text") != text:
+        return None
+    return entry["data"] if isinstance(entry.get("data"), dict) else None
+
+
+def _to_cache(cache: str | os.PathLike, source: str, text: str, data: dict) -> None:
+    import json
+
+    from .fileio import atomic_write
+    try:
+        payload = json.dumps({"source": source, "text": text, "data": data})
+    except (TypeError, ValueError):  # TOML dates and times have no JSON form: such a file is parsed every time
+        return
+    try:
+        atomic_write(cache, payload, mode=0o600, fsync="none")
+    except OSError:  # a read-only or full disk: the next process parses the file again
+        pass
 
 
 def from_dict(data: dict, source: str | os.PathLike = "<config>", text: str = "") -> Config:

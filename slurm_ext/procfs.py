@@ -9,9 +9,9 @@ scan passes one, since it is joined with every pid several times).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 __all__ = ["ProcStat", "read_stat", "pid_alive", "comm", "all_stats", "real_uid", "pids"]
 

@@ -103,6 +103,15 @@ class Cluster:
 
 
 @pytest.fixture(scope="session")
+def hook_client() -> str:
+    """slurm-ext-hook, compiled once: the Epilog's uid sweep runs it as `signal-uid` (procs.signal_uid)."""
+    from slurm_ext.prolog_epilog import build_hook
+    directory = temp_dir()
+    yield str(build_hook(directory / "slurm-ext-hook", str(directory / "hooks.sock"), "/bin/false", "/bin/false"))
+    shutil.rmtree(directory)
+
+
+@pytest.fixture(scope="session")
 def cluster_settings() -> DevSection:
     state_dir = tempfile.mkdtemp(prefix="slurm-ext-test-")
     os.chmod(state_dir, 0o755)

@@ -1,6 +1,10 @@
 """Config loading and `slurm-ext config check|show`: every bad input is exit 2 naming the key."""
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -168,3 +172,74 @@ def test_a_section_nobody_declares_is_refused():
         config.Config().bogus
     with pytest.raises(ValueError, match="_SECTION_OWNERS"):
         config.register_section("bogus", dict)
+
+
+# -- the parsed cache (the Python hooks: one process per job) -----------------------------------------
+
+
+def _load_in_a_fresh_python(path: Path, cache: Path) -> tuple[str, bool]:
+    """(log.level, whether tomllib was imported) of `config.load(path, parsed_cache=cache)` in a new process."""
+    code = (f"import json, sys\nfrom slurm_ext import config\n"
+            f"loaded = config.load({str(path)!r}, parsed_cache={str(cache)!r})\n"
+            f"print(json.dumps([loaded.log.level, 'tomllib' in sys.modules]))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    level, parsed = json.loads(done.stdout)
+    return level, parsed
+
+
+def test_a_parsed_cache_spares_the_next_load_the_toml_parse_and_follows_every_change(tmp_path):
+    path, cache = write(tmp_path, '[log]\nlevel = "debug"\n'), tmp_path / "cache.json"
+    assert _load_in_a_fresh_python(path, cache) == ("debug", True)
+    assert cache.stat().st_mode & 0o777 == 0o600
+    assert _load_in_a_fresh_python(path, cache) == ("debug", False)  # served by the cache
+    path.write_text('[log]\nlevel = "error"\n')  # the same size, one word changed
+    assert _load_in_a_fresh_python(path, cache) == ("error", True)
+    assert _load_in_a_fresh_python(path, cache) == ("error", False)
+    other = write(tmp_path, '[log]\nlevel = "error"\n', name="other.toml")  # the same text, another file
+    assert _load_in_a_fresh_python(other, cache) == ("error", True)
+    # the cached values are validated as the file's are
+    path.write_text('[log]\nlevel = "loud"\n')
+    for _ in range(2):
+        with pytest.raises(ConfigError, match="log.level"):
+            config.load(path, parsed_cache=cache)
+
+
+def _forge(cache: Path, path: Path, level: str) -> None:
+    """A cache entry that says the file sets log.level = `level`."""
+    cache.write_text(json.dumps({"source": str(path), "text": path.read_text(), "data": {"log": {"level": level}}}))
+
+
+def test_a_parsed_cache_someone_else_could_have_written_is_not_used(tmp_path):
+    path, cache = write(tmp_path, '[log]\nlevel = "info"\n'), tmp_path / "cache.json"
+    _forge(cache, path, "error")
+    cache.chmod(0o600)
+    assert config.load(path, parsed_cache=cache).log.level == "error"  # a cache of ours: used, as the test of _forge
+    for case in ("group-writable", "another owner", "a link"):
+        _forge(cache, path, "error")
+        if case == "group-writable":
+            cache.chmod(0o620)
+        elif case == "another owner":
+            os.chown(cache, 65534, 65534)
+        else:
+            forged = tmp_path / "forged.json"
+            cache.rename(forged)
+            cache.symlink_to(forged)
+        assert config.load(path, parsed_cache=cache).log.level == "info", case
+        cache.unlink()
+
+
+def test_a_parsed_cache_that_cannot_be_kept_costs_only_the_parse(tmp_path):
+    path = write(tmp_path, '[log]\nlevel = "warning"\n[node]\nname = "n1"\n')
+    assert config.load(path, parsed_cache=tmp_path / "missing-dir" / "cache.json").log.level == "warning"
+    assert not (tmp_path / "missing-dir").exists()
+    garbage = tmp_path / "garbage.json"
+    garbage.write_text("{not json")
+    garbage.chmod(0o600)
+    assert config.load(path, parsed_cache=garbage).node.name == "n1"
+    assert json.loads(garbage.read_text())["source"] == str(path)  # rewritten with the parse
+    # a TOML date has no JSON form: nothing is kept, and the file is judged as ever
+    dated, cache = write(tmp_path, "[node]\nname = 1979-05-27\n", name="dated.toml"), tmp_path / "dated.json"
+    with pytest.raises(ConfigError, match="node.name"):
+        config.load(dated, parsed_cache=cache)
+    assert not cache.exists()

@@ -420,6 +420,7 @@ def test_no_service_prolog_runs_the_prolog_fallback_with_argv_and_env(node):
     assert mark["SLURM_JOB_ID"] == "4242001"
     assert mark["SLURM_EXT_TEST_MARK"] == "passed through"
     assert mark["SLURM_SCRIPT_CONTEXT"] == "prolog_slurmd"
+    assert mark["SLURM_EXT_HOOK"] == str(node.hook.resolve())
     assert mark["uid"] == "0"
 
 
@@ -480,12 +481,13 @@ def test_unexecutable_fallback_exits_1_and_says_so(node):
 
 def test_client_sends_header_phase_and_its_environment(node, fake):
     service = fake(b"0 hello\n")
-    env = job_env("epilog", 4242010, SLURM_EXT_TEST_EMPTY="", SLURM_EXT_TEST_EQ="a=b")
+    env = job_env("epilog", 4242010, SLURM_EXT_TEST_EMPTY="", SLURM_EXT_TEST_EQ="a=b", SLURM_EXT_HOOK="/tmp/x")
     done = node.client(env)
     header, phase, sent = service.done()
     assert header == b"slurm-ext-hook 2"
     assert phase == "epilog"
-    assert sent == env
+    # the client names itself for the Epilog's uid sweep, whatever the environment said
+    assert sent == {**env, "SLURM_EXT_HOOK": str(node.hook.resolve())}
     assert service.request.endswith(b"\0\0"), "no end marker: the service would take the request for cut short"
     assert done.returncode == 0
     assert done.stderr == "slurm-ext-hook: epilog: hello\n"

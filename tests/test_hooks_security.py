@@ -392,10 +392,11 @@ def test_without_the_uid_lock_the_epilog_does_not_sweep_the_uid(node, monkeypatc
 
 def test_the_python_hooks_import_only_what_every_job_needs():
     """The fallback starts a fresh Python per hook: NVML, the process scan, IPC cleanup, ctypes and the
-    compression modules shutil pulls in are imported where a job needs them, not by every Prolog."""
+    compression modules shutil pulls in are imported where a job needs them, not by every Prolog; typing by
+    none, tomllib only when the parsed config is not cached."""
     lazy = ["slurm_ext.prolog_epilog.gpus", "slurm_ext.nvml", "pynvml", "slurm_ext.prolog_epilog.procs",
             "slurm_ext.prolog_epilog.ipc", "slurm_ext.prolog_epilog.scripts", "slurm_ext.prolog_epilog.validate",
-            "ctypes", "shutil", "lzma", "bz2", "subprocess"]
+            "ctypes", "shutil", "lzma", "bz2", "subprocess", "typing", "tomllib"]
     code = (f"import sys\nimport slurm_ext.prolog_epilog.hooks\n"
             f"print([name for name in {lazy!r} if name in sys.modules])\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -421,6 +422,9 @@ def test_the_python_hooks_started_as_slurm_ext_hook_starts_them_do_the_whole_job
     assert done.returncode == 0, done.stderr
     assert f"job {job}: prolog done in" in log_file.read_text()  # the log line, flushed before the exit
     assert jobrecord.read(job, str(node.state)) is not None
+    # the parsed config is kept beside the launchers, for root only, for the next hook
+    cache = bin_dir / "slurm-ext-config.cache.json"
+    assert cache.stat().st_mode & 0o777 == 0o600 and json.loads(cache.read_text())["source"] == str(config_file)
     leftover = node.start("print('ready', flush=True)\nimport time\ntime.sleep(1000)\n")
     assert _ready(leftover) == "ready"
     done = subprocess.run([str(epilog)], env=env, capture_output=True, text=True, timeout=60)

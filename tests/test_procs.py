@@ -29,7 +29,7 @@ import pytest
 
 from slurm_ext.procfs import pids, read_stat, real_uid
 from slurm_ext.prolog_epilog.jobrecord import JobRecord, cgroup_paths
-from slurm_ext.prolog_epilog.procs import (JobProcess, _signal_uid_from_child, find_job_processes, gpu_process_of,
+from slurm_ext.prolog_epilog.procs import (JobProcess, find_job_processes, gpu_process_of,
                                            kill_job, kill_process, protected_pids, signal_uid)
 
 
@@ -154,6 +154,8 @@ class Lab:
         #: the job's user and a stranger; both had no process when the test began
         self.uid, self.other_uid = _free_uids(2)
         self.children: list[subprocess.Popen] = []
+        #: slurm-ext-hook, which sends the uid sweep's signals (the `hook_client` fixture's)
+        self.hook_client = ""
         #: pid -> starttime of every process started, the orphans among them
         self.started: dict[int, int] = {}
         #: cgroup directories this test made, in the order it made them
@@ -250,8 +252,9 @@ class Lab:
 
 
 @pytest.fixture
-def lab() -> Iterator[Lab]:
+def lab(hook_client) -> Iterator[Lab]:
     lab = Lab()
+    lab.hook_client = hook_client
     try:
         yield lab
     finally:
@@ -265,9 +268,9 @@ def _find(job: JobRecord, *, sweep: bool, protected: frozenset[int] | None = Non
 
 
 def _kill(job: JobRecord, *, sweep: bool, timeout: float = 5.0, protected: frozenset[int] | None = None,
-          live: tuple[JobRecord, ...] = ()):
+          live: tuple[JobRecord, ...] = (), helper: str | None = None):
     return kill_job(job, sweep_uid=sweep, protected=protected or protected_pids(), timeout=timeout,
-                    live_jobs=frozenset(j.job_id for j in live), cgroup_root=CGROUP)
+                    live_jobs=frozenset(j.job_id for j in live), signal_helper=helper, cgroup_root=CGROUP)
 
 
 # -- ties ---------------------------------------------------------------------------
@@ -325,7 +328,7 @@ def test_uid_sweep_takes_bare_processes_of_the_user_only_when_asked(lab):
     assert {pid: p.tie for pid, p in found.items()} == {bare: "uid"}
     assert _find(other_job, sweep=False).keys() == {others}
 
-    cleanup = _kill(job, sweep=True, live=(other_job,))
+    cleanup = _kill(job, sweep=True, helper=lab.hook_client, live=(other_job,))
     assert {p.pid for p in cleanup.found} == {bare}
     assert cleanup.survivors == ()
     _wait_dead({bare: lab.started[bare]}, timeout=0.5)
@@ -350,7 +353,7 @@ def test_family_and_sweep_never_reach_root_or_another_user(lab):
     found = _find(job, sweep=True)
     assert {pid: p.tie for pid, p in found.items()} == {tied: "environ"}
 
-    cleanup = _kill(job, sweep=True)
+    cleanup = _kill(job, sweep=True, helper=lab.hook_client)
     assert {p.pid for p in cleanup.found} == {tied}
     assert cleanup.survivors == ()
     _wait_dead({tied: lab.started[tied]}, timeout=0.5)
@@ -388,7 +391,7 @@ def test_root_slurmstepd_is_never_touched_but_a_users_binary_of_that_name_is(lab
 
         assert _find(job, sweep=True).keys() == {impostor}
         assert gpu_process_of(job, daemon, protected_pids()) is None
-        cleanup = _kill(job, sweep=True)
+        cleanup = _kill(job, sweep=True, helper=lab.hook_client)
         assert {p.pid for p in cleanup.found} == {impostor}
         _wait_dead({impostor: lab.started[impostor]}, timeout=0.5)
         assert _alive(daemon, lab.started[daemon]) and read_stat(daemon).state == "S"
@@ -468,7 +471,7 @@ def test_sweep_spares_the_users_process_in_another_jobs_cgroup(lab):
     assert _find(job, sweep=True) == {}
     assert gpu_process_of(job, bare, protected_pids(), cgroup_root=CGROUP) is None
     assert {pid: p.tie for pid, p in _find(other_job, sweep=False).items()} == {bare: "cgroup"}
-    cleanup = _kill(job, sweep=True)
+    cleanup = _kill(job, sweep=True, helper=lab.hook_client)
     assert cleanup.found == () and cleanup.survivors == ()
     assert _alive(bare, lab.started[bare]) and read_stat(bare).state == "S"
     assert other.is_dir()  # another job's cgroup is not removed
@@ -601,7 +604,7 @@ def test_a_pid_hopping_fork_loop_cannot_outrun_the_uid_sweep(lab):
     try:
         _wait("the hopper hops", lambda: _live_of_uid(lab.uid))
         time.sleep(0.2)
-        cleanup = _kill(job, sweep=True, timeout=5)
+        cleanup = _kill(job, sweep=True, helper=lab.hook_client, timeout=5)
         assert cleanup.found and {p.tie for p in cleanup.found} == {"uid"}
         assert cleanup.survivors == ()
         time.sleep(0.2)
@@ -637,7 +640,7 @@ def test_a_forged_slurm_job_id_does_not_shield_from_the_uid_sweep(lab):
 
     found = _find(job, sweep=True, live=(live_job,))
     assert {pid: p.tie for pid, p in found.items()} == {forged: "uid"}
-    cleanup = _kill(job, sweep=True, live=(live_job,))
+    cleanup = _kill(job, sweep=True, helper=lab.hook_client, live=(live_job,))
     assert {p.pid for p in cleanup.found} == {forged}
     _wait_dead({forged: lab.started[forged]}, timeout=0.5)
     assert _alive(claimed, lab.started[claimed])  # the id of a job that runs here is believed
@@ -652,7 +655,7 @@ def test_a_cgroup_merely_named_job_n_does_not_shield_from_the_uid_sweep(lab):
     (fake / "cgroup.procs").write_text(str(hidden))
 
     assert {pid: p.tie for pid, p in _find(job, sweep=True).items()} == {hidden: "uid"}
-    cleanup = _kill(job, sweep=True)
+    cleanup = _kill(job, sweep=True, helper=lab.hook_client)
     assert {p.pid for p in cleanup.found} == {hidden}
     _wait_dead({hidden: lab.started[hidden]}, timeout=0.5)
 
@@ -772,12 +775,19 @@ def _dumpable() -> int:
     return ctypes.CDLL(None).prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE
 
 
-@pytest.mark.parametrize("send", [signal_uid, _signal_uid_from_child], ids=["thread", "child"])
-def test_signal_uid_reaches_every_process_of_the_uid_and_never_root_or_another_user(lab, send):
+def _senders(lab) -> dict[str, Callable[[int, int], bool]]:
+    """signal_uid's two ways: the hook client's signal-uid, and a forked child where there is no client."""
+    return {"helper": lambda uid, signum: signal_uid(uid, signum, lab.hook_client),
+            "child": lambda uid, signum: signal_uid(uid, signum)}
+
+
+@pytest.mark.parametrize("way", ["helper", "child"])
+def test_signal_uid_reaches_every_process_of_the_uid_and_never_root_or_another_user(lab, way):
+    send = _senders(lab)[way]
     mine = [lab.spawn(SLEEP, "1000", uid=lab.uid, setsid=True), lab.spawn("env", "-i", SLEEP, "1000", uid=lab.uid)]
     spared = [lab.spawn(SLEEP, "1000", uid=lab.other_uid, setsid=True),  # another user
               lab.spawn(SLEEP, "1000", setsid=True),  # root, a session of its own
-              lab.spawn(SLEEP, "1000")]  # root, in pytest's session (only SIGCONT may cross a session)
+              lab.spawn(SLEEP, "1000")]  # root, in pytest's session (SIGCONT may cross within a session)
     before = (os.getresuid(), os.getresgid(), _cap_eff(), _dumpable())
 
     assert send(lab.uid, signal.SIGSTOP) is True
@@ -785,6 +795,14 @@ def test_signal_uid_reaches_every_process_of_the_uid_and_never_root_or_another_u
         _wait(f"pid {pid} of the uid stopped", lambda: read_stat(pid).state == "T")
     for pid in spared:
         assert read_stat(pid).state == "S", read_stat(pid)
+    # the sender has a session of its own: a stopped root process in the caller's session stays stopped
+    os.kill(spared[-1], signal.SIGSTOP)
+    _wait("root's sleeper in pytest's session stopped", lambda: read_stat(spared[-1]).state == "T")
+    assert send(lab.uid, signal.SIGCONT) is True
+    for pid in mine:
+        _wait(f"pid {pid} of the uid continued", lambda: read_stat(pid).state == "S")
+    assert read_stat(spared[-1]).state == "T", read_stat(spared[-1])
+    os.kill(spared[-1], signal.SIGCONT)
     # with CAP_KILL still effective, or a real uid of 0 left, root's sleepers would die here
     assert send(lab.uid, signal.SIGKILL) is True
     _wait_dead({pid: lab.started[pid] for pid in mine})
@@ -793,10 +811,13 @@ def test_signal_uid_reaches_every_process_of_the_uid_and_never_root_or_another_u
         assert _alive(pid, lab.started[pid]) and read_stat(pid).state == "S", read_stat(pid)
     # this process: its credentials, capabilities and dumpable mark as they were
     assert (os.getresuid(), os.getresgid(), _cap_eff(), _dumpable()) == before
+    # no process of the uid left: kill(-1) as the uid still reaches others it may not signal, so not ESRCH
+    assert send(lab.uid, 0) is True
 
 
-def test_signal_uid_changes_the_credentials_of_its_own_thread_only(lab):
-    """glibc's setresuid() would switch every thread of the process; the raw system call switches one."""
+def test_signal_uid_never_changes_the_credentials_of_this_process(lab):
+    """A thread of the hook service running as the user could be killed by the user: the uid is taken
+    by the helper alone, and no thread of the caller is ever seen with another uid."""
     seen: set[tuple[int, int, int]] = set()
     stop = threading.Event()
 
@@ -807,24 +828,31 @@ def test_signal_uid_changes_the_credentials_of_its_own_thread_only(lab):
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        for _ in range(300):
-            signal_uid(lab.uid, signal.SIGCONT)
+        for _ in range(100):
+            signal_uid(lab.uid, signal.SIGCONT, lab.hook_client)
     finally:
         stop.set()
         watcher.join()
     assert seen == {(0, 0, 0)}
-    # and a thread started afterwards is root as well
-    after: list[tuple[int, int, int]] = []
-    thread = threading.Thread(target=lambda: after.append(os.getresuid()))
-    thread.start()
-    thread.join()
-    assert after == [(0, 0, 0)]
 
 
-def test_signal_uid_sends_nothing_when_its_thread_would_keep_capabilities(lab):
-    """SECBIT_NO_SETUID_FIXUP keeps a thread's capabilities when its euid leaves 0: with CAP_KILL, kill(-1)
-    would reach every process. signal_uid checks and sends nothing. Run in a PID namespace of its own, so
-    that a broken check can only reach the namespace's processes."""
+def test_signal_uid_refuses_root_and_bad_arguments_in_the_helper(lab):
+    for args in (["0", "9"], ["-1", "9"], ["x", "9"], [str(lab.uid), "99"], [str(lab.uid), "KILL"]):
+        result = subprocess.run([lab.hook_client, "signal-uid", *args], capture_output=True, text=True, timeout=10)
+        assert result.returncode == 2 and "slurm-ext-hook: signal-uid:" in result.stderr, (args, result)
+    # a user running it gets nothing: it cannot take another uid
+    result = subprocess.run(["setpriv", f"--reuid={lab.other_uid}", f"--regid={lab.other_uid}", "--clear-groups",
+                             lab.hook_client, "signal-uid", str(lab.uid), "0"], capture_output=True, text=True,
+                            timeout=10)
+    assert result.returncode == 3 and "cannot take uid" in result.stderr, result
+
+
+@pytest.mark.parametrize("way", ["helper", "child"])
+def test_signal_uid_sends_nothing_when_the_uid_would_keep_capabilities(lab, way):
+    """SECBIT_NO_SETUID_FIXUP keeps capabilities when the euid leaves 0 (and is inherited by children and
+    across exec): with CAP_KILL, kill(-1) would reach every process. The sender checks and sends nothing.
+    Run in a PID namespace of its own, so that a broken check can only reach the namespace's processes."""
+    helper = lab.hook_client if way == "helper" else None
     code = (f"import ctypes, signal, subprocess, sys, time\n"
             f"from slurm_ext.prolog_epilog.procs import signal_uid\n"
             f"mine = subprocess.Popen(['setpriv', '--reuid={lab.uid}', '--regid={lab.uid}', '--clear-groups', "
@@ -833,7 +861,7 @@ def test_signal_uid_sends_nothing_when_its_thread_would_keep_capabilities(lab):
             f"time.sleep(0.3)\n"
             f"libc = ctypes.CDLL(None, use_errno=True)\n"
             f"assert libc.prctl(28, 1 << 2, 0, 0, 0) == 0, ctypes.get_errno()  # PR_SET_SECUREBITS\n"
-            f"sent = signal_uid({lab.uid}, signal.SIGKILL)\n"
+            f"sent = signal_uid({lab.uid}, signal.SIGKILL, {helper!r})\n"
             f"time.sleep(0.3)\n"
             f"print(sent, mine.poll(), root.poll(), flush=True)\n"
             f"mine.kill(); root.kill()\n")
@@ -841,7 +869,7 @@ def test_signal_uid_sends_nothing_when_its_thread_would_keep_capabilities(lab):
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["True", "None", "None"], result.stdout  # sent nothing: both still run
-    assert "kept effective capabilities" in result.stderr
+    assert "capabilities kept as the uid, nothing sent" in result.stderr, result.stderr
 
 
 def test_a_setuid_root_program_of_the_user_is_found_by_its_real_uid(lab):
@@ -861,7 +889,7 @@ def test_a_setuid_root_program_of_the_user_is_found_by_its_real_uid(lab):
         assert os.stat(f"/proc/{pid}").st_uid == 0  # the entry is root's: its owner is the effective uid
 
     assert {pid: p.tie for pid, p in _find(job, sweep=True).items()} == {swept: "uid", carried: "environ"}
-    cleanup = _kill(job, sweep=True)
+    cleanup = _kill(job, sweep=True, helper=lab.hook_client)
     assert {p.pid for p in cleanup.found} == {swept, carried}
     _wait_dead({pid: lab.started[pid] for pid in (swept, carried)}, timeout=0.5)
     assert _alive(stranger, lab.started[stranger]) and read_stat(stranger).state == "S"
