@@ -706,6 +706,15 @@ def test_family_ties_reach_a_long_chain_in_linear_time():
     assert took < 5.0, f"{count} family ties took {took:.1f}s: not linear"  # a fixed-point re-walk takes minutes
 
 
+def _in_a_pid_namespace_of_its_own(code: str) -> subprocess.CompletedProcess:
+    """Run Python `code` as PID 1 of a new PID namespace (with its own /proc), where a wrong kill(-1) or a pid
+    taken for the host's can reach only the namespace's own processes; it must exit 0."""
+    result = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", code],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
 def test_the_stop_rounds_end_at_the_deadline(lab):
     job = lab.job()
     # another user's process that keeps starting children carrying this job's id: each round finds new ones
@@ -739,9 +748,7 @@ def test_nvml_pids_are_not_judged_inside_a_pid_namespace_of_its_own(lab):
             f"job = JobRecord({job.job_id}, {lab.uid}, {lab.uid}, 'u', '{job.node}', (0,), 0.0, ())\n"
             f"print(child.pid, gpu_process_of(job, child.pid, protected_pids()), flush=True)\n"
             f"child.kill()\n")
-    result = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", code],
-                            capture_output=True, text=True, timeout=30)
-    assert result.returncode == 0, result.stderr
+    result = _in_a_pid_namespace_of_its_own(code)
     local_pid, judged = result.stdout.split(maxsplit=1)
     assert int(local_pid) < 10 and judged.strip() == "None", result.stdout
 
@@ -865,9 +872,7 @@ def test_signal_uid_sends_nothing_when_the_uid_would_keep_capabilities(lab, way)
             f"time.sleep(0.3)\n"
             f"print(sent, mine.poll(), root.poll(), flush=True)\n"
             f"mine.kill(); root.kill()\n")
-    result = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", code],
-                            capture_output=True, text=True, timeout=30)
-    assert result.returncode == 0, result.stderr
+    result = _in_a_pid_namespace_of_its_own(code)
     assert result.stdout.split() == ["True", "None", "None"], result.stdout  # sent nothing: both still run
     assert "capabilities kept as the uid, nothing sent" in result.stderr, result.stderr
 
