@@ -79,8 +79,7 @@ def build_base(client: docker.DockerClient, suite: str, mirror: str) -> str:
                     entry.unlink()
         archive = Path(work) / "root.tar"
         subprocess.run(["tar", "-C", str(root), "--numeric-owner", "-cf", str(archive), "."], check=True)
-        with archive.open("rb") as data:
-            client.api.import_image_from_data(data.read(), repository="slurm-ext-base", tag=suite)
+        client.api.import_image(src=str(archive), repository="slurm-ext-base", tag=suite)  # streamed from the file
         log(f"{name} imported ({time.monotonic() - started:.0f} s)")
     return name
 
