@@ -17,6 +17,7 @@ import pytest
 
 from conftest import wait_for
 from docker_engine import Engine
+from slurm_ext.config import Config
 
 pytestmark = pytest.mark.containers
 
@@ -52,14 +53,13 @@ def _pid1(container) -> list[str]:
 
 @pytest.mark.parametrize("role", ROLES)
 def test_every_image_runs_the_agent_as_pid_1_and_it_answers_its_probe(engine, images, role):
-    from slurm_ext.supervisor.settings import _DEFAULT_PORTS
     container = engine.client.containers.run(images[role], detach=True, network_mode="host")
     try:
         argv = wait_for(f"{role}: PID 1 to be seen", lambda: _pid1(container), timeout=30)
         assert argv[1:] == ["/opt/slurm-ext/bin/slurm-ext", "supervise", "--role", role], argv
         assert Path(argv[0]).name.startswith("python3"), argv
         # the agent lives and answers /livez, whatever its workers do without a cluster to join
-        port = _DEFAULT_PORTS[role]
+        port = Config().supervisor.port(role)  # the image runs with every default
 
         def live() -> bool:
             try:
