@@ -17,10 +17,13 @@ __all__ = ["supervise", "probe"]
 
 
 def supervise(config: Config, role: str, config_path: str | None = None, port: int | None = None,
-              pidfile: str | None = None) -> int:
-    """Run the agent for `role`; returns its exit status (0: clean stop)."""
+              pidfile: str | None = None, daemon_args: tuple[str, ...] = ()) -> int:
+    """Run the agent for `role`; returns its exit status (0: clean stop).
+
+    `daemon_args`: appended to the command of the role's Slurm daemon (what a container gets as its
+    arguments, e.g. a Slinky NodeSet's for slurmd)."""
     from .agent import Agent
-    return Agent(config, role, config_path=config_path, port=port, pidfile=pidfile).run()
+    return Agent(config, role, config_path=config_path, port=port, pidfile=pidfile, daemon_args=daemon_args).run()
 
 
 def probe(config: Config, kind: str, role: str = "worker", port: int | None = None,

@@ -123,12 +123,15 @@ class Agent:
     """`slurm-ext supervise --role ROLE`."""
 
     def __init__(self, config: Config, role: str, config_path: str | None = None, port: int | None = None,
-                 pidfile: str | None = None, environ: dict[str, str] | None = None):
+                 pidfile: str | None = None, environ: dict[str, str] | None = None,
+                 daemon_args: tuple[str, ...] = ()):
         if role not in config_mod.ROLES:
             raise ConfigError(config.source or "<command line>", f"unknown role {role!r}; allowed: "
                               f"{', '.join(config_mod.ROLES)}", key="--role")
         self.config = config
         self.role = role
+        #: the arguments given after `--`, for the role's daemon (workers.ROLE_DAEMON), kept across reloads
+        self.daemon_args = tuple(daemon_args)
         # absolute: the agent works from / (see _setup_process)
         self.config_path = os.path.abspath(config_path) if config_path else None
         self.pidfile = Path(pidfile).absolute() if pidfile else None
@@ -169,7 +172,7 @@ class Agent:
         self.emit = events.emitter(config.node.state_dir, "supervisor", role=self.role)
         s = config.supervisor
         try:
-            specs = workers_for(self.role, s)
+            specs = workers_for(self.role, s, self.daemon_args)
         except ValueError as err:
             raise ConfigError(config.source or "<defaults>", str(err)) from None
         if first:
@@ -310,7 +313,7 @@ class Agent:
     def _reload(self) -> None:
         try:
             new = config_mod.load(self.config_path)
-            workers_for(self.role, new.supervisor)
+            workers_for(self.role, new.supervisor, self.daemon_args)
         except (ConfigError, ValueError) as err:
             self.emit("reload-failed", f"SIGHUP: config not reloaded, keeping the running one: {err}",
                       severity="error")

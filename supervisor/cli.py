@@ -19,7 +19,8 @@ def _supervise(args: argparse.Namespace) -> int:
     from . import supervise
     loaded = config.load(args.config)
     log.setup(loaded.log, "supervisor")
-    return supervise(loaded, args.role, config_path=args.config, port=args.port, pidfile=args.pidfile)
+    return supervise(loaded, args.role, config_path=args.config, port=args.port, pidfile=args.pidfile,
+                     daemon_args=tuple(args.daemon_args))
 
 
 def _probe(args: argparse.Namespace) -> int:
@@ -40,6 +41,10 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                      help="worker, controller, accounting or login")
     sup.add_argument("--port", type=int, help="HTTP port for probes and metrics (default: supervisor.ports)")
     sup.add_argument("--pidfile", metavar="PATH", help="write the agent's PID here")
+    sup.add_argument("daemon_args", nargs="*", metavar="-- ARG",
+                     help="after --: arguments for the role's Slurm daemon (worker: slurmd, controller: slurmctld, "
+                          "accounting: slurmdbd, login: sshd), appended to its command; a Slinky NodeSet's "
+                          "container arguments (-Z --conf-server HOST:6817 --conf 'Features=...') land here")
     sup.set_defaults(func=_supervise)
 
     prb = commands.add_parser("probe", help="ask the local agent whether it is live or ready (exit 0 or 1)")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from .settings import SupervisorSection, WorkerSection
 
-__all__ = ["WorkerSpec", "BUILTIN", "workers_for"]
+__all__ = ["WorkerSpec", "BUILTIN", "ROLE_DAEMON", "workers_for"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +51,20 @@ BUILTIN = (
 )
 
 
-def workers_for(role: str, settings: SupervisorSection) -> list[WorkerSpec]:
-    """The workers `role` runs, in start order, with the config's keys applied."""
+#: the worker that `slurm-ext supervise --role ROLE -- ARGS...` gives ARGS to: the role's Slurm daemon (a
+#: Slinky NodeSet passes slurmd's as the container's arguments: -Z --conf-server HOST:6817 --conf ...)
+ROLE_DAEMON = {"worker": "slurmd", "controller": "slurmctld", "accounting": "slurmdbd", "login": "sshd"}
+
+
+def workers_for(role: str, settings: SupervisorSection, daemon_args: tuple[str, ...] = ()) -> list[WorkerSpec]:
+    """The workers `role` runs, in start order, with the config's keys applied.
+
+    `daemon_args` are appended to the command of the role's daemon (ROLE_DAEMON), after the config's.
+
+    Raises:
+        ValueError: a worker of the role without a command, or `daemon_args` for a daemon the role
+            does not run (the config took it out).
+    """
     specs = {spec.name: spec for spec in BUILTIN}
     for name, section in settings.workers.items():
         specs[name] = _apply(specs.get(name) or WorkerSpec(name, (), ()), section)
@@ -60,6 +72,13 @@ def workers_for(role: str, settings: SupervisorSection) -> list[WorkerSpec]:
     for spec in chosen:
         if not spec.command:
             raise ValueError(f"supervisor.workers.{spec.name}: runs in role {role} but has no command")
+    if daemon_args:
+        daemon = ROLE_DAEMON[role]
+        if daemon not in {spec.name for spec in chosen}:
+            raise ValueError(f"arguments after -- are for {daemon}, which role {role} does not run here "
+                             f"(supervisor.workers.{daemon})")
+        chosen = [dataclasses.replace(spec, command=spec.command + tuple(daemon_args)) if spec.name == daemon
+                  else spec for spec in chosen]
     return chosen
 
 

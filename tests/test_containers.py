@@ -56,7 +56,7 @@ def test_every_image_runs_the_agent_as_pid_1_and_it_answers_its_probe(engine, im
     container = engine.client.containers.run(images[role], detach=True, network_mode="host")
     try:
         argv = wait_for(f"{role}: PID 1 to be seen", lambda: _pid1(container), timeout=30)
-        assert argv[1:] == ["/opt/slurm-ext/bin/slurm-ext", "supervise", "--role", role], argv
+        assert argv[1:] == ["/opt/slurm-ext/bin/slurm-ext", "supervise", "--role", role, "--"], argv
         assert Path(argv[0]).name.startswith("python3"), argv
         # the agent lives and answers /livez, whatever its workers do without a cluster to join
         port = Config().supervisor.port(role)  # the image runs with every default

@@ -72,6 +72,24 @@ def test_role_workers_from_builtins_and_config(tmp_path):
     assert [s.name for s in workers_for("controller", config.Config().supervisor)] == ["slurmctld"]
 
 
+def test_arguments_after_the_double_dash_go_to_the_roles_daemon(tmp_path):
+    """What a Slinky NodeSet passes as the container's arguments reaches slurmd, after the config's own."""
+    path = tmp_path / "c.toml"
+    path.write_text('[supervisor.workers.slurmd]\ncommand = ["slurmd", "-D"]\n')
+    given = ("-Z", "--conf-server", "ctld:6817", "--conf", "Features=gpu")
+    specs = {s.name: s for s in workers_for("worker", config.load(path).supervisor, given)}
+    assert specs["slurmd"].command == ("slurmd", "-D", *given)
+    assert specs["hooks"].command[-2:] == ("hooks", "serve")  # the other workers keep theirs
+    assert workers_for("controller", config.Config().supervisor, ("-i",))[0].command == ("slurmctld", "-D", "-i")
+    path.write_text('[supervisor.workers.slurmd]\nroles = []\n')
+    with pytest.raises(ValueError, match="arguments after -- are for slurmd, which role worker does not run"):
+        workers_for("worker", config.load(path).supervisor, given)
+    # the command line: everything after -- is the daemon's, options of slurmd's included
+    from slurm_ext.cli import _parser
+    args = _parser().parse_args(["supervise", "--role", "worker", "--", *given])
+    assert tuple(args.daemon_args) == given
+
+
 def test_a_worker_with_no_command_is_a_config_error(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text('[supervisor.workers.extra]\nroles = ["worker"]\n')
