@@ -7,6 +7,8 @@ containers/build.py from a debootstrap base, as a user without a registry would.
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
 import time
@@ -15,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_for
+from conftest import temp_dir, wait_for
 from docker_engine import Engine
 from slurm_ext.config import Config
 
@@ -73,3 +75,50 @@ def test_every_image_runs_the_agent_as_pid_1_and_it_answers_its_probe(engine, im
         assert container.status == "running", container.logs()[-2000:]
     finally:
         container.remove(force=True)
+
+
+_ORPHAN_MAKER = """
+import os, time
+for _ in range(50):
+    if os.fork() == 0:
+        if os.fork() == 0:
+            time.sleep(2.0)
+        os._exit(0)
+time.sleep(100000)
+"""
+
+
+def test_orphans_made_inside_a_container_are_reaped_by_pid_1(engine, images):
+    """A worker's children whose parent exits are re-parented to PID 1, the agent, which reaps them: no
+    zombie piles up, as under a PID 1 that reaps nothing (slurmd as PID 1 leaves [slurmstepd] <defunct>).
+    (A `docker exec`'d process would not do: its orphans go to the engine's shim, a subreaper outside.)"""
+    etc = temp_dir()
+    try:
+        (etc / "slurm-ext.toml").write_text(
+            '[supervisor.workers.orphans]\nroles = ["login"]\nrestart = "never"\n'
+            f'command = ["python3", "-c", {json.dumps(_ORPHAN_MAKER)}]\n')
+        container = engine.client.containers.run(images["login"], detach=True, network_mode="host",
+                                                 volumes={str(etc): {"bind": "/etc/slurm-ext", "mode": "ro"}})
+        try:
+            def orphans() -> list[str]:
+                """State letters of the processes whose parent is PID 1, other than the agent's workers."""
+                _, listing = container.exec_run(["sh", "-c", "cat /proc/[0-9]*/stat 2>/dev/null; true"])
+                found = []
+                for line in listing.decode().splitlines():
+                    pid_comm, _, rest = line.rpartition(") ")
+                    fields = rest.split()
+                    if pid_comm.endswith("(python3") and len(fields) > 1 and fields[1] == "1":
+                        found.append(fields[0])
+                return found
+
+            # the worker (a child of PID 1 too) sleeps on: 51 children of PID 1, 50 of them orphans
+            seen = wait_for("the 50 orphans, children of PID 1", lambda: len(found := orphans()) == 51 and found,
+                            timeout=30, interval=0.1)
+            assert seen.count("S") == 51, seen
+            wait_for("every orphan gone and reaped, no zombie", lambda: orphans() == ["S"], timeout=15)
+            container.reload()
+            assert container.status == "running"
+        finally:
+            container.remove(force=True)
+    finally:
+        shutil.rmtree(etc)
