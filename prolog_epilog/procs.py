@@ -457,12 +457,7 @@ def _capabilities_kept() -> bool:
 
 
 def _exit_status(pid: int) -> int:
-    while True:
-        try:
-            _, status = os.waitpid(pid, 0)
-            return os.waitstatus_to_exitcode(status)
-        except InterruptedError:
-            continue
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])  # EINTR is retried by Python itself (PEP 475)
 
 
 def _wait_gone(waiting: list[_Found], deadline: float, proc: Path | str) -> list[_Found]:

@@ -82,7 +82,7 @@ def validate(doc: dict, crd_schemas: dict) -> None:
     jsonschema.validate(doc, crd_schemas[key])
     spec = doc.get("spec", {})
     for field in CONTAINER_FIELDS:
-        if field in spec or field == "slurmd" and doc["kind"] == "NodeSet":
+        if field in spec:
             pod_spec = {**spec.get("template", {}).get("spec", {}), "containers": [{"name": field, **spec.get(field, {})}]}
             kubernetes_validate.validate({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": doc["metadata"]["name"]},
                                           "spec": pod_spec}, KUBERNETES, strict=True)
