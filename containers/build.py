@@ -6,7 +6,7 @@ Steps, each skipped when its result is there already:
      what users get);
   2. the base image `slurm-ext-base:<suite>`: a `debootstrap --variant=minbase` root file system
      imported into the engine (no registry is needed), unless --base names a registry image;
-  3. one image per role from containers/Dockerfile: slurm-ext-<role>:<suite>.
+  3. one image per role from containers/Dockerfile, and MariaDB's: slurm-ext-<role>:<suite>.
 The engine is the one DOCKER_HOST names (the Docker SDK's default otherwise). Needs root for
 debootstrap, and the `docker` Python package (pip install docker).
 """
@@ -25,7 +25,8 @@ import docker
 
 HERE = Path(__file__).resolve().parent
 CHECKOUT = HERE.parent
-ROLES = ("worker", "controller", "accounting", "login")
+#: the images: one per role, and MariaDB for slurmdbd
+IMAGES = ("worker", "controller", "accounting", "login", "mariadb")
 #: Slurm in each suite Debian has (Slinky 1.2 needs 26.05, 1.0/1.1 need 25.11: sid is the default)
 SUITES = {"sid": "26.05", "trixie": "24.11"}
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
@@ -101,13 +102,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="Debian suite, and so the Slurm in the images (sid: 26.05, trixie: 24.11)")
     parser.add_argument("--base", help="a registry base image (e.g. debian:sid) instead of a debootstrap one")
     parser.add_argument("--mirror", default=DEFAULT_MIRROR, help="Debian mirror for debootstrap")
-    parser.add_argument("--role", action="append", choices=ROLES, help="build only these roles (default: all)")
+    parser.add_argument("--image", action="append", choices=IMAGES, help="build only these images (default: all)")
     args = parser.parse_args(argv)
     client = docker.from_env(timeout=600)
     wheel = build_wheels(HERE / "dist")
     log(f"wheel {wheel.name}")
     base = args.base or build_base(client, args.suite, args.mirror)
-    for role in args.role or ROLES:
+    for role in args.image or IMAGES:
         build_role(client, role, base, f"slurm-ext-{role}:{args.suite}")
     return 0
 

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_ext import cgroupfs, command
+from slurm_ext import cgroupfs, command, nodestate
 from slurm_ext.config import SlurmSection
 from slurm_ext.errors import CommandError, DevClusterError, SlurmError, SlurmExtError
 from slurm_ext.slurm import Job, Node, SlurmClient
@@ -299,6 +299,8 @@ def _wait_node(layout: Layout, slurm: SlurmClient) -> Node:
         except SlurmExtError:
             return False
         found[:] = [node]
+        if node.drained and nodestate.stale_at_start(node.reason):
+            return False  # the worker agent lifts it in a moment (the drain of the last `down`)
         return node.idle or (node.responding and node.state not in ("UNKNOWN", "FUTURE"))
 
     daemons.wait_for(f"node {name} to register", registered, layout.settings.up_timeout,

@@ -41,7 +41,12 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def regenerate(config: Config, node: str, emit: Callable[..., object], node_state) -> Generation:
+#: how long a configless node's start waits for Slurm to show a GPU drain before slurmd starts anyway
+_CONFIGLESS_DRAIN_WAIT = 2.0
+
+
+def regenerate(config: Config, node: str, emit: Callable[..., object], node_state,
+               configless: bool = False) -> Generation:
     """The start step: generate, let slurmd check the file, then have the node drained or our drain cleared.
 
     `node_state` is the node-state owner (slurm_ext.nodestate; the agent's
@@ -49,6 +54,14 @@ def regenerate(config: Config, node: str, emit: Callable[..., object], node_stat
     register with the wrong GPUs before Slurm shows the node drained; a
     clear is not (the owner resumes the node once the new slurmd has
     registered, which it cannot do before this step lets it start).
+
+    `configless`: slurmd gets slurm.conf from slurmctld when it starts, and
+    until it has, Slurm's tools on this node cannot reach slurmctld (a new
+    pod): slurmd -G checks the file against a stand-in slurm.conf, and a
+    drain Slurm does not show in time is left to the owner, which shows it
+    as soon as slurmd has fetched the config. Holding slurmd back would
+    wedge the node; a node recreated after a stop is drained already (the
+    agent drains at SIGTERM), so no job lands meanwhile.
 
     Raises:
         SlurmExtError: the node needs a drain and Slurm has not shown it
@@ -64,7 +77,8 @@ def regenerate(config: Config, node: str, emit: Callable[..., object], node_stat
     drain = generation.drain
     if generation.inventory is not None and drain is None:
         try:
-            seen = slurmd_counts(slurm_conf_path(config), generation.text, node)
+            seen = slurmd_counts(None if configless else slurm_conf_path(config), generation.text, node,
+                                 gres=generation.gres)
             mismatch = compare_counts(nvml_counts(generation.inventory), seen, "slurmd -G")
         except (CommandError, OSError) as err:
             mismatch = [f"slurmd -G failed: {err}"]
@@ -74,9 +88,15 @@ def regenerate(config: Config, node: str, emit: Callable[..., object], node_stat
     if not drain:
         node_state.clear(OWNER)
         return generation
-    timeout = config.slurm.timeout + 1.0
+    # configless, Slurm answers within a moment (slurmd restarted in the same pod) or not until slurmd runs
+    timeout = _CONFIGLESS_DRAIN_WAIT if configless else config.slurm.timeout + 1.0
     ticket = node_state.want(OWNER, drain)
     if ticket.wait(timeout) is None:
+        if configless:
+            emit("gres-drain-pending", f"node {node} needs a drain ({drain}) that Slurm has not shown within "
+                 f"{timeout:g}s; a configless slurmd is started anyway (it brings the config that lets this node "
+                 "reach slurmctld) and the drain is shown as soon as it can be", "warning")
+            return generation
         raise SlurmExtError(f"node {node} needs a drain ({drain}) that Slurm has not shown within {timeout:g}s; "
                             "slurmd stays down until it does")
     return generation

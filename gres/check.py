@@ -8,8 +8,8 @@ node's GRES in slurmctld (scontrol) match NVML now (`slurm-ext gres check`).
 
 from __future__ import annotations
 
+import os
 import re
-import shutil
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -23,6 +23,7 @@ from .render import gres_types
 __all__ = ["nvml_counts", "slurmd_counts", "parse_gres", "compare_counts"]
 
 _SLURMD_LINE = re.compile(r"Gres Name=gpu Type=(\S+) Count=(\d+)")
+_AUTH_LINE = re.compile(r"\s*(AuthType|CredType)\s*=", re.IGNORECASE)
 _TIMEOUT = 60.0
 
 
@@ -31,15 +32,28 @@ def nvml_counts(inventory: Inventory) -> Counter:
     return Counter(kind for gpu in inventory.gpus for kind in gres_types(gpu))
 
 
-def slurmd_counts(slurm_conf: Path, gres_text: str, node: str, environ: dict[str, str] | None = None) -> Counter:
+def slurmd_counts(slurm_conf: Path | None, gres_text: str, node: str, environ: dict[str, str] | None = None,
+                  gres: str = "") -> Counter:
     """What `slurmd -G` parses from `gres_text`, placed beside a copy of `slurm_conf`.
+
+    `slurm_conf` None (a configless node: slurmctld sends slurm.conf when slurmd starts): a stand-in
+    slurm.conf declaring `node` with `gres` (its Gres=, as the agent passes it in slurmd's --conf).
 
     Raises:
         CommandError: slurmd cannot run or refuses the files (its message is kept).
     """
     with tempfile.TemporaryDirectory(prefix="slurm-ext-gres-") as directory:
         copy = Path(directory) / "slurm.conf"
-        shutil.copy2(slurm_conf, copy)
+        if slurm_conf is None:
+            text = (f"ClusterName=gres-check\nSlurmctldHost=localhost\nGresTypes=gpu\n"
+                    f"NodeName={node} CPUs={os.cpu_count() or 1}" + (f" Gres={gres}\n" if gres else "\n"))
+        else:
+            text = "".join(line for line in Path(slurm_conf).read_text().splitlines(keepends=True)
+                           if not _AUTH_LINE.match(line))
+        # parsing only, nothing is sent: no auth or credential plugin. With the cluster's (auth/slurm,
+        # Slurm 24.11) slurmd -G re-initialises the running slurmd's credential state, and the jobs
+        # running on the node never complete.
+        copy.write_text(text.rstrip("\n") + "\nAuthType=auth/none\nCredType=cred/none\n")
         (Path(directory) / "gres.conf").write_text(gres_text)
         env = {**(environ or {}), "SLURM_CONF": str(copy)}
         env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")

@@ -141,6 +141,8 @@ class Inventory:
     problems: tuple[str, ...] = ()
     #: Slurm cores on the node (0: topology unknown); a GPU whose `cores` are all of them needs no Cores=
     core_count: int = 0
+    #: sockets on the node (0: unknown); Slurm >= 24.11 takes a Cores= of one whole socket or none
+    socket_count: int = 0
 
 
 class GresError(SlurmExtError):
@@ -226,6 +228,7 @@ def from_json(text: str) -> Inventory:
             lost=tuple(_str(line) for line in data["lost"]),
             problems=tuple(_str(line) for line in data["problems"]),
             core_count=_int(data["core_count"]),
+            socket_count=_int(data.get("socket_count", 0)),
         )
     except (ValueError, KeyError, TypeError, AttributeError) as err:
         raise GresError(f"stored inventory is not slurm-ext's format ({type(err).__name__}: {err}); "
@@ -311,8 +314,8 @@ def _read(nvml, errors, dev_dir, proc_root, topology, sys_root, types) -> Invent
         links = tuple(-1 if j == i else (item.peers.get(key, 0) if key is not None else 0)
                       for j, key in enumerate(keys))
         gpus.append(dataclasses.replace(item.gpu, links=links))
-    core_count = topology.cores if topology is not None else 0
-    return Inventory(driver, tuple(gpus), tuple(lost), tuple(problems), core_count)
+    core_count, sockets = (topology.cores, topology.sockets) if topology is not None else (0, 0)
+    return Inventory(driver, tuple(gpus), tuple(lost), tuple(problems), core_count, sockets)
 
 
 def _read_gpu(nvml, handle, index: int, dev_dir: Path, topology: CpuTopology | None,
@@ -423,7 +426,8 @@ def _device_problems(gpu: Gpu) -> list[str]:
         mode = os.stat(gpu.device).st_mode
     except FileNotFoundError:
         return [f"{gpu.uuid} ({gpu.pci_bus_id}): {gpu.device} is missing (expected a character device); "
-                f"jobs given this GPU cannot open it: run nvidia-modprobe -c {gpu.minor} or check the dev dir"]
+                f"jobs given this GPU cannot open it: run nvidia-modprobe -c {gpu.minor} or check the dev dir "
+                f"(in a container: --device {gpu.device}, or the NVIDIA container runtime)"]
     except OSError as err:
         return [f"{gpu.uuid} ({gpu.pci_bus_id}): cannot stat {gpu.device}: {err.strerror or err}"]
     if not stat.S_ISCHR(mode):

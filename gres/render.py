@@ -87,7 +87,7 @@ def gres_conf(inventory: Inventory, node: str, *, generator: str = "slurm-ext gr
     any_mig = any(gpu.mig_mode for gpu in inventory.gpus)
     with_links = not any_mig and any(n > 0 for gpu in inventory.gpus for n in gpu.links)
     for gpu in inventory.gpus:
-        cores = _cores(gpu, inventory.core_count)
+        cores = _cores(gpu, inventory.core_count, inventory.socket_count)
         if gpu.mig_mode:
             for mig in gpu.mig:
                 lines.append(f"NodeName={node} Name=gpu Type={gpu.type}_{mig.profile} "
@@ -163,8 +163,21 @@ def gres_types(gpu: Gpu) -> list[str]:
     return [gpu.type]
 
 
-def _cores(gpu: Gpu, core_count: int) -> str:
-    """" Cores=..." or "" (unknown, or every core of the node)."""
-    if not gpu.cores or (core_count and set(gpu.cores) >= set(range(core_count))):
+def _cores(gpu: Gpu, core_count: int, sockets: int = 0) -> str:
+    """" Cores=..." or "" (unknown, or every core of the node).
+
+    With the sockets known, the cores are widened to the one socket that holds
+    them, and left out when they span sockets: Slurm schedules GPUs by socket,
+    and from 24.11 on slurmctld refuses any other Cores= ("GRES core
+    specification ... doesn't match socket boundaries", node INVALID_REG),
+    which NVML's NUMA-sized affinity (AMD NPS4, Intel SNC) would otherwise
+    give. Slurm numbers cores socket by socket, core_count / sockets each.
+    """
+    cores = set(gpu.cores)
+    if cores and core_count and sockets and core_count % sockets == 0:
+        per = core_count // sockets
+        [*held] = {core // per for core in cores if core < core_count}
+        cores = set(range(held[0] * per, (held[0] + 1) * per)) if len(held) == 1 else set()
+    if not cores or (core_count and cores >= set(range(core_count))):
         return ""
-    return f" Cores={ranges(gpu.cores)}"
+    return f" Cores={ranges(sorted(cores))}"

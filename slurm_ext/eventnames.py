@@ -55,9 +55,13 @@ _ENTRIES = (
     EventName("subreaper-failed", _SUPERVISOR, "error",
               "the agent could not become child subreaper: orphans of its workers escape it"),
     EventName("cgroup-failed", _SUPERVISOR, "error",
-              "as PID 1, the agent could not leave the root cgroup (slurmd cannot enable controllers)"),
+              "as PID 1, the agent could not leave the root cgroup (slurmd cannot enable controllers), or could not "
+              "make the container's read-only cgroups writable (warning: slurmd's cgroup plugins cannot run)"),
     EventName("cgroup-leaf", _SUPERVISOR, "info",
               "as PID 1, the agent moved out of the root cgroup into a leaf of its own"),
+    EventName("preflight-problem", _SUPERVISOR, "warning",
+              "the node lacks something a Slurm daemon needs (its authentication key, say): what, and the mount "
+              "or flag that provides it; the daemon is started anyway and retried"),
     EventName("start-step-failed", _SUPERVISOR, "error",
               "a start step failed: the workers wait for it (block) or start anyway (continue)"),
     EventName("start-steps-abandoned", _SUPERVISOR, "warning",
@@ -73,6 +77,8 @@ _ENTRIES = (
               "before the next start (info when it was asked to stop)"),
     EventName("mainpid", _SUPERVISOR, "info", "a notify worker named a new main process (MAINPID=), now followed"),
     EventName("kill", _SUPERVISOR, "warning", "a worker outlived its stop grace and was sent SIGKILL"),
+    EventName("stop-drain-late", _SUPERVISOR, "warning",
+              "at SIGTERM, Slurm did not show the node's stop drain within 5 s; slurmd is stopped anyway"),
     # -- node state: the one owner of drains and resumes (slurm_ext/nodestate/) ---------------------
     EventName("drain", ("nodestate", "prolog_epilog"), "warning",
               "prolog_epilog: the Prolog or Epilog found the node unfit and wants it drained (error); nodestate: "
@@ -105,6 +111,9 @@ _ENTRIES = (
     EventName("gpu-renumbered", _GRES, "warning", "a GPU has another minor number than before; gres.conf follows"),
     EventName("gres-written", _GRES, "info", "gres.conf was rewritten because its content changed"),
     EventName("gres-rejected", _GRES, "error", "slurmd -G does not find in gres.conf what NVML reports"),
+    EventName("gres-drain-pending", _GRES, "warning",
+              "a configless node needs a GPU drain Slurm cannot be told yet: slurmd starts (it brings the config) "
+              "and the drain is shown as soon as Slurm answers"),
     # -- Prolog, Epilog, lifecycle scripts (prolog_epilog/) -----------------------------------------
     EventName("prolog-failed", _HOOKS, "error",
               "the Prolog failed; the job starts (the message says what went wrong)"),

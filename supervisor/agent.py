@@ -31,6 +31,7 @@ crash loop's drain is a want of the node-state owner, on the Slurm thread.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import logging
 import os
@@ -42,19 +43,19 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slurm_ext import config as config_mod, events, fileio
+from slurm_ext import command, config as config_mod, events, fileio
 from slurm_ext.config import Config
-from slurm_ext.errors import ConfigError
+from slurm_ext.errors import CommandError, ConfigError
 from slurm_ext.procfs import all_stats, read_stat
 from slurm_ext.slurm import SlurmClient
 
-from . import pipeline
+from . import pipeline, slurmd_args
 from .liaison import SlurmLiaison
 from .notify import NotifySocket, SystemdLink, is_descendant
 from .lifecycle import CrashLoopOver, GiveUp, Life, Policy, Restart
 from .restart import backoff_delay
 from .states import WorkerState
-from .workers import WorkerSpec, workers_for
+from .workers import WorkerSpec, speaks_notify, workers_for
 
 __all__ = ["Agent", "Worker", "session_members", "kill_session"]
 
@@ -69,6 +70,10 @@ _WNOTHREAD = 0x20000000
 _NEVER = float("inf")
 #: at exit, how long a start step whose processes were killed may take to notice
 _ABANDON_WAIT = 3.0
+#: at SIGTERM, how long slurmd is kept running for Slurm to show the node drained (the pod's preStop)
+_STOP_DRAIN_WAIT = 5.0
+#: the owner of that drain in the node-state catalogue
+STOP_DRAIN_OWNER = "stop"
 
 
 @dataclass
@@ -141,7 +146,12 @@ class Agent:
         self._systemd_socket = environ.pop("NOTIFY_SOCKET", None)
         self.base_env = environ
         self.port = port
-        self.node = config.node.slurm_name
+        #: what slurmd's arguments say (worker role): its node name, dynamic, configless
+        self.layout = slurmd_args.layout_of(self.daemon_args) if role == "worker" else None
+        #: the installed slurmd has --systemd: the built-in slurmd runs on a NOTIFY_SOCKET
+        self.slurmd_notify = role == "worker" and _slurmd_speaks_notify(environ)
+        #: the node's gpu GRES from the last NVML read, for a dynamic slurmd's --conf (None: not read)
+        self.gpus: str | None = None
         self.workers: list[Worker] = []
         self.by_pid: dict[int, Worker] = {}
         self.orphans_reaped = 0
@@ -161,18 +171,22 @@ class Agent:
         self.liaison: SlurmLiaison | None = None
         self.http = None
         self._systemd: SystemdLink | None = None
+        #: at SIGTERM: the drain slurmd waits for before it is stopped, and until when
+        self._stop_drain: tuple[object, float] | None = None
         self._apply_config(config, first=True)
+        self.node = self.config.node.slurm_name
 
     # -- set-up -------------------------------------------------------------------
 
     def _apply_config(self, config: Config, first: bool = False) -> None:
         """Adopt a (new) config: worker specs, restart settings."""
+        config = self._fit_to_slurmd(config)
         self.config = config
         #: emit(event, message, severity=None, **fields): a journal event of this agent
         self.emit = events.emitter(config.node.state_dir, "supervisor", role=self.role)
         s = config.supervisor
         try:
-            specs = workers_for(self.role, s, self.daemon_args)
+            specs = workers_for(self.role, s, self.daemon_args, self.slurmd_notify)
         except ValueError as err:
             raise ConfigError(config.source or "<defaults>", str(err)) from None
         if first:
@@ -197,6 +211,26 @@ class Agent:
             if worker.state != WorkerState.STOPPED:
                 updated.append(worker)  # kept until it has stopped
         self.workers = updated
+
+    def _fit_to_slurmd(self, config: Config) -> Config:
+        """The config as slurmd's arguments make it: `-N` names the node; configless, gres.conf goes where
+        the controller's `Include` finds it (slurmd_args.CONFIGLESS_GRES), unless gres.output says otherwise.
+
+        Raises:
+            ConfigError: `-N` and node.name disagree.
+        """
+        layout = self.layout
+        if layout is None:
+            return config
+        node, changes = config.node, {}
+        if layout.node and node.name and layout.node != node.name:
+            raise ConfigError(config.source or "<defaults>", f"slurmd's -N {layout.node} names another node than "
+                              f"node.name = {node.name!r}: give one of them", key="node.name")
+        if layout.node:
+            changes["node"] = dataclasses.replace(node, name=layout.node)
+        if layout.configless and not config.gres.output:
+            changes["gres"] = dataclasses.replace(config.gres, output=slurmd_args.CONFIGLESS_GRES)
+        return dataclasses.replace(config, **changes) if changes else config
 
     def _new_worker(self, spec: WorkerSpec) -> Worker:
         return Worker(spec=spec, life=Life(_policy(self.config.supervisor, spec)))
@@ -227,6 +261,8 @@ class Agent:
         self._selector.register(self._steps, selectors.EVENT_READ, self._on_steps_done)
         if os.getpid() == 1:
             log.info("running as PID 1: reaping every orphan of this PID namespace")
+            if self.config.supervisor.cgroup_writable:
+                _make_cgroups_writable(self.emit, self.role)
             if self.config.supervisor.leave_root_cgroup:
                 _leave_root_cgroup(self.emit)
         else:
@@ -293,6 +329,8 @@ class Agent:
             deadlines.append(self._next_pipeline)
         if self._systemd and self._systemd.watchdog_every:
             deadlines.append(self._systemd.next_watchdog())
+        if self._stop_drain is not None:  # the ticket settles on the Slurm thread: look again soon
+            deadlines.append(min(self._stop_drain[1], now + 0.02))
         wake = min([now + _IDLE_WAKEUP, *deadlines])
         self._next_wake = wake
         return max(0.0, wake - now)
@@ -307,13 +345,14 @@ class Agent:
                 self.emit("stop", f"{signal.Signals(signum).name}: stopping every worker in reverse start order")
                 self.stopping = True
                 self._stop_queue = [w for w in reversed(self.workers)]
+                self._drain_before_stop(signal.Signals(signum).name)
             elif signum == signal.SIGHUP:
                 self._reload()
 
     def _reload(self) -> None:
         try:
-            new = config_mod.load(self.config_path)
-            workers_for(self.role, new.supervisor, self.daemon_args)
+            new = self._fit_to_slurmd(config_mod.load(self.config_path))
+            workers_for(self.role, new.supervisor, self.daemon_args, self.slurmd_notify)
         except (ConfigError, ValueError) as err:
             self.emit("reload-failed", f"SIGHUP: config not reloaded, keeping the running one: {err}",
                       severity="error")
@@ -381,7 +420,9 @@ class Agent:
 
     def _run_steps(self, steps: list[pipeline.StartStep], worker: Worker | None = None) -> None:
         """Run `steps` on the step thread, for `worker`'s restart (None: the role's start)."""
-        context = pipeline.StepContext(self.role, self.config, self.node, self.emit, self.liaison)
+        context = pipeline.StepContext(self.role, self.config, self.node, self.emit, self.liaison,
+                                       configless=bool(self.layout and self.layout.configless),
+                                       gpus_found=self._gpus_found)
         self._steps.start(steps, context, Path(self.config.supervisor.runtime_dir), pipeline.boot_id(), worker)
 
     def _abandon_steps(self) -> None:
@@ -422,6 +463,10 @@ class Agent:
             _log_state(worker, WorkerState.BACKOFF, f"a start step before its restart failed; next try in "
                        f"{decision.delay:.3g}s (not counted as an exit of {worker.spec.name})")
 
+    def _gpus_found(self, gres: str) -> None:
+        """From the step thread: NVML's answer, for the next slurmd start (read by the loop after the step)."""
+        self.gpus = gres
+
     def _start(self, worker: Worker) -> None:
         """Start `worker`, after its restart steps (on the step thread) when it ran before."""
         if self.stopping or not self.pipeline_done or worker.awaiting_steps:
@@ -451,18 +496,21 @@ class Agent:
                 self._selector.register(worker.notify, selectors.EVENT_READ,
                                         functools.partial(self._on_notify, worker))
             env["NOTIFY_SOCKET"] = str(worker.notify.path)
-        program = shutil.which(spec.command[0], path=env.get("PATH", os.defpath))
+        argv = spec.command
+        if spec.name == slurmd_args.WORKER and self.gpus is not None:  # a dynamic node's Gres= in --conf
+            argv = slurmd_args.with_gpus(argv, self.gpus)
+        program = shutil.which(argv[0], path=env.get("PATH", os.defpath))
         try:
             if program is None:
-                raise FileNotFoundError(f"{spec.command[0]}: not found in PATH ({env.get('PATH', os.defpath)})")
-            pid = os.posix_spawn(program, list(spec.command), env, setsid=True)
+                raise FileNotFoundError(f"{argv[0]}: not found in PATH ({env.get('PATH', os.defpath)})")
+            pid = os.posix_spawn(program, list(argv), env, setsid=True)
         except OSError as err:
             old = worker.state
             self._back_off(worker, worker.life.on_start_failed(time.monotonic()), f"cannot start: {err}", old)
             return
         old = worker.state
         worker.life.on_start(time.monotonic())
-        _log_state(worker, old, f"started pid {pid}: {' '.join(spec.command)}")
+        _log_state(worker, old, f"started pid {pid}: {' '.join(argv)}")
         worker.pid = worker.session = pid
         worker.notified_ready = worker.announced_stop = False
         self.by_pid[pid] = worker
@@ -609,10 +657,35 @@ class Agent:
         elif worker.state == WorkerState.BACKOFF:
             _set_state(worker, WorkerState.STOPPED, "stopped while waiting to restart")
 
+    def _drain_before_stop(self, why: str) -> None:
+        """Drain the node with our reason before slurmd stops (what Slinky's preStop does), so that no job
+        lands on a node whose pod is going away; the next start of this node lifts it once its slurmd has
+        registered (stale at start). Not when slurmd is not running: there is nothing to keep jobs from."""
+        slurmd = [w for w in self.workers if w.spec.ready == "slurm-node" and w.state == WorkerState.RUNNING]
+        if not slurmd or self.liaison is None:
+            return
+        ticket = self.liaison.want(STOP_DRAIN_OWNER, f"node agent stopping: {why}")
+        self._stop_drain = (ticket, time.monotonic() + _STOP_DRAIN_WAIT)
+
+    def _stop_waits_for_drain(self, worker: Worker) -> bool:
+        """slurmd is kept running until Slurm shows the stop drain, for _STOP_DRAIN_WAIT at most."""
+        if self._stop_drain is None or worker.spec.ready != "slurm-node":
+            return False
+        ticket, until = self._stop_drain
+        if ticket.settled or time.monotonic() >= until:
+            if not ticket.settled:
+                self.emit("stop-drain-late", f"node {self.node}: Slurm did not show the stop drain within "
+                          f"{_STOP_DRAIN_WAIT:g}s; stopping {worker.spec.name} anyway", severity="warning")
+            self._stop_drain = None
+            return False
+        return True
+
     def _advance_stop(self) -> None:
         """Stop workers one at a time, last started first."""
         while self._stop_queue:
             current = self._stop_queue[0]
+            if self._stop_waits_for_drain(current):
+                return
             if current.state in (WorkerState.RUNNING, WorkerState.BACKOFF):
                 self._request_stop(current)
             if current.state != WorkerState.STOPPED:
@@ -796,6 +869,15 @@ def _restart_steps(role: str, worker: Worker) -> list[pipeline.StartStep]:
     return [step for step in pipeline.steps_for(role) if step.before_restart_of == worker.spec.name]
 
 
+def _make_cgroups_writable(emit, role: str) -> None:
+    from .cgroup import CgroupError, make_writable
+    try:
+        make_writable()
+    except (OSError, CgroupError) as err:
+        # a worker whose slurmd uses cgroups cannot run jobs; other roles make no job cgroups
+        emit("cgroup-failed", str(err), severity="warning" if role == "worker" else "info")
+
+
 def _leave_root_cgroup(emit) -> None:
     from .cgroup import leave_root_cgroup
     try:
@@ -805,6 +887,15 @@ def _leave_root_cgroup(emit) -> None:
     else:
         if leaf:
             emit("cgroup-leaf", f"moved out of the root cgroup into {leaf}")
+
+
+def _slurmd_speaks_notify(environ: dict[str, str]) -> bool:
+    """Whether the slurmd in PATH has --systemd (`slurmd -V`: Slurm >= 23.11); False when there is none."""
+    try:
+        answer = command.run(["slurmd", "-V"], 10.0, env=environ, check=True)
+    except CommandError:  # CommandTimeout is one too
+        return False
+    return speaks_notify(answer.stdout + answer.stderr)
 
 
 def _poke(fd: int) -> None:

@@ -19,6 +19,7 @@ enabled for the children and slurmd can take them from there.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import os
@@ -27,7 +28,7 @@ from pathlib import Path
 from slurm_ext import cgroupfs
 from slurm_ext.errors import SlurmExtError
 
-__all__ = ["CgroupError", "leave_root_cgroup"]
+__all__ = ["CgroupError", "leave_root_cgroup", "make_writable"]
 
 log = logging.getLogger("supervisor")
 
@@ -155,3 +156,51 @@ def _write(path: Path, text: str) -> None:
         raise type(err)(err.errno, err.strerror, str(path)) from None
     finally:
         os.close(fd)
+
+
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_BIND = 1, 2, 4, 8, 32, 4096
+_MS_NOATIME, _MS_NODIRATIME, _MS_RELATIME = 1024, 2048, 1 << 21
+_KEPT_FLAGS = {"nosuid": _MS_NOSUID, "nodev": _MS_NODEV, "noexec": _MS_NOEXEC, "noatime": _MS_NOATIME,
+               "nodiratime": _MS_NODIRATIME, "relatime": _MS_RELATIME}
+
+
+def make_writable(cgroup_root: Path = Path("/sys/fs/cgroup"),
+                  mountinfo: Path = Path("/proc/self/mountinfo")) -> list[str]:
+    """Remount read-write each cgroup file system at or below `cgroup_root` that is mounted read-only.
+
+    Why: Docker mounts a container's cgroup hierarchies read-only unless it
+    is --privileged (which some hosts refuse); slurmd's cgroup plugins
+    (proctrack/cgroup, task/cgroup) must create job cgroups there. With a
+    private cgroup namespace the container sees only its own subtree, so a
+    read-write view gives it nothing --privileged would not. Needs
+    CAP_SYS_ADMIN. Returns the mount points remounted.
+
+    Raises:
+        CgroupError: a read-only cgroup mount could not be remounted (the
+            message names it and the flags that provide the capability).
+    """
+    root = str(cgroup_root).rstrip("/")
+    remounted = []
+    libc = ctypes.CDLL(None, use_errno=True)
+    for line in mountinfo.read_text().splitlines():
+        before, _, after = line.partition(" - ")
+        fields, fstype = before.split(), after.split()[0] if after else ""
+        point = fields[4].replace("\\040", " ")
+        options = fields[5].split(",")
+        if fstype not in ("cgroup", "cgroup2") or "ro" not in options:
+            continue
+        if point != root and not point.startswith(root + "/"):
+            continue
+        flags = _MS_REMOUNT | _MS_BIND
+        for option in options:
+            flags |= _KEPT_FLAGS.get(option, 0)
+        if libc.mount(None, point.encode(), None, flags, None) != 0:
+            err = ctypes.get_errno()
+            raise CgroupError(f"cannot remount {point} read-write: {os.strerror(err)}; slurmd's cgroup plugins "
+                              "cannot create job cgroups there. Give the container --cap-add SYS_ADMIN and "
+                              "--cgroupns private (a Pod: securityContext.capabilities.add [SYS_ADMIN], or "
+                              "privileged), or run Slurm with CgroupPlugin=disabled and proctrack/linuxproc")
+        remounted.append(point)
+    if remounted:
+        log.info("remounted read-write for slurmd's cgroup plugins: %s", " ".join(remounted))
+    return remounted

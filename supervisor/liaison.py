@@ -27,6 +27,8 @@ log = logging.getLogger("supervisor")
 
 #: how often to ask while something is due (a request, a resume waiting for slurmd, a slurmd to register)
 _BUSY_INTERVAL = 0.25
+#: how often an unchanged failure to reach Slurm is logged again
+_REPEAT_FAILURE_EVERY = 60.0
 
 
 class SlurmLiaison(threading.Thread):
@@ -49,6 +51,10 @@ class SlurmLiaison(threading.Thread):
         self._slurmd_started: float | None = None
         self._stop = threading.Event()
         self._wake = threading.Event()
+        #: Slurm failing to answer: since when, the last error logged and when (see _failed)
+        self._failing_since: float | None = None
+        self._last_error = ""
+        self._last_logged = 0.0
         #: the node-state socket: served by the agent of the node's slurmd, whose hook service drains through it
         self.channel: nodestate.ChannelServer | None = None
         if runs_slurmd:
@@ -103,11 +109,12 @@ class SlurmLiaison(threading.Thread):
                     # the other roles' agents ask Slurm only when one of their own wants a drain (a crash loop)
                     if self.watch_node or self.owner.busy or self.owner.state.wants or self.owner.state.shown:
                         node = self.owner.reconcile()
+                        self._answered()
                         if self.watch_node:
                             self._check_node(node)
                 except SlurmExtError as err:
                     self._set_ok(False, str(err))
-                    log.warning("slurm: %s (retrying)", err)
+                    self._failed(str(err))
                 except Exception:  # never let this thread die silently
                     log.exception("slurm liaison: unexpected error (retrying)")
                 busy = self.owner.busy or (self.watch_node and not self.node_ok)
@@ -125,6 +132,23 @@ class SlurmLiaison(threading.Thread):
         while not self._stop.is_set() and (left := deadline - time.monotonic()) > 0:
             if self.channel.serve(left):
                 return
+
+    def _failed(self, error: str) -> None:
+        """Log a failure to reach Slurm when it is new or changed, and once a minute while it lasts:
+        a configless node cannot reach Slurm until slurmd has fetched the config, and every retry
+        (four a second while busy) is not news."""
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
+        if error != self._last_error or now - self._last_logged >= _REPEAT_FAILURE_EVERY:
+            still = f" (failing for {now - self._failing_since:.0f}s)" if error == self._last_error else ""
+            log.warning("slurm: %s%s; retrying", error, still)
+            self._last_error, self._last_logged = error, now
+
+    def _answered(self) -> None:
+        if self._failing_since is not None:
+            log.info("slurm: answering again after %.1fs", time.monotonic() - self._failing_since)
+            self._failing_since, self._last_error = None, ""
 
     def _check_node(self, node: Node) -> None:
         ok = node.responding and node.state not in ("UNKNOWN", "FUTURE") and \

@@ -4,6 +4,10 @@ slurmd/slurmctld `--systemd` (Slurm >= 23.11) send `READY=1` and
 `MAINPID=<pid>` as datagrams; on `scontrol reconfigure` the old slurmd forks
 and execs a new one, announces `MAINPID=<new>` and exits. Following MAINPID is
 what lets the agent treat the old process's exit as a hand-over, not a crash.
+After each READY=1, slurmd (>= 25.11) sends `BARRIER=1` with a pipe's end
+passed in the datagram (sd_notify_barrier) and waits until the receiver has
+closed it: every descriptor received is closed at once, or slurmd would
+wait 5 s before registering.
 Each worker gets its own socket, so a message is always about that worker;
 the sender's PID comes from the kernel (SCM_CREDENTIALS), never from the text.
 """
@@ -19,6 +23,9 @@ from slurm_ext.procfs import read_stat
 __all__ = ["NotifyMessage", "NotifySocket", "SystemdLink", "parse", "is_descendant"]
 
 _MAX_DATAGRAM = 4096
+#: descriptors one datagram may carry (a barrier passes one); more are discarded by the kernel, closed too
+_MAX_FDS = 16
+_ANCILLARY = socket.CMSG_SPACE(12) + socket.CMSG_SPACE(_MAX_FDS * 4)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,13 +104,18 @@ class NotifySocket:
         messages = []
         while True:
             try:
-                data, ancdata, _, _ = self.sock.recvmsg(_MAX_DATAGRAM, socket.CMSG_SPACE(12))
+                data, ancdata, _, _ = self.sock.recvmsg(_MAX_DATAGRAM, _ANCILLARY)
             except (BlockingIOError, InterruptedError):
                 return messages
             sender = 0
             for level, kind, payload in ancdata:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(payload) >= 12:
+                if level != socket.SOL_SOCKET:
+                    continue
+                if kind == socket.SCM_CREDENTIALS and len(payload) >= 12:
                     sender = struct.unpack("3i", payload[:12])[0]
+                elif kind == socket.SCM_RIGHTS:  # a barrier: closing our copy is the answer
+                    for fd in struct.unpack(f"{len(payload) // 4}i", payload[:len(payload) // 4 * 4]):
+                        os.close(fd)
             messages.append(parse(data, sender))
 
     def close(self) -> None:

@@ -38,6 +38,11 @@ class StepContext:
     emit: Callable[..., dict]
     #: the node-state owner (the agent's Slurm thread): want(owner, reason), clear(owner), look() -> Ticket
     node_state: Any = None
+    #: slurmd gets its config from slurmctld (--conf-server)
+    configless: bool = False
+    #: told the node's gpu GRES ("gpu:h200:2", "" for none) once NVML has been read: a dynamic
+    #: slurmd's --conf carries it
+    gpus_found: Callable[[str], None] = lambda gres: None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,14 +64,22 @@ def clear_stale_drains(context: StepContext) -> None:
     stale drain of ours (a crash loop of a slurmd now gone) is lifted once
     the new slurmd has registered (Slurm refuses it before), by the owner;
     other reasons of ours stay with their owners. This step fails when
-    Slurm does not answer, so `step_failure` can make that block the start.
+    Slurm does not answer, so `step_failure` can make that block the start,
+    except on a configless node, which cannot ask Slurm before its slurmd
+    has fetched the config.
     """
     timeout = context.config.slurm.timeout + 1.0
     ticket = context.node_state.look()
-    if ticket.wait(timeout) is None:
+    outcome = ticket.wait(timeout)
+    if outcome is not None and ticket.ok:
+        return
+    if context.configless:  # no config before slurmd has fetched one: the owner's first read comes after
+        log.info("node %s: Slurm cannot be asked before slurmd has fetched the config (configless); stale "
+                 "drains of ours are lifted once it has registered", context.node)
+        return
+    if outcome is None:
         raise RuntimeError(f"node {context.node}: Slurm did not answer within {timeout:g}s")
-    if not ticket.ok:
-        raise RuntimeError(f"node {context.node}: cannot read its state: {ticket.outcome}")
+    raise RuntimeError(f"node {context.node}: cannot read its state: {ticket.outcome}")
 
 
 def validate_scripts(context: StepContext) -> None:
@@ -92,7 +105,16 @@ def node_boot_scripts(context: StepContext) -> None:
 def regenerate_gres(context: StepContext) -> None:
     """gres.conf from NVML, checked by slurmd -G, and the node's GPU drain made right (gres.regenerate)."""
     emit = events.emitter(context.config.node.state_dir, "gres", role=context.role)
-    gres.regenerate(context.config, context.node, emit, context.node_state)
+    generation = gres.regenerate(context.config, context.node, emit, context.node_state, context.configless)
+    if generation.inventory is not None:
+        context.gpus_found(generation.gres)
+
+
+def preflight(context: StepContext) -> None:
+    """Say what the node lacks for Slurm to authenticate (preflight.problems): an event each, never a block."""
+    from .preflight import problems
+    for problem in problems():
+        context.emit("preflight-problem", problem, severity="warning")
 
 
 def steps_for(role: str) -> list[StartStep]:
@@ -105,7 +127,7 @@ def steps_for(role: str) -> list[StartStep]:
     `supervisor.step_failure = {node-boot-scripts = "continue"}` starts the
     workers anyway.
     """
-    steps = []
+    steps = [StartStep("preflight", preflight)] if role in ("worker", "controller", "accounting") else []
     if role == "worker":
         steps.append(StartStep("clear-stale-drains", clear_stale_drains))
         steps.append(StartStep("gres-regenerate", regenerate_gres, on_failure="block", before_restart_of="slurmd"))

@@ -5,13 +5,14 @@ the Slurm daemons that need them), then any worker only the config names.
 """
 
 import dataclasses
+import re
 import signal
 import sys
 from dataclasses import dataclass
 
 from .settings import SupervisorSection, WorkerSection
 
-__all__ = ["WorkerSpec", "BUILTIN", "ROLE_DAEMON", "workers_for"]
+__all__ = ["WorkerSpec", "BUILTIN", "ROLE_DAEMON", "NOTIFY_SLURMD", "workers_for", "speaks_notify"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,9 +36,8 @@ class WorkerSpec:
         return getattr(signal, f"SIG{self.stop_signal}")
 
 
-#: Slurm 22.05 has no `--systemd`: slurmd's readiness is its node answering in
-#: Slurm. With Slurm >= 23.11 set command = ["slurmd", "--systemd"] and
-#: notify = true to follow its re-exec on reconfigure through MAINPID=.
+#: slurmd's readiness is its node answering in Slurm. Slurm 22.05 has no `--systemd`; from 23.11 on
+#: the agent runs NOTIFY_SLURMD instead (workers_for's slurmd_notify), unless the config names a command.
 BUILTIN = (
     WorkerSpec("munged", (), ("munged", "--foreground")),
     WorkerSpec("mariadbd", (), ("mariadbd",), stop_grace=60.0),
@@ -51,21 +51,33 @@ BUILTIN = (
 )
 
 
+#: slurmd >= 23.11 on the agent's NOTIFY_SOCKET: on `scontrol reconfigure` the old process execs a new one
+#: and announces MAINPID=<new>, which the agent follows (without it, that exit would look like a crash)
+NOTIFY_SLURMD = {"command": ("slurmd", "--systemd"), "notify": True}
+#: the first Slurm release whose slurmd has --systemd
+_NOTIFY_SINCE = (23, 11)
+
 #: the worker that `slurm-ext supervise --role ROLE -- ARGS...` gives ARGS to: the role's Slurm daemon (a
 #: Slinky NodeSet passes slurmd's as the container's arguments: -Z --conf-server HOST:6817 --conf ...)
 ROLE_DAEMON = {"worker": "slurmd", "controller": "slurmctld", "accounting": "slurmdbd", "login": "sshd"}
 
 
-def workers_for(role: str, settings: SupervisorSection, daemon_args: tuple[str, ...] = ()) -> list[WorkerSpec]:
+def workers_for(role: str, settings: SupervisorSection, daemon_args: tuple[str, ...] = (),
+                slurmd_notify: bool = False) -> list[WorkerSpec]:
     """The workers `role` runs, in start order, with the config's keys applied.
 
     `daemon_args` are appended to the command of the role's daemon (ROLE_DAEMON), after the config's.
+    `slurmd_notify` (the installed slurmd has --systemd: speaks_notify) makes the built-in slurmd
+    NOTIFY_SLURMD, unless the config gives slurmd a command of its own.
 
     Raises:
         ValueError: a worker of the role without a command, or `daemon_args` for a daemon the role
             does not run (the config took it out).
     """
     specs = {spec.name: spec for spec in BUILTIN}
+    own = settings.workers.get("slurmd")
+    if slurmd_notify and (own is None or own.command is None):
+        specs["slurmd"] = dataclasses.replace(specs["slurmd"], **NOTIFY_SLURMD)
     for name, section in settings.workers.items():
         specs[name] = _apply(specs.get(name) or WorkerSpec(name, (), ()), section)
     chosen = [spec for spec in specs.values() if role in spec.roles]
@@ -80,6 +92,12 @@ def workers_for(role: str, settings: SupervisorSection, daemon_args: tuple[str, 
         chosen = [dataclasses.replace(spec, command=spec.command + tuple(daemon_args)) if spec.name == daemon
                   else spec for spec in chosen]
     return chosen
+
+
+def speaks_notify(version_line: str) -> bool:
+    """Whether `slurmd -V`'s answer ("slurm 26.05.5", "slurm-wlm 22.05.8") is a Slurm with --systemd."""
+    found = re.search(r"(\d+)\.(\d+)", version_line)
+    return found is not None and (int(found.group(1)), int(found.group(2))) >= _NOTIFY_SINCE
 
 
 def _apply(spec: WorkerSpec, section: WorkerSection) -> WorkerSpec:

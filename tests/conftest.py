@@ -325,6 +325,41 @@ def agents(tmp_path):
         agent.out.close()
 
 
+@pytest.fixture(scope="session")
+def engine():
+    """A Docker engine of the suite's own (tests/docker_engine.py), stopped at the end; with
+    SLURM_EXT_TEST_DOCKER_HOST, that engine instead (left running)."""
+    from docker_engine import Engine
+    if os.environ.get("SLURM_EXT_TEST_DOCKER_HOST"):
+        engine = Engine.existing(os.environ["SLURM_EXT_TEST_DOCKER_HOST"])
+        yield engine
+        engine.stop()
+        return
+    engine = Engine()
+    try:
+        yield engine.start()
+    finally:
+        engine.stop()
+
+
+#: the Debian suite the container tests build on (sid: Slurm 26.05, what Slinky 1.2 needs); trixie
+#: (Slurm 24.11) with SLURM_EXT_TEST_IMAGE_SUITE=trixie
+IMAGE_SUITE = os.environ.get("SLURM_EXT_TEST_IMAGE_SUITE", "sid")
+
+
+@pytest.fixture(scope="session")
+def images(engine) -> dict[str, str]:
+    """image name (containers/build.py's IMAGES) -> tag, built from this checkout into the suite's engine,
+    from a debootstrap base, as a user without a registry would."""
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "containers" / "build.py"), "--suite",
+                           IMAGE_SUITE], env=engine.environ(), capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    print(f"images built in {time.monotonic() - started:.0f} s", file=sys.stderr)
+    return {name: f"slurm-ext-{name}:{IMAGE_SUITE}" for name in
+            ("worker", "controller", "accounting", "login", "mariadb")}  # containers/build.py's IMAGES
+
+
 def pytest_collection_modifyitems(items):
     """Every test that needs the real cluster carries the `cluster` marker, however it reaches the fixture
     (`-m "not cluster"` runs the rest, with no Slurm at all)."""

@@ -48,11 +48,25 @@ class Engine:
             time.sleep(0.1)
         raise RuntimeError(f"dockerd did not answer within {timeout}s: {self.log.read_text()[-2000:]}")
 
+    @classmethod
+    def existing(cls, host: str) -> Engine:
+        """An engine someone else runs (SLURM_EXT_TEST_DOCKER_HOST, to keep its image cache between runs while
+        working on the images): used as it is, its containers left to the tests' own clean-up, never stopped."""
+        engine = cls.__new__(cls)
+        engine.root = engine.socket = engine.log = engine.process = None
+        engine.host = host
+        engine.client = docker.DockerClient(base_url=host, timeout=600)
+        engine.client.ping()
+        return engine
+
     def environ(self) -> dict[str, str]:
         """The environment that points docker tools (the SDK, containers/build.py) at this engine."""
         return {**os.environ, "DOCKER_HOST": self.host}
 
     def stop(self) -> None:
+        if self.root is None:  # not ours
+            self.client.close()
+            return
         if self.client is not None:
             for container in self.client.containers.list(all=True):
                 container.remove(force=True)

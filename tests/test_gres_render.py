@@ -43,6 +43,21 @@ def test_gres_conf_exact_text_with_cores_and_links():
     )
 
 
+def test_cores_are_one_whole_socket_or_none_when_the_sockets_are_known():
+    """Slurm >= 24.11 refuses a Cores= that is not one whole socket (node INVALID_REG, "doesn't match socket
+    boundaries"), and schedules GPUs by socket anyway: NUMA-sized affinity is widened to its socket."""
+    inv = Inventory("550.54.15", (
+        gpu(0, cores=(4, 5, 6, 7)),          # a quarter of socket 0 (AMD NPS4): the whole socket
+        gpu(1, cores=tuple(range(16, 32))),  # socket 1, as NVML gave it
+        gpu(2, cores=(12, 13, 14, 15, 16)),  # across both sockets: no Cores= (any core)
+        gpu(3, cores=tuple(range(32))),      # every core: no Cores=
+    ), core_count=32, socket_count=2)
+    lines = [line.split(" File=")[1] for line in gres_conf(inv, "n", now=NOW).splitlines() if " File=" in line]
+    assert lines == ["/dev/nvidia0 Cores=0-15", "/dev/nvidia2 Cores=16-31", "/dev/nvidia4", "/dev/nvidia6"]
+    one_socket = Inventory("1", (gpu(0, cores=(0,)),), core_count=2, socket_count=1)
+    assert "Cores" not in gres_conf(one_socket, "n", now=NOW)
+
+
 def test_header_names_nvml_index_when_it_differs_and_lists_lost_and_problems():
     inv = Inventory("550.54.15", (gpu(3, links=(-1,)),), lost=("NVML GPU 0: GPU is lost",),
                     problems=("/dev/nvidia6 is missing",))

@@ -80,6 +80,39 @@ def test_wants_wait_behind_a_foreign_drain_and_show_once_it_is_lifted():
     assert node.reason == f"slurm-ext: {GPU}"
 
 
+def test_our_gpu_drain_replaces_slurms_own_gpu_count_drain_and_nothing_else_does():
+    """A dynamic node's record outlives its pod: recreated with a GPU fewer, it registers INVALID_REG with
+    Slurm's "count reported lower" reason, which our reason naming the missing GPU replaces."""
+    slurms = "gres/gpu count reported lower than configured (1 < 2)"
+    owner = NodeState("n1")
+    owner.want("gres", GPU)
+    node, actions = settle(owner, drained(slurms))
+    assert node.reason == f"slurm-ext: {GPU}" and actions[0] == Drain(f"slurm-ext: {GPU}", slurms, {"uuid": "GPU-1234"})
+    owner.clear("gres")  # the GPU is back
+    node, actions = settle(owner, node)
+    assert not node.drained and actions[0].why == "cleared"
+    crash = NodeState("n1")  # another owner's want does not replace it
+    crash.want("crash-loop/slurmd", CRASH)
+    node, _ = settle(crash, drained(slurms))
+    assert node.reason == slurms
+    for foreign in ("slurm-operator: pod is terminating", "NHC: gres/gpu count reported lower than configured"):
+        gres = NodeState("n1")
+        gres.want("gres", GPU)
+        assert settle(gres, drained(foreign))[0].reason == foreign
+
+
+def test_a_clear_made_before_slurm_could_be_read_lifts_the_reason_it_then_finds():
+    """A configless node: gres finds the GPUs back and clears before slurmd has fetched the config, so the
+    owner's first read of the node comes after: the gpu drain it finds then is over, not adopted."""
+    owner = NodeState("n1")
+    owner.clear("gres")
+    node, actions = settle(owner, drained(f"slurm-ext: {GPU}"))
+    assert not node.drained and actions[0] == Resume(f"slurm-ext: {GPU}", "stale")
+    kept = NodeState("n1")
+    kept.clear("crash-loop/slurmd")  # someone else's clear does not lift the gres owner's drain
+    assert settle(kept, drained(f"slurm-ext: {GPU}"))[0].drained
+
+
 def test_an_operator_resume_dismisses_our_want_until_it_is_wanted_again():
     owner = NodeState("n1")
     owner.want("gres", GPU)
@@ -199,3 +232,20 @@ def test_a_clear_long_before_an_admins_drain_is_no_news_about_it():
     owner.clear("gres")  # every slurmd start with its GPUs all there
     settle(owner, IDLE)
     assert settle(owner, drained("maintenance"))[1] == [Leave()]
+
+
+def test_stale_at_start_tells_the_drains_an_agent_lifts_at_its_start():
+    from slurm_ext.nodestate import stale_at_start
+    assert stale_at_start("slurm-ext: node agent stopping: SIGTERM")
+    assert stale_at_start(f"slurm-ext: {CRASH} (+1 more)")
+    assert not stale_at_start(f"slurm-ext: {GPU}") and not stale_at_start("node agent stopping: SIGTERM")
+
+
+def test_slinky_operators_drain_is_neither_lifted_at_start_nor_replaced_by_our_stop_drain():
+    operator = "slurm-operator: Pod is terminating"
+    owner = NodeState("n1")  # a new agent: only our own stale reasons are lifted at its start
+    node, _ = settle(owner, drained(operator))
+    assert node.reason == operator
+    owner.want("stop", "node agent stopping: SIGTERM")
+    node, actions = settle(owner, node)
+    assert node.reason == operator and actions[0].event == "drain-skipped"

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from slurm_ext import config
+from slurm_ext.supervisor.slurmd_args import CONFIGLESS_GRES
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFESTS = REPO / "containers" / "slinky"
@@ -96,9 +97,11 @@ def _documents() -> list[tuple[str, dict]]:
     return docs
 
 
-def _doc(kind: str) -> dict:
-    [doc] = [doc for _, doc in _documents() if doc["kind"] == kind]
-    return copy.deepcopy(doc)
+def _doc(kind: str, name: str | None = None) -> dict:
+    """The manifest of `kind` named `name` (None: the first of that kind)."""
+    found = [doc for _, doc in _documents() if doc["kind"] == kind and name in (None, doc["metadata"]["name"])]
+    assert found and (name is None or len(found) == 1), (kind, name, len(found))
+    return copy.deepcopy(found[0])
 
 
 def test_the_manifests_hold_every_kind_a_deployment_needs():
@@ -138,7 +141,7 @@ def test_a_typo_is_rejected(kind, path, wrong, crd_schemas):
 
 
 def test_the_slurm_ext_config_in_the_configmap_is_valid_and_the_probes_ask_the_agent():
-    configmap = _doc("ConfigMap")
+    configmap = _doc("ConfigMap", "slurm-ext-worker")
     loaded = config.from_dict(tomllib.loads(configmap["data"]["slurm-ext.toml"]), "slinky ConfigMap")
     nodeset = _doc("NodeSet")
     slurmd = nodeset["spec"]["slurmd"]
@@ -152,3 +155,14 @@ def test_the_slurm_ext_config_in_the_configmap_is_valid_and_the_probes_ask_the_a
     from slurm_ext.supervisor.workers import workers_for
     graces = sum(worker.stop_grace for worker in workers_for("worker", loaded.supervisor))
     assert pod["terminationGracePeriodSeconds"] > graces, (pod["terminationGracePeriodSeconds"], graces)
+
+
+def test_the_controllers_gres_conf_includes_the_file_the_worker_agent_writes():
+    """Configless slurmd reads gres.conf only from slurmctld: the Include is how each node's File= from NVML
+    reaches it (proven on a cluster in test_container_cluster.py)."""
+    controller = _doc("Controller")
+    assert {"name": "slurm-ext-gres"} in controller["spec"]["configFileRefs"]
+    gres = _doc("ConfigMap", "slurm-ext-gres")["data"]["gres.conf"]
+    assert f"Include {CONFIGLESS_GRES}" in gres.splitlines()
+    assert "Prolog=/usr/local/libexec/slurm-ext/slurm-ext-hook" in controller["spec"]["extraConf"].splitlines()
+

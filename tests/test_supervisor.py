@@ -16,8 +16,9 @@ from slurm_ext import config
 from slurm_ext.procfs import all_stats, pid_alive
 from slurm_ext.supervisor.agent import session_members
 from slurm_ext.supervisor.notify import is_descendant, parse
+from slurm_ext.supervisor.slurmd_args import SlurmdLayout, layout_of, with_gpus
 from slurm_ext.supervisor.restart import CrashWindow, backoff_delay, should_restart
-from slurm_ext.supervisor.workers import workers_for
+from slurm_ext.supervisor.workers import speaks_notify, workers_for
 
 # -- pure rules ------------------------------------------------------------------------
 
@@ -88,6 +89,33 @@ def test_arguments_after_the_double_dash_go_to_the_roles_daemon(tmp_path):
     from slurm_ext.cli import _parser
     args = _parser().parse_args(["supervise", "--role", "worker", "--", *given])
     assert tuple(args.daemon_args) == given
+
+
+def test_slurmd_with_systemd_from_slurm_23_11_unless_the_config_names_its_command(tmp_path):
+    assert [speaks_notify(v) for v in ("slurm-wlm 22.05.8", "slurm 23.02.7", "slurm 23.11.1", "slurm 26.05.5",
+                                       "slurm-wlm 24.11.5", "", "slurmd: not found")] == \
+        [False, False, True, True, True, False, False]
+    defaults = config.Config().supervisor
+    slurmd = {s.name: s for s in workers_for("worker", defaults, ("-Z",), slurmd_notify=True)}["slurmd"]
+    assert slurmd.command == ("slurmd", "--systemd", "-Z") and slurmd.notify and slurmd.ready == "slurm-node"
+    assert {s.name: s for s in workers_for("worker", defaults)}["slurmd"].command == ("slurmd", "-D")
+    path = tmp_path / "c.toml"
+    path.write_text('[supervisor.workers.slurmd]\ncommand = ["slurmd", "-D"]\n')
+    own = {s.name: s for s in workers_for("worker", config.load(path).supervisor, slurmd_notify=True)}["slurmd"]
+    assert own.command == ("slurmd", "-D") and not own.notify
+
+
+def test_slurmd_layout_and_the_gpus_in_a_dynamic_nodes_conf():
+    slinky = ("-Z", "--conf-server", "ctld:6817", "--conf", "Features=gpu Gres=gpu:8,shard:4", "-N", "w1")
+    assert layout_of(slinky) == SlurmdLayout(node="w1", dynamic=True, configless=True)
+    assert layout_of(("-D", "-Nw2")) == SlurmdLayout(node="w2", dynamic=False, configless=False)
+    assert layout_of(("--conf-server=c:1", "--conf=Features=x")) == SlurmdLayout(None, False, True)
+    assert with_gpus(slinky, "gpu:h200:2")[4] == "Features=gpu Gres=gpu:h200:2,shard:4"
+    assert with_gpus(slinky, "")[4] == "Features=gpu Gres=shard:4"
+    assert with_gpus(("-Z", "--conf=Features=x"), "gpu:a100:1") == ("-Z", "--conf=Features=x Gres=gpu:a100:1")
+    assert with_gpus(("-Z",), "gpu:a100:1") == ("-Z", "--conf", "Gres=gpu:a100:1")
+    assert with_gpus(("-Z",), "") == ("-Z",)
+    assert with_gpus(("-D", "--conf", "Features=x"), "gpu:a100:1") == ("-D", "--conf", "Features=x")  # static
 
 
 def test_a_worker_with_no_command_is_a_config_error(tmp_path):
@@ -256,16 +284,28 @@ def test_a_burst_of_orphans_leaves_no_zombie(agents, tmp_path, mode):
 
 
 NOTIFY_WORKER = textwrap.dedent("""\
-    import os, socket, sys, time
+    import os, select, socket, struct, sys, time
 
-    def send(data):
+    def send(data, fds=()):
         s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         s.connect(os.environ["NOTIFY_SOCKET"])
-        s.send(data)
+        s.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))] if fds else [])
         s.close()
+
+    def barrier():
+        # sd_notify_barrier, as slurmd does after READY=1: the receiver closing its copy of the
+        # write end is the answer (POLLHUP); slurmd waits 5 s for it
+        r, w = os.pipe()
+        send(b"BARRIER=1", [w])
+        os.close(w)
+        started = time.monotonic()
+        answered = select.select([r], [], [], 5.0)[0]  # readable at EOF: no write end left open
+        with open(os.environ["BARRIER_FILE"], "a") as out:
+            out.write(f"{'answered' if answered else 'timed out'} {time.monotonic() - started:.3f}\\n")
 
     generation = int(sys.argv[1])
     send(f"READY=1\\nMAINPID={os.getpid()}\\nSTATUS=generation {generation}".encode())
+    barrier()
     send(b"\\xff\\xfe this is no sd_notify message")
     send(b"MAINPID=1")  # not a descendant of the agent: must be ignored
     if generation == 0:
@@ -292,6 +332,7 @@ def test_notify_worker_re_exec_is_followed_through_mainpid(agents, tmp_path):
         command = ["{sys.executable}", "{script}", "0"]
         notify = true
         ready = "notify"
+        environment = {{ BARRIER_FILE = "{tmp_path / 'barriers'}" }}
         """)
     first = int(agent.wait_log(r"worker notifier: stopped -> running: started pid (\d+)")[0])
     agent.wait_log(r"notify notifier: READY=1")
@@ -306,6 +347,10 @@ def test_notify_worker_re_exec_is_followed_through_mainpid(agents, tmp_path):
     time.sleep(0.3)
     assert agent.metric("slurm_ext_supervisor_restarts_total", worker="notifier") == 0, "the hand-over was a crash"
     assert "worker notifier: running -> backoff" not in agent.text()
+    # both generations' barriers were answered at once: the agent closed the descriptor each passed
+    barriers = (tmp_path / "barriers").read_text().split("\n")[:-1]
+    assert len(barriers) == 2 and all(b.startswith("answered ") and float(b.split()[1]) < 1.0
+                                      for b in barriers), barriers
 
     os.kill(second, signal.SIGKILL)  # the new main process dying is the worker dying
     agent.wait_log(r"worker notifier: running -> backoff: died \(killed by SIGKILL\)")
@@ -415,3 +460,20 @@ def test_a_blocking_start_step_keeps_workers_down_and_is_retried_with_backoff(ag
     started = time.monotonic()
     assert agent.stop() == 0
     assert time.monotonic() - started < 5
+
+
+def test_preflight_names_a_missing_or_loose_slurm_key_and_the_mount_that_provides_it(tmp_path):
+    from slurm_ext.supervisor.preflight import problems
+    [missing] = problems(tmp_path)
+    assert "/etc/slurm/slurm.key is missing" in missing and "slurmKeyRef" in missing and "-v KEY:" in missing
+    (tmp_path / "run/munge").mkdir(parents=True)
+    (tmp_path / "run/munge/munge.socket.2").touch()
+    assert problems(tmp_path) == []  # auth/munge instead
+    key = tmp_path / "etc/slurm/slurm.key"
+    key.parent.mkdir(parents=True)
+    key.write_bytes(b"k" * 1024)
+    key.chmod(0o644)
+    [loose] = problems(tmp_path)
+    assert "mode 0644" in loose and "defaultMode: 0600" in loose
+    key.chmod(0o600)
+    assert problems(tmp_path) == []

@@ -171,3 +171,29 @@ def test_start_clears_only_a_stale_crash_loop_drain(running_cluster, cluster_age
     assert node.drained is not cleared and (cleared or node.reason == reason), node
     assert any(e["event"] == "resume" and e["why"] == "stale" for e in agent.journal()) is cleared
     assert agent.stop() == 0
+
+
+def test_sigterm_drains_the_node_before_slurmd_stops_and_the_next_start_lifts_it(running_cluster, cluster_agent):
+    """Pod deletion (Slinky's preStop): no job may land on a node whose agent is stopping; the node's next
+    start clears that drain itself once its slurmd has registered (slurm-operator issue 249's wedge)."""
+    cluster = running_cluster
+    slurm = cluster.client()
+    marker = cluster.layout.out / "slurmd-got-sigterm"
+    marker.unlink(missing_ok=True)
+    # the stand-in slurmd notes, when SIGTERM reaches it, the reason the node shows
+    stand_in = cluster.layout.out / "stand-in-slurmd.sh"
+    stand_in.write_text(f"trap 'SLURM_CONF={cluster.layout.slurm_conf} scontrol show node {cluster.node} "
+                        f"| grep -o \"Reason=.*\" > {marker}; exit 0' TERM\nwhile :; do sleep 0.1; done\n")
+    agent = cluster_agent(f'[supervisor.workers.slurmd]\ncommand = ["sh", "{stand_in}"]\n')
+    agent.wait_log(r"worker slurmd: stopped -> running")
+    asked = time.monotonic()
+    assert agent.stop() == 0
+    assert marker.read_text().startswith(f"Reason={REASON_PREFIX} node agent stopping: SIGTERM"), marker.read_text()
+    assert agent.wait_log(r"drained node \S+: slurm-ext: node agent stopping: SIGTERM")
+    assert time.monotonic() - asked < 5
+    assert slurm.node(cluster.node).reason == f"{REASON_PREFIX} node agent stopping: SIGTERM"
+    again = cluster_agent('[supervisor.workers.slurmd]\ncommand = ["sleep", "300"]\n')
+    wait_for("the stop drain lifted", lambda: not slurm.node(cluster.node).drained, timeout=20, interval=0.2)
+    assert any(e["event"] == "resume" and e["why"] == "stale" for e in again.journal())
+    assert again.stop() == 0
+

@@ -18,12 +18,12 @@ from slurm_ext.errors import SlurmExtError
 from slurm_ext.slurm import SlurmClient
 
 from . import channel
-from .catalogue import CATALOGUE, DrainKind, kind_of
+from .catalogue import CATALOGUE, DrainKind, kind_of, stale_at_start
 from .channel import SOCKET_NAME, ChannelServer
 from .owner import NodeState, UnknownReason
 from .reconciler import Reconciler, Ticket, registered
 
-__all__ = ["CATALOGUE", "DrainKind", "kind_of", "NodeState", "UnknownReason", "Reconciler", "Ticket",
+__all__ = ["CATALOGUE", "DrainKind", "kind_of", "stale_at_start", "NodeState", "UnknownReason", "Reconciler", "Ticket",
            "registered", "ChannelServer", "SOCKET_NAME", "DrainNotConfirmed", "post", "socket_path"]
 
 

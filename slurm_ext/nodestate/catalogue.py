@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["DrainKind", "CATALOGUE", "kind_of", "split_more"]
+__all__ = ["DrainKind", "CATALOGUE", "kind_of", "split_more", "supersedes", "stale_at_start"]
 
 #: the resume rules
 WHEN_CLEARED = "when-cleared"
@@ -72,7 +72,22 @@ CATALOGUE: tuple[DrainKind, ...] = (
     DrainKind("crash-loop", "crash-loop", "{worker} crash loop: {detail}", 30, WHEN_CLEARED,
               "a worker exited crash_loop_count times within crash_loop_window; lifted once it has run the "
               "window", stale_at_start=True),
+    DrainKind("stop", "node-stopping", "node agent stopping: {signal}", 10, WHEN_CLEARED,
+              "the worker agent was told to stop (SIGTERM: pod deletion, docker stop) and drained the node before "
+              "stopping slurmd, so that no job lands on it; the node's next start lifts it once its slurmd has "
+              "registered", stale_at_start=True),
 )
+
+#: Slurm's own drain for the very thing gres reports: a node that registers fewer GPUs than slurmctld has for
+#: it (a dynamic node's record outlives its pod, so a pod recreated with a GPU fewer registers INVALID_REG)
+_SLURM_GPU_COUNT = re.compile(r"gres/gpu(:\S+)? count (reported lower than configured|too low)")
+
+
+def supersedes(kind: DrainKind, reason: str) -> bool:
+    """Whether our `kind` may replace the node's current reason, which is not ours: only Slurm's own
+    GPU-count drain, with our gres reason that names the missing GPU (no admin's or other tool's reason)."""
+    return kind.owner == "gres" and _SLURM_GPU_COUNT.match(reason) is not None
+
 
 _MORE = re.compile(r"(.*) \(\+(\d+) more\)\Z", re.DOTALL)
 
@@ -89,3 +104,13 @@ def kind_of(reason: str, owner: str | None = None) -> DrainKind | None:
         if (owner is None or kind.owner == owner) and kind.matches(reason):
             return kind
     return None
+
+
+def stale_at_start(reason: str) -> bool:
+    """Whether a node's full reason is one of ours that an agent lifts at its start, once slurmd has
+    registered (a crash loop of a slurmd now gone, the drain of the last stop): worth waiting for."""
+    from slurm_ext.slurm import REASON_PREFIX
+    if not reason.startswith(REASON_PREFIX):
+        return False
+    kind = kind_of(split_more(reason.removeprefix(REASON_PREFIX).strip())[0])
+    return kind is not None and kind.stale_at_start

@@ -10,7 +10,9 @@ Slurm.
 Rules (DESIGN.md: Slurm is the source of truth):
 - the node shows the most severe want, and says how many more there are;
 - a drain whose reason is not ours (an admin's, `NHC:`, `slurm-operator:`)
-  is never changed: our wants wait behind it;
+  is never changed: our wants wait behind it; the one exception is
+  Slurm's own "gres/gpu count reported lower than configured", which our
+  GPU drain replaces with the reason naming the missing GPU;
 - someone resuming our drain, or replacing its reason, while we want it is
   an operator's decision: those wants are dismissed (by-operator ones
   dropped) until their owner wants them again;
@@ -26,7 +28,7 @@ from dataclasses import dataclass, field
 
 from slurm_ext.slurm import REASON_PREFIX, Node, is_our_reason
 
-from .catalogue import BY_OPERATOR, WHEN_CLEARED, DrainKind, kind_of, split_more
+from .catalogue import BY_OPERATOR, WHEN_CLEARED, DrainKind, kind_of, split_more, supersedes
 
 __all__ = ["Want", "Drain", "Resume", "Leave", "Wait", "NodeState", "UnknownReason", "checked"]
 
@@ -128,6 +130,9 @@ class NodeState:
     _reported: str = ""
     _seq: itertools.count = field(default_factory=itertools.count)
     _started: bool = False
+    #: owners that cleared before the first step: a reason of theirs found then is over, not adopted
+    #: (a configless node regenerates gres before Slurm can be asked: its clear comes first)
+    _cleared_unseen: set = field(default_factory=set)
 
     # -- requests -------------------------------------------------------------------
 
@@ -151,6 +156,8 @@ class NodeState:
         for want in gone:
             del self.wants[want.key]
         self.cleared_behind = True
+        if not self._started:
+            self._cleared_unseen.add(owner)
         return gone
 
     def active(self) -> list[Want]:
@@ -174,6 +181,9 @@ class NodeState:
             self._adopt(node, at_start=True)
         ours = _shows_ours(node)
         if node.drained and not ours:
+            active = self.active()
+            if active and supersedes(active[0].kind, node.reason):  # Slurm's own word for our GPU drain
+                return Drain(self.desired(), node.reason, active[0].fields)
             return self._held_by_someone_else(node)
         self._reported = ""
         self.cleared_behind = False  # a clear that found no one else's drain: nothing to say about it
@@ -233,7 +243,8 @@ class NodeState:
         text, _ = split_more(node.reason.removeprefix(REASON_PREFIX).strip())
         kind = kind_of(text) or _UNKNOWN
         stale = kind.stale_at_start or any(node.reason.startswith(prefix) for prefix in self.stale_prefixes)
-        if at_start and self.lift_stale and stale:
+        over = kind.resume == WHEN_CLEARED and kind.owner_of(text) in self._cleared_unseen
+        if at_start and (self.lift_stale and stale or over):
             self.stale = node.reason
             return
         want = Want(kind.owner_of(text), text, kind, next(self._seq), shown=True)

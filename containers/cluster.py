@@ -1,0 +1,428 @@
+#!/usr/bin/env python3
+"""A local Slurm cluster made of slurm-ext's images: `python3 containers/cluster.py up|down|status`.
+
+MariaDB and slurmdbd (accounting), slurmctld (configless, dynamic nodes) and two workers that join as
+Slinky's NodeSet pods do (`-Z --conf-server ... --conf ...`), each worker with its own fake GPUs: real
+character devices made with mknod, passed with --device, and the fake libnvidia-ml inside the image,
+selected by environment. Every container is on the host network (no bridge), every daemon on 127.0.0.1
+with ports of its own (26817 slurmctld, 26819 slurmdbd, 23307 MariaDB, 2682<n> the slurmd of worker n,
+2981x/2982<n> the agents), clear of `slurm-ext dev`'s and of the defaults.
+
+Two modes, as users run workers: `cgroup-v1` (Slurm's cgroup plugins; a private cgroup namespace and
+SYS_ADMIN, which the agent uses to make the cgroup mounts writable) and `linuxproc` (CgroupPlugin=disabled,
+proctrack/linuxproc, a plain container: the pod where Slurm cannot use cgroups, and slurm-ext's Epilog is
+all that finds a job's escaped processes). A worker's state dir is a Docker volume named after its node, so
+a container recreated for the same node finds the GPUs it had before. The tests drive the same class
+(tests/test_container_cluster.py) on an engine of their own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+
+from slurm_ext.devcluster import fakenvml
+
+HERE = Path(__file__).resolve().parent
+CLUSTER = "ctest"
+CTLD_PORT, DBD_PORT, MARIADB_PORT = 26817, 26819, 23307
+AGENT_PORTS = {"controller": 29811, "accounting": 29812, "mariadb": 29814}
+#: worker i: slurmd on SLURMD_PORT + i, its agent on WORKER_AGENT_PORT + i
+SLURMD_PORT, WORKER_AGENT_PORT = 26820, 29820
+#: the jobs' user, made in every container that runs or submits jobs
+USER, UID = "ctuser", 2101
+SLURM_UID = 64030  # the Debian package's slurm user, in every image
+FAKE_NVML_LIB = "/usr/local/lib/slurm-ext-fakenvml"
+GPU_NAME, GPU_TYPE = "NVIDIA H200", "h200"
+MODES = ("cgroup-v1", "linuxproc")
+#: the images a cluster runs (containers/build.py's IMAGES)
+IMAGE_NAMES = ("worker", "controller", "accounting", "login", "mariadb")
+#: the label on every container and volume of a cluster: its prefix
+LABEL = "slurm-ext.container-cluster"
+
+_SLURM_CONF = """\
+ClusterName={cluster}
+SlurmctldHost=localhost(127.0.0.1)
+SlurmctldPort={ctld}
+SlurmdPort={slurmd}
+SlurmctldParameters=enable_configless
+CommunicationParameters=NoCtldInAddrAny,NoInAddrAny
+AuthType=auth/slurm
+CredType=auth/slurm
+SlurmUser=slurm
+StateSaveLocation=/var/spool/slurmctld
+SlurmdSpoolDir=/var/spool/slurmd
+MailProg=/bin/true
+SlurmctldDebug=info
+SlurmdDebug=info
+Prolog=/usr/local/libexec/slurm-ext/slurm-ext-hook
+Epilog=/usr/local/libexec/slurm-ext/slurm-ext-hook
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+ReturnToService=2
+GresTypes=gpu
+MaxNodeCount=16
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=127.0.0.1
+AccountingStoragePort={dbd}
+AccountingStorageTRES=gres/gpu
+{mode}
+NodeSet=fake Feature=fake
+PartitionName=debug Nodes=fake Default=YES MaxTime=INFINITE State=UP
+"""
+
+_MODE_CONF = {
+    "cgroup-v1": ("ProctrackType=proctrack/cgroup\nTaskPlugin=task/cgroup\nPrologFlags=Contain\n"
+                  "JobAcctGatherType=jobacct_gather/cgroup",
+                  "ConstrainCores=yes\nConstrainRAMSpace=yes\nConstrainDevices=yes\n"),
+    "linuxproc": ("ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nJobAcctGatherType=jobacct_gather/linux",
+                  "CgroupPlugin=disabled\n"),
+}
+
+_SLURMDBD_CONF = f"""\
+AuthType=auth/slurm
+DbdHost=localhost
+DbdAddr=127.0.0.1
+DbdPort={DBD_PORT}
+CommunicationParameters=NoInAddrAny
+SlurmUser=slurm
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort={MARIADB_PORT}
+StorageUser=slurm
+StoragePass={{password}}
+StorageLoc=slurm_acct_db
+"""
+
+
+@dataclass
+class Worker:
+    index: int
+    node: str
+    gpus: int
+    container: object
+    #: the engine's start time of the container (time.time() seconds)
+    started: float
+    #: when slurmctld was first seen showing it registered and idle (time.time() seconds; 0: not yet)
+    registered: float = 0.0
+
+    @property
+    def agent_port(self) -> int:
+        return WORKER_AGENT_PORT + self.index
+
+
+class ContainerCluster:
+    def __init__(self, client: docker.DockerClient, images: dict[str, str], mode: str, root: Path | None = None):
+        """`images`: image name (build.py's IMAGES) -> tag; `root`: where the cluster's files go (a new
+        temporary directory by default; removed by stop())."""
+        if mode not in MODES:
+            raise ValueError(f"mode {mode!r}; one of {', '.join(MODES)}")
+        self.client, self.images, self.mode = client, images, mode
+        self.root = Path(root) if root else Path(tempfile.mkdtemp(prefix="slurm-ext-containers-"))
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.chmod(0o755)
+        self.prefix = f"ct-{mode}"
+        self.containers: dict[str, object] = {}
+        self.workers: dict[str, Worker] = {}
+        self.volumes: set[str] = set()
+        self._db_password = secrets.token_hex(12)
+
+    # -- files --------------------------------------------------------------------------
+
+    def _write_files(self) -> None:
+        key = secrets.token_bytes(1024)
+        slurm_conf, cgroup_conf = _MODE_CONF[self.mode]
+        etc = self.root / "etc"
+        etc.mkdir(exist_ok=True)
+        (etc / "slurm.conf").write_text(_SLURM_CONF.format(cluster=CLUSTER, ctld=CTLD_PORT, slurmd=SLURMD_PORT,
+                                                           dbd=DBD_PORT, mode=slurm_conf))
+        (etc / "cgroup.conf").write_text(cgroup_conf)
+        # each node's GPUs, from the file its agent writes from NVML (slurmd_args.CONFIGLESS_GRES)
+        (etc / "gres.conf").write_text("Include /etc/slurm-local/gres.conf\n")
+        dbd = self.root / "dbd"
+        dbd.mkdir(exist_ok=True)
+        (dbd / "slurmdbd.conf").write_text(_SLURMDBD_CONF.format(password=self._db_password))
+        for directory in (etc, dbd):
+            (directory / "slurm.key").write_bytes(key)
+            for name in ("slurm.key", "slurmdbd.conf"):
+                if (directory / name).exists():
+                    os.chown(directory / name, SLURM_UID, SLURM_UID)
+                    (directory / name).chmod(0o600)
+        self._agent_config("controller", f"[supervisor.ports]\ncontroller = {AGENT_PORTS['controller']}\n")
+        self._agent_config("accounting", f"[supervisor.ports]\naccounting = {AGENT_PORTS['accounting']}\n")
+        self._agent_config("mariadb", (HERE / "mariadb" / "slurm-ext.toml").read_text()
+                           .replace("accounting = 9814", f"accounting = {AGENT_PORTS['mariadb']}"))
+
+    def _agent_config(self, name: str, text: str) -> Path:
+        directory = self.root / f"ext-{name}"
+        directory.mkdir(exist_ok=True)
+        (directory / "slurm-ext.toml").write_text(text)
+        return directory
+
+    # -- containers ------------------------------------------------------------------------
+
+    def _run(self, name: str, image: str, args: list[str] = (), **options):
+        full = f"{self.prefix}-{name}"
+        container = self.client.containers.run(self.images[image], list(args), name=full, detach=True,
+                                               network_mode="host", labels={LABEL: self.prefix}, **options)
+        self.containers[name] = container
+        return container
+
+    def start(self) -> ContainerCluster:
+        self._write_files()
+        self._volume("mariadb")
+        self._run("mariadb", "mariadb", volumes={
+            f"{self.prefix}-mariadb": {"bind": "/var/lib/mysql", "mode": "rw"},
+            str(self.root / "ext-mariadb"): {"bind": "/etc/slurm-ext", "mode": "ro"}},
+            environment={"SLURM_EXT_CONFIG": "/etc/slurm-ext/slurm-ext.toml", "MARIADB_PORT": str(MARIADB_PORT),
+                         "MARIADB_PASSWORD": self._db_password})
+        self._run("accounting", "accounting", volumes={
+            str(self.root / "dbd"): {"bind": "/etc/slurm", "mode": "ro"},
+            str(self.root / "ext-accounting"): {"bind": "/etc/slurm-ext", "mode": "ro"}})
+        self._run("controller", "controller", volumes={
+            str(self.root / "etc"): {"bind": "/etc/slurm", "mode": "ro"},
+            str(self.root / "ext-controller"): {"bind": "/etc/slurm-ext", "mode": "ro"}})
+        self.add_user("controller")
+        wait_for("slurmctld to answer", lambda: self.exec("controller", "scontrol", "ping", check=False)[0] == 0,
+                 timeout=60, interval=0.2)
+        for index, gpus in ((1, 2), (2, 1)):
+            self.start_worker(index, gpus)
+        self.wait_registered(list(self.workers.values()))
+        return self
+
+    def wait_registered(self, workers: list[Worker], timeout: float = 30) -> None:
+        """Poll slurmctld for all `workers` at once, noting when each was first seen idle."""
+        def all_idle() -> bool:
+            for worker in workers:
+                if not worker.registered and _idle(self.node(worker.node)):
+                    worker.registered = time.time()
+            return all(worker.registered for worker in workers)
+        wait_for(f"nodes {', '.join(w.node for w in workers)} idle", all_idle, timeout=timeout, interval=0.05)
+
+    def _volume(self, name: str) -> str:
+        full = f"{self.prefix}-{name}"
+        self.client.volumes.create(full, labels={LABEL: self.prefix})
+        self.volumes.add(full)
+        return full
+
+    def start_worker(self, index: int, gpus: int, *, extra_args: tuple[str, ...] = (), devices: bool = True,
+                     key: bool = True, environment: dict[str, str | None] | None = None, **options) -> Worker:
+        """Start the container of node `<prefix>-n<index>` with `gpus` fake GPUs (any old container of
+        that node must be gone). Its state dir is the node's volume: kept across containers.
+
+        For bad-input runs: `devices` False passes no GPU device, `key` False no slurm.key; `environment`
+        is merged over the fake NVML's (a None value removes a variable); `options` go to the engine
+        (cap_add=[] takes SYS_ADMIN away)."""
+        node = f"c{self.mode[0]}n{index}"
+        ext = self._agent_config(f"n{index}", f"[supervisor.ports]\nworker = {WORKER_AGENT_PORT + index}\n"
+                                 f'[gres]\ntypes = {{"{GPU_NAME}" = "{GPU_TYPE}"}}\n')
+        spec = fakenvml.default_gpus(gpus, GPU_NAME, cpus=os.cpu_count())
+        fakenvml.write_spec(ext / "gpus.json", spec)
+        dev = self.root / f"dev-n{index}"
+        dev.mkdir(exist_ok=True)
+        device_list = [f"{fakenvml.make_device(dev / f'nvidia{m}', m)}:/dev/nvidia{m}:rwm" for m in range(gpus)]
+        volumes = {str(ext): {"bind": "/etc/slurm-ext", "mode": "ro"},
+                   self._volume(f"state-{node}"): {"bind": "/var/lib/slurm-ext", "mode": "rw"}}
+        if key:
+            volumes[str(self.root / "etc" / "slurm.key")] = {"bind": "/etc/slurm/slurm.key", "mode": "ro"}
+        if self.mode == "cgroup-v1":
+            options = {"cgroupns": "private", "cap_add": ["SYS_ADMIN"], **options}
+        args = ["-Z", "--conf-server", f"127.0.0.1:{CTLD_PORT}", "--conf",
+                f"Features=fake Port={SLURMD_PORT + index}", "-N", node, *extra_args]
+        env = {"LD_LIBRARY_PATH": FAKE_NVML_LIB, fakenvml.SPEC_ENV: "/etc/slurm-ext/gpus.json",
+               fakenvml.DEV_DIR_ENV: "/dev", **(environment or {})}
+        env = {name: value for name, value in env.items() if value is not None}
+        container = self._run(f"n{index}", "worker", args, volumes=volumes,
+                              devices=device_list if devices else [],
+                              environment=env, **options)
+        container.reload()
+        worker = Worker(index, node, gpus, container, _engine_time(container.attrs["State"]["StartedAt"]))
+        self.workers[node] = worker
+        self.add_user(f"n{index}")
+        return worker
+
+    def remove(self, name: str) -> None:
+        container = self.containers.pop(name)
+        container.remove(force=True)
+        self.workers = {node: w for node, w in self.workers.items() if w.container is not container}
+
+    def add_user(self, name: str) -> None:
+        """The jobs' user, with the same uid in every container that runs or submits its jobs."""
+        wait_for(f"{name}: running", lambda: self._running(name), timeout=30, interval=0.05)
+        self.exec(name, "sh", "-c", f"id {USER} >/dev/null 2>&1 || useradd -u {UID} -m {USER}")
+
+    def _running(self, name: str) -> bool:
+        self.containers[name].reload()
+        return self.containers[name].status == "running"
+
+    def stop(self) -> None:
+        """Remove its containers and volumes (found by label: also those of an earlier `up`) and its files."""
+        remove(self.client, self.prefix)
+        self.containers.clear()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    # -- talking to it ------------------------------------------------------------------------
+
+    def exec(self, name: str, *argv: str, user: str = "root", check: bool = True) -> tuple[int, str]:
+        code, out = self.containers[name].exec_run(list(argv), user=user, workdir="/tmp" if user != "root" else "/")
+        text = out.decode(errors="replace")
+        if check and code != 0:
+            raise AssertionError(f"{name}: {' '.join(argv)} exited {code}: {text[-2000:]}")
+        return code, text
+
+    def node(self, node: str) -> dict:
+        """The node as slurmctld shows it (scontrol --json): state flags, reason, gres."""
+        code, text = self.exec("controller", "scontrol", "--json", "show", "node", node, check=False)
+        if code != 0:
+            return {}
+        nodes = json.loads(text).get("nodes", [])
+        return nodes[0] if nodes else {}
+
+    def state(self, node: str) -> set[str]:
+        return set(self.node(node).get("state", ()))
+
+    def wait_idle(self, node: str, timeout: float = 30) -> dict:
+        return wait_for(f"node {node} idle", lambda: _idle(self.node(node)), timeout=timeout, interval=0.1)
+
+    def put(self, name: str, path: str, text: str, mode: int = 0o755) -> None:
+        """Write `text` to `path` in container `name`."""
+        data = io.BytesIO()
+        with tarfile.open(fileobj=data, mode="w") as tar:
+            info = tarfile.TarInfo(Path(path).name)
+            info.size, info.mode = len(text.encode()), mode
+            tar.addfile(info, io.BytesIO(text.encode()))
+        assert self.containers[name].put_archive(str(Path(path).parent), data.getvalue())
+
+    def sbatch(self, *args: str) -> int:
+        _, text = self.exec("controller", "sbatch", "--parsable", *args, user=USER)
+        return int(text.strip().split(";")[0])
+
+    def job(self, job_id: int) -> dict:
+        _, text = self.exec("controller", "scontrol", "--json", "show", "job", str(job_id))
+        return json.loads(text)["jobs"][0]
+
+    def wait_job(self, job_id: int, states=("COMPLETED",), timeout: float = 60) -> dict:
+        def done():
+            job = self.job(job_id)
+            return job if set(job["job_state"]) & set(states) else None
+        return wait_for(f"job {job_id} {'/'.join(states)}", done, timeout=timeout, interval=0.2)
+
+    def events(self, name: str, event: str | None = None) -> list[dict]:
+        """The journal of the agent in container `name`, as JSON records."""
+        argv = ["slurm-ext", "events", "--json"] + (["--event", event] if event else [])
+        _, text = self.exec(name, *argv, check=False)
+        return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+    def live(self, worker: Worker) -> bool:
+        """The worker's agent answers /livez."""
+        import urllib.request
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{worker.agent_port}/livez", timeout=5) as reply:
+                return reply.status == 200
+        except OSError:
+            return False
+
+    def logs(self, name: str) -> str:
+        return self.containers[name].logs().decode(errors="replace")
+
+    def metric(self, of: Worker, name: str, **labels: str) -> float | None:
+        """One sample of the worker's agent's /metrics, by name and labels."""
+        import urllib.request
+        with urllib.request.urlopen(f"http://127.0.0.1:{of.agent_port}/metrics", timeout=5) as reply:
+            lines = reply.read().decode().splitlines()
+        for line in lines:
+            key, _, value = line.rpartition(" ")
+            if key.partition("{")[0] == name and all(f'{k}="{v}"' in key for k, v in labels.items()):
+                return float(value)
+        return None
+
+
+def wait_for(what: str, test, timeout: float = 15.0, interval: float = 0.05):
+    """Poll `test` until it returns something true, and return that; raise TimeoutError naming `what`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = test()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"{what}: not within {timeout}s")
+
+
+def _idle(node: dict) -> dict | None:
+    """The node when slurmctld shows it idle and fit (registered, responding, not drained)."""
+    states = set(node.get("state", ()))
+    return node if "IDLE" in states and not states & {"DRAIN", "NOT_RESPONDING", "INVALID_REG"} else None
+
+
+def _engine_time(stamp: str) -> float:
+    """Docker's RFC 3339 time with nanoseconds ('2026-12-01T14:39:42.123456789Z') as epoch seconds."""
+    from datetime import datetime, timezone
+    whole, _, fraction = stamp.rstrip("Z").partition(".")
+    seconds = datetime.strptime(whole, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
+    return seconds + float("0." + (fraction or "0"))
+
+
+def remove(client: docker.DockerClient, prefix: str) -> list[str]:
+    """Remove every container and volume labelled as cluster `prefix`'s; returns their names."""
+    gone = []
+    for container in client.containers.list(all=True, filters={"label": f"{LABEL}={prefix}"}):
+        container.remove(force=True, v=True)
+        gone.append(container.name)
+    for volume in client.volumes.list(filters={"label": f"{LABEL}={prefix}"}):
+        volume.remove(force=True)
+        gone.append(volume.name)
+    return gone
+
+
+#: where `up` keeps a cluster's files (slurm.conf, keys, fake GPUs), so that `down` can remove them
+STATE = Path("/var/tmp/slurm-ext-container-cluster")
+
+
+def _images(suite: str) -> dict[str, str]:
+    return {name: f"slurm-ext-{name}:{suite}" for name in IMAGE_NAMES}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    parser.add_argument("action", choices=("up", "down", "status"))
+    parser.add_argument("--mode", choices=MODES, default="cgroup-v1",
+                        help="workers with Slurm's cgroup/v1 plugins, or CgroupPlugin=disabled + proctrack/linuxproc")
+    parser.add_argument("--suite", default="sid", help="the images' suite (containers/build.py --suite)")
+    args = parser.parse_args(argv)
+    client = docker.from_env(timeout=600)
+    prefix = f"ct-{args.mode}"
+    if args.action == "down":
+        gone = remove(client, prefix)
+        shutil.rmtree(STATE / args.mode, ignore_errors=True)
+        print(f"removed {len(gone)} containers and volumes of {prefix}: {' '.join(gone) or 'none'}")
+        return 0
+    cluster = ContainerCluster(client, _images(args.suite), args.mode, root=STATE / args.mode)
+    if args.action == "up":
+        remove(client, prefix)
+        subprocess.run([sys.executable, str(HERE / "build.py"), "--suite", args.suite], check=True)
+        started = time.monotonic()
+        cluster.start()
+        print(f"cluster {CLUSTER} up in {time.monotonic() - started:.1f} s ({args.mode}); submit as {USER}:\n"
+              f"  docker exec -u {USER} -w /tmp {prefix}-controller sbatch --gres=gpu:1 --wrap 'nvidia-smi || env'\n"
+              f"  docker exec {prefix}-controller sinfo -N -o '%N %T %G %E'\n"
+              f"stop it: python3 containers/cluster.py down --mode {args.mode}")
+    for container in client.containers.list(all=True, filters={"label": f"{LABEL}={prefix}"}):
+        print(f"{container.name}: {container.status}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
