@@ -35,6 +35,7 @@ from pathlib import Path
 import docker
 
 from slurm_ext.devcluster import fakenvml
+from slurm_ext.devcluster.daemons import wait_for
 
 HERE = Path(__file__).resolve().parent
 CLUSTER = "ctest"
@@ -72,6 +73,7 @@ Prolog=/usr/local/libexec/slurm-ext/slurm-ext-hook
 Epilog=/usr/local/libexec/slurm-ext/slurm-ext-hook
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
+DefMemPerCPU=256
 ReturnToService=2
 GresTypes=gpu
 MaxNodeCount=16
@@ -348,17 +350,6 @@ class ContainerCluster:
             if key.partition("{")[0] == name and all(f'{k}="{v}"' in key for k, v in labels.items()):
                 return float(value)
         return None
-
-
-def wait_for(what: str, test, timeout: float = 15.0, interval: float = 0.05):
-    """Poll `test` until it returns something true, and return that; raise TimeoutError naming `what`."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = test()
-        if value:
-            return value
-        time.sleep(interval)
-    raise TimeoutError(f"{what}: not within {timeout}s")
 
 
 def _idle(node: dict) -> dict | None:

@@ -63,16 +63,16 @@ def check_port_free(port: int, owner: str) -> None:
                 f"(see `ss -ltnp 'sport = :{port}'`); stop it or set another port in [dev]") from None
 
 
-def wait_for(what: str, test, timeout: float, interval: float = 0.1, logfile: Path | None = None) -> None:
-    """Poll `test()` until it is true.
+def wait_for(what: str, test, timeout: float, interval: float = 0.1, logfile: Path | None = None):
+    """Poll `test()` until it returns something true, and return that.
 
     Raises:
         DevClusterError: not true within `timeout`; names the log to read.
     """
     deadline = time.monotonic() + timeout
     while True:
-        if test():
-            return
+        if value := test():
+            return value
         if time.monotonic() > deadline:
             hint = f"; see {logfile}" + _tail(logfile) if logfile else ""
             raise DevClusterError(f"{what}: not ready within {timeout:g}s{hint}")

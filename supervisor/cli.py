@@ -7,6 +7,8 @@ parser; the agent itself is imported only when `supervise` runs.
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import sys
 
 from slurm_ext import config
@@ -20,7 +22,23 @@ def _supervise(args: argparse.Namespace) -> int:
     loaded = config.load(args.config)
     log.setup(loaded.log, "supervisor")
     return supervise(loaded, args.role, config_path=args.config, port=args.port, pidfile=args.pidfile,
-                     daemon_args=tuple(args.daemon_args))
+                     daemon_args=daemon_args(args.role, args.daemon_args, os.environ))
+
+
+def daemon_args(role: str, given: list[str], environ: dict[str, str]) -> tuple[str, ...]:
+    """The arguments after `--`, then the words of the role's options variable (SLURMD_OPTIONS for a worker).
+
+    Raises:
+        ConfigError: the variable does not split as shell words (an unclosed quote).
+    """
+    from slurm_ext.errors import ConfigError
+    from .workers import ROLE_DAEMON_OPTIONS
+    name = ROLE_DAEMON_OPTIONS.get(role)
+    try:
+        extra = shlex.split(environ.get(name, "")) if name else []
+    except ValueError as err:
+        raise ConfigError(f"${name}", f"does not split into words: {err}") from None
+    return (*given, *extra)
 
 
 def _probe(args: argparse.Namespace) -> int:
@@ -44,7 +62,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     sup.add_argument("daemon_args", nargs="*", metavar="-- ARG",
                      help="after --: arguments for the role's Slurm daemon (worker: slurmd, controller: slurmctld, "
                           "accounting: slurmdbd, login: sshd), appended to its command; a Slinky NodeSet's "
-                          "container arguments (-Z --conf-server HOST:6817 --conf 'Features=...') land here")
+                          "container arguments (-Z --conf-server HOST:6817 --conf 'Features=...') land here. "
+                          "$SLURMD_OPTIONS ($SLURMCTLD_OPTIONS, $SLURMDBD_OPTIONS, $SSHD_OPTIONS) adds more")
     sup.set_defaults(func=_supervise)
 
     prb = commands.add_parser("probe", help="ask the local agent whether it is live or ready (exit 0 or 1)")

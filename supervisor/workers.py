@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from .settings import SupervisorSection, WorkerSection
 
-__all__ = ["WorkerSpec", "BUILTIN", "ROLE_DAEMON", "NOTIFY_SLURMD", "workers_for", "speaks_notify"]
+__all__ = ["WorkerSpec", "BUILTIN", "ROLE_DAEMON", "ROLE_DAEMON_OPTIONS", "NOTIFY_SLURMD", "workers_for", "speaks_notify"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +60,10 @@ _NOTIFY_SINCE = (23, 11)
 #: the worker that `slurm-ext supervise --role ROLE -- ARGS...` gives ARGS to: the role's Slurm daemon (a
 #: Slinky NodeSet passes slurmd's as the container's arguments: -Z --conf-server HOST:6817 --conf ...)
 ROLE_DAEMON = {"worker": "slurmd", "controller": "slurmctld", "accounting": "slurmdbd", "login": "sshd"}
+#: the environment variable whose words (shell-split) also go to the role's daemon, after the arguments:
+#: what Debian's /etc/default files and Slinky's own images use (SLURMD_OPTIONS)
+ROLE_DAEMON_OPTIONS = {"worker": "SLURMD_OPTIONS", "controller": "SLURMCTLD_OPTIONS",
+                       "accounting": "SLURMDBD_OPTIONS", "login": "SSHD_OPTIONS"}
 
 
 def workers_for(role: str, settings: SupervisorSection, daemon_args: tuple[str, ...] = (),

@@ -69,7 +69,7 @@ class Engine:
             return
         if self.client is not None:
             for container in self.client.containers.list(all=True):
-                container.remove(force=True)
+                container.remove(force=True, v=True)
             self.client.close()
         if self.process is not None and self.process.poll() is None:
             os.kill(self.process.pid, signal.SIGTERM)

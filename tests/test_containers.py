@@ -54,7 +54,7 @@ def test_every_image_runs_the_agent_as_pid_1_and_it_answers_its_probe(engine, im
         container.reload()
         assert container.status == "running", container.logs()[-2000:]
     finally:
-        container.remove(force=True)
+        container.remove(force=True, v=True)
 
 
 _ORPHAN_MAKER = """
@@ -99,6 +99,6 @@ def test_orphans_made_inside_a_container_are_reaped_by_pid_1(engine, images):
             container.reload()
             assert container.status == "running"
         finally:
-            container.remove(force=True)
+            container.remove(force=True, v=True)
     finally:
         shutil.rmtree(etc)

@@ -89,6 +89,13 @@ def test_arguments_after_the_double_dash_go_to_the_roles_daemon(tmp_path):
     from slurm_ext.cli import _parser
     args = _parser().parse_args(["supervise", "--role", "worker", "--", *given])
     assert tuple(args.daemon_args) == given
+    # then $SLURMD_OPTIONS, as Debian's /etc/default/slurmd and Slinky's images give it
+    from slurm_ext.supervisor.cli import daemon_args
+    assert daemon_args("worker", list(given), {"SLURMD_OPTIONS": "-v --conf 'Features=a b'"}) == \
+        (*given, "-v", "--conf", "Features=a b")
+    assert daemon_args("controller", [], {"SLURMD_OPTIONS": "-v"}) == ()
+    with pytest.raises(config.ConfigError, match=r"\$SLURMD_OPTIONS.*does not split"):
+        daemon_args("worker", [], {"SLURMD_OPTIONS": "--conf 'unclosed"})
 
 
 def test_slurmd_with_systemd_from_slurm_23_11_unless_the_config_names_its_command(tmp_path):
