@@ -38,6 +38,8 @@ from slurm_ext.devcluster import fakenvml
 from slurm_ext.devcluster.daemons import wait_for
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from build import IMAGES  # noqa: E402  containers/build.py, beside this file
 CLUSTER = "ctest"
 CTLD_PORT, DBD_PORT, MARIADB_PORT = 26817, 26819, 23307
 AGENT_PORTS = {"controller": 29811, "accounting": 29812, "mariadb": 29814}
@@ -49,8 +51,8 @@ SLURM_UID = 64030  # the Debian package's slurm user, in every image
 FAKE_NVML_LIB = "/usr/local/lib/slurm-ext-fakenvml"
 GPU_NAME, GPU_TYPE = "NVIDIA H200", "h200"
 MODES = ("cgroup-v1", "linuxproc")
-#: the images a cluster runs (containers/build.py's IMAGES)
-IMAGE_NAMES = ("worker", "controller", "accounting", "login", "mariadb")
+#: the images a cluster runs: all of containers/build.py's
+IMAGE_NAMES = IMAGES
 #: the label on every container and volume of a cluster: its prefix
 LABEL = "slurm-ext.container-cluster"
 
@@ -133,9 +135,11 @@ class ContainerCluster:
         if mode not in MODES:
             raise ValueError(f"mode {mode!r}; one of {', '.join(MODES)}")
         self.client, self.images, self.mode = client, images, mode
+        # root's only: it holds the cluster's key, the database password and GPU device nodes (a major 195
+        # device is a real GPU on a machine that has one); the containers see only what is mounted
         self.root = Path(root) if root else Path(tempfile.mkdtemp(prefix="slurm-ext-containers-"))
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.root.chmod(0o755)
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.root.chmod(0o700)
         self.prefix = f"ct-{mode}"
         self.containers: dict[str, object] = {}
         self.workers: dict[str, Worker] = {}
@@ -378,8 +382,9 @@ def remove(client: docker.DockerClient, prefix: str) -> list[str]:
     return gone
 
 
-#: where `up` keeps a cluster's files (slurm.conf, keys, fake GPUs), so that `down` can remove them
-STATE = Path("/var/tmp/slurm-ext-container-cluster")
+#: where `up` keeps a cluster's files (slurm.conf, keys, fake GPUs), so that `down` can remove them;
+#: under /var/lib (root's), made anew by each `up`, never a directory someone else could have made first
+STATE = Path("/var/lib/slurm-ext/container-cluster")
 
 
 def _images(suite: str) -> dict[str, str]:
@@ -400,16 +405,17 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(STATE / args.mode, ignore_errors=True)
         print(f"removed {len(gone)} containers and volumes of {prefix}: {' '.join(gone) or 'none'}")
         return 0
-    cluster = ContainerCluster(client, _images(args.suite), args.mode, root=STATE / args.mode)
     if args.action == "up":
         remove(client, prefix)
+        shutil.rmtree(STATE / args.mode, ignore_errors=True)
+        cluster = ContainerCluster(client, _images(args.suite), args.mode, root=STATE / args.mode)
         subprocess.run([sys.executable, str(HERE / "build.py"), "--suite", args.suite], check=True)
         started = time.monotonic()
         cluster.start()
         print(f"cluster {CLUSTER} up in {time.monotonic() - started:.1f} s ({args.mode}); submit as {USER}:\n"
               f"  docker exec -u {USER} -w /tmp {prefix}-controller sbatch --gres=gpu:1 --wrap 'nvidia-smi || env'\n"
               f"  docker exec {prefix}-controller sinfo -N -o '%N %T %G %E'\n"
-              f"stop it: python3 containers/cluster.py down --mode {args.mode}")
+              f"stop it: {sys.executable} containers/cluster.py down --mode {args.mode}")
     for container in client.containers.list(all=True, filters={"label": f"{LABEL}={prefix}"}):
         print(f"{container.name}: {container.status}")
     return 0

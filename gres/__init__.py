@@ -78,7 +78,7 @@ def regenerate(config: Config, node: str, emit: Callable[..., object], node_stat
     if generation.inventory is not None and drain is None:
         try:
             seen = slurmd_counts(None if configless else slurm_conf_path(config), generation.text, node,
-                                 gres=generation.gres)
+                                 gres=generation.gres, inventory=generation.inventory)
             mismatch = compare_counts(nvml_counts(generation.inventory), seen, "slurmd -G")
         except (CommandError, OSError) as err:
             mismatch = [f"slurmd -G failed: {err}"]

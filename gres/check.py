@@ -33,11 +33,12 @@ def nvml_counts(inventory: Inventory) -> Counter:
 
 
 def slurmd_counts(slurm_conf: Path | None, gres_text: str, node: str, environ: dict[str, str] | None = None,
-                  gres: str = "") -> Counter:
+                  gres: str = "", inventory: Inventory | None = None) -> Counter:
     """What `slurmd -G` parses from `gres_text`, placed beside a copy of `slurm_conf`.
 
     `slurm_conf` None (a configless node: slurmctld sends slurm.conf when slurmd starts): a stand-in
-    slurm.conf declaring `node` with `gres` (its Gres=, as the agent passes it in slurmd's --conf).
+    slurm.conf declaring `node` with `gres` (its Gres=, as the agent passes it in slurmd's --conf) and
+    the sockets and cores of `inventory` (Cores= is checked against them).
 
     Raises:
         CommandError: slurmd cannot run or refuses the files (its message is kept).
@@ -45,8 +46,12 @@ def slurmd_counts(slurm_conf: Path | None, gres_text: str, node: str, environ: d
     with tempfile.TemporaryDirectory(prefix="slurm-ext-gres-") as directory:
         copy = Path(directory) / "slurm.conf"
         if slurm_conf is None:
+            layout = f"CPUs={os.cpu_count() or 1}"
+            if inventory is not None and inventory.socket_count and inventory.core_count % inventory.socket_count == 0:
+                layout = (f"Sockets={inventory.socket_count} "
+                          f"CoresPerSocket={inventory.core_count // inventory.socket_count}")
             text = (f"ClusterName=gres-check\nSlurmctldHost=localhost\nGresTypes=gpu\n"
-                    f"NodeName={node} CPUs={os.cpu_count() or 1}" + (f" Gres={gres}\n" if gres else "\n"))
+                    f"NodeName={node} {layout}" + (f" Gres={gres}\n" if gres else "\n"))
         else:
             text = "".join(line for line in Path(slurm_conf).read_text().splitlines(keepends=True)
                            if not _AUTH_LINE.match(line))

@@ -90,6 +90,7 @@ def generate(config: Config, node: str, *, emit: Callable[..., object], dry_run:
     changed = render.differs(path, text)
     if not dry_run:
         if changed:
+            path.parent.mkdir(parents=True, exist_ok=True)  # /etc/slurm-local on a configless node
             render.write_if_changed(path, text)
             emit("gres-written", f"{path}: {render.gres_string(inventory) or 'no GPUs'}", "info", path=str(path))
         remembered = {**{m.uuid: (m.pci_bus_id, baseline[m.uuid][1]) for m in drift.missing}, **current}

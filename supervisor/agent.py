@@ -146,8 +146,8 @@ class Agent:
         self._systemd_socket = environ.pop("NOTIFY_SOCKET", None)
         self.base_env = environ
         self.port = port
-        #: what slurmd's arguments say (worker role): its node name, dynamic, configless
-        self.layout = slurmd_args.layout_of(self.daemon_args) if role == "worker" else None
+        #: what slurmd's command line says (worker role): its node name, dynamic, configless (_fit_to_slurmd)
+        self.layout: slurmd_args.SlurmdLayout | None = None
         #: the installed slurmd has --systemd: the built-in slurmd runs on a NOTIFY_SOCKET
         self.slurmd_notify = role == "worker" and _slurmd_speaks_notify(environ)
         #: the node's gpu GRES from the last NVML read, for a dynamic slurmd's --conf (None: not read)
@@ -219,9 +219,11 @@ class Agent:
         Raises:
             ConfigError: `-N` and node.name disagree.
         """
-        layout = self.layout
-        if layout is None:
+        if self.role != "worker":
             return config
+        own = config.supervisor.workers.get(slurmd_args.WORKER)
+        command = (own.command or ()) if own else ()
+        layout = self.layout = slurmd_args.layout_of((*command, *self.daemon_args))
         node, changes = config.node, {}
         if layout.node and node.name and layout.node != node.name:
             raise ConfigError(config.source or "<defaults>", f"slurmd's -N {layout.node} names another node than "
@@ -261,8 +263,8 @@ class Agent:
         self._selector.register(self._steps, selectors.EVENT_READ, self._on_steps_done)
         if os.getpid() == 1:
             log.info("running as PID 1: reaping every orphan of this PID namespace")
-            if self.config.supervisor.cgroup_writable:
-                _make_cgroups_writable(self.emit, self.role)
+            if self.config.supervisor.cgroup_writable and self.role == "worker":  # only slurmd makes cgroups
+                _make_cgroups_writable(self.emit)
             if self.config.supervisor.leave_root_cgroup:
                 _leave_root_cgroup(self.emit)
         else:
@@ -361,6 +363,7 @@ class Agent:
         self._apply_config(new)
         self.liaison.ready_interval = new.supervisor.ready_interval
         self.liaison.watch_node = any(w.spec.ready == "slurm-node" for w in self.workers)
+        self.liaison.owner.runs_slurmd = self.liaison.watch_node
         self.liaison.poke()
 
     def _reap(self) -> None:
@@ -869,13 +872,13 @@ def _restart_steps(role: str, worker: Worker) -> list[pipeline.StartStep]:
     return [step for step in pipeline.steps_for(role) if step.before_restart_of == worker.spec.name]
 
 
-def _make_cgroups_writable(emit, role: str) -> None:
+def _make_cgroups_writable(emit) -> None:
+    """A warning, not an error: with CgroupPlugin=disabled slurmd needs no cgroups (and says nothing of it)."""
     from .cgroup import CgroupError, make_writable
     try:
         make_writable()
     except (OSError, CgroupError) as err:
-        # a worker whose slurmd uses cgroups cannot run jobs; other roles make no job cgroups
-        emit("cgroup-failed", str(err), severity="warning" if role == "worker" else "info")
+        emit("cgroup-failed", str(err), severity="warning")
 
 
 def _leave_root_cgroup(emit) -> None:

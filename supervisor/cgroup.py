@@ -158,7 +158,7 @@ def _write(path: Path, text: str) -> None:
         os.close(fd)
 
 
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_BIND = 1, 2, 4, 8, 32, 4096
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_BIND = 2, 4, 8, 32, 4096
 _MS_NOATIME, _MS_NODIRATIME, _MS_RELATIME = 1024, 2048, 1 << 21
 _KEPT_FLAGS = {"nosuid": _MS_NOSUID, "nodev": _MS_NODEV, "noexec": _MS_NOEXEC, "noatime": _MS_NOATIME,
                "nodiratime": _MS_NODIRATIME, "relatime": _MS_RELATIME}
@@ -184,7 +184,9 @@ def make_writable(cgroup_root: Path = Path("/sys/fs/cgroup"),
     libc = ctypes.CDLL(None, use_errno=True)
     for line in mountinfo.read_text().splitlines():
         before, _, after = line.partition(" - ")
-        fields, fstype = before.split(), after.split()[0] if after else ""
+        fields, fstype = before.split(), (after.split() or [""])[0]
+        if len(fields) < 6:
+            continue  # not the kernel's format: nothing to remount from it
         point = fields[4].replace("\\040", " ")
         options = fields[5].split(",")
         if fstype not in ("cgroup", "cgroup2") or "ro" not in options:

@@ -63,7 +63,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                      help="after --: arguments for the role's Slurm daemon (worker: slurmd, controller: slurmctld, "
                           "accounting: slurmdbd, login: sshd), appended to its command; a Slinky NodeSet's "
                           "container arguments (-Z --conf-server HOST:6817 --conf 'Features=...') land here. "
-                          "$SLURMD_OPTIONS ($SLURMCTLD_OPTIONS, $SLURMDBD_OPTIONS, $SSHD_OPTIONS) adds more")
+                          "$SLURMD_OPTIONS ($SLURMCTLD_OPTIONS, $SLURMDBD_OPTIONS, $SSHD_OPTS) adds more")
     sup.set_defaults(func=_supervise)
 
     prb = commands.add_parser("probe", help="ask the local agent whether it is live or ready (exit 0 or 1)")

@@ -40,6 +40,7 @@ class SlurmLiaison(threading.Thread):
         self.ready_interval = ready_interval
         self.emit = emit
         self.owner = nodestate.Reconciler(slurm, node, emit, stale_prefixes)
+        self.owner.runs_slurmd = runs_slurmd
         #: wakes the agent's loop when readiness changes
         self.on_change = on_change
         #: whether to poll the node for readiness (the role runs slurmd)
@@ -84,7 +85,7 @@ class SlurmLiaison(threading.Thread):
 
     def slurmd_started(self) -> None:
         """A slurmd has just been started: the node is ready again once it has registered."""
-        self._slurmd_started = time.time()
+        self._slurmd_started = self.owner.slurmd_started = time.time()
         self.node_ok = False
         self.node_problem = "slurmd started, not registered yet"
         self.poke()

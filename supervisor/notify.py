@@ -104,7 +104,7 @@ class NotifySocket:
         messages = []
         while True:
             try:
-                data, ancdata, _, _ = self.sock.recvmsg(_MAX_DATAGRAM, _ANCILLARY)
+                data, ancdata, _, _ = self.sock.recvmsg(_MAX_DATAGRAM, _ANCILLARY, socket.MSG_CMSG_CLOEXEC)
             except (BlockingIOError, InterruptedError):
                 return messages
             sender = 0

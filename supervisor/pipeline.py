@@ -111,9 +111,15 @@ def regenerate_gres(context: StepContext) -> None:
 
 
 def preflight(context: StepContext) -> None:
-    """Say what the node lacks for Slurm to authenticate (preflight.problems): an event each, never a block."""
+    """Say what the role's Slurm daemon lacks to authenticate (preflight.problems): an event each, never a
+    block. Not for a role whose daemon the config took out (the mariadb image's accounting role)."""
     from .preflight import problems
-    for problem in problems():
+    from .workers import ROLE_DAEMON, workers_for
+    daemon = ROLE_DAEMON[context.role]
+    running = {spec.name for spec in workers_for(context.role, context.config.supervisor)}
+    if daemon not in running:
+        return
+    for problem in problems(daemon=daemon, munged_here="munged" in running):
         context.emit("preflight-problem", problem, severity="warning")
 
 

@@ -8,7 +8,6 @@ follow) and keeps retrying, so a key mounted late is picked up without a new pod
 
 from __future__ import annotations
 
-import os
 import stat
 from pathlib import Path
 
@@ -19,28 +18,27 @@ SLURM_KEY = Path("/etc/slurm/slurm.key")
 MUNGE_SOCKET = Path("/run/munge/munge.socket.2")
 
 
-def problems(root: Path = Path("/")) -> list[str]:
-    """One line per thing the worker lacks; [] when it has what slurmd needs to authenticate."""
+def problems(root: Path = Path("/"), daemon: str = "slurmd", munged_here: bool = False) -> list[str]:
+    """One line per thing `daemon` lacks to authenticate; [] when it has it.
+
+    `munged_here`: the agent runs munged itself, whose socket appears only once it has started.
+    """
     key = root / SLURM_KEY.relative_to("/")
     munge = root / MUNGE_SOCKET.relative_to("/")
-    found = []
     try:
         info = key.stat()
     except FileNotFoundError:
-        if not munge.exists():
-            found.append(f"no Slurm authentication: {SLURM_KEY} is missing (auth/slurm: mount the cluster's key "
-                         f"there, owner slurm, mode 0600; Slinky: the slurmKeyRef Secret; Docker: -v "
-                         f"KEY:{SLURM_KEY}:ro) and munged's socket {MUNGE_SOCKET} is not there (auth/munge: run "
-                         "munged in the container, [supervisor.workers.munged] roles = [\"worker\"]); slurmd "
-                         "cannot fetch its config or register")
-        return found
+        if munged_here or munge.exists():
+            return []
+        return [f"no Slurm authentication for {daemon}: {SLURM_KEY} is missing (auth/slurm: mount the cluster's "
+                f"key there, owner slurm, mode 0600; Slinky: the slurmKeyRef Secret; Docker: -v "
+                f"KEY:{SLURM_KEY}:ro) and munged's socket {MUNGE_SOCKET} is not there (auth/munge: mount the "
+                "host's /run/munge, or run munged here: [supervisor.workers.munged] roles = [ROLE])"]
     except OSError as err:
-        return [f"cannot stat {SLURM_KEY}: {err.strerror}"]
+        return [f"{daemon} cannot use {SLURM_KEY}: {err.strerror}; check the mount that provides it"]
     if not stat.S_ISREG(info.st_mode):
-        found.append(f"{SLURM_KEY} is not a regular file: mount the key file itself, not a directory")
-    elif info.st_mode & 0o077:
-        found.append(f"{SLURM_KEY} has mode {stat.S_IMODE(info.st_mode):04o}: Slurm refuses a key others can "
-                     "read; make it 0600 (a Kubernetes Secret volume: defaultMode: 0600)")
-    elif not os.access(key, os.R_OK):
-        found.append(f"{SLURM_KEY} cannot be read by root here")
-    return found
+        return [f"{SLURM_KEY} is not a regular file: mount the key file itself, not a directory"]
+    if info.st_mode & 0o077:
+        return [f"{SLURM_KEY} has mode {stat.S_IMODE(info.st_mode):04o}: Slurm refuses a key others can read; "
+                "make it 0600 (a Kubernetes Secret volume: defaultMode: 0600)"]
+    return []

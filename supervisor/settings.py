@@ -77,7 +77,7 @@ class SupervisorSection:
                                  "table", item={"kind": "choice", "choices": ("block", "continue")})
     leave_root_cgroup: bool = setting(True, "as PID 1 in a cgroup v2 container, move out of the root cgroup so "
                                       "slurmd can enable controllers", "bool")
-    cgroup_writable: bool = setting(True, "as PID 1 of a container, remount its read-only cgroup file systems "
+    cgroup_writable: bool = setting(True, "as PID 1 of a worker container, remount its read-only cgroup file systems "
                                     "read-write (Docker's default; needs CAP_SYS_ADMIN) so slurmd's cgroup plugins "
                                     "can make job cgroups", "bool")
     workers: dict = setting({}, "per-worker settings, [supervisor.workers.<name>]", "sections", section=WorkerSection)

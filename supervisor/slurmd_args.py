@@ -43,7 +43,7 @@ class SlurmdLayout:
 def _options(args: tuple[str, ...]) -> dict[str, str | None]:
     """The options slurm-ext looks at: -N, -Z, --conf, --conf-server (in `-N x`, `-Nx` or `--opt=x` form)."""
     found: dict[str, str | None] = {}
-    takes_value = {"-N": "-N", "--conf": "--conf", "--conf-server": "--conf-server"}
+    takes_value = {"-N", "--conf", "--conf-server"}
     i = 0
     while i < len(args):
         arg = args[i]
@@ -76,12 +76,12 @@ def with_gpus(args: tuple[str, ...], gres: str) -> tuple[str, ...]:
     if "-Z" not in args:
         return args
     out = list(args)
-    for i, arg in enumerate(out):
-        if arg == "--conf" and i + 1 < len(out):
+    for i in reversed(range(len(out))):  # slurmd takes the last --conf
+        if out[i] == "--conf" and i + 1 < len(out):
             out[i + 1] = _set_gpus(out[i + 1], gres)
             return tuple(out)
-        if arg.startswith("--conf="):
-            out[i] = "--conf=" + _set_gpus(arg[len("--conf="):], gres)
+        if out[i].startswith("--conf="):
+            out[i] = "--conf=" + _set_gpus(out[i][len("--conf="):], gres)
             return tuple(out)
     return tuple(out + ["--conf", _set_gpus("", gres)]) if gres else args
 
@@ -92,7 +92,7 @@ def _set_gpus(conf: str, gres: str) -> str:
     for word in conf.split():
         key, sep, value = word.partition("=")
         if sep and key.lower() == "gres":
-            others += [item for item in value.split(",") if item and not item.startswith("gpu")]
+            others += [item for item in value.split(",") if item and item.split(":")[0] != "gpu"]
         else:
             words.append(word)
     items = ([gres] if gres else []) + others

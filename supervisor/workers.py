@@ -63,7 +63,7 @@ ROLE_DAEMON = {"worker": "slurmd", "controller": "slurmctld", "accounting": "slu
 #: the environment variable whose words (shell-split) also go to the role's daemon, after the arguments:
 #: what Debian's /etc/default files and Slinky's own images use (SLURMD_OPTIONS)
 ROLE_DAEMON_OPTIONS = {"worker": "SLURMD_OPTIONS", "controller": "SLURMCTLD_OPTIONS",
-                       "accounting": "SLURMDBD_OPTIONS", "login": "SSHD_OPTIONS"}
+                       "accounting": "SLURMDBD_OPTIONS", "login": "SSHD_OPTS"}
 
 
 def workers_for(role: str, settings: SupervisorSection, daemon_args: tuple[str, ...] = (),
@@ -72,7 +72,8 @@ def workers_for(role: str, settings: SupervisorSection, daemon_args: tuple[str, 
 
     `daemon_args` are appended to the command of the role's daemon (ROLE_DAEMON), after the config's.
     `slurmd_notify` (the installed slurmd has --systemd: speaks_notify) makes the built-in slurmd
-    NOTIFY_SLURMD, unless the config gives slurmd a command of its own.
+    NOTIFY_SLURMD, unless the config gives slurmd a command or a notify of its own, or the arguments
+    hold -D (slurmd refuses it beside --systemd).
 
     Raises:
         ValueError: a worker of the role without a command, or `daemon_args` for a daemon the role
@@ -80,7 +81,8 @@ def workers_for(role: str, settings: SupervisorSection, daemon_args: tuple[str, 
     """
     specs = {spec.name: spec for spec in BUILTIN}
     own = settings.workers.get("slurmd")
-    if slurmd_notify and (own is None or own.command is None):
+    # slurmd refuses --systemd with -D ("mutually exclusive") and without a NOTIFY_SOCKET: keep -D then
+    if slurmd_notify and (own is None or (own.command is None and own.notify is None)) and "-D" not in daemon_args:
         specs["slurmd"] = dataclasses.replace(specs["slurmd"], **NOTIFY_SLURMD)
     for name, section in settings.workers.items():
         specs[name] = _apply(specs.get(name) or WorkerSpec(name, (), ()), section)

@@ -356,8 +356,9 @@ def images(engine) -> dict[str, str]:
                            IMAGE_SUITE], env=engine.environ(), capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     print(f"images built in {time.monotonic() - started:.0f} s", file=sys.stderr)
-    return {name: f"slurm-ext-{name}:{IMAGE_SUITE}" for name in
-            ("worker", "controller", "accounting", "login", "mariadb")}  # containers/build.py's IMAGES
+    sys.path.insert(0, str(Path(__file__).parents[1] / "containers"))
+    from build import IMAGES  # containers/build.py
+    return {name: f"slurm-ext-{name}:{IMAGE_SUITE}" for name in IMAGES}
 
 
 def pytest_collection_modifyitems(items):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -200,9 +201,11 @@ def test_docker_stop_drains_the_node_within_a_second_and_a_new_container_clears_
     assert stopped["took"] < 30  # slurmd's and the hook service's stop grace, well inside docker's
     ccluster.exec("controller", "scancel", str(job_id))
     ccluster.remove(_worker_name(worker))
-    ccluster.start_worker(worker.index, worker.gpus)
+    new = ccluster.start_worker(worker.index, worker.gpus)
     ccluster.wait_idle(worker.node, timeout=45)
-    resumed = [e for e in ccluster.events(_worker_name(worker), "resume") if e.get("why") == "stale"]
+    # by the new container's agent (the journal is on the node's volume, kept across containers)
+    resumed = [e for e in ccluster.events(_worker_name(worker), "resume") if e.get("why") == "stale"
+               and datetime.strptime(e["time"], "%Y-%m-%dT%H:%M:%S%z").timestamp() >= int(new.started)]
     assert resumed, ccluster.events(_worker_name(worker))[-10:]
 
 

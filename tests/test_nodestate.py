@@ -249,3 +249,18 @@ def test_slinky_operators_drain_is_neither_lifted_at_start_nor_replaced_by_our_s
     owner.want("stop", "node agent stopping: SIGTERM")
     node, actions = settle(owner, node)
     assert node.reason == operator and actions[0].event == "drain-skipped"
+
+
+def test_a_stale_drain_waits_for_this_runs_slurmd_a_cleared_one_does_not():
+    """The slurmd before the restart stays registered in Slurm until SlurmdTimeout: lifting the drain of the
+    last stop on its word would let jobs onto a node whose new slurmd is not up."""
+    stop = "slurm-ext: node agent stopping: SIGTERM"
+    owner = NodeState("n1")
+    assert owner.step(drained(stop), registered=True, fresh=False) == Wait(stop)
+    assert owner.step(drained(stop), registered=True, fresh=True) == Resume(stop, "stale")
+    gres = NodeState("n1")
+    gres.want("gres", GPU)
+    node, _ = settle(gres, IDLE)
+    gres.clear("gres")
+    assert gres.step(node, registered=True, fresh=False) == Resume(f"slurm-ext: {GPU}", "cleared")
+

@@ -110,6 +110,12 @@ def test_slurmd_with_systemd_from_slurm_23_11_unless_the_config_names_its_comman
     path.write_text('[supervisor.workers.slurmd]\ncommand = ["slurmd", "-D"]\n')
     own = {s.name: s for s in workers_for("worker", config.load(path).supervisor, slurmd_notify=True)}["slurmd"]
     assert own.command == ("slurmd", "-D") and not own.notify
+    # slurmd refuses --systemd beside -D, and without a socket: -D in the arguments, or notify = false, keep -D
+    with_d = {s.name: s for s in workers_for("worker", defaults, ("-D", "-Z"), slurmd_notify=True)}["slurmd"]
+    assert with_d.command[:2] == ("slurmd", "-D") and not with_d.notify
+    path.write_text('[supervisor.workers.slurmd]\nnotify = false\n')
+    off = {s.name: s for s in workers_for("worker", config.load(path).supervisor, slurmd_notify=True)}["slurmd"]
+    assert off.command == ("slurmd", "-D") and not off.notify
 
 
 def test_slurmd_layout_and_the_gpus_in_a_dynamic_nodes_conf():
@@ -123,6 +129,9 @@ def test_slurmd_layout_and_the_gpus_in_a_dynamic_nodes_conf():
     assert with_gpus(("-Z",), "gpu:a100:1") == ("-Z", "--conf", "Gres=gpu:a100:1")
     assert with_gpus(("-Z",), "") == ("-Z",)
     assert with_gpus(("-D", "--conf", "Features=x"), "gpu:a100:1") == ("-D", "--conf", "Features=x")  # static
+    # slurmd takes the last --conf; a GRES whose name only starts with gpu is another GRES
+    assert with_gpus(("-Z", "--conf", "A=1", "--conf", "Features=x Gres=gpu_mem:4"), "gpu:h200:1") == \
+        ("-Z", "--conf", "A=1", "--conf", "Features=x Gres=gpu:h200:1,gpu_mem:4")
 
 
 def test_a_worker_with_no_command_is_a_config_error(tmp_path):
@@ -473,6 +482,8 @@ def test_preflight_names_a_missing_or_loose_slurm_key_and_the_mount_that_provide
     from slurm_ext.supervisor.preflight import problems
     [missing] = problems(tmp_path)
     assert "/etc/slurm/slurm.key is missing" in missing and "slurmKeyRef" in missing and "-v KEY:" in missing
+    assert problems(tmp_path, munged_here=True) == []  # the agent's own munged makes the socket
+    assert "for slurmctld" in problems(tmp_path, daemon="slurmctld")[0]
     (tmp_path / "run/munge").mkdir(parents=True)
     (tmp_path / "run/munge/munge.socket.2").touch()
     assert problems(tmp_path) == []  # auth/munge instead

@@ -250,3 +250,22 @@ def test_write_errors_name_the_file_and_the_consequence(sandbox: Sandbox) -> Non
     assert "slurmd will not be able to enable cgroup controllers" in message
     assert "issue 238" in message
     assert _pids(sandbox.root) == {sleeper.pid}
+
+
+def test_make_writable_remounts_only_read_only_cgroups_below_the_root_and_names_the_flags(tmp_path):
+    """Parsed from a mountinfo of our making: the one read-only cgroup below the root is remounted, which
+    fails here (the directory is no mount point), and the error names the flags that provide it."""
+    from slurm_ext.supervisor.cgroup import CgroupError, make_writable
+    root = tmp_path / "cgroup"
+    (root / "cpu").mkdir(parents=True)
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(
+        f"85 84 0:45 / {root} rw,nosuid - tmpfs tmpfs rw\n"
+        f"86 85 0:29 / {root}/cpu ro,nosuid,nodev,noexec,relatime - cgroup cgroup rw,cpu\n"
+        f"87 85 0:30 / {tmp_path}/elsewhere ro,nosuid - cgroup cgroup rw,memory\n"
+        "garbage line\n")
+    with pytest.raises(CgroupError, match=r"cannot remount .*/cpu read-write.*--cap-add SYS_ADMIN.*--cgroupns private"):
+        make_writable(root, mountinfo)
+    mountinfo.write_text(f"86 85 0:29 / {root}/cpu rw,nosuid - cgroup cgroup rw,cpu\n")
+    assert make_writable(root, mountinfo) == []
+

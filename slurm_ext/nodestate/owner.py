@@ -174,8 +174,13 @@ class NodeState:
 
     # -- the decision -----------------------------------------------------------------
 
-    def step(self, node: Node, registered: bool) -> Action:
-        """What to do, given the node as Slurm shows it now. Call `done` once a Drain or Resume is written."""
+    def step(self, node: Node, registered: bool, fresh: bool | None = None) -> Action:
+        """What to do, given the node as Slurm shows it now. Call `done` once a Drain or Resume is written.
+
+        `registered`: a slurmd answers with a valid registration (any: a cleared want may go then).
+        `fresh`: the slurmd of this run has registered (None: same as `registered`). A stale reason, left
+        by a previous run (the drain of its stop), waits for that: the old slurmd's registration outlives
+        it until SlurmdTimeout, and the node must not take jobs before the new one is up."""
         if not self._started:
             self._started = True
             self._adopt(node, at_start=True)
@@ -193,7 +198,8 @@ class NodeState:
             want = self.desired()
             if want is None:
                 why = "stale" if node.reason == self.stale else "cleared"
-                return Resume(node.reason, why) if registered else Wait(node.reason)
+                ready = registered if why == "cleared" or fresh is None else fresh
+                return Resume(node.reason, why) if ready else Wait(node.reason)
             if want != node.reason:
                 return Drain(want, node.reason, self.active()[0].fields)
             self._mark_shown(want)

@@ -80,6 +80,10 @@ class Reconciler:
         self._failing = ""
         #: a resume waits for slurmd to register
         self._waiting = False
+        #: the agent of the node's slurmd: when its latest slurmd started (epoch seconds; None: not yet); a
+        #: stale drain is lifted only once that slurmd has registered. Left unset by one-off writers.
+        self.slurmd_started: float | None = None
+        self.runs_slurmd = False
 
     # -- requests (any thread) --------------------------------------------------------
 
@@ -143,8 +147,11 @@ class Reconciler:
     def _pass(self) -> Node:
         node = self.slurm.node(self.node)
         for _ in range(_ACTIONS_PER_PASS):
-            # a resume needs a slurmd that answers with a valid registration, not necessarily our newest one
-            action = self.state.step(node, registered(node, None))
+            # a resume needs a slurmd that answers with a valid registration, not necessarily our newest one;
+            # a stale drain's, this run's slurmd (the one before may still show as registered)
+            fresh = (self.slurmd_started is not None and registered(node, self.slurmd_started)) \
+                if self.runs_slurmd else None
+            action = self.state.step(node, registered(node, None), fresh)
             if isinstance(action, Leave):
                 if action.event:
                     self.emit(action.event, action.message, node=self.node)
