@@ -148,7 +148,7 @@ class Reconciler:
         node = self.slurm.node(self.node)
         for _ in range(_ACTIONS_PER_PASS):
             # a resume needs a slurmd that answers with a valid registration, not necessarily our newest one;
-            # a stale drain's, this run's slurmd (the one before may still show as registered)
+            # the resume of a stale drain needs this run's slurmd (the one before may still show as registered)
             fresh = (self.slurmd_started is not None and registered(node, self.slurmd_started)) \
                 if self.runs_slurmd else None
             action = self.state.step(node, registered(node, None), fresh)
