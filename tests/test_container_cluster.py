@@ -111,10 +111,13 @@ def test_jobs_see_only_their_gpus_and_the_epilog_kills_an_escaped_daemon(ccluste
             cleaned = [e for e in ccluster.events(_worker_name(worker), "leftovers-cleaned")
                        if str(e.get("job")) == str(job_id)]
             assert cleaned, ccluster.events(_worker_name(worker))[-10:]
-    # the accounting pair (slurmdbd, MariaDB on its volume) has every job
-    _, listed = ccluster.exec("controller", "sacct", "-X", "-n", "-a", "-P", "-o", "jobid,state")
-    states = dict(line.split("|") for line in listed.split())
-    assert all(states.get(str(job_id)) == "COMPLETED" for job_id in jobs.values()), listed
+    # the accounting pair (slurmdbd, MariaDB on its volume) has every job, once slurmctld has sent the
+    # records (after the job ends, not with it)
+    def accounted() -> bool:
+        _, listed = ccluster.exec("controller", "sacct", "-X", "-n", "-a", "-P", "-o", "jobid,state")
+        states = dict(line.split("|") for line in listed.split())
+        return all(states.get(str(job_id)) == "COMPLETED" for job_id in jobs.values())
+    wait_for("every job COMPLETED in sacct", accounted, timeout=30, interval=0.5)
 
 
 def test_slurmd_killed_in_a_worker_comes_back_in_the_same_container_and_its_job_completes(ccluster):
