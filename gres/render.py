@@ -176,8 +176,9 @@ def _cores(gpu: Gpu, core_count: int, sockets: int = 0) -> str:
     cores = set(gpu.cores)
     if cores and core_count and sockets and core_count % sockets == 0:
         per = core_count // sockets
-        [*held] = {core // per for core in cores if core < core_count}
-        cores = set(range(held[0] * per, (held[0] + 1) * per)) if len(held) == 1 else set()
+        sockets_held = {core // per for core in cores if core < core_count}
+        socket = min(sockets_held) if len(sockets_held) == 1 else None
+        cores = set(range(socket * per, (socket + 1) * per)) if socket is not None else set()
     if not cores or (core_count and cores >= set(range(core_count))):
         return ""
     return f" Cores={ranges(sorted(cores))}"

@@ -173,14 +173,13 @@ class Agent:
         self._systemd: SystemdLink | None = None
         #: at SIGTERM: the drain slurmd waits for before it is stopped, and until when
         self._stop_drain: tuple[object, float] | None = None
-        self._apply_config(config, first=True)
+        self._apply_config(self._fit_to_slurmd(config), first=True)
         self.node = self.config.node.slurm_name
 
     # -- set-up -------------------------------------------------------------------
 
     def _apply_config(self, config: Config, first: bool = False) -> None:
-        """Adopt a (new) config: worker specs, restart settings."""
-        config = self._fit_to_slurmd(config)
+        """Adopt a (new) config, fitted to slurmd's command line (_fit_to_slurmd): worker specs, restart settings."""
         self.config = config
         #: emit(event, message, severity=None, **fields): a journal event of this agent
         self.emit = events.emitter(config.node.state_dir, "supervisor", role=self.role)
