@@ -1,6 +1,38 @@
-"""slurmdbd and MariaDB on persistent storage: guarded, backed up, reconciled.
+"""slurmdbd and MariaDB on persistent storage: guarded, watched, backed up, reconciled.
 
-Not built yet: this package only reserves the layout's place.
+Slurm loses accounting in a few known ways: a database on a volume that is
+gone after a reschedule, and the records slurmctld holds in memory while
+slurmdbd is away, which it writes to StateSaveLocation/dbd.messages only at a
+clean stop. This component closes them:
+
+- `write_config(config)`: slurmdbd.conf, MariaDB's option file and start-up
+  SQL, the password from a file or the environment (`slurm-ext accounting config`);
+- `prepare_storage(config, role)`: the durability guard and first
+  initialisation (`check-storage`, a start step of the accounting and
+  controller roles);
+- `QueueWatch`: the controller agent's reading of sdiag's DBD agent queue
+  (metric, events, and no SIGKILL of slurmctld while it holds records);
+- `backup`, `restore`, `verify`: consistent dumps with a manifest;
+- `reconcile(config)`: every job end a witness saw that sacct lacks.
+
+Its config is [accounting] (`settings`); its commands `slurm-ext accounting ...` (`cli`).
 """
 
-__all__: list[str] = []
+__all__ = ["write_config", "configured", "prepare_storage", "places_of", "cluster_name", "password",
+           "PASSWORD_ENV", "AccountingSection", "StorageRefused", "QueueWatch", "backup", "restore", "verify",
+           "reconcile"]
+
+# Imported on first use: the core imports this package for its config section, and the node agent for
+# its start steps; the backup and reconcile code is needed only by their commands.
+_LAZY = {"write_config": "database", "configured": "database", "prepare_storage": "database",
+         "places_of": "database", "cluster_name": "database", "password": "database",
+         "PASSWORD_ENV": "settings", "AccountingSection": "settings", "StorageRefused": "storage",
+         "QueueWatch": "queue", "backup": "backup", "restore": "backup", "verify": "backup",
+         "reconcile": "reconcile"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

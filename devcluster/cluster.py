@@ -79,17 +79,14 @@ def cluster_daemons(layout: Layout) -> list[Daemon]:
                 f"--pid-file={munge}/munged.pid", f"--log-file={munge}/munged.log",
                 f"--seed-file={munge}/munged.seed"),
                munge / "munged.pid", frozenset({"munged"}), layout.log / "munged.out"),
-        Daemon("mariadbd", ("mariadbd", f"--defaults-file={layout.my_cnf}"), layout.pidfile("mariadbd"),
-               frozenset({"mariadbd", "mysqld"}), layout.log / "mariadbd.out", (s.mariadb_port,)),
-        Daemon("slurmdbd", ("slurmdbd",), layout.pidfile("slurmdbd"), frozenset({"slurmdbd"}),
-               layout.log / "slurmdbd.out", (s.slurmdbd_port,)),
+        _agent(layout, "accounting", (s.mariadb_port, s.slurmdbd_port, s.accounting_probe_port)),
         _agent(layout, "controller", (s.slurmctld_port, s.controller_probe_port)),
         _agent(layout, "worker", (s.slurmd_port, s.worker_probe_port)),
     ]
 
 
 def _agent(layout: Layout, role: str, ports: tuple[int, ...]) -> Daemon:
-    """slurm-ext's node agent for `role`: it runs slurmctld or slurmd in the foreground."""
+    """slurm-ext's node agent for `role`: it runs MariaDB and slurmdbd, slurmctld, or slurmd in the foreground."""
     name = f"supervise-{role}"
     return Daemon(name, (_entry_point("slurm-ext"), "--config", str(layout.slurm_ext_conf), "supervise",
                          "--role", role, "--pidfile", str(layout.pidfile(name))),
@@ -99,8 +96,7 @@ def _agent(layout: Layout, role: str, ports: tuple[int, ...]) -> Daemon:
 # The config files each daemon reads: a change to one restarts the daemon.
 _SLURM_FILES = frozenset({"slurm.conf", "cgroup.conf"})  # gres.conf: the worker agent writes it from NVML
 _CONFIG_FILES = {
-    "mariadbd": frozenset({"my.cnf"}),
-    "slurmdbd": frozenset({"slurmdbd.conf"}),
+    "supervise-accounting": frozenset({"slurm.conf", "slurm-ext.toml"}),
     "supervise-controller": _SLURM_FILES | {"slurm-ext.toml"},
     "supervise-worker": _SLURM_FILES | {"slurm-ext.toml"},
 }
@@ -132,8 +128,6 @@ def up(settings: DevSection) -> Status:
         if daemon.name == "munged" and _munge_works():
             log.info("munged: one already answers on the default socket: using it")
             continue
-        if daemon.name == "mariadbd" and not (layout.mysql / "mysql").is_dir():
-            _init_database(layout)
         daemons.start(daemon, layout.daemon_environ(), settings.up_timeout)
         _wait_ready(daemon.name, layout)
     slurm = client(settings, timeout=5.0)
@@ -146,20 +140,13 @@ def _write_files(layout: Layout) -> set[str]:
     """Create the state tree and every config file; names of files that changed."""
     s = layout.settings
     for path in (layout.etc, layout.log, layout.run, layout.bin, layout.ctld_state, layout.slurmd_spool,
-                 layout.node_state, layout.dev, layout.lib, layout.mysql, layout.munge):
+                 layout.node_state, layout.dev, layout.lib, layout.munge):
         path.mkdir(parents=True, exist_ok=True)
     layout.out.mkdir(exist_ok=True)
     layout.out.chmod(0o1777)
     _prepare_munge(layout)
-    mysql = pwd.getpwnam("mysql")
-    for path in (layout.mysql, layout.run):
-        os.chown(path, mysql.pw_uid, mysql.pw_gid)
-    layout.run.chmod(0o755)
-
-    password_file = layout.etc / "db-password"
-    if not password_file.exists():
-        _write(password_file, secrets.token_hex(16) + "\n", 0o600)
-    password = password_file.read_text().strip()
+    if not layout.db_password.exists():  # the accounting agent writes it into slurmdbd.conf and MariaDB
+        _write(layout.db_password, secrets.token_hex(16) + "\n", 0o600)
 
     for minor, device in enumerate(layout.gpu_devices()):
         fakenvml.make_device(device, minor)
@@ -177,13 +164,9 @@ def _write_files(layout: Layout) -> set[str]:
     files = {
         "slurm.conf": render.slurm_conf(layout, topology, str(hook)),
         "cgroup.conf": render.cgroup_conf(),
-        "my.cnf": render.my_cnf(layout),
         "slurm-ext.toml": render.slurm_ext_toml(layout),
     }
-    changed = {name for name, text in files.items() if _write(layout.etc / name, text)}
-    if _write(layout.etc / "slurmdbd.conf", render.slurmdbd_conf(layout, password), 0o600):
-        changed.add("slurmdbd.conf")
-    return changed
+    return {name for name, text in files.items() if _write(layout.etc / name, text)}
 
 
 def _write(path: Path, text: str, mode: int = 0o644) -> bool:
@@ -224,16 +207,6 @@ def _prepare_munge(layout: Layout) -> None:
     key.chmod(0o400)
 
 
-def _init_database(layout: Layout) -> None:
-    """Create MariaDB's system tables in the (empty) datadir, once."""
-    log.info("initialising the accounting database in %s", layout.mysql)
-    try:
-        command.run(["mariadb-install-db", f"--defaults-file={layout.my_cnf}",
-                     "--auth-root-authentication-method=socket"], 120, env=layout.daemon_environ())
-    except CommandError as err:
-        raise DevClusterError(f"mariadb-install-db failed in {layout.mysql}: {err}") from err
-
-
 def _munge_works() -> bool:
     try:
         cred = command.run(["munge", "-n"], 5).stdout
@@ -247,17 +220,9 @@ def _wait_ready(name: str, layout: Layout) -> None:
     """Wait until a freshly started daemon answers, and bootstrap what needs it."""
     timeout = layout.settings.up_timeout
     env = layout.daemon_environ()
-    if name == "mariadbd":
-        daemons.wait_for("mariadbd", lambda: _ok(["mariadb", f"--defaults-file={layout.my_cnf}", "-e", "select 1"],
-                                                 env), timeout, logfile=layout.log / "mariadbd.log")
-        password = (layout.etc / "db-password").read_text().strip()
-        command.run(["mariadb", f"--defaults-file={layout.my_cnf}", "-e",
-                     f"CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}'; "
-                     f"ALTER USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}'; "
-                     "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';"], 30, env=env)
-    elif name == "slurmdbd":
+    if name == "supervise-accounting":  # MariaDB first, then slurmdbd: the agent starts them in that order
         daemons.wait_for("slurmdbd", lambda: _ok(["sacctmgr", "-n", "show", "cluster"], env), timeout,
-                         logfile=layout.log / "slurmdbd.log")
+                         logfile=layout.log / "supervise-accounting.out")
         _bootstrap_accounting(layout, env)
     elif name == "supervise-controller":
         daemons.wait_for("slurmctld", lambda: _ok(["scontrol", "ping"], env, "is UP"), timeout,
@@ -325,10 +290,10 @@ def down(settings: DevSection) -> list[int]:
     deps.require_root("dev down")
     layout = Layout(settings)
     all_daemons = cluster_daemons(layout)
-    if daemons.running_pid(all_daemons[3]):  # slurmctld runs: let Slurm end its jobs itself
+    if daemons.running_pid(_named(all_daemons, "supervise-controller")):  # let Slurm end its jobs itself
         _cancel_jobs(layout)
-    # an agent's own grace for its worker is 10s: give it time to use it
-    stopped = [pid for d in reversed(all_daemons) if (pid := daemons.stop(d, grace=30.0)) is not None]
+    # an agent stops its workers one by one, each within its own grace (mariadbd 60s): give it the time
+    stopped = [pid for d in reversed(all_daemons) if (pid := daemons.stop(d, grace=120.0)) is not None]
     _remove_job_cgroups(settings.node_name)
     log.info("cluster down: stopped %d daemons", len(stopped))
     return stopped
@@ -346,6 +311,10 @@ def _cancel_jobs(layout: Layout) -> None:
                          30.0, interval=0.2)
     except SlurmExtError as err:
         log.warning("could not cancel jobs cleanly (%s); their processes are killed with the cgroups", err)
+
+
+def _named(all_daemons: list[Daemon], name: str) -> Daemon:
+    return next(d for d in all_daemons if d.name == name)
 
 
 def job_cgroups(node_name: str, cgroup_root: Path = _CGROUP_ROOT) -> list[Path]:
@@ -382,7 +351,7 @@ def status(settings: DevSection) -> Status:
     layout = Layout(settings)
     states = tuple(DaemonStatus(d.name, daemons.running_pid(d), d.pidfile) for d in cluster_daemons(layout))
     node, problem = None, ""
-    if states[3].pid:
+    if next(state for state in states if state.name == "supervise-controller").pid:
         try:
             node = client(settings, timeout=5.0).node(settings.node_name)
         except SlurmExtError as err:

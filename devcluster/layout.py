@@ -43,9 +43,9 @@ class Layout:
         return self.root / "munge"
 
     @property
-    def mysql(self) -> Path:
-        """MariaDB's datadir: the accounting database."""
-        return self.root / "mysql"
+    def accounting(self) -> Path:
+        """The accounting database's volume ([accounting] volume): MariaDB's datadir, tmpdir and logs."""
+        return self.root / "accounting"
 
     @property
     def ctld_state(self) -> Path:
@@ -80,8 +80,9 @@ class Layout:
         return self.etc / "slurm.conf"
 
     @property
-    def my_cnf(self) -> Path:
-        return self.etc / "my.cnf"
+    def db_password(self) -> Path:
+        """The accounting database's password ([accounting] password_file)."""
+        return self.etc / "db-password"
 
     @property
     def slurm_ext_conf(self) -> Path:
@@ -94,14 +95,19 @@ class Layout:
         return self.root / "gpus.json"
 
     @property
-    def mysql_socket(self) -> Path:
-        return self.run / "mysqld.sock"
+    def jobcomp_log(self) -> Path:
+        """slurmctld's jobcomp/filetxt log, the witness of every job end (`slurm-ext accounting reconcile`)."""
+        return self.ctld_state / "jobcomp.log"
+
+    @property
+    def runtime_dir(self) -> Path:
+        """The agents' [supervisor] runtime_dir: notify sockets, the hook service's socket, MariaDB's files."""
+        return self.root / "slurm-ext-run"
 
     @property
     def hook_socket(self) -> Path:
-        """Where the worker agent's hook service listens for slurm-ext-hook: not under run/, which
-        belongs to mysql (the service refuses a runtime dir anyone but root can change)."""
-        return self.root / "slurm-ext-run" / "hooks.sock"
+        """Where the worker agent's hook service listens for slurm-ext-hook."""
+        return self.runtime_dir / "hooks.sock"
 
     def pidfile(self, daemon: str) -> Path:
         return self.run / f"{daemon}.pid"

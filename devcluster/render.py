@@ -2,7 +2,8 @@
 
 Recipe and gotchas: a single host on 127.0.0.1, munge on its default socket
 (slurmdbd ignores AuthInfo=socket=), DefMemPerCPU so that jobs share the node,
-slurmdbd started before slurmctld, every listener on loopback.
+slurmdbd started before slurmctld, every listener on loopback. slurmdbd.conf
+and MariaDB's files are the accounting agent's to write ([accounting] here).
 """
 
 import re
@@ -10,8 +11,7 @@ from dataclasses import dataclass
 
 from .layout import Layout
 
-__all__ = ["Topology", "parse_topology", "slurm_conf", "cgroup_conf", "slurmdbd_conf",
-           "my_cnf", "slurm_ext_toml", "hook_wrapper"]
+__all__ = ["Topology", "parse_topology", "slurm_conf", "cgroup_conf", "slurm_ext_toml", "hook_wrapper"]
 
 _HEADER = "# written by `slurm-ext dev up`; edits are overwritten at the next `dev up`\n"
 
@@ -88,6 +88,9 @@ AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=127.0.0.1
 AccountingStoragePort={s.slurmdbd_port}
 AccountingStorageTRES=gres/gpu
+JobCompType=jobcomp/filetxt
+JobCompLoc={layout.jobcomp_log}
+MinJobAge={s.min_job_age}
 NodeName={s.node_name} NodeHostname={layout.host} NodeAddr=127.0.0.1 CPUs={topology.cpus} \
 Boards={topology.boards} SocketsPerBoard={topology.sockets_per_board} \
 CoresPerSocket={topology.cores_per_socket} ThreadsPerCore={topology.threads_per_core} \
@@ -107,48 +110,9 @@ ConstrainDevices=yes
 """
 
 
-def slurmdbd_conf(layout: Layout, db_password: str) -> str:
-    s = layout.settings
-    return _HEADER + f"""\
-AuthType=auth/munge
-DbdHost=localhost
-DbdAddr=127.0.0.1
-DbdPort={s.slurmdbd_port}
-CommunicationParameters=NoInAddrAny
-SlurmUser=root
-LogFile={layout.log}/slurmdbd.log
-PidFile={layout.pidfile("slurmdbd")}
-StorageType=accounting_storage/mysql
-StorageHost=127.0.0.1
-StoragePort={s.mariadb_port}
-StorageUser=slurm
-StoragePass={db_password}
-StorageLoc=slurm_acct_db
-"""
-
-
-def my_cnf(layout: Layout) -> str:
-    return _HEADER + f"""\
-[mysqld]
-datadir={layout.mysql}
-socket={layout.mysql_socket}
-pid-file={layout.pidfile("mariadbd")}
-log-error={layout.log}/mariadbd.log
-bind-address=127.0.0.1
-port={layout.settings.mariadb_port}
-user=mysql
-innodb_buffer_pool_size=256M
-innodb_lock_wait_timeout=900
-max_allowed_packet=16M
-skip-name-resolve
-[client]
-socket={layout.mysql_socket}
-user=root
-"""
-
-
 def slurm_ext_toml(layout: Layout) -> str:
-    """The config of the cluster's hooks and of its two node agents."""
+    """The config of the cluster's hooks and of its three node agents: MariaDB and slurmdbd (accounting),
+    slurmctld (controller) and slurmd (worker)."""
     s = layout.settings
     return _HEADER + f"""\
 [node]
@@ -162,8 +126,22 @@ file = "{layout.log}/slurm-ext.log"
 conf = "{layout.slurm_conf}"
 
 [supervisor]
-runtime_dir = "{layout.hook_socket.parent}"
-ports = {{worker = {s.worker_probe_port}, controller = {s.controller_probe_port}}}
+runtime_dir = "{layout.runtime_dir}"
+ports = {{worker = {s.worker_probe_port}, controller = {s.controller_probe_port}, accounting = {s.accounting_probe_port}}}
+
+[accounting]
+volume = "{layout.accounting}"
+run_database = true
+cluster = "{s.cluster_name}"
+db_port = {s.mariadb_port}
+password_file = "{layout.db_password}"
+memory = 512
+dbd_addr = "127.0.0.1"
+dbd_port = {s.slurmdbd_port}
+state_save_location = "{layout.ctld_state}"
+witness = "{layout.jobcomp_log}"
+min_free = 256
+backup_dir = "{layout.root}/backups"
 
 [gres]
 dev_dir = "{layout.dev}"

@@ -28,6 +28,8 @@ class DevSection:
     slurmdbd_port: int = setting(6819, "slurmdbd's TCP port on 127.0.0.1", "int", minimum=1, maximum=65535)
     controller_probe_port: int = setting(9811, "HTTP port of slurmctld's agent (probes, metrics) on 127.0.0.1",
                                          "int", minimum=1, maximum=65535)
+    accounting_probe_port: int = setting(9812, "HTTP port of the agent of MariaDB and slurmdbd (probes, metrics) on "
+                                         "127.0.0.1", "int", minimum=1, maximum=65535)
     worker_probe_port: int = setting(9810, "HTTP port of slurmd's agent (probes, metrics) on 127.0.0.1", "int",
                                      minimum=1, maximum=65535)
     mariadb_port: int = setting(3307, "MariaDB's TCP port on 127.0.0.1 (not 3306: leaves a system MariaDB alone)",
@@ -35,6 +37,9 @@ class DevSection:
     proctrack: str = setting("cgroup", "Slurm's ProctrackType: cgroup, or linuxproc to watch the Epilog clean up "
                              "where Slurm's own cgroup tracking is unavailable (as in pods)", "choice",
                              choices=("cgroup", "linuxproc"))
+    min_job_age: int = setting(300, "Slurm's MinJobAge: seconds a finished job stays in slurmctld's memory and state "
+                               "files (a lower value shows sooner what a slurmctld killed during a database outage "
+                               "loses)", "int", minimum=2, maximum=86400)
     up_timeout: float = setting(60.0, "longest wait in `dev up` for each daemon and for the node to be idle",
                                 "duration", minimum=1.0, maximum=3600.0)
 

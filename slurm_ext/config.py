@@ -129,6 +129,7 @@ _SECTION_OWNERS = {
     "supervisor": "supervisor",
     "prolog_epilog": "prolog_epilog",
     "gres": "gres",
+    "accounting": "accounting",
     "dev": "devcluster",
 }
 _CORE_SECTIONS = {"node": NodeSection, "log": LogSection, "slurm": SlurmSection}

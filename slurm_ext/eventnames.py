@@ -38,6 +38,7 @@ class EventName:
 
 
 _SUPERVISOR, _GRES, _HOOKS, _NODESTATE = ("supervisor",), ("gres",), ("prolog_epilog",), ("nodestate",)
+_ACCOUNTING = ("accounting",)
 
 _ENTRIES = (
     # -- the node agent (supervisor/) ---------------------------------------------------------------
@@ -140,6 +141,32 @@ _ENTRIES = (
               "a user hook's cgroup still holds processes after SIGKILL (state D?); left in place"),
     EventName("hook-service-failed", _HOOKS, "error",
               "the hook service could not listen; the hooks fall back to running in Python"),
+    EventName("storage-checked", _SUPERVISOR, "info",
+              "the durability guard accepted a database volume or StateSaveLocation (and marked a new one); "
+              "a warning when ephemeral storage was allowed"),
+    EventName("dbd-queue-growing", _ACCOUNTING, "warning",
+              "slurmctld has held accounting records for slurmdbd for a minute (sdiag's DBD agent queue above 0): "
+              "slurmdbd or its database is away"),
+    EventName("dbd-queue-half-full", _ACCOUNTING, "error",
+              "the DBD agent queue reached MaxDBDMsgs/2 (Slurm's RESTART SLURMDBD NOW): records will be "
+              "discarded when it is full"),
+    EventName("dbd-queue-drained", _ACCOUNTING, "info",
+              "the DBD agent queue is empty again after an alert: slurmdbd has every record"),
+    EventName("slurmctld-stop-held", _SUPERVISOR, "warning",
+              "slurmctld's stop grace ran out while it held queued accounting records: SIGKILL is held back "
+              "until accounting.stop_deadline"),
+    EventName("slurmctld-killed-with-records", _SUPERVISOR, "error",
+              "slurmctld was SIGKILLed past accounting.stop_deadline with accounting records queued: those not "
+              "saved to dbd.messages are lost (reconcile lists them)"),
+    EventName("backup-done", _ACCOUNTING, "info", "a backup of the accounting database was written, with its manifest"),
+    EventName("backup-failed", _ACCOUNTING, "error", "a backup of the accounting database failed; nothing was kept of it"),
+    EventName("restore-done", _ACCOUNTING, "info", "a backup was restored into the accounting database"),
+    EventName("restore-failed", _ACCOUNTING, "error", "a restore was refused or failed; the database was not changed"),
+    EventName("verify-done", _ACCOUNTING, "info", "a backup restored into a scratch MariaDB with the manifest's counts"),
+    EventName("verify-failed", _ACCOUNTING, "error", "a backup did not verify: damaged, truncated or counts differ"),
+    EventName("reconcile-missing", _ACCOUNTING, "error",
+              "jobs the witness (jobcomp log) saw end are missing from sacct, or runaway jobs exist"),
+    EventName("reconcile-clean", _ACCOUNTING, "info", "every job the witness saw end is in sacct"),
 )
 
 #: every event name slurm-ext emits, by name

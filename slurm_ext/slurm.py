@@ -256,6 +256,35 @@ class SlurmClient:
                 state=parts[3], user=re.sub(r"\(\d+\)$", "", parts[4]), reason=parts[5]))
         return sorted(events, key=lambda e: e.start)
 
+    def dbd_queue(self) -> int | None:
+        """sdiag's "DBD Agent queue size": the accounting records slurmctld holds for slurmdbd (None when sdiag
+        shows no such line: accounting does not go through slurmdbd)."""
+        found = re.search(r"DBD Agent queue size:\s*(\d+)", self._run(["sdiag"]).stdout)
+        return int(found.group(1)) if found else None
+
+    def config_values(self) -> dict[str, str]:
+        """`scontrol show config` as key -> value (keys as Slurm writes them: MaxDBDMsgs, JobCompLoc, ...)."""
+        out = self._run(["scontrol", "show", "config"]).stdout
+        return {key: value.strip() for key, value in re.findall(r"^(\w+)\s+= (.*)$", out, re.M)}
+
+    def accounted_states(self, job_ids: list[int], chunk: int = 500) -> dict[int, str]:
+        """Job id -> its state in sacct (a requeued id: its last record); ids sacct lacks are left out."""
+        states: dict[int, str] = {}
+        for start in range(0, len(job_ids), chunk):
+            ids = ",".join(map(str, job_ids[start:start + chunk]))
+            out = self._run(["sacct", "-n", "-P", "-X", "-a", "-D", "-j", ids, "--format=JobIDRaw,State"]).stdout
+            for line in out.splitlines():
+                raw, _, state = line.partition("|")
+                if raw.isdigit():
+                    states[int(raw)] = state.split()[0] if state else ""
+        return states
+
+    def runaway_jobs(self) -> list[str]:
+        """`sacctmgr show runawayjobs` lines (id|name|partition|cluster|state|...), its offer to fix them
+        answered "no": the fix is the operator's to make."""
+        out = self._run(["sacctmgr", "-n", "-P", "show", "runawayjobs"], input="N\n", check=False).stdout
+        return [line for line in out.splitlines() if re.match(r"^\d+\|", line)]
+
     # -- changing ----------------------------------------------------------------
 
     def drain(self, node: str, reason: str) -> None:
@@ -284,12 +313,14 @@ class SlurmClient:
 
     # -- plumbing ----------------------------------------------------------------
 
-    def _run(self, cmd: list[str]) -> command.CommandResult:
+    def _run(self, cmd: list[str], input: str | None = None, check: bool = True) -> command.CommandResult:
         argv = [os.path.join(self.settings.bin_dir, cmd[0]) if self.settings.bin_dir else cmd[0], *cmd[1:]]
         env = dict(self.environ if self.environ is not None else os.environ)
         if self.settings.conf:
             env["SLURM_CONF"] = self.settings.conf
         try:
+            if input is not None or not check:
+                return self.runner(argv, self.settings.timeout, env=env, input=input, check=check)
             return self.runner(argv, self.settings.timeout, env=env)
         except CommandTimeout as err:
             raise SlurmUnreachable(

@@ -55,7 +55,7 @@ from .notify import NotifySocket, SystemdLink, is_descendant
 from .lifecycle import CrashLoopOver, GiveUp, Life, Policy, Restart
 from .restart import backoff_delay
 from .states import WorkerState
-from .workers import WorkerSpec, speaks_notify, workers_for
+from .workers import WorkerSpec, local_database, speaks_notify, workers_for
 
 __all__ = ["Agent", "Worker", "session_members", "kill_session"]
 
@@ -101,6 +101,11 @@ class Worker:
     pidfd: int | None = None
     #: its start steps (before_restart_of) run now or are queued: started when they succeed
     awaiting_steps: bool = False
+    #: waits for the workers of its spec's `after` to be ready: started by the loop once they are
+    awaiting_after: bool = False
+    #: monotonic time of the last stop request, and the accounting records queued then (slurmctld)
+    stop_requested: float = 0.0
+    queued_at_stop: int = 0
 
     @property
     def state(self) -> WorkerState:
@@ -173,6 +178,8 @@ class Agent:
         self._systemd: SystemdLink | None = None
         #: at SIGTERM: the drain slurmd waits for before it is stopped, and until when
         self._stop_drain: tuple[object, float] | None = None
+        #: the controller's watch on slurmctld's queue of accounting records (accounting.QueueWatch)
+        self.queue_watch = None
         self._apply_config(self._fit_to_slurmd(config), first=True)
         self.node = self.config.node.slurm_name
 
@@ -185,7 +192,7 @@ class Agent:
         self.emit = events.emitter(config.node.state_dir, "supervisor", role=self.role)
         s = config.supervisor
         try:
-            specs = workers_for(self.role, s, self.daemon_args, self.slurmd_notify)
+            specs = workers_for(self.role, s, self.daemon_args, self.slurmd_notify, _database(config, self.role))
         except ValueError as err:
             raise ConfigError(config.source or "<defaults>", str(err)) from None
         if first:
@@ -292,6 +299,12 @@ class Agent:
                                     on_change=functools.partial(_poke, self._wakeup_w),
                                     runs_slurmd=any(w.spec.ready == "slurm-node" for w in self.workers))
         self.liaison.start()
+        if self.role == "controller":
+            from slurm_ext.accounting import QueueWatch
+            a = self.config.accounting
+            self.queue_watch = QueueWatch(slurm, a.queue_interval, a.queue_alert_after,
+                                          events.emitter(self.config.node.state_dir, "accounting", role=self.role))
+            self.queue_watch.start()
 
     # -- the loop -----------------------------------------------------------------
 
@@ -353,7 +366,7 @@ class Agent:
     def _reload(self) -> None:
         try:
             new = self._fit_to_slurmd(config_mod.load(self.config_path))
-            workers_for(self.role, new.supervisor, self.daemon_args, self.slurmd_notify)
+            workers_for(self.role, new.supervisor, self.daemon_args, self.slurmd_notify, _database(new, self.role))
         except (ConfigError, ValueError) as err:
             self.emit("reload-failed", f"SIGHUP: config not reloaded, keeping the running one: {err}",
                       severity="error")
@@ -398,6 +411,9 @@ class Agent:
                 self._start(worker)
             elif worker.state == WorkerState.STOPPING and now >= worker.stop_deadline:
                 self._kill(worker)
+            elif worker.awaiting_after and not self.stopping and self._after_ready(worker):
+                worker.awaiting_after = False
+                self._start(worker)
             elif worker.state == WorkerState.RUNNING:
                 if not worker.life.ready and worker.spec.ready != "running" and self.worker_ready(worker):
                     worker.life.on_ready()
@@ -475,6 +491,12 @@ class Agent:
             return
         if worker.pending_spec is not None:
             worker.spec, worker.pending_spec = worker.pending_spec, None
+        if not self._after_ready(worker):
+            if not worker.awaiting_after:
+                log.info("worker %s: waits for %s to be ready", worker.spec.name, ", ".join(worker.spec.after))
+            worker.awaiting_after = True
+            worker.life.next_start = _NEVER  # started by _tick once they are
+            return
         steps = _restart_steps(self.role, worker) if worker.started else []
         if not steps:
             self._spawn(worker)
@@ -488,13 +510,17 @@ class Agent:
         else:
             self._run_steps(steps, worker)
 
+    def _after_ready(self, worker: Worker) -> bool:
+        """The workers `worker` starts after are all ready."""
+        return all(self.worker_ready(w) for w in self.workers if w.spec.name in worker.spec.after)
+
     def _spawn(self, worker: Worker) -> None:
         spec = worker.spec
         env = {**self.base_env, **spec.environment}
         if spec.notify:
             if worker.notify is None:
                 worker.notify = NotifySocket(Path(self.config.supervisor.runtime_dir)
-                                             / f"notify-{self.role}-{spec.name}.sock")
+                                             / f"notify-{self.role}-{spec.name}.sock", _uid(spec.notify_user))
                 self._selector.register(worker.notify, selectors.EVENT_READ,
                                         functools.partial(self._on_notify, worker))
             env["NOTIFY_SOCKET"] = str(worker.notify.path)
@@ -655,6 +681,8 @@ class Agent:
             _set_state(worker, WorkerState.STOPPING, f"sending SIG{worker.spec.stop_signal} to pid "
                        f"{worker.pid}; SIGKILL after {worker.spec.stop_grace:g}s")
             worker.stop_deadline = time.monotonic() + worker.spec.stop_grace
+            worker.stop_requested = time.monotonic()
+            worker.queued_at_stop = self._queued_records(worker)
             _signal(worker, worker.spec.signal)
         elif worker.state == WorkerState.BACKOFF:
             _set_state(worker, WorkerState.STOPPED, "stopped while waiting to restart")
@@ -694,7 +722,29 @@ class Agent:
                 return
             self._stop_queue.pop(0)
 
+    def _queued_records(self, worker: Worker) -> int:
+        """Accounting records slurmctld held at the last read of sdiag (0 for every other worker)."""
+        if worker.spec.name != "slurmctld" or self.queue_watch is None:
+            return 0
+        return self.queue_watch.size or 0
+
     def _kill(self, worker: Worker) -> None:
+        queued = worker.queued_at_stop
+        if queued and worker.pid:
+            deadline = worker.stop_requested + self.config.accounting.stop_deadline
+            if time.monotonic() < deadline:
+                if worker.stop_deadline < deadline:
+                    self.emit("slurmctld-stop-held", f"{worker.spec.name} (pid {worker.pid}) still running "
+                              f"{worker.spec.stop_grace:g}s after SIG{worker.spec.stop_signal} with {queued} "
+                              f"accounting records queued for slurmdbd: not sending SIGKILL before "
+                              f"accounting.stop_deadline ({self.config.accounting.stop_deadline:g}s), so that it "
+                              f"can save them to dbd.messages", worker=worker.spec.name, queued=queued)
+                worker.stop_deadline = deadline
+                return
+            self.emit("slurmctld-killed-with-records", f"SIGKILL {worker.spec.name} (pid {worker.pid}) "
+                      f"{self.config.accounting.stop_deadline:g}s after SIG{worker.spec.stop_signal} with {queued} "
+                      f"accounting records queued: those it did not save to dbd.messages are LOST; run `slurm-ext "
+                      f"accounting reconcile` once slurmdbd is back", worker=worker.spec.name, queued=queued)
         if worker.pid:
             self.emit("kill", f"worker {worker.spec.name} (pid {worker.pid}) still running "
                       f"{worker.spec.stop_grace:g}s after SIG{worker.spec.stop_signal}: SIGKILL",
@@ -706,6 +756,8 @@ class Agent:
     def _teardown(self) -> None:
         if self.liaison:
             self.liaison.stop()
+        if self.queue_watch:
+            self.queue_watch.stop()
         if self.http:
             self.http.close()
         for worker in self.workers:
@@ -889,6 +941,27 @@ def _leave_root_cgroup(emit) -> None:
     else:
         if leaf:
             emit("cgroup-leaf", f"moved out of the root cgroup into {leaf}")
+
+
+def _uid(user: str) -> int | None:
+    """The uid of a worker's notify_user; None for root's own workers (or a user this host lacks)."""
+    if not user:
+        return None
+    import pwd
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        log.warning("notify: no user %s on this host: its worker's notify socket stays root's", user)
+        return None
+
+
+def _database(config: Config, role: str) -> dict | None:
+    """The built-in mariadbd of an accounting role that runs its database (accounting.run_database)."""
+    if role != "accounting" or not config.accounting.run_database:
+        return None
+    from slurm_ext.accounting import places_of
+    where = places_of(config)
+    return local_database(str(where.etc / "my.cnf"), str(where.etc / "init.sql"))
 
 
 def _slurmd_speaks_notify(environ: dict[str, str]) -> bool:

@@ -51,6 +51,13 @@ class AgentCollector:
                                   labels=["role"])
         ready.add_metric([agent.role], 1 if agent.ready()[0] else 0)
         yield ready
+        watch = agent.queue_watch
+        if watch is not None and watch.size is not None:
+            queue = GaugeMetricFamily("slurm_ext_accounting_dbd_queue", "Accounting records slurmctld holds for "
+                                      "slurmdbd (sdiag's DBD agent queue size): above 0 while slurmdbd or its "
+                                      "database is away", labels=["role"])
+            queue.add_metric([agent.role], watch.size)
+            yield queue
 
 
 def exposition_of(agent) -> Callable[[], tuple[bytes, str]]:

@@ -87,14 +87,17 @@ def is_descendant(pid: int, ancestor: int, proc: Path = Path("/proc")) -> bool:
 class NotifySocket:
     """A datagram socket at `path` that reports each message with its sender's PID."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, uid: int | None = None):
+        """`uid`: the user a worker that drops root speaks as (mariadbd runs as mysql); it gets the socket."""
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.unlink(missing_ok=True)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         self.sock.bind(str(self.path))
-        os.chmod(self.path, 0o600)  # only root (slurmd runs as root) may speak to it
+        os.chmod(self.path, 0o600)  # only root (slurmd runs as root) may speak to it, or the worker's own user
+        if uid is not None:
+            os.chown(self.path, uid, -1)
 
     def fileno(self) -> int:
         return self.sock.fileno()

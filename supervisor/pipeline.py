@@ -123,6 +123,27 @@ def preflight(context: StepContext) -> None:
         context.emit("preflight-problem", problem, severity="warning")
 
 
+def accounting_config(context: StepContext) -> None:
+    """slurmdbd.conf and, with accounting.run_database, MariaDB's files, from [accounting] and the password
+    (`slurm-ext accounting config`): at every start, so a rotated password reaches both sides."""
+    from slurm_ext import accounting
+    if not accounting.configured(context.config):
+        log.info("accounting: no database password given (accounting.password_file, $%s) and no database to "
+                 "run: slurmdbd.conf is left as it is", accounting.PASSWORD_ENV)
+        return
+    written = accounting.write_config(context.config)
+    log.info("accounting: wrote %s", ", ".join(str(p) for p in (written.slurmdbd_conf, written.my_cnf) if p))
+
+
+def check_storage(context: StepContext) -> None:
+    """The durability guard before mariadbd or slurmctld (`slurm-ext accounting check-storage`): refuses
+    ephemeral, read-only, full or replaced volumes; initialises a new database and marks its volume."""
+    from slurm_ext import accounting
+    verdict = accounting.prepare_storage(context.config, context.role)
+    for note in verdict.notes:
+        context.emit("storage-checked", note, severity="warning" if "EPHEMERAL" in note else "info")
+
+
 def steps_for(role: str) -> list[StartStep]:
     """The steps `role` runs before its workers, in order.
 
@@ -131,9 +152,15 @@ def steps_for(role: str) -> list[StartStep]:
     script blocks the start (retried with backoff, all node-boot scripts
     again): a node whose boot set-up failed must not take jobs.
     `supervisor.step_failure = {node-boot-scripts = "continue"}` starts the
-    workers anyway.
+    workers anyway. The accounting and controller roles guard their storage
+    first (check-storage blocks: a replaced volume must not be initialised
+    over), the accounting role after writing slurmdbd's and MariaDB's files.
     """
     steps = [StartStep("preflight", preflight)] if role in ("worker", "controller", "accounting") else []
+    if role == "accounting":
+        steps.append(StartStep("accounting-config", accounting_config, on_failure="block"))
+    if role in ("accounting", "controller"):
+        steps.append(StartStep("check-storage", check_storage, on_failure="block"))
     if role == "worker":
         steps.append(StartStep("clear-stale-drains", clear_stale_drains))
         steps.append(StartStep("gres-regenerate", regenerate_gres, on_failure="block", before_restart_of="slurmd"))

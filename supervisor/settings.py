@@ -40,6 +40,8 @@ class WorkerSection:
                                 "registered and responding in Slurm)", "choice",
                                 choices=("running", "notify", "slurm-node"))
     drain_on_crash_loop: bool | None = setting(None, "drain this node (owned reason) while it crash-loops", "bool")
+    after: tuple | None = setting(None, "workers of the same role that must be ready before this one starts or "
+                                  "restarts (slurmdbd after mariadbd)", "list", item={"kind": "str"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from .settings import SupervisorSection, WorkerSection
 
-__all__ = ["WorkerSpec", "BUILTIN", "ROLE_DAEMON", "ROLE_DAEMON_OPTIONS", "NOTIFY_SLURMD", "workers_for", "speaks_notify"]
+__all__ = ["WorkerSpec", "BUILTIN", "ROLE_DAEMON", "ROLE_DAEMON_OPTIONS", "NOTIFY_SLURMD", "workers_for", "speaks_notify",
+           "local_database"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +31,10 @@ class WorkerSpec:
     #: running, notify, slurm-node
     ready: str = "running"
     drain_on_crash_loop: bool = False
+    #: workers that must be ready before this one starts (slurmdbd after its database)
+    after: tuple[str, ...] = ()
+    #: the user it speaks sd_notify as, when it drops root before it is ready (mariadbd: mysql)
+    notify_user: str = ""
 
     @property
     def signal(self) -> int:
@@ -66,14 +71,23 @@ ROLE_DAEMON_OPTIONS = {"worker": "SLURMD_OPTIONS", "controller": "SLURMCTLD_OPTI
                        "accounting": "SLURMDBD_OPTIONS", "login": "SSHD_OPTS"}
 
 
+def local_database(my_cnf: str, init_sql: str) -> dict:
+    """The built-in mariadbd of an accounting role that runs its own database (accounting.run_database): on a
+    NOTIFY_SOCKET (Debian's mariadbd says READY=1 once it takes connections), and slurmdbd after it, so that
+    slurmdbd's first connection finds it (slurmdbd would otherwise retry every 5 s)."""
+    return {"roles": ("accounting",), "command": ("mariadbd", f"--defaults-file={my_cnf}", f"--init-file={init_sql}"),
+            "notify": True, "ready": "notify", "notify_user": "mysql"}
+
+
 def workers_for(role: str, settings: SupervisorSection, daemon_args: tuple[str, ...] = (),
-                slurmd_notify: bool = False) -> list[WorkerSpec]:
+                slurmd_notify: bool = False, database: dict | None = None) -> list[WorkerSpec]:
     """The workers `role` runs, in start order, with the config's keys applied.
 
     `daemon_args` are appended to the command of the role's daemon (ROLE_DAEMON), after the config's.
     `slurmd_notify` (the installed slurmd has --systemd: speaks_notify) makes the built-in slurmd
     NOTIFY_SLURMD, unless the config gives slurmd a command or a notify of its own, or the arguments
-    hold -D (slurmd refuses it beside --systemd).
+    hold -D (slurmd refuses it beside --systemd). `database` (local_database) puts the built-in mariadbd in the
+    accounting role, before slurmdbd; the config's [supervisor.workers.mariadbd] still wins.
 
     Raises:
         ValueError: a worker of the role without a command, or `daemon_args` for a daemon the role
@@ -84,12 +98,20 @@ def workers_for(role: str, settings: SupervisorSection, daemon_args: tuple[str, 
     # slurmd refuses --systemd with -D ("mutually exclusive") and without a NOTIFY_SOCKET: keep -D then
     if slurmd_notify and (own is None or (own.command is None and own.notify is None)) and "-D" not in daemon_args:
         specs["slurmd"] = dataclasses.replace(specs["slurmd"], **NOTIFY_SLURMD)
+    if database:
+        specs["mariadbd"] = dataclasses.replace(specs["mariadbd"], **database)
+        specs["slurmdbd"] = dataclasses.replace(specs["slurmdbd"], after=("mariadbd",))
     for name, section in settings.workers.items():
         specs[name] = _apply(specs.get(name) or WorkerSpec(name, (), ()), section)
     chosen = [spec for spec in specs.values() if role in spec.roles]
+    names = {spec.name for spec in chosen}
     for spec in chosen:
         if not spec.command:
             raise ValueError(f"supervisor.workers.{spec.name}: runs in role {role} but has no command")
+        spec_after = [name for name in spec.after if name not in names]
+        if spec_after:
+            raise ValueError(f"supervisor.workers.{spec.name}: starts after {', '.join(spec_after)}, which role "
+                             f"{role} does not run")
     if daemon_args:
         daemon = ROLE_DAEMON[role]
         if daemon not in {spec.name for spec in chosen}:

@@ -121,7 +121,7 @@ def test_unreachable_controller_raises_within_the_timeout(running_cluster, json)
 
 
 def test_unreachable_database_raises_within_the_timeout(running_cluster):
-    stopped = daemons.stop(_daemon(running_cluster, "slurmdbd"))
+    stopped = daemons.stop(_daemon(running_cluster, "supervise-accounting"), grace=120.0)  # MariaDB and slurmdbd
     assert stopped
     try:
         slurm = running_cluster.client(timeout=3.0)

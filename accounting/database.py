@@ -1,0 +1,225 @@
+"""The accounting pair's files and storage, made ready before mariadbd and slurmctld start.
+
+`write_config` is `slurm-ext accounting config` and the accounting role's
+first start step: slurmdbd.conf (0600, SlurmUser's), and, when this agent
+runs the database, my.cnf and the start-up SQL that sets slurmdbd's user
+and password (read from a file or the environment, never a command line).
+`prepare_storage` is `check-storage` and the next step: the guard
+(storage.check), MariaDB's first initialisation of an empty datadir, then
+the identity markers.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_ext import command, fileio
+from slurm_ext.config import Config
+from slurm_ext.errors import CommandError, ConfigError
+
+from . import render, slurmconf, storage
+from .settings import PASSWORD_ENV, AccountingSection
+
+__all__ = ["Written", "configured", "password", "cluster_name", "write_config", "guarded_volumes", "prepare_storage",
+           "memory_mib", "slurm_conf_path", "places_of"]
+
+#: what a StoragePass may hold: slurmdbd.conf has no quoting, and '#' starts a comment
+_PASSWORD = re.compile(r"^[!-~]+$")
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    slurmdbd_conf: Path
+    my_cnf: Path | None
+    init_sql: Path | None
+
+
+def slurm_conf_path(config: Config) -> Path:
+    return Path(config.slurm.conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
+
+
+def _slurm_values(config: Config) -> dict[str, str]:
+    path = slurm_conf_path(config)
+    return slurmconf.read(path) if path.exists() else dict(slurmconf.DEFAULTS)
+
+
+def cluster_name(config: Config) -> str:
+    """accounting.cluster, else slurm.conf's ClusterName.
+
+    Raises:
+        ConfigError: neither names one.
+    """
+    name = config.accounting.cluster or _slurm_values(config).get("clustername", "")
+    if not name:
+        raise ConfigError(config.source or "<defaults>", f"no cluster name: set accounting.cluster, or ClusterName "
+                          f"in {slurm_conf_path(config)}", key="accounting.cluster")
+    return name
+
+
+def places_of(config: Config) -> render.Places:
+    return render.places(config.accounting, Path(config.supervisor.runtime_dir))
+
+
+def password(settings: AccountingSection, environ: dict[str, str], source: str = "<defaults>") -> str:
+    """The database password, from accounting.password_file or $SLURM_EXT_DB_PASSWORD.
+
+    Raises:
+        ConfigError: neither gives one, the file cannot be read, or the password cannot go into
+            slurmdbd.conf (spaces, '#', control characters).
+    """
+    if settings.password_file:
+        try:
+            secret = Path(settings.password_file).read_text().strip("\r\n")
+        except OSError as err:
+            raise ConfigError(settings.password_file, f"cannot read the database password: {err.strerror}") from None
+        where = settings.password_file
+    else:
+        secret, where = environ.get(PASSWORD_ENV, ""), f"${PASSWORD_ENV}"
+    if not secret:
+        raise ConfigError(source, f"no database password: {where} is empty; set accounting.password_file (a "
+                          f"Secret's mount) or {PASSWORD_ENV}", key="accounting.password_file")
+    if not _PASSWORD.match(secret) or "#" in secret:
+        raise ConfigError(where, "the database password must be printable ASCII without spaces or '#' "
+                          "(slurmdbd.conf has no quoting)")
+    return secret
+
+
+def memory_mib(settings: AccountingSection, cgroup: Path = Path("/sys/fs/cgroup"),
+               meminfo: Path = Path("/proc/meminfo")) -> int:
+    """accounting.memory, else the container's memory limit, else the host's memory."""
+    if settings.memory:
+        return settings.memory
+    for limit_file in (cgroup / "memory.max", cgroup / "memory" / "memory.limit_in_bytes"):
+        try:
+            text = limit_file.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 1 << 50:  # v1's "no limit" is a huge number
+            return int(text) // (1024 * 1024)
+    try:
+        found = re.search(r"^MemTotal:\s+(\d+) kB", meminfo.read_text(), re.M)
+    except OSError:
+        found = None
+    return int(found.group(1)) // 1024 if found else 1024
+
+
+def _owner(user: str) -> tuple[int, int]:
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        raise ConfigError("slurm.conf", f"SlurmUser {user!r} does not exist on this host") from None
+    return entry.pw_uid, entry.pw_gid
+
+
+def configured(config: Config, environ: dict[str, str] | None = None) -> bool:
+    """Whether slurm-ext writes slurmdbd's files here: it runs the database, or was given its password. An
+    operator who mounts a slurmdbd.conf of their own gives neither, and keeps it."""
+    settings = config.accounting
+    environ = os.environ if environ is None else environ
+    return settings.run_database or bool(settings.password_file) or bool(environ.get(PASSWORD_ENV))
+
+
+def write_config(config: Config, environ: dict[str, str] | None = None) -> Written:
+    """Write slurmdbd.conf and, with run_database, my.cnf and the start-up SQL. Idempotent.
+
+    Raises:
+        ConfigError: no password, an unknown SlurmUser, no mysql user (MariaDB not installed).
+        OSError: a file cannot be written (the message names it).
+    """
+    settings = config.accounting
+    environ = dict(os.environ if environ is None else environ)
+    secret = password(settings, environ, config.source or "<defaults>")
+    values = _slurm_values(config)
+    slurm_user = settings.slurm_user or values["slurmuser"]
+    uid, gid = _owner(slurm_user)
+    conf = Path(settings.slurmdbd_conf) if settings.slurmdbd_conf else slurm_conf_path(config).parent / "slurmdbd.conf"
+    conf.parent.mkdir(parents=True, exist_ok=True)
+    _write(conf, render.slurmdbd_conf(settings, secret, slurm_user, values["authtype"]), 0o600, uid, gid)
+    if not settings.run_database:
+        return Written(conf, None, None)
+    where = places_of(config)
+    try:
+        mysql = pwd.getpwnam("mysql")
+    except KeyError:
+        raise ConfigError(config.source or "<defaults>", "accounting.run_database is set but this host has no "
+                          "mysql user: install mariadb-server", key="accounting.run_database") from None
+    # root's directory, group mysql: the SQL holds the password, and no mysql process may replace a file
+    # root then reads or writes
+    where.etc.mkdir(parents=True, exist_ok=True)
+    os.chown(where.etc, 0, mysql.pw_gid)
+    where.etc.chmod(0o750)
+    for path in (where.volume, where.datadir, where.tmpdir, where.logdir, where.socket.parent):
+        path.mkdir(parents=True, exist_ok=True)
+        if path != where.volume:
+            os.chown(path, mysql.pw_uid, mysql.pw_gid)
+    cnf = where.etc / "my.cnf"
+    _write(cnf, render.my_cnf(settings, where, memory_mib(settings)), 0o640, 0, mysql.pw_gid)
+    sql = where.etc / "init.sql"
+    _write(sql, render.init_sql(settings, secret), 0o640, 0, mysql.pw_gid)
+    return Written(conf, cnf, sql)
+
+
+def _write(path: Path, text: str, mode: int, uid: int, gid: int) -> None:
+    try:
+        if path.read_text() == text and path.stat().st_mode & 0o7777 == mode:
+            os.chown(path, uid, gid)
+            return
+    except (OSError, UnicodeDecodeError):
+        pass
+    fileio.atomic_write(path, text, mode=mode)
+    os.chown(path, uid, gid)
+
+
+def guarded_volumes(config: Config, role: str) -> list[storage.Volume]:
+    """The volumes this host guards for `role`: the database's (run_database), StateSaveLocation (controller),
+    and the other one too where it is on this host, so that their markers are compared."""
+    settings = config.accounting
+    where = places_of(config)
+    database = storage.Volume("database", where.volume, where.marker, (where.datadir / "mysql",))
+    state_dir = Path(settings.state_save_location or _slurm_values(config)["statesavelocation"])
+    state = storage.Volume("state", state_dir, state_dir / storage.MARKER_NAME,
+                           tuple(state_dir / name for name in ("node_state", "job_state", "clustername")))
+    volumes = []
+    if settings.run_database or (role == "controller" and where.datadir.exists()):
+        volumes.append(database)
+    if role == "controller" or state_dir.is_dir():
+        volumes.append(state)
+    return volumes
+
+
+def prepare_storage(config: Config, role: str, allow_ephemeral: bool = False) -> storage.Verdict:
+    """The guard for `role`, MariaDB's first initialisation when the datadir is new, then the markers.
+
+    Raises:
+        StorageRefused: the guard refused (nothing was initialised).
+        ConfigError: no cluster name.
+        CommandError: mariadb-install-db failed.
+    """
+    settings = config.accounting
+    allow = allow_ephemeral or settings.allow_ephemeral
+    volumes = guarded_volumes(config, role)
+    if not volumes:
+        return storage.Verdict(notes=[f"role {role}: no accounting storage on this host to guard (the database "
+                                      f"runs elsewhere: accounting.run_database is off)"])
+    verdict = storage.check(volumes, cluster_name(config), settings.min_free, allow)
+    database = next((v for v in volumes if v.kind == "database"), None)
+    if database is not None and not database.has_data():
+        _initialise(config)
+    storage.commit(verdict)
+    return verdict
+
+
+def _initialise(config: Config) -> None:
+    """mariadb-install-db into the empty datadir, as mysql, with root reachable only through the socket."""
+    where = places_of(config)
+    cnf = where.etc / "my.cnf"
+    try:
+        command.run(["mariadb-install-db", f"--defaults-file={cnf}", "--skip-test-db",
+                     "--auth-root-authentication-method=socket"], 300)
+    except CommandError as err:
+        raise CommandError(err.cmd, err.returncode, err.stderr,
+                           f"initialising the accounting database in {where.datadir} failed: {err}") from None

@@ -1,0 +1,134 @@
+"""`slurm-ext accounting reconcile`: every job end a second witness saw, checked against sacct.
+
+The witness is Slurm's jobcomp/filetxt log: slurmctld appends one line per
+job at its end, straight to a file (JobCompLoc, on the controller's volume),
+not through the DBD agent queue that a slurmctld killed during a database
+outage loses. A job in the witness that sacct does not have, or has without
+its end, is a lost accounting record; `sacctmgr show runawayjobs` lists the
+other kind (jobs the database thinks still run). Either makes the command
+exit 1, with an event (reconcile-missing) and the count for the agent's
+metric.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Callable
+
+from slurm_ext.config import Config
+from slurm_ext.errors import ConfigError
+from slurm_ext.slurm import SlurmClient
+
+from . import slurmconf
+
+__all__ = ["WitnessJob", "Findings", "read_witness", "reconcile", "witness_path"]
+
+_FIELD = re.compile(r"(?:^|\s)(JobId|UserId|JobState|EndTime)=(\S*)")
+#: sacct states of a job that has not ended
+_UNFINISHED = {"PENDING", "RUNNING", "REQUEUED", "RESIZING", "SUSPENDED", "REQUEUE_HOLD", "REQUEUE_FED"}
+
+
+@dataclass(frozen=True, slots=True)
+class WitnessJob:
+    job_id: int
+    state: str
+    end: str
+    user: str
+    #: its line number in the witness
+    line: int
+
+
+@dataclass
+class Findings:
+    witness: Path
+    since: datetime | None
+    #: jobs the witness saw end
+    checked: int = 0
+    #: seen ending by the witness, but sacct has no record or no end
+    missing: list[WitnessJob] = field(default_factory=list)
+    #: `sacctmgr show runawayjobs` lines
+    runaway: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        span = f" since {self.since.isoformat(timespec='seconds')}" if self.since else ""
+        if not self.missing and not self.runaway:
+            return f"reconcile: all {self.checked} job ends in {self.witness}{span} are in sacct; no runaway jobs"
+        return (f"reconcile: {len(self.missing)} of {self.checked} job ends in {self.witness}{span} are missing from "
+                f"sacct; {len(self.runaway)} runaway jobs")
+
+    def as_dict(self) -> dict:
+        return {"witness": str(self.witness), "since": self.since.isoformat() if self.since else None,
+                "checked": self.checked, "missing": [vars_of(j) for j in self.missing], "runaway": self.runaway}
+
+
+def vars_of(job: WitnessJob) -> dict:
+    return {name: getattr(job, name) for name in job.__slots__}
+
+
+def witness_path(config: Config) -> Path:
+    """accounting.witness, else slurm.conf's JobCompLoc when JobCompType is jobcomp/filetxt.
+
+    Raises:
+        ConfigError: no witness is configured.
+    """
+    if config.accounting.witness:
+        return Path(config.accounting.witness)
+    conf = Path(config.slurm.conf or "/etc/slurm/slurm.conf")
+    values = slurmconf.read(conf) if conf.exists() else slurmconf.DEFAULTS
+    if values["jobcomptype"].lower() == "jobcomp/filetxt" and values["jobcomploc"]:
+        return Path(values["jobcomploc"])
+    raise ConfigError(conf, "no job-end witness: set JobCompType=jobcomp/filetxt and JobCompLoc=FILE (on the "
+                      "controller's persistent volume) in slurm.conf, or accounting.witness")
+
+
+def read_witness(path: Path, since: datetime | None = None) -> list[WitnessJob]:
+    """The jobs of a jobcomp/filetxt log that ended at or after `since` (a requeued job: its last end).
+
+    Raises:
+        OSError: the file cannot be read (the caller names it).
+    """
+    jobs: dict[int, WitnessJob] = {}
+    cutoff = since.strftime("%Y-%m-%dT%H:%M:%S") if since else ""
+    with open(path, errors="replace") as lines:
+        for number, line in enumerate(lines, 1):
+            fields = dict(_FIELD.findall(line))
+            if not fields.get("JobId", "").isdigit():
+                continue
+            end = fields.get("EndTime", "")
+            if cutoff and end < cutoff:  # ISO times without an offset compare as text
+                continue
+            job_id = int(fields["JobId"])
+            jobs[job_id] = WitnessJob(job_id, fields.get("JobState", ""), end,
+                                      re.sub(r"\(\d+\)$", "", fields.get("UserId", "")), number)
+    return sorted(jobs.values(), key=lambda j: j.job_id)
+
+
+def reconcile(config: Config, since: datetime | None = None, witness: Path | None = None,
+              slurm: SlurmClient | None = None, emit: Callable[..., dict] = lambda *a, **k: {}) -> Findings:
+    """Compare the witness with sacct (and list runaway jobs).
+
+    Raises:
+        ConfigError: no witness configured, or it cannot be read.
+        SlurmError: sacct or sacctmgr failed (slurmdbd away: reconcile once it is back).
+    """
+    path = witness or witness_path(config)
+    try:
+        seen = read_witness(path, since)
+    except OSError as err:
+        raise ConfigError(path, f"cannot read the job-end witness: {err.strerror}") from None
+    slurm = slurm or SlurmClient(config.slurm)
+    recorded = slurm.accounted_states([job.job_id for job in seen])
+    findings = Findings(path, since, checked=len(seen))
+    findings.missing = [job for job in seen if recorded.get(job.job_id, "PENDING") in _UNFINISHED]
+    findings.runaway = slurm.runaway_jobs()
+    if findings.missing or findings.runaway:
+        shown = " ".join(str(job.job_id) for job in findings.missing[:20])
+        emit("reconcile-missing", findings.summary() + (f": jobs {shown}" if shown else "")
+             + (" ..." if len(findings.missing) > 20 else ""), missing=len(findings.missing),
+             runaway=len(findings.runaway))
+    else:
+        emit("reconcile-clean", findings.summary(), checked=findings.checked)
+    return findings
