@@ -19,7 +19,7 @@ Its config is [accounting] (`settings`); its commands `slurm-ext accounting ...`
 """
 
 __all__ = ["write_config", "configured", "prepare_storage", "places_of", "cluster_name", "password",
-           "PASSWORD_ENV", "AccountingSection", "StorageRefused", "QueueWatch", "backup", "restore", "verify",
+           "PASSWORD_ENV", "AccountingSection", "StorageRefused", "QueueWatch", "SpaceWatch", "guarded_volumes", "backup", "restore", "verify",
            "reconcile"]
 
 # Imported on first use: the core imports this package for its config section, and the node agent for
@@ -27,7 +27,7 @@ __all__ = ["write_config", "configured", "prepare_storage", "places_of", "cluste
 _LAZY = {"write_config": "database", "configured": "database", "prepare_storage": "database",
          "places_of": "database", "cluster_name": "database", "password": "database",
          "PASSWORD_ENV": "settings", "AccountingSection": "settings", "StorageRefused": "storage",
-         "QueueWatch": "queue", "backup": "backup", "restore": "backup", "verify": "backup",
+         "QueueWatch": "queue", "SpaceWatch": "storage", "guarded_volumes": "database", "backup": "backups", "restore": "backups", "verify": "backups",
          "reconcile": "reconcile"}
 
 

@@ -19,7 +19,7 @@ __all__ = ["add_commands"]
 def _config(args: argparse.Namespace) -> int:
     from . import database
     loaded = config.load(args.config)
-    written = database.write_config(loaded)
+    written = database.write_config(loaded, slurmdbd=not args.no_slurmdbd)
     for path in (written.slurmdbd_conf, written.my_cnf, written.init_sql):
         if path:
             print(f"wrote {path}")
@@ -41,9 +41,9 @@ def _emitter(loaded):
 
 
 def _backup(args: argparse.Namespace) -> int:
-    from . import backup
+    from . import backups
     loaded = config.load(args.config)
-    result = backup.backup(loaded, Path(args.to) if args.to else None, args.keep, emit=_emitter(loaded))
+    result = backups.backup(loaded, Path(args.to) if args.to else None, args.keep, emit=_emitter(loaded))
     tables = result.manifest.tables
     print(f"backup {result.path} ({result.manifest.size} bytes, {len(tables)} tables, "
           f"{sum(tables.values())} rows) in {result.seconds:.1f}s; manifest {result.manifest_path}")
@@ -53,18 +53,18 @@ def _backup(args: argparse.Namespace) -> int:
 
 
 def _restore(args: argparse.Namespace) -> int:
-    from . import backup
+    from . import backups
     loaded = config.load(args.config)
-    result = backup.restore(loaded, Path(args.source), emit=_emitter(loaded))
+    result = backups.restore(loaded, Path(args.source), emit=_emitter(loaded))
     print(f"restored {args.source} into database {loaded.accounting.database}: {len(result.tables)} tables, "
           f"{sum(result.tables.values())} rows, in {result.seconds:.1f}s")
     return 0
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from . import backup
+    from . import backups
     loaded = config.load(args.config)
-    result = backup.verify(Path(args.file), emit=_emitter(loaded))
+    result = backups.verify(Path(args.file), emit=_emitter(loaded))
     for problem in result.problems:
         print(f"MISMATCH {problem}", file=sys.stderr)
     rows = sum(found for _, found in result.counts.values())
@@ -104,6 +104,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                              "MariaDB's my.cnf and start-up SQL",
                              description="The password comes from accounting.password_file or "
                                          "$SLURM_EXT_DB_PASSWORD, never from the command line.")
+    sub.add_argument("--no-slurmdbd", action="store_true", help="only MariaDB's files: slurmdbd runs elsewhere")
     sub.set_defaults(func=_config)
 
     sub = actions.add_parser("check-storage", help="the durability guard: refuse tmpfs, a container's layer, a "

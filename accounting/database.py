@@ -33,7 +33,7 @@ _PASSWORD = re.compile(r"^[!-~]+$")
 
 @dataclass(frozen=True, slots=True)
 class Written:
-    slurmdbd_conf: Path
+    slurmdbd_conf: Path | None
     my_cnf: Path | None
     init_sql: Path | None
 
@@ -90,7 +90,8 @@ def password(settings: AccountingSection, environ: dict[str, str], source: str =
 
 def memory_mib(settings: AccountingSection, cgroup: Path = Path("/sys/fs/cgroup"),
                meminfo: Path = Path("/proc/meminfo")) -> int:
-    """accounting.memory, else the container's memory limit, else the host's memory."""
+    """accounting.memory, else the container's memory limit, else a quarter of the host's memory (a host
+    that runs more than the database: its buffer pool is then an eighth)."""
     if settings.memory:
         return settings.memory
     for limit_file in (cgroup / "memory.max", cgroup / "memory" / "memory.limit_in_bytes"):
@@ -104,7 +105,7 @@ def memory_mib(settings: AccountingSection, cgroup: Path = Path("/sys/fs/cgroup"
         found = re.search(r"^MemTotal:\s+(\d+) kB", meminfo.read_text(), re.M)
     except OSError:
         found = None
-    return int(found.group(1)) // 1024 if found else 1024
+    return int(found.group(1)) // 4096 if found else 1024
 
 
 def _owner(user: str) -> tuple[int, int]:
@@ -123,8 +124,9 @@ def configured(config: Config, environ: dict[str, str] | None = None) -> bool:
     return settings.run_database or bool(settings.password_file) or bool(environ.get(PASSWORD_ENV))
 
 
-def write_config(config: Config, environ: dict[str, str] | None = None) -> Written:
-    """Write slurmdbd.conf and, with run_database, my.cnf and the start-up SQL. Idempotent.
+def write_config(config: Config, environ: dict[str, str] | None = None, slurmdbd: bool = True) -> Written:
+    """Write slurmdbd.conf (unless `slurmdbd` is false: it runs elsewhere) and, with run_database, my.cnf and
+    the start-up SQL. Idempotent.
 
     Raises:
         ConfigError: no password, an unknown SlurmUser, no mysql user (MariaDB not installed).
@@ -133,12 +135,14 @@ def write_config(config: Config, environ: dict[str, str] | None = None) -> Writt
     settings = config.accounting
     environ = dict(os.environ if environ is None else environ)
     secret = password(settings, environ, config.source or "<defaults>")
-    values = _slurm_values(config)
-    slurm_user = settings.slurm_user or values["slurmuser"]
-    uid, gid = _owner(slurm_user)
-    conf = Path(settings.slurmdbd_conf) if settings.slurmdbd_conf else slurm_conf_path(config).parent / "slurmdbd.conf"
-    conf.parent.mkdir(parents=True, exist_ok=True)
-    _write(conf, render.slurmdbd_conf(settings, secret, slurm_user, values["authtype"]), 0o600, uid, gid)
+    conf = None
+    if slurmdbd:
+        values = _slurm_values(config)
+        slurm_user = settings.slurm_user or values["slurmuser"]
+        uid, gid = _owner(slurm_user)
+        conf = Path(settings.slurmdbd_conf or slurm_conf_path(config).parent / "slurmdbd.conf")
+        conf.parent.mkdir(parents=True, exist_ok=True)
+        _write(conf, render.slurmdbd_conf(settings, secret, slurm_user, values["authtype"]), 0o600, uid, gid)
     if not settings.run_database:
         return Written(conf, None, None)
     where = places_of(config)
@@ -152,10 +156,8 @@ def write_config(config: Config, environ: dict[str, str] | None = None) -> Writt
     where.etc.mkdir(parents=True, exist_ok=True)
     os.chown(where.etc, 0, mysql.pw_gid)
     where.etc.chmod(0o750)
-    for path in (where.volume, where.datadir, where.tmpdir, where.logdir, where.socket.parent):
-        path.mkdir(parents=True, exist_ok=True)
-        if path != where.volume:
-            os.chown(path, mysql.pw_uid, mysql.pw_gid)
+    where.socket.parent.mkdir(exist_ok=True)  # the volume's directories: prepare_storage, after the guard
+    os.chown(where.socket.parent, mysql.pw_uid, mysql.pw_gid)
     cnf = where.etc / "my.cnf"
     _write(cnf, render.my_cnf(settings, where, memory_mib(settings)), 0o640, 0, mysql.pw_gid)
     sql = where.etc / "init.sql"
@@ -207,19 +209,30 @@ def prepare_storage(config: Config, role: str, allow_ephemeral: bool = False) ->
                                       f"runs elsewhere: accounting.run_database is off)"])
     verdict = storage.check(volumes, cluster_name(config), settings.min_free, allow)
     database = next((v for v in volumes if v.kind == "database"), None)
-    if database is not None and not database.has_data():
-        _initialise(config)
+    if database is not None:
+        _database_dirs(config)
+        if not database.has_data():
+            _initialise(config)
     storage.commit(verdict)
     return verdict
+
+
+def _database_dirs(config: Config) -> None:
+    """MariaDB's datadir, tmpdir and log directory on the volume, mysql's."""
+    where = places_of(config)
+    mysql = pwd.getpwnam("mysql")
+    for path in (where.datadir, where.tmpdir, where.logdir):
+        path.mkdir(parents=True, exist_ok=True)
+        os.chown(path, mysql.pw_uid, mysql.pw_gid)
 
 
 def _initialise(config: Config) -> None:
     """mariadb-install-db into the empty datadir, as mysql, with root reachable only through the socket."""
     where = places_of(config)
-    cnf = where.etc / "my.cnf"
     try:
-        command.run(["mariadb-install-db", f"--defaults-file={cnf}", "--skip-test-db",
+        command.run(["mariadb-install-db", "--user=mysql", f"--datadir={where.datadir}", "--skip-test-db",
                      "--auth-root-authentication-method=socket"], 300)
     except CommandError as err:
-        raise CommandError(err.cmd, err.returncode, err.stderr,
-                           f"initialising the accounting database in {where.datadir} failed: {err}") from None
+        said = " | ".join(err.stderr.splitlines()[-4:]) or str(err)
+        raise CommandError(err.cmd, err.returncode, err.stderr, f"mariadb-install-db could not initialise the "
+                           f"accounting database in {where.datadir} (exit status {err.returncode}): {said}") from None

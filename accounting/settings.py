@@ -36,7 +36,7 @@ class AccountingSection:
                                  f"environment variable {PASSWORD_ENV}. Never on a command line", "path",
                                  empty_ok=True)
     memory: int = setting(0, "MiB of memory given to MariaDB: innodb_buffer_pool_size is half of it (at least "
-                          "128); 0: this host's or container's memory limit", "int", minimum=0, maximum=16777216)
+                          "128); 0: the container's memory limit, else a quarter of the host's memory", "int", minimum=0, maximum=16777216)
     slurm_user: str = setting("", "slurmdbd's SlurmUser, owner of slurmdbd.conf; empty: slurm.conf's SlurmUser "
                               "(Slurm's default: root)", "str", pattern=r"^[a-z_][a-z0-9_-]*$|^$")
     slurmdbd_conf: str = setting("", "where `accounting config` writes slurmdbd.conf; empty: beside slurm.conf, "
@@ -48,8 +48,8 @@ class AccountingSection:
     dbd_port: int = setting(6819, "slurmdbd's DbdPort", "int", minimum=1, maximum=65535)
     state_save_location: str = setting("", "slurmctld's StateSaveLocation, which the controller role guards; "
                                        "empty: slurm.conf's", "path", empty_ok=True)
-    allow_ephemeral: bool = setting(False, "let the storage guard accept tmpfs, a container's own layer or a "
-                                    "volume with no identity: for demos only, and every line of the guard says so",
+    allow_ephemeral: bool = setting(False, "let the storage guard accept tmpfs or a container's own layer: "
+                                    "for demos only, and every line of the guard says so",
                                     "bool")
     min_free: int = setting(1024, "MiB that must be free on the volume and on StateSaveLocation at start", "int",
                             minimum=0, maximum=16777216)

@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import secrets
+import threading
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -35,12 +37,14 @@ from pathlib import Path
 from slurm_ext import fileio
 from slurm_ext.errors import SlurmExtError
 
-__all__ = ["MARKER_NAME", "Volume", "Identity", "Verdict", "StorageRefused", "check", "commit", "filesystem_of", "EPHEMERAL_NOTE"]
+log = logging.getLogger("accounting")
+
+__all__ = ["MARKER_NAME", "MEMORY_FS", "SpaceWatch", "free_mib", "Volume", "Identity", "Verdict", "StorageRefused", "check", "commit", "filesystem_of", "EPHEMERAL_NOTE"]
 
 #: the identity marker's file name, at the top of each guarded volume
 MARKER_NAME = "slurm-ext-volume.json"
 #: file systems whose content dies with the host's memory or with the container
-_MEMORY_FS = frozenset({"tmpfs", "ramfs"})
+MEMORY_FS = frozenset({"tmpfs", "ramfs"})
 _CONTAINER_FS = frozenset({"overlay", "aufs", "fuse-overlayfs"})
 #: what every line of a guard told to accept ephemeral storage starts with
 EPHEMERAL_NOTE = "EPHEMERAL STORAGE ALLOWED (allow_ephemeral, for demos): accounting history is lost with it"
@@ -229,7 +233,7 @@ def _check_filesystem(volume: Volume, allow_ephemeral: bool, mountinfo: Path, ve
         raise StorageRefused(f"{volume.name} {volume.path}: cannot create it: {err.strerror}") from None
     fstype = filesystem_of(volume.path, mountinfo)
     problem = ""
-    if fstype in _MEMORY_FS:
+    if fstype in MEMORY_FS:
         problem = f"is on {fstype}, which lives in memory: everything in it is lost when the host or pod restarts"
     elif fstype in _CONTAINER_FS:
         problem = (f"is on the container's own layer ({fstype}): everything in it is lost when the container is "
@@ -274,9 +278,54 @@ def _why(err: OSError) -> str:
     return err.strerror or str(err)
 
 
+def free_mib(path: Path) -> int:
+    stat = os.statvfs(path)
+    return stat.f_bavail * stat.f_frsize // (1024 * 1024)
+
+
 def _check_free(volume: Volume, min_free_mib: int) -> None:
-    stat = os.statvfs(volume.path)
-    free = stat.f_bavail * stat.f_frsize // (1024 * 1024)
+    free = free_mib(volume.path)
     if free < min_free_mib:
         raise StorageRefused(f"{volume.name} {volume.path}: only {free} MiB free, {min_free_mib} MiB needed "
                              f"(accounting.min_free): free space on the volume or grow it")
+
+
+class SpaceWatch(threading.Thread):
+    """While the daemons run: free space on each guarded volume, read every `interval` seconds.
+
+    A full volume does not stop MariaDB or slurmctld with a clear word: MariaDB waits for space, slurmdbd's
+    writes hang and the records pile up in slurmctld's memory. This says which volume, once, when its free
+    space falls below `min_free_mib` (storage-low), and again when it is back (storage-ok)."""
+
+    def __init__(self, volumes: list[Volume], min_free_mib: int, emit, interval: float = 30.0):
+        super().__init__(name="storage-watch", daemon=True)
+        self.volumes, self.min_free, self.emit, self.interval = volumes, min_free_mib, emit, interval
+        self.low: set[str] = set()
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            for volume in self.volumes:
+                if not volume.path.is_dir():  # not made yet (slurmctld makes its own at first start)
+                    continue
+                try:
+                    self.look(volume)
+                except OSError as err:
+                    log.warning("%s %s: cannot read its free space: %s", volume.name, volume.path, err.strerror)
+            self._stop.wait(self.interval)
+
+    def look(self, volume: Volume) -> None:
+        free = free_mib(volume.path)
+        key = str(volume.path)
+        if free < self.min_free and key not in self.low:
+            self.low.add(key)
+            self.emit("storage-low", f"{volume.name} {volume.path}: {free} MiB free, below accounting.min_free "
+                      f"({self.min_free} MiB): free space or grow the volume now; when it is full the database "
+                      f"stops writing and slurmctld holds every accounting record in memory", severity="error",
+                      volume=key, free_mib=free)
+        elif free >= self.min_free and key in self.low:
+            self.low.discard(key)
+            self.emit("storage-ok", f"{volume.name} {volume.path}: {free} MiB free again", volume=key, free_mib=free)

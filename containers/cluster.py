@@ -170,7 +170,8 @@ class ContainerCluster:
         self._agent_config("controller", f"[supervisor.ports]\ncontroller = {AGENT_PORTS['controller']}\n")
         self._agent_config("accounting", f"[supervisor.ports]\naccounting = {AGENT_PORTS['accounting']}\n")
         self._agent_config("mariadb", (HERE / "mariadb" / "slurm-ext.toml").read_text()
-                           .replace("accounting = 9814", f"accounting = {AGENT_PORTS['mariadb']}"))
+                           .replace("accounting = 9814", f"accounting = {AGENT_PORTS['mariadb']}")
+                           .replace("db_port = 3306", f'db_port = {MARIADB_PORT}\ncluster = "{CLUSTER}"\nmemory = 512'))
 
     def _agent_config(self, name: str, text: str) -> Path:
         directory = self.root / f"ext-{name}"
@@ -190,14 +191,7 @@ class ContainerCluster:
     def start(self) -> ContainerCluster:
         self._write_files()
         self._volume("mariadb")
-        self._run("mariadb", "mariadb", volumes={
-            f"{self.prefix}-mariadb": {"bind": "/var/lib/mysql", "mode": "rw"},
-            str(self.root / "ext-mariadb"): {"bind": "/etc/slurm-ext", "mode": "ro"}},
-            environment={"SLURM_EXT_CONFIG": "/etc/slurm-ext/slurm-ext.toml", "MARIADB_PORT": str(MARIADB_PORT),
-                         "MARIADB_PASSWORD": self._db_password})
-        self._run("accounting", "accounting", volumes={
-            str(self.root / "dbd"): {"bind": "/etc/slurm", "mode": "ro"},
-            str(self.root / "ext-accounting"): {"bind": "/etc/slurm-ext", "mode": "ro"}})
+        self.start_accounting()
         self._run("controller", "controller", volumes={
             str(self.root / "etc"): {"bind": "/etc/slurm", "mode": "ro"},
             str(self.root / "ext-controller"): {"bind": "/etc/slurm-ext", "mode": "ro"}})
@@ -208,6 +202,17 @@ class ContainerCluster:
             self.start_worker(index, gpus)
         self.wait_registered(list(self.workers.values()))
         return self
+
+    def start_accounting(self) -> None:
+        """MariaDB on the cluster's database volume (made by start()) and slurmdbd: also to re-create them."""
+        self._run("mariadb", "mariadb", volumes={
+            f"{self.prefix}-mariadb": {"bind": "/var/lib/slurm-ext/accounting", "mode": "rw"},
+            str(self.root / "ext-mariadb"): {"bind": "/etc/slurm-ext", "mode": "ro"}},
+            environment={"SLURM_EXT_CONFIG": "/etc/slurm-ext/slurm-ext.toml",
+                         "SLURM_EXT_DB_PASSWORD": self._db_password})
+        self._run("accounting", "accounting", volumes={
+            str(self.root / "dbd"): {"bind": "/etc/slurm", "mode": "ro"},
+            str(self.root / "ext-accounting"): {"bind": "/etc/slurm-ext", "mode": "ro"}})
 
     def wait_registered(self, workers: list[Worker], timeout: float = 30) -> None:
         """Poll slurmctld for all `workers` at once, noting when each was first seen idle."""

@@ -144,6 +144,9 @@ _ENTRIES = (
     EventName("storage-checked", _SUPERVISOR, "info",
               "the durability guard accepted a database volume or StateSaveLocation (and marked a new one); "
               "a warning when ephemeral storage was allowed"),
+    EventName("storage-low", _ACCOUNTING, "error",
+              "a guarded volume (the database's, StateSaveLocation) has less free space than accounting.min_free"),
+    EventName("storage-ok", _ACCOUNTING, "info", "a volume that was low on space has accounting.min_free again"),
     EventName("dbd-queue-growing", _ACCOUNTING, "warning",
               "slurmctld has held accounting records for slurmdbd for a minute (sdiag's DBD agent queue above 0): "
               "slurmdbd or its database is away"),

@@ -45,7 +45,7 @@ from pathlib import Path
 
 from slurm_ext import command, config as config_mod, events, fileio
 from slurm_ext.config import Config
-from slurm_ext.errors import CommandError, ConfigError
+from slurm_ext.errors import CommandError, ConfigError, SlurmExtError
 from slurm_ext.procfs import all_stats, read_stat
 from slurm_ext.slurm import SlurmClient
 
@@ -180,6 +180,8 @@ class Agent:
         self._stop_drain: tuple[object, float] | None = None
         #: the controller's watch on slurmctld's queue of accounting records (accounting.QueueWatch)
         self.queue_watch = None
+        #: the accounting and controller roles' watch on their volumes' free space (accounting.SpaceWatch)
+        self.space_watch = None
         self._apply_config(self._fit_to_slurmd(config), first=True)
         self.node = self.config.node.slurm_name
 
@@ -299,12 +301,25 @@ class Agent:
                                     on_change=functools.partial(_poke, self._wakeup_w),
                                     runs_slurmd=any(w.spec.ready == "slurm-node" for w in self.workers))
         self.liaison.start()
+        if self.role in ("controller", "accounting"):
+            self._watch_accounting(slurm)
+
+    def _watch_accounting(self, slurm: SlurmClient) -> None:
+        """The controller reads slurmctld's queue of accounting records; both roles watch their volumes' space."""
+        from slurm_ext import accounting
+        a = self.config.accounting
+        emit = events.emitter(self.config.node.state_dir, "accounting", role=self.role)
         if self.role == "controller":
-            from slurm_ext.accounting import QueueWatch
-            a = self.config.accounting
-            self.queue_watch = QueueWatch(slurm, a.queue_interval, a.queue_alert_after,
-                                          events.emitter(self.config.node.state_dir, "accounting", role=self.role))
+            self.queue_watch = accounting.QueueWatch(slurm, a.queue_interval, a.queue_alert_after, emit)
             self.queue_watch.start()
+        try:
+            volumes = accounting.guarded_volumes(self.config, self.role)
+        except SlurmExtError as err:
+            log.warning("accounting: not watching the volumes' free space: %s", err)
+            return
+        if volumes:
+            self.space_watch = accounting.SpaceWatch(volumes, a.min_free, emit)
+            self.space_watch.start()
 
     # -- the loop -----------------------------------------------------------------
 
@@ -756,8 +771,9 @@ class Agent:
     def _teardown(self) -> None:
         if self.liaison:
             self.liaison.stop()
-        if self.queue_watch:
-            self.queue_watch.stop()
+        for watch in (self.queue_watch, self.space_watch):
+            if watch:
+                watch.stop()
         if self.http:
             self.http.close()
         for worker in self.workers:

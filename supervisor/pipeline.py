@@ -131,7 +131,9 @@ def accounting_config(context: StepContext) -> None:
         log.info("accounting: no database password given (accounting.password_file, $%s) and no database to "
                  "run: slurmdbd.conf is left as it is", accounting.PASSWORD_ENV)
         return
-    written = accounting.write_config(context.config)
+    from .workers import workers_for
+    runs_slurmdbd = "slurmdbd" in {spec.name for spec in workers_for(context.role, context.config.supervisor)}
+    written = accounting.write_config(context.config, slurmdbd=runs_slurmdbd)
     log.info("accounting: wrote %s", ", ".join(str(p) for p in (written.slurmdbd_conf, written.my_cnf) if p))
 
 

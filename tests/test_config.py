@@ -150,7 +150,8 @@ def test_every_section_in_file_order_each_declared_by_its_owner():
     assert owners == {"node": "slurm_ext.config", "log": "slurm_ext.config", "slurm": "slurm_ext.config",
                       "supervisor": "slurm_ext.supervisor.settings",
                       "prolog_epilog": "slurm_ext.prolog_epilog.settings",
-                      "gres": "slurm_ext.gres.settings", "dev": "slurm_ext.devcluster.settings"}
+                      "gres": "slurm_ext.gres.settings", "accounting": "slurm_ext.accounting.settings",
+                      "dev": "slurm_ext.devcluster.settings"}
     assert list(owners) == list(config.section_names())
 
 

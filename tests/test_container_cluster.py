@@ -120,6 +120,26 @@ def test_jobs_see_only_their_gpus_and_the_epilog_kills_an_escaped_daemon(ccluste
     wait_for("every job COMPLETED in sacct", accounted, timeout=30, interval=0.5)
 
 
+def test_the_accounting_pair_recreated_on_its_volume_keeps_the_history(ccluster):
+    """MariaDB's and slurmdbd's containers removed and made anew on the same Docker volume: every job is
+    still in sacct, and the storage guard found the volume it had marked (no first initialisation)."""
+    job_id = ccluster.sbatch("-o", "/dev/null", "--wrap", "true")
+
+    def listed() -> dict[str, str]:
+        code, text = ccluster.exec("controller", "sacct", "-X", "-n", "-a", "-P", "-o", "jobid,state", check=False)
+        return dict(line.split("|") for line in text.split()) if code == 0 else {}
+    wait_for(f"job {job_id} COMPLETED in sacct", lambda: listed().get(str(job_id)) == "COMPLETED", timeout=60,
+             interval=0.5)
+    before = listed()
+    for name in ("accounting", "mariadb"):
+        ccluster.remove(name)
+    ccluster.start_accounting()
+    wait_for("sacct answering again with the same history", lambda: listed() == before, timeout=90, interval=1.0)
+    checked = [e["message"] for e in ccluster.events("mariadb", "storage-checked")]
+    assert any(": OK (" in note for note in checked), checked
+    assert not any("first initialisation" in note for note in checked), checked
+
+
 def test_slurmd_killed_in_a_worker_comes_back_in_the_same_container_and_its_job_completes(ccluster):
     worker = ccluster.workers[min(ccluster.workers)]
     job_id = ccluster.sbatch("-w", worker.node, "-o", "/dev/null", "--wrap", "sleep 6")

@@ -48,21 +48,35 @@ def _poll(cmd: list[str], env: dict, expect: str = "", timeout: float = 60.0) ->
     raise SystemExit(f"baseline: {' '.join(cmd)} never answered {expect!r}")
 
 
-def time_by_hand(settings: DevSection) -> float:
-    """The recipe's way: start each daemon, poll until it answers, next."""
+def time_by_hand(settings: DevSection) -> tuple[float, list[subprocess.Popen]]:
+    """The recipe's way: start each daemon (in the foreground, so that its PID is ours to stop), poll until
+    it answers, next. The files are those the agents wrote in the `dev up` before."""
     layout = Layout(settings)
     env = layout.daemon_environ()
+    my_cnf = layout.runtime_dir / "accounting" / "my.cnf"
     started = time.perf_counter()
-    with open(layout.log / "mariadbd.out", "ab") as out:
-        subprocess.Popen(["mariadbd", f"--defaults-file={layout.my_cnf}"], env=env, stdout=out,
-                         stderr=out, start_new_session=True)
-    _poll(["mariadb", f"--defaults-file={layout.my_cnf}", "-e", "select 1"], env)
-    subprocess.run(["slurmdbd"], env=env, check=True)
-    _poll(["sacctmgr", "-n", "show", "cluster"], env)
-    subprocess.run(["slurmctld"], env=env, check=True)
-    subprocess.run(["slurmd", "-N", settings.node_name], env=env, check=True)
-    _poll(["sinfo", "-h", "-n", settings.node_name, "-o", "%T"], env, expect="idle")
-    return time.perf_counter() - started
+    procs = []
+    with open(layout.log / "by-hand.out", "ab") as out:
+        def start(*argv: str) -> None:
+            procs.append(subprocess.Popen(argv, env=env, stdout=out, stderr=out, start_new_session=True))
+        start("mariadbd", f"--defaults-file={my_cnf}")
+        _poll(["mariadb", f"--defaults-file={my_cnf}", "-e", "select 1"], env)
+        start("slurmdbd", "-D")
+        _poll(["sacctmgr", "-n", "show", "cluster"], env)
+        start("slurmctld", "-D")
+        start("slurmd", "-D", "-N", settings.node_name)
+        _poll(["sinfo", "-h", "-n", settings.node_name, "-o", "%T"], env, expect="idle")
+    return time.perf_counter() - started, procs
+
+
+def stop_by_hand(procs: list[subprocess.Popen]) -> None:
+    for proc in reversed(procs):
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def main() -> None:
@@ -82,7 +96,9 @@ def main() -> None:
             # munged is left running for the baseline, as the recipe's machine has it
             munged = cluster_daemons(Layout(settings))[0]
             daemons.start(munged, Layout(settings).daemon_environ(), 30)
-            baseline.append(time_by_hand(settings))
+            elapsed, procs = time_by_hand(settings)
+            baseline.append(elapsed)
+            stop_by_hand(procs)
             dev.down(settings)
         ratio = statistics.median(ours) / statistics.median(baseline)
         print(f"dev up from nothing (first run, database initialised): {first:.2f} s")

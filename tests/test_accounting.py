@@ -1,0 +1,247 @@
+"""Durable accounting's pure parts: the guard's rules on real directories, the files it renders, the
+queue alarm, the witness. The daemons themselves: test_accounting_cluster.py and test_accounting_backup.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from conftest import wait_for
+from slurm_ext import config
+from slurm_ext.accounting import render, slurmconf, storage
+from slurm_ext.accounting.database import guarded_volumes, memory_mib, password
+from slurm_ext.accounting.queue import QueueAlarm
+from slurm_ext.accounting.reconcile import read_witness
+from slurm_ext.accounting.settings import AccountingSection
+from slurm_ext.errors import ConfigError
+from slurm_ext.supervisor.workers import local_database, workers_for
+
+
+def _volumes(root: Path) -> tuple[storage.Volume, storage.Volume]:
+    database = storage.Volume("database", root / "db", root / "db" / storage.MARKER_NAME, (root / "db/mysql/mysql",))
+    state = storage.Volume("state", root / "ctld", root / "ctld" / storage.MARKER_NAME, (root / "ctld/job_state",))
+    return database, state
+
+
+def _first_start(root: Path) -> tuple[storage.Volume, storage.Volume]:
+    database, state = _volumes(root)
+    verdict = storage.check([database, state], "c1", 0)
+    (root / "db/mysql/mysql").mkdir(parents=True)  # what mariadb-install-db makes before commit
+    storage.commit(verdict)
+    return database, state
+
+
+def test_first_initialisation_marks_both_volumes_with_one_id(tmp_path):
+    database, state = _first_start(tmp_path)
+    one, two = (json.loads(v.marker.read_text()) for v in (database, state))
+    assert one["id"] == two["id"] and one["cluster"] == two["cluster"] == "c1"
+    assert (one["kind"], two["kind"]) == ("database", "state")
+    again = storage.check([database, state], "c1", 0)
+    assert again.to_mark == [] and any(": OK (" in note for note in again.notes)
+
+
+def test_a_database_volume_replaced_by_an_empty_one_is_refused_and_left_empty(tmp_path):
+    database, state = _first_start(tmp_path)
+    os.rename(database.path, tmp_path / "aside")
+    database.path.mkdir()
+    with pytest.raises(storage.StorageRefused, match="replaced by an empty one or lost") as refused:
+        storage.check([database, state], "c1", 0)
+    assert str(database.path) in str(refused.value) and "restore" in str(refused.value)
+    assert list(database.path.iterdir()) == []
+
+
+def test_a_marker_without_its_database_is_refused(tmp_path):
+    database, state = _first_start(tmp_path)
+    (tmp_path / "db/mysql/mysql").rmdir()
+    with pytest.raises(storage.StorageRefused, match="its data is gone"):
+        storage.check([database], "c1", 0)
+
+
+def test_markers_that_disagree_and_another_clusters_volume_are_refused(tmp_path):
+    database, state = _first_start(tmp_path)
+    marker = json.loads(state.marker.read_text())
+    state.marker.write_text(json.dumps({**marker, "id": "0000"}))
+    with pytest.raises(storage.StorageRefused, match="disagree"):
+        storage.check([database, state], "c1", 0)
+    with pytest.raises(storage.StorageRefused, match="belongs to another cluster"):
+        storage.check([database], "c2", 0)
+
+
+def test_a_damaged_marker_names_its_file(tmp_path):
+    database, _ = _first_start(tmp_path)
+    database.marker.write_text("{not json")
+    with pytest.raises(storage.StorageRefused, match=str(database.marker)):
+        storage.check([database], "c1", 0)
+
+
+def test_data_from_before_the_guard_is_adopted(tmp_path):
+    database, state = _volumes(tmp_path)
+    (tmp_path / "db/mysql/mysql").mkdir(parents=True)
+    verdict = storage.check([database, state], "c1", 0)
+    assert any("from before slurm-ext guarded it" in note for note in verdict.notes)
+
+
+def test_overlay_and_tmpfs_are_refused_unless_allowed(tmp_path):
+    database, _ = _volumes(tmp_path)
+    mountinfo = tmp_path / "mountinfo"
+    for fstype, words in (("overlay", "container's own layer"), ("tmpfs", "lives in memory")):
+        mountinfo.write_text(f"1 0 0:1 / / rw - ext4 /dev/vda rw\n2 1 0:2 / {tmp_path} rw - {fstype} x rw\n")
+        with pytest.raises(storage.StorageRefused, match=words):
+            storage.check([database], "c1", 0, mountinfo=mountinfo)
+        allowed = storage.check([database], "c1", 0, allow_ephemeral=True, mountinfo=mountinfo)
+        assert allowed.notes and all(n.startswith(storage.EPHEMERAL_NOTE) for n in allowed.notes)
+
+
+def test_too_little_free_space_says_how_much(tmp_path):
+    database, _ = _volumes(tmp_path)
+    with pytest.raises(storage.StorageRefused, match=r"only \d+ MiB free, 1073741824 MiB needed"):
+        storage.check([database], "c1", 1 << 30)
+
+
+def test_my_cnf_follows_slurms_advice_and_keeps_everything_on_the_volume():
+    settings = AccountingSection(volume="/data/acct", db_port=3307)
+    where = render.places(settings, Path("/run/x"))
+    text = render.my_cnf(settings, where, 8192)
+    for line in ("datadir=/data/acct/mysql", "tmpdir=/data/acct/tmp", "log-error=/data/acct/log/mariadbd.err",
+                 "innodb_buffer_pool_size=4096M", "innodb_log_file_size=1024M", "innodb_lock_wait_timeout=900",
+                 "max_allowed_packet=64M", "innodb_snapshot_isolation=OFF", "port=3307"):
+        assert line in text.splitlines(), line
+    assert "innodb_buffer_pool_size=128M" in render.my_cnf(settings, where, 100)
+
+
+def test_the_password_is_quoted_for_sql_and_refused_where_slurmdbd_conf_cannot_hold_it(tmp_path):
+    sql = render.init_sql(AccountingSection(), "it's\\x")
+    assert "IDENTIFIED BY 'it''s\\\\x'" in sql and "innodb" not in sql
+    secret = tmp_path / "pw"
+    secret.write_text("has space\n")
+    with pytest.raises(ConfigError, match="printable ASCII without spaces"):
+        password(AccountingSection(password_file=str(secret)), {})
+    with pytest.raises(ConfigError, match="SLURM_EXT_DB_PASSWORD"):
+        password(AccountingSection(), {})
+    assert password(AccountingSection(), {"SLURM_EXT_DB_PASSWORD": "s3cret"}) == "s3cret"
+    conf = render.slurmdbd_conf(AccountingSection(), "s3cret", "slurm", "auth/slurm")
+    assert "StoragePass=s3cret" in conf and "AuthType=auth/slurm" in conf and "SlurmUser=slurm" in conf
+
+
+def test_memory_comes_from_the_setting_the_cgroup_limit_or_a_quarter_of_the_host(tmp_path):
+    assert memory_mib(AccountingSection(memory=2048)) == 2048
+    (tmp_path / "memory.max").write_text(f"{4 << 30}\n")
+    assert memory_mib(AccountingSection(), cgroup=tmp_path) == 4096
+    (tmp_path / "memory.max").write_text("max\n")
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       16777216 kB\n")
+    assert memory_mib(AccountingSection(), cgroup=tmp_path, meminfo=meminfo) == 4096
+
+
+def test_slurm_conf_values_follow_includes_and_keep_slurms_defaults(tmp_path):
+    (tmp_path / "more.conf").write_text("JobCompLoc=/spool/jobcomp.log\n")
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=c1 # ours\nstatesavelocation=/spool\nInclude more.conf\n"
+                    "NodeName=n1 CPUs=2 State=UNKNOWN\n")
+    values = slurmconf.read(conf)
+    assert values["clustername"] == "c1" and values["statesavelocation"] == "/spool"
+    assert values["jobcomploc"] == "/spool/jobcomp.log" and values["slurmuser"] == "root"
+    assert "nodename" not in values
+
+
+def test_guarded_volumes_per_role(tmp_path):
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(f"ClusterName=c1\nStateSaveLocation={tmp_path / 'ctld'}\n")
+    loaded = config.Config(slurm=config.SlurmSection(conf=str(conf)),
+                           accounting=AccountingSection(volume=str(tmp_path / "acct"), run_database=True))
+    assert [v.kind for v in guarded_volumes(loaded, "accounting")] == ["database"]
+    (tmp_path / "ctld").mkdir()
+    assert [v.kind for v in guarded_volumes(loaded, "accounting")] == ["database", "state"]
+    assert [v.kind for v in guarded_volumes(loaded, "controller")] == ["database", "state"]
+
+
+def test_the_queue_alarm_speaks_once_per_threshold_and_when_the_outage_ends():
+    alarm = QueueAlarm(alert_after=60)
+    assert alarm.observe(5, 10000, now=0) == []
+    assert [a.event for a in alarm.observe(9, 10000, now=61)] == ["dbd-queue-growing"]
+    assert alarm.observe(12, 10000, now=70) == []
+    assert [a.event for a in alarm.observe(5000, 10000, now=80)] == ["dbd-queue-half-full"]
+    assert alarm.observe(6000, 10000, now=90) == []
+    drained = alarm.observe(0, 10000, now=100)
+    assert [a.event for a in drained] == ["dbd-queue-drained"] and "100s" in drained[0].message
+    assert alarm.observe(0, 10000, now=101) == [] and alarm.observe(1, 10000, now=102) == []
+
+
+def test_the_witness_keeps_each_jobs_last_end_since_a_time(tmp_path):
+    log = tmp_path / "jobcomp.log"
+    log.write_text(
+        "JobId=7 UserId=alice(1001) GroupId=a(1) Name=a b JobState=COMPLETED Partition=p EndTime=2026-01-01T10:00:00 x\n"
+        "garbage line\n"
+        "JobId=8 UserId=bob(1002) GroupId=b(2) Name=x JobState=FAILED Partition=p EndTime=2026-01-02T10:00:00 x\n"
+        "JobId=7 UserId=alice(1001) GroupId=a(1) Name=a JobState=TIMEOUT Partition=p EndTime=2026-01-03T10:00:00 x\n")
+    jobs = read_witness(log)
+    assert [(j.job_id, j.state, j.user, j.line) for j in jobs] == [(7, "TIMEOUT", "alice", 4), (8, "FAILED", "bob", 3)]
+    assert [j.job_id for j in read_witness(log, since=datetime(2026, 1, 2, 12))] == [7]
+
+
+def test_slurmdbd_starts_after_its_database_when_the_agent_runs_one():
+    supervisor = config.Config().supervisor
+    specs = {s.name: s for s in workers_for("accounting", supervisor, database=local_database("/c", "/i"))}
+    assert list(specs) == ["mariadbd", "slurmdbd"]
+    assert specs["slurmdbd"].after == ("mariadbd",) and specs["mariadbd"].ready == "notify"
+    assert specs["mariadbd"].command == ("mariadbd", "--defaults-file=/c", "--init-file=/i")
+    assert [s.name for s in workers_for("accounting", supervisor)] == ["slurmdbd"]
+    own = config.from_dict({"supervisor": {"workers": {"x": {"roles": ["login"], "command": ["true"],
+                                                             "after": ["nothere"]}}}})
+    with pytest.raises(ValueError, match="starts after nothere"):
+        workers_for("login", own.supervisor)
+
+
+def test_the_controller_agent_holds_sigkill_while_slurmctld_holds_records_and_says_so_when_it_must(agents, tmp_path):
+    """A slurmctld stand-in that ignores SIGTERM, with sdiag saying 7 records are queued: past its stop grace
+    the agent holds SIGKILL until accounting.stop_deadline (slurmctld-stop-held), then kills it loudly. (On
+    real daemons: test_accounting_cluster's clean stop keeps every record.)"""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for name, text in (("sdiag", "echo 'DBD Agent queue size: 7'"), ("scontrol", "echo 'MaxDBDMsgs              = 20000'"),
+                       ("slurmctld", "trap '' TERM; while :; do sleep 0.1; done")):
+        (tools / name).write_text(f"#!/bin/sh\n{text}\n")
+        (tools / name).chmod(0o755)
+    agent = agents(f"""
+        [accounting]
+        stop_deadline = "3s"
+        queue_interval = "1s"
+        state_save_location = "{tmp_path / 'ctld'}"
+        min_free = 0
+        cluster = "c1"
+        [supervisor.workers.slurmctld]
+        command = ["{tools / 'slurmctld'}"]
+        stop_grace = "500ms"
+        """, role="controller", slurm=f'bin_dir = "{tools}"')
+    def scraped() -> str:
+        try:
+            return agent.get("/metrics")[1]
+        except OSError:  # not listening yet
+            return ""
+    wait_for("the queue read", lambda: "slurm_ext_accounting_dbd_queue{" in scraped(), timeout=20, interval=0.2)
+    assert agent.metric("slurm_ext_accounting_dbd_queue", role="controller") == 7
+    started = time.monotonic()
+    assert agent.stop(timeout=30) == 1  # SIGKILL was needed in the end
+    took = time.monotonic() - started
+    events = {e["event"]: e for e in agent.journal()}
+    assert events["slurmctld-stop-held"]["queued"] == 7, events.get("slurmctld-stop-held")
+    killed = events["slurmctld-killed-with-records"]
+    assert killed["severity"] == "error" and "LOST" in killed["message"] and "reconcile" in killed["message"]
+    assert 3.0 <= took < 10.0, took
+
+
+def test_definers_are_found_in_either_quoting():
+    """mariadb-dump writes a trigger's definer in backquotes and a routine's in double quotes (ANSI_QUOTES):
+    restore must see both to refuse, before loading anything, what it could not create."""
+    from slurm_ext.accounting.dumpfile import RowCounter
+    counter = RowCounter()
+    counter.feed(b"/*!50003 CREATE*/ /*!50017 DEFINER=`root`@`localhost`*/ /*!50003 TRIGGER t BEFORE INSERT ON x "
+                 b"FOR EACH ROW SET @a = 1 */;\nDELIMITER ;;\nCREATE DEFINER=\"slurm\"@\"%\" PROCEDURE \"p\"()\n"
+                 b"BEGIN END ;;\nDELIMITER ;\n-- Dump completed on 2026-12-01 17:56:18\n")
+    counter.finish()
+    assert counter.definers == {"root@localhost", "slurm@%"}

@@ -1,0 +1,353 @@
+"""Durable accounting on the real cluster (issue 12): MariaDB and slurmdbd under the accounting agent,
+the storage guard, Slurm's own loss of queued records and `reconcile` catching it.
+
+A cluster of its own (ports, names and state directory apart from the session's), with MinJobAge=2 so
+that slurmctld forgets finished jobs within a purge cycle (about a minute): what a slurmctld killed during
+a database outage then loses is exactly its in-memory queue, as on a cluster whose outage outlasts
+MinJobAge's default of five minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import replace
+from datetime import datetime
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import TEST_CLUSTER, Cluster, cli, temp_dir, wait_for
+from slurm_ext import config as config_mod, devcluster as dev
+from slurm_ext.accounting import reconcile as reconciling
+from slurm_ext.devcluster import daemons
+from slurm_ext.devcluster.cluster import cluster_daemons
+from slurm_ext.errors import DevClusterError, SlurmError
+
+pytestmark = pytest.mark.cluster
+
+ACCOUNTING_CLUSTER = {**TEST_CLUSTER, "cluster_name": "slurmextacct", "node_name": "acctnode1",
+                      "slurmctld_port": 17817, "slurmd_port": 17818, "slurmdbd_port": 17819, "mariadb_port": 13308,
+                      "controller_probe_port": 19821, "worker_probe_port": 19820, "accounting_probe_port": 19822,
+                      "gpu_count": 0, "min_job_age": 2}
+FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
+         "DEADLINE"}
+
+
+@pytest.fixture(scope="module")
+def acct():
+    state_dir = tempfile.mkdtemp(prefix="slurm-ext-acct-")
+    os.chmod(state_dir, 0o755)
+    settings = dev.DevSection(state_dir=state_dir, **ACCOUNTING_CLUSTER)
+    try:
+        dev.up(settings)
+        yield Cluster(settings)
+    finally:
+        dev.down(settings)
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def _daemon(cluster: Cluster, name: str):
+    return next(d for d in cluster_daemons(cluster.layout) if d.name == name)
+
+
+def _agent_worker(cluster: Cluster, role: str, name: str) -> int | None:
+    """The pid of worker `name` (mariadbd, slurmdbd, slurmctld) under `role`'s agent."""
+    agent = daemons.running_pid(_daemon(cluster, f"supervise-{role}"))
+    if not agent:
+        return None
+    for child in psutil.Process(agent).children():
+        try:
+            if child.name() == name and child.status() != psutil.STATUS_ZOMBIE:
+                return child.pid
+        except psutil.NoSuchProcess:
+            continue
+    return None
+
+
+def _kill_and_wait_back(cluster: Cluster, names: list[str]) -> None:
+    """SIGKILL the accounting workers `names` at once; wait until the agent has each running anew."""
+    old = {name: _agent_worker(cluster, "accounting", name) for name in names}
+    assert all(old.values()), old
+    for pid in old.values():
+        os.kill(pid, signal.SIGKILL)
+    for name, pid in old.items():
+        wait_for(f"{name} back after kill -9", lambda: (_agent_worker(cluster, "accounting", name) or pid) != pid,
+                 timeout=60, interval=0.1)
+
+
+def _queue(cluster: Cluster) -> int | None:
+    try:
+        return cluster.client(timeout=5.0).dbd_queue()
+    except Exception:
+        return None
+
+
+def _states(cluster: Cluster, ids: list[int]) -> dict[int, str]:
+    return cluster.client(timeout=30.0).accounted_states(ids)
+
+
+def _wait_accounted(cluster: Cluster, ids: list[int], timeout: float = 120) -> dict[int, str]:
+    def done():
+        try:
+            states = _states(cluster, ids)
+        except SlurmError:  # slurmdbd restarting
+            return None
+        return states if all(states.get(i) in FINAL for i in ids) else None
+    try:
+        return wait_for(f"{len(ids)} jobs final in sacct", done, timeout=timeout, interval=1.0)
+    except AssertionError:
+        states = _states(cluster, ids)
+        raise AssertionError(f"not final in sacct: {[(i, states.get(i)) for i in ids if states.get(i) not in FINAL]}")
+
+
+def _submit(cluster: Cluster, count: int, every: float = 0.0) -> list[int]:
+    ids = []
+    for _ in range(count):
+        ids.append(cluster.sbatch("--wrap=true", "-o", "/dev/null"))
+        if every:
+            time.sleep(every)
+    return ids
+
+
+def _wait_ended(cluster: Cluster, ids: list[int]) -> None:
+    witness = cluster.layout.jobcomp_log
+    wait_for(f"jobs {ids[0]}..{ids[-1]} ended (in the jobcomp witness)",
+             lambda: {j.job_id for j in reconciling.read_witness(witness)} >= set(ids), timeout=120, interval=0.5)
+
+
+def _wait_forgotten(cluster: Cluster, ids: list[int]) -> int:
+    """slurmctld has purged the finished jobs (MinJobAge, a purge cycle about every minute) and saved a job
+    state without them: a purge alone does not make it save, a new job does (held, so it never runs: its
+    id is returned, to cancel)."""
+    def forgotten():
+        out = cluster.run("scontrol", "show", "job", str(ids[-1]), check=False)
+        return out.returncode != 0 or "Invalid job id" in out.stdout + out.stderr
+    wait_for("slurmctld to purge the finished jobs", forgotten, timeout=150, interval=1.0)
+    state = cluster.layout.ctld_state / "job_state"
+    saved = state.stat().st_mtime
+    held = cluster.sbatch("--hold", "--wrap=true", "-o", "/dev/null")
+    wait_for("slurmctld to save its job state", lambda: state.stat().st_mtime > saved, timeout=30, interval=0.2)
+    return held
+
+
+def _reconcile(cluster: Cluster, *args: str) -> tuple[int, dict]:
+    done = cli("--config", str(cluster.layout.slurm_ext_conf), "accounting", "reconcile", "--json", *args)
+    return done.returncode, json.loads(done.stdout)
+
+
+def _events(cluster: Cluster, name: str) -> list[dict]:
+    lines = (cluster.layout.node_state / "journal.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["event"] == name]
+
+
+def test_the_pair_comes_back_from_kill_9_during_300_jobs_and_nothing_is_lost(acct):
+    """300 jobs at a steady rate; mariadbd and slurmdbd killed together, then each alone: every job is in sacct
+    with its final state, and reconcile finds nothing missing."""
+    ids: list[int] = []
+    submitter = threading.Thread(target=lambda: ids.extend(_submit(acct, 300, every=0.15)))
+    started = time.time()
+    submitter.start()
+    try:
+        for at, names in ((60, ["mariadbd", "slurmdbd"]), (140, ["mariadbd"]), (220, ["slurmdbd"])):
+            wait_for(f"{at} jobs submitted", lambda: len(ids) >= at or not submitter.is_alive(), timeout=120)
+            _kill_and_wait_back(acct, names)
+    finally:
+        submitter.join()
+    assert len(ids) == 300
+    _wait_ended(acct, ids)
+    states = _wait_accounted(acct, ids, timeout=180)
+    assert set(states) == set(ids) and all(state == "COMPLETED" for state in states.values()), states
+    code, found = _reconcile(acct, "--since", datetime.fromtimestamp(started - 5).isoformat(timespec="seconds"))
+    assert found["missing"] == [] and found["checked"] == 300, found
+    assert code == 0 and found["runaway"] == [], found["runaway"]
+
+
+def test_slurm_loses_a_killed_slurmctlds_queue_and_reconcile_lists_exactly_those_jobs(acct):
+    """slurmdbd away, 50 jobs, slurmctld SIGKILLed: Slurm alone loses their records; reconcile names all 50.
+    The same with the controller agent's own stop (SIGTERM and its grace): dbd.messages keeps them all."""
+    accounting = _daemon(acct, "supervise-accounting")
+    for how in ("sigkill", "agent-stop"):
+        since = datetime.now().isoformat(timespec="seconds")
+        daemons.stop(accounting, grace=120.0)
+        try:
+            ids = _submit(acct, 50)
+            _wait_ended(acct, ids)
+            held = _wait_forgotten(acct, ids)
+            assert (_queue(acct) or 0) >= 50, "slurmctld holds their records while slurmdbd is away"
+            if how == "sigkill":
+                # its agent restarts it, and it stops at once ("no TRES from" the database) until slurmdbd
+                # answers: Slurm's own rule when slurmctld has no cache of associations yet
+                os.kill(_agent_worker(acct, "controller", "slurmctld"), signal.SIGKILL)
+            else:  # the controller agent has said so by now, and holds SIGKILL back while records are queued
+                wait_for("dbd-queue-growing", lambda: _events(acct, "dbd-queue-growing"), timeout=90, interval=1.0)
+                daemons.stop(_daemon(acct, "supervise-controller"), grace=120.0)
+        finally:
+            dev.up(acct.settings)
+        acct.run("scancel", str(held))
+        wait_for("the DBD agent queue to drain", lambda: _queue(acct) == 0, timeout=120, interval=1.0)
+        time.sleep(3)
+        states = _states(acct, ids)
+        code, found = _reconcile(acct, "--since", since)
+        missing = sorted(job["job_id"] for job in found["missing"])
+        if how == "sigkill":
+            assert not any(states.get(i) in FINAL for i in ids), f"Slurm kept some records after all: {states}"
+            assert code == 1 and missing == ids, found
+        else:
+            assert all(states.get(i) == "COMPLETED" for i in ids), states
+            assert code == 0 and missing == [], found
+    growing = _events(acct, "dbd-queue-growing")[-1]
+    assert growing["queued"] >= 50 and "slurmdbd or its database is away" in growing["message"], growing
+
+
+def test_history_survives_a_restart_and_an_empty_volume_is_refused(acct):
+    ids = _submit(acct, 3)
+    _wait_accounted(acct, ids)
+    dev.down(acct.settings)
+    dev.up(acct.settings)
+    assert all(state == "COMPLETED" for state in _wait_accounted(acct, ids).values())
+
+    dev.down(acct.settings)
+    volume = acct.layout.accounting
+    aside = volume.with_name("accounting.aside")
+    volume.rename(aside)
+    volume.mkdir()
+    try:
+        with pytest.raises(DevClusterError):
+            dev.up(replace(acct.settings, up_timeout=15.0))
+        refused = [e for e in _events(acct, "start-step-failed") if e.get("step") == "check-storage"]
+        assert refused and "replaced by an empty one" in refused[-1]["message"], refused[-1:]
+        assert str(volume) in refused[-1]["message"]
+        assert list(volume.iterdir()) == [], "the guard let something initialise the empty volume"
+    finally:
+        dev.down(acct.settings)
+        shutil.rmtree(volume)
+        aside.rename(volume)
+        dev.up(acct.settings)
+    assert all(state == "COMPLETED" for state in _wait_accounted(acct, ids).values())
+
+
+def test_check_storage_refuses_tmpfs_unless_ephemeral_is_allowed():
+    tmp_path = temp_dir()  # mysql initialises the datadir: it must reach it
+    mount = tmp_path / "volume"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(mount)], check=True)
+    try:
+        conf = tmp_path / "slurm-ext.toml"
+        conf.write_text(f'[accounting]\nvolume = "{mount}"\nrun_database = true\ncluster = "demo"\nmin_free = 1\n'
+                        f'state_save_location = "{tmp_path / "ctld"}"\n')
+        refused = cli("--config", str(conf), "accounting", "check-storage")
+        assert refused.returncode == 3, refused
+        assert f"the accounting database volume {mount} is on tmpfs" in refused.stderr, refused.stderr
+        assert not (mount / "mysql").exists()
+        # --allow-ephemeral: initialised, and every line says what it costs
+        allowed = cli("--config", str(conf), "accounting", "check-storage", "--allow-ephemeral")
+        assert allowed.returncode == 0, allowed.stderr
+        lines = allowed.stdout.splitlines()
+        assert lines and all(line.startswith("EPHEMERAL STORAGE ALLOWED") for line in lines), lines
+        assert (mount / "mysql" / "mysql").is_dir() and (mount / "slurm-ext-volume.json").exists()
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+        shutil.rmtree(tmp_path)
+
+
+def test_a_full_volume_is_named_and_accounting_catches_up_once_space_is_freed(acct):
+    """The database volume on a small loop image, filled up: the running agent names the volume
+    (storage-low), a restart is refused by the guard with how much is free and needed, the jobs run on
+    meanwhile; once space is freed the agent's retry starts the pair and sacct has every job."""
+    layout = acct.layout
+    volume, aside = layout.accounting, layout.accounting.with_name("accounting.plain")
+    image = layout.root / "accounting.img"
+    dev.down(acct.settings)
+    subprocess.run(["truncate", "-s", "512M", str(image)], check=True)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True)
+    volume.rename(aside)
+    volume.mkdir()
+    subprocess.run(["mount", "-o", "loop", str(image), str(volume)], check=True)
+    filler = volume / "filler"
+    try:
+        subprocess.run(["cp", "-a", f"{aside}/.", str(volume)], check=True)
+        shutil.rmtree(volume / "lost+found")
+        dev.up(acct.settings)
+        free = shutil.disk_usage(volume).free // (1024 * 1024)
+        subprocess.run(["fallocate", "-l", f"{free - 20}M", str(filler)], check=True)
+        low = wait_for("storage-low naming the volume", lambda: [e for e in _events(acct, "storage-low")
+                                                                 if e.get("volume") == str(volume)], timeout=60)
+        assert "below accounting.min_free" in low[-1]["message"], low[-1]
+
+        daemons.stop(_daemon(acct, "supervise-accounting"), grace=120.0)
+        ids = _submit(acct, 10)
+        with pytest.raises(DevClusterError):
+            dev.up(replace(acct.settings, up_timeout=10.0))
+        refused = [e for e in _events(acct, "start-step-failed") if e.get("step") == "check-storage"]
+        assert refused and f"{volume}: only" in refused[-1]["message"], refused[-1:]
+        assert "MiB needed (accounting.min_free)" in refused[-1]["message"]
+        _wait_ended(acct, ids)
+
+        filler.unlink()  # the agent's next try (at most backoff_max later) finds the space
+        states = _wait_accounted(acct, ids, timeout=120)
+        assert all(state == "COMPLETED" for state in states.values()), states
+        assert wait_for("storage-ok", lambda: [e for e in _events(acct, "storage-ok")
+                                               if e.get("volume") == str(volume)], timeout=60)
+    finally:
+        dev.down(acct.settings)
+        filler.unlink(missing_ok=True)
+        shutil.rmtree(aside)
+        subprocess.run(["cp", "-a", f"{volume}/.", str(aside)], check=True)
+        subprocess.run(["umount", str(volume)], check=True)
+        volume.rmdir()
+        aside.rename(volume)
+        image.unlink()
+        dev.up(acct.settings)
+
+
+def test_a_backup_taken_during_submission_verifies_and_restores_into_a_new_database(acct):
+    """While jobs are submitted and end: backup (CLI), verify (a scratch MariaDB: exit 0), and restore into a
+    new database on another server, whose row counts are the manifest's."""
+    from slurm_ext.accounting import backups
+    from slurm_ext.accounting.scratch import scratch_mariadb
+    from slurm_ext.accounting.settings import AccountingSection
+    backup_dir = acct.layout.root / "backups"
+    ids: list[int] = []
+    submitter = threading.Thread(target=lambda: ids.extend(_submit(acct, 40, every=0.05)))
+    submitter.start()
+    try:
+        wait_for("jobs under way", lambda: len(ids) >= 10, timeout=60)
+        done = cli("--config", str(acct.layout.slurm_ext_conf), "accounting", "backup", "--to", str(backup_dir))
+        assert done.returncode == 0, done.stderr
+    finally:
+        submitter.join()
+    dumps = sorted(backup_dir.glob("*.sql.gz"))
+    assert len(dumps) == 1 and "rows" in done.stdout, done.stdout
+    manifest = json.loads(dumps[0].with_name(dumps[0].name.replace(".sql.gz", ".manifest.json")).read_text())
+    assert manifest["cluster"] == ACCOUNTING_CLUSTER["cluster_name"]
+    assert manifest["identity"]["id"] == json.loads((acct.layout.accounting / "slurm-ext-volume.json").read_text())["id"]
+    jobs = manifest["tables"][f"{ACCOUNTING_CLUSTER['cluster_name']}_job_table"]
+    assert jobs >= 10, manifest["tables"]
+
+    checked = cli("--config", str(acct.layout.slurm_ext_conf), "accounting", "verify", str(dumps[0]))
+    assert checked.returncode == 0 and ": OK:" in checked.stdout, (checked.stdout, checked.stderr)
+
+    workdir = temp_dir()
+    secret = workdir / "password"
+    secret.write_text("restore-pw\n")
+    try:
+        with scratch_mariadb(port=13399, workdir=workdir) as server:
+            # the account slurmdbd's routines name as their definer (slurm@%, as the accounting agent makes it)
+            server.sql("CREATE USER 'slurm'@'%' IDENTIFIED BY 'restore-pw'; "
+                       "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'%'")
+            target = config_mod.Config(accounting=AccountingSection(
+                db_host="127.0.0.1", db_port=13399, cluster=ACCOUNTING_CLUSTER["cluster_name"],
+                password_file=str(secret)))
+            restored = backups.restore(target, dumps[0])
+            assert restored.tables == manifest["tables"]
+            assert server.counts("slurm_acct_db") == manifest["tables"]
+    finally:
+        shutil.rmtree(workdir)
