@@ -12,19 +12,25 @@ metric.
 
 from __future__ import annotations
 
+import json
 import re
+import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Callable
 
+from slurm_ext import fileio
 from slurm_ext.config import Config
 from slurm_ext.errors import ConfigError
 from slurm_ext.slurm import SlurmClient
 
 from . import slurmconf
 
-__all__ = ["WitnessJob", "Findings", "read_witness", "reconcile", "witness_path"]
+__all__ = ["WitnessJob", "Findings", "read_witness", "reconcile", "witness_path", "last_result", "RESULT_FILE"]
+
+#: the last reconcile's counts, in node.state_dir: the controller agent exports them as metrics
+RESULT_FILE = "accounting-reconcile.json"
 
 _FIELD = re.compile(r"(?:^|\s)(JobId|UserId|JobState|EndTime)=(\S*)")
 #: sacct states of a job that has not ended
@@ -62,6 +68,25 @@ class Findings:
     def as_dict(self) -> dict:
         return {"witness": str(self.witness), "since": self.since.isoformat() if self.since else None,
                 "checked": self.checked, "missing": [vars_of(j) for j in self.missing], "runaway": self.runaway}
+
+
+def _record(config: Config, findings: Findings) -> None:
+    """Keep the counts for the agent's /metrics; a node without its state dir only loses the metric."""
+    counts = {"time": time.time(), "checked": findings.checked, "missing": len(findings.missing),
+              "runaway": len(findings.runaway)}
+    try:
+        Path(config.node.state_dir).mkdir(parents=True, exist_ok=True)
+        fileio.atomic_write(Path(config.node.state_dir) / RESULT_FILE, json.dumps(counts) + "\n", fsync="file")
+    except OSError:
+        pass
+
+
+def last_result(state_dir: str) -> dict | None:
+    """The counts of the last `reconcile` on this node (time, checked, missing, runaway), or None."""
+    try:
+        return json.loads((Path(state_dir) / RESULT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def vars_of(job: WitnessJob) -> dict:
@@ -124,6 +149,7 @@ def reconcile(config: Config, since: datetime | None = None, witness: Path | Non
     findings = Findings(path, since, checked=len(seen))
     findings.missing = [job for job in seen if recorded.get(job.job_id, "PENDING") in _UNFINISHED]
     findings.runaway = slurm.runaway_jobs()
+    _record(config, findings)
     if findings.missing or findings.runaway:
         shown = " ".join(str(job.job_id) for job in findings.missing[:20])
         emit("reconcile-missing", findings.summary() + (f": jobs {shown}" if shown else "")

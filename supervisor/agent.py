@@ -737,6 +737,27 @@ class Agent:
                 return
             self._stop_queue.pop(0)
 
+    def _kill_held(self, worker: Worker) -> bool:
+        """A slurmctld that held accounting records when asked to stop writes them to dbd.messages on its way
+        out: it gets until accounting.stop_deadline before SIGKILL, and a SIGKILL past that is said loudly."""
+        queued, deadline = worker.queued_at_stop, worker.stop_requested + self.config.accounting.stop_deadline
+        if not queued or not worker.pid:
+            return False
+        if time.monotonic() < deadline:
+            if worker.stop_deadline < deadline:
+                self.emit("slurmctld-stop-held", f"{worker.spec.name} (pid {worker.pid}) still running "
+                          f"{worker.spec.stop_grace:g}s after SIG{worker.spec.stop_signal} with {queued} accounting "
+                          f"records queued for slurmdbd: not sending SIGKILL before accounting.stop_deadline "
+                          f"({self.config.accounting.stop_deadline:g}s), so that it can save them to dbd.messages",
+                          worker=worker.spec.name, queued=queued)
+            worker.stop_deadline = deadline
+            return True
+        self.emit("slurmctld-killed-with-records", f"SIGKILL {worker.spec.name} (pid {worker.pid}) "
+                  f"{self.config.accounting.stop_deadline:g}s after SIG{worker.spec.stop_signal} with {queued} "
+                  f"accounting records queued: those it did not save to dbd.messages are LOST; run `slurm-ext "
+                  f"accounting reconcile` once slurmdbd is back", worker=worker.spec.name, queued=queued)
+        return False
+
     def _queued_records(self, worker: Worker) -> int:
         """Accounting records slurmctld held at the last read of sdiag (0 for every other worker)."""
         if worker.spec.name != "slurmctld" or self.queue_watch is None:
@@ -744,22 +765,8 @@ class Agent:
         return self.queue_watch.size or 0
 
     def _kill(self, worker: Worker) -> None:
-        queued = worker.queued_at_stop
-        if queued and worker.pid:
-            deadline = worker.stop_requested + self.config.accounting.stop_deadline
-            if time.monotonic() < deadline:
-                if worker.stop_deadline < deadline:
-                    self.emit("slurmctld-stop-held", f"{worker.spec.name} (pid {worker.pid}) still running "
-                              f"{worker.spec.stop_grace:g}s after SIG{worker.spec.stop_signal} with {queued} "
-                              f"accounting records queued for slurmdbd: not sending SIGKILL before "
-                              f"accounting.stop_deadline ({self.config.accounting.stop_deadline:g}s), so that it "
-                              f"can save them to dbd.messages", worker=worker.spec.name, queued=queued)
-                worker.stop_deadline = deadline
-                return
-            self.emit("slurmctld-killed-with-records", f"SIGKILL {worker.spec.name} (pid {worker.pid}) "
-                      f"{self.config.accounting.stop_deadline:g}s after SIG{worker.spec.stop_signal} with {queued} "
-                      f"accounting records queued: those it did not save to dbd.messages are LOST; run `slurm-ext "
-                      f"accounting reconcile` once slurmdbd is back", worker=worker.spec.name, queued=queued)
+        if self._kill_held(worker):
+            return
         if worker.pid:
             self.emit("kill", f"worker {worker.spec.name} (pid {worker.pid}) still running "
                       f"{worker.spec.stop_grace:g}s after SIG{worker.spec.stop_signal}: SIGKILL",

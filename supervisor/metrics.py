@@ -51,6 +51,8 @@ class AgentCollector:
                                   labels=["role"])
         ready.add_metric([agent.role], 1 if agent.ready()[0] else 0)
         yield ready
+        if agent.role == "controller":
+            yield from _reconcile_metrics(agent)
         watch = agent.queue_watch
         if watch is not None and watch.size is not None:
             queue = GaugeMetricFamily("slurm_ext_accounting_dbd_queue", "Accounting records slurmctld holds for "
@@ -58,6 +60,24 @@ class AgentCollector:
                                       "database is away", labels=["role"])
             queue.add_metric([agent.role], watch.size)
             yield queue
+
+
+def _reconcile_metrics(agent):
+    """The last `slurm-ext accounting reconcile` on this node (it keeps its counts in node.state_dir)."""
+    from slurm_ext.accounting.reconcile import last_result
+    result = last_result(agent.config.node.state_dir)
+    if result is None:
+        return
+    for name, key, text in (("missing_jobs", "missing", "Job ends the witness saw that sacct lacks"),
+                            ("runaway_jobs", "runaway", "Runaway jobs (sacctmgr show runawayjobs)")):
+        family = GaugeMetricFamily(f"slurm_ext_accounting_{name}", f"{text}, at the last reconcile",
+                                   labels=["role"])
+        family.add_metric([agent.role], result.get(key, 0))
+        yield family
+    when = GaugeMetricFamily("slurm_ext_accounting_reconcile_timestamp_seconds", "When the last reconcile ran "
+                             "(Unix time)", labels=["role"])
+    when.add_metric([agent.role], result.get("time", 0))
+    yield when
 
 
 def exposition_of(agent) -> Callable[[], tuple[bytes, str]]:

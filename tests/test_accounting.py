@@ -245,3 +245,17 @@ def test_definers_are_found_in_either_quoting():
                  b"BEGIN END ;;\nDELIMITER ;\n-- Dump completed on 2026-12-01 17:56:18\n")
     counter.finish()
     assert counter.definers == {"root@localhost", "slurm@%"}
+
+
+def test_a_read_only_volume_is_refused_naming_the_mount(tmp_path):
+    import subprocess
+    database, _ = _volumes(tmp_path)
+    database.path.mkdir(parents=True)
+    subprocess.run(["mount", "--bind", str(database.path), str(database.path)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(database.path)], check=True)
+        with pytest.raises(storage.StorageRefused, match="mounted read-only; mount it read-write") as refused:
+            storage.check([database], "c1", 0)
+        assert str(database.path) in str(refused.value)
+    finally:
+        subprocess.run(["umount", str(database.path)], check=True)
