@@ -18,17 +18,15 @@ clean stop. This component closes them:
 Its config is [accounting] (`settings`); its commands `slurm-ext accounting ...` (`cli`).
 """
 
-__all__ = ["write_config", "configured", "prepare_storage", "places_of", "cluster_name", "password",
-           "PASSWORD_ENV", "AccountingSection", "StorageRefused", "QueueWatch", "SpaceWatch", "guarded_volumes", "backup", "restore", "verify",
-           "reconcile"]
+__all__ = ["write_config", "configured", "prepare_storage", "guarded_volumes", "places_of", "QueueWatch",
+           "SpaceWatch", "backup", "restore", "verify", "reconcile", "PASSWORD_ENV", "EPHEMERAL_NOTE"]
 
 # Imported on first use: the core imports this package for its config section, and the node agent for
 # its start steps; the backup and reconcile code is needed only by their commands.
 _LAZY = {"write_config": "database", "configured": "database", "prepare_storage": "database",
-         "places_of": "database", "cluster_name": "database", "password": "database",
-         "PASSWORD_ENV": "settings", "AccountingSection": "settings", "StorageRefused": "storage",
-         "QueueWatch": "queue", "SpaceWatch": "storage", "guarded_volumes": "database", "backup": "backups", "restore": "backups", "verify": "backups",
-         "reconcile": "reconcile"}
+         "guarded_volumes": "database", "places_of": "database", "QueueWatch": "queue", "SpaceWatch": "storage",
+         "backup": "backups", "restore": "backups", "verify": "backups", "reconcile": "reconcile",
+         "PASSWORD_ENV": "settings", "EPHEMERAL_NOTE": "storage"}
 
 
 def __getattr__(name: str):

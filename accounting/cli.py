@@ -27,9 +27,13 @@ def _config(args: argparse.Namespace) -> int:
 
 
 def _check_storage(args: argparse.Namespace) -> int:
-    from . import database
+    from . import database, storage
     loaded = config.load(args.config)
-    verdict = database.prepare_storage(loaded, args.role, allow_ephemeral=args.allow_ephemeral)
+    try:
+        verdict = database.prepare_storage(loaded, args.role, allow_ephemeral=args.allow_ephemeral)
+    except storage.StorageRefused as err:
+        _emitter(loaded)("storage-refused", str(err), role=args.role)
+        raise
     for note in verdict.notes:
         print(note)
     return 0

@@ -11,15 +11,19 @@ the identity markers.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import pwd
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_ext import command, fileio
 from slurm_ext.config import Config
-from slurm_ext.errors import CommandError, ConfigError
+from slurm_ext.errors import CommandError, ConfigError, SlurmExtError
+from slurm_ext.slurm import SlurmClient
 
 from . import render, slurmconf, storage
 from .settings import PASSWORD_ENV, AccountingSection
@@ -27,8 +31,9 @@ from .settings import PASSWORD_ENV, AccountingSection
 __all__ = ["Written", "configured", "password", "cluster_name", "write_config", "guarded_volumes", "prepare_storage",
            "memory_mib", "slurm_conf_path", "places_of"]
 
-#: what a StoragePass may hold: slurmdbd.conf has no quoting, and '#' starts a comment
-_PASSWORD = re.compile(r"^[!-~]+$")
+#: what a StoragePass may hold: slurmdbd.conf has no quoting, '#' starts a comment, and a backslash means
+#: two things in SQL depending on sql_mode (NO_BACKSLASH_ESCAPES)
+_PASSWORD = re.compile(r"^[!-\[\]-~]+$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +88,7 @@ def password(settings: AccountingSection, environ: dict[str, str], source: str =
         raise ConfigError(source, f"no database password: {where} is empty; set accounting.password_file (a "
                           f"Secret's mount) or {PASSWORD_ENV}", key="accounting.password_file")
     if not _PASSWORD.match(secret) or "#" in secret:
-        raise ConfigError(where, "the database password must be printable ASCII without spaces or '#' "
+        raise ConfigError(where, "the database password must be printable ASCII without spaces, '#' or '\\' "
                           "(slurmdbd.conf has no quoting)")
     return secret
 
@@ -146,11 +151,7 @@ def write_config(config: Config, environ: dict[str, str] | None = None, slurmdbd
     if not settings.run_database:
         return Written(conf, None, None)
     where = places_of(config)
-    try:
-        mysql = pwd.getpwnam("mysql")
-    except KeyError:
-        raise ConfigError(config.source or "<defaults>", "accounting.run_database is set but this host has no "
-                          "mysql user: install mariadb-server", key="accounting.run_database") from None
+    mysql = _mysql()
     # root's directory, group mysql: the SQL holds the password, and no mysql process may replace a file
     # root then reads or writes
     where.etc.mkdir(parents=True, exist_ok=True)
@@ -178,23 +179,29 @@ def _write(path: Path, text: str, mode: int, uid: int, gid: int) -> None:
 
 def guarded_volumes(config: Config, role: str) -> list[storage.Volume]:
     """The volumes this host guards for `role`: the database's (run_database), StateSaveLocation (controller),
-    and the other one too where it is on this host, so that their markers are compared."""
+    and the other one too where it is on this host and marked, so that their markers are compared."""
     settings = config.accounting
     where = places_of(config)
     database = storage.Volume("database", where.volume, where.marker, (where.datadir / "mysql",))
-    state_dir = Path(settings.state_save_location or _slurm_values(config)["statesavelocation"])
+    state_dir = _state_dir(config)
     state = storage.Volume("state", state_dir, state_dir / storage.MARKER_NAME,
                            tuple(state_dir / name for name in ("node_state", "job_state", "clustername")))
     volumes = []
-    if settings.run_database or (role == "controller" and where.datadir.exists()):
+    # only the accounting role initialises and marks the database: the controller compares a marked one
+    if (settings.run_database and role != "controller") or (role == "controller" and where.marker.exists()):
         volumes.append(database)
     if role == "controller" or state_dir.is_dir():
         volumes.append(state)
     return volumes
 
 
+def _state_dir(config: Config) -> Path:
+    return Path(config.accounting.state_save_location or _slurm_values(config)["statesavelocation"])
+
+
 def prepare_storage(config: Config, role: str, allow_ephemeral: bool = False) -> storage.Verdict:
-    """The guard for `role`, MariaDB's first initialisation when the datadir is new, then the markers.
+    """The guard for `role`, MariaDB's first initialisation when the datadir is new, then the markers. One at a
+    time on a host (a lock in the runtime dir): two roles starting together must not mark the pair twice.
 
     Raises:
         StorageRefused: the guard refused (nothing was initialised).
@@ -207,20 +214,75 @@ def prepare_storage(config: Config, role: str, allow_ephemeral: bool = False) ->
     if not volumes:
         return storage.Verdict(notes=[f"role {role}: no accounting storage on this host to guard (the database "
                                       f"runs elsewhere: accounting.run_database is off)"])
-    verdict = storage.check(volumes, cluster_name(config), settings.min_free, allow)
-    database = next((v for v in volumes if v.kind == "database"), None)
-    if database is not None:
-        _database_dirs(config)
-        if not database.has_data():
-            _initialise(config)
-    storage.commit(verdict)
+    with _storage_lock(config):
+        if role == "controller":
+            _make_state_dir(config)
+        verdict = storage.check(volumes, cluster_name(config), settings.min_free, allow)
+        database = next((v for v in volumes if v.kind == "database"), None)
+        if database is not None and role != "controller":
+            _database_dirs(config)
+            if not database.has_data():
+                _initialise(config)
+        if role == "controller":
+            _check_database_knows_cluster(config, volumes, verdict)
+        storage.commit(verdict)
     return verdict
+
+
+@contextlib.contextmanager
+def _storage_lock(config: Config):
+    path = Path(config.supervisor.runtime_dir) / "accounting-storage.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _make_state_dir(config: Config) -> None:
+    """StateSaveLocation made by the guard is SlurmUser's, as slurmctld needs it (0750)."""
+    state_dir = _state_dir(config)
+    if state_dir.exists():
+        return
+    state_dir.mkdir(parents=True, mode=0o750)
+    uid, gid = _owner(config.accounting.slurm_user or _slurm_values(config)["slurmuser"])
+    os.chown(state_dir, uid, gid)
+
+
+def _check_database_knows_cluster(config: Config, volumes: list[storage.Volume], verdict: storage.Verdict) -> None:
+    """From the controller, which cannot see the database's volume in a pod of its own: a StateSaveLocation
+    with slurmctld's state in it belongs to a cluster that slurmdbd's database knows. One that does not know
+    it is a database re-created empty (or another one): slurmctld would register into it and carry on
+    without the history. Not checkable while slurmdbd does not answer (then slurmctld waits for it too)."""
+    state = next(v for v in volumes if v.kind == "state")
+    if not state.has_data():
+        return
+    cluster = cluster_name(config)
+    try:
+        known = SlurmClient(config.slurm).clusters()
+    except SlurmExtError as err:
+        verdict.notes.append(f"StateSaveLocation {state.path}: not compared with the accounting database "
+                             f"(slurmdbd: {err})")
+        return
+    if cluster not in known:
+        raise storage.StorageRefused(
+            f"StateSaveLocation {state.path} holds the state of cluster {cluster}, but slurmdbd's database knows "
+            f"only {', '.join(known) or 'no cluster'}: the database was re-created empty, or slurmdbd points at "
+            f"another one (accounting.db_host, StorageLoc). Refusing to start slurmctld on it: bring back the "
+            f"database (its volume, or `slurm-ext accounting restore`), then start again")
+
+
+def _mysql() -> pwd.struct_passwd:
+    try:
+        return pwd.getpwnam("mysql")
+    except KeyError:
+        raise ConfigError("accounting.run_database", "this host has no mysql user: install mariadb-server "
+                          "(the agent runs MariaDB as mysql)") from None
 
 
 def _database_dirs(config: Config) -> None:
     """MariaDB's datadir, tmpdir and log directory on the volume, mysql's."""
     where = places_of(config)
-    mysql = pwd.getpwnam("mysql")
+    mysql = _mysql()
     for path in (where.datadir, where.tmpdir, where.logdir):
         path.mkdir(parents=True, exist_ok=True)
         os.chown(path, mysql.pw_uid, mysql.pw_gid)
@@ -233,6 +295,9 @@ def _initialise(config: Config) -> None:
         command.run(["mariadb-install-db", "--user=mysql", f"--datadir={where.datadir}", "--skip-test-db",
                      "--auth-root-authentication-method=socket"], 300)
     except CommandError as err:
+        # what it left is no database: empty the datadir, or the next start would take it for an old one
+        for child in where.datadir.iterdir():
+            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
         said = " | ".join(err.stderr.splitlines()[-4:]) or str(err)
         raise CommandError(err.cmd, err.returncode, err.stderr, f"mariadb-install-db could not initialise the "
                            f"accounting database in {where.datadir} (exit status {err.returncode}): {said}") from None

@@ -86,14 +86,14 @@ class QueueWatch(threading.Thread):
         #: the last size read; None before the first answer, or when accounting does not use slurmdbd
         self.size: int | None = None
         self.max_msgs: int | None = None
-        self._stop = threading.Event()
+        self._stopped = threading.Event()
         self._failing = False
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopped.set()
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._stopped.is_set():
             try:
                 self.read_once()
                 self._failing = False
@@ -103,7 +103,7 @@ class QueueWatch(threading.Thread):
                 self._failing = True
             except Exception:  # never let the watch die silently
                 log.exception("DBD agent queue watch: unexpected error (retrying)")
-            self._stop.wait(self.interval)
+            self._stopped.wait(self.interval)
 
     def read_once(self) -> int | None:
         if self.max_msgs is None:

@@ -32,7 +32,10 @@ __all__ = ["WitnessJob", "Findings", "read_witness", "reconcile", "witness_path"
 #: the last reconcile's counts, in node.state_dir: the controller agent exports them as metrics
 RESULT_FILE = "accounting-reconcile.json"
 
-_FIELD = re.compile(r"(?:^|\s)(JobId|UserId|JobState|EndTime)=(\S*)")
+#: jobcomp/filetxt's line: JobId and UserId lead it, before the job's name (the user's text, which may hold
+#: anything, " JobId=7" too); JobState..EndTime are the first such run after it
+_HEAD = re.compile(r"^JobId=(\d+) UserId=(\S*) ")
+_END = re.compile(r" JobState=(\S*) Partition=\S* TimeLimit=\S* StartTime=\S* EndTime=(\S*) ")
 #: sacct states of a job that has not ended
 _UNFINISHED = {"PENDING", "RUNNING", "REQUEUED", "RESIZING", "SUSPENDED", "REQUEUE_HOLD", "REQUEUE_FED"}
 
@@ -101,7 +104,8 @@ def witness_path(config: Config) -> Path:
     """
     if config.accounting.witness:
         return Path(config.accounting.witness)
-    conf = Path(config.slurm.conf or "/etc/slurm/slurm.conf")
+    from .database import slurm_conf_path
+    conf = slurm_conf_path(config)
     values = slurmconf.read(conf) if conf.exists() else slurmconf.DEFAULTS
     if values["jobcomptype"].lower() == "jobcomp/filetxt" and values["jobcomploc"]:
         return Path(values["jobcomploc"])
@@ -116,18 +120,18 @@ def read_witness(path: Path, since: datetime | None = None) -> list[WitnessJob]:
         OSError: the file cannot be read (the caller names it).
     """
     jobs: dict[int, WitnessJob] = {}
-    cutoff = since.strftime("%Y-%m-%dT%H:%M:%S") if since else ""
+    # the log's times are local and have no offset: compared as text in the same form
+    cutoff = since.astimezone().strftime("%Y-%m-%dT%H:%M:%S") if since else ""
     with open(path, errors="replace") as lines:
         for number, line in enumerate(lines, 1):
-            fields = dict(_FIELD.findall(line))
-            if not fields.get("JobId", "").isdigit():
+            head, end = _HEAD.match(line), _END.search(line)
+            if head is None or end is None:
                 continue
-            end = fields.get("EndTime", "")
-            if cutoff and end < cutoff:  # ISO times without an offset compare as text
+            state, ended = end.groups()
+            if cutoff and ended < cutoff:
                 continue
-            job_id = int(fields["JobId"])
-            jobs[job_id] = WitnessJob(job_id, fields.get("JobState", ""), end,
-                                      re.sub(r"\(\d+\)$", "", fields.get("UserId", "")), number)
+            job_id = int(head.group(1))
+            jobs[job_id] = WitnessJob(job_id, state, ended, re.sub(r"\(\d+\)$", "", head.group(2)), number)
     return sorted(jobs.values(), key=lambda j: j.job_id)
 
 

@@ -112,11 +112,11 @@ user=root
 
 
 def sql_string(text: str) -> str:
-    """`text` as an SQL string literal: quotes doubled (right whatever sql_mode says of backslashes, which are
-    doubled too for the default mode)."""
-    if any(ord(c) < 32 for c in text):
-        raise ValueError("holds a control character (a newline?)")
-    return "'" + text.replace("\\", "\\\\").replace("'", "''") + "'"
+    """`text` as an SQL string literal, quotes doubled. No backslash: it means two things depending on sql_mode
+    (NO_BACKSLASH_ESCAPES), and a password with one is refused before it gets here."""
+    if any(ord(c) < 32 for c in text) or "\\" in text:
+        raise ValueError("holds a control character (a newline?) or a backslash")
+    return "'" + text.replace("'", "''") + "'"
 
 
 def init_sql(settings: AccountingSection, password: str) -> str:
@@ -128,7 +128,8 @@ def init_sql(settings: AccountingSection, password: str) -> str:
         statements += [f"CREATE USER IF NOT EXISTS '{user}'@'{host}' IDENTIFIED BY {secret}",
                        f"ALTER USER '{user}'@'{host}' IDENTIFIED BY {secret}",
                        f"GRANT ALL ON `{db}`.* TO '{user}'@'{host}'",
-                       # a consistent backup as this user: routines' bodies and the server's GTID position
+                       # backups as this user: routines' bodies; and restore must see slurmdbd's connections
+                       # (PROCESS: every session in PROCESSLIST) to refuse loading under a running slurmdbd
                        f"GRANT SELECT ON mysql.proc TO '{user}'@'{host}'",
-                       f"GRANT RELOAD, PROCESS ON *.* TO '{user}'@'{host}'"]
+                       f"GRANT PROCESS ON *.* TO '{user}'@'{host}'"]
     return "".join(f"{s};\n" for s in statements)

@@ -36,7 +36,8 @@ class AccountingSection:
                                  f"environment variable {PASSWORD_ENV}. Never on a command line", "path",
                                  empty_ok=True)
     memory: int = setting(0, "MiB of memory given to MariaDB: innodb_buffer_pool_size is half of it (at least "
-                          "128); 0: the container's memory limit, else a quarter of the host's memory", "int", minimum=0, maximum=16777216)
+                          "128); 0: the container's memory limit, else a quarter of the host's memory", "int",
+                          minimum=0, maximum=16777216)
     slurm_user: str = setting("", "slurmdbd's SlurmUser, owner of slurmdbd.conf; empty: slurm.conf's SlurmUser "
                               "(Slurm's default: root)", "str", pattern=r"^[a-z_][a-z0-9_-]*$|^$")
     slurmdbd_conf: str = setting("", "where `accounting config` writes slurmdbd.conf; empty: beside slurm.conf, "

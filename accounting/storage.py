@@ -24,6 +24,7 @@ fix (mount the right one, or restore a backup) is the operator's to make.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import logging
@@ -39,7 +40,8 @@ from slurm_ext.errors import SlurmExtError
 
 log = logging.getLogger("accounting")
 
-__all__ = ["MARKER_NAME", "MEMORY_FS", "SpaceWatch", "free_mib", "Volume", "Identity", "Verdict", "StorageRefused", "check", "commit", "filesystem_of", "EPHEMERAL_NOTE"]
+__all__ = ["MARKER_NAME", "MEMORY_FS", "EPHEMERAL_NOTE", "Volume", "Identity", "Verdict", "StorageRefused", "check",
+           "commit", "filesystem_of", "free_mib", "SpaceWatch"]
 
 #: the identity marker's file name, at the top of each guarded volume
 MARKER_NAME = "slurm-ext-volume.json"
@@ -66,6 +68,9 @@ class Identity:
     created: str
     #: database or state
     kind: str
+    #: marked together with its partner (one host saw both): an empty partner is then a replaced one, not a
+    #: first start (a controller may mark StateSaveLocation before the database exists)
+    paired: bool = False
 
     def describe(self) -> str:
         return f"cluster {self.cluster!r}, id {self.id}, initialised {self.created}"
@@ -118,54 +123,66 @@ def check(volumes: list[Volume], cluster: str, min_free_mib: int, allow_ephemera
         _check_free(volume, min_free_mib)
     markers = {v.kind: _read_marker(v) for v in volumes}
     for volume in volumes:
-        found = markers[volume.kind]
-        if found is not None and found.cluster != cluster:
-            raise StorageRefused(
-                f"{volume.name} {volume.path} belongs to another cluster: its marker {volume.marker} says "
-                f"{found.describe()}, this is cluster {cluster!r}. Two clusters must not share a database or a "
-                f"StateSaveLocation: mount this cluster's volume, or fix accounting.cluster / ClusterName")
-        # StateSaveLocation is marked before slurmctld first writes to it: only the database (initialised
-        # before its marker is written) has data whenever it has a marker
-        if found is not None and volume.kind == "database" and not volume.has_data():
-            raise StorageRefused(
-                f"{volume.name} {volume.path} was initialised before ({found.describe()}) but its data is gone "
-                f"(no {', '.join(p.name for p in volume.data)}): the volume was replaced, emptied or mounted "
-                f"wrong. Refusing to initialise an empty one over the history: mount the right volume, or "
-                f"restore a backup (`slurm-ext accounting restore`); to start over on purpose, remove "
-                f"{volume.marker}")
-    if len(volumes) == 2 and all(markers.values()):
-        database, state = markers["database"], markers["state"]
-        if database.id != state.id:
-            raise StorageRefused(
-                f"the accounting database and StateSaveLocation disagree: {volumes[0].marker} says "
-                f"{markers[volumes[0].kind].describe()}, {volumes[1].marker} says "
-                f"{markers[volumes[1].kind].describe()}. One of them was re-created or restored without the "
-                f"other (slurmctld would stop on CLUSTER ID MISMATCH, or reuse job ids): mount the pair that "
-                f"belongs together, or restore both from the same point")
-    known = next((m for m in markers.values() if m is not None), None)
-    shared = known  # a new marker takes the pair's id: its partner's, or one made for both now
+        _check_marker(volume, markers[volume.kind], cluster)
+    if len(volumes) == 2 and all(markers.values()) and markers["database"].id != markers["state"].id:
+        one, two = volumes
+        raise StorageRefused(
+            f"the accounting database and StateSaveLocation disagree: {one.marker} says "
+            f"{markers[one.kind].describe()}, {two.marker} says {markers[two.kind].describe()}. One of them was "
+            f"re-created or restored without the other (slurmctld would stop on CLUSTER ID MISMATCH, or reuse job "
+            f"ids): mount the pair that belongs together, or restore both from the same point")
+    _plan_markers(volumes, markers, cluster, verdict, prefix)
+    for volume in volumes:
+        verdict.notes.append(f"{prefix}{volume.name} {volume.path}: OK ({filesystem_of(volume.path, mountinfo)})")
+    return verdict
+
+
+def _check_marker(volume: Volume, found: Identity | None, cluster: str) -> None:
+    if found is None:
+        return
+    if found.cluster != cluster:
+        raise StorageRefused(
+            f"{volume.name} {volume.path} belongs to another cluster: its marker {volume.marker} says "
+            f"{found.describe()}, this is cluster {cluster!r}. Two clusters must not share a database or a "
+            f"StateSaveLocation: mount this cluster's volume, or fix accounting.cluster / ClusterName")
+    # StateSaveLocation is marked before slurmctld first writes to it: only the database (initialised
+    # before its marker is written) has data whenever it has a marker
+    if volume.kind == "database" and not volume.has_data():
+        raise StorageRefused(
+            f"{volume.name} {volume.path} was initialised before ({found.describe()}) but its data is gone "
+            f"(no {', '.join(p.name for p in volume.data)}): the volume was replaced, emptied or mounted wrong. "
+            f"Refusing to initialise an empty one over the history: mount the right volume; to start over on "
+            f"purpose, remove {volume.marker}")
+
+
+def _plan_markers(volumes: list[Volume], markers: dict[str, Identity | None], cluster: str, verdict: Verdict,
+                  prefix: str) -> None:
+    """The markers to write: a new one takes the pair's id (its partner's, or one made for both now), and is
+    paired when this host sees both volumes; a partner marked alone becomes paired too."""
+    both = len(volumes) == 2
+    shared = next((m for m in markers.values() if m is not None), None)
     for volume in volumes:
         found = markers[volume.kind]
         if found is not None:
             verdict.identities[volume.kind] = found
+            if both and not found.paired:
+                verdict.to_mark.append((volume, dataclasses.replace(found, paired=True)))
             continue
-        if not volume.has_data() and known is not None:
-            partner = next(v for v in volumes if v is not volume)
+        partner = next((v for v in volumes if v is not volume), None)
+        if not volume.has_data() and partner is not None and (known := markers[partner.kind]) and known.paired:
             raise StorageRefused(
-                f"{volume.name} {volume.path} is empty, but {partner.name} {partner.path} was initialised "
-                f"with it ({known.describe()}): this volume was replaced by an empty one or lost. Refusing to "
-                f"initialise it: mount the right volume, or restore a backup (`slurm-ext accounting restore`)")
+                f"{volume.name} {volume.path} is empty, but {partner.name} {partner.path} was initialised with it "
+                f"({known.describe()}): this volume was replaced by an empty one or lost. Refusing to initialise "
+                f"it: mount the right volume (to start this one over on purpose, remove {partner.marker}: the "
+                f"pair is then marked anew)")
         identity = Identity(cluster, shared.id if shared else secrets.token_hex(8),
-                            shared.created if shared else _now(), volume.kind)
+                            shared.created if shared else _now(), volume.kind, paired=both)
         shared = shared or identity
         verdict.to_mark.append((volume, identity))
         verdict.notes.append(f"{prefix}{volume.name} {volume.path}: "
                              + ("holds data from before slurm-ext guarded it: marking it as "
                                 if volume.has_data() else "first initialisation: marking it as ")
                              + identity.describe())
-    for volume in volumes:
-        verdict.notes.append(f"{prefix}{volume.name} {volume.path}: OK ({filesystem_of(volume.path, mountinfo)})")
-    return verdict
 
 
 def commit(verdict: Verdict) -> None:
@@ -174,7 +191,9 @@ def commit(verdict: Verdict) -> None:
     Raises:
         StorageRefused: a marker cannot be written.
     """
-    for volume, identity in verdict.to_mark:
+    # StateSaveLocation's first: a database marker alone would make the next start take the unmarked
+    # state for a replaced one
+    for volume, identity in sorted(verdict.to_mark, key=lambda pair: pair[0].kind != "state"):
         try:
             fileio.atomic_write(volume.marker, json.dumps(asdict(identity), indent=1) + "\n", mode=0o644)
         except OSError as err:
@@ -186,7 +205,8 @@ def commit(verdict: Verdict) -> None:
 def _read_marker(volume: Volume) -> Identity | None:
     try:
         data = json.loads(volume.marker.read_text())
-        return Identity(**{k: str(data[k]) for k in ("cluster", "id", "created", "kind")})
+        return Identity(**{k: str(data[k]) for k in ("cluster", "id", "created", "kind")},
+                        paired=data.get("paired") is True)
     except FileNotFoundError:
         return None
     except OSError as err:
@@ -248,11 +268,17 @@ def _check_filesystem(volume: Volume, allow_ephemeral: bool, mountinfo: Path, ve
 
 
 def _check_writes(volume: Volume) -> None:
-    """Write, fsync and remove a probe: read-only mounts, full disks and a broken fsync show here."""
+    """Write and fsync a probe: read-only mounts, full disks and a broken fsync show here. An unnamed file
+    (O_TMPFILE) where the file system has them, so that a guard killed midway leaves nothing behind."""
     probe = volume.path / f".slurm-ext-probe-{secrets.token_hex(4)}"
     step = "create a file in it"
     try:
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fd = os.open(volume.path, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o600)
+        except OSError as err:
+            if err.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                raise
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             step = "write to it"
             os.write(fd, b"\0" * 4096)
@@ -301,13 +327,13 @@ class SpaceWatch(threading.Thread):
         super().__init__(name="storage-watch", daemon=True)
         self.volumes, self.min_free, self.emit, self.interval = volumes, min_free_mib, emit, interval
         self.low: set[str] = set()
-        self._stop = threading.Event()
+        self._stopped = threading.Event()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopped.set()
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._stopped.is_set():
             for volume in self.volumes:
                 if not volume.path.is_dir():  # not made yet (slurmctld makes its own at first start)
                     continue
@@ -315,7 +341,7 @@ class SpaceWatch(threading.Thread):
                     self.look(volume)
                 except OSError as err:
                     log.warning("%s %s: cannot read its free space: %s", volume.name, volume.path, err.strerror)
-            self._stop.wait(self.interval)
+            self._stopped.wait(self.interval)
 
     def look(self, volume: Volume) -> None:
         free = free_mib(volume.path)

@@ -144,6 +144,7 @@ def _write_files(layout: Layout) -> set[str]:
         path.mkdir(parents=True, exist_ok=True)
     layout.out.mkdir(exist_ok=True)
     layout.out.chmod(0o1777)
+    os.chown(layout.run, 0, 0)  # root writes the pidfiles here (an older dev cluster gave it to mysql)
     _prepare_munge(layout)
     if not layout.db_password.exists():  # the accounting agent writes it into slurmdbd.conf and MariaDB
         _write(layout.db_password, secrets.token_hex(16) + "\n", 0o600)

@@ -127,7 +127,11 @@ conf = "{layout.slurm_conf}"
 
 [supervisor]
 runtime_dir = "{layout.runtime_dir}"
-ports = {{worker = {s.worker_probe_port}, controller = {s.controller_probe_port}, accounting = {s.accounting_probe_port}}}
+
+[supervisor.ports]
+worker = {s.worker_probe_port}
+controller = {s.controller_probe_port}
+accounting = {s.accounting_probe_port}
 
 [accounting]
 volume = "{layout.accounting}"

@@ -144,6 +144,9 @@ _ENTRIES = (
     EventName("storage-checked", _SUPERVISOR, "info",
               "the durability guard accepted a database volume or StateSaveLocation (and marked a new one); "
               "a warning when ephemeral storage was allowed"),
+    EventName("storage-refused", _ACCOUNTING, "error",
+              "`slurm-ext accounting check-storage` refused a volume (the agents' own refusals are start-step-failed "
+              "events of step check-storage)"),
     EventName("storage-low", _ACCOUNTING, "error",
               "a guarded volume (the database's, StateSaveLocation) has less free space than accounting.min_free"),
     EventName("storage-ok", _ACCOUNTING, "info", "a volume that was low on space has accounting.min_free again"),
@@ -161,8 +164,10 @@ _ENTRIES = (
     EventName("slurmctld-killed-with-records", _SUPERVISOR, "error",
               "slurmctld was SIGKILLed past accounting.stop_deadline with accounting records queued: those not "
               "saved to dbd.messages are lost (reconcile lists them)"),
-    EventName("backup-done", _ACCOUNTING, "info", "a backup of the accounting database was written, with its manifest"),
-    EventName("backup-failed", _ACCOUNTING, "error", "a backup of the accounting database failed; nothing was kept of it"),
+    EventName("backup-done", _ACCOUNTING, "info",
+              "a backup of the accounting database was written, with its manifest"),
+    EventName("backup-failed", _ACCOUNTING, "error",
+              "a backup of the accounting database failed; nothing was kept of it"),
     EventName("restore-done", _ACCOUNTING, "info", "a backup was restored into the accounting database"),
     EventName("restore-failed", _ACCOUNTING, "error", "a restore was refused or failed; the database was not changed"),
     EventName("verify-done", _ACCOUNTING, "info", "a backup restored into a scratch MariaDB with the manifest's counts"),

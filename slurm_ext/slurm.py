@@ -268,16 +268,23 @@ class SlurmClient:
         return {key: value.strip() for key, value in re.findall(r"^(\w+)\s+= (.*)$", out, re.M)}
 
     def accounted_states(self, job_ids: list[int], chunk: int = 500) -> dict[int, str]:
-        """Job id -> its state in sacct (a requeued id: its last record); ids sacct lacks are left out."""
+        """Job id -> its state in sacct; ids sacct lacks are left out. An id with several records (requeued,
+        or a row a database crash left behind): a finished one if it has one, else its last."""
         states: dict[int, str] = {}
         for start in range(0, len(job_ids), chunk):
             ids = ",".join(map(str, job_ids[start:start + chunk]))
             out = self._run(["sacct", "-n", "-P", "-X", "-a", "-D", "-j", ids, "--format=JobIDRaw,State"]).stdout
             for line in out.splitlines():
                 raw, _, state = line.partition("|")
-                if raw.isdigit():
-                    states[int(raw)] = state.split()[0] if state else ""
+                state = state.split()[0] if state else ""
+                if raw.isdigit() and states.get(int(raw)) not in _FINISHED:
+                    states[int(raw)] = state
         return states
+
+    def clusters(self) -> list[str]:
+        """The clusters slurmdbd's database knows (`sacctmgr show cluster`)."""
+        out = self._run(["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"]).stdout
+        return [line.strip() for line in out.splitlines() if line.strip()]
 
     def runaway_jobs(self) -> list[str]:
         """`sacctmgr show runawayjobs` lines (id|name|partition|cluster|state|...), its offer to fix them

@@ -149,6 +149,8 @@ class Agent:
         if config_path:  # workers of slurm-ext itself (the hook service) read the same file
             environ[config_mod.ENV_VAR] = self.config_path
         self._systemd_socket = environ.pop("NOTIFY_SOCKET", None)
+        # the database password is the accounting step's to read (accounting.PASSWORD_ENV), no worker's
+        self._db_password = environ.pop("SLURM_EXT_DB_PASSWORD", None)
         self.base_env = environ
         self.port = port
         #: what slurmd's command line says (worker role): its node name, dynamic, configless (_fit_to_slurmd)
@@ -813,6 +815,8 @@ class Agent:
             return False, "start steps have not succeeded"
         for worker in self.workers:
             if not self.worker_ready(worker):
+                if worker.awaiting_after:
+                    return False, f"worker {worker.spec.name}: waits for {', '.join(worker.spec.after)}"
                 why = worker.state.value if worker.state != WorkerState.RUNNING else (
                     "no READY=1 yet" if worker.spec.ready == "notify" else self.liaison.node_problem)
                 return False, f"worker {worker.spec.name}: {why}"
@@ -974,7 +978,8 @@ def _uid(user: str) -> int | None:
     try:
         return pwd.getpwnam(user).pw_uid
     except KeyError:
-        log.warning("notify: no user %s on this host: its worker's notify socket stays root's", user)
+        log.warning("notify: no user %s on this host: its worker's notify socket stays root's, so a worker "
+                    "running as %s cannot say READY=1 (and workers after it never start)", user, user)
         return None
 
 

@@ -143,7 +143,8 @@ def check_storage(context: StepContext) -> None:
     from slurm_ext import accounting
     verdict = accounting.prepare_storage(context.config, context.role)
     for note in verdict.notes:
-        context.emit("storage-checked", note, severity="warning" if "EPHEMERAL" in note else "info")
+        ephemeral = note.startswith(accounting.EPHEMERAL_NOTE)
+        context.emit("storage-checked", note, severity="warning" if ephemeral else "info")
 
 
 def steps_for(role: str) -> list[StartStep]:
@@ -161,8 +162,9 @@ def steps_for(role: str) -> list[StartStep]:
     steps = [StartStep("preflight", preflight)] if role in ("worker", "controller", "accounting") else []
     if role == "accounting":
         steps.append(StartStep("accounting-config", accounting_config, on_failure="block"))
-    if role in ("accounting", "controller"):
-        steps.append(StartStep("check-storage", check_storage, on_failure="block"))
+    if role in ("accounting", "controller"):  # also before the restart of what writes to the volume
+        steps.append(StartStep("check-storage", check_storage, on_failure="block",
+                               before_restart_of="mariadbd" if role == "accounting" else "slurmctld"))
     if role == "worker":
         steps.append(StartStep("clear-stale-drains", clear_stale_drains))
         steps.append(StartStep("gres-regenerate", regenerate_gres, on_failure="block", before_restart_of="slurmd"))

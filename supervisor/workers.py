@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from .settings import SupervisorSection, WorkerSection
 
-__all__ = ["WorkerSpec", "BUILTIN", "ROLE_DAEMON", "ROLE_DAEMON_OPTIONS", "NOTIFY_SLURMD", "workers_for", "speaks_notify",
-           "local_database"]
+__all__ = ["WorkerSpec", "BUILTIN", "ROLE_DAEMON", "ROLE_DAEMON_OPTIONS", "NOTIFY_SLURMD", "workers_for",
+           "speaks_notify", "local_database"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +112,7 @@ def workers_for(role: str, settings: SupervisorSection, daemon_args: tuple[str, 
         if spec_after:
             raise ValueError(f"supervisor.workers.{spec.name}: starts after {', '.join(spec_after)}, which role "
                              f"{role} does not run")
+    _check_order(chosen)
     if daemon_args:
         daemon = ROLE_DAEMON[role]
         if daemon not in {spec.name for spec in chosen}:
@@ -120,6 +121,21 @@ def workers_for(role: str, settings: SupervisorSection, daemon_args: tuple[str, 
         chosen = [dataclasses.replace(spec, command=spec.command + tuple(daemon_args)) if spec.name == daemon
                   else spec for spec in chosen]
     return chosen
+
+
+def _check_order(specs: list[WorkerSpec]) -> None:
+    """`after` must name workers listed before: the start order, whose reverse is the stop order.
+
+    Raises:
+        ValueError: a worker after one listed later (or itself), which would wait forever.
+    """
+    seen: set[str] = set()
+    for spec in specs:
+        late = [name for name in spec.after if name not in seen]
+        if late:
+            raise ValueError(f"supervisor.workers.{spec.name}: starts after {', '.join(late)}, which starts later "
+                             f"(built-in workers first, in their order, then the config's): it would wait forever")
+        seen.add(spec.name)
 
 
 def speaks_notify(version_line: str) -> bool:

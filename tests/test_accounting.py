@@ -51,8 +51,25 @@ def test_a_database_volume_replaced_by_an_empty_one_is_refused_and_left_empty(tm
     database.path.mkdir()
     with pytest.raises(storage.StorageRefused, match="replaced by an empty one or lost") as refused:
         storage.check([database, state], "c1", 0)
-    assert str(database.path) in str(refused.value) and "restore" in str(refused.value)
+    assert str(database.path) in str(refused.value) and "mount the right volume" in str(refused.value)
     assert list(database.path.iterdir()) == []
+
+
+def test_a_state_marked_alone_first_takes_its_database_in_at_the_first_initialisation(tmp_path):
+    """A controller that starts before the database marks StateSaveLocation alone (unpaired): the database's
+    first initialisation then joins it, and from then on an empty database is a replaced one."""
+    database, state = _volumes(tmp_path)
+    storage.commit(storage.check([state], "c1", 0))
+    assert json.loads(state.marker.read_text())["paired"] is False
+    verdict = storage.check([database, state], "c1", 0)
+    (tmp_path / "db/mysql/mysql").mkdir(parents=True)
+    storage.commit(verdict)
+    one, two = (json.loads(v.marker.read_text()) for v in (database, state))
+    assert one["id"] == two["id"] and one["paired"] is two["paired"] is True
+    os.rename(database.path, tmp_path / "aside")
+    database.path.mkdir()
+    with pytest.raises(storage.StorageRefused, match="replaced by an empty one"):
+        storage.check([database, state], "c1", 0)
 
 
 def test_a_marker_without_its_database_is_refused(tmp_path):
@@ -115,11 +132,14 @@ def test_my_cnf_follows_slurms_advice_and_keeps_everything_on_the_volume():
 
 
 def test_the_password_is_quoted_for_sql_and_refused_where_slurmdbd_conf_cannot_hold_it(tmp_path):
-    sql = render.init_sql(AccountingSection(), "it's\\x")
-    assert "IDENTIFIED BY 'it''s\\\\x'" in sql and "innodb" not in sql
+    sql = render.init_sql(AccountingSection(), "it's")
+    assert "IDENTIFIED BY 'it''s'" in sql and "innodb" not in sql
     secret = tmp_path / "pw"
     secret.write_text("has space\n")
     with pytest.raises(ConfigError, match="printable ASCII without spaces"):
+        password(AccountingSection(password_file=str(secret)), {})
+    secret.write_text("back\\slash\n")
+    with pytest.raises(ConfigError, match="without spaces, '#' or"):
         password(AccountingSection(password_file=str(secret)), {})
     with pytest.raises(ConfigError, match="SLURM_EXT_DB_PASSWORD"):
         password(AccountingSection(), {})
@@ -157,6 +177,9 @@ def test_guarded_volumes_per_role(tmp_path):
     assert [v.kind for v in guarded_volumes(loaded, "accounting")] == ["database"]
     (tmp_path / "ctld").mkdir()
     assert [v.kind for v in guarded_volumes(loaded, "accounting")] == ["database", "state"]
+    assert [v.kind for v in guarded_volumes(loaded, "controller")] == ["state"]  # the database not marked yet
+    (tmp_path / "acct").mkdir()
+    (tmp_path / "acct" / storage.MARKER_NAME).write_text("{}")
     assert [v.kind for v in guarded_volumes(loaded, "controller")] == ["database", "state"]
 
 
@@ -172,13 +195,16 @@ def test_the_queue_alarm_speaks_once_per_threshold_and_when_the_outage_ends():
     assert alarm.observe(0, 10000, now=101) == [] and alarm.observe(1, 10000, now=102) == []
 
 
-def test_the_witness_keeps_each_jobs_last_end_since_a_time(tmp_path):
+def test_the_witness_keeps_each_jobs_last_end_since_a_time_and_a_job_name_cannot_pose_as_another_job(tmp_path):
+    def line(job, user, name, state, end):
+        return (f"JobId={job} UserId={user} GroupId=g(1) Name={name} JobState={state} Partition=debug "
+                f"TimeLimit=UNLIMITED StartTime={end} EndTime={end} NodeList=n1 NodeCnt=1 ProcCnt=1 WorkDir=/tmp "
+                f"ReservationName= Tres=cpu=1 Account=a QOS=normal WcKey= Cluster=c1 SubmitTime={end} "
+                f"EligibleTime={end} DerivedExitCode=0:0 ExitCode=0:0\n")
     log = tmp_path / "jobcomp.log"
-    log.write_text(
-        "JobId=7 UserId=alice(1001) GroupId=a(1) Name=a b JobState=COMPLETED Partition=p EndTime=2026-01-01T10:00:00 x\n"
-        "garbage line\n"
-        "JobId=8 UserId=bob(1002) GroupId=b(2) Name=x JobState=FAILED Partition=p EndTime=2026-01-02T10:00:00 x\n"
-        "JobId=7 UserId=alice(1001) GroupId=a(1) Name=a JobState=TIMEOUT Partition=p EndTime=2026-01-03T10:00:00 x\n")
+    log.write_text(line(7, "alice(1001)", "a b", "COMPLETED", "2026-01-01T10:00:00") + "garbage line\n"
+                   + line(8, "bob(1002)", "x JobId=9 UserId=eve(6)", "FAILED", "2026-01-02T10:00:00")
+                   + line(7, "alice(1001)", "a", "TIMEOUT", "2026-01-03T10:00:00"))
     jobs = read_witness(log)
     assert [(j.job_id, j.state, j.user, j.line) for j in jobs] == [(7, "TIMEOUT", "alice", 4), (8, "FAILED", "bob", 3)]
     assert [j.job_id for j in read_witness(log, since=datetime(2026, 1, 2, 12))] == [7]
@@ -203,7 +229,8 @@ def test_the_controller_agent_holds_sigkill_while_slurmctld_holds_records_and_sa
     real daemons: test_accounting_cluster's clean stop keeps every record.)"""
     tools = tmp_path / "bin"
     tools.mkdir()
-    for name, text in (("sdiag", "echo 'DBD Agent queue size: 7'"), ("scontrol", "echo 'MaxDBDMsgs              = 20000'"),
+    for name, text in (("sdiag", "echo 'DBD Agent queue size: 7'"),
+                       ("scontrol", "echo 'MaxDBDMsgs              = 20000'"),
                        ("slurmctld", "trap '' TERM; while :; do sleep 0.1; done")):
         (tools / name).write_text(f"#!/bin/sh\n{text}\n")
         (tools / name).chmod(0o755)

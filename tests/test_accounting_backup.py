@@ -40,7 +40,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("mariadbd"
 CLUSTER = "bktest"
 DB = "slurm_acct_db"
 #: printable, no space or '#' (what accounting.database.password accepts), and hard to quote
-PASSWORD = 'Bk"t\\es;t`1\'x'
+PASSWORD = 'Bk"t/es;t`1\'x'
 #: the live database's size: large enough that its compressed dump overflows FULL_TMPFS
 JOBS = 6000
 FULL_TMPFS = "512k"

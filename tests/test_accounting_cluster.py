@@ -350,7 +350,8 @@ def test_a_backup_taken_during_submission_verifies_and_restores_into_a_new_datab
     assert len(dumps) == 1 and "rows" in done.stdout, done.stdout
     manifest = json.loads(dumps[0].with_name(dumps[0].name.replace(".sql.gz", ".manifest.json")).read_text())
     assert manifest["cluster"] == ACCOUNTING_CLUSTER["cluster_name"]
-    assert manifest["identity"]["id"] == json.loads((acct.layout.accounting / "slurm-ext-volume.json").read_text())["id"]
+    marker = json.loads((acct.layout.accounting / "slurm-ext-volume.json").read_text())
+    assert manifest["identity"]["id"] == marker["id"]
     jobs = manifest["tables"][f"{ACCOUNTING_CLUSTER['cluster_name']}_job_table"]
     assert jobs >= 10, manifest["tables"]
 
@@ -373,3 +374,31 @@ def test_a_backup_taken_during_submission_verifies_and_restores_into_a_new_datab
             assert server.counts("slurm_acct_db") == manifest["tables"]
     finally:
         shutil.rmtree(workdir)
+
+
+def test_a_controller_alone_refuses_a_database_that_does_not_know_its_cluster(acct):
+    """What a controller pod sees (no database volume beside it): StateSaveLocation with slurmctld's state, and a
+    slurmdbd whose database does not know the cluster (re-created empty, or another one). Here: a copy of this
+    cluster's StateSaveLocation under another cluster's name, against the real slurmdbd."""
+    work = temp_dir()
+    try:
+        state = work / "ctld"
+        shutil.copytree(acct.layout.ctld_state, state)
+        marker = state / "slurm-ext-volume.json"
+
+        def check(cluster: str) -> subprocess.CompletedProcess:
+            marker.write_text(json.dumps({**json.loads(marker.read_text()), "cluster": cluster}))
+            conf = work / "slurm-ext.toml"
+            conf.write_text(f'[slurm]\nconf = "{acct.layout.slurm_conf}"\n[supervisor]\nruntime_dir = "{work}/run"\n'
+                            f'[accounting]\ncluster = "{cluster}"\nstate_save_location = "{state}"\n'
+                            f'volume = "{work}/acct"\nmin_free = 1\n')
+            return cli("--config", str(conf), "accounting", "check-storage", "--role", "controller")
+
+        refused = check("elsewhere")
+        assert refused.returncode == 3, refused
+        assert f"holds the state of cluster elsewhere, but slurmdbd's database knows only " \
+               f"{ACCOUNTING_CLUSTER['cluster_name']}" in refused.stderr, refused.stderr
+        accepted = check(ACCOUNTING_CLUSTER["cluster_name"])
+        assert accepted.returncode == 0 and "StateSaveLocation" in accepted.stdout, accepted
+    finally:
+        shutil.rmtree(work)

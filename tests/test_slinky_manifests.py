@@ -89,9 +89,10 @@ def validate(doc: dict, crd_schemas: dict) -> None:
     spec = doc.get("spec", {})
     for field in CONTAINER_FIELDS:
         if field in spec:
-            pod_spec = {**spec.get("template", {}).get("spec", {}), "containers": [{"name": field, **spec.get(field, {})}]}
-            kubernetes_validate.validate({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": doc["metadata"]["name"]},
-                                          "spec": pod_spec}, KUBERNETES, strict=True)
+            pod_spec = {**spec.get("template", {}).get("spec", {}),
+                        "containers": [{"name": field, **spec.get(field, {})}]}
+            pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": doc["metadata"]["name"]}, "spec": pod_spec}
+            kubernetes_validate.validate(pod, KUBERNETES, strict=True)
 
 
 def _documents() -> list[tuple[str, dict]]:
