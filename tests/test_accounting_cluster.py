@@ -189,6 +189,7 @@ def test_the_pair_comes_back_from_kill_9_during_300_jobs_and_nothing_is_lost(acc
     # a database killed mid-commit can leave a job's first row behind as a runaway (seen once, in a run whose
     # kills came while slurmdbd started): reconcile lists those too, and only those make it exit 1
     assert code == (1 if found["runaway"] else 0), found
+    print(f"runaway after the kills: {found['runaway']}")
 
 
 def test_slurm_loses_a_killed_slurmctlds_queue_and_reconcile_lists_exactly_those_jobs(acct):
@@ -224,7 +225,8 @@ def test_slurm_loses_a_killed_slurmctlds_queue_and_reconcile_lists_exactly_those
             assert _metric(acct, "slurm_ext_accounting_missing_jobs") == 50
         else:
             assert all(states.get(i) == "COMPLETED" for i in ids), states
-            assert code == 0 and missing == [], found
+            # runaway rows an earlier kill -9 of the database may have left make it exit 1, nothing of this run
+            assert missing == [] and code == (1 if found["runaway"] else 0), found
     growing = _events(acct, "dbd-queue-growing")[-1]
     assert growing["queued"] >= 50 and "slurmdbd or its database is away" in growing["message"], growing
 
