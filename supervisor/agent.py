@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurm_ext import command, config as config_mod, events, fileio
+from slurm_ext.accounting.settings import PASSWORD_ENV
 from slurm_ext.config import Config
 from slurm_ext.errors import CommandError, ConfigError, SlurmExtError
 from slurm_ext.procfs import all_stats, read_stat
@@ -149,8 +150,9 @@ class Agent:
         if config_path:  # workers of slurm-ext itself (the hook service) read the same file
             environ[config_mod.ENV_VAR] = self.config_path
         self._systemd_socket = environ.pop("NOTIFY_SOCKET", None)
-        # the database password is the accounting step's to read (accounting.PASSWORD_ENV), no worker's
-        self._db_password = environ.pop("SLURM_EXT_DB_PASSWORD", None)
+        # the database password is for the accounting step (which reads this process's own environment), not
+        # for any worker
+        environ.pop(PASSWORD_ENV, None)
         self.base_env = environ
         self.port = port
         #: what slurmd's command line says (worker role): its node name, dynamic, configless (_fit_to_slurmd)

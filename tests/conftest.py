@@ -42,6 +42,7 @@ TEST_CLUSTER = dict(
     mariadb_port=13307,
     controller_probe_port=19811,
     worker_probe_port=19810,
+    accounting_probe_port=19812,
     gpu_count=4,
     gpu_type="h200",
     up_timeout=60.0,

@@ -208,7 +208,7 @@ def test_a_taken_port_is_a_clear_error_before_anything_starts(cluster, tmp_path)
         tmp_path.chmod(0o755)
         other = replace(cluster.settings, state_dir=str(state_dir), node_name="portnode",
                         slurmctld_port=port, slurmd_port=port + 1 if port < 65535 else port - 1,
-                        slurmdbd_port=26819, mariadb_port=23307)
+                        slurmdbd_port=26819, mariadb_port=23307, accounting_probe_port=26812)
         with pytest.raises(DevClusterError, match=f"supervise-controller: port {port} on 127.0.0.1 is taken"):
             dev.up(other)
         assert not any(d.pid for d in dev.status(other).daemons if d.name != "munged")
