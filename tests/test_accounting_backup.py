@@ -34,12 +34,9 @@ from slurm_ext.accounting.settings import AccountingSection
 from slurm_ext.config import Config, SlurmSection
 from slurm_ext.eventnames import CATALOGUE
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("mariadbd"),
-                                reason="needs root and mariadb-server")
-
 CLUSTER = "bktest"
 DB = "slurm_acct_db"
-#: printable, no space or '#' (what accounting.database.password accepts), and hard to quote
+#: printable, no space, '#' or backslash (what accounting.database.password accepts), and hard to quote
 PASSWORD = 'Bk"t/es;t`1\'x'
 #: the live database's size: large enough that its compressed dump overflows FULL_TMPFS
 JOBS = 6000
