@@ -29,7 +29,7 @@ from . import render, slurmconf, storage
 from .settings import PASSWORD_ENV, AccountingSection
 
 __all__ = ["Written", "configured", "password", "cluster_name", "write_config", "guarded_volumes", "prepare_storage",
-           "memory_mib", "slurm_conf_path", "places_of"]
+           "memory_mib", "places_of"]
 
 #: what a StoragePass may hold: slurmdbd.conf has no quoting, '#' starts a comment, and a backslash means
 #: two things in SQL depending on sql_mode (NO_BACKSLASH_ESCAPES)
@@ -43,12 +43,8 @@ class Written:
     init_sql: Path | None
 
 
-def slurm_conf_path(config: Config) -> Path:
-    return Path(config.slurm.conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
-
-
 def _slurm_values(config: Config) -> dict[str, str]:
-    path = slurm_conf_path(config)
+    path = config.slurm.conf_path()
     return slurmconf.read(path) if path.exists() else dict(slurmconf.DEFAULTS)
 
 
@@ -61,7 +57,7 @@ def cluster_name(config: Config) -> str:
     name = config.accounting.cluster or _slurm_values(config).get("clustername", "")
     if not name:
         raise ConfigError(config.source or "<defaults>", f"no cluster name: set accounting.cluster, or ClusterName "
-                          f"in {slurm_conf_path(config)}", key="accounting.cluster")
+                          f"in {config.slurm.conf_path()}", key="accounting.cluster")
     return name
 
 
@@ -145,7 +141,7 @@ def write_config(config: Config, environ: dict[str, str] | None = None, slurmdbd
         values = _slurm_values(config)
         slurm_user = settings.slurm_user or values["slurmuser"]
         uid, gid = _owner(slurm_user)
-        conf = Path(settings.slurmdbd_conf or slurm_conf_path(config).parent / "slurmdbd.conf")
+        conf = Path(settings.slurmdbd_conf or config.slurm.conf_path().parent / "slurmdbd.conf")
         conf.parent.mkdir(parents=True, exist_ok=True)
         _write(conf, render.slurmdbd_conf(settings, secret, slurm_user, values["authtype"]), 0o600, uid, gid)
     if not settings.run_database:

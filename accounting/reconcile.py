@@ -12,6 +12,7 @@ metric.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import time
@@ -70,7 +71,7 @@ class Findings:
 
     def as_dict(self) -> dict:
         return {"witness": str(self.witness), "since": self.since.isoformat() if self.since else None,
-                "checked": self.checked, "missing": [vars_of(j) for j in self.missing], "runaway": self.runaway}
+                "checked": self.checked, "missing": [dataclasses.asdict(j) for j in self.missing], "runaway": self.runaway}
 
 
 def _record(config: Config, findings: Findings) -> None:
@@ -92,10 +93,6 @@ def last_result(state_dir: str) -> dict | None:
         return None
 
 
-def vars_of(job: WitnessJob) -> dict:
-    return {name: getattr(job, name) for name in job.__slots__}
-
-
 def witness_path(config: Config) -> Path:
     """accounting.witness, else slurm.conf's JobCompLoc when JobCompType is jobcomp/filetxt.
 
@@ -104,8 +101,7 @@ def witness_path(config: Config) -> Path:
     """
     if config.accounting.witness:
         return Path(config.accounting.witness)
-    from .database import slurm_conf_path
-    conf = slurm_conf_path(config)
+    conf = config.slurm.conf_path()
     values = slurmconf.read(conf) if conf.exists() else slurmconf.DEFAULTS
     if values["jobcomptype"].lower() == "jobcomp/filetxt" and values["jobcomploc"]:
         return Path(values["jobcomploc"])

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from slurm_ext import fileio
+from slurm_ext import fileio, procfs
 from slurm_ext.errors import SlurmExtError
 
 log = logging.getLogger("accounting")
@@ -232,17 +232,13 @@ def filesystem_of(path: Path, mountinfo: Path = Path("/proc/self/mountinfo")) ->
     real = os.path.realpath(target)
     best, fstype = "", "unknown"
     try:
-        lines = mountinfo.read_text().splitlines()
+        found = procfs.mounts(mountinfo)
     except OSError:
         return fstype
-    for line in lines:
-        left, _, right = line.partition(" - ")
-        fields = left.split()
-        if len(fields) < 5 or not right:
-            continue
-        point = fields[4].encode().decode("unicode_escape")  # \040 for a space
+    for mount in found:
+        point = mount.point
         if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
-            best, fstype = point, right.split()[0]
+            best, fstype = point, mount.fstype
     return fstype
 
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from .generation import Generation
 
-__all__ = ["regenerate", "generate", "read_inventory", "output_path", "slurm_conf_path", "Generation", "Inventory",
+__all__ = ["regenerate", "generate", "read_inventory", "output_path", "Generation", "Inventory",
            "GresError", "OWNER"]
 
 #: the owner of this component's drains in the node-state catalogue (slurm_ext.nodestate)
@@ -29,8 +29,7 @@ OWNER = "gres"
 
 # Imported on first use: loading a config with a [gres] section imports this package (its settings),
 # and the Python hooks load the config once per job.
-_LAZY = {"generate": "generation", "output_path": "generation", "slurm_conf_path": "generation",
-         "Generation": "generation",
+_LAZY = {"generate": "generation", "output_path": "generation", "Generation": "generation",
          "read_inventory": "inventory", "Inventory": "inventory", "GresError": "inventory"}
 
 
@@ -71,13 +70,13 @@ def regenerate(config: Config, node: str, emit: Callable[..., object], node_stat
     from slurm_ext.errors import CommandError, SlurmExtError
 
     from .check import compare_counts, nvml_counts, slurmd_counts
-    from .generation import generate, slurm_conf_path
+    from .generation import generate
 
     generation = generate(config, node, emit=emit)
     drain = generation.drain
     if generation.inventory is not None and drain is None:
         try:
-            seen = slurmd_counts(None if configless else slurm_conf_path(config), generation.text, node,
+            seen = slurmd_counts(None if configless else config.slurm.conf_path(), generation.text, node,
                                  gres=generation.gres, inventory=generation.inventory)
             mismatch = compare_counts(nvml_counts(generation.inventory), seen, "slurmd -G")
         except (CommandError, OSError) as err:

@@ -75,7 +75,7 @@ def _gres_inventory(args: argparse.Namespace) -> int:
 
 
 def _gres_check(args: argparse.Namespace) -> int:
-    from . import read_inventory, slurm_conf_path
+    from . import read_inventory
     from .check import compare_counts, nvml_counts, parse_gres, slurmd_counts
     from .render import gres_conf
     from slurm_ext.slurm import SlurmClient
@@ -83,7 +83,7 @@ def _gres_check(args: argparse.Namespace) -> int:
     node = loaded.node.slurm_name
     inventory = read_inventory(dev_dir=Path(loaded.gres.dev_dir), types=loaded.gres.types)
     expected = nvml_counts(inventory)
-    problems = compare_counts(expected, slurmd_counts(slurm_conf_path(loaded), gres_conf(inventory, node), node),
+    problems = compare_counts(expected, slurmd_counts(loaded.slurm.conf_path(), gres_conf(inventory, node), node),
                               "slurmd -G")
     running = SlurmClient(loaded.slurm).node(node)
     problems += compare_counts(expected, parse_gres(running.gres), f"node {node} in slurmctld")

@@ -13,7 +13,6 @@ hardware (`slurm-ext gres generate --accept`).
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -24,7 +23,7 @@ from . import render
 from .drift import Drift, compare
 from .inventory import GresError, Inventory, read_inventory
 
-__all__ = ["Generation", "generate", "output_path", "slurm_conf_path"]
+__all__ = ["Generation", "generate", "output_path"]
 
 @dataclass(frozen=True, slots=True)
 class Generation:
@@ -45,17 +44,11 @@ class Generation:
         return render.gres_string(self.inventory) if self.inventory else ""
 
 
-def slurm_conf_path(config: Config, environ: dict[str, str] | None = None) -> Path:
-    """slurm.conf as Slurm's tools find it: slurm.conf, else $SLURM_CONF, else /etc/slurm/slurm.conf."""
-    env = os.environ if environ is None else environ
-    return Path(config.slurm.conf or env.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
-
-
 def output_path(config: Config, environ: dict[str, str] | None = None) -> Path:
     """gres.output, else gres.conf beside slurm.conf (the only place Slurm reads it)."""
     if config.gres.output:
         return Path(config.gres.output)
-    return slurm_conf_path(config, environ).parent / "gres.conf"
+    return config.slurm.conf_path(environ).parent / "gres.conf"
 
 
 def generate(config: Config, node: str, *, emit: Callable[..., object], dry_run: bool = False, accept: bool = False,

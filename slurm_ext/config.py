@@ -114,6 +114,11 @@ class SlurmSection:
     json: str = setting("auto", "use the tools' --json output: auto (when the installed Slurm has it), always, never",
                         "choice", choices=("auto", "always", "never"))
 
+    def conf_path(self, environ: dict[str, str] | None = None) -> Path:
+        """slurm.conf as Slurm's tools find it: `conf`, else $SLURM_CONF, else /etc/slurm/slurm.conf."""
+        env = os.environ if environ is None else environ
+        return Path(self.conf or env.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
+
 
 #: the roles a node agent can run (`slurm-ext supervise --role`); a core word, shared by the
 #: components (the supervisor's ports and workers, the lifecycle scripts' directories)

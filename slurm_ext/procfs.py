@@ -9,11 +9,12 @@ scan passes one, since it is joined with every pid several times).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ProcStat", "read_stat", "pid_alive", "comm", "all_stats", "real_uid", "pids"]
+__all__ = ["ProcStat", "read_stat", "pid_alive", "comm", "all_stats", "real_uid", "pids", "Mount", "mounts"]
 
 PROC = Path("/proc")
 #: bytes read of /proc/PID/stat: 52 numbers and a name of at most 64 bytes fit with room to spare
@@ -117,3 +118,30 @@ def all_stats(proc: Path | str = PROC) -> Iterator[ProcStat]:
         stat = read_stat(pid, proc)
         if stat is not None:
             yield stat
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    """One line of /proc/self/mountinfo: where, with which options, what file system."""
+
+    point: str
+    options: tuple[str, ...]
+    fstype: str
+
+
+def mounts(mountinfo: Path = Path("/proc/self/mountinfo")) -> list[Mount]:
+    """The mounts of `mountinfo`, mount points unescaped (the kernel writes a space as \\040); lines not in
+    the kernel's format are skipped.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    found = []
+    for line in mountinfo.read_text().splitlines():
+        before, _, after = line.partition(" - ")
+        fields = before.split()
+        if len(fields) < 6 or not after.split():
+            continue
+        point = re.sub(r"\\([0-7]{3})", lambda code: chr(int(code.group(1), 8)), fields[4])
+        found.append(Mount(point, tuple(fields[5].split(",")), after.split()[0]))
+    return found

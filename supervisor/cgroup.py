@@ -25,7 +25,7 @@ import logging
 import os
 from pathlib import Path
 
-from slurm_ext import cgroupfs
+from slurm_ext import cgroupfs, procfs
 from slurm_ext.errors import SlurmExtError
 
 __all__ = ["CgroupError", "leave_root_cgroup", "make_writable"]
@@ -182,14 +182,9 @@ def make_writable(cgroup_root: Path = Path("/sys/fs/cgroup"),
     root = str(cgroup_root).rstrip("/")
     remounted = []
     libc = ctypes.CDLL(None, use_errno=True)
-    for line in mountinfo.read_text().splitlines():
-        before, _, after = line.partition(" - ")
-        fields, fstype = before.split(), (after.split() or [""])[0]
-        if len(fields) < 6:
-            continue  # not the kernel's format: nothing to remount from it
-        point = fields[4].replace("\\040", " ")
-        options = fields[5].split(",")
-        if fstype not in ("cgroup", "cgroup2") or "ro" not in options:
+    for mount in procfs.mounts(mountinfo):
+        point, options = mount.point, mount.options
+        if mount.fstype not in ("cgroup", "cgroup2") or "ro" not in options:
             continue
         if point != root and not point.startswith(root + "/"):
             continue
