@@ -154,6 +154,8 @@ def _write_files(layout: Layout) -> set[str]:
     fakenvml.build(layout.lib)
     if not layout.gpu_spec.exists():
         fakenvml.write_spec(layout.gpu_spec, fakenvml.default_gpus(s.gpu_count, s.gpu_name))
+    if not s.kernel_log:
+        layout.kernel_log.touch()  # the worker's simulated kernel log: kernel lines appended to it are judged
 
     prolog, epilog = layout.bin / "slurm-ext-prolog", layout.bin / "slurm-ext-epilog"
     from slurm_ext.prolog_epilog import build_hook, write_launchers  # dev assembles the components into a cluster

@@ -95,6 +95,11 @@ class Layout:
         return self.root / "gpus.json"
 
     @property
+    def kernel_log(self) -> Path:
+        """The worker's kernel log (health.kernel_log): a file of its own unless [dev] kernel_log names another."""
+        return Path(self.settings.kernel_log) if self.settings.kernel_log else self.root / "kmsg"
+
+    @property
     def jobcomp_log(self) -> Path:
         """slurmctld's jobcomp/filetxt log, the witness of every job end (`slurm-ext accounting reconcile`)."""
         return self.ctld_state / "jobcomp.log"

@@ -152,6 +152,11 @@ dev_dir = "{layout.dev}"
 types = {{"{s.gpu_name}" = "{s.gpu_type}"}}
 expected = {s.gpu_count}
 
+[health]
+interval = "{s.health_interval:g}s"
+kernel_log = "{layout.kernel_log}"
+paths = ["{layout.node_state}"]
+
 [supervisor.workers.slurmctld]
 stop_grace = "10s"
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from .generation import Generation
 
-__all__ = ["regenerate", "generate", "read_inventory", "output_path", "Generation", "Inventory",
+__all__ = ["regenerate", "generate", "read_inventory", "output_path", "baseline", "Generation", "Inventory",
            "GresError", "OWNER"]
 
 #: the owner of this component's drains in the node-state catalogue (slurm_ext.nodestate)
@@ -29,7 +29,7 @@ OWNER = "gres"
 
 # Imported on first use: loading a config with a [gres] section imports this package (its settings),
 # and the Python hooks load the config once per job.
-_LAZY = {"generate": "generation", "output_path": "generation", "Generation": "generation",
+_LAZY = {"generate": "generation", "output_path": "generation", "Generation": "generation", "baseline": "generation",
          "read_inventory": "inventory", "Inventory": "inventory", "GresError": "inventory"}
 
 

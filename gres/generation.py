@@ -63,7 +63,7 @@ def generate(config: Config, node: str, *, emit: Callable[..., object], dry_run:
     """
     path = output_path(config)
     baseline_file = Path(config.node.state_dir) / "gres" / "baseline.json"
-    baseline = {} if accept else _load_baseline(baseline_file)
+    known = {} if accept else _load_baseline(baseline_file)
     expected = config.gres.expected
     try:
         inventory = read_inventory(nvml=nvml, dev_dir=Path(config.gres.dev_dir), types=config.gres.types,
@@ -74,9 +74,9 @@ def generate(config: Config, node: str, *, emit: Callable[..., object], dry_run:
         drain = f"gpu inventory failed: {err}" if expected else None
         return Generation(None, Drift(), path, "", False, drain)
     current = {gpu.uuid: (gpu.pci_bus_id, gpu.minor) for gpu in inventory.gpus}
-    drift = compare(baseline, current)
-    _report(inventory, drift if baseline else Drift(), emit)
-    if not baseline:  # the first inventory of this node (or an accepted one): every GPU is "new", say it once
+    drift = compare(known, current)
+    _report(inventory, drift if known else Drift(), emit)
+    if not known:  # the first inventory of this node (or an accepted one): every GPU is "new", say it once
         emit("gpu-baseline", f"{len(current)} GPUs are this node's from now on: "
              f"{render.gres_string(inventory) or 'none'}", "info")
     text = render.gres_conf(inventory, node)
@@ -86,7 +86,7 @@ def generate(config: Config, node: str, *, emit: Callable[..., object], dry_run:
             path.parent.mkdir(parents=True, exist_ok=True)  # /etc/slurm-local on a configless node
             render.write_if_changed(path, text)
             emit("gres-written", f"{path}: {render.gres_string(inventory) or 'no GPUs'}", "info", path=str(path))
-        remembered = {**{m.uuid: (m.pci_bus_id, baseline[m.uuid][1]) for m in drift.missing}, **current}
+        remembered = {**{m.uuid: (m.pci_bus_id, known[m.uuid][1]) for m in drift.missing}, **current}
         _save_baseline(baseline_file, remembered)
     return Generation(inventory, drift, path, text, changed, _drain_reason(inventory, drift, expected))
 
@@ -115,6 +115,11 @@ def _drain_reason(inventory: Inventory, drift: Drift, expected: int) -> str | No
     if expected and len(inventory.gpus) < expected:
         return f"gpus fewer than expected: {len(inventory.gpus)} of {expected}"
     return None
+
+
+def baseline(state_dir: str) -> dict[str, tuple[str, int]]:
+    """The node's baseline, {uuid: (pci bus id, minor)}: every GPU it has had (empty before its first inventory)."""
+    return _load_baseline(Path(state_dir) / "gres" / "baseline.json")
 
 
 def _load_baseline(path: Path) -> dict[str, tuple[str, int]]:

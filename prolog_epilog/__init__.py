@@ -18,13 +18,13 @@ from .places import PHASES, SCRIPT_ROLES, script_dirs, scripts_dir
 
 __all__ = ["prolog_main", "epilog_main", "run_scripts", "scripts_dir", "serve", "build_hook", "write_launchers",
            "socket_path", "install_units",
-           "script_dirs", "validate_dir", "validate_script", "Problem", "PHASES", "SCRIPT_ROLES"]
+           "script_dirs", "validate_dir", "validate_script", "Problem", "PHASES", "SCRIPT_ROLES", "gpu_jobs"]
 
 # Imported on first use: slurmd starts the Python hooks (the fallback path) once per job, and
 # every module imported here is paid for by every job on a node without the hook service.
 _LAZY = {"run_scripts": "scripts", "serve": "service", "build_hook": "service", "socket_path": "service",
          "write_launchers": "service", "install_units": "units",
-         "validate_dir": "validate", "validate_script": "validate", "Problem": "validate"}
+         "validate_dir": "validate", "validate_script": "validate", "Problem": "validate", "gpu_jobs": "jobrecord"}
 
 
 def __getattr__(name: str):

@@ -24,7 +24,7 @@ from slurm_ext.fileio import atomic_write
 from slurm_ext.procfs import PROC, pids
 
 __all__ = ["JobRecord", "JobEnvironmentError", "from_environ", "job_id_of", "write", "read", "remove", "other_jobs",
-           "cgroup_paths", "cgroup_places", "uid_lock", "recorded_jobs", "running_jobs", "STARTING_GRACE"]
+           "cgroup_paths", "cgroup_places", "uid_lock", "recorded_jobs", "gpu_jobs", "running_jobs", "STARTING_GRACE"]
 
 #: a record younger than this counts as a live job even before its steps run (seconds)
 STARTING_GRACE = 300.0
@@ -227,6 +227,19 @@ def other_jobs(record: JobRecord, state_dir: str, since: float = 0.0, *,
             stale.append(other.job_id)
     live |= _uid_job_cgroups(record, hierarchies)
     return sorted(live), sorted(stale)
+
+
+def gpu_jobs(state_dir: str) -> dict[int, list[int]]:
+    """GPU index -> the jobs recorded here that hold it (what a GPU fault is attributed to); -1 -> every job."""
+    held: dict[int, list[int]] = {-1: []}
+    for job_id in sorted(recorded_jobs(state_dir)):
+        record = read(job_id, state_dir)
+        if record is None:
+            continue
+        held[-1].append(job_id)
+        for gpu in record.gpus:
+            held.setdefault(gpu, []).append(job_id)
+    return held
 
 
 def recorded_jobs(state_dir: str) -> set[int]:

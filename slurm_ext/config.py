@@ -66,10 +66,12 @@ def setting(default: Any, doc: str, kind: str, **rules: Any) -> Any:
     Kinds: str, int, bool, duration (stored as seconds), path (absolute, or
     empty where allowed), choice (one of `choices`), list (a tuple of `item`
     values), table (a dict of name -> `item` value), sections (a dict of
-    name -> `section` dataclass, written as [parent.key.name] tables).
+    name -> `section` dataclass, written as [parent.key.name] tables),
+    quantity (a string with a unit, or an integer: its section's `validate` judges it).
     Rules: choices, minimum, maximum, empty_ok (path), pattern (str),
     item (the rules of a list's or table's values), min_items (list),
-    section (the dataclass of a sections kind).
+    section (the dataclass of a sections kind), validate (of a sections kind:
+    `validate(name, section)` raises ValueError(key, message)).
     A default of None means "not set" (used where another layer fills it in).
     """
     metadata = {"doc": doc, "kind": kind, **rules}
@@ -135,6 +137,7 @@ _SECTION_OWNERS = {
     "prolog_epilog": "prolog_epilog",
     "gres": "gres",
     "accounting": "accounting",
+    "health": "health",
     "dev": "devcluster",
 }
 _CORE_SECTIONS = {"node": NodeSection, "log": LogSection, "slurm": SlurmSection}
@@ -347,7 +350,7 @@ def _build_section(name: str, cls: type, table: dict, source, text: str):
             raise ConfigError(source, f"unknown key; allowed keys in [{name}]: {allowed}", key=dotted, line=line)
         rules = fields[key].metadata
         if rules["kind"] == "sections":
-            values[key] = _build_subsections(dotted, rules["section"], value, source, text)
+            values[key] = _build_subsections(dotted, rules["section"], value, source, text, rules.get("validate"))
             continue
         try:
             values[key] = _check(rules, value)
@@ -356,8 +359,9 @@ def _build_section(name: str, cls: type, table: dict, source, text: str):
     return cls(**values)
 
 
-def _build_subsections(name: str, cls: type, value: Any, source, text: str) -> dict:
-    """[name.<sub>] tables, each a `cls` section."""
+def _build_subsections(name: str, cls: type, value: Any, source, text: str, validate=None) -> dict:
+    """[name.<sub>] tables, each a `cls` section; `validate(sub, section)` raises ValueError(key, message)
+    for what the section's own keys cannot say (a name outside a closed list, a value its owner must judge)."""
     if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
         raise ConfigError(source, f"expected [{name}.<name>] tables, got {_describe(value)}", key=name,
                           line=_line_of(text, name.rsplit(".", 1)[0], name.rsplit(".", 1)[1]))
@@ -367,6 +371,14 @@ def _build_subsections(name: str, cls: type, value: Any, source, text: str) -> d
             raise ConfigError(source, "names are letters, digits, '-' and '_'", key=f"{name}.{sub}",
                               line=_line_of(text, f"{name}.{sub}", None))
         built[sub] = _build_section(f"{name}.{sub}", cls, table, source, text)
+        if validate is not None:
+            try:
+                validate(sub, built[sub])
+            except ValueError as err:
+                key, message = err.args
+                dotted = f"{name}.{sub}" + (f".{key}" if key else "")
+                raise ConfigError(source, message, key=dotted,
+                                  line=_line_of(text, f"{name}.{sub}", key or None)) from None
     return built
 
 
@@ -386,6 +398,10 @@ def _check(rules: dict, value: Any) -> Any:
         if unknown:
             raise ValueError(f"unknown name {unknown[0]!r}; allowed: {', '.join(rules['keys'])}")
         return {k: _check_item(rules["item"], f"{k!r}", v) for k, v in value.items()}
+    if kind == "quantity":  # a number with its unit, or a plain count: the section's validate judges it
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise ValueError(f"expected a string with a unit, such as '60%', or an integer, got {_describe(value)}")
+        return value
     if kind == "bool":
         if not isinstance(value, bool):
             raise ValueError(f"expected true or false, got {_describe(value)}")

@@ -39,6 +39,7 @@ class EventName:
 
 _SUPERVISOR, _GRES, _HOOKS, _NODESTATE = ("supervisor",), ("gres",), ("prolog_epilog",), ("nodestate",)
 _ACCOUNTING = ("accounting",)
+_HEALTH = ("health",)
 
 _ENTRIES = (
     # -- the node agent (supervisor/) ---------------------------------------------------------------
@@ -46,8 +47,9 @@ _ENTRIES = (
     EventName("stop", _SUPERVISOR, "info", "SIGTERM or SIGINT: the agent stops every worker, last started first"),
     EventName("exited", _SUPERVISOR, "info",
               "the agent stopped with every worker down (warning: a worker needed SIGKILL)"),
-    EventName("reload", _SUPERVISOR, "info", "SIGHUP: the agent reloaded its config"),
-    EventName("reload-failed", ("supervisor", "prolog_epilog"), "error",
+    EventName("reload", ("supervisor", "health"), "info", "SIGHUP: the agent (or its health monitor) reloaded its "
+              "config"),
+    EventName("reload-failed", ("supervisor", "prolog_epilog", "health"), "error",
               "the config file changed but is invalid; the running config is kept"),
     EventName("worker-added", _SUPERVISOR, "info", "the reloaded config adds a worker; it is started"),
     EventName("worker-removed", _SUPERVISOR, "info", "the reloaded config drops a worker; it is stopped"),
@@ -164,6 +166,29 @@ _ENTRIES = (
     EventName("slurmctld-killed-with-records", _SUPERVISOR, "error",
               "slurmctld was SIGKILLed past accounting.stop_deadline with accounting records queued: those not "
               "saved to dbd.messages are lost (reconcile lists them)"),
+    # -- passive health checks (slurm_ext/health/) ---------------------------------------------------
+    EventName("health-started", _HEALTH, "info", "the health monitor started: its checks, sources and the open "
+              "findings it kept from before"),
+    EventName("health-finding", _HEALTH, "warning",
+              "a check found a fault: check, GPU (index, UUID, bus id), evidence as 'actual (expected limit)', "
+              "finding_severity, the recommended action and the jobs that held the GPU; error when critical (the node "
+              "is drained for it), info for an informational one"),
+    EventName("health-escalated", _HEALTH, "warning",
+              "an open finding got worse in place (an application Xid repeating on one GPU, a worse reading): "
+              "its new severity and action, and what it was"),
+    EventName("health-cleared", _HEALTH, "info",
+              "a finding is over: its condition stayed away for the check's quiet window (why=quiet), an operator "
+              "cleared it (why=operator), or its check was disabled; its drain is lifted with it"),
+    EventName("health-check-failed", _HEALTH, "error",
+              "a check or reader raised (a bug, or input it could not read): the other checks go on, it runs again "
+              "at its next turn"),
+    EventName("health-check-hung", _HEALTH, "error",
+              "a reader (NVML, the file systems, Slurm) has not answered within health.call_timeout: its checks "
+              "wait for it, the others go on; an NVML hang counts as a failed poll each interval"),
+    EventName("health-source-failed", _HEALTH, "error",
+              "a pushing source (kernel log, NVML events, netlink) cannot be read: the monitor goes on without it "
+              "and retries every 30 s"),
+    EventName("health-source-ok", _HEALTH, "info", "a source that had failed is read again"),
     EventName("backup-done", _ACCOUNTING, "info",
               "a backup of the accounting database was written, with its manifest"),
     EventName("backup-failed", _ACCOUNTING, "error",

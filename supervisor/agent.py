@@ -201,6 +201,8 @@ class Agent:
             specs = workers_for(self.role, s, self.daemon_args, self.slurmd_notify, _database(config, self.role))
         except ValueError as err:
             raise ConfigError(config.source or "<defaults>", str(err)) from None
+        if self.role == "worker" and not config.health.enabled:
+            specs = [spec for spec in specs if spec.name != "health"]
         if first:
             self.workers = [self._new_worker(spec) for spec in specs]
             return
@@ -392,6 +394,9 @@ class Agent:
             return
         self.emit("reload", f"SIGHUP: config reloaded from {new.source or 'defaults'}")
         self._apply_config(new)
+        for worker in self.workers:
+            if worker.spec.reload_signal and worker.state == WorkerState.RUNNING:
+                _signal(worker, getattr(signal, f"SIG{worker.spec.reload_signal}"))
         self.liaison.ready_interval = new.supervisor.ready_interval
         self.liaison.watch_node = any(w.spec.ready == "slurm-node" for w in self.workers)
         self.liaison.owner.runs_slurmd = self.liaison.watch_node

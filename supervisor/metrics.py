@@ -53,6 +53,8 @@ class AgentCollector:
         yield ready
         if agent.role == "controller":
             yield from _reconcile_metrics(agent)
+        if agent.role == "worker":
+            yield from _health_metrics(agent)
         watch = agent.queue_watch
         if watch is not None and watch.size is not None:
             queue = GaugeMetricFamily("slurm_ext_accounting_dbd_queue", "Accounting records slurmctld holds for "
@@ -78,6 +80,98 @@ def _reconcile_metrics(agent):
                              "(Unix time)", labels=["role"])
     when.add_metric([agent.role], result.get("time", 0))
     yield when
+
+
+#: dcgm-exporter's names for what the health monitor reads: (name, help, GpuSample field). Gauges all,
+#: counters too: dcgm-exporter exposes its counters without the _total suffix prometheus_client would add, and
+#: dashboards written for it must work unchanged
+_DCGM = (
+    ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", "utilization"),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", "memory_utilization"),
+    ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", "fb_used_mib"),
+    ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", "fb_free_mib"),
+    ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", "temperature"),
+    ("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).", "memory_temperature"),
+    ("DCGM_FI_DEV_SLOWDOWN_TEMP", "GPU slowdown temperature threshold (in C).", "slowdown_temperature"),
+    ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", "power_w"),
+    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "Total energy consumption since boot (in mJ).", "energy_mj"),
+    ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", "sm_clock"),
+    ("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", "memory_clock"),
+    ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "Current clock event (throttle) reasons, a bitmask.",
+     "clocks_event_reasons"),
+    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "Total number of PCIe retries.", "pcie_replay"),
+    ("DCGM_FI_DEV_PCIE_LINK_GEN", "PCIe link generation.", "pcie_gen"),
+    ("DCGM_FI_DEV_PCIE_LINK_WIDTH", "PCIe link width.", "pcie_width"),
+    ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "Number of remapped rows for uncorrectable errors",
+     "remapped_uncorrectable"),
+    ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "Number of remapped rows for correctable errors",
+     "remapped_correctable"),
+    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "Whether remapping of rows has failed", "remap_failure"),
+    ("DCGM_FI_DEV_ROW_REMAP_PENDING", "Whether remapping of rows is pending (a reset applies it)", "remap_pending"),
+    ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total double-bit volatile ECC errors.", "ecc_uncorrected_volatile"),
+    ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "Total single-bit volatile ECC errors.", "ecc_corrected_volatile"),
+    ("DCGM_FI_DEV_RETIRED_PAGES", "Pages retired (GPUs before Ampere).", "retired_pages"),
+    ("DCGM_FI_DEV_NVLINK_ACTIVE_LINKS", "NVLinks active.", "nvlink_active"),
+    ("DCGM_FI_DEV_NVLINK_ERROR_COUNT_TOTAL", "NVLink CRC and replay errors, all links.", "nvlink_errors"),
+    ("DCGM_FI_DEV_PERSISTENCE_MODE", "Persistence mode (1 on).", "persistence"),
+)
+_GPU_LABELS = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "hostname", "hpc_job"]
+_CHECK_STATES = {"disabled": -1, "ok": 0, "warning": 1, "critical": 2, "failed": 3}
+
+
+def _health_metrics(agent):
+    """The health monitor's latest readings (its worker writes them to <runtime_dir>/health.json each poll), with
+    dcgm-exporter's names and labels, plus what it lacks: Xids counted by number, each check's state."""
+    import json
+    from slurm_ext.health import metrics_path
+    try:
+        data = json.loads(metrics_path(agent.config.supervisor.runtime_dir).read_text())
+    except (OSError, ValueError):
+        return
+    age = time.time() - float(data.get("time", 0))
+    fresh = age <= 3 * float(data.get("interval", 10)) + 5
+    up = GaugeMetricFamily("slurm_ext_health_monitor_up", "1 while the health monitor's readings are fresh "
+                           "(written within three poll intervals)", labels=["hostname"])
+    host = data.get("node", "")
+    up.add_metric([host], 1 if fresh else 0)
+    yield up
+    if not fresh:
+        return  # a monitor that stopped writing: its last readings would pass for current ones
+    families = {name: GaugeMetricFamily(name, text, labels=_GPU_LABELS) for name, text, _ in _DCGM}
+    last = GaugeMetricFamily("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", labels=_GPU_LABELS)
+    for row in data.get("gpus") or ():
+        gpu = row.get("gpu") or {}
+        if not gpu.get("uuid"):
+            continue
+        labels = [str(gpu.get("index")), gpu["uuid"], gpu.get("pci_bus_id", ""),
+                  f"nvidia{gpu.get('minor') if gpu.get('minor', -1) >= 0 else gpu.get('index')}", gpu.get("name", ""),
+                  host, ",".join(map(str, row.get("jobs") or ()))]
+        for name, _, key in _DCGM:
+            value = row.get(key)
+            if value is not None:
+                families[name].add_metric(labels, float(value))
+        last.add_metric(labels, float((data.get("last_xid") or {}).get(gpu["uuid"], 0)))
+    yield from families.values()
+    yield last
+    xids = CounterMetricFamily("slurm_ext_health_xid_errors", "Xids seen, by GPU and Xid number (dcgm-exporter "
+                               "keeps only the last one)", labels=["UUID", "xid", "hostname"])
+    for key, count in sorted((data.get("xid_counts") or {}).items()):
+        uuid, _, number = key.rpartition("/")
+        xids.add_metric([uuid, number, host], count)
+    yield xids
+    checks = GaugeMetricFamily("slurm_ext_health_check_state", "Each check's state: 0 ok, 1 warning, 2 critical "
+                               "(drained), 3 failed (the check itself), -1 disabled", labels=["check", "hostname"])
+    for check, state in (data.get("checks") or {}).items():
+        checks.add_metric([check, host], _CHECK_STATES.get(state, 3))
+    yield checks
+    findings = GaugeMetricFamily("slurm_ext_health_findings", "Open findings by severity",
+                                 labels=["severity", "hostname"])
+    counts = {"info": 0, "warning": 0, "critical": 0}
+    for finding in data.get("findings") or ():
+        counts[finding.get("severity", "warning")] = counts.get(finding.get("severity", "warning"), 0) + 1
+    for severity, count in counts.items():
+        findings.add_metric([severity, host], count)
+    yield findings
 
 
 def exposition_of(agent) -> Callable[[], tuple[bytes, str]]:

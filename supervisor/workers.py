@@ -35,6 +35,8 @@ class WorkerSpec:
     after: tuple[str, ...] = ()
     #: the user it speaks sd_notify as, when it drops root before it is ready (mariadbd: mysql)
     notify_user: str = ""
+    #: sent to it after the agent reloaded its config (the health monitor rereads the same file)
+    reload_signal: str = ""
 
     @property
     def signal(self) -> int:
@@ -53,6 +55,10 @@ BUILTIN = (
     # -I: isolated, so neither the cwd (sys.path[0] of `-m`) nor PYTHON* variables choose what root imports
     WorkerSpec("hooks", ("worker",), (sys.executable, "-I", "-m", "slurm_ext.cli", "hooks", "serve")),
     WorkerSpec("slurmd", ("worker",), ("slurmd", "-D"), ready="slurm-node", drain_on_crash_loop=True),
+    # the passive health checks (slurm_ext.health), in a process of their own: a check that hangs or crashes is
+    # restarted and reported, never the agent's or slurmd's problem; SIGHUP after the agent's reload
+    WorkerSpec("health", ("worker",), (sys.executable, "-I", "-m", "slurm_ext.cli", "health", "monitor"),
+               reload_signal="HUP"),
 )
 
 

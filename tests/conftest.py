@@ -45,6 +45,10 @@ TEST_CLUSTER = dict(
     accounting_probe_port=19812,
     gpu_count=4,
     gpu_type="h200",
+    # the session cluster's health monitor reads the real kernel log (tests write Xid lines to /dev/kmsg) and polls
+    # every second
+    kernel_log="/dev/kmsg",
+    health_interval=1.0,
     up_timeout=60.0,
 )
 

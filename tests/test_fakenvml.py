@@ -345,6 +345,226 @@ def test_nvlink_beyond_device_links_is_not_supported(fakenvml_lib: Path, spec_pa
 
 
 # ---------------------------------------------------------------------------
+# Thermal limits, field values, PCIe link, NVLink fabric, energy
+# ---------------------------------------------------------------------------
+
+def test_temperature_thresholds_defaults_overrides_and_unreported(fakenvml_lib: Path, spec_path: Path) -> None:
+    spec = fakenvml.default_gpus(2)
+    # slowdown null and mem_max absent keep their defaults; -1: this GPU does not report it
+    spec["gpus"][1]["temperature_thresholds"] = {"shutdown": 97, "slowdown": None, "gpu_max": -1}
+    fakenvml.write_spec(spec_path, spec)
+    got = run_json(
+        fakenvml_lib,
+        spec_path,
+        """
+        import json
+        n.nvmlInit()
+        def threshold(h, kind):
+            try:
+                return n.nvmlDeviceGetTemperatureThreshold(h, kind)
+            except n.NVMLError as exc:
+                return type(exc).__name__
+        kinds = [n.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN, n.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,
+                 n.NVML_TEMPERATURE_THRESHOLD_GPU_MAX, n.NVML_TEMPERATURE_THRESHOLD_MEM_MAX]
+        others = [n.NVML_TEMPERATURE_THRESHOLD_ACOUSTIC_MIN, n.NVML_TEMPERATURE_THRESHOLD_GPS_CURR,
+                  n.NVML_TEMPERATURE_THRESHOLD_COUNT, 1000]
+        hs = [n.nvmlDeviceGetHandleByIndex(i) for i in range(2)]
+        print(json.dumps({
+            "kinds": kinds,
+            "values": [[threshold(h, k) for k in kinds] for h in hs],
+            "others": [threshold(hs[0], k) for k in others],
+        }))
+        """,
+    )
+    assert got["kinds"] == [0, 1, 3, 2]  # pynvml's enum values: SHUTDOWN, SLOWDOWN, GPU_MAX, MEM_MAX
+    assert got["values"] == [[92, 89, 87, 95], [97, 89, "NVMLError_NotSupported", 95]]
+    assert got["others"] == ["NVMLError_NotSupported"] * 4
+
+
+def test_field_values_memory_temperature_recovery_action_replay_counter(fakenvml_lib: Path,
+                                                                       spec_path: Path) -> None:
+    spec = fakenvml.default_gpus(2)
+    spec["gpus"][1].update(memory_temperature=71, gpu_recovery_action=1, pcie_replay_counter=12)
+    fakenvml.write_spec(spec_path, spec)
+    got = run_json(
+        fakenvml_lib,
+        spec_path,
+        """
+        import json, time
+        n.nvmlInit()
+        ids = [n.NVML_FI_DEV_MEMORY_TEMP, (n.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, 3),
+               n.NVML_FI_DEV_PCIE_REPLAY_COUNTER, n.NVML_FI_DEV_ECC_CURRENT, 99999]
+        out = {"ids": [n.NVML_FI_DEV_MEMORY_TEMP, n.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION,
+                       n.NVML_FI_DEV_PCIE_REPLAY_COUNTER, n.NVML_GPU_RECOVERY_ACTION_GPU_RESET]}
+        for i in range(2):
+            before = time.time_ns() // 1000
+            values = n.nvmlDeviceGetFieldValues(n.nvmlDeviceGetHandleByIndex(i), ids)
+            after = time.time_ns() // 1000
+            out[i] = [[v.fieldId, v.scopeId, v.valueType, v.nvmlReturn, v.value.uiVal, v.value.ullVal,
+                       v.latencyUsec, before <= v.timestamp <= after] for v in values]
+        print(json.dumps(out))
+        """,
+    )
+    assert got["ids"] == [82, 230, 94, 1]
+    ok, unsupported, uint = 0, 3, 1  # NVML_SUCCESS, NVML_ERROR_NOT_SUPPORTED, NVML_VALUE_TYPE_UNSIGNED_INT
+
+    def expected(memory_temp: int, action: int, replays: int) -> list[list[Any]]:
+        return [
+            [82, 0, uint, ok, memory_temp, memory_temp, 0, True],
+            [230, 3, uint, ok, action, action, 0, True],  # scopeId as given
+            [94, 0, uint, ok, replays, replays, 0, True],
+            [1, 0, uint, unsupported, 0, 0, 0, True],  # the call succeeds; this value does not
+            [99999, 0, uint, unsupported, 0, 0, 0, True],
+        ]
+
+    assert got["0"] == expected(40, 0, 0)
+    assert got["1"] == expected(71, 1, 12)
+
+
+def test_pcie_link_generation_and_width(fakenvml_lib: Path, spec_path: Path) -> None:
+    spec = fakenvml.default_gpus(3)
+    # a Gen5 GPU in a Gen4 slot whose link trained down to x8; a link narrower than the slot
+    spec["gpus"][1]["pcie"] = {"gen": 3, "width": 8, "max_gen": 4, "max_width": 16, "gpu_max_gen": 5}
+    spec["gpus"][2]["pcie"] = {"width": 4, "gen": None}
+    fakenvml.write_spec(spec_path, spec)
+    got = run_json(
+        fakenvml_lib,
+        spec_path,
+        """
+        import json
+        n.nvmlInit()
+        out = []
+        for i in range(3):
+            h = n.nvmlDeviceGetHandleByIndex(i)
+            out.append([n.nvmlDeviceGetCurrPcieLinkGeneration(h), n.nvmlDeviceGetCurrPcieLinkWidth(h),
+                        n.nvmlDeviceGetMaxPcieLinkGeneration(h), n.nvmlDeviceGetMaxPcieLinkWidth(h),
+                        n.nvmlDeviceGetGpuMaxPcieLinkGeneration(h)])
+        print(json.dumps(out))
+        """,
+    )
+    assert got == [[5, 16, 5, 16, 5], [3, 8, 4, 16, 5], [5, 4, 5, 16, 5]]
+
+
+def test_gpu_fabric_info_absent_and_present(fakenvml_lib: Path, spec_path: Path) -> None:
+    spec = fakenvml.default_gpus(4)
+    spec["gpus"][1]["fabric"] = {"clique_id": 7, "cluster_uuid": "0123456789abcdef0123456789ABCDEF",
+                                 "health_mask": 0x1A}
+    spec["gpus"][2]["fabric"] = {"state": 2, "status": "NOT_READY",
+                                 "cluster_uuid": "11223344-5566-7788-99aa-bbccddeeff00"}
+    spec["gpus"][3]["fabric"] = {}
+    fakenvml.write_spec(spec_path, spec)
+    got = run_json(
+        fakenvml_lib,
+        spec_path,
+        """
+        import json
+        n.nvmlInit()
+        def call(fn):
+            try:
+                return fn()
+            except n.NVMLError as exc:
+                return type(exc).__name__
+        def plain(h):
+            info = n.c_nvmlGpuFabricInfo_t()
+            n.nvmlDeviceGetGpuFabricInfo(h, n.byref(info))
+            return [bytes(info.clusterUuid).hex(), info.status, info.cliqueId, info.state]
+        def versioned(h, struct, version=None):
+            info = struct()
+            info.healthMask = 0xDEAD
+            if hasattr(info, "healthSummary"):
+                info.healthSummary = 0xAB
+            if version is not None:
+                info.version = version
+            n.nvmlDeviceGetGpuFabricInfoV(h, n.byref(info))
+            got = [info.version, bytes(info.clusterUuid).hex(), info.status, info.cliqueId, info.state,
+                   info.healthMask]
+            return got + [info.healthSummary] if hasattr(info, "healthSummary") else got
+        out = []
+        for i in range(4):
+            h = n.nvmlDeviceGetHandleByIndex(i)
+            out.append([call(lambda: plain(h)), call(lambda: versioned(h, n.c_nvmlGpuFabricInfoV_t)),
+                        call(lambda: versioned(h, n.c_nvmlGpuFabricInfo_v3_t))])
+        h1 = n.nvmlDeviceGetHandleByIndex(1)
+        print(json.dumps({
+            "gpus": out,
+            "bad_version": call(lambda: versioned(h1, n.c_nvmlGpuFabricInfoV_t, 0x01000024)),
+            "constants": [n.nvmlGpuFabricInfo_v2, n.nvmlGpuFabricInfo_v3, n.NVML_GPU_FABRIC_STATE_COMPLETED],
+        }))
+        """,
+    )
+    assert got["constants"] == [0x02000024, 0x03000028, 3]
+    v2, v3 = 0x02000024, 0x03000028
+    uuid1, uuid2, zero = "0123456789abcdef0123456789abcdef", "112233445566778899aabbccddeeff00", "00" * 16
+    # absent: an H100/H200 HGX GPU that is not in an NVLink fabric
+    assert got["gpus"][0] == ["NVMLError_NotSupported"] * 3
+    assert got["gpus"][1] == [[uuid1, 0, 7, 3], [v2, uuid1, 0, 7, 3, 0x1A], [v3, uuid1, 0, 7, 3, 0x1A, 0]]
+    assert got["gpus"][2] == [[uuid2, 27, 0, 2], [v2, uuid2, 27, 0, 2, 0], [v3, uuid2, 27, 0, 2, 0, 0]]
+    assert got["gpus"][3] == [[zero, 0, 0, 3], [v2, zero, 0, 0, 3, 0], [v3, zero, 0, 0, 3, 0, 0]]
+    assert got["bad_version"] == "NVMLError_ArgumentVersionMismatch"
+
+
+def test_total_energy_counts_power_over_time(child_factory, spec_path: Path) -> None:
+    spec = fakenvml.default_gpus(2)
+    spec["gpus"][0].update(energy=5_000_000, power_usage=100_000)  # 5 kJ so far, drawing 100 W
+    fakenvml.write_spec(spec_path, spec)
+    child = child_factory(spec_path)
+    child("n.nvmlInit()")
+    child("hs = [n.nvmlDeviceGetHandleByIndex(i) for i in range(2)]")
+    child("""
+        t0 = time.monotonic()
+        e0 = n.nvmlDeviceGetTotalEnergyConsumption(hs[0])
+        time.sleep(0.5)
+        e1 = n.nvmlDeviceGetTotalEnergyConsumption(hs[0])
+        dt = time.monotonic() - t0
+        """)
+    e0, e1, dt = child("[e0, e1, dt]")
+    assert 5_000_000 <= e0 < 5_000_000 + 100_000 * 10  # loaded at nvmlInit, a moment ago
+    assert 100_000 * 0.5 <= e1 - e0 <= 100_000 * dt + 1  # mW * s = mJ
+    # the default GPU: energy 0 plus its 70 W since the load
+    assert 0 < child("n.nvmlDeviceGetTotalEnergyConsumption(hs[1])") < 70_000 * 10
+
+    # A rewrite restarts the count from the new "energy"; with no power drawn it stays there.
+    spec["gpus"][0].update(energy=9_000_000, power_usage=0)
+    fakenvml.write_spec(spec_path, spec)
+    assert child("[n.nvmlDeviceGetTotalEnergyConsumption(hs[0]) for _ in range(2)]") == [9_000_000] * 2
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("temperature_thresholds", {"shutdown": -2},
+         "gpus[0].temperature_thresholds.shutdown: expected degrees C"),
+        ("memory_temperature", "hot", "gpus[0].memory_temperature: expected a non-negative integer"),
+        ("gpu_recovery_action", -1, "gpus[0].gpu_recovery_action: expected a non-negative integer"),
+        ("pcie", {"lanes": 16}, 'gpus[0].pcie: unknown key "lanes"'),
+        ("fabric", {"cluster_uuid": "0123-4567"}, "gpus[0].fabric.cluster_uuid: expected 32 hex digits"),
+        ("energy", 1.5, "gpus[0].energy: expected a non-negative integer"),
+        ("query_error", "NOT_AN_ERROR", 'gpus[0].query_error: unknown NVML error name "NOT_AN_ERROR"'),
+        ("query_delay_ms", 3_600_001, "gpus[0].query_delay_ms: 3600001 is larger than 3600000"),
+    ],
+)
+def test_bad_value_of_a_new_key_is_named_and_keeps_the_last_good_state(
+    child_factory, spec_path: Path, key: str, value: Any, message: str
+) -> None:
+    spec = fakenvml.default_gpus(2)
+    fakenvml.write_spec(spec_path, spec)
+    child = child_factory(spec_path)
+    child("n.nvmlInit()")
+    child("h = n.nvmlDeviceGetHandleByIndex(0)")
+    assert child("n.nvmlDeviceGetTemperature(h, 0)") == 30
+
+    spec["gpus"][0]["temperature"] = 77  # in the same rewrite: must not be applied
+    spec["gpus"][0][key] = value
+    fakenvml.write_spec(spec_path, spec)
+    assert child("n.nvmlDeviceGetTemperature(h, 0)") == 30
+    assert child("n.nvmlDeviceGetCount()") == 2
+    stderr = child.close()
+    assert stderr.count("\n") == 1, stderr
+    assert message in stderr and str(spec_path) in stderr, stderr
+    assert "keeping the previous state" in stderr
+
+
+# ---------------------------------------------------------------------------
 # Faults
 # ---------------------------------------------------------------------------
 
@@ -562,6 +782,110 @@ def test_threads_and_rewrites_do_not_crash(child_factory, spec_path: Path) -> No
     # be a clean NVML error, never a crash or garbage.
     assert set(child("errors")) <= {"NVMLError_InvalidArgument", "NVMLError_GpuIsLost"}
     assert child("n.nvmlDeviceGetCount()") == 8 - 19 % 4
+
+
+def test_query_error_replaces_gpu_is_lost_and_lost_wins(fakenvml_lib: Path, spec_path: Path) -> None:
+    spec = fakenvml.default_gpus(5)
+    spec["gpus"][1]["query_error"] = "RESET_REQUIRED"
+    spec["gpus"][1]["mig_devices"] = [{}]
+    spec["gpus"][2]["query_error"] = 999  # a code works too
+    spec["gpus"][3]["query_error"] = "nvml_error_timeout"
+    spec["gpus"][4].update(query_error="RESET_REQUIRED", lost=True)
+    fakenvml.write_spec(spec_path, spec)
+    got = run_json(
+        fakenvml_lib,
+        spec_path,
+        """
+        import json
+        n.nvmlInit()
+        def call(fn):
+            try:
+                fn()
+                return None
+            except n.NVMLError as exc:
+                return [type(exc).__name__, exc.value]
+        out = []
+        for i in range(5):
+            h = n.nvmlDeviceGetHandleByIndex(i)  # lookups still succeed
+            out.append({
+                "uuid": call(lambda: n.nvmlDeviceGetUUID(h)),
+                "memory": call(lambda: n.nvmlDeviceGetMemoryInfo(h)),
+                "fields": call(lambda: n.nvmlDeviceGetFieldValues(h, [n.NVML_FI_DEV_MEMORY_TEMP])),
+                "threshold": call(lambda: n.nvmlDeviceGetTemperatureThreshold(h, 0)),
+                "stub": call(lambda: n.nvmlDeviceGetFanSpeed(h)),
+            })
+        gpu = n.nvmlDeviceGetHandleByUUID(GPU1_UUID)
+        mig = n.nvmlDeviceGetHandleByUUID("MIG-fa4e0001-0000-5000-8000-000000000001")
+        by_pci = n.nvmlDeviceGetHandleByPciBusId(GPU2_BUS_ID)
+        print(json.dumps({
+            "gpus": out,
+            "by_uuid_gpu": call(lambda: n.nvmlDeviceGetName(gpu)),
+            "by_uuid_mig": call(lambda: n.nvmlDeviceGetMemoryInfo(mig)),
+            "by_pci": call(lambda: n.nvmlDeviceGetPowerUsage(by_pci)),
+        }))
+        """.replace("GPU1_UUID", repr(spec["gpus"][1]["uuid"])).replace(
+            "GPU2_BUS_ID", repr(spec["gpus"][2]["pci_bus_id"])),
+    )
+    stub_ok = ["NVMLError_NotSupported", 3]
+    assert got["gpus"][0] == {"uuid": None, "memory": None, "fields": None, "threshold": None, "stub": stub_ok}
+    for i, error in ((1, ["NVMLError_ResetRequired", 16]), (2, ["NVMLError_Unknown", 999]),
+                     (3, ["NVMLError_Timeout", 10]), (4, ["NVMLError_GpuIsLost", 15])):
+        assert got["gpus"][i] == dict.fromkeys(("uuid", "memory", "fields", "threshold", "stub"), error), i
+    assert got["by_uuid_gpu"] == got["by_uuid_mig"] == ["NVMLError_ResetRequired", 16]
+    assert got["by_pci"] == ["NVMLError_Unknown", 999]
+
+
+def test_query_delay_hangs_one_gpu_while_other_threads_proceed(child_factory, spec_path: Path) -> None:
+    spec = fakenvml.default_gpus(2)
+    spec["gpus"][1]["query_delay_ms"] = 1500
+    fakenvml.write_spec(spec_path, spec)
+    child = child_factory(spec_path)
+    child("n.nvmlInit()")
+    child("hs = [timed(n.nvmlDeviceGetHandleByIndex, i) for i in range(2)]")
+    assert child("timed.elapsed") < 0.5  # handle lookups do not hang
+    child("""
+        import threading
+        slow = {}
+        def hang(name, fn):
+            start = time.monotonic()
+            try:
+                slow[name] = fn()
+            except n.NVMLError as exc:
+                slow[name] = type(exc).__name__
+            slow[name + "_s"] = time.monotonic() - start
+        threads = [threading.Thread(target=hang, args=("uuid", lambda: n.nvmlDeviceGetUUID(hs[1]))),
+                   threading.Thread(target=hang, args=("stub", lambda: n.nvmlDeviceGetFanSpeed(hs[1])))]
+        for t in threads:
+            t.start()
+        time.sleep(0.2)
+        start = time.monotonic()
+        fast = [n.nvmlDeviceGetUUID(hs[0]), n.nvmlDeviceGetMemoryInfo(hs[0]).total, n.nvmlDeviceGetCount()]
+        fast_s = time.monotonic() - start
+        hanging = [t.is_alive() for t in threads]
+        """)
+    fast, fast_s, hanging = child("[fast, fast_s, hanging]")
+    assert fast == [spec["gpus"][0]["uuid"], spec["gpus"][0]["memory_total"], 2]
+    assert fast_s < 0.5 and hanging == [True, True]
+    child("for t in threads: t.join()")
+    slow = child("slow")
+    assert slow["uuid"] == spec["gpus"][1]["uuid"] and slow["stub"] == "NVMLError_NotSupported"
+    assert 1.45 <= slow["uuid_s"] < 4 and 1.45 <= slow["stub_s"] < 4
+
+    # A call that hangs and then times out; the answer is the spec's when the sleep ends.
+    spec["gpus"][1].update(query_delay_ms=300, query_error="TIMEOUT")
+    fakenvml.write_spec(spec_path, spec)
+    assert child.error("timed(n.nvmlDeviceGetTemperature, hs[1], 0)") == "NVMLError_Timeout"
+    assert 0.28 <= child("timed.elapsed") < 3
+    child("threading.Thread(target=hang, args=('late', lambda: n.nvmlDeviceGetUUID(hs[1]))).start()")
+    time.sleep(0.1)
+    spec["gpus"][1].update(query_error=None, lost=True)
+    fakenvml.write_spec(spec_path, spec)
+    deadline = time.monotonic() + 5
+    while "late_s" not in child("slow"):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert child("slow['late']") == "NVMLError_GpuIsLost"
+    assert child.close() == ""
 
 
 # ---------------------------------------------------------------------------

@@ -66,7 +66,7 @@ def test_role_workers_from_builtins_and_config(tmp_path):
                     '[supervisor.workers.munged]\nroles = ["worker"]\n'
                     '[supervisor.workers.extra]\nroles = ["worker"]\ncommand = ["sleep", "9"]\n')
     specs = workers_for("worker", config.load(path).supervisor)
-    assert [s.name for s in specs] == ["munged", "hooks", "slurmd", "extra"]
+    assert [s.name for s in specs] == ["munged", "hooks", "slurmd", "health", "extra"]
     slurmd = specs[2]
     assert slurmd.command == ("slurmd", "-D", "-N", "n1") and slurmd.stop_grace == 5.0
     assert slurmd.ready == "slurm-node" and slurmd.drain_on_crash_loop  # built-in keys kept

@@ -31,6 +31,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <time.h>
 #include <unistd.h>
 
 #define SPEC_ENV "SLURM_EXT_FAKE_NVML"
@@ -88,7 +89,59 @@ typedef struct { /* nvmlProcessInfo_v2_t == _v3 layout */
     unsigned int gpuInstanceId, computeInstanceId;
 } fake_process_info_v2_t;
 
+typedef union { /* nvmlValue_t */
+    double dVal;
+    unsigned int uiVal;
+    unsigned long ulVal;
+    unsigned long long ullVal;
+    long long sllVal;
+    int siVal;
+    unsigned short usVal;
+} nvmlValue_t;
+
+typedef struct { /* nvmlFieldValue_t */
+    unsigned int fieldId, scopeId;
+    long long timestamp;   /* microseconds since the epoch */
+    long long latencyUsec;
+    unsigned int valueType; /* nvmlValueType_t */
+    nvmlReturn_t nvmlReturn;
+    nvmlValue_t value;
+} nvmlFieldValue_t;
+
+typedef struct { /* the unversioned nvmlGpuFabricInfo_t */
+    unsigned char clusterUuid[FAKE_FABRIC_UUID_LEN];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    unsigned int state; /* nvmlGpuFabricState_t */
+} nvmlGpuFabricInfo_t;
+
+typedef struct { /* nvmlGpuFabricInfo_v2_t; _v3 adds healthSummary */
+    unsigned int version;
+    unsigned char clusterUuid[FAKE_FABRIC_UUID_LEN];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    unsigned int state;
+    unsigned int healthMask;
+} fake_fabric_info_v2_t;
+
+typedef struct { /* nvmlGpuFabricInfo_v3_t */
+    unsigned int version;
+    unsigned char clusterUuid[FAKE_FABRIC_UUID_LEN];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    unsigned int state;
+    unsigned int healthMask;
+    unsigned char healthSummary; /* nvmlGpuFabricHealthSummary_t */
+} fake_fabric_info_v3_t;
+
 _Static_assert(sizeof(nvmlPciInfo_t) == 68, "nvmlPciInfo_t layout");
+_Static_assert(sizeof(nvmlFieldValue_t) == 40, "nvmlFieldValue_t layout");
+_Static_assert(offsetof(nvmlFieldValue_t, value) == 32, "nvmlFieldValue_t.value offset");
+_Static_assert(sizeof(nvmlGpuFabricInfo_t) == 28, "nvmlGpuFabricInfo_t layout");
+_Static_assert(sizeof(fake_fabric_info_v2_t) == 36, "nvmlGpuFabricInfo_v2_t layout");
+_Static_assert(sizeof(fake_fabric_info_v3_t) == 40, "nvmlGpuFabricInfo_v3_t layout");
+_Static_assert(offsetof(fake_fabric_info_v3_t, healthMask) ==
+               offsetof(fake_fabric_info_v2_t, healthMask), "v2 is a prefix of v3");
 _Static_assert(sizeof(fake_pci_info_legacy_t) == 52, "legacy pci layout");
 _Static_assert(sizeof(nvmlPciInfoExt_t) == 64, "nvmlPciInfoExt_t layout");
 _Static_assert(sizeof(nvmlMemory_v2_t) == 40, "nvmlMemory_v2_t layout");
@@ -103,6 +156,14 @@ _Static_assert(sizeof(unsigned long) == 8, "LP64 expected");
 #define NVML_MEMORY_V2 STRUCT_VERSION(nvmlMemory_v2_t, 2)       /* 0x02000028 */
 #define NVML_PCI_INFO_EXT_V1 STRUCT_VERSION(nvmlPciInfoExt_t, 1) /* 0x01000040 */
 #define NVML_TEMPERATURE_V1 STRUCT_VERSION(nvmlTemperature_t, 1) /* 0x0100000C */
+#define NVML_GPU_FABRIC_INFO_V2 STRUCT_VERSION(fake_fabric_info_v2_t, 2) /* 0x02000024 */
+#define NVML_GPU_FABRIC_INFO_V3 STRUCT_VERSION(fake_fabric_info_v3_t, 3) /* 0x03000028 */
+
+/* Field ids of nvmlDeviceGetFieldValues the fake answers (nvml.h NVML_FI_*). */
+#define NVML_FI_DEV_MEMORY_TEMP 82
+#define NVML_FI_DEV_PCIE_REPLAY_COUNTER 94
+#define NVML_FI_DEV_GET_GPU_RECOVERY_ACTION 230
+#define NVML_VALUE_TYPE_UNSIGNED_INT 1
 
 /* A GPU that has MIG enabled can host this many MIG devices (7 on Hopper). */
 #define MIG_MAX_DEVICES_DEFAULT 7
@@ -234,6 +295,13 @@ int fake_gpu_visible(unsigned position)
     return position < FAKE_MAX_GPUS && g_nvml_index[position] >= 0;
 }
 
+static long long monotonic_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
 /* Reload the spec if the file changed since we last looked (lock held).
  * Each file version is parsed at most once, so a broken file costs one
  * stat per call and one message, not a parse and a message per call.
@@ -260,6 +328,7 @@ static int refresh_locked(void)
     }
     spec_free(g_spec);
     g_spec = fresh;
+    g_spec->loaded_ns = monotonic_ns();
     g_last_error[0] = '\0';
     /* The GPUs (and their minors) may have changed: check their files again. */
     update_visibility_locked();
@@ -324,7 +393,9 @@ static int decode_handle(nvmlDevice_t h, unsigned *gpu, int *mig)
 }
 
 /* Lock held.  Every call on a lost GPU (or on a MIG device of one) fails
- * with GPU_IS_LOST, matching the NVML contract after Xid 79. */
+ * with GPU_IS_LOST, matching the NVML contract after Xid 79; a GPU with a
+ * "query_error" fails the same calls with that code instead (a GPU that
+ * needs a reset, or whose driver calls time out). */
 static nvmlReturn_t resolve(nvmlDevice_t h, const struct fake_gpu **gpu,
                             const struct fake_mig **mig, unsigned *index)
 {
@@ -341,6 +412,8 @@ static nvmlReturn_t resolve(nvmlDevice_t h, const struct fake_gpu **gpu,
      * minor): gone for this process, like a GPU off the bus. */
     if (g->lost || !fake_gpu_visible(gi))
         return NVML_ERROR_GPU_IS_LOST;
+    if (g->query_error != NVML_SUCCESS)
+        return g->query_error;
     *mig = NULL;
     if (mi >= 0) {
         if (!g->mig_current || (size_t)mi >= g->n_mig)
@@ -353,17 +426,50 @@ static nvmlReturn_t resolve(nvmlDevice_t h, const struct fake_gpu **gpu,
     return NVML_SUCCESS;
 }
 
-/* Entry for calls that accept both GPU and MIG handles. */
-static nvmlReturn_t enter_device(nvmlDevice_t h, const struct fake_gpu **gpu,
-                                 const struct fake_mig **mig, unsigned *index)
+/* Lock held.  How long a call on handle `h` hangs first: the
+ * "query_delay_ms" of its GPU (for its MIG handles too), also when the call
+ * then fails as lost or with "query_error", as a driver call that blocks
+ * and then times out does.  A GPU hidden from this process or gone from
+ * the spec answers at once. */
+static unsigned query_delay_ms(nvmlDevice_t h)
 {
+    unsigned gi;
+    int mi;
+
+    if (decode_handle(h, &gi, &mi) < 0 || gi >= g_spec->n_gpus || !fake_gpu_visible(gi))
+        return 0;
+    return g_spec->gpus[gi].query_delay_ms;
+}
+
+/* fake_enter + resolve, after the GPU's query delay when `delay` is set.
+ * The lock is dropped during the sleep so that other threads' calls (on
+ * other GPUs) go on, and the answer reflects the spec as it is when the
+ * sleep ends; the delay is not taken again for the new spec. */
+static nvmlReturn_t enter_handle(nvmlDevice_t h, const struct fake_gpu **gpu,
+                                 const struct fake_mig **mig, unsigned *index, int delay)
+{
+    unsigned ms;
     nvmlReturn_t rc = fake_enter();
     if (rc != NVML_SUCCESS)
         return rc;
+    if (delay && (ms = query_delay_ms(h)) > 0) {
+        fake_leave(NVML_SUCCESS);
+        fake_sleep_ms(ms);
+        rc = fake_enter();
+        if (rc != NVML_SUCCESS)
+            return rc;
+    }
     rc = resolve(h, gpu, mig, index);
     if (rc != NVML_SUCCESS)
         return fake_leave(rc);
     return NVML_SUCCESS;
+}
+
+/* Entry for calls that accept both GPU and MIG handles. */
+static nvmlReturn_t enter_device(nvmlDevice_t h, const struct fake_gpu **gpu,
+                                 const struct fake_mig **mig, unsigned *index)
+{
+    return enter_handle(h, gpu, mig, index, 1);
 }
 
 nvmlReturn_t fake_enter_gpu(nvmlDevice_t h, const struct fake_gpu **gpu,
@@ -838,6 +944,33 @@ NVML_API nvmlReturn_t nvmlDeviceGetPcieReplayCounter(nvmlDevice_t device, unsign
     return UINT_FIELD(device, value, pcie_replay);
 }
 
+/* "Max" is what the GPU and its slot can do together; "GpuMax" is the
+ * GPU's own limit (a Gen5 GPU in a Gen4 slot: max 4, GPU max 5). */
+NVML_API nvmlReturn_t nvmlDeviceGetCurrPcieLinkGeneration(nvmlDevice_t device, unsigned int *currLinkGen)
+{
+    return UINT_FIELD(device, currLinkGen, pcie_gen);
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t device, unsigned int *maxLinkGen)
+{
+    return UINT_FIELD(device, maxLinkGen, pcie_max_gen);
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetGpuMaxPcieLinkGeneration(nvmlDevice_t device, unsigned int *maxLinkGenDevice)
+{
+    return UINT_FIELD(device, maxLinkGenDevice, pcie_gpu_max_gen);
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t device, unsigned int *currLinkWidth)
+{
+    return UINT_FIELD(device, currLinkWidth, pcie_width);
+}
+
+NVML_API nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t device, unsigned int *maxLinkWidth)
+{
+    return UINT_FIELD(device, maxLinkWidth, pcie_max_width);
+}
+
 /* ======================================================================
  * Memory, utilisation, thermals, power, clocks
  * ====================================================================== */
@@ -1000,9 +1133,51 @@ NVML_API nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTempera
     return fake_leave(NVML_SUCCESS);
 }
 
+/* thresholdType: NVML_TEMPERATURE_THRESHOLD_SHUTDOWN=0, SLOWDOWN=1,
+ * MEM_MAX=2, GPU_MAX=3.  The acoustic and GPS thresholds (4..7) are
+ * GeForce/notebook features: NOT_SUPPORTED, as is a threshold the spec
+ * marks as not reported (-1). */
+NVML_API nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t device, unsigned int thresholdType, unsigned int *temp)
+{
+    const struct fake_gpu *g;
+    nvmlReturn_t rc = enter_gpu(device, &g);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!temp)
+        return fake_leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (thresholdType >= sizeof(g->temp_thresholds) / sizeof(g->temp_thresholds[0]) ||
+        g->temp_thresholds[thresholdType] == FAKE_THRESHOLD_NONE)
+        return fake_leave(NVML_ERROR_NOT_SUPPORTED);
+    *temp = (unsigned)g->temp_thresholds[thresholdType];
+    return fake_leave(NVML_SUCCESS);
+}
+
 NVML_API nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power)
 {
     return UINT_FIELD(device, power, power_usage);
+}
+
+/* A counter in mJ: the spec's "energy" plus power_usage (mW) for every
+ * second since this spec version was loaded, so two reads bracket the
+ * energy used in between.  mW * s = mJ; split into whole seconds and the
+ * rest so that neither product overflows (4e9 mW * 1e9 ns < 2^64). */
+NVML_API nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, unsigned long long *energy)
+{
+    const struct fake_gpu *g;
+    long long elapsed;
+    unsigned long long sec, nsec;
+    nvmlReturn_t rc = enter_gpu(device, &g);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!energy)
+        return fake_leave(NVML_ERROR_INVALID_ARGUMENT);
+    elapsed = monotonic_ns() - g_spec->loaded_ns;
+    if (elapsed < 0)
+        elapsed = 0;
+    sec = (unsigned long long)elapsed / 1000000000ULL;
+    nsec = (unsigned long long)elapsed % 1000000000ULL;
+    *energy = g->energy + g->power_usage * sec + g->power_usage * nsec / 1000000000ULL;
+    return fake_leave(NVML_SUCCESS);
 }
 
 /* The fake has a single power limit: configured == enforced == default. */
@@ -1371,6 +1546,96 @@ NVML_API nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device
 }
 
 /* ======================================================================
+ * Field values
+ * ====================================================================== */
+
+/* Each value carries its own nvmlReturn: the call succeeds, and a field
+ * the fake does not model says NOT_SUPPORTED in its slot, as NVML does for
+ * fields a GPU lacks.  The fake's fields are all unsigned ints; the whole
+ * union is zeroed first, so a reader of ullVal gets the same number.
+ * scopeId is left as the caller set it (pynvml: 0, or the tuple's second
+ * element). */
+NVML_API nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvmlFieldValue_t *values)
+{
+    const struct fake_gpu *g;
+    struct timespec now;
+    long long stamp;
+    nvmlReturn_t rc = enter_gpu(device, &g);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (valuesCount < 0 || (valuesCount > 0 && !values))
+        return fake_leave(NVML_ERROR_INVALID_ARGUMENT);
+    clock_gettime(CLOCK_REALTIME, &now);
+    stamp = (long long)now.tv_sec * 1000000LL + now.tv_nsec / 1000;
+    for (int k = 0; k < valuesCount; k++) {
+        nvmlFieldValue_t *v = &values[k];
+        memset(&v->value, 0, sizeof(v->value));
+        v->timestamp = stamp;
+        v->latencyUsec = 0;
+        v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+        v->nvmlReturn = NVML_SUCCESS;
+        switch (v->fieldId) {
+        case NVML_FI_DEV_MEMORY_TEMP: v->value.uiVal = g->memory_temperature; break;
+        case NVML_FI_DEV_PCIE_REPLAY_COUNTER: v->value.uiVal = g->pcie_replay; break;
+        case NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
+            v->value.uiVal = g->gpu_recovery_action;
+            break;
+        default: v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED; break;
+        }
+    }
+    return fake_leave(NVML_SUCCESS);
+}
+
+/* ======================================================================
+ * NVLink fabric (GPUs behind NVSwitches managed by the fabric manager)
+ * ====================================================================== */
+
+NVML_API nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device, nvmlGpuFabricInfo_t *gpuFabricInfo)
+{
+    const struct fake_gpu *g;
+    nvmlReturn_t rc = enter_gpu(device, &g);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!gpuFabricInfo)
+        return fake_leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (!g->fabric_supported)
+        return fake_leave(NVML_ERROR_NOT_SUPPORTED);
+    memcpy(gpuFabricInfo->clusterUuid, g->fabric_cluster_uuid, FAKE_FABRIC_UUID_LEN);
+    gpuFabricInfo->status = g->fabric_status;
+    gpuFabricInfo->cliqueId = g->fabric_clique_id;
+    gpuFabricInfo->state = g->fabric_state;
+    return fake_leave(NVML_SUCCESS);
+}
+
+/* Versioned: the caller sets version to nvmlGpuFabricInfo_v2 or _v3 and
+ * only that struct's bytes are written.  v3's healthSummary is
+ * NVML_GPU_FABRIC_HEALTH_SUMMARY_NOT_SUPPORTED (0): the spec describes
+ * the health mask only. */
+NVML_API nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, fake_fabric_info_v2_t *gpuFabricInfo)
+{
+    const struct fake_gpu *g;
+    nvmlReturn_t rc = enter_gpu(device, &g);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!gpuFabricInfo)
+        return fake_leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (gpuFabricInfo->version != NVML_GPU_FABRIC_INFO_V2 &&
+        gpuFabricInfo->version != NVML_GPU_FABRIC_INFO_V3)
+        return fake_leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    if (!g->fabric_supported)
+        return fake_leave(NVML_ERROR_NOT_SUPPORTED);
+    /* The v2 fields are a prefix of v3, at the same offsets. */
+    memcpy(gpuFabricInfo->clusterUuid, g->fabric_cluster_uuid, FAKE_FABRIC_UUID_LEN);
+    gpuFabricInfo->status = g->fabric_status;
+    gpuFabricInfo->cliqueId = g->fabric_clique_id;
+    gpuFabricInfo->state = g->fabric_state;
+    gpuFabricInfo->healthMask = g->fabric_health_mask;
+    if (gpuFabricInfo->version == NVML_GPU_FABRIC_INFO_V3)
+        ((fake_fabric_info_v3_t *)gpuFabricInfo)->healthSummary = 0;
+    return fake_leave(NVML_SUCCESS);
+}
+
+/* ======================================================================
  * Running processes
  * ====================================================================== */
 
@@ -1399,7 +1664,8 @@ static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned *infoCount, voi
         unsigned delay = g->process_list_delay_ms;
         fake_leave(NVML_SUCCESS);
         fake_sleep_ms(delay);
-        rc = enter_device(device, &g, &m, NULL);
+        /* The query delay (if any) was already taken on entry. */
+        rc = enter_handle(device, &g, &m, NULL, 0);
         if (rc != NVML_SUCCESS)
             return rc;
     }
@@ -1479,20 +1745,30 @@ NVML_API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t devi
 /* Called by the generated stubs (devcluster/fakenvml/__init__.py) for the entry
  * points the fake does not implement, with their first argument.  NVML
  * device calls take the device handle first, so a stub can still honour
- * "every call on a lost GPU fails with GPU_IS_LOST"; anything else is
- * NOT_SUPPORTED.  decode_handle only compares addresses, so a first
- * argument that is not a handle (an index, a struct pointer) is harmless. */
+ * "every call on a lost GPU fails with GPU_IS_LOST" (and query_error,
+ * query_delay_ms); anything else is NOT_SUPPORTED.  decode_handle only
+ * compares addresses, so a first argument that is not a handle (an index,
+ * a struct pointer) is harmless. */
 int fake_stub_result(const void *first_arg)
 {
     nvmlDevice_t handle = (nvmlDevice_t)(uintptr_t)first_arg;
     const struct fake_gpu *g;
     const struct fake_mig *m;
-    nvmlReturn_t rc = fake_enter();
+    unsigned gi;
+    int mi;
+    nvmlReturn_t rc;
 
+    if (decode_handle(handle, &gi, &mi) < 0) {
+        rc = fake_enter();
+        if (rc != NVML_SUCCESS)
+            return rc;
+        return fake_leave(NVML_ERROR_NOT_SUPPORTED);
+    }
+    /* A handle of ours: only UNINITIALIZED, GPU_IS_LOST (lost, hidden,
+     * gone) and the GPU's query_error can come back besides success. */
+    rc = enter_handle(handle, &g, &m, NULL, 1);
     if (rc != NVML_SUCCESS)
         return rc;
-    if (resolve(handle, &g, &m, NULL) == NVML_ERROR_GPU_IS_LOST)
-        return fake_leave(NVML_ERROR_GPU_IS_LOST);
     return fake_leave(NVML_ERROR_NOT_SUPPORTED);
 }
 

@@ -180,6 +180,14 @@ static void gpu_defaults(struct fake_gpu *g, unsigned index)
     g->cc_minor = 0;
     /* nvmlEventTypeAll as of NVML 12.x/13.x */
     g->supported_events = 0xFF9FULL;
+    /* H200 SXM: a Gen5 x16 link in a Gen5 slot; its thermal limits. */
+    g->pcie_gen = g->pcie_max_gen = g->pcie_gpu_max_gen = 5;
+    g->pcie_width = g->pcie_max_width = 16;
+    g->temp_thresholds[0] = 92; /* SHUTDOWN */
+    g->temp_thresholds[1] = 89; /* SLOWDOWN */
+    g->temp_thresholds[2] = 95; /* MEM_MAX */
+    g->temp_thresholds[3] = 87; /* GPU_MAX */
+    g->memory_temperature = 40;
 }
 
 /* ---- typed accessors with error paths ------------------------------- */
@@ -325,6 +333,27 @@ static int opt_str(ctx *c, const char *where, const json_value *obj,
         return errf(c, "%s: longer than %zu characters", buf, cap - 1);
     snprintf(dst, cap, "%s", v->str);
     return 0;
+}
+
+/* An NVML error as a name ("GPU_IS_LOST", case-insensitive, NVML_ERROR_
+ * prefix optional) or a code; used by init_error, query_error and
+ * fabric.status. */
+static int opt_error(ctx *c, const char *where, const json_value *obj,
+                     const char *key, int *out)
+{
+    char buf[160];
+    const json_value *v = member(obj, key);
+    if (!v)
+        return 0;
+    if (v->type == JSON_STRING) {
+        int code = fake_error_from_name(v->str);
+        if (code < 0)
+            return errf(c, "%s: unknown NVML error name \"%s\"",
+                        join(buf, sizeof(buf), where, key), v->str);
+        *out = code;
+        return 0;
+    }
+    return opt_int(c, where, obj, key, out);
 }
 
 static int value_pci(ctx *c, const char *what, const json_value *v,
@@ -563,6 +592,120 @@ static int parse_retired(ctx *c, const char *where, const json_value *gobj,
     return 0;
 }
 
+/* {"shutdown", "slowdown", "gpu_max", "mem_max"}: degrees C, or -1 for a
+ * threshold the GPU does not report (its query -> NOT_SUPPORTED).  Keys
+ * left out or null keep their default. */
+static int parse_thresholds(ctx *c, const char *where, const json_value *gobj,
+                            struct fake_gpu *g)
+{
+    /* In nvmlTemperatureThresholds_t order: SHUTDOWN 0, SLOWDOWN 1,
+     * MEM_MAX 2, GPU_MAX 3. */
+    static const char *const keys[] = {"shutdown", "slowdown", "mem_max", "gpu_max", NULL};
+    char buf[160];
+    const json_value *t = member(gobj, "temperature_thresholds");
+
+    if (!t)
+        return 0;
+    join(buf, sizeof(buf), where, "temperature_thresholds");
+    if (expect_object(c, buf, t) < 0 || check_keys(c, buf, t, keys) < 0)
+        return -1;
+    for (int k = 0; keys[k]; k++) {
+        char item[176];
+        const json_value *v = member(t, keys[k]);
+        if (!v)
+            continue;
+        fmt_into(item, sizeof(item), "%s.%s", buf, keys[k]);
+        if (v->type != JSON_NUMBER || !v->is_int ||
+            (v->is_negative ? v->i != FAKE_THRESHOLD_NONE : v->u > INT_MAX))
+            return errf(c, "%s: expected degrees C (a non-negative integer) or -1 "
+                           "(not reported)", item);
+        g->temp_thresholds[k] = v->is_negative ? FAKE_THRESHOLD_NONE : (int)v->u;
+    }
+    return 0;
+}
+
+static int parse_pcie(ctx *c, const char *where, const json_value *gobj,
+                      struct fake_gpu *g)
+{
+    static const char *const keys[] = {"gen", "width", "max_gen", "max_width",
+                                       "gpu_max_gen", NULL};
+    char buf[160];
+    const json_value *p = member(gobj, "pcie");
+
+    if (!p)
+        return 0;
+    join(buf, sizeof(buf), where, "pcie");
+    if (expect_object(c, buf, p) < 0 || check_keys(c, buf, p, keys) < 0 ||
+        opt_uint(c, buf, p, "gen", UINT_MAX, &g->pcie_gen) < 0 ||
+        opt_uint(c, buf, p, "width", UINT_MAX, &g->pcie_width) < 0 ||
+        opt_uint(c, buf, p, "max_gen", UINT_MAX, &g->pcie_max_gen) < 0 ||
+        opt_uint(c, buf, p, "max_width", UINT_MAX, &g->pcie_max_width) < 0 ||
+        opt_uint(c, buf, p, "gpu_max_gen", UINT_MAX, &g->pcie_gpu_max_gen) < 0)
+        return -1;
+    return 0;
+}
+
+/* 32 hex digits, bare or as a GUID with dashes (8-4-4-4-12), into the 16
+ * bytes of nvmlGpuFabricInfo_t.clusterUuid, first digits first. */
+static int parse_fabric_uuid(const char *s, unsigned char out[FAKE_FABRIC_UUID_LEN])
+{
+    static const int dash_at[] = {8, 12, 16, 20}; /* digits before each dash */
+    size_t len = strlen(s);
+    int dashed = len == 36, digits = 0, dash = 0;
+
+    if (len != 32 && !dashed)
+        return -1;
+    for (const char *p = s; *p; p++) {
+        int nibble;
+        if (dashed && dash < 4 && digits == dash_at[dash]) {
+            if (*p != '-')
+                return -1;
+            dash++;
+            continue;
+        }
+        if (!isxdigit((unsigned char)*p) || digits >= 2 * FAKE_FABRIC_UUID_LEN)
+            return -1;
+        nibble = isdigit((unsigned char)*p) ? *p - '0'
+                                            : tolower((unsigned char)*p) - 'a' + 10;
+        if (digits % 2 == 0)
+            out[digits / 2] = (unsigned char)(nibble << 4);
+        else
+            out[digits / 2] |= (unsigned char)nibble;
+        digits++;
+    }
+    return digits == 2 * FAKE_FABRIC_UUID_LEN ? 0 : -1;
+}
+
+/* Present: the GPU is part of an NVLink fabric (nvmlDeviceGetGpuFabricInfo*
+ * answer); absent: those calls are NOT_SUPPORTED. */
+static int parse_fabric(ctx *c, const char *where, const json_value *gobj,
+                        struct fake_gpu *g)
+{
+    static const char *const keys[] = {"state", "status", "clique_id", "cluster_uuid",
+                                       "health_mask", NULL};
+    char buf[160];
+    const json_value *f = member(gobj, "fabric");
+    const json_value *uuid;
+
+    if (!f)
+        return 0;
+    join(buf, sizeof(buf), where, "fabric");
+    g->fabric_supported = 1;
+    g->fabric_state = 3; /* NVML_GPU_FABRIC_STATE_COMPLETED */
+    if (expect_object(c, buf, f) < 0 || check_keys(c, buf, f, keys) < 0 ||
+        opt_uint(c, buf, f, "state", 3, &g->fabric_state) < 0 ||
+        opt_error(c, buf, f, "status", &g->fabric_status) < 0 ||
+        opt_uint(c, buf, f, "clique_id", UINT_MAX, &g->fabric_clique_id) < 0 ||
+        opt_uint(c, buf, f, "health_mask", UINT_MAX, &g->fabric_health_mask) < 0)
+        return -1;
+    if ((uuid = member(f, "cluster_uuid")) &&
+        (uuid->type != JSON_STRING ||
+         parse_fabric_uuid(uuid->str, g->fabric_cluster_uuid) < 0))
+        return errf(c, "%s.cluster_uuid: expected 32 hex digits, bare or as "
+                       "\"xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx\"", buf);
+    return 0;
+}
+
 static int parse_process_list(ctx *c, const char *where, const json_value *gobj,
                               const char *key, struct fake_process **out, size_t *n)
 {
@@ -617,7 +760,9 @@ static int parse_gpu(ctx *c, const json_value *gobj, unsigned index,
         "retired_pages_pending", "processes", "graphics_processes",
         "pcie_replay_counter", "clock_graphics", "clock_sm", "clock_mem",
         "clock_video", "persistence_mode", "brand", "architecture",
-        "cuda_compute_capability", "supported_event_types", "process_list_delay_ms", NULL};
+        "cuda_compute_capability", "supported_event_types", "process_list_delay_ms",
+        "temperature_thresholds", "memory_temperature", "gpu_recovery_action", "pcie",
+        "fabric", "energy", "query_error", "query_delay_ms", NULL};
     char where[32], buf[160];
     const json_value *v;
     unsigned long long lost = 0;
@@ -653,7 +798,12 @@ static int parse_gpu(ctx *c, const json_value *gobj, unsigned index,
         opt_uint(c, where, gobj, "architecture", UINT_MAX, &g->architecture) < 0 ||
         opt_u64(c, where, gobj, "supported_event_types", ULLONG_MAX,
                 &g->supported_events) < 0 ||
-        opt_uint(c, where, gobj, "process_list_delay_ms", 3600000, &g->process_list_delay_ms) < 0)
+        opt_uint(c, where, gobj, "process_list_delay_ms", 3600000, &g->process_list_delay_ms) < 0 ||
+        opt_uint(c, where, gobj, "memory_temperature", UINT_MAX, &g->memory_temperature) < 0 ||
+        opt_uint(c, where, gobj, "gpu_recovery_action", UINT_MAX, &g->gpu_recovery_action) < 0 ||
+        opt_u64(c, where, gobj, "energy", ULLONG_MAX, &g->energy) < 0 ||
+        opt_error(c, where, gobj, "query_error", &g->query_error) < 0 ||
+        opt_uint(c, where, gobj, "query_delay_ms", 3600000, &g->query_delay_ms) < 0)
         return -1;
     g->lost = (int)lost;
 
@@ -685,7 +835,9 @@ static int parse_gpu(ctx *c, const json_value *gobj, unsigned index,
         parse_health(c, where, gobj, g) < 0 || parse_retired(c, where, gobj, g) < 0 ||
         parse_process_list(c, where, gobj, "processes", &g->procs, &g->n_procs) < 0 ||
         parse_process_list(c, where, gobj, "graphics_processes", &g->gfx_procs,
-                           &g->n_gfx_procs) < 0)
+                           &g->n_gfx_procs) < 0 ||
+        parse_thresholds(c, where, gobj, g) < 0 || parse_pcie(c, where, gobj, g) < 0 ||
+        parse_fabric(c, where, gobj, g) < 0)
         return -1;
     return 0;
 }
@@ -738,17 +890,7 @@ static int parse_events(ctx *c, const json_value *list, struct fake_spec *s)
 
 static int parse_init_error(ctx *c, const json_value *root, struct fake_spec *s)
 {
-    const json_value *v = member(root, "init_error");
-    if (!v)
-        return 0;
-    if (v->type == JSON_STRING) {
-        int code = fake_error_from_name(v->str);
-        if (code < 0)
-            return errf(c, "init_error: unknown NVML error name \"%s\"", v->str);
-        s->init_error = code;
-        return 0;
-    }
-    return opt_int(c, "", root, "init_error", &s->init_error);
+    return opt_error(c, "", root, "init_error", &s->init_error);
 }
 
 static int parse_root(ctx *c, const json_value *root, struct fake_spec *s)

@@ -28,6 +28,9 @@
 #define FAKE_UUID_LEN 96   /* NVML_DEVICE_UUID_V2_BUFFER_SIZE */
 #define FAKE_SERIAL_LEN 30 /* NVML_DEVICE_SERIAL_BUFFER_SIZE */
 #define FAKE_VERSION_LEN 80 /* NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE */
+#define FAKE_FABRIC_UUID_LEN 16 /* NVML_GPU_FABRIC_UUID_LEN */
+/* A temperature threshold the GPU does not report ("-1" in the spec). */
+#define FAKE_THRESHOLD_NONE (-1)
 
 struct fake_pci {
     unsigned domain, bus, device, function;
@@ -97,6 +100,28 @@ struct fake_gpu {
     unsigned process_list_delay_ms; /* each process-list call sleeps this long */
 
     unsigned pcie_replay;
+    /* PCIe link: current and maximum (of the GPU in this slot) generation
+     * and width, and the generation the GPU itself supports. */
+    unsigned pcie_gen, pcie_width, pcie_max_gen, pcie_max_width, pcie_gpu_max_gen;
+
+    /* nvmlTemperatureThresholds_t 0..3 (SHUTDOWN, SLOWDOWN, MEM_MAX,
+     * GPU_MAX), degrees C; FAKE_THRESHOLD_NONE: not reported. */
+    int temp_thresholds[4];
+    unsigned memory_temperature;  /* NVML_FI_DEV_MEMORY_TEMP */
+    unsigned gpu_recovery_action; /* NVML_FI_DEV_GET_GPU_RECOVERY_ACTION */
+
+    int fabric_supported; /* "fabric" key present */
+    unsigned fabric_state, fabric_clique_id, fabric_health_mask;
+    int fabric_status;    /* nvmlReturn_t */
+    unsigned char fabric_cluster_uuid[FAKE_FABRIC_UUID_LEN];
+
+    unsigned long long energy; /* mJ at load time (nvmlDeviceGetTotalEnergyConsumption) */
+
+    /* Calls on this GPU's handles that "lost" would fail with
+     * GPU_IS_LOST return query_error instead (0: none), after sleeping
+     * query_delay_ms with the library lock released. */
+    int query_error;
+    unsigned query_delay_ms;
     unsigned clock_graphics, clock_sm, clock_mem, clock_video; /* MHz */
     unsigned persistence;
     unsigned brand, architecture;
@@ -119,6 +144,9 @@ struct fake_spec {
     struct fake_gpu *gpus;
     size_t n_events;
     struct fake_event *events;
+    /* CLOCK_MONOTONIC when this version was loaded: the energy counter
+     * grows by power_usage from then on. */
+    long long loaded_ns;
 };
 
 /* Read `path` and build a model.  Returns a malloc'ed spec, or NULL with a

@@ -24,7 +24,7 @@ from .owner import NodeState, UnknownReason
 from .reconciler import Reconciler, Ticket, registered
 
 __all__ = ["CATALOGUE", "DrainKind", "kind_of", "stale_at_start", "NodeState", "UnknownReason", "Reconciler", "Ticket",
-           "registered", "ChannelServer", "SOCKET_NAME", "DrainNotConfirmed", "post", "socket_path"]
+           "registered", "ChannelServer", "SOCKET_NAME", "DrainNotConfirmed", "post", "post_clear", "socket_path"]
 
 
 class DrainNotConfirmed(SlurmExtError):
@@ -47,12 +47,25 @@ def post(runtime_dir: str | Path, owner: str, reason: str, *, node: str, slurm: 
         DrainNotConfirmed: the agent did not confirm within `timeout`.
         SlurmExtError: no agent, and Slurm refused or did not answer.
     """
+    return _ask(runtime_dir, {"owner": owner, "want": reason, "fields": fields}, node, slurm, emit, timeout)
+
+
+def post_clear(runtime_dir: str | Path, owner: str, *, node: str, slurm: Callable[[], SlurmClient],
+               emit: Callable[..., object], timeout: float) -> str:
+    """`owner`'s condition is gone: have its drain lifted (by the agent when one runs, else here), as `post`.
+
+    Raises: as `post` (UnknownReason aside).
+    """
+    return _ask(runtime_dir, {"owner": owner, "clear": True}, node, slurm, emit, timeout)
+
+
+def _ask(runtime_dir, message: dict, node: str, slurm, emit, timeout: float) -> str:
     try:
-        answer = channel.request(socket_path(runtime_dir), {"owner": owner, "want": reason, "fields": fields},
-                                 timeout)
+        answer = channel.request(socket_path(runtime_dir), message, timeout)
     except channel.NoAgent:
         reconciler = Reconciler(slurm(), node, emit, lift_stale=False)
-        ticket = reconciler.want(owner, reason, **fields)
+        ticket = (reconciler.clear(message["owner"]) if message.get("clear")
+                  else reconciler.want(message["owner"], message["want"], **message.get("fields", {})))
         reconciler.reconcile()
         return ticket.outcome or "not shown yet"
     except TimeoutError as err:

@@ -22,7 +22,8 @@ BY_OPERATOR = "by-operator"
 
 @dataclass(frozen=True, slots=True)
 class DrainKind:
-    #: who wants it: the part of an owner name before '/' (crash-loop/slurmd is owned by crash-loop)
+    #: who wants it: the part of an owner name before '/' (crash-loop/slurmd is owned by crash-loop, health/xid by
+    #: health)
     owner: str
     name: str
     #: how the reason reads after "slurm-ext: "; {fields} stand for any text
@@ -44,10 +45,12 @@ class DrainKind:
         return self.pattern.match(reason) is not None
 
     def owner_of(self, reason: str) -> str:
-        """The full owner name of a reason of this kind: crash-loop/slurmd for a crash loop of slurmd."""
+        """The full owner name of a reason of this kind: crash-loop/slurmd for a crash loop of slurmd, health/xid for
+        an Xid's drain."""
         found = self.pattern.match(reason)
-        worker = found.groupdict().get("worker") if found else None
-        return f"{self.owner}/{worker}" if worker else self.owner
+        groups = found.groupdict() if found else {}
+        sub = groups.get("worker") or groups.get("check")
+        return f"{self.owner}/{sub}" if sub else self.owner
 
 
 CATALOGUE: tuple[DrainKind, ...] = (
@@ -69,6 +72,10 @@ CATALOGUE: tuple[DrainKind, ...] = (
               "a GPU still holds memory after its job's processes are gone"),
     DrainKind("jobs", "record-failed", "cannot record job {job} in {where}", 35, BY_OPERATOR,
               "the Prolog could not write the job's record (a full disk?): cleanup could not tell jobs apart"),
+    DrainKind("health", "health", "{check} {evidence} action={action}", 47, WHEN_CLEARED,
+              "a health check's critical finding (owner health/<check>): the evidence as 'actual (expected limit)' and "
+              "the recommended action; lifted by the check once its condition has stayed away for its quiet window "
+              "(a sticky Xid: at the next boot or `slurm-ext health clear`)"),
     DrainKind("crash-loop", "crash-loop", "{worker} crash loop: {detail}", 30, WHEN_CLEARED,
               "a worker exited crash_loop_count times within crash_loop_window; lifted once it has run the "
               "window", stale_at_start=True),

@@ -1,0 +1,58 @@
+"""Passive GPU and node health checks: caught as they happen, judged by NVIDIA's catalog, owned drains.
+
+The worker agent runs `slurm-ext health monitor` as its `health` worker
+(`monitor.serve`): a check that hangs or crashes is the monitor's problem,
+never the agent's or slurmd's. Each check is a module of `checks/` with a
+pure judge, listed in `checks.REGISTRY`; settings.CHECKS holds their
+defaults ([health.checks.<id>] overrides). A critical finding drains the
+node through the node-state owner as `health/<check>` with reason
+`slurm-ext: <check> <evidence> action=<action>`; the check lifts it once
+its condition has stayed away for its quiet window.
+
+Public surface: `serve` (the monitor), `check_now` (`health check`),
+`open_findings` (`health show`), `request_clear` (`health clear`),
+`metrics_path` (what the agent's /metrics reads), OWNER.
+"""
+
+from __future__ import annotations
+
+__all__ = ["serve", "check_now", "open_findings", "request_clear", "metrics_path", "OWNER"]
+
+#: the owner of health drains in the node-state catalogue (each check drains as health/<check>)
+OWNER = "health"
+
+# Imported on first use: the agent reads metrics_path at every scrape and needs none of the checks for it.
+_LAZY = {"serve": "monitor", "check_now": "oneshot"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def metrics_path(runtime_dir: str):
+    from .monitor import metrics_path as path
+    return path(runtime_dir)
+
+
+def open_findings(state_dir: str) -> list[dict]:
+    """The node's open findings as the monitor last saved them (oldest first)."""
+    from .monitor import load_state
+    found = [f for f in load_state(state_dir).get("findings") or () if isinstance(f, dict) and f.get("opened")]
+    return sorted(found, key=lambda f: f["opened"])
+
+
+def request_clear(state_dir: str, check: str = "", subject: str = "") -> str:
+    """Ask the running monitor to clear open findings (of `check`, about `subject`: a GPU index, UUID, bus id);
+    returns the request file. The monitor takes it up within a second and journals what it cleared."""
+    import json
+
+    from slurm_ext.fileio import atomic_write
+
+    from .monitor import clear_path
+    path = clear_path(state_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, json.dumps({"check": check, "subject": subject}) + "\n", mode=0o600)
+    return str(path)

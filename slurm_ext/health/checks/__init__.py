@@ -1,0 +1,17 @@
+"""The checks, one module each; `REGISTRY` lists them in the order settings.CHECKS has them."""
+
+from ..settings import CHECKS
+from . import (ecc, fabric, filesystem, foreign_drain, gpu_count, gpu_lost, kernel, link_down, link_flap,
+               nvlink, nvlink_errors, nvml_failing, pcie_link, pcie_replay, persistence, retired_pages, row_remap,
+               slurmd, sxid, temperature, throttle, xid)
+
+__all__ = ["REGISTRY"]
+
+_MODULES = (gpu_lost, gpu_count, xid, sxid, fabric, throttle, temperature, row_remap, ecc, retired_pages, nvlink,
+            nvlink_errors, pcie_link, pcie_replay, persistence, nvml_failing, link_down, link_flap, filesystem,
+            kernel, slurmd, foreign_drain)
+
+#: check id -> Check, in the order of settings.CHECKS
+REGISTRY = {check.id: check for check in sorted((m.CHECK for m in _MODULES), key=lambda c: list(CHECKS).index(c.id))}
+
+assert list(REGISTRY) == list(CHECKS), "every check in settings.CHECKS has a module, and no other"

@@ -1,0 +1,31 @@
+"""GPU lost: NVML answers GPU_IS_LOST (the GPU fell off the bus) or RESET_REQUIRED for a GPU it lists, or
+the driver's recovery-action field asks for a reset or a reboot (no other tool reads it)."""
+
+from slurm_ext import nvml
+
+from ..catalog import recovery_entry
+from ..check import Check, View, gpu_observation
+from ..settings import Params
+
+
+def judge(view: View, params: Params) -> list:
+    snapshot = view.latest
+    if snapshot is None:
+        return []
+    found = []
+    for sample in snapshot.gpus:
+        if sample.error == nvml.GPU_IS_LOST:
+            found.append(gpu_observation(params, sample.gpu, "nvml GPU_IS_LOST (expected an answer)",
+                                         detail=sample.error_text))
+        elif sample.error == nvml.RESET_REQUIRED:
+            found.append(gpu_observation(params, sample.gpu, "nvml RESET_REQUIRED (expected an answer)",
+                                         action="reset-gpu", detail=sample.error_text))
+        elif sample.recovery_action:
+            words, severity, action = recovery_entry(sample.recovery_action)
+            if severity == "critical":
+                found.append(gpu_observation(params, sample.gpu, f"recovery action {words} (expected none)",
+                                             action=action))
+    return found
+
+
+CHECK = Check("gpu-lost", "nvml", polled=judge)

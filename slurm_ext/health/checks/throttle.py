@@ -1,0 +1,41 @@
+"""Throttling that costs throughput: hardware slowdown, thermal slowdown, power brake.
+
+Judged as the share of the samples over a full window, never one sample:
+a GPU brushing its power brake for a second is normal, one held in
+slowdown for most of ten minutes runs a job at a fraction of its speed.
+Software power capping (0x4) is left out: it is the power limit doing its job.
+"""
+
+from ..check import Check, View, gpu_observation
+from ..settings import Params, format_duration
+
+#: HwSlowdown 0x8, SwThermalSlowdown 0x20, HwThermalSlowdown 0x40, HwPowerBrakeSlowdown 0x80
+_COSTLY = {0x8: "hw-slowdown", 0x20: "sw-thermal", 0x40: "hw-thermal", 0x80: "power-brake"}
+_MASK = sum(_COSTLY)
+
+
+def judge(view: View, params: Params) -> list:
+    snapshots = view.window(params.window)
+    if snapshots is None:
+        return []  # not watched for a full window yet: no verdict
+    samples: dict[str, list] = {}
+    for snapshot in snapshots:
+        for sample in snapshot.gpus:
+            if sample.clocks_event_reasons is not None:
+                samples.setdefault(sample.gpu.uuid, []).append(sample)
+    found = []
+    for readings in samples.values():
+        throttled = [s for s in readings if s.clocks_event_reasons & _MASK]
+        share = len(throttled) / len(readings)
+        if not throttled or share < params.threshold:
+            continue
+        seen = 0
+        for s in throttled:
+            seen |= s.clocks_event_reasons
+        why = "+".join(name for bit, name in _COSTLY.items() if seen & bit)
+        found.append(gpu_observation(params, readings[-1].gpu, f"throttled {share:.0%} of {format_duration(params.window)} "
+                                     f"by {why} (limit {params.threshold:.0%})"))
+    return found
+
+
+CHECK = Check("throttle", "nvml", polled=judge)

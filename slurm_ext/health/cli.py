@@ -1,0 +1,99 @@
+"""`slurm-ext health ...`: the node's passive checks, now or as the monitor sees them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from slurm_ext import config
+
+__all__ = ["add_commands"]
+
+#: how long `health clear` waits for the monitor to take its request up
+_CLEAR_WAIT = 5.0
+
+
+def _monitor(args: argparse.Namespace) -> int:
+    from slurm_ext import log
+    from . import serve
+    loaded = config.load(args.config)
+    log.setup(loaded.log, "health")
+    return serve(args.config)
+
+
+def _check(args: argparse.Namespace) -> int:
+    from . import check_now
+    report = check_now(config.load(args.config))
+    if args.json:
+        print(json.dumps({"healthy": report.healthy, "ran": report.ran, "findings": report.findings}, indent=1))
+    else:
+        for row in report.findings:
+            print(_line(row))
+        print(f"{'healthy' if report.healthy else 'unhealthy'}: {len(report.findings)} findings; "
+              f"{len(report.ran)} checks ran now, the monitor's open findings added")
+    return 0 if report.healthy else 1
+
+
+def _show(args: argparse.Namespace) -> int:
+    from . import open_findings
+    found = open_findings(config.load(args.config).node.state_dir)
+    if args.json:
+        print(json.dumps(found, indent=1))
+        return 0
+    if not found:
+        print("no open findings")
+    for row in found:
+        opened = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["opened"]))
+        print(f"{opened} {_line(row)}" + (f" (seen {row['count']} times)" if row.get("count", 1) > 1 else ""))
+    return 0
+
+
+def _clear(args: argparse.Namespace) -> int:
+    from . import request_clear
+    from .settings import CHECKS
+    if args.check and args.check not in CHECKS:
+        print(f"slurm-ext: error: --check {args.check}: not a check; checks: {', '.join(CHECKS)}", file=sys.stderr)
+        return 2
+    path = request_clear(config.load(args.config).node.state_dir, args.check or "", args.gpu or "")
+    deadline = time.monotonic() + _CLEAR_WAIT
+    while os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if os.path.exists(path):
+        print(f"slurm-ext: warning: no health monitor took up {path} within {_CLEAR_WAIT:g}s (is the worker agent's "
+              "health worker running?); it is taken up when one starts", file=sys.stderr)
+        return 1
+    print("clear taken up by the health monitor: `slurm-ext events --event health-cleared` lists what it cleared")
+    return 0
+
+
+def _line(row: dict) -> str:
+    gpu = f" gpu {row['gpu']} {row.get('uuid', '')}" if row.get("gpu") is not None else ""
+    jobs = f" jobs={','.join(map(str, row['jobs']))}" if row.get("jobs") else ""
+    return f"{row['severity']:8} {row['check']}{gpu}: {row['evidence']} action={row['action']}{jobs}"
+
+
+def add_commands(commands: argparse._SubParsersAction) -> None:
+    """Add this component's commands to the core CLI's subcommands."""
+    health = commands.add_parser("health", help="passive GPU and node checks: now, or as the monitor sees them",
+                                 description="The worker agent runs the health monitor as its `health` worker; "
+                                             "these commands ask the node now or read what the monitor found.")
+    actions = health.add_subparsers(dest="action", metavar="ACTION", required=True)
+    check = actions.add_parser("check", help="run every check once, now; exit 1 when the node is unhealthy "
+                               "(a critical finding)",
+                               description="Runs each polled check on one reading of the node and adds the "
+                                           "monitor's open findings (windows and events need the monitor).")
+    check.add_argument("--json", action="store_true", help="machine-readable")
+    check.set_defaults(func=_check)
+    show = actions.add_parser("show", help="the node's open findings, as the monitor last saved them")
+    show.add_argument("--json", action="store_true", help="machine-readable")
+    show.set_defaults(func=_show)
+    clear = actions.add_parser("clear", help="clear open findings (a sticky Xid after a GPU reset) and their drains",
+                               description="A polled condition that still holds is found again after its hold.")
+    clear.add_argument("--check", metavar="ID", help="only this check's findings")
+    clear.add_argument("--gpu", metavar="GPU", help="only findings about this GPU (index, UUID or bus id)")
+    clear.set_defaults(func=_clear)
+    actions.add_parser("monitor", help="run the monitor in the foreground (the worker agent's `health` worker)"
+                       ).set_defaults(func=_monitor)

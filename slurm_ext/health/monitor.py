@@ -1,0 +1,613 @@
+"""`slurm-ext health monitor`: the worker agent's `health` worker, every check on one node.
+
+Sources that push run on threads of their own and hand records to one
+queue: the kernel log, NVML's events, netlink. The polled readers (NVML,
+the file systems, Slurm) run on threads too, so a read that hangs (a GPU
+off the bus hangs the driver, a dead NFS server hangs statvfs) is seen
+and reported instead of stopping the other checks. One thread, this one,
+owns everything else: it judges, keeps the findings, writes the journal
+and the metrics file, and tells the node-state owner what to drain.
+
+Files: `<node.state_dir>/health/findings.json` keeps the findings across
+restarts (with the boot they belong to: a new boot starts clean);
+`<supervisor.runtime_dir>/health.json` is the latest readings for the
+agent's /metrics and `slurm-ext health show`; `<node.state_dir>/health/
+clear.json` is an operator's `slurm-ext health clear`, taken up within a second.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import signal
+import threading
+import time
+import traceback
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from slurm_ext import config as config_mod, events, nodestate
+from slurm_ext.errors import ConfigError, SlurmExtError
+from slurm_ext.fileio import atomic_write
+from slurm_ext.slurm import SlurmClient
+
+from .check import View
+from .checks import REGISTRY
+from .findings import Change, Finding, Findings
+from .kmsg import KernelLog, LineParser
+from .records import LinkChange, Snapshot, Xid
+from .settings import CHECKS, HealthSection
+
+__all__ = ["Monitor", "OWNER", "owner_of", "state_path", "metrics_path", "clear_path", "boot_id", "load_state"]
+
+log = logging.getLogger("health")
+
+#: the owner of health drains in the node-state catalogue; each check drains as health/<check>
+OWNER = "health"
+#: a source that failed is tried again after this long
+_RETRY = 30.0
+#: the most event records and link changes kept for the windows (a storm of lines must not grow memory)
+_MAX_RECENT = 2000
+#: how long a drain or clear may wait for the agent's answer
+_POST_TIMEOUT = 30.0
+
+
+def owner_of(check: str) -> str:
+    return f"{OWNER}/{check}"
+
+
+def state_path(state_dir: str) -> Path:
+    return Path(state_dir) / "health" / "findings.json"
+
+
+def clear_path(state_dir: str) -> Path:
+    return Path(state_dir) / "health" / "clear.json"
+
+
+def metrics_path(runtime_dir: str) -> Path:
+    return Path(runtime_dir) / "health.json"
+
+
+def boot_id(proc: Path = Path("/proc")) -> str:
+    try:
+        return (proc / "sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def load_state(state_dir: str) -> dict:
+    """The monitor's persisted state ({} when none or unreadable: the monitor starts clean)."""
+    try:
+        data = json.loads(state_path(state_dir).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+@dataclass
+class _Poller:
+    """A polled reader on a thread of its own: `read()` every `interval`; its result goes on the queue."""
+
+    name: str
+    read: object
+    interval: float
+    out: queue.Queue
+    busy_since: float | None = None
+    hung_reported: bool = False
+    stop: threading.Event = field(default_factory=threading.Event)
+    kick: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name=f"health-{self.name}", daemon=True).start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            self.busy_since = time.monotonic()
+            try:
+                result = self.read()
+            except Exception as err:  # a reader's bug must not end the monitor: reported, tried again
+                result = err
+            self.busy_since = None
+            self.out.put(("poll", self.name, result))
+            self.kick.wait(self.interval)
+            self.kick.clear()
+
+
+class Monitor:
+    def __init__(self, config, config_path: str | None = None, nvml_module=None):
+        self.config = config
+        self.config_path = config_path
+        self.node = config.node.slurm_name
+        self.state_dir = config.node.state_dir
+        self.runtime_dir = config.supervisor.runtime_dir
+        self.emit = events.emitter(self.state_dir, "health")
+        self.queue: queue.Queue = queue.Queue()
+        self.stopping = threading.Event()
+        self._nvml = nvml_module
+        self.snapshots: deque[Snapshot] = deque()
+        self.recent: deque = deque(maxlen=_MAX_RECENT)
+        self.link_changes: deque[LinkChange] = deque(maxlen=_MAX_RECENT)
+        self.links: dict[str, LinkChange] = {}
+        self.filesystems = ()
+        self.node_sample = None
+        self.nvlink_seen: dict[str, int] = {}
+        #: each GPU index's identity as last read (a lost GPU answers nothing, its UUID included)
+        self.identities: dict = {}
+        self.xid_counts: dict[str, int] = {}
+        self.check_state: dict[str, str] = {}
+        #: reader -> the error it last failed with (reported once, not every poll)
+        self.reader_failed: dict[str, str] = {}
+        #: checks whose drain a previous run of the monitor had asked for (lifted once they judge healthy)
+        self.drained_before: set[str] = set()
+        self.boot = boot_id()
+        self.findings = self._load()
+        self._pollers: list[_Poller] = []
+        self._drains = _DrainPoster(self)
+        #: checks that have judged at least once since the start: only their drains may be lifted
+        self._judged: set[str] = set()
+        self._last_expire = 0.0
+
+    # -- set-up ---------------------------------------------------------------------
+
+    @property
+    def health(self) -> HealthSection:
+        return self.config.health
+
+    def _load(self) -> Findings:
+        state = load_state(self.state_dir)
+        self.xid_counts = {str(k): int(v) for k, v in dict(state.get("xid_counts") or {}).items()}
+        self.drained_before = {str(c) for c in state.get("drains") or ()}
+        if state.get("boot") and state.get("boot") != self.boot:
+            self.xid_counts = {}
+            return Findings()  # the node rebooted: every finding of the last boot is over
+        return Findings.from_json(state.get("findings") or [])
+
+    def run(self) -> int:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: self.stopping.set())
+        signal.signal(signal.SIGHUP, lambda *_: self.queue.put(("reload", "", None)))
+        enabled = [c for c in CHECKS if self.health.params(c).enabled]
+        self.emit("health-started", f"health monitor on node {self.node}: {len(enabled)} checks "
+                  f"({', '.join(enabled)}), polled every {self.health.interval:g}s; kernel log "
+                  f"{self.health.kernel_log or 'off'}; {len(self.findings.open())} open findings kept",
+                  checks=enabled)
+        self._start_sources()
+        self._drains.start()
+        self._drains.resync(self.findings.open())
+        try:
+            while not self.stopping.is_set():
+                self._step(1.0)
+        finally:
+            for poller in self._pollers:
+                poller.stop.set()
+                poller.kick.set()
+            self._save()
+            self._drains.stop()
+        return 0
+
+    def _start_sources(self) -> None:
+        h = self.health
+        sources = {c.source for c in REGISTRY.values() if h.params(c.id).enabled}
+        if "nvml" in sources:
+            self._pollers.append(_Poller("nvml", self._read_nvml, h.interval, self.queue))
+            if h.nvml_events:
+                threading.Thread(target=self._nvml_events, name="health-nvml-events", daemon=True).start()
+        if "filesystem" in sources:
+            self._pollers.append(_Poller("filesystem", self._read_filesystems, h.params("filesystem").interval,
+                                         self.queue))
+        if "slurm" in sources:
+            interval = min(h.params(c).interval for c in ("slurmd", "foreign-drain") if h.params(c).enabled)
+            client = SlurmClient(self.config.slurm)
+            from .readers import read_node
+            self._pollers.append(_Poller("slurm", lambda: read_node(client, self.node), interval, self.queue))
+        if "kernel" in sources and h.kernel_log:
+            threading.Thread(target=self._kernel_log, name="health-kmsg", daemon=True).start()
+        if "netlink" in sources and h.interfaces:
+            threading.Thread(target=self._netlink, name="health-netlink", daemon=True).start()
+        for poller in self._pollers:
+            poller.start()
+
+    # -- readers (their own threads) ----------------------------------------------------
+
+    def _module(self):
+        if self._nvml is None:
+            from .nvmlread import nvml_module
+            self._nvml = nvml_module()
+        return self._nvml
+
+    def _read_nvml(self) -> Snapshot:
+        from slurm_ext.gres import baseline
+
+        from .nvmlread import read_gpus
+        return read_gpus(self._module, tuple(baseline(self.state_dir)), dict(self.identities))
+
+    def _read_filesystems(self):
+        from .readers import read_filesystems
+        return read_filesystems(self.health.paths)
+
+    def _source_loop(self, name: str, open_source, read) -> None:
+        """Keep a pushing source going: open it, read it, and when it fails say so and retry after _RETRY."""
+        failing = ""
+        while not self.stopping.is_set():
+            try:
+                source = open_source()
+            except Exception as err:
+                if str(err) != failing:
+                    failing = str(err)
+                    self.queue.put(("source-failed", name, f"{err}; retried every {_RETRY:g}s"))
+                self.stopping.wait(_RETRY)
+                continue
+            if failing:
+                self.queue.put(("source-ok", name, "reading again"))
+                failing = ""
+            try:
+                while not self.stopping.is_set():
+                    for record in read(source):
+                        self.queue.put(("record", name, record))
+            except Exception as err:
+                failing = str(err)
+                self.queue.put(("source-failed", name, f"{err}; retried every {_RETRY:g}s"))
+                self.stopping.wait(_RETRY)
+            finally:
+                close = getattr(source, "close", None)
+                if close:
+                    close()
+
+    def _kernel_log(self) -> None:
+        parser = LineParser()
+
+        def open_log():
+            source = KernelLog(self.health.kernel_log)
+            source.open()
+            return source
+
+        def read(source):
+            return [r for r in map(parser.parse, source.lines(1.0)) if r is not None]
+        self._source_loop("kernel-log", open_log, read)
+
+    def _nvml_events(self) -> None:
+        from .nvmlread import NvmlEvents
+        self._source_loop("nvml-events", lambda: NvmlEvents(self._module()), lambda events_: events_.wait(1.0))
+
+    def _netlink(self) -> None:
+        from .readers import LinkWatch
+
+        def open_watch():
+            watch = LinkWatch(self.health.interfaces, self.health.network_namespace)
+            for change in watch.dump():
+                self.queue.put(("record", "netlink", change))
+            return watch
+        self._source_loop("netlink", open_watch, lambda watch: watch.wait(1.0))
+
+    # -- the one thread that judges ---------------------------------------------------
+
+    def _step(self, timeout: float) -> None:
+        try:
+            kind, name, item = self.queue.get(timeout=timeout)
+        except queue.Empty:
+            kind = ""
+        else:
+            self._take(kind, name, item)
+        now = time.time()
+        self._watch_hangs()
+        if now - self._last_expire >= 1.0:
+            self._last_expire = now
+            self._apply(self.findings.expire(lambda check: self.health.params(check).quiet, now))
+            self._operator_clear()
+
+    def _take(self, kind: str, name: str, item) -> None:
+        if kind == "poll":
+            self._polled(name, item)
+        elif kind == "record":
+            self._record(item)
+        elif kind == "source-failed":
+            self.emit("health-source-failed", f"{name}: {item}", source=name)
+        elif kind == "source-ok":
+            self.emit("health-source-ok", f"{name}: {item}", source=name)
+        elif kind == "reload":
+            self._reload()
+
+    def _polled(self, reader: str, result) -> None:
+        if isinstance(result, Exception):
+            if self.reader_failed.get(reader) != repr(result):
+                self.emit("health-check-failed", f"reader {reader} failed: {result!r} (a bug of slurm-ext, or input "
+                          "it cannot read: its checks wait, the others go on; tried again every poll)",
+                          reader=reader, traceback=traceback.format_exception(result)[-3:])
+            self.reader_failed[reader] = repr(result)
+            return
+        self.reader_failed.pop(reader, None)
+        if reader == "nvml":
+            self._add_snapshot(result)
+        elif reader == "filesystem":
+            self.filesystems = result
+        elif reader == "slurm":
+            self.node_sample = result
+        for check in REGISTRY.values():
+            if check.polled is not None and check.source == reader:
+                self._judge_polled(check.id)
+        if reader == "nvml":
+            self._write_metrics()
+
+    def _add_snapshot(self, snapshot: Snapshot) -> None:
+        self.snapshots.append(snapshot)
+        for sample in snapshot.gpus:
+            if sample.gpu.uuid:
+                self.identities[sample.gpu.index] = sample.gpu
+            if sample.nvlink_active is not None:
+                self.nvlink_seen[sample.gpu.uuid] = max(self.nvlink_seen.get(sample.gpu.uuid, 0), sample.nvlink_active)
+        keep = max([self.health.params(c).window for c in CHECKS if REGISTRY[c].source == "nvml"]
+                   + [self.health.interval * (self.health.params("nvml").threshold or 1)]) + 2 * self.health.interval
+        while len(self.snapshots) > 2 and snapshot.time - self.snapshots[0].time > keep:
+            self.snapshots.popleft()
+
+    def _record(self, record) -> None:
+        if isinstance(record, LinkChange):
+            self.links[record.ifname] = record
+            self.link_changes.append(record)
+            for check in ("link-down", "link-flap"):
+                self._judge_polled(check)
+            return
+        if isinstance(record, Xid):
+            key = f"{record.uuid or record.pci_bus_id}/{record.xid}"
+            self.xid_counts[key] = self.xid_counts.get(key, 0) + 1
+        for check in REGISTRY.values():
+            if check.on_event is not None and isinstance(record, check.events):
+                self._judge_event(check.id, record)
+        self.recent.append(record)
+
+    def _view(self) -> View:
+        return View(time.time(), tuple(self.snapshots), dict(self.links), tuple(self.link_changes),
+                    self.health.interfaces, self.filesystems, self.node_sample, tuple(self.recent),
+                    self.health.xid, dict(self.nvlink_seen))
+
+    def _judge_polled(self, check_id: str) -> None:
+        params = self.health.params(check_id)
+        if not params.enabled:
+            return
+        now = time.time()
+        if now - getattr(self, f"_last_{check_id}", 0.0) < params.interval * 0.5 and check_id in self._judged:
+            return
+        setattr(self, f"_last_{check_id}", now)
+        try:
+            observations = REGISTRY[check_id].polled(self._view(), params)
+        except Exception as err:
+            self._check_failed(check_id, err)
+            return
+        self._judged.add(check_id)
+        self._apply(self.findings.polled(params, observations, now, self._jobs))
+        self._update_state(check_id)
+        self._drains.sync(check_id, self.findings.open())
+
+    def _judge_event(self, check_id: str, record) -> None:
+        params = self.health.params(check_id)
+        if not params.enabled:
+            return
+        try:
+            observations = REGISTRY[check_id].on_event(record, self._view(), params)
+        except Exception as err:
+            self._check_failed(check_id, err)
+            return
+        now = time.time()
+        for obs in observations:
+            self._apply(self.findings.event(params, obs, now, self._jobs))
+        self._judged.add(check_id)
+        self._update_state(check_id)
+        self._drains.sync(check_id, self.findings.open())
+
+    def _check_failed(self, check_id: str, err: Exception) -> None:
+        if self.check_state.get(check_id) != "failed":
+            self.emit("health-check-failed", f"check {check_id} failed: {err!r} (a bug of slurm-ext: the other "
+                      "checks go on, this one runs again at its next turn)", check=check_id,
+                      traceback=traceback.format_exception(err)[-3:])
+        self.check_state[check_id] = "failed"
+
+    def _update_state(self, check_id: str) -> None:
+        severities = [f.severity for f in self.findings.open() if f.check == check_id]
+        self.check_state[check_id] = ("critical" if "critical" in severities else
+                                      "warning" if "warning" in severities else "ok")
+
+    def _jobs(self, obs) -> list[int]:
+        from slurm_ext.prolog_epilog import gpu_jobs
+        held = gpu_jobs(self.state_dir)
+        return held.get(obs.gpu.index, []) if obs.gpu is not None else held.get(-1, [])
+
+    def _watch_hangs(self) -> None:
+        """A reader running past call_timeout: reported once; an NVML hang counts as a failed poll each interval."""
+        now = time.monotonic()
+        for poller in self._pollers:
+            since = poller.busy_since
+            if since is None:
+                poller.hung_reported = False
+                continue
+            if now - since < self.health.call_timeout or poller.hung_reported and poller.name != "nvml":
+                continue
+            if not poller.hung_reported:
+                poller.hung_reported = True
+                self.emit("health-check-hung", f"reader {poller.name} has not answered for {now - since:.0f}s "
+                          f"(call_timeout {self.health.call_timeout:g}s): its checks wait for it, the others go on",
+                          reader=poller.name)
+            if poller.name == "nvml" and (not self.snapshots or now - self.snapshots[-1].time >= self.health.interval):
+                self._add_snapshot(Snapshot(now, error=-1, error_text=f"nvml call hung for {now - since:.0f}s"))
+                self._judge_polled("nvml")
+
+    # -- findings to the journal, the drains and the files ---------------------------------
+
+    def _apply(self, changes: list[Change]) -> None:
+        for change in changes:
+            self._report(change)
+        if changes:
+            self._save()
+
+    def _report(self, change: Change) -> None:
+        f = change.finding
+        where = {"gpu": f.gpu, "uuid": f.uuid, "pci_bus_id": f.pci_bus_id} if f.gpu is not None or f.pci_bus_id \
+            else {}
+        fields = {"check": f.check, "subject": f.subject, "evidence": f.evidence, "action": f.action,
+                  "finding_severity": f.severity, **where, **({"jobs": f.jobs} if f.jobs else {}),
+                  **({"detail": f.detail} if f.detail else {}), **f.fields}
+        severity = {"critical": "error", "warning": "warning", "info": "info"}[f.severity]
+        if change.kind == "opened":
+            self.emit("health-finding", f"{f.severity}: {f.check} {f.evidence} action={f.action}"
+                      + (f" jobs={','.join(map(str, f.jobs))}" if f.jobs else ""), severity, **fields)
+        elif change.kind == "escalated":
+            self.emit("health-escalated", f"{f.severity}: {f.check} {f.evidence} action={f.action} (was "
+                      f"{change.why})", severity, **fields)
+        else:
+            self.emit("health-cleared", f"{f.check} {f.subject}: cleared ({_WHY[change.why]}): {f.evidence}",
+                      why=change.why, **fields)
+        self._update_state(f.check)
+
+    def _save(self) -> None:
+        data = {"boot": self.boot, "findings": self.findings.to_json(), "xid_counts": self.xid_counts,
+                "drains": sorted(self._drains.drained() | self.drained_before)}
+        try:
+            atomic_write(state_path(self.state_dir), json.dumps(data, indent=1) + "\n", mode=0o640, fsync="all")
+        except OSError as err:
+            log.error("health: cannot save the findings to %s: %s", state_path(self.state_dir), err.strerror)
+
+    def _write_metrics(self) -> None:
+        snapshot = self.snapshots[-1] if self.snapshots else None
+        from slurm_ext.prolog_epilog import gpu_jobs
+        held = gpu_jobs(self.state_dir)
+        gpus = []
+        for sample in snapshot.gpus if snapshot else ():
+            row = asdict(sample)
+            row["gpu"] = asdict(sample.gpu)
+            row["jobs"] = held.get(sample.gpu.index, [])
+            gpus.append(row)
+        last_xid = {}
+        for record in self.recent:
+            if isinstance(record, Xid):
+                last_xid[record.uuid or record.pci_bus_id] = record.xid
+        data = {"time": time.time(), "interval": self.health.interval, "node": self.node, "gpus": gpus,
+                "nvml_error": snapshot.error_text if snapshot else "", "xid_counts": self.xid_counts,
+                "last_xid": last_xid, "checks": {c: ("disabled" if not self.health.params(c).enabled
+                                                     else self.check_state.get(c, "ok")) for c in CHECKS},
+                "findings": [asdict(f) for f in self.findings.open()]}
+        try:
+            atomic_write(metrics_path(self.runtime_dir), json.dumps(data) + "\n", mode=0o644, fsync="none")
+        except OSError as err:
+            log.error("health: cannot write %s: %s", metrics_path(self.runtime_dir), err.strerror)
+
+    def _operator_clear(self) -> None:
+        path = clear_path(self.state_dir)
+        try:
+            request = json.loads(path.read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as err:
+            request = {"bad": str(err)}
+        path.unlink(missing_ok=True)
+        if "bad" in request:
+            self.emit("health-check-failed", f"{path}: not a clear request ({request['bad']}); ignored")
+            return
+        check, subject = str(request.get("check") or ""), str(request.get("subject") or "")
+        changes = self.findings.drop(lambda f: not ((not check or f.check == check)
+                                                    and (not subject or subject in (f.subject, f.uuid, f.pci_bus_id,
+                                                                                    str(f.gpu)))), "operator")
+        self._apply(changes)
+        for changed in {c.finding.check for c in changes}:
+            self._drains.sync(changed, self.findings.open())
+        if not changes:
+            log.info("health: clear request (check %r, subject %r) matched no open finding", check, subject)
+
+    def _reload(self) -> None:
+        try:
+            new = config_mod.load(self.config_path)
+        except ConfigError as err:
+            self.emit("reload-failed", f"SIGHUP: config not reloaded, keeping the running one: {err}",
+                      severity="error")
+            return
+        self.config = new
+        gone = [c for c in CHECKS if not new.health.params(c).enabled]
+        self._apply(self.findings.drop(lambda f: f.check not in gone, "disabled"))
+        for check in gone:
+            self._drains.sync(check, self.findings.open())
+        self.emit("reload", f"SIGHUP: config reloaded from {new.source or 'defaults'} (sources started at the "
+                  "monitor's start keep running; a changed kernel_log or interfaces needs a restart)")
+
+
+_WHY = {"quiet": "its condition stayed away for its quiet window", "operator": "an operator's slurm-ext health clear",
+        "disabled": "its check was disabled", "reboot": "the node rebooted"}
+
+
+class _DrainPoster:
+    """Tells the node-state owner (the agent, over its socket) what each check wants, on a thread of its own:
+    an answer can take Slurm's time, and judging must not wait for it."""
+
+    def __init__(self, monitor: Monitor):
+        self.monitor = monitor
+        self.wanted: dict[str, str | None] = {}
+        self.told: dict[str, str | None] = {}
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name="health-drains", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def resync(self, open_findings: list[Finding]) -> None:
+        """At start: re-assert the drains of findings kept from before (the agent may have restarted too)."""
+        for check in {f.check for f in open_findings}:
+            self.sync(check, open_findings)
+
+    def sync(self, check: str, open_findings: list[Finding]) -> None:
+        """Want `check`'s drain for its worst open critical finding, or its clear when it has none.
+
+        A clear is sent only for a drain this monitor asked for, one a previous run asked for, or one Slurm
+        shows now: twenty checks judging healthy at start must not cost the agent twenty Slurm reads."""
+        critical = [f for f in open_findings if f.check == check and f.severity == "critical"]
+        reason = max(critical, key=lambda f: (f.rank(), -f.opened)).reason if critical else None
+        m = self.monitor
+        with self._lock:
+            shown = m.node_sample is not None and f"slurm-ext: {check} " in m.node_sample.reason
+            if reason is None and check not in self.wanted and check not in m.drained_before and not shown:
+                return
+            self.wanted[check] = reason
+        self._wake.set()
+
+    def drained(self) -> set[str]:
+        """The checks whose drain was asked for and not cleared yet."""
+        with self._lock:
+            return {c for c, r in self.wanted.items() if r is not None}
+
+    def _run(self) -> None:
+        m = self.monitor
+        while not self._stop.is_set():
+            self._wake.wait(5.0)
+            self._wake.clear()
+            with self._lock:
+                todo = {c: r for c, r in self.wanted.items() if self.told.get(c, "unset") != r}
+            for check, reason in todo.items():
+                try:
+                    common = dict(node=m.node, slurm=lambda: SlurmClient(m.config.slurm),
+                                  emit=events.emitter(m.state_dir, "nodestate"), timeout=_POST_TIMEOUT)
+                    if reason is None:
+                        nodestate.post_clear(m.runtime_dir, owner_of(check), **common)
+                    else:
+                        nodestate.post(m.runtime_dir, owner_of(check), f"slurm-ext: {reason}", **common)
+                    self.told[check] = reason
+                    if reason is None:
+                        m.drained_before.discard(check)
+                except SlurmExtError as err:
+                    log.warning("health: %s for %s not confirmed yet: %s; retrying", "clear" if reason is None
+                                else "drain", check, err)
+                    self._wake.set()
+                    self._stop.wait(5.0)
+
+
+def serve(config_path: str | None = None) -> int:
+    """The entry point of `slurm-ext health monitor`."""
+    config = config_mod.load(config_path)
+    if not config.health.enabled:
+        log.info("health: health.enabled is false: nothing to monitor")
+        return 0
+    os.makedirs(Path(config.node.state_dir) / "health", exist_ok=True)
+    return Monitor(config, config_path).run()

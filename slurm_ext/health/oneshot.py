@@ -1,0 +1,85 @@
+"""`slurm-ext health check`: every check once, now, for an operator or a Slurm HealthCheckProgram.
+
+The polled checks read the node now and judge that one reading; a hold
+does not apply (the operator asked now). What needs time (throttling over
+a window, error rates, kernel and NVML events) only the running monitor
+can know, so its open findings are added. Exit 1 when anything is critical.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+from slurm_ext.slurm import SlurmClient
+
+from .check import View
+from .checks import REGISTRY
+from .findings import Finding
+from .monitor import load_state
+from .records import Observation, Snapshot
+from .checks.nvml_failing import failure_of
+
+__all__ = ["Report", "check_now"]
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    #: checks run now, and checks left to the monitor (windows, events) or disabled
+    ran: tuple[str, ...]
+    findings: tuple[dict, ...]
+
+    @property
+    def healthy(self) -> bool:
+        return not any(f["severity"] == "critical" for f in self.findings)
+
+
+def check_now(config, nvml_module=None, slurm: SlurmClient | None = None) -> Report:
+    from slurm_ext.gres import baseline
+
+    from .nvmlread import read_gpus
+    from .readers import LinkWatch, read_filesystems, read_node
+    h = config.health
+    enabled = [c for c in REGISTRY if h.params(c).enabled]
+    sources = {REGISTRY[c].source for c in enabled}
+    snapshot = Snapshot(time.monotonic())
+    if "nvml" in sources:
+        snapshot = read_gpus((lambda: nvml_module) if nvml_module else None, tuple(baseline(config.node.state_dir)))
+    links = {}
+    if "netlink" in sources and h.interfaces:
+        try:
+            watch = LinkWatch(h.interfaces, h.network_namespace)
+            links = {c.ifname: c for c in watch.dump()}
+            watch.close()
+        except (OSError, ImportError) as err:
+            links = {}
+            print(f"slurm-ext: warning: cannot read the network links: {err}")
+    node = read_node(slurm or SlurmClient(config.slurm), config.node.slurm_name) if "slurm" in sources else None
+    view = View(time.time(), (snapshot,), links, (), h.interfaces,
+                read_filesystems(h.paths) if "filesystem" in sources else (), node, (), h.xid, {})
+    found: dict[tuple, dict] = {}
+    ran = []
+    for check_id in enabled:
+        check = REGISTRY[check_id]
+        if check.polled is None:
+            continue
+        ran.append(check_id)
+        for obs in check.polled(view, h.params(check_id)):
+            found[obs.key] = _row(obs)
+    problem = failure_of(snapshot)
+    if problem and "nvml" in enabled:
+        params = h.params("nvml")
+        found[("nvml", "node")] = _row(Observation("nvml", "node", params.severity, params.action,
+                                                   f"nvml failed now: {problem}"))
+    for item in load_state(config.node.state_dir).get("findings") or ():
+        if isinstance(item, dict) and item.get("opened") is not None:
+            finding = Finding(**{k: v for k, v in item.items() if k in Finding.__dataclass_fields__})
+            found.setdefault(finding.key, {**asdict(finding), "from": "monitor"})
+    return Report(tuple(ran), tuple(found.values()))
+
+
+def _row(obs: Observation) -> dict:
+    gpu = obs.gpu
+    return {"check": obs.check, "subject": obs.subject, "severity": obs.severity, "action": obs.action,
+            "evidence": obs.evidence, "gpu": gpu.index if gpu else None, "uuid": gpu.uuid if gpu else "",
+            "pci_bus_id": obs.pci_bus_id, "from": "now"}

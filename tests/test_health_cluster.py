@@ -1,0 +1,281 @@
+"""The health monitor on the real dev cluster: the worker agent's `health` worker, the fake NVML, lines written to
+the real /dev/kmsg, and real Slurm drains through the node-state owner.
+
+The session cluster's monitor reads /dev/kmsg and polls every second (conftest's TEST_CLUSTER). Each test gives
+it short windows through the config (rewritten, then SIGHUP to the worker agent, which passes it on) and puts the
+cluster back as it was: the GPUs healthy, no finding open, the node idle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from slurm_ext import events
+from slurm_ext.devcluster import fakenvml, render
+from slurm_ext.devcluster.layout import Layout
+
+from conftest import wait_for
+
+pytestmark = pytest.mark.cluster
+
+#: short windows, so that a test sees a finding open and clear in seconds (the defaults are minutes)
+_FAST = """
+[health.checks.gpu-lost]
+quiet = "3s"
+[health.checks.throttle]
+window = "6s"
+quiet = "3s"
+[health.checks.temperature]
+hold = "0s"
+quiet = "2s"
+[health.checks.persistence]
+hold = "0s"
+quiet = "2s"
+[health.checks.pcie-link]
+hold = "0s"
+quiet = "2s"
+[health.checks.nvlink]
+hold = "0s"
+quiet = "2s"
+[health.checks.pcie-replay]
+window = "4s"
+quiet = "2s"
+[health.checks.nvlink-errors]
+window = "4s"
+quiet = "2s"
+[health.checks.fabric]
+hold = "0s"
+quiet = "2s"
+[health.checks.xid]
+quiet = "5s"
+"""
+
+
+def _kmsg(line: str) -> None:
+    """Write one line into the kernel log, as a driver would."""
+    fd = os.open("/dev/kmsg", os.O_WRONLY)
+    try:
+        os.write(fd, f"<3>{line}\n".encode())
+    finally:
+        os.close(fd)
+
+
+def _agent_pid(layout: Layout) -> int:
+    return int(layout.pidfile("supervise-worker").read_text().split()[0])
+
+
+def _monitor_pid(layout: Layout) -> int | None:
+    """The health worker: the worker agent's child whose command line is `... health monitor`."""
+    agent = _agent_pid(layout)
+    children = Path(f"/proc/{agent}/task/{agent}/children").read_text().split()
+    for pid in map(int, children):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"health" in argv and b"monitor" in argv:
+            return pid
+    return None
+
+
+def _journal(layout: Layout) -> list[dict]:
+    path = events.journal_path(str(layout.node_state))
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+class Health:
+    """One test's handle on the cluster's monitor: faults in, events and drains out."""
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+        self.layout = cluster.layout
+        self.mark = len(_journal(self.layout))
+        self.spec = fakenvml.default_gpus(cluster.settings.gpu_count, cluster.settings.gpu_name)
+
+    def configure(self, extra: str = _FAST, restart: bool = False) -> None:
+        """The cluster's config plus `extra`, reloaded (SIGHUP to the agent, passed on to the monitor)."""
+        self.layout.slurm_ext_conf.write_text(render.slurm_ext_toml(self.layout) + extra)
+        if restart:
+            self.restart_monitor()
+            return
+        seen = self.count("reload", component="health")
+        os.kill(_agent_pid(self.layout), signal.SIGHUP)
+        wait_for("the monitor's reload", lambda: self.count("reload", component="health") > seen, timeout=15)
+
+    def restart_monitor(self) -> int:
+        old = _monitor_pid(self.layout)
+        started = self.count("health-started")
+        os.kill(old, signal.SIGKILL)
+        wait_for("the monitor restarted by the agent", lambda: self.count("health-started") > started, timeout=20)
+        return old
+
+    def gpus(self, **changes) -> None:
+        """Rewrite the fake GPUs: changes as gpu index -> dict of keys (None restores the healthy GPU)."""
+        healthy = fakenvml.default_gpus(self.cluster.settings.gpu_count, self.cluster.settings.gpu_name)
+        for index, keys in changes.items():
+            number = int(index.removeprefix("gpu"))
+            self.spec["gpus"][number] = healthy["gpus"][number] if keys is None else \
+                {**self.spec["gpus"][number], **keys}
+        fakenvml.write_spec(self.layout.gpu_spec, self.spec)
+
+    def events(self, name: str | None = None, component: str | None = None, **fields) -> list[dict]:
+        return [e for e in _journal(self.layout)[self.mark:]
+                if (name is None or e["event"] == name) and (component is None or e["component"] == component)
+                and all(e.get(k) == v for k, v in fields.items())]
+
+    def count(self, name: str, **fields) -> int:
+        return len(self.events(name, **fields))
+
+    def wait_event(self, name: str, timeout: float = 15.0, **fields) -> dict:
+        found = wait_for(f"event {name} {fields}", lambda: self.events(name, **fields), timeout=timeout)
+        return found[0]
+
+    def reason(self) -> str:
+        node = self.cluster.client().node(self.cluster.node)
+        return node.reason if node.drained else ""
+
+    def wait_reason(self, test, what: str, timeout: float = 15.0) -> str:
+        return wait_for(what, lambda: (lambda r: [r] if test(r) else None)(self.reason()), timeout=timeout,
+                        interval=0.05)[0]
+
+    def cli(self, *args: str, check: bool = True):
+        return self.cluster.run(sys.executable, "-m", "slurm_ext.cli", "--config", str(self.layout.slurm_ext_conf),
+                                *args, check=check)
+
+    def restore(self) -> None:
+        fakenvml.write_spec(self.layout.gpu_spec, fakenvml.default_gpus(self.cluster.settings.gpu_count,
+                                                                        self.cluster.settings.gpu_name))
+        self.cli("health", "clear", check=False)
+        self.layout.slurm_ext_conf.write_text(render.slurm_ext_toml(self.layout))
+        os.kill(_agent_pid(self.layout), signal.SIGHUP)
+        wait_for("no slurm-ext health drain", lambda: not self.reason().startswith("slurm-ext:"), timeout=30)
+
+
+@pytest.fixture
+def health(running_cluster):
+    wait_for("the health worker", lambda: _monitor_pid(running_cluster.layout), timeout=20)
+    handle = Health(running_cluster)
+    handle.configure()
+    yield handle
+    handle.restore()
+
+
+def test_xid79_in_the_kernel_log_drains_naming_the_action_within_5s_and_clear_lifts_it(health):
+    gpu = health.spec["gpus"][1]
+    bus = gpu["pci_bus_id"].lower().removeprefix("0000")  # 0000:18:00.0, the kernel's form
+    started = time.monotonic()
+    _kmsg(f"NVRM: Xid (PCI:{bus[:-2]}): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.")
+    reason = health.wait_reason(lambda r: r.startswith("slurm-ext: xid 79 gpu 1"), "the xid 79 drain", timeout=5)
+    took = time.monotonic() - started
+    assert took < 5 and reason.endswith("action=reboot"), (took, reason)
+    finding = health.wait_event("health-finding", check="xid")
+    assert finding["uuid"] == gpu["uuid"] and finding["action"] == "reboot" and finding["xid"] == 79
+    assert finding["severity"] == "error" and finding["finding_severity"] == "critical"
+    # sticky: a quiet window does not lift it; the operator's clear does
+    time.sleep(6)
+    assert health.reason().startswith("slurm-ext: xid 79")
+    health.cli("health", "clear", "--check", "xid")
+    health.wait_event("health-cleared", why="operator", check="xid")
+    health.wait_reason(lambda r: not r, "the drain lifted")
+
+
+def test_xid13_once_is_an_event_not_a_drain(health):
+    _kmsg("NVRM: Xid (PCI:0000:10:00): 13, pid=4242, name=python, Graphics SM Warp Exception on (GPC 1, TPC 3, "
+          "SM 0): Out Of Range Address")
+    finding = health.wait_event("health-finding", check="xid", xid=13, timeout=5)
+    assert finding["finding_severity"] == "warning" and finding["action"] == "restart-job"
+    time.sleep(3)
+    assert health.reason() == ""
+    assert health.count("drain", component="nodestate") == 0
+
+
+def test_a_single_throttle_sample_is_nothing_and_throttling_over_the_window_drains_until_quiet(health):
+    health.gpus(gpu2={"clocks_event_reasons": 0x40})
+    time.sleep(1.5)
+    health.gpus(gpu2=None)
+    time.sleep(8)  # more than the window, with one or two throttled samples in it
+    assert health.count("health-finding", check="throttle") == 0
+    health.gpus(gpu2={"clocks_event_reasons": 0x40})
+    finding = health.wait_event("health-finding", check="throttle", timeout=20)
+    assert finding["gpu"] == 2 and finding["action"] == "failover" and "hw-thermal" in finding["evidence"]
+    health.wait_reason(lambda r: r.startswith("slurm-ext: throttle throttled"), "the throttle drain")
+    health.gpus(gpu2=None)
+    health.wait_event("health-cleared", check="throttle", why="quiet", timeout=20)
+    health.wait_reason(lambda r: not r, "the throttle drain lifted")
+
+
+def test_a_flapping_gpu_makes_one_drain_and_is_lifted_after_its_quiet_window(health):
+    health.gpus(gpu0={"lost": True})
+    health.wait_reason(lambda r: r.startswith("slurm-ext: gpu-lost nvml GPU_IS_LOST"), "the gpu-lost drain")
+    for _ in range(3):  # back and gone again, faster than the quiet window
+        health.gpus(gpu0=None)
+        time.sleep(1.2)
+        health.gpus(gpu0={"lost": True})
+        time.sleep(1.2)
+    health.gpus(gpu0=None)
+    health.wait_event("health-cleared", check="gpu-lost", timeout=20)
+    health.wait_reason(lambda r: not r, "the gpu-lost drain lifted")
+    findings = health.events("health-finding", check="gpu-lost")
+    assert len(findings) == 1, [(f["time"], f["subject"]) for f in findings]
+    drains = [e for e in health.events("drain", component="nodestate") if "gpu-lost" in e.get("reason", "")]
+    assert len(drains) == 1, drains
+
+
+def test_an_admins_drain_is_never_touched(health):
+    cluster = health.cluster
+    cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=drain", "reason=admin: new cables")
+    try:
+        health.gpus(gpu3={"lost": True})
+        health.wait_event("health-finding", check="gpu-lost")
+        health.wait_event("drain-skipped")
+        health.gpus(gpu3=None)
+        health.wait_event("health-cleared", check="gpu-lost", timeout=20)
+        time.sleep(2)
+        assert health.reason() == "admin: new cables"
+    finally:
+        cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=resume", check=False)
+
+
+def test_a_restarted_monitor_does_not_judge_an_old_kernel_line_again_and_the_agent_keeps_slurmd(health):
+    marker = uuid.uuid4().hex[:8]
+    _kmsg(f"NVRM: Xid (PCI:0000:20:00): 43, pid=1, name=job-{marker}, Ch 00000008")
+    health.wait_event("health-finding", check="xid", xid=43)
+    health.cli("health", "clear")
+    health.wait_event("health-cleared", check="xid", why="operator")
+    slurmd = health.cluster.client().node(health.cluster.node).slurmd_start
+    health.restart_monitor()
+    health.wait_event("worker-exited", worker="health")
+    time.sleep(3)
+    assert health.count("health-finding", xid=43) == 1
+    assert health.cluster.client().node(health.cluster.node).slurmd_start == slurmd  # slurmd untouched
+
+
+@pytest.mark.parametrize("fault, check, severity, action", [
+    ({"gpu1": {"temperature": 89}}, "temperature", "warning", "failover"),
+    ({"gpu1": {"persistence_mode": 0}}, "persistence", "warning", "none"),
+    ({"gpu1": {"pcie": {"width": 8}}}, "pcie-link", "warning", "reboot"),
+    ({"gpu1": {"remapped_rows": {"pending": 1}}}, "row-remap", "critical", "reset-gpu"),
+    ({"gpu1": {"remapped_rows": {"failure": 1, "uncorrected": 3}}}, "row-remap", "critical", "remove"),
+    ({"gpu1": {"ecc": {"volatile": {"corrected": 0, "uncorrected": 2}}}}, "ecc", "critical", "reset-gpu"),
+    ({"gpu1": {"lost": True}}, "gpu-lost", "critical", "reboot"),
+    ({"gpu1": {"query_error": "RESET_REQUIRED"}}, "gpu-lost", "critical", "reset-gpu"),
+    ({"gpu1": {"fabric": {"state": 2}}}, "fabric", "critical", "reboot"),
+    ({"gpu1": {"nvlink_peers": []}}, "nvlink", "critical", "reboot"),
+    ({"gpu1": {"query_error": "UNKNOWN"}}, "nvml", "critical", "reboot"),
+])
+def test_each_nvml_check_fires_on_its_fault_mid_run(health, fault, check, severity, action):
+    time.sleep(2)  # healthy readings first: the nvlink check learns the links the GPU has
+    health.gpus(**fault)
+    finding = health.wait_event("health-finding", check=check, timeout=20)
+    assert (finding["finding_severity"], finding["action"]) == (severity, action), finding
+    if severity == "critical":
+        health.wait_reason(lambda r: r.startswith(f"slurm-ext: {check} ") and r.endswith(f"action={action}"),
+                           f"the {check} drain")
