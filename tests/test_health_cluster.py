@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 import uuid
@@ -100,9 +101,11 @@ class Health:
         self.mark = len(_journal(self.layout))
         self.spec = fakenvml.default_gpus(cluster.settings.gpu_count, cluster.settings.gpu_name)
 
-    def configure(self, extra: str = _FAST, restart: bool = False) -> None:
-        """The cluster's config plus `extra`, reloaded (SIGHUP to the agent, passed on to the monitor)."""
-        self.layout.slurm_ext_conf.write_text(render.slurm_ext_toml(self.layout) + extra)
+    def configure(self, extra: str = _FAST, health_keys: str = "", restart: bool = False) -> None:
+        """The cluster's config with `health_keys` in its [health] table and `extra` tables after it, reloaded
+        (SIGHUP to the agent, passed on to the monitor), or with `restart` taken by a new monitor."""
+        text = render.slurm_ext_toml(self.layout).replace("[health]\n", f"[health]\n{health_keys}", 1)
+        self.layout.slurm_ext_conf.write_text(text + extra)
         if restart:
             self.restart_monitor()
             return
@@ -279,3 +282,110 @@ def test_each_nvml_check_fires_on_its_fault_mid_run(health, fault, check, severi
     if severity == "critical":
         health.wait_reason(lambda r: r.startswith(f"slurm-ext: {check} ") and r.endswith(f"action={action}"),
                            f"the {check} drain")
+
+
+@pytest.mark.parametrize("fault, check, severity, action", [
+    ("nvidia-nvswitch0: SXid (PCI:0000:0a:00.0): 20034, Fatal, Link 30 LTSSM Fault Up", "sxid", "critical", "reboot"),
+    ("nvidia-nvswitch1: SXid (PCI:0000:0b:00.0): 22013, Non-fatal, Link 57 Minion Link DLREQ interrupt", "sxid",
+     "warning", "none"),
+    ("watchdog: BUG: soft lockup - CPU#1 stuck for 23s! [kworker/1:2:345]", "kernel", "critical", "reboot"),
+    ("INFO: task python:4242 blocked for more than 120 seconds.", "kernel", "warning", "none"),
+    ("NVRM: Xid (PCI:0000:18:00): 149, NETIR_LINK_EVT  Fatal   XC0 i0 Link 09 (0x025525c6 0x00000000 0x00000000 "
+     "0x00000000 0x00000000 0x00000000)", "xid", "critical", "reboot"),
+    ("NVRM: Xid (PCI:0008:01:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)",
+     "xid", "critical", "reset-gpu"),
+    ("NVRM: GPU 0000:20:00.0: GPU has fallen off the bus.", "xid", "critical", "reboot"),
+    ("NVRM: Xid (0000:10:00): 999, pid=1, name=x, an Xid no catalog has", "xid", "warning", "none"),
+])
+def test_each_kernel_check_fires_on_its_line(health, fault, check, severity, action):
+    _kmsg(fault)
+    finding = health.wait_event("health-finding", check=check, timeout=5)
+    assert (finding["finding_severity"], finding["action"]) == (severity, action), finding
+    if severity == "critical":
+        health.wait_reason(lambda r: r.startswith(f"slurm-ext: {check} "), f"the {check} drain", timeout=5)
+
+
+def test_garbage_kernel_lines_are_ignored_and_the_monitor_keeps_running(health):
+    for line in ("NVRM: Xid (PCI:0000:1", "NVRM: Xid (PCI:zz:zz:zz): abc,", "\x01\x02 binary \xff",
+                 "NVRM: Xid (PCI:0000:17:00): " + "9" * 40 + ", huge", "x" * 3000):
+        _kmsg(line)
+    _kmsg("NVRM: Xid (PCI:0000:10:00): 31, pid=7, name=train, Ch 00000007, intr 00000000.")
+    finding = health.wait_event("health-finding", check="xid", xid=31, timeout=5)
+    assert finding["gpu"] == 0 and finding["finding_severity"] == "warning"
+    assert health.count("health-check-failed") == 0
+
+
+def test_an_nvml_xid_event_is_a_finding(health):
+    health.spec["events"] = [{"gpu": 2, "xid": 48}]
+    fakenvml.write_spec(health.layout.gpu_spec, health.spec)
+    finding = health.wait_event("health-finding", check="xid", xid=48, timeout=5)
+    assert finding["source"] == "nvml" and finding["gpu"] == 2 and finding["action"] == "reset-gpu"
+
+
+def test_a_gpu_fewer_than_the_baseline_drains(health):
+    health.spec["gpus"] = health.spec["gpus"][:-1]
+    fakenvml.write_spec(health.layout.gpu_spec, health.spec)
+    finding = health.wait_event("health-finding", check="gpu-count", timeout=10)
+    assert "missing GPU-fa4e0003" in finding["evidence"] and finding["action"] == "reboot"
+    health.wait_reason(lambda r: r.startswith("slurm-ext: gpu-count "), "the gpu-count drain")
+
+
+@pytest.mark.parametrize("field, check", [("pcie_replay_counter", "pcie-replay"), ("nvlink_errors", "nvlink-errors")])
+def test_an_error_counter_growing_fast_is_a_warning(health, field, check):
+    healthy = health.spec["gpus"][1]
+    for step in range(1, 7):
+        if field == "nvlink_errors":
+            value = [{"replay": 500 * step}] + [{}] * (len(healthy.get("nvlink_peers", [])) - 1)
+        else:
+            value = 100 * step
+        health.gpus(gpu1={field: value})
+        time.sleep(1)
+    finding = health.wait_event("health-finding", check=check, timeout=10)
+    assert finding["gpu"] == 1 and finding["finding_severity"] == "warning"
+
+
+def test_a_healthy_node_stays_silent_for_a_minute(health):
+    time.sleep(60)
+    assert health.events("health-finding") == [] and health.count("health-check-failed") == 0
+    assert health.reason() == ""
+
+
+@pytest.fixture
+def veth(health):
+    """A veth pair in a network namespace of the test's own, watched by the monitor (restarted to take it)."""
+    name = f"se-health-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        ip = ["ip", "-n", name, "link"]
+        subprocess.run([*ip, "add", "se-v0", "type", "veth", "peer", "name", "se-v1"], check=True)
+        for end in ("se-v0", "se-v1"):
+            subprocess.run([*ip, "set", end, "up"], check=True)
+        health.configure(_FAST + """
+[health.checks.link-down]
+hold = "1s"
+quiet = "2s"
+[health.checks.link-flap]
+window = "20s"
+quiet = "2s"
+""", health_keys=f'interfaces = ["se-v0"]\nnetwork_namespace = "{name}"\n', restart=True)
+        yield lambda up: subprocess.run([*ip, "set", "se-v1", "up" if up else "down"], check=True)
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)
+
+
+def test_a_link_down_drains_and_flaps_are_counted(health, veth):
+    time.sleep(2)
+    assert health.events("health-finding") == []
+    veth(False)
+    finding = health.wait_event("health-finding", check="link-down", timeout=5)
+    assert finding["interface"] == "se-v0" and finding["action"] == "reboot"
+    health.wait_reason(lambda r: r.startswith("slurm-ext: link-down se-v0 down"), "the link-down drain")
+    veth(True)
+    health.wait_event("health-cleared", check="link-down", timeout=10)
+    for _ in range(2):
+        veth(False)
+        time.sleep(0.3)
+        veth(True)
+        time.sleep(0.3)
+    finding = health.wait_event("health-finding", check="link-flap", timeout=5)
+    assert "went down 3 times" in finding["evidence"]

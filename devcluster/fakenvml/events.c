@@ -12,13 +12,22 @@
 #define _GNU_SOURCE
 #include "internal.h"
 
+#include <libgen.h>
+#include <limits.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <time.h>
+#include <unistd.h>
 
 /* How often a waiter re-checks the spec file.  Short enough that tests do
  * not notice the latency, long enough to cost nothing measurable. */
 #define POLL_INTERVAL_MS 10
+/* With inotify on the spec's directory the wait sleeps until the file is
+ * replaced (how tests add events), like the driver blocking in the kernel;
+ * this caps one sleep, in case a change comes some other way. */
+#define NOTIFY_SLICE_MS 250
 
 typedef struct { /* nvmlEventData_t, matches pynvml's c_nvmlEventData_t */
     nvmlDevice_t device;
@@ -120,11 +129,61 @@ void fake_sleep_ms(long long ms)
 
 /* Poll until an event arrives or timeout_ms passes.  The lock is dropped
  * while sleeping so other threads (and nvmlEventSetFree) proceed. */
+/* An inotify descriptor that wakes on a change of the spec's directory
+ * (the spec is replaced by rename), or -1: then the wait polls every
+ * POLL_INTERVAL_MS, as a waiting process would otherwise burn CPU that the
+ * real driver, blocked in the kernel, does not. */
+static int watch_spec_dir(void)
+{
+    char copy[PATH_MAX];
+    const char *path = fake_spec_path();
+    int fd;
+
+    if (!path || !*path || strlen(path) >= sizeof(copy))
+        return -1;
+    strcpy(copy, path);
+    fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    if (inotify_add_watch(fd, dirname(copy), IN_MOVED_TO | IN_CLOSE_WRITE | IN_CREATE | IN_ATTRIB) < 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static void sleep_until_change(int fd, long long ms)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    char buf[4096];
+
+    if (fd < 0) {
+        fake_sleep_ms(ms < POLL_INTERVAL_MS ? ms : POLL_INTERVAL_MS);
+        return;
+    }
+    if (poll(&p, 1, (int)(ms < NOTIFY_SLICE_MS ? ms : NOTIFY_SLICE_MS)) > 0)
+        while (read(fd, buf, sizeof(buf)) > 0)
+            ;
+}
+
+static nvmlReturn_t wait_loop(nvmlEventSet_t set, long long deadline, int notify,
+                              struct fake_event *out);
+
 static nvmlReturn_t wait_for_event(nvmlEventSet_t set, unsigned timeout_ms,
                                    struct fake_event *out)
 {
     long long deadline = now_ms() + timeout_ms;
+    int notify = watch_spec_dir();
+    nvmlReturn_t result = wait_loop(set, deadline, notify, out);
 
+    if (notify >= 0)
+        close(notify);
+    return result;
+}
+
+static nvmlReturn_t wait_loop(nvmlEventSet_t set, long long deadline, int notify,
+                              struct fake_event *out)
+{
     for (;;) {
         long long left;
         nvmlReturn_t rc = fake_enter();
@@ -139,7 +198,7 @@ static nvmlReturn_t wait_for_event(nvmlEventSet_t set, unsigned timeout_ms,
         left = deadline - now_ms();
         if (left <= 0)
             return NVML_ERROR_TIMEOUT;
-        fake_sleep_ms(left < POLL_INTERVAL_MS ? left : POLL_INTERVAL_MS);
+        sleep_until_change(notify, left);
     }
 }
 

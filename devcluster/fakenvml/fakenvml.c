@@ -184,6 +184,11 @@ struct file_id {
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static int g_refcount;                /* nvmlInit minus nvmlShutdown calls */
 static char g_path[PATH_MAX];         /* spec file of this session */
+
+const char *fake_spec_path(void)
+{
+    return g_path;
+}
 static struct fake_spec *g_spec;      /* last good spec, NULL before any */
 static struct file_id g_seen;         /* file version behind g_spec/errors */
 static int g_seen_valid;

@@ -67,6 +67,8 @@ int fake_stub_result(const void *first_arg);
 
 /* events.c: sleep `ms` milliseconds, EINTR or not (call without the lock). */
 void fake_sleep_ms(long long ms);
+/* The spec file of this session ("" before the first init). */
+const char *fake_spec_path(void);
 
 /* events.c: called with the lock held after a new spec was swapped in. */
 void fake_events_spec_changed(size_t n_events);

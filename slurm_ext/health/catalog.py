@@ -52,8 +52,10 @@ _ENTRIES = (
     _app(31, "ROBUST_CHANNEL_FIFO_ERROR_MMU_ERR_FLT", "GPU memory page fault (MMU fault)"),
     _app(32, "ROBUST_CHANNEL_PBDMA_ERROR", "invalid or corrupted push buffer stream"),
     _app(43, "ROBUST_CHANNEL_RESETCHANNEL_VERIF_ERROR", "GPU stopped processing (the application's fault)"),
-    _app(45, "ROBUST_CHANNEL_PREEMPTIVE_REMOVAL", "preemptive clean-up after an earlier error (follow that one)",
-         bucket="WORKFLOW_XID_45", action="none"),
+    # a by-product of another error (follow that one): a warning that never escalates, however often it comes
+    # (one job's crash on an NVL72 made hundreds of them, and their escalation drained racks: NVSentinel #1710)
+    XidEntry(45, "ROBUST_CHANNEL_PREEMPTIVE_REMOVAL", "preemptive clean-up after an earlier error (follow that one)",
+             "WORKFLOW_XID_45", "warning", "none"),
     _app(68, "ROBUST_CHANNEL_NVDEC0_ERROR", "video decoder exception"),
     _app(69, "ROBUST_CHANNEL_GR_CLASS_ERROR", "graphics engine class error"),
     _app(94, "ROBUST_CHANNEL_CONTAINED_ERROR", "contained ECC error: only the application that touched it is hit"),

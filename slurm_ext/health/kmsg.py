@@ -39,6 +39,8 @@ _SXID = re.compile(r"SXid \(" + _PCI + r"\):\s*(\d+),\s*(Fatal|Non-fatal)", re.I
 _HUNG = re.compile(r"INFO: task .+ blocked for more than \d+ seconds")
 _LOCKUP = re.compile(r"(?:BUG: )?soft lockup - CPU#\d+ stuck")
 _MAX_LINE = 4096
+#: how often a kernel log that is a plain file is looked at (/dev/kmsg wakes its reader itself)
+_FILE_POLL = 0.2
 
 
 def message_of(line: str) -> str:
@@ -146,7 +148,7 @@ class KernelLog:
             found = self._read_file()
             if found or time.monotonic() >= deadline:
                 return found
-            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+            time.sleep(min(_FILE_POLL, max(0.0, deadline - time.monotonic())))
 
     def _read_file(self) -> list[str]:
         try:

@@ -51,6 +51,9 @@ OWNER = "health"
 _RETRY = 30.0
 #: the most event records and link changes kept for the windows (a storm of lines must not grow memory)
 _MAX_RECENT = 2000
+#: how long a pushing source blocks in one wait (it wakes at once for a line or an event; this is only how often
+#: an idle one comes up for air)
+_SOURCE_WAIT = 5.0
 #: how long a drain or clear may wait for the agent's answer
 _POST_TIMEOUT = 30.0
 
@@ -265,12 +268,13 @@ class Monitor:
             return source
 
         def read(source):
-            return [r for r in map(parser.parse, source.lines(1.0)) if r is not None]
+            return [r for r in map(parser.parse, source.lines(_SOURCE_WAIT)) if r is not None]
         self._source_loop("kernel-log", open_log, read)
 
     def _nvml_events(self) -> None:
         from .nvmlread import NvmlEvents
-        self._source_loop("nvml-events", lambda: NvmlEvents(self._module()), lambda events_: events_.wait(1.0))
+        self._source_loop("nvml-events", lambda: NvmlEvents(self._module()),
+                          lambda watch: watch.wait(_SOURCE_WAIT))
 
     def _netlink(self) -> None:
         from .readers import LinkWatch
@@ -297,6 +301,9 @@ class Monitor:
             self._last_expire = now
             self._apply(self.findings.expire(lambda check: self.health.params(check).quiet, now))
             self._operator_clear()
+            if self.links:  # a link's hold and a flap's window pass without a message: judged every second
+                for check in ("link-down", "link-flap"):
+                    self._judge_polled(check)
 
     def _take(self, kind: str, name: str, item) -> None:
         if kind == "poll":
@@ -368,9 +375,6 @@ class Monitor:
         if not params.enabled:
             return
         now = time.time()
-        if now - getattr(self, f"_last_{check_id}", 0.0) < params.interval * 0.5 and check_id in self._judged:
-            return
-        setattr(self, f"_last_{check_id}", now)
         try:
             observations = REGISTRY[check_id].polled(self._view(), params)
         except Exception as err:

@@ -161,7 +161,7 @@ def _nvlinks(m: Any, h: Any) -> dict:
     for link in range(m.NVML_NVLINK_MAX_LINKS):
         state = _get(m, m.nvmlDeviceGetNvLinkState, h, link, default=_Unsupported)
         if state is _Unsupported:
-            continue
+            break  # a GPU's links are numbered from 0: the first one it lacks ends them
         present = True
         if state:
             active += 1

@@ -55,6 +55,12 @@ class LinkWatch:
         self._up: dict[str, bool] = {}
 
     def dump(self) -> list[LinkChange]:
+        changes = self._read()
+        for change in changes:
+            self._up[change.ifname] = change.up
+        return changes
+
+    def _read(self) -> list[LinkChange]:
         now = time.time()
         present = {}
         for message in self.ipr.get_links():
@@ -62,19 +68,18 @@ class LinkWatch:
             if change is not None:
                 present[change.ifname] = change
         missing = [LinkChange(name, False, now, exists=False) for name in sorted(self.interfaces - set(present))]
-        for change in [*present.values(), *missing]:
-            self._up[change.ifname] = change.up
         return [*present.values(), *missing]
 
     def wait(self, timeout: float) -> list[LinkChange]:
+        """The watched interfaces whose state changed: woken by netlink's messages, and read again each call,
+        because a carrier lost (a cable, the peer of a veth) may reach netlink only through linkwatch, late or
+        not as a message of that interface at all."""
         ready, _, _ = select.select([self.ipr.fileno()], [], [], timeout)
-        if not ready:
-            return []
-        now = time.time()
+        if ready:
+            self.ipr.get()  # what woke us; the dump below is the truth
         out = []
-        for message in self.ipr.get():
-            change = self._change(message, now)
-            if change is not None and self._up.get(change.ifname) != change.up:
+        for change in self._read():
+            if self._up.get(change.ifname) != change.up:
                 self._up[change.ifname] = change.up
                 out.append(change)
         return out

@@ -62,8 +62,9 @@ _M, _H = 60.0, 3600.0
 CHECKS: dict[str, CheckDefaults] = {
     "gpu-lost": CheckDefaults("critical", "reboot", quiet=5 * _M,
                               doc="NVML answers GPU_IS_LOST (reboot) or RESET_REQUIRED (reset-gpu) for a GPU"),
-    "gpu-count": CheckDefaults("critical", "reboot", quiet=5 * _M,
-                               doc="NVML shows fewer GPUs than the node's baseline (gres/baseline.json)"),
+    "gpu-count": CheckDefaults("critical", "reboot", quiet=0.0,
+                               doc="NVML shows fewer GPUs than the node's baseline (gres/baseline.json) while the "
+                                   "node runs (gres judges it at start); cleared as soon as they are all back"),
     "xid": CheckDefaults("critical", "reboot", "count", 3, window=_H, quiet=10 * _M,
                          doc="an Xid from the kernel log or an NVML event, judged by NVIDIA's catalog (action and "
                              "severity per Xid, [health.xid.N] overrides); an application Xid is a warning, "
@@ -175,7 +176,8 @@ def _validate_check(name: str, section: CheckSection) -> None:
 
 
 def _validate_xid(name: str, section: XidSection) -> None:
-    if not name.isdigit() or not 0 < int(name) < 1000:
+    # "013" would be accepted and never applied: overrides are looked up by str(xid)
+    if not name.isdigit() or name != str(int(name)) or not 0 < int(name) < 1000:
         raise ValueError("", "expected an Xid number (1-999) as the table's name, such as [health.xid.79]")
 
 

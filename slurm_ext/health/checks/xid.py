@@ -38,7 +38,7 @@ def judge(xid: Xid, view: View, params: Params) -> list:
     where = f"gpu {gpu.index}" if gpu else (f"bus {xid.pci_bus_id} (no such gpu)" if xid.pci_bus_id else "node")
     count = f", {repeats} in {format_duration(params.window)} (limit {params.threshold - 1:g})" if escalated else ""
     return [Observation(params.id, f"{subject}/xid{xid.xid}", severity, action,
-                        f"{xid.xid} {where} {entry.mnemonic}{count} (expected none)",
+                        f"{xid.xid} {where} {entry.mnemonic}" + (count if escalated else " (expected none)"),
                         gpu=gpu, pci_bus_id=gpu.pci_bus_id if gpu else xid.pci_bus_id, detail=xid.text,
                         sticky=sticky, fields={"xid": xid.xid, "source": xid.source, "meaning": meaning,
                                                "bucket": entry.bucket, "repeats": repeats})]

@@ -1,0 +1,714 @@
+"""The health checks' judges, fed literal records: healthy input gives no observation, a fault gives one with
+its severity, action and evidence ("actual (expected limit)"), and odd input (None readings, short windows,
+unknown Xids, bus ids no GPU has) is judged without an exception."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from slurm_ext import nvml
+from slurm_ext.health import catalog
+from slurm_ext.health.check import View
+from slurm_ext.health.checks import REGISTRY
+from slurm_ext.health.records import (FsSample, Gpu, GpuSample, KernelHang, LinkChange, NodeSample, Observation,
+                                      Snapshot, SXid, Xid)
+from slurm_ext.health.settings import ACTIONS, CHECKS, SEVERITIES, HealthSection, XidSection
+
+GPU0 = Gpu(0, "GPU-0a1b2c3d-0000-4000-8000-000000000000", "00000000:17:00.0", 0, "NVIDIA H200")
+GPU1 = Gpu(1, "GPU-0a1b2c3d-1111-4000-8000-000000000001", "00000000:2A:00.0", 1, "NVIDIA H200")
+
+#: a busy, healthy H200 as NVML reads it
+HEALTHY = dict(utilization=97, memory_utilization=40, fb_used_mib=60000.0, fb_free_mib=80000.0, temperature=61,
+               memory_temperature=70, slowdown_temperature=87, memory_max_temperature=95, power_w=640.0,
+               energy_mj=10_000_000, sm_clock=1980, memory_clock=3201, clocks_event_reasons=0x0, pcie_replay=0,
+               pcie_gen=5, pcie_width=16, pcie_max_gen=5, pcie_max_width=16, remapped_correctable=0,
+               remapped_uncorrectable=0, remap_pending=False, remap_failure=False, ecc_uncorrected_volatile=0,
+               ecc_corrected_volatile=2, nvlink_active=18, nvlink_errors=0, persistence=True, recovery_action=0)
+
+#: "actual (expected limit)": a parenthesis that says what was expected or the limit ends the evidence, or is
+#: followed only by what failed (the nvml check: "...(limit 2): nvmlInit: Unknown Error")
+EVIDENCE = re.compile(r"^[^()\s].*\S \((expected|limit)\b[^()]*\)(: \S.*)?$")
+
+
+def sample(gpu: Gpu = GPU0, **readings) -> GpuSample:
+    return GpuSample(gpu, **{**HEALTHY, **readings})
+
+
+def snap(time: float, *samples: GpuSample, **kw) -> Snapshot:
+    return Snapshot(time, samples if samples else (sample(),), **kw)
+
+
+def series(span: float, step: float, make) -> tuple[Snapshot, ...]:
+    """Snapshots every `step` seconds from 0 to `span`; `make(i, time)` gives each one's samples."""
+    count = int(span / step) + 1
+    return tuple(Snapshot(i * step, tuple(make(i, i * step))) for i in range(count))
+
+
+def params(check: str, **changes):
+    return dataclasses.replace(HealthSection().params(check), **changes)
+
+
+def polled(check: str, view: View, p=None) -> list[Observation]:
+    judge = REGISTRY[check].polled
+    assert judge is not None, f"{check} is not a polled check"
+    return judge(view, p or params(check))
+
+
+def event(check: str, record, view: View | None = None, p=None) -> list[Observation]:
+    judge = REGISTRY[check].on_event
+    assert judge is not None, f"{check} is not an event check"
+    return judge(record, view or View(), p or params(check))
+
+
+def one(found: list[Observation]) -> Observation:
+    assert len(found) == 1, found
+    assert EVIDENCE.match(found[0].evidence), found[0].evidence
+    assert found[0].severity in SEVERITIES and found[0].action in ACTIONS
+    return found[0]
+
+
+def xid(number: int, bus: str = GPU0.pci_bus_id, time: float = 1000.0, **kw) -> Xid:
+    return Xid(number, bus, kw.pop("text", f"NVRM: Xid (PCI:{bus}): {number}, pid=1, name=test"), "kernel", time,
+               **kw)
+
+
+GPUS_VIEW = View(snapshots=(snap(0.0, sample(GPU0), sample(GPU1)),))
+
+
+# -- the registry and the defaults -------------------------------------------------------
+
+def test_registry_is_settings_checks_in_order():
+    assert list(REGISTRY) == list(CHECKS)
+    for check_id, check in REGISTRY.items():
+        assert check.id == check_id
+        assert check.source in ("nvml", "kernel", "netlink", "filesystem", "slurm")
+        assert (check.polled is None) != (check.on_event is None), check_id
+        if check.on_event is not None:
+            assert check.events, check_id
+
+
+@pytest.mark.parametrize("check", list(CHECKS))
+def test_defaults_are_valid(check):
+    base = CHECKS[check]
+    assert base.severity in SEVERITIES and base.action in ACTIONS
+    assert base.doc
+    p = HealthSection().params(check)
+    assert p.id == check and p.enabled
+    assert (p.threshold is None) == (base.threshold is None)
+    assert p.interval > 0 and p.quiet >= 0 and p.hold >= 0 and p.window >= 0
+
+
+def test_catalog_entries_are_valid():
+    for number, entry in catalog.KNOWN.items():
+        assert entry.xid == number
+        assert entry.severity in SEVERITIES and entry.action in ACTIONS, entry
+        assert not (entry.application and entry.sticky), entry
+    for severity, action in catalog.RECOVERY_ACTIONS.values():
+        assert severity in SEVERITIES and action in ACTIONS
+
+
+# -- every polled check: healthy literal input gives nothing, the fault one observation ---------------
+
+def _full(span: float, make, step: float = 10.0) -> View:
+    return View(snapshots=series(span, step, make))
+
+
+#: check -> (healthy view, faulty view, severity, action, evidence)
+POLLED = {
+    "gpu-lost": (
+        View(snapshots=(snap(0.0),)),
+        View(snapshots=(snap(0.0, GpuSample(GPU0, error=nvml.GPU_IS_LOST, error_text="gpu 0: GPU is lost")),)),
+        "critical", "reboot", "nvml GPU_IS_LOST (expected an answer)"),
+    "gpu-count": (
+        View(snapshots=(snap(0.0, sample(GPU0), sample(GPU1), baseline=(GPU0.uuid, GPU1.uuid)),)),
+        View(snapshots=(snap(0.0, sample(GPU0), baseline=(GPU0.uuid, GPU1.uuid)),)),
+        "critical", "reboot", f"1 gpus, missing {GPU1.uuid} (expected 2)"),
+    "fabric": (
+        View(snapshots=(snap(0.0, sample(fabric_state=3, fabric_status=0)),)),
+        View(snapshots=(snap(0.0, sample(fabric_state=2, fabric_status=0)),)),
+        "critical", "reboot", "fabric in progress (expected completed)"),
+    "throttle": (
+        _full(600.0, lambda i, t: [sample(clocks_event_reasons=0x4)]),  # software power cap: the limit working
+        _full(600.0, lambda i, t: [sample(clocks_event_reasons=0x40 if i >= 3 else 0x0)], step=60.0),  # 8 of 11
+        "critical", "failover", "throttled 73% of 10m by hw-thermal (limit 60%)"),
+    "temperature": (
+        View(snapshots=(snap(0.0, sample(temperature=86, slowdown_temperature=87)),)),
+        View(snapshots=(snap(0.0, sample(temperature=88, slowdown_temperature=87)),)),
+        "warning", "failover", "temperature 88C (limit 87C: slowdown 87C - 0C)"),
+    "row-remap": (
+        View(snapshots=(snap(0.0, sample(remapped_correctable=3)),)),
+        View(snapshots=(snap(0.0, sample(remap_pending=True)),)),
+        "critical", "reset-gpu", "row remap pending (expected none: a GPU reset applies it)"),
+    "ecc": (
+        View(snapshots=(snap(0.0, sample(ecc_corrected_volatile=5000)),)),
+        View(snapshots=(snap(0.0, sample(ecc_uncorrected_volatile=2)),)),
+        "critical", "reset-gpu", "2 uncorrectable ecc errors (volatile) (limit 0)"),
+    "retired-pages": (
+        View(snapshots=(snap(0.0, sample(retired_pages=59, retired_pending=False)),)),
+        View(snapshots=(snap(0.0, sample(retired_pages=60, retired_pending=False)),)),
+        "critical", "remove", "60 pages retired (limit 59)"),
+    "nvlink": (
+        View(snapshots=(snap(0.0, sample(nvlink_active=18)),), nvlink_seen={GPU0.uuid: 18}),
+        View(snapshots=(snap(0.0, sample(nvlink_active=16)),), nvlink_seen={GPU0.uuid: 18}),
+        "critical", "reboot", "16 nvlinks active (expected 18)"),
+    "nvlink-errors": (
+        _full(60.0, lambda i, t: [sample(nvlink_errors=int(t * 50))]),  # 50/s: below 100/s
+        _full(60.0, lambda i, t: [sample(nvlink_errors=int(t * 200))]),
+        "warning", "none", "nvlink errors 200/s over 1m (limit 100/s)"),
+    "pcie-link": (
+        View(snapshots=(snap(0.0, sample(pcie_gen=5, pcie_width=16)),)),
+        View(snapshots=(snap(0.0, sample(pcie_width=8)),)),
+        "warning", "reboot", "pcie x8 (expected x16)"),
+    "pcie-replay": (
+        _full(300.0, lambda i, t: [sample(pcie_replay=i)]),  # 30 in 5 minutes: 6/m, below 8/m
+        _full(300.0, lambda i, t: [sample(pcie_replay=int(t / 3))]),  # 100 in 5 minutes
+        "warning", "none", "pcie replays 20/m over 5m (limit 8/m)"),
+    "persistence": (
+        View(snapshots=(snap(0.0, sample(persistence=True)),)),
+        View(snapshots=(snap(0.0, sample(persistence=False)),)),
+        "warning", "none", "persistence mode off (expected on)"),
+    "nvml": (
+        View(snapshots=tuple(snap(float(t)) for t in range(5))),
+        View(snapshots=tuple(Snapshot(float(t), error=999, error_text="nvmlDeviceGetCount: Unknown Error")
+                             for t in range(3))),
+        "critical", "reboot", "nvml failed 3 polls in a row (limit 2): nvmlDeviceGetCount: Unknown Error"),
+    "link-down": (
+        View(interfaces=("ib0",), links={"ib0": LinkChange("ib0", True, 0.0)}),
+        View(interfaces=("ib0",), links={"ib0": LinkChange("ib0", False, 0.0)}),
+        "critical", "reboot", "ib0 down (expected up)"),
+    "link-flap": (
+        View(now=1000.0, interfaces=("ib0",), link_changes=(
+            LinkChange("ib0", True, 500.0), LinkChange("ib0", False, 600.0), LinkChange("ib0", True, 610.0),
+            LinkChange("ib0", False, 700.0), LinkChange("ib0", True, 710.0))),
+        View(now=1000.0, interfaces=("ib0",), link_changes=(
+            LinkChange("ib0", True, 500.0), LinkChange("ib0", False, 600.0), LinkChange("ib0", True, 610.0),
+            LinkChange("ib0", False, 700.0), LinkChange("ib0", True, 710.0), LinkChange("ib0", False, 800.0),
+            LinkChange("ib0", True, 810.0))),
+        "critical", "reboot", "ib0 went down 3 times in 10m (limit 2)"),
+    "filesystem": (
+        View(filesystems=(FsSample("/", 2**31, 2**40), FsSample("/tmp", 200 * 2**30, 2**40))),
+        View(filesystems=(FsSample("/", 2**29, 2**40), FsSample("/tmp", 200 * 2**30, 2**40))),
+        "critical", "none", "/ 512MiB free (limit 1GiB)"),
+    "slurmd": (
+        View(node=NodeSample("node1", responding=True)),
+        View(node=NodeSample("node1", responding=False)),
+        "warning", "none", "slurmd of node1 not responding (expected responding)"),
+    "foreign-drain": (
+        View(node=NodeSample("node1", drained=False)),
+        View(node=NodeSample("node1", drained=True, reason="maintenance by ops")),
+        "info", "none", "drained by someone else: maintenance by ops (expected not drained)"),
+}
+
+EVENTS = [check_id for check_id, check in REGISTRY.items() if check.on_event is not None]
+
+
+def test_every_polled_check_has_a_case():
+    assert set(POLLED) == {check_id for check_id, check in REGISTRY.items() if check.polled is not None}
+    assert set(EVENTS) == {"xid", "sxid", "kernel"}
+
+
+@pytest.mark.parametrize("check", list(POLLED))
+def test_healthy_gives_nothing(check):
+    healthy = POLLED[check][0]
+    assert polled(check, healthy) == []
+
+
+@pytest.mark.parametrize("check", list(POLLED))
+def test_fault_gives_one_observation(check):
+    _, faulty, severity, action, evidence = POLLED[check]
+    found = one(polled(check, faulty))
+    assert found.check == check
+    assert (found.severity, found.action, found.evidence) == (severity, action, evidence)
+    assert not found.sticky
+    if found.gpu is not None:
+        assert found.subject == found.gpu.uuid and found.pci_bus_id == found.gpu.pci_bus_id
+
+
+@pytest.mark.parametrize("check", list(POLLED))
+def test_severity_and_action_come_from_params(check):
+    _, faulty, *_ = POLLED[check]
+    found = one(polled(check, faulty, params(check, severity="info", action="remove")))
+    assert found.severity == "info"
+    # foreign drains are reported, never acted on, whatever the config says
+    assert found.action == ("none" if check == "foreign-drain" else "remove")
+
+
+@pytest.mark.parametrize("check", list(POLLED))
+def test_nothing_read_gives_nothing(check):
+    """An empty view, and GPUs whose every reading is None (not supported), are never a fault."""
+    assert polled(check, View()) == []
+    unsupported = View(now=600.0, snapshots=series(600.0, 10.0, lambda i, t: [GpuSample(GPU0), GpuSample(GPU1)]),
+                       nvlink_seen={GPU0.uuid: 18})
+    assert polled(check, unsupported) == []
+
+
+# -- gpu-lost, gpu-count --------------------------------------------------------------------
+
+def test_gpu_lost_reset_required_and_recovery_action():
+    view = View(snapshots=(snap(0.0, GpuSample(GPU0, error=nvml.RESET_REQUIRED),
+                                sample(GPU1, recovery_action=2)),))
+    found = polled("gpu-lost", view)
+    assert [(o.subject, o.severity, o.action, o.evidence) for o in found] == [
+        (GPU0.uuid, "critical", "reset-gpu", "nvml RESET_REQUIRED (expected an answer)"),
+        (GPU1.uuid, "critical", "reboot", "recovery action node reboot required (expected none)")]
+    found = one(polled("gpu-lost", View(snapshots=(snap(0.0, sample(recovery_action=1)),))))
+    assert (found.action, found.evidence) == ("reset-gpu", "recovery action gpu reset required (expected none)")
+    # drain p2p is not a lost GPU; other NVML errors are the nvml check's
+    assert polled("gpu-lost", View(snapshots=(snap(0.0, sample(recovery_action=3)),))) == []
+    assert polled("gpu-lost", View(snapshots=(snap(0.0, GpuSample(GPU0, error=999)),))) == []
+
+
+def test_gpu_count_needs_a_baseline_and_an_answer():
+    assert polled("gpu-count", View(snapshots=(snap(0.0, sample(GPU0)),))) == []
+    failed = Snapshot(0.0, error=999, error_text="nvmlInit failed", baseline=(GPU0.uuid, GPU1.uuid))
+    assert polled("gpu-count", View(snapshots=(failed,))) == []
+    gone = View(snapshots=(Snapshot(0.0, (), baseline=(GPU0.uuid, GPU1.uuid)),))
+    found = one(polled("gpu-count", gone))
+    assert found.evidence == f"0 gpus, missing {GPU0.uuid} +1 more (expected 2)"
+    assert found.fields["missing"] == [GPU0.uuid, GPU1.uuid]
+
+
+# -- fabric, temperature, row remap, retired pages, ecc ------------------------------------------
+
+def test_fabric_status_error_and_not_supported():
+    found = one(polled("fabric", View(snapshots=(snap(0.0, sample(fabric_state=3, fabric_status=5)),))))
+    assert found.evidence == "fabric status nvml error 5 (expected success)"
+    assert polled("fabric", View(snapshots=(snap(0.0, sample(fabric_state=None, fabric_status=None)),))) == []
+
+
+def test_temperature_margin_and_memory():
+    view = View(snapshots=(snap(0.0, sample(temperature=83, slowdown_temperature=87)),))
+    assert polled("temperature", view) == []
+    found = one(polled("temperature", view, params("temperature", threshold=5.0)))
+    assert found.evidence == "temperature 83C (limit 82C: slowdown 87C - 5C)"
+    found = one(polled("temperature", View(snapshots=(snap(0.0, sample(memory_temperature=95)),))))
+    assert found.evidence == "memory temperature 95C (limit 95C)"
+    no_limits = View(snapshots=(snap(0.0, sample(temperature=120, slowdown_temperature=None, memory_temperature=120,
+                                                 memory_max_temperature=None)),))
+    assert polled("temperature", no_limits) == []
+
+
+def test_row_remap_failure_is_remove():
+    found = one(polled("row-remap", View(snapshots=(snap(0.0, sample(remap_failure=True, remap_pending=True,
+                                                                        remapped_uncorrectable=3)),))))
+    assert (found.severity, found.action) == ("critical", "remove")
+    assert found.evidence == "row remap failed, 3 uncorrectable rows (expected no failure)"
+    # the count not read: the evidence says nothing about it rather than "None"
+    found = one(polled("row-remap", View(snapshots=(snap(0.0, GpuSample(GPU0, remap_failure=True)),))))
+    assert "None" not in found.evidence and found.action == "remove"
+
+
+def test_retired_pages_pending_is_reset():
+    found = one(polled("retired-pages", View(snapshots=(snap(0.0, sample(retired_pages=2, retired_pending=True)),))))
+    assert (found.action, found.evidence) == ("reset-gpu", "page retirement pending (expected none: a GPU reset "
+                                                           "applies it)")
+
+
+def test_ecc_threshold():
+    view = View(snapshots=(snap(0.0, sample(ecc_uncorrected_volatile=4)),))
+    assert polled("ecc", view, params("ecc", threshold=5.0)) == []
+    assert one(polled("ecc", view, params("ecc", threshold=4.0))).evidence == \
+        "4 uncorrectable ecc errors (volatile) (limit 3)"
+
+
+# -- throttle: share of a full window ------------------------------------------------------------
+
+def test_throttle_no_verdict_before_a_full_window():
+    # throttled all the time, but watched for 5 minutes of a 10-minute window
+    view = View(snapshots=series(300.0, 10.0, lambda i, t: [sample(clocks_event_reasons=0x8)]))
+    assert polled("throttle", view) == []
+    assert polled("throttle", View(snapshots=(snap(0.0, sample(clocks_event_reasons=0x8)),))) == []
+
+
+def test_throttle_single_sample_is_nothing():
+    view = _full(600.0, lambda i, t: [sample(clocks_event_reasons=0x80 if i == 5 else 0x0)])
+    assert polled("throttle", view) == []
+
+
+def test_throttle_over_the_window_names_the_reasons():
+    view = _full(600.0, lambda i, t: [sample(GPU0, clocks_event_reasons=(0x8 if i % 2 else 0x80) | 0x4),
+                                      sample(GPU1, clocks_event_reasons=0x4)])
+    found = one(polled("throttle", view))
+    assert found.gpu == GPU0
+    assert found.evidence == "throttled 100% of 10m by hw-slowdown+power-brake (limit 60%)"
+
+
+def test_throttle_judges_only_the_window_and_skips_unsupported_readings():
+    # throttled for its first 10 minutes, then 10 minutes clean: the last window is clean
+    view = View(snapshots=series(1200.0, 10.0, lambda i, t: [sample(clocks_event_reasons=0x20 if t < 600 else 0)]))
+    assert polled("throttle", view) == []
+    # readings missing on some polls: the share is of the polls that read it
+    view = _full(600.0, lambda i, t: [sample(clocks_event_reasons=None if i % 2 else 0x20)])
+    assert one(polled("throttle", view)).evidence == "throttled 100% of 10m by sw-thermal (limit 60%)"
+
+
+def test_throttle_shorter_window_and_threshold():
+    view = _full(120.0, lambda i, t: [sample(clocks_event_reasons=0x40 if i < 6 else 0)])  # 6 of 13
+    p = params("throttle", window=120.0, threshold=0.4)
+    assert one(polled("throttle", view, p)).evidence == "throttled 46% of 2m by hw-thermal (limit 40%)"
+    assert polled("throttle", view, params("throttle", window=120.0, threshold=0.5)) == []
+
+
+def test_throttle_zero_threshold_needs_a_throttled_sample():
+    """threshold "0%" (any throttling) must not flag a GPU that never throttled."""
+    clean = _full(600.0, lambda i, t: [sample(clocks_event_reasons=0)])
+    assert polled("throttle", clean, params("throttle", threshold=0.0)) == []
+    once = _full(600.0, lambda i, t: [sample(clocks_event_reasons=0x8 if i == 0 else 0)])
+    assert one(polled("throttle", once, params("throttle", threshold=0.0))).evidence == \
+        "throttled 2% of 10m by hw-slowdown (limit 0%)"
+
+
+# -- nvlink, nvlink errors, pcie ----------------------------------------------------------------
+
+def test_nvlink_threshold_zero_uses_what_the_gpu_has_shown():
+    view = View(snapshots=(snap(0.0, sample(GPU0, nvlink_active=12), sample(GPU1, nvlink_active=12)),),
+                nvlink_seen={GPU0.uuid: 12, GPU1.uuid: 18})
+    found = one(polled("nvlink", view))  # an H100 PCIe with 12 links is not a fault; the one that had 18 is
+    assert found.gpu == GPU1 and found.evidence == "12 nvlinks active (expected 18)"
+    # never seen (the monitor just started): nothing to compare with
+    assert polled("nvlink", dataclasses.replace(view, nvlink_seen={})) == []
+
+
+def test_nvlink_fixed_threshold():
+    view = View(snapshots=(snap(0.0, sample(nvlink_active=17)),), nvlink_seen={GPU0.uuid: 17})
+    assert one(polled("nvlink", view, params("nvlink", threshold=18.0))).evidence == \
+        "17 nvlinks active (expected 18)"
+    assert polled("nvlink", dataclasses.replace(view, snapshots=(snap(0.0, sample(nvlink_active=18)),)),
+                  params("nvlink", threshold=18.0)) == []
+
+
+@pytest.mark.parametrize("check,field", [("nvlink-errors", "nvlink_errors"), ("pcie-replay", "pcie_replay")])
+def test_rates_no_verdict_before_a_full_window(check, field):
+    window = params(check).window
+    short = View(snapshots=series(window / 2, 10.0, lambda i, t: [sample(**{field: int(t * 10_000)})]))
+    assert polled(check, short) == []
+    assert polled(check, View(snapshots=(snap(0.0, sample(**{field: 10**9})),))) == []
+
+
+@pytest.mark.parametrize("check,field", [("nvlink-errors", "nvlink_errors"), ("pcie-replay", "pcie_replay")])
+def test_rates_counter_reset_and_unsupported(check, field):
+    window = params(check).window
+    reset = View(snapshots=series(window, 10.0, lambda i, t: [sample(**{field: 10**9 if i == 0 else 5})]))
+    assert polled(check, reset) == []
+    unsupported = View(snapshots=series(window, 10.0, lambda i, t: [sample(**{field: None})]))
+    assert polled(check, unsupported) == []
+
+
+def test_rates_judge_only_the_last_window():
+    # a burst of 12000 errors in the first minute, then none: the last minute is clean
+    view = View(snapshots=series(120.0, 10.0, lambda i, t: [sample(nvlink_errors=min(int(t), 60) * 200)]))
+    assert polled("nvlink-errors", view) == []
+    p = params("pcie-replay", threshold=1.0, window=60.0)  # "1/s"
+    view = _full(60.0, lambda i, t: [sample(pcie_replay=int(t * 2))])
+    assert one(polled("pcie-replay", view, p)).evidence == "pcie replays 2/s over 1m (limit 1/s)"
+
+
+def test_pcie_generation_only_while_busy():
+    busy = View(snapshots=(snap(0.0, sample(pcie_gen=4, clocks_event_reasons=0x0)),))
+    assert one(polled("pcie-link", busy)).evidence == "pcie gen4 while busy (expected gen5)"
+    idle = View(snapshots=(snap(0.0, sample(pcie_gen=1, clocks_event_reasons=0x1)),))
+    assert polled("pcie-link", idle) == []
+    idle_capped = View(snapshots=(snap(0.0, sample(pcie_gen=1, clocks_event_reasons=0x1 | 0x4)),))
+    assert polled("pcie-link", idle_capped) == []
+    unknown = View(snapshots=(snap(0.0, sample(pcie_gen=1, clocks_event_reasons=None)),))
+    assert polled("pcie-link", unknown) == []
+    # width below the maximum is wrong idle or not
+    narrow_idle = View(snapshots=(snap(0.0, sample(pcie_width=8, pcie_gen=1, clocks_event_reasons=0x1)),))
+    assert one(polled("pcie-link", narrow_idle)).evidence == "pcie x8 (expected x16)"
+    no_max = View(snapshots=(snap(0.0, sample(pcie_width=8, pcie_max_width=None, pcie_gen=3, pcie_max_gen=None)),))
+    assert polled("pcie-link", no_max) == []
+
+
+def test_persistence_unsupported_is_nothing():
+    assert polled("persistence", View(snapshots=(snap(0.0, sample(persistence=None)),))) == []
+
+
+# -- nvml failing -------------------------------------------------------------------------------
+
+def _failed(t: float) -> Snapshot:
+    return Snapshot(t, error=999, error_text="nvmlInit: Unknown Error")
+
+
+def test_nvml_needs_threshold_consecutive_failures():
+    ok = snap(0.0)
+    assert polled("nvml", View(snapshots=(ok, _failed(1), _failed(2)))) == []
+    assert polled("nvml", View(snapshots=(_failed(0), _failed(1), ok))) == []
+    assert polled("nvml", View(snapshots=(_failed(0), ok, _failed(2), _failed(3)))) == []
+    assert one(polled("nvml", View(snapshots=(ok, _failed(1), _failed(2), _failed(3))))).severity == "critical"
+    assert polled("nvml", View(snapshots=(_failed(0), _failed(1)))) == []
+    assert one(polled("nvml", View(snapshots=(_failed(0), _failed(1))), params("nvml", threshold=2.0)))
+
+
+def test_nvml_gpu_read_failures_count_lost_gpus_do_not():
+    failing = tuple(Snapshot(float(t), (GpuSample(GPU0, error=999, error_text="gpu 0: Timeout"), sample(GPU1)))
+                    for t in range(3))
+    found = one(polled("nvml", View(snapshots=failing)))
+    assert found.evidence == "nvml failed 3 polls in a row (limit 2): gpu 0: Timeout"
+    lost = tuple(Snapshot(float(t), (GpuSample(GPU0, error=nvml.GPU_IS_LOST), sample(GPU1))) for t in range(3))
+    assert polled("nvml", View(snapshots=lost)) == []
+
+
+# -- network links --------------------------------------------------------------------------------
+
+def test_link_down_missing_and_unwatched():
+    view = View(interfaces=("ib0", "ib1", "ib2"),
+                links={"ib0": LinkChange("ib0", True, 0.0), "ib1": LinkChange("ib1", False, 0.0, exists=False),
+                       "eth0": LinkChange("eth0", False, 0.0)})
+    found = polled("link-down", view)
+    assert [(o.subject, o.evidence) for o in found] == [("ib1", "ib1 missing (expected up)"),
+                                                         ("ib2", "ib2 missing (expected up)")]
+    assert all(o.fields == {"interface": o.subject} for o in found)
+    assert polled("link-down", View(links={"eth0": LinkChange("eth0", False, 0.0)})) == []
+
+
+def test_link_flap_counts_downs_within_the_window():
+    old = (LinkChange("ib0", False, 100.0), LinkChange("ib0", True, 110.0),  # outside the window
+           LinkChange("ib0", False, 200.0), LinkChange("ib0", True, 210.0))
+    recent = (LinkChange("ib0", False, 900.0), LinkChange("ib0", True, 905.0))
+    view = View(now=1000.0, interfaces=("ib0",), link_changes=old + recent)
+    assert polled("link-flap", view) == []
+    # down twice in a row is one flap; another interface flapping is counted for itself
+    view = View(now=1000.0, interfaces=("ib0", "ib1"), link_changes=(
+        LinkChange("ib0", False, 500.0), LinkChange("ib0", False, 510.0), LinkChange("ib0", True, 520.0),
+        LinkChange("ib1", False, 530.0), LinkChange("ib1", True, 540.0),
+        LinkChange("ib0", False, 600.0), LinkChange("ib0", True, 610.0),
+        LinkChange("ib1", False, 630.0), LinkChange("ib1", True, 640.0),
+        LinkChange("ib0", False, 700.0)))
+    found = one(polled("link-flap", view, params("link-flap", threshold=3.0)))
+    assert (found.subject, found.evidence) == ("ib0", "ib0 went down 3 times in 10m (limit 2)")
+    both = polled("link-flap", view, params("link-flap", threshold=2.0))
+    assert [o.subject for o in both] == ["ib0", "ib1"]
+
+
+def test_link_flap_down_at_the_window_edge_is_not_a_new_flap():
+    # down before the window began and still down: no down within the window
+    view = View(now=1000.0, interfaces=("ib0",), link_changes=(
+        LinkChange("ib0", False, 300.0), LinkChange("ib0", False, 500.0)))
+    assert polled("link-flap", view, params("link-flap", threshold=1.0)) == []
+
+
+# -- file systems, slurm --------------------------------------------------------------------------
+
+def test_filesystem_read_only_unreadable_and_relative():
+    view = View(filesystems=(FsSample("/", 2**31, 2**40, read_only=True),
+                             FsSample("/scratch", error="Permission denied"),
+                             FsSample("/tmp", None, None)))
+    found = polled("filesystem", view)
+    assert [(o.subject, o.severity, o.action, o.evidence) for o in found] == [
+        ("/", "critical", "none", "/ read-only (expected writable)"),
+        ("/scratch", "critical", "none", "/scratch unreadable: Permission denied (expected readable)")]
+    relative = params("filesystem", threshold=0.05, relative=True)
+    assert polled("filesystem", View(filesystems=(FsSample("/tmp", 60 * 2**30, 1000 * 2**30),)), relative) == []
+    found = one(polled("filesystem", View(filesystems=(FsSample("/tmp", 40 * 2**30, 1000 * 2**30),)), relative))
+    assert found.evidence == "/tmp 40GiB free (limit 50GiB)"
+    assert found.fields == {"path": "/tmp"}
+
+
+def test_slurmd_and_foreign_drain_skip_an_unanswered_slurm():
+    unanswered = View(node=NodeSample("node1", responding=False, drained=True, reason="x",
+                                      error="scontrol timed out"))
+    assert polled("slurmd", unanswered) == [] and polled("foreign-drain", unanswered) == []
+    assert polled("slurmd", View()) == [] and polled("foreign-drain", View()) == []
+
+
+def test_foreign_drain_not_for_our_own_drain():
+    from slurm_ext.slurm import is_our_reason
+    reason = "slurm-ext: xid 79 gpu 0 GPU_HAS_FALLEN_OFF_THE_BUS (expected none) action=reboot"
+    assert is_our_reason(reason)
+    assert polled("foreign-drain", View(node=NodeSample("node1", drained=True, reason=reason, ours=True))) == []
+    found = one(polled("foreign-drain", View(node=NodeSample("node1", drained=True, reason=""))))
+    assert found.evidence == "drained by someone else: no reason (expected not drained)"
+    assert (found.subject, found.fields) == ("node", {"reason": ""})
+
+
+# -- xid ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("number,action", [(13, "restart-job"), (31, "restart-job"), (43, "restart-job"),
+                                           (45, "none")])
+def test_application_xids_are_warnings(number, action):
+    found = one(event("xid", xid(number), GPUS_VIEW))
+    assert (found.severity, found.action, found.sticky) == ("warning", action, False)
+    assert found.subject == f"{GPU0.uuid}/xid{number}" and found.gpu == GPU0
+    assert found.evidence == f"{number} gpu 0 {catalog.KNOWN[number].mnemonic} (expected none)"
+    assert found.fields["repeats"] == 1 and found.fields["xid"] == number
+
+
+@pytest.mark.parametrize("number", [13, 31, 43])
+def test_application_xid_repeating_on_one_gpu_escalates(number):
+    recent = (xid(number, time=100.0), xid(number, time=2000.0))
+    found = one(event("xid", xid(number, time=3000.0), dataclasses.replace(GPUS_VIEW, recent=recent)))
+    assert (found.severity, found.action, found.sticky) == ("critical", "reboot", True)
+    assert found.fields["repeats"] == 3
+    assert f"{number} gpu 0 {catalog.KNOWN[number].mnemonic}, 3 in 1h (limit 2)" in found.evidence
+    # the second is still a warning
+    found = one(event("xid", xid(number, time=3000.0), dataclasses.replace(GPUS_VIEW, recent=recent[1:])))
+    assert (found.severity, found.fields["repeats"]) == ("warning", 2)
+
+
+def test_application_xid_repeats_count_only_the_same_gpu_xid_and_window():
+    others = (xid(13, GPU1.pci_bus_id, time=2900.0), xid(13, GPU1.pci_bus_id, time=2950.0),  # another GPU
+              xid(31, time=2960.0), xid(31, time=2970.0),  # another Xid
+              xid(13, time=100.0), SXid(22013, "00000000:0A:00.0", False, "sxid", 2980.0))  # too old; not an Xid
+    found = one(event("xid", xid(13, time=4000.0), dataclasses.replace(GPUS_VIEW, recent=others)))
+    assert (found.severity, found.fields["repeats"]) == ("warning", 1)
+    # a shorter threshold and window from the config
+    p = params("xid", threshold=2.0, window=60.0)
+    near = (xid(13, time=3950.0),)
+    found = one(event("xid", xid(13, time=4000.0), dataclasses.replace(GPUS_VIEW, recent=near), p))
+    assert (found.severity, found.action) == ("critical", "reboot")
+    assert "2 in 1m (limit 1)" in found.evidence
+
+
+def test_nvml_event_xids_match_their_gpu_by_uuid():
+    nvml_xid = Xid(31, "", "NVML event: Xid 31", "nvml", 3000.0, uuid=GPU1.uuid)
+    recent = (Xid(31, "", "NVML event: Xid 31", "nvml", 2000.0, uuid=GPU1.uuid),
+              Xid(31, "", "NVML event: Xid 31", "nvml", 2500.0, uuid=GPU1.uuid))
+    found = one(event("xid", nvml_xid, dataclasses.replace(GPUS_VIEW, recent=recent)))
+    assert found.gpu == GPU1 and found.pci_bus_id == GPU1.pci_bus_id
+    assert found.subject == f"{GPU1.uuid}/xid31" and found.severity == "critical"
+    assert found.fields["source"] == "nvml"
+
+
+def test_xid_79_is_critical_reboot_sticky():
+    found = one(event("xid", xid(79), GPUS_VIEW))
+    assert (found.severity, found.action, found.sticky) == ("critical", "reboot", True)
+    assert found.evidence == "79 gpu 0 GPU_HAS_FALLEN_OFF_THE_BUS (expected none)"
+    assert found.detail.startswith("NVRM: Xid")
+    assert found.fields["bucket"] == "RESTART_BM"
+
+
+def test_hardware_xid_does_not_escalate_by_repeats():
+    recent = tuple(xid(48, time=float(t)) for t in range(10))
+    found = one(event("xid", xid(48, time=20.0), dataclasses.replace(GPUS_VIEW, recent=recent)))
+    assert (found.severity, found.action) == ("critical", "reset-gpu")
+    assert found.evidence == "48 gpu 0 ROBUST_CHANNEL_GPU_ECC_DBE (expected none)"
+
+
+def test_nvlink5_fatal_and_nonfatal():
+    fatal = one(event("xid", xid(149, fatal=True), GPUS_VIEW))
+    assert (fatal.severity, fatal.action, fatal.sticky) == ("critical", "reboot", True)
+    nonfatal = one(event("xid", xid(149, fatal=False), GPUS_VIEW))
+    assert (nonfatal.severity, nonfatal.action, nonfatal.sticky) == ("warning", "none", False)
+    assert nonfatal.evidence == "149 gpu 0 NVLINK_NETIR_ERROR (expected none)"
+    unsaid = one(event("xid", xid(144, fatal=None), GPUS_VIEW))
+    assert (unsaid.severity, unsaid.action) == ("critical", "reboot")
+
+
+@pytest.mark.parametrize("recovery,severity,action", [("GPU Reset Required", "critical", "reset-gpu"),
+                                                      ("Node Reboot Required", "critical", "reboot"),
+                                                      ("Drain and Reset", "critical", "reset-gpu"),
+                                                      ("None", "info", "none"),
+                                                      ("", "info", "none")])
+def test_xid_154_acts_on_the_stated_recovery(recovery, severity, action):
+    found = one(event("xid", xid(154, recovery=recovery), GPUS_VIEW))
+    assert (found.severity, found.action, found.sticky) == (severity, action, severity == "critical")
+    assert found.evidence == "154 gpu 0 GPU_RECOVERY_ACTION_CHANGED (expected none)"
+    if recovery:
+        assert found.fields["meaning"] == recovery.lower()
+
+
+def test_xid_154_unknown_recovery_words_are_a_warning():
+    found = one(event("xid", xid(154, recovery="Recover IMEX Domain"), GPUS_VIEW))
+    assert (found.severity, found.action) == ("warning", "none")
+
+
+@pytest.mark.parametrize("number", [999, 0, 1, 171, 10**6])
+def test_unknown_xid_is_a_warning_without_action(number):
+    found = one(event("xid", xid(number), GPUS_VIEW))
+    assert (found.severity, found.action, found.sticky) == ("warning", "none", False)
+    assert found.evidence == f"{number} gpu 0 UNKNOWN (expected none)"
+    assert found.fields["bucket"] == "UNKNOWN"
+
+
+def test_xid_for_a_bus_no_gpu_has_is_still_an_observation():
+    found = one(event("xid", xid(79, "00000000:99:00.0"), GPUS_VIEW))
+    assert found.gpu is None
+    assert found.subject == "00000000:99:00.0/xid79"
+    assert found.pci_bus_id == "00000000:99:00.0"
+    assert found.evidence == "79 bus 00000000:99:00.0 (no such gpu) GPU_HAS_FALLEN_OFF_THE_BUS (expected none)"
+    assert (found.severity, found.action) == ("critical", "reboot")
+    # no GPUs read at all (NVML down), and a fallen-off line that names no GPU
+    assert one(event("xid", xid(79), View())).subject == f"{GPU0.pci_bus_id}/xid79"
+    nameless = one(event("xid", Xid(79, "", "NVRM: fallen off the bus", "kernel", 0.0, no_xid_line=True)))
+    assert (nameless.subject, nameless.evidence) == ("node/xid79",
+                                                     "79 node GPU_HAS_FALLEN_OFF_THE_BUS (expected none)")
+
+
+def test_xid_gpu_is_found_in_the_latest_snapshot_with_gpus():
+    view = View(snapshots=(snap(0.0, sample(GPU0)), Snapshot(10.0, error=999, error_text="nvml down")))
+    assert one(event("xid", xid(79), view)).gpu == GPU0
+
+
+def test_xid_overrides():
+    view = dataclasses.replace(GPUS_VIEW, xid_overrides={"13": XidSection(severity="critical", action="reset-gpu"),
+                                                         "79": XidSection(severity="warning", action="none"),
+                                                         "48": XidSection(sticky=False),
+                                                         "999": XidSection(action="reboot")})
+    found = one(event("xid", xid(13), view))
+    assert (found.severity, found.action, found.sticky) == ("critical", "reset-gpu", True)
+    found = one(event("xid", xid(79), view))
+    assert (found.severity, found.action, found.sticky) == ("warning", "none", False)
+    found = one(event("xid", xid(48), view))
+    assert (found.severity, found.action, found.sticky) == ("critical", "reset-gpu", False)
+    found = one(event("xid", xid(999), view))
+    assert (found.severity, found.action) == ("warning", "reboot")
+    # an override for another Xid changes nothing
+    found = one(event("xid", xid(31), view))
+    assert (found.severity, found.action) == ("warning", "restart-job")
+
+
+def test_xid_override_applies_over_escalation():
+    view = dataclasses.replace(GPUS_VIEW, recent=(xid(13, time=1.0), xid(13, time=2.0)),
+                               xid_overrides={"13": XidSection(severity="warning", action="none")})
+    found = one(event("xid", xid(13, time=3.0), view))
+    assert (found.severity, found.action, found.sticky) == ("warning", "none", False)
+
+
+def test_xid_judge_takes_odd_records():
+    for record in (Xid(-1, "", "", "kernel", 0.0), Xid(13, "not a bus", "garbage", "kernel", -5.0),
+                   Xid(150, GPU0.pci_bus_id, "", "kernel", 0.0, fatal=True, recovery="???")):
+        found = one(event("xid", record, GPUS_VIEW))
+        assert found.check == "xid"
+
+
+# -- sxid, kernel ---------------------------------------------------------------------------------
+
+def test_sxid_fatal_and_nonfatal():
+    fatal = one(event("sxid", SXid(24007, "00000000:0A:00.0", True, "SXid ... Fatal", 5.0)))
+    assert (fatal.severity, fatal.action, fatal.sticky) == ("critical", "reboot", True)
+    assert fatal.subject == "00000000:0A:00.0/sxid24007"
+    assert fatal.evidence == "24007 Fatal nvswitch 00000000:0A:00.0 (expected none)"
+    nonfatal = one(event("sxid", SXid(22013, "00000000:0A:00.0", False, "SXid ... Non-fatal", 5.0)))
+    assert (nonfatal.severity, nonfatal.action, nonfatal.sticky) == ("warning", "none", False)
+    assert nonfatal.fields == {"sxid": 22013}
+    assert event("sxid", SXid(1, "", False, "", 0.0))[0].subject == "nvswitch/sxid1"
+
+
+def test_kernel_soft_lockup_is_critical_at_once():
+    line = "watchdog: BUG: soft lockup - CPU#3 stuck for 23s! [kworker:12]"
+    found = one(event("kernel", KernelHang("soft-lockup", line, 10.0)))
+    assert (found.subject, found.severity, found.action) == ("soft-lockup", "critical", "reboot")
+    assert found.evidence == "soft lockup (expected none)" and found.detail == line
+
+
+def test_kernel_hung_tasks_escalate_at_threshold_within_window():
+    line = "INFO: task foo:123 blocked for more than 120 seconds."
+    first = one(event("kernel", KernelHang("hung-task", line, 1000.0)))
+    assert (first.subject, first.severity, first.action) == ("hung-task", "warning", "none")
+    assert first.evidence == "1 hung tasks in 10m (limit 2)"
+    recent = (KernelHang("hung-task", line, 100.0),  # outside the window
+              KernelHang("soft-lockup", "soft lockup", 900.0),  # not a hung task
+              KernelHang("hung-task", line, 800.0), KernelHang("hung-task", line, 900.0))
+    third = one(event("kernel", KernelHang("hung-task", line, 1000.0), View(recent=recent)))
+    assert (third.severity, third.action) == ("critical", "reboot")
+    assert third.evidence == "3 hung tasks in 10m (limit 2)"
+    second = one(event("kernel", KernelHang("hung-task", line, 1000.0), View(recent=recent[:3])))
+    assert (second.severity, second.evidence) == ("warning", "2 hung tasks in 10m (limit 2)")
+
+
+def test_event_checks_report_info_xid_as_info():
+    found = one(event("xid", xid(63), GPUS_VIEW))
+    assert (found.severity, found.action, found.sticky) == ("info", "none", False)
