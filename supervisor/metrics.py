@@ -97,7 +97,7 @@ _DCGM = (
     ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "Total energy consumption since boot (in mJ).", "energy_mj"),
     ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", "sm_clock"),
     ("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", "memory_clock"),
-    ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "Current clock event (throttle) reasons, a bitmask.",
+    ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "Current clock event (throttle) reasons, a bitmask.",
      "clocks_event_reasons"),
     ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "Total number of PCIe retries.", "pcie_replay"),
     ("DCGM_FI_DEV_PCIE_LINK_GEN", "PCIe link generation.", "pcie_gen"),
@@ -110,10 +110,12 @@ _DCGM = (
     ("DCGM_FI_DEV_ROW_REMAP_PENDING", "Whether remapping of rows is pending (a reset applies it)", "remap_pending"),
     ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total double-bit volatile ECC errors.", "ecc_uncorrected_volatile"),
     ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "Total single-bit volatile ECC errors.", "ecc_corrected_volatile"),
-    ("DCGM_FI_DEV_RETIRED_PAGES", "Pages retired (GPUs before Ampere).", "retired_pages"),
-    ("DCGM_FI_DEV_NVLINK_ACTIVE_LINKS", "NVLinks active.", "nvlink_active"),
-    ("DCGM_FI_DEV_NVLINK_ERROR_COUNT_TOTAL", "NVLink CRC and replay errors, all links.", "nvlink_errors"),
     ("DCGM_FI_DEV_PERSISTENCE_MODE", "Persistence mode (1 on).", "persistence"),
+    # no DCGM field has these: our own names
+    ("slurm_ext_health_retired_pages", "Pages retired, single- and double-bit (GPUs before Ampere).", "retired_pages"),
+    ("slurm_ext_health_nvlink_active_links", "NVLinks active.", "nvlink_active"),
+    ("slurm_ext_health_nvlink_errors", "NVLink CRC (flit and data) and replay errors, all links, since the driver "
+     "loaded.", "nvlink_errors"),
 )
 _GPU_LABELS = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "hostname", "hpc_job"]
 _CHECK_STATES = {"disabled": -1, "ok": 0, "warning": 1, "critical": 2, "failed": 3}
@@ -143,21 +145,24 @@ def _health_metrics(agent):
         gpu = row.get("gpu") or {}
         if not gpu.get("uuid"):
             continue
-        labels = [str(gpu.get("index")), gpu["uuid"], gpu.get("pci_bus_id", ""),
-                  f"nvidia{gpu.get('minor') if gpu.get('minor', -1) >= 0 else gpu.get('index')}", gpu.get("name", ""),
-                  host, ",".join(map(str, row.get("jobs") or ()))]
-        for name, _, key in _DCGM:
-            value = row.get(key)
-            if value is not None:
-                families[name].add_metric(labels, float(value))
-        last.add_metric(labels, float((data.get("last_xid") or {}).get(gpu["uuid"], 0)))
+        device = f"nvidia{gpu.get('minor') if gpu.get('minor', -1) >= 0 else gpu.get('index')}"
+        # as dcgm-exporter: one copy of the GPU's series per job holding it, hpc_job empty (no label) when none
+        for job in [str(j) for j in row.get("jobs") or ()] or [""]:
+            labels = [str(gpu.get("index")), gpu["uuid"], gpu.get("pci_bus_id", ""), device, gpu.get("name", ""), host,
+                      job]
+            for name, _, key in _DCGM:
+                value = row.get(key)
+                if value is not None:
+                    families[name].add_metric(labels, float(value))
+            last.add_metric(labels, float((data.get("last_xid") or {}).get(gpu["uuid"], 0)))
     yield from families.values()
     yield last
     xids = CounterMetricFamily("slurm_ext_health_xid_errors", "Xids seen, by GPU and Xid number (dcgm-exporter "
-                               "keeps only the last one)", labels=["UUID", "xid", "hostname"])
-    for key, count in sorted((data.get("xid_counts") or {}).items()):
-        uuid, _, number = key.rpartition("/")
-        xids.add_metric([uuid, number, host], count)
+                               "keeps only the last one); gpu and UUID empty for a bus id no GPU has",
+                               labels=["gpu", "UUID", "pci_bus_id", "xid", "hostname"])
+    for item in data.get("xid_counts") or ():
+        xids.add_metric([str(item.get("gpu", "")), item.get("uuid", ""), item.get("pci_bus_id", ""),
+                         str(item.get("xid")), host], item.get("count", 0))
     yield xids
     checks = GaugeMetricFamily("slurm_ext_health_check_state", "Each check's state: 0 ok, 1 warning, 2 critical "
                                "(drained), 3 failed (the check itself), -1 disabled", labels=["check", "hostname"])

@@ -154,11 +154,14 @@ class Health:
                                 *args, check=check)
 
     def restore(self) -> None:
+        """Healthy GPUs, the cluster's own config, no finding left (the next test starts from a clean node)."""
         fakenvml.write_spec(self.layout.gpu_spec, fakenvml.default_gpus(self.cluster.settings.gpu_count,
                                                                         self.cluster.settings.gpu_name))
-        self.cli("health", "clear", check=False)
+        self.mark = len(_journal(self.layout))
         self.layout.slurm_ext_conf.write_text(render.slurm_ext_toml(self.layout))
         os.kill(_agent_pid(self.layout), signal.SIGHUP)
+        wait_for("the monitor's reload", lambda: self.count("reload", component="health"), timeout=15)
+        self.cli("health", "clear", check=False)
         wait_for("no slurm-ext health drain", lambda: not self.reason().startswith("slurm-ext:"), timeout=30)
 
 
@@ -307,7 +310,7 @@ def test_each_kernel_check_fires_on_its_line(health, fault, check, severity, act
 
 def test_garbage_kernel_lines_are_ignored_and_the_monitor_keeps_running(health):
     for line in ("NVRM: Xid (PCI:0000:1", "NVRM: Xid (PCI:zz:zz:zz): abc,", "\x01\x02 binary \xff",
-                 "NVRM: Xid (PCI:0000:17:00): " + "9" * 40 + ", huge", "x" * 3000):
+                 "NVRM: Xid (PCI:0000:17:00): " + "9" * 40 + ", huge", "x" * 900):
         _kmsg(line)
     _kmsg("NVRM: Xid (PCI:0000:10:00): 31, pid=7, name=train, Ch 00000007, intr 00000000.")
     finding = health.wait_event("health-finding", check="xid", xid=31, timeout=5)
@@ -369,6 +372,7 @@ window = "20s"
 quiet = "2s"
 """, health_keys=f'interfaces = ["se-v0"]\nnetwork_namespace = "{name}"\n', restart=True)
         yield lambda up: subprocess.run([*ip, "set", "se-v1", "up" if up else "down"], check=True)
+        health.configure(restart=True)  # let go of the namespace before it goes
     finally:
         subprocess.run(["ip", "netns", "del", name], check=False)
 
@@ -389,3 +393,46 @@ def test_a_link_down_drains_and_flaps_are_counted(health, veth):
         time.sleep(0.3)
     finding = health.wait_event("health-finding", check="link-flap", timeout=5)
     assert "went down 3 times" in finding["evidence"]
+
+
+def test_nvml_hanging_is_reported_the_other_checks_go_on_and_it_drains_after_its_polls(health):
+    health.configure(_FAST, health_keys='call_timeout = "2s"\n')
+    health.gpus(gpu2={"query_delay_ms": 60000})
+    hung = health.wait_event("health-check-hung", reader="nvml", timeout=15)
+    assert "nvml" in hung["message"]
+    _kmsg("NVRM: Xid (PCI:0000:10:00): 13, pid=9, name=python, Graphics SM Warp Exception")
+    health.wait_event("health-finding", check="xid", xid=13, timeout=5)  # the kernel log is still read
+    finding = health.wait_event("health-finding", check="nvml", timeout=15)
+    assert "hung" in finding["evidence"] and finding["action"] == "reboot"
+    health.gpus(gpu2=None)  # the stuck call returns within a minute; restore() waits for the drain to go
+
+
+def test_a_bad_config_is_refused_on_reload_and_the_monitor_keeps_running(health):
+    health.layout.slurm_ext_conf.write_text(render.slurm_ext_toml(health.layout)
+                                            + '[health.checks.nosuch]\nenabled = true\n'
+                                            + '[health.checks.throttle]\nthreshold = "50"\n')
+    os.kill(_agent_pid(health.layout), signal.SIGHUP)
+    refused = health.wait_event("reload-failed", component="supervisor")
+    assert "health.checks.nosuch" in refused["message"]
+    health.layout.slurm_ext_conf.write_text(render.slurm_ext_toml(health.layout)
+                                            + '[health.checks.throttle]\nthreshold = "50"\n')
+    os.kill(_agent_pid(health.layout), signal.SIGHUP)
+    refused = wait_for("the threshold refused", lambda: [e for e in health.events("reload-failed")
+                                                         if "health.checks.throttle.threshold" in e["message"]])[0]
+    assert "a share with %" in refused["message"]
+    _kmsg("NVRM: Xid (PCI:0000:10:00): 43, pid=9, name=python, Ch 00000008")
+    health.wait_event("health-finding", check="xid", xid=43, timeout=5)  # still running, on the old config
+
+
+def test_a_finding_names_the_job_that_held_the_gpu(health):
+    cluster = health.cluster
+    job = cluster.sbatch("--gres=gpu:1", "--wrap", "sleep 30")
+    path = health.layout.node_state / "jobs" / f"{job}.json"
+    wait_for("the job's record (its Prolog ran)", path.exists, timeout=30)
+    record = json.loads(path.read_text())
+    gpu = record["gpus"][0]
+    bus = health.spec["gpus"][gpu]["pci_bus_id"].lower().removeprefix("0000")[:-2]
+    _kmsg(f"NVRM: Xid (PCI:{bus}): 31, pid=77, name=python, Ch 00000007, intr 00000000.")
+    finding = health.wait_event("health-finding", check="xid", xid=31, timeout=5)
+    assert finding["gpu"] == gpu and finding["jobs"] == [job], finding
+    cluster.run("scancel", str(job))

@@ -47,7 +47,7 @@ DASHBOARD_METRICS = {
     "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "slurm_ext_health_xid_errors_total", "DCGM_FI_DEV_XID_ERRORS",
     "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
     "DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_DEV_ROW_REMAP_PENDING", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-    "DCGM_FI_DEV_NVLINK_ACTIVE_LINKS", "slurm_ext_health_check_state", "slurm_ext_health_findings",
+    "slurm_ext_health_nvlink_active_links", "slurm_ext_health_check_state", "slurm_ext_health_findings",
     "slurm_ext_health_monitor_up",
 }
 

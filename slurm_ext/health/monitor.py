@@ -139,7 +139,9 @@ class Monitor:
         self.nvlink_seen: dict[str, int] = {}
         #: each GPU index's identity as last read (a lost GPU answers nothing, its UUID included)
         self.identities: dict = {}
-        self.xid_counts: dict[str, int] = {}
+        #: "<uuid or bus>/<xid>" -> {gpu, uuid, pci_bus_id, xid, count}, and each GPU's last Xid: kept across restarts
+        self.xid_counts: dict[str, dict] = {}
+        self.last_xid: dict[str, int] = {}
         self.check_state: dict[str, str] = {}
         #: reader -> the error it last failed with (reported once, not every poll)
         self.reader_failed: dict[str, str] = {}
@@ -161,10 +163,12 @@ class Monitor:
 
     def _load(self) -> Findings:
         state = load_state(self.state_dir)
-        self.xid_counts = {str(k): int(v) for k, v in dict(state.get("xid_counts") or {}).items()}
+        self.xid_counts = {str(k): dict(v) for k, v in dict(state.get("xid_counts") or {}).items()
+                           if isinstance(v, dict)}
+        self.last_xid = {str(k): int(v) for k, v in dict(state.get("last_xid") or {}).items()}
         self.drained_before = {str(c) for c in state.get("drains") or ()}
         if state.get("boot") and state.get("boot") != self.boot:
-            self.xid_counts = {}
+            self.xid_counts, self.last_xid = {}, {}
             return Findings()  # the node rebooted: every finding of the last boot is over
         return Findings.from_json(state.get("findings") or [])
 
@@ -358,12 +362,24 @@ class Monitor:
                 self._judge_polled(check)
             return
         if isinstance(record, Xid):
-            key = f"{record.uuid or record.pci_bus_id}/{record.xid}"
-            self.xid_counts[key] = self.xid_counts.get(key, 0) + 1
+            self._count_xid(record)
         for check in REGISTRY.values():
             if check.on_event is not None and isinstance(record, check.events):
                 self._judge_event(check.id, record)
         self.recent.append(record)
+
+    def _count_xid(self, xid: Xid) -> None:
+        """Count it under its GPU (a kernel line names the bus, an NVML event the UUID: one GPU, one series)."""
+        gpu = next((g for g in self.identities.values()
+                    if (xid.uuid and g.uuid == xid.uuid) or (xid.pci_bus_id and g.pci_bus_id == xid.pci_bus_id)), None)
+        key = f"{gpu.uuid if gpu else xid.uuid or xid.pci_bus_id}/{xid.xid}"
+        entry = self.xid_counts.setdefault(key, {"gpu": gpu.index if gpu else "",
+                                                 "uuid": gpu.uuid if gpu else xid.uuid,
+                                                 "pci_bus_id": gpu.pci_bus_id if gpu else xid.pci_bus_id,
+                                                 "xid": xid.xid, "count": 0})
+        entry["count"] += 1
+        if gpu is not None:
+            self.last_xid[gpu.uuid] = xid.xid
 
     def _view(self) -> View:
         return View(time.time(), tuple(self.snapshots), dict(self.links), tuple(self.link_changes),
@@ -466,6 +482,7 @@ class Monitor:
 
     def _save(self) -> None:
         data = {"boot": self.boot, "findings": self.findings.to_json(), "xid_counts": self.xid_counts,
+                "last_xid": self.last_xid,
                 "drains": sorted(self._drains.drained() | self.drained_before)}
         try:
             atomic_write(state_path(self.state_dir), json.dumps(data, indent=1) + "\n", mode=0o640, fsync="all")
@@ -482,13 +499,9 @@ class Monitor:
             row["gpu"] = asdict(sample.gpu)
             row["jobs"] = held.get(sample.gpu.index, [])
             gpus.append(row)
-        last_xid = {}
-        for record in self.recent:
-            if isinstance(record, Xid):
-                last_xid[record.uuid or record.pci_bus_id] = record.xid
         data = {"time": time.time(), "interval": self.health.interval, "node": self.node, "gpus": gpus,
-                "nvml_error": snapshot.error_text if snapshot else "", "xid_counts": self.xid_counts,
-                "last_xid": last_xid, "checks": {c: ("disabled" if not self.health.params(c).enabled
+                "nvml_error": snapshot.error_text if snapshot else "", "xid_counts": list(self.xid_counts.values()),
+                "last_xid": self.last_xid, "checks": {c: ("disabled" if not self.health.params(c).enabled
                                                      else self.check_state.get(c, "ok")) for c in CHECKS},
                 "findings": [asdict(f) for f in self.findings.open()]}
         try:
