@@ -821,7 +821,7 @@ class Agent:
         if not self.pipeline_done:
             return False, "start steps have not succeeded"
         for worker in self.workers:
-            if not self.worker_ready(worker):
+            if worker.spec.gates_ready and not self.worker_ready(worker):
                 if worker.awaiting_after:
                     return False, f"worker {worker.spec.name}: waits for {', '.join(worker.spec.after)}"
                 why = worker.state.value if worker.state != WorkerState.RUNNING else (

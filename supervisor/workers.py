@@ -37,6 +37,9 @@ class WorkerSpec:
     notify_user: str = ""
     #: sent to it after the agent reloaded its config (the health monitor rereads the same file)
     reload_signal: str = ""
+    #: the role is ready only while it runs: false for a helper whose failure must not take the node out of
+    #: service (a health monitor that crash-loops is its own problem, reported, not the node's)
+    gates_ready: bool = True
 
     @property
     def signal(self) -> int:
@@ -58,7 +61,7 @@ BUILTIN = (
     # the passive health checks (slurm_ext.health), in a process of their own: a check that hangs or crashes is
     # restarted and reported, never the agent's or slurmd's problem; SIGHUP after the agent's reload
     WorkerSpec("health", ("worker",), (sys.executable, "-I", "-m", "slurm_ext.cli", "health", "monitor"),
-               reload_signal="HUP"),
+               reload_signal="HUP", gates_ready=False),
 )
 
 

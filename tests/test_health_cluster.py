@@ -104,7 +104,11 @@ class Health:
     def configure(self, extra: str = _FAST, health_keys: str = "", restart: bool = False) -> None:
         """The cluster's config with `health_keys` in its [health] table and `extra` tables after it, reloaded
         (SIGHUP to the agent, passed on to the monitor), or with `restart` taken by a new monitor."""
-        text = render.slurm_ext_toml(self.layout).replace("[health]\n", f"[health]\n{health_keys}", 1)
+        head, table = render.slurm_ext_toml(self.layout).split("[health]\n", 1)
+        table, rest = table.split("\n\n", 1)
+        given = {line.split("=", 1)[0].strip() for line in health_keys.splitlines() if "=" in line}
+        kept = [line for line in table.splitlines() if line.split("=", 1)[0].strip() not in given]
+        text = f"{head}[health]\n{health_keys}" + "\n".join(kept) + "\n\n" + rest
         self.layout.slurm_ext_conf.write_text(text + extra)
         if restart:
             self.restart_monitor()
@@ -397,14 +401,25 @@ def test_a_link_down_drains_and_flaps_are_counted(health, veth):
 
 def test_nvml_hanging_is_reported_the_other_checks_go_on_and_it_drains_after_its_polls(health):
     health.configure(_FAST, health_keys='call_timeout = "2s"\n')
-    health.gpus(gpu2={"query_delay_ms": 60000})
+    health.gpus(gpu2={"query_delay_ms": 12000})
     hung = health.wait_event("health-check-hung", reader="nvml", timeout=15)
     assert "nvml" in hung["message"]
     _kmsg("NVRM: Xid (PCI:0000:10:00): 13, pid=9, name=python, Graphics SM Warp Exception")
     health.wait_event("health-finding", check="xid", xid=13, timeout=5)  # the kernel log is still read
     finding = health.wait_event("health-finding", check="nvml", timeout=15)
     assert "hung" in finding["evidence"] and finding["action"] == "reboot"
-    health.gpus(gpu2=None)  # the stuck call returns within a minute; restore() waits for the drain to go
+    health.gpus(gpu2=None)
+    # the stuck call returns after its 12 s: polls answer again, and restore() finds no hang left to report
+    wait_for("the stuck call back", lambda: health.events("health-check-hung") and _nvml_answers(health), timeout=30)
+
+
+def _nvml_answers(health: Health) -> bool:
+    """The monitor's latest readings are fresh and name every GPU (no reader stuck)."""
+    try:
+        data = json.loads((health.layout.runtime_dir / "health.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return time.time() - data["time"] < 2 and all(g["error"] is None for g in data["gpus"])
 
 
 def test_a_bad_config_is_refused_on_reload_and_the_monitor_keeps_running(health):
@@ -436,3 +451,61 @@ def test_a_finding_names_the_job_that_held_the_gpu(health):
     finding = health.wait_event("health-finding", check="xid", xid=31, timeout=5)
     assert finding["gpu"] == gpu and finding["jobs"] == [job], finding
     cluster.run("scancel", str(job))
+
+
+def test_a_full_or_read_only_file_system_drains_and_is_lifted_once_it_is_fixed(health, tmp_path):
+    mount = tmp_path / "scratch"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], check=True)
+    try:
+        health.configure(_FAST + '[health.checks.filesystem]\nthreshold = "2MiB"\ninterval = "1s"\nquiet = "2s"\n',
+                         health_keys=f'paths = ["{mount}"]\n', restart=True)
+        (mount / "fill").write_bytes(b"\0" * (3 * 2**20))
+        finding = health.wait_event("health-finding", check="filesystem", timeout=10)
+        assert finding["path"] == str(mount) and "free (limit 2MiB)" in finding["evidence"]
+        health.wait_reason(lambda r: r.startswith(f"slurm-ext: filesystem {mount} "), "the filesystem drain")
+        (mount / "fill").unlink()
+        health.wait_event("health-cleared", check="filesystem", timeout=10)
+        subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
+        finding = wait_for("the read-only finding", lambda: [e for e in health.events("health-finding", check="filesystem")
+                                                            if "read-only" in e["evidence"]], timeout=10)[0]
+        assert finding["action"] == "none"
+        health.configure(restart=True)  # let go of the mount before it goes
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_a_drain_by_someone_else_is_reported_and_never_acted_on(health):
+    cluster = health.cluster
+    health.configure(_FAST + '[health.checks.foreign-drain]\ninterval = "1s"\n', restart=True)
+    cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=drain", "reason=NHC: check_fs_mount /scratch")
+    try:
+        finding = health.wait_event("health-finding", check="foreign-drain", timeout=10)
+        assert finding["finding_severity"] == "info" and finding["action"] == "none"
+        assert "NHC: check_fs_mount /scratch" in finding["evidence"]
+        time.sleep(2)
+        assert health.reason() == "NHC: check_fs_mount /scratch"
+    finally:
+        cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=resume", check=False)
+    health.configure(restart=True)
+
+
+def test_a_restarted_agent_does_not_judge_an_old_kernel_line_again(health):
+    from slurm_ext import devcluster as dev
+    from slurm_ext.devcluster import daemons
+    from slurm_ext.devcluster.cluster import cluster_daemons
+    marker = uuid.uuid4().hex[:8]
+    _kmsg(f"NVRM: Xid (PCI:0000:10:00): 79, pid=1, name=job-{marker}, GPU has fallen off the bus.")
+    health.wait_reason(lambda r: r.startswith("slurm-ext: xid 79 gpu 0"), "the xid 79 drain", timeout=5)
+    health.cli("health", "clear")
+    health.wait_event("health-cleared", check="xid", why="operator")
+    health.wait_reason(lambda r: not r, "the drain lifted")
+    started = health.count("health-started")
+    agent = next(d for d in cluster_daemons(health.layout) if d.name == "supervise-worker")
+    daemons.stop(agent, grace=60.0)
+    dev.up(health.cluster.settings)  # the worker agent again (with the cluster's own config)
+    wait_for("the new monitor", lambda: health.count("health-started") > started, timeout=60)
+    health.wait_reason(lambda r: not r, "the stop's drain lifted by the new agent", timeout=30)
+    time.sleep(3)
+    assert len(health.events("health-finding", xid=79)) == 1
+    assert health.reason() == ""

@@ -90,6 +90,10 @@ def load_state(state_dir: str) -> dict:
     return data if isinstance(data, dict) else {}
 
 
+class _NothingToWatch(Exception):
+    """A source that does not apply to this node (NVML events where no GPU ever was): tried again, never reported."""
+
+
 @dataclass
 class _Poller:
     """A polled reader on a thread of its own: `read()` every `interval`; its result goes on the queue."""
@@ -151,8 +155,6 @@ class Monitor:
         self.findings = self._load()
         self._pollers: list[_Poller] = []
         self._drains = _DrainPoster(self)
-        #: checks that have judged at least once since the start: only their drains may be lifted
-        self._judged: set[str] = set()
         self._last_expire = 0.0
 
     # -- set-up ---------------------------------------------------------------------
@@ -184,6 +186,9 @@ class Monitor:
         self._start_sources()
         self._drains.start()
         self._drains.resync(self.findings.open())
+        for check in self.drained_before - {f.check for f in self.findings.open()}:
+            if check in REGISTRY and REGISTRY[check].on_event is not None:  # no poll judges it: its old drain is over
+                self._drains.sync(check, [])
         try:
             while not self.stopping.is_set():
                 self._step(1.0)
@@ -241,6 +246,9 @@ class Monitor:
         while not self.stopping.is_set():
             try:
                 source = open_source()
+            except _NothingToWatch:
+                self.stopping.wait(_RETRY)
+                continue
             except Exception as err:
                 if str(err) != failing:
                     failing = str(err)
@@ -276,9 +284,19 @@ class Monitor:
         self._source_loop("kernel-log", open_log, read)
 
     def _nvml_events(self) -> None:
-        from .nvmlread import NvmlEvents
-        self._source_loop("nvml-events", lambda: NvmlEvents(self._module()),
-                          lambda watch: watch.wait(_SOURCE_WAIT))
+        from slurm_ext import nvml
+        from slurm_ext.gres import baseline
+
+        from .nvmlread import NvmlEvents, NvmlInitFailed
+
+        def open_events():
+            try:
+                return NvmlEvents(self._module())
+            except (NvmlInitFailed, nvml.NvmlUnavailable):
+                if not baseline(self.state_dir):
+                    raise _NothingToWatch() from None  # a node without GPUs: nothing to say
+                raise
+        self._source_loop("nvml-events", open_events, lambda watch: watch.wait(_SOURCE_WAIT))
 
     def _netlink(self) -> None:
         from .readers import LinkWatch
@@ -396,7 +414,6 @@ class Monitor:
         except Exception as err:
             self._check_failed(check_id, err)
             return
-        self._judged.add(check_id)
         self._apply(self.findings.polled(params, observations, now, self._jobs))
         self._update_state(check_id)
         self._drains.sync(check_id, self.findings.open())
@@ -413,7 +430,6 @@ class Monitor:
         now = time.time()
         for obs in observations:
             self._apply(self.findings.event(params, obs, now, self._jobs))
-        self._judged.add(check_id)
         self._update_state(check_id)
         self._drains.sync(check_id, self.findings.open())
 

@@ -13,10 +13,12 @@
    Targets: event-driven under 1 s; polled within two intervals. Holds and quiet windows are set to 0 for the
    latency part (they are policy, added on top: link-down's default hold is 25 s).
 
-The drain a critical finding asks for goes through the node agent and Slurm: tests/test_health_cluster.py times
-Xid 79 -> drain (under 5 s) on the real cluster.
+3. drain (--parts drain): a dev cluster of the run's own (real slurmctld, slurmd, slurmdbd; the worker agent runs
+   the monitor as its health worker, reading a kernel-log file of its own): Xid 79 appended to it -> the
+   health-finding line, and -> Slurm showing the owned drain (scontrol polled every 20 ms); then `health clear`
+   and the resume before the next one. Target: under 2 s to the drain.
 
-Run as root: python tests/benchmarks/bench_health.py [--seconds T] [--injections N]
+Run as root: python tests/benchmarks/bench_health.py [--seconds T] [--injections N] [--parts cost,latency,drain]
 """
 
 from __future__ import annotations
@@ -35,9 +37,16 @@ from pathlib import Path
 
 import psutil
 
+from slurm_ext import devcluster as dev
 from slurm_ext.devcluster import fakenvml
+from slurm_ext.devcluster.layout import Layout
+from slurm_ext.devcluster.settings import DevSection
 
 _NS = f"se-bench-{os.getpid()}"
+#: the drain part's cluster: its own names and ports, apart from the test cluster, `dev up` and other benchmarks
+BENCH_CLUSTER = dict(cluster_name="benchhealth", node_name="benchhealth1", slurmctld_port=27817, slurmd_port=27818,
+                     slurmdbd_port=27819, mariadb_port=24307, controller_probe_port=27811, worker_probe_port=27810,
+                     accounting_probe_port=27812)
 
 
 def _config(root: Path, latency: bool) -> Path:
@@ -97,14 +106,17 @@ def _journal_lines(root: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
+def _has_event(path: Path, start_line: int, name: str, **fields) -> bool:
+    lines = path.read_text().splitlines()[start_line:] if path.exists() else []
+    return any((e := json.loads(line))["event"] == name and all(e.get(k) == v for k, v in fields.items())
+               for line in lines)
+
+
 def _wait_event(root: Path, start_line: int, name: str, timeout: float, **fields) -> float | None:
     deadline = time.monotonic() + timeout
-    path = root / "state" / "journal.jsonl"
     while time.monotonic() < deadline:
-        for line in path.read_text().splitlines()[start_line:]:
-            event = json.loads(line)
-            if event["event"] == name and all(event.get(k) == v for k, v in fields.items()):
-                return time.monotonic()
+        if _has_event(root / "state" / "journal.jsonl", start_line, name, **fields):
+            return time.monotonic()
         time.sleep(0.005)
     return None
 
@@ -152,44 +164,95 @@ def _latencies(root: Path, injections: int) -> dict[str, list[float]]:
     return results
 
 
+def _drain(injections: int) -> dict[str, list[float]]:
+    root = Path(tempfile.mkdtemp(prefix="slurm-ext-bench-health-dev-"))
+    os.chmod(root, 0o755)
+    settings = DevSection(state_dir=str(root), **BENCH_CLUSTER)
+    layout = Layout(settings)
+    results: dict[str, list[float]] = {"kernel-log xid -> event": [], "kernel-log xid -> drain in Slurm": []}
+    try:
+        dev.up(settings)
+        slurm = dev.client(settings, 10.0, "auto")
+        time.sleep(3)  # the monitor's first polls
+        journal = layout.node_state / "journal.jsonl"
+        for i in range(injections):
+            mark = len(journal.read_text().splitlines())
+            bus = f"0000:{0x10 + 8 * (i % settings.gpu_count):02x}:00"
+            start = time.monotonic()
+            with open(layout.kernel_log, "a") as log:
+                log.write(f"NVRM: Xid (PCI:{bus}): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n")
+            seen = drained = None
+            while (seen is None or drained is None) and time.monotonic() - start < 10:
+                if seen is None and _has_event(journal, mark, "health-finding", check="xid"):
+                    seen = time.monotonic()
+                node = slurm.node(settings.node_name)
+                if drained is None and node.drained and node.reason.startswith("slurm-ext: xid 79"):
+                    drained = time.monotonic()
+                time.sleep(0.01)
+            results["kernel-log xid -> event"].append(seen - start if seen else float("inf"))
+            results["kernel-log xid -> drain in Slurm"].append(drained - start if drained else float("inf"))
+            subprocess.run([sys.executable, "-m", "slurm_ext.cli", "--config", str(layout.slurm_ext_conf), "health",
+                            "clear"], check=True, stdout=subprocess.DEVNULL, env=layout.daemon_environ())
+            deadline = time.monotonic() + 30
+            while slurm.node(settings.node_name).drained and time.monotonic() < deadline:
+                time.sleep(0.1)
+    finally:
+        dev.down(settings)
+        shutil.rmtree(root, ignore_errors=True)
+    return results
+
+
+def _report(results: dict[str, list[float]]) -> None:
+    for name, values in results.items():
+        print(f"  {name}: median {statistics.median(values) * 1000:.0f} ms, max {max(values) * 1000:.0f} ms")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="cost measurement span (default 60)")
     parser.add_argument("--injections", type=int, default=20, help="injections per latency figure (default 20)")
+    parser.add_argument("--parts", default="cost,latency,drain", help="which parts (default: all three)")
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
     root = Path(tempfile.mkdtemp(prefix="slurm-ext-bench-health-"))
     procs = []
     try:
         fakenvml.build(root / "lib")
         fakenvml.write_spec(root / "gpus.json", fakenvml.default_gpus(8))
         (root / "run").mkdir()
-        print(f"cost over {args.seconds:g}s, 8 fake GPUs, default settings:")
-        agent = _start(root, _config(root, False), "supervise", "--role", "login")
-        procs.append(agent)
-        agent_cpu, agent_rss = _cost(agent, args.seconds)
-        agent.terminate()
-        agent.wait(30)
-        monitor = _start(root, _config(root, False), "health", "monitor")
-        procs.append(monitor)
-        cpu, rss = _cost(monitor, args.seconds)
-        monitor.terminate()
-        monitor.wait(30)
-        print(f"  health monitor: {cpu:.3f} % of a core, RSS {rss:.1f} MB")
-        print(f"  idle agent alone (baseline): {agent_cpu:.3f} % of a core, RSS {agent_rss:.1f} MB")
-        ratio = f"{cpu / agent_cpu:.1f}x" if agent_cpu else "n/a (the idle agent used less than the clock's 10 ms)"
-        print(f"  ratio monitor/agent: CPU {ratio}, RSS {rss / agent_rss:.2f}x (targets: under 0.2 % and under 50 MB)")
-
-        subprocess.run(["ip", "netns", "add", _NS], check=True)
-        subprocess.run(["ip", "-n", _NS, "link", "add", "se-v0", "type", "veth", "peer", "name", "se-v1"], check=True)
-        for end in ("se-v0", "se-v1"):
-            subprocess.run(["ip", "-n", _NS, "link", "set", end, "up"], check=True)
-        monitor = _start(root, _config(root, True), "health", "monitor")
-        procs.append(monitor)
-        time.sleep(5)
-        print(f"latency, {args.injections} injections each (injection -> health-finding in the journal):")
-        for name, values in _latencies(root, args.injections).items():
-            print(f"  {name}: median {statistics.median(values) * 1000:.0f} ms, max {max(values) * 1000:.0f} ms")
-        print("  targets: event-driven under 1 s; polled within two intervals (20 s)")
+        if "cost" in parts:
+            print(f"cost over {args.seconds:g}s, 8 fake GPUs, default settings:")
+            agent = _start(root, _config(root, False), "supervise", "--role", "login")
+            procs.append(agent)
+            agent_cpu, agent_rss = _cost(agent, args.seconds)
+            agent.terminate()
+            agent.wait(30)
+            monitor = _start(root, _config(root, False), "health", "monitor")
+            procs.append(monitor)
+            cpu, rss = _cost(monitor, args.seconds)
+            monitor.terminate()
+            monitor.wait(30)
+            print(f"  health monitor: {cpu:.3f} % of a core, RSS {rss:.1f} MB")
+            print(f"  idle agent alone (baseline): {agent_cpu:.3f} % of a core, RSS {agent_rss:.1f} MB")
+            ratio = f"{cpu / agent_cpu:.1f}x" if agent_cpu else "n/a (the idle agent used less than the clock's 10 ms)"
+            print(f"  ratio monitor/agent: CPU {ratio}, RSS {rss / agent_rss:.2f}x (targets: under 0.2 % and under "
+                  "50 MB)")
+        if "latency" in parts:
+            subprocess.run(["ip", "netns", "add", _NS], check=True)
+            subprocess.run(["ip", "-n", _NS, "link", "add", "se-v0", "type", "veth", "peer", "name", "se-v1"],
+                           check=True)
+            for end in ("se-v0", "se-v1"):
+                subprocess.run(["ip", "-n", _NS, "link", "set", end, "up"], check=True)
+            monitor = _start(root, _config(root, True), "health", "monitor")
+            procs.append(monitor)
+            time.sleep(5)
+            print(f"latency, {args.injections} injections each (injection -> health-finding in the journal):")
+            _report(_latencies(root, args.injections))
+            print("  targets: event-driven under 1 s; polled within two intervals (20 s)")
+        if "drain" in parts:
+            print(f"drain, {args.injections} injections (a dev cluster of the run's own, real Slurm):")
+            _report(_drain(args.injections))
+            print("  target: under 2 s to the drain")
     finally:
         for proc in procs:
             if proc.poll() is None:
