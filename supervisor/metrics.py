@@ -139,6 +139,9 @@ def _health_metrics(agent):
     yield up
     if not fresh:
         return  # a monitor that stopped writing: its last readings would pass for current ones
+    yield from _health_states(data, host)
+    if time.time() - float(data.get("readings_time", 0)) > 3 * float(data.get("interval", 10)) + 5:
+        return  # NVML has not answered for three polls (hung): no GPU readings rather than old ones
     families = {name: GaugeMetricFamily(name, text, labels=_GPU_LABELS) for name, text, _ in _DCGM}
     last = GaugeMetricFamily("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", labels=_GPU_LABELS)
     for row in data.get("gpus") or ():
@@ -164,6 +167,10 @@ def _health_metrics(agent):
         xids.add_metric([str(item.get("gpu", "")), item.get("uuid", ""), item.get("pci_bus_id", ""),
                          str(item.get("xid")), host], item.get("count", 0))
     yield xids
+
+
+def _health_states(data: dict, host: str):
+    """Each check's state and the open findings: served whenever the monitor writes, NVML answering or not."""
     checks = GaugeMetricFamily("slurm_ext_health_check_state", "Each check's state: 0 ok, 1 warning, 2 critical "
                                "(drained), 3 failed (the check itself), -1 disabled", labels=["check", "hostname"])
     for check, state in (data.get("checks") or {}).items():

@@ -238,11 +238,12 @@ def test_severity_and_action_come_from_params(check):
 
 @pytest.mark.parametrize("check", list(POLLED))
 def test_nothing_read_gives_nothing(check):
-    """An empty view, and GPUs whose every reading is None (not supported), are never a fault."""
-    assert polled(check, View()) == []
+    """An empty view, and GPUs whose every reading is None (not supported), are never a fault (an empty view
+    is no verdict at all for the checks that need a window or an answer)."""
+    assert not polled(check, View())
     unsupported = View(now=600.0, snapshots=series(600.0, 10.0, lambda i, t: [GpuSample(GPU0), GpuSample(GPU1)]),
                        nvlink_seen={GPU0.uuid: 18})
-    assert polled(check, unsupported) == []
+    assert not polled(check, unsupported)
 
 
 # -- gpu-lost, gpu-count --------------------------------------------------------------------
@@ -264,7 +265,7 @@ def test_gpu_lost_reset_required_and_recovery_action():
 def test_gpu_count_needs_a_baseline_and_an_answer():
     assert polled("gpu-count", View(snapshots=(snap(0.0, sample(GPU0)),))) == []
     failed = Snapshot(0.0, error=999, error_text="nvmlInit failed", baseline=(GPU0.uuid, GPU1.uuid))
-    assert polled("gpu-count", View(snapshots=(failed,))) == []
+    assert polled("gpu-count", View(snapshots=(failed,))) is None  # no verdict: not "all back"
     gone = View(snapshots=(Snapshot(0.0, (), baseline=(GPU0.uuid, GPU1.uuid)),))
     found = one(polled("gpu-count", gone))
     assert found.evidence == f"0 gpus, missing {GPU0.uuid} +1 more (expected 2)"
@@ -319,8 +320,8 @@ def test_ecc_threshold():
 def test_throttle_no_verdict_before_a_full_window():
     # throttled all the time, but watched for 5 minutes of a 10-minute window
     view = View(snapshots=series(300.0, 10.0, lambda i, t: [sample(clocks_event_reasons=0x8)]))
-    assert polled("throttle", view) == []
-    assert polled("throttle", View(snapshots=(snap(0.0, sample(clocks_event_reasons=0x8)),))) == []
+    assert polled("throttle", view) is None
+    assert polled("throttle", View(snapshots=(snap(0.0, sample(clocks_event_reasons=0x8)),))) is None
 
 
 def test_throttle_single_sample_is_nothing():
@@ -384,8 +385,8 @@ def test_nvlink_fixed_threshold():
 def test_rates_no_verdict_before_a_full_window(check, field):
     window = params(check).window
     short = View(snapshots=series(window / 2, 10.0, lambda i, t: [sample(**{field: int(t * 10_000)})]))
-    assert polled(check, short) == []
-    assert polled(check, View(snapshots=(snap(0.0, sample(**{field: 10**9})),))) == []
+    assert polled(check, short) is None
+    assert polled(check, View(snapshots=(snap(0.0, sample(**{field: 10**9})),))) is None
 
 
 @pytest.mark.parametrize("check,field", [("nvlink-errors", "nvlink_errors"), ("pcie-replay", "pcie_replay")])
@@ -510,8 +511,8 @@ def test_filesystem_read_only_unreadable_and_relative():
 def test_slurmd_and_foreign_drain_skip_an_unanswered_slurm():
     unanswered = View(node=NodeSample("node1", responding=False, drained=True, reason="x",
                                       error="scontrol timed out"))
-    assert polled("slurmd", unanswered) == [] and polled("foreign-drain", unanswered) == []
-    assert polled("slurmd", View()) == [] and polled("foreign-drain", View()) == []
+    assert polled("slurmd", unanswered) is None and polled("foreign-drain", unanswered) is None
+    assert polled("slurmd", View()) is None and polled("foreign-drain", View()) is None
 
 
 def test_foreign_drain_not_for_our_own_drain():

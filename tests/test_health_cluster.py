@@ -467,7 +467,8 @@ def test_a_full_or_read_only_file_system_drains_and_is_lifted_once_it_is_fixed(h
         (mount / "fill").unlink()
         health.wait_event("health-cleared", check="filesystem", timeout=10)
         subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
-        finding = wait_for("the read-only finding", lambda: [e for e in health.events("health-finding", check="filesystem")
+        found = health.events
+        finding = wait_for("the read-only finding", lambda: [e for e in found("health-finding", check="filesystem")
                                                             if "read-only" in e["evidence"]], timeout=10)[0]
         assert finding["action"] == "none"
         health.configure(restart=True)  # let go of the mount before it goes

@@ -40,7 +40,8 @@ def metrics_path(runtime_dir: str):
 def open_findings(state_dir: str) -> list[dict]:
     """The node's open findings as the monitor last saved them (oldest first)."""
     from .monitor import load_state
-    found = [f for f in load_state(state_dir).get("findings") or () if isinstance(f, dict) and f.get("opened")]
+    found = [f for f in load_state(state_dir, this_boot=True).get("findings") or ()
+             if isinstance(f, dict) and f.get("opened")]
     return sorted(found, key=lambda f: f["opened"])
 
 

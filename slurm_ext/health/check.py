@@ -64,7 +64,9 @@ class View:
         return None
 
 
-Polled = Callable[[View, Params], list[Observation]]
+#: a polled judge returns the conditions that hold now, or None for "no verdict" (not watched for a full window
+#: yet, its reader failed): a finding's quiet window runs only on verdicts, never on missing data
+Polled = Callable[[View, Params], "list[Observation] | None"]
 OnEvent = Callable[[object, View, Params], list[Observation]]
 
 

@@ -28,7 +28,9 @@ __all__ = ["KernelLog", "LineParser", "message_of"]
 
 _KMSG_HEAD = re.compile(r"^\d+,\d+,\d+,[^;]*;")
 _DMESG_TIME = re.compile(r"^\[\s*\d+\.\d+\]\s*")
-_PCI = r"(?:PCI:)?([0-9a-fA-F]{1,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-9a-fA-F])?|[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-9a-fA-F])"
+#: a PCI address as the driver writes it: domain:bus:device[.function] (with or without PCI:), or bus:device.function
+_PCI = (r"(?:PCI:)?([0-9a-fA-F]{1,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-9a-fA-F])?"
+        r"|[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-9a-fA-F])")
 _XID = re.compile(r"NVRM: Xid \(" + _PCI + r"\):\s*(\d+)(.*)")
 # the unit and Fatal/Nonfatal follow the number, or the "pid=..., name=..." some drivers put first
 _NVLINK5 = re.compile(r"(?:,\s*pid=[^,]*,\s*name=[^,]*)?,\s*[A-Z_]+(?:/[A-Z_]+)?\s+(Fatal|Nonfatal)\s+XC[01]")

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from slurm_ext import config as config_mod, events, nodestate
-from slurm_ext.errors import ConfigError, SlurmExtError
+from slurm_ext.errors import ConfigError
 from slurm_ext.fileio import atomic_write
 from slurm_ext.slurm import SlurmClient
 
@@ -54,6 +54,8 @@ _MAX_RECENT = 2000
 #: how long a pushing source blocks in one wait (it wakes at once for a line or an event; this is only how often
 #: an idle one comes up for air)
 _SOURCE_WAIT = 5.0
+#: how often the findings' last sightings are saved besides each change
+_SAVE_EVERY = 30.0
 #: how long a drain or clear may wait for the agent's answer
 _POST_TIMEOUT = 30.0
 
@@ -81,13 +83,16 @@ def boot_id(proc: Path = Path("/proc")) -> str:
         return ""
 
 
-def load_state(state_dir: str) -> dict:
-    """The monitor's persisted state ({} when none or unreadable: the monitor starts clean)."""
+def load_state(state_dir: str, this_boot: bool = False) -> dict:
+    """The monitor's persisted state ({} when none or unreadable: the monitor starts clean); with `this_boot`, {}
+    also when it is of an earlier boot (what `health show` and `health check` must not report)."""
     try:
         data = json.loads(state_path(state_dir).read_text())
     except (OSError, ValueError):
         return {}
-    return data if isinstance(data, dict) else {}
+    if not isinstance(data, dict) or this_boot and data.get("boot") not in (None, boot_id()):
+        return {}
+    return data
 
 
 class _NothingToWatch(Exception):
@@ -140,6 +145,7 @@ class Monitor:
         self.links: dict[str, LinkChange] = {}
         self.filesystems = ()
         self.node_sample = None
+        #: the most active NVLinks each GPU has shown this boot (the nvlink check's expectation): kept across restarts
         self.nvlink_seen: dict[str, int] = {}
         #: each GPU index's identity as last read (a lost GPU answers nothing, its UUID included)
         self.identities: dict = {}
@@ -155,7 +161,7 @@ class Monitor:
         self.findings = self._load()
         self._pollers: list[_Poller] = []
         self._drains = _DrainPoster(self)
-        self._last_expire = 0.0
+        self._last_expire = self._last_save = self._last_metrics = 0.0
 
     # -- set-up ---------------------------------------------------------------------
 
@@ -169,10 +175,15 @@ class Monitor:
                            if isinstance(v, dict)}
         self.last_xid = {str(k): int(v) for k, v in dict(state.get("last_xid") or {}).items()}
         self.drained_before = {str(c) for c in state.get("drains") or ()}
+        self.nvlink_seen = {str(k): int(v) for k, v in dict(state.get("nvlink_seen") or {}).items()}
         if state.get("boot") and state.get("boot") != self.boot:
-            self.xid_counts, self.last_xid = {}, {}
+            self.xid_counts, self.last_xid, self.nvlink_seen = {}, {}, {}
             return Findings()  # the node rebooted: every finding of the last boot is over
-        return Findings.from_json(state.get("findings") or [])
+        found = Findings.from_json(state.get("findings") or [])
+        off = {c for c in CHECKS if not self.health.params(c).enabled}
+        found.drop(lambda f: f.check not in off, "disabled")  # disabled while the monitor was down
+        self.drained_before |= off & {str(c) for c in state.get("drains") or ()}
+        return found
 
     def run(self) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -187,8 +198,10 @@ class Monitor:
         self._drains.start()
         self._drains.resync(self.findings.open())
         for check in self.drained_before - {f.check for f in self.findings.open()}:
-            if check in REGISTRY and REGISTRY[check].on_event is not None:  # no poll judges it: its old drain is over
+            # no poll judges an event check or a disabled one: a drain of theirs from before is over now
+            if check in REGISTRY and (REGISTRY[check].on_event is not None or not self.health.params(check).enabled):
                 self._drains.sync(check, [])
+        self._save()  # this boot's state from the start: `health show` never lists a finding of the boot before
         try:
             while not self.stopping.is_set():
                 self._step(1.0)
@@ -317,12 +330,19 @@ class Monitor:
             kind = ""
         else:
             self._take(kind, name, item)
-        now = time.time()
+        now, tick = time.time(), time.monotonic()
         self._watch_hangs()
-        if now - self._last_expire >= 1.0:
-            self._last_expire = now
-            self._apply(self.findings.expire(lambda check: self.health.params(check).quiet, now))
+        if tick - self._last_expire >= 1.0:
+            self._last_expire = tick
+            expired = self.findings.expire(lambda check: self.health.params(check).quiet, now)
+            self._apply(expired)
+            for check in {c.finding.check for c in expired}:
+                self._drains.sync(check, self.findings.open())
             self._operator_clear()
+            if tick - self._last_save >= _SAVE_EVERY:  # last sightings, so that a crash loses at most this much
+                self._save()
+            if tick - self._last_metrics >= self.health.interval:  # fresh even while NVML hangs
+                self._write_metrics()
             if self.links:  # a link's hold and a flap's window pass without a message: judged every second
                 for check in ("link-down", "link-flap"):
                     self._judge_polled(check)
@@ -380,16 +400,34 @@ class Monitor:
                 self._judge_polled(check)
             return
         if isinstance(record, Xid):
+            if self._echo(record):
+                return
             self._count_xid(record)
         for check in REGISTRY.values():
             if check.on_event is not None and isinstance(record, check.events):
                 self._judge_event(check.id, record)
         self.recent.append(record)
 
+    def _echo(self, xid: Xid) -> bool:
+        """The same Xid on the same GPU again within 2 s from the other source (NVML's event and the kernel line of
+        one fault), or the driver's "fallen off the bus" line after its Xid 79 line: one Xid, not two."""
+        gpu = self._gpu_of(xid)
+        for old in reversed(self.recent):
+            if not isinstance(old, Xid) or xid.time - old.time > 2.0:
+                continue
+            if old.xid == xid.xid and self._gpu_of(old) == gpu and (old.source != xid.source or xid.no_xid_line):
+                return True
+        return False
+
+    def _gpu_of(self, xid: Xid):
+        return next((g for g in self.identities.values()
+                     if (xid.uuid and g.uuid == xid.uuid) or (xid.pci_bus_id and g.pci_bus_id == xid.pci_bus_id)),
+                    xid.uuid or xid.pci_bus_id)
+
     def _count_xid(self, xid: Xid) -> None:
         """Count it under its GPU (a kernel line names the bus, an NVML event the UUID: one GPU, one series)."""
-        gpu = next((g for g in self.identities.values()
-                    if (xid.uuid and g.uuid == xid.uuid) or (xid.pci_bus_id and g.pci_bus_id == xid.pci_bus_id)), None)
+        gpu = self._gpu_of(xid)
+        gpu = gpu if not isinstance(gpu, str) else None
         key = f"{gpu.uuid if gpu else xid.uuid or xid.pci_bus_id}/{xid.xid}"
         entry = self.xid_counts.setdefault(key, {"gpu": gpu.index if gpu else "",
                                                  "uuid": gpu.uuid if gpu else xid.uuid,
@@ -414,6 +452,8 @@ class Monitor:
         except Exception as err:
             self._check_failed(check_id, err)
             return
+        if observations is None:
+            return  # no verdict: open findings keep their last sighting, none clears on missing data
         self._apply(self.findings.polled(params, observations, now, self._jobs))
         self._update_state(check_id)
         self._drains.sync(check_id, self.findings.open())
@@ -497,8 +537,9 @@ class Monitor:
         self._update_state(f.check)
 
     def _save(self) -> None:
+        self._last_save = time.monotonic()
         data = {"boot": self.boot, "findings": self.findings.to_json(), "xid_counts": self.xid_counts,
-                "last_xid": self.last_xid,
+                "last_xid": self.last_xid, "nvlink_seen": self.nvlink_seen,
                 "drains": sorted(self._drains.drained() | self.drained_before)}
         try:
             atomic_write(state_path(self.state_dir), json.dumps(data, indent=1) + "\n", mode=0o640, fsync="all")
@@ -506,7 +547,8 @@ class Monitor:
             log.error("health: cannot save the findings to %s: %s", state_path(self.state_dir), err.strerror)
 
     def _write_metrics(self) -> None:
-        snapshot = self.snapshots[-1] if self.snapshots else None
+        self._last_metrics = time.monotonic()
+        snapshot = next((s for s in reversed(self.snapshots) if s.gpus or s.error is None), None)
         from slurm_ext.prolog_epilog import gpu_jobs
         held = gpu_jobs(self.state_dir)
         gpus = []
@@ -515,7 +557,10 @@ class Monitor:
             row["gpu"] = asdict(sample.gpu)
             row["jobs"] = held.get(sample.gpu.index, [])
             gpus.append(row)
-        data = {"time": time.time(), "interval": self.health.interval, "node": self.node, "gpus": gpus,
+        # the GPUs' readings carry their own time: during an NVML hang the file stays fresh, its readings do not
+        readings = time.time() - (time.monotonic() - snapshot.time) if snapshot else 0.0
+        data = {"time": time.time(), "readings_time": readings, "interval": self.health.interval, "node": self.node,
+                "gpus": gpus,
                 "nvml_error": snapshot.error_text if snapshot else "", "xid_counts": list(self.xid_counts.values()),
                 "last_xid": self.last_xid, "checks": {c: ("disabled" if not self.health.params(c).enabled
                                                      else self.check_state.get(c, "ok")) for c in CHECKS},
@@ -559,8 +604,11 @@ class Monitor:
         self._apply(self.findings.drop(lambda f: f.check not in gone, "disabled"))
         for check in gone:
             self._drains.sync(check, self.findings.open())
-        self.emit("reload", f"SIGHUP: config reloaded from {new.source or 'defaults'} (sources started at the "
-                  "monitor's start keep running; a changed kernel_log or interfaces needs a restart)")
+        self.emit("reload", f"SIGHUP: config reloaded from {new.source or 'defaults'}: thresholds, windows, "
+                  "severities, "
+                  "actions, paths and disabled checks apply now; a changed kernel_log, nvml_events, interfaces, "
+                  "network_namespace, poll interval, or a check whose reader was not started, at the monitor's next "
+                  "start")
 
 
 _WHY = {"quiet": "its condition stayed away for its quiet window", "operator": "an operator's slurm-ext health clear",
@@ -607,9 +655,10 @@ class _DrainPoster:
         self._wake.set()
 
     def drained(self) -> set[str]:
-        """The checks whose drain was asked for and not cleared yet."""
+        """The checks whose drain was asked for, or whose clear Slurm has not confirmed yet (a restart must still
+        lift it)."""
         with self._lock:
-            return {c for c, r in self.wanted.items() if r is not None}
+            return {c for c, r in self.wanted.items() if r is not None or self.told.get(c, "unset") is not None}
 
     def _run(self) -> None:
         m = self.monitor
@@ -629,7 +678,7 @@ class _DrainPoster:
                     self.told[check] = reason
                     if reason is None:
                         m.drained_before.discard(check)
-                except SlurmExtError as err:
+                except Exception as err:  # Slurm, the agent's socket, a bug: never the end of this thread
                     log.warning("health: %s for %s not confirmed yet: %s; retrying", "clear" if reason is None
                                 else "drain", check, err)
                     self._wake.set()

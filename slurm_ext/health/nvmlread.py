@@ -67,17 +67,18 @@ def read_snapshot(module: Any, baseline: tuple[str, ...] = (), now: float | None
 
     `known`: each index's identity from earlier snapshots, for a GPU that no longer answers even its UUID (off
     the bus), so that its finding still names it."""
-    when = time.monotonic() if now is None else now
     caught = nvml.errors(module)
     try:
         count = module.nvmlDeviceGetCount()
     except caught as err:
-        return Snapshot(when, error=nvml.error_code(err) or -1, error_text=f"nvmlDeviceGetCount: {err}",
-                        baseline=baseline)
+        return Snapshot(time.monotonic() if now is None else now, error=nvml.error_code(err) or -1,
+                        error_text=f"nvmlDeviceGetCount: {err}", baseline=baseline)
     samples = []
     for index in range(count):
         samples.append(_sample(module, index, caught, (known or {}).get(index)))
-    return Snapshot(when, tuple(samples), baseline=baseline)
+    # stamped when the reading is complete: one that hung lands after the monitor's stand-ins for the polls it
+    # missed, in time order
+    return Snapshot(time.monotonic() if now is None else now, tuple(samples), baseline=baseline)
 
 
 def _sample(module: Any, index: int, caught: tuple, known: Gpu | None) -> GpuSample:

@@ -64,14 +64,15 @@ def check_now(config, nvml_module=None, slurm: SlurmClient | None = None) -> Rep
         if check.polled is None:
             continue
         ran.append(check_id)
-        for obs in check.polled(view, h.params(check_id)):
+        for obs in check.polled(view, h.params(check_id)) or ():  # None: no verdict on one reading
             found[obs.key] = _row(obs)
     problem = failure_of(snapshot)
     if problem and "nvml" in enabled:
         params = h.params("nvml")
-        found[("nvml", "node")] = _row(Observation("nvml", "node", params.severity, params.action,
-                                                   f"nvml failed now: {problem}"))
-    for item in load_state(config.node.state_dir).get("findings") or ():
+        # one failed reading is not a GPU fault (the monitor drains after health.checks.nvml.threshold in a row)
+        found[("nvml", "node")] = _row(Observation("nvml", "node", "warning", params.action,
+                                                   f"nvml failed now: {problem} (the monitor judges repeats)"))
+    for item in load_state(config.node.state_dir, this_boot=True).get("findings") or ():
         if isinstance(item, dict) and item.get("opened") is not None:
             finding = Finding(**{k: v for k, v in item.items() if k in Finding.__dataclass_fields__})
             found.setdefault(finding.key, {**asdict(finding), "from": "monitor"})

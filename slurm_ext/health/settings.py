@@ -62,9 +62,10 @@ _M, _H = 60.0, 3600.0
 CHECKS: dict[str, CheckDefaults] = {
     "gpu-lost": CheckDefaults("critical", "reboot", quiet=5 * _M,
                               doc="NVML answers GPU_IS_LOST (reboot) or RESET_REQUIRED (reset-gpu) for a GPU"),
-    "gpu-count": CheckDefaults("critical", "reboot", quiet=0.0,
+    "gpu-count": CheckDefaults("critical", "reboot", quiet=30.0,
                                doc="NVML shows fewer GPUs than the node's baseline (gres/baseline.json) while the "
-                                   "node runs (gres judges it at start); cleared as soon as they are all back"),
+                                   "node runs (gres judges it at start); cleared once they have all been back for "
+                                   "`quiet`"),
     "xid": CheckDefaults("critical", "reboot", "count", 3, window=_H, quiet=10 * _M,
                          doc="an Xid from the kernel log or an NVML event, judged by NVIDIA's catalog (action and "
                              "severity per Xid, [health.xid.N] overrides); an application Xid is a warning, "
@@ -168,6 +169,10 @@ class Params:
 def _validate_check(name: str, section: CheckSection) -> None:
     if name not in CHECKS:
         raise ValueError("", f"unknown check {name!r}; checks: {', '.join(CHECKS)}")
+    if name == "xid" and (section.severity or section.action):
+        raise ValueError("severity" if section.severity else "action",
+                         "an Xid's severity and action come from NVIDIA's catalog: set them per Xid in "
+                         "[health.xid.<number>]")
     if section.threshold is not None:
         try:
             parse_threshold(CHECKS[name].unit, section.threshold)

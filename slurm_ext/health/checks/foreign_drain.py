@@ -7,7 +7,9 @@ from ..settings import Params
 
 def judge(view: View, params: Params) -> list:
     node = view.node
-    if node is None or node.error or not node.drained or node.ours:
+    if node is None or node.error:
+        return None  # Slurm did not say: no verdict
+    if not node.drained or node.ours:
         return []
     return [Observation(params.id, "node", params.severity, "none",
                         f"drained by someone else: {node.reason or 'no reason'} (expected not drained)",

@@ -7,7 +7,9 @@ from ..settings import Params
 
 def judge(view: View, params: Params) -> list:
     snapshot = view.latest
-    if snapshot is None or snapshot.error is not None or not snapshot.baseline:
+    if snapshot is None or snapshot.error is not None:
+        return None  # NVML did not answer: no verdict (the nvml check judges that), not "all GPUs back"
+    if not snapshot.baseline:
         return []
     seen = {sample.gpu.uuid for sample in snapshot.gpus}
     missing = [uuid for uuid in snapshot.baseline if uuid not in seen]

@@ -9,7 +9,7 @@ def counter_rate(view: View, params: Params, field: str, what: str) -> list:
     """Observations for GPUs whose `field` grew faster than the threshold (per second) over the window."""
     snapshots = view.window(params.window)
     if not snapshots or len(snapshots) < 2:
-        return []
+        return None  # not watched for a window yet: no verdict
     start, newest = snapshots[0], snapshots[-1]
     span = newest.time - start.time
     before = {sample.gpu.uuid: getattr(sample, field) for sample in start.gpus}

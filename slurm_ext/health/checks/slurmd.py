@@ -7,7 +7,9 @@ from ..settings import Params
 
 def judge(view: View, params: Params) -> list:
     node = view.node
-    if node is None or node.error or node.responding:
+    if node is None or node.error:
+        return None  # Slurm did not say: no verdict
+    if node.responding:
         return []
     return [Observation(params.id, "node", params.severity, params.action,
                         f"slurmd of {node.name} not responding (expected responding)")]

@@ -17,7 +17,7 @@ _MASK = sum(_COSTLY)
 def judge(view: View, params: Params) -> list:
     snapshots = view.window(params.window)
     if snapshots is None:
-        return []  # not watched for a full window yet: no verdict
+        return None  # not watched for a full window yet: no verdict
     samples: dict[str, list] = {}
     for snapshot in snapshots:
         for sample in snapshot.gpus:
@@ -33,7 +33,8 @@ def judge(view: View, params: Params) -> list:
         for s in throttled:
             seen |= s.clocks_event_reasons
         why = "+".join(name for bit, name in _COSTLY.items() if seen & bit)
-        found.append(gpu_observation(params, readings[-1].gpu, f"throttled {share:.0%} of {format_duration(params.window)} "
+        span = format_duration(params.window)
+        found.append(gpu_observation(params, readings[-1].gpu, f"throttled {share:.0%} of {span} "
                                      f"by {why} (limit {params.threshold:.0%})"))
     return found
 
