@@ -37,7 +37,8 @@ TYPE_CHECKING = False  # typing costs a Python hook ~3 ms to import; annotations
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["Config", "ROLES", "DEFAULT_PATH", "ENV_VAR", "load", "from_dict", "render", "parse_duration", "sections",
+__all__ = ["Config", "ROLES", "DEFAULT_PATH", "ENV_VAR", "load", "from_dict", "render", "parse_duration",
+           "format_duration", "sections",
            "section_names", "section_class", "register_section", "setting", "NodeSection", "LogSection",
            "SlurmSection"]
 
@@ -508,7 +509,7 @@ def _render_section(out: list[str], name: str, section: Any) -> None:
 def _toml_value(value: Any, rules: dict) -> str:
     kind = rules["kind"]
     if kind == "duration":
-        return f'"{_format_duration(value)}"'
+        return f'"{format_duration(value)}"'
     if kind == "list":
         return "[" + ", ".join(_toml_value(v, rules["item"]) for v in value) + "]"
     if kind == "table":
@@ -524,7 +525,8 @@ def _toml_string(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _format_duration(seconds: float) -> str:
+def format_duration(seconds: float) -> str:
+    """Seconds as the config writes a duration: '500ms', '10s', '5m', '1h' (what parse_duration reads back)."""
     if seconds < 1:
         return f"{seconds * 1000:g}ms"
     for unit, size in (("h", 3600), ("m", 60)):

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from .records import Observation
 from .settings import ACTIONS, SEVERITIES, Params
 
-__all__ = ["Finding", "Change", "Findings"]
+__all__ = ["Finding", "Change", "Findings", "finding_of"]
 
 
 @dataclass
@@ -88,7 +88,7 @@ class Findings:
             seen.add(obs.key)
             found = self.by_key.get(obs.key)
             if found is None:
-                found = self.by_key[obs.key] = _finding(obs, now, polled=True)
+                found = self.by_key[obs.key] = finding_of(obs, now, polled=True)
             found.last_seen = now
             if not found.open:
                 if now - found.first_seen >= params.hold:
@@ -109,7 +109,7 @@ class Findings:
         """An event's verdict: a new finding, or a repeat of an open one (counted; escalated when worse)."""
         found = self.by_key.get(obs.key)
         if found is None:
-            found = self.by_key[obs.key] = _finding(obs, now, polled=False)
+            found = self.by_key[obs.key] = finding_of(obs, now, polled=False)
             return [self._open(found, obs, now, jobs)]
         found.count += 1
         found.last_seen = now
@@ -160,7 +160,8 @@ class Findings:
                     if isinstance(item, dict)])
 
 
-def _finding(obs: Observation, now: float, polled: bool) -> Finding:
+def finding_of(obs: Observation, now: float, polled: bool) -> Finding:
+    """A new finding of `obs`, first seen `now` (not opened: that is the bookkeeping's to decide)."""
     gpu = obs.gpu
     return Finding(obs.check, obs.subject, obs.severity, obs.action, obs.evidence, now, now,
                    gpu=gpu.index if gpu else None, uuid=gpu.uuid if gpu else "",

@@ -15,7 +15,7 @@ from slurm_ext.slurm import SlurmClient
 
 from .check import View
 from .checks import REGISTRY
-from .findings import Finding
+from .findings import Finding, finding_of
 from .monitor import load_state
 from .records import Observation, Snapshot
 from .checks.nvml_failing import failure_of
@@ -80,7 +80,5 @@ def check_now(config, nvml_module=None, slurm: SlurmClient | None = None) -> Rep
 
 
 def _row(obs: Observation) -> dict:
-    gpu = obs.gpu
-    return {"check": obs.check, "subject": obs.subject, "severity": obs.severity, "action": obs.action,
-            "evidence": obs.evidence, "gpu": gpu.index if gpu else None, "uuid": gpu.uuid if gpu else "",
-            "pci_bus_id": obs.pci_bus_id, "from": "now"}
+    """A verdict of now, in the form of the monitor's findings (the same keys in `health check --json`)."""
+    return {**asdict(finding_of(obs, time.time(), polled=True)), "from": "now"}

@@ -254,12 +254,4 @@ class HealthSection:
                       pick("window"), pick("hold"), pick("quiet"), pick("interval") or self.interval)
 
 
-def format_duration(seconds: float) -> str:
-    """'10m', '30s', '1h': how evidence and messages write a window."""
-    for unit, size in (("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds / size:g}{unit}"
-    return f"{seconds:g}s"
-
-
 register_section("health", HealthSection)

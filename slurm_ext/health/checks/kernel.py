@@ -1,8 +1,10 @@
 """Kernel hung tasks and soft lockups: a CPU or a task stuck in the kernel (often a driver, a file system)."""
 
+from slurm_ext.config import format_duration
+
 from ..check import Check, View
 from ..records import KernelHang, Observation
-from ..settings import Params, format_duration
+from ..settings import Params
 
 
 def judge(hang: KernelHang, view: View, params: Params) -> list:

@@ -1,8 +1,10 @@
 """A watched interface flapping: down `threshold` times within `window`, even if it is up now."""
 
+from slurm_ext.config import format_duration
+
 from ..check import Check, View
 from ..records import Observation
-from ..settings import Params, format_duration
+from ..settings import Params
 
 
 def judge(view: View, params: Params) -> list:

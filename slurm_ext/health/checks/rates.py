@@ -1,8 +1,10 @@
 """Error counters judged as a rate over a window (NVLink CRC and replays, PCIe replays): a counter that
 only ever grows says nothing by its value, a counter growing fast says a link is going bad."""
 
+from slurm_ext.config import format_duration
+
 from ..check import View, gpu_observation
-from ..settings import Params, format_duration
+from ..settings import Params
 
 
 def counter_rate(view: View, params: Params, field: str, what: str) -> list:

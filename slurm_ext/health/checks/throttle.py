@@ -6,8 +6,10 @@ slowdown for most of ten minutes runs a job at a fraction of its speed.
 Software power capping (0x4) is left out: it is the power limit doing its job.
 """
 
+from slurm_ext.config import format_duration
+
 from ..check import Check, View, gpu_observation
-from ..settings import Params, format_duration
+from ..settings import Params
 
 #: HwSlowdown 0x8, SwThermalSlowdown 0x20, HwThermalSlowdown 0x40, HwPowerBrakeSlowdown 0x80
 _COSTLY = {0x8: "hw-slowdown", 0x20: "sw-thermal", 0x40: "hw-thermal", 0x80: "power-brake"}

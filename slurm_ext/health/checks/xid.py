@@ -7,10 +7,12 @@ line's Fatal/Nonfatal; Xid 154 acts on the action the driver states. An Xid
 for a bus id no GPU has is still a finding, for the node.
 """
 
+from slurm_ext.config import format_duration
+
 from .. import catalog
 from ..check import Check, View
 from ..records import Observation, Xid
-from ..settings import Params, format_duration
+from ..settings import Params
 
 
 def judge(xid: Xid, view: View, params: Params) -> list:
