@@ -91,6 +91,7 @@ AccountingStorageTRES=gres/gpu
 JobCompType=jobcomp/filetxt
 JobCompLoc={layout.jobcomp_log}
 MinJobAge={s.min_job_age}
+SlurmdTimeout={s.slurmd_timeout}
 NodeName={s.node_name} NodeHostname={layout.host} NodeAddr=127.0.0.1 CPUs={topology.cpus} \
 Boards={topology.boards} SocketsPerBoard={topology.sockets_per_board} \
 CoresPerSocket={topology.cores_per_socket} ThreadsPerCore={topology.threads_per_core} \

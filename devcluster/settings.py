@@ -40,6 +40,10 @@ class DevSection:
     min_job_age: int = setting(300, "Slurm's MinJobAge: seconds a finished job stays in slurmctld's memory and state "
                                "files (a lower value shows sooner what a slurmctld killed during a database outage "
                                "loses)", "int", minimum=2, maximum=86400)
+    slurmd_timeout: int = setting(300, "Slurm's SlurmdTimeout: seconds without an answer before slurmctld sets a "
+                                  "node DOWN; it pings a quiet slurmd after a third of it and flags it NOT_RESPONDING "
+                                  "when that ping times out (a lower value shows the health monitor's slurmd check "
+                                  "sooner)", "int", minimum=6, maximum=86400)
     kernel_log: str = setting("", "the worker's health.kernel_log: empty for a file of its own, <state_dir>/kmsg "
                               "(append kernel lines to it to inject faults), or /dev/kmsg", "path", empty_ok=True)
     health_interval: float = setting(10.0, "the worker's health.interval", "duration", minimum=0.1, maximum=3600.0)

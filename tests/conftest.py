@@ -49,6 +49,8 @@ TEST_CLUSTER = dict(
     # every second
     kernel_log="/dev/kmsg",
     health_interval=1.0,
+    # pings a quiet slurmd after 10 s: a stopped one is NOT_RESPONDING within ~20 s (the health slurmd check's test)
+    slurmd_timeout=30,
     up_timeout=60.0,
 )
 

@@ -58,6 +58,11 @@ def eight(running_cluster):
     for device in made:
         device.unlink()
     dev.up(base.settings)
+    # the same UUIDs now have 3 NVLinks where they had 7: a board swap, which an operator accepts by clearing
+    base.run(sys.executable, "-m", "slurm_ext.cli", "--config", str(layout.slurm_ext_conf), "health", "clear",
+             "--check", "nvlink")
+    wait_for("no health drain of the 8 GPUs' NVLinks", lambda: not base.client().node(base.node).reason
+             .startswith("slurm-ext: nvlink"), timeout=30)
     base.run("scontrol", "update", f"nodename={base.node}", "state=resume", check=False)
     base.wait_idle()
 

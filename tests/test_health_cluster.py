@@ -291,6 +291,17 @@ def test_each_nvml_check_fires_on_its_fault_mid_run(health, fault, check, severi
                            f"the {check} drain")
 
 
+def test_clearing_the_nvlink_check_accepts_the_links_the_gpu_has_now(health):
+    time.sleep(2)  # healthy readings first: 3 links expected
+    health.gpus(gpu1={"nvlink_peers": []})
+    health.wait_event("health-finding", check="nvlink", timeout=20)
+    health.cli("health", "clear", "--check", "nvlink", "--gpu", "1")
+    health.wait_event("health-cleared", check="nvlink", why="operator")
+    time.sleep(3)  # three polls of the GPU without links: the expectation is what it has now
+    assert health.count("health-finding", check="nvlink") == 1
+    assert not health.reason().startswith("slurm-ext: nvlink")
+
+
 @pytest.mark.parametrize("fault, check, severity, action", [
     ("nvidia-nvswitch0: SXid (PCI:0000:0a:00.0): 20034, Fatal, Link 30 LTSSM Fault Up", "sxid", "critical", "reboot"),
     ("nvidia-nvswitch1: SXid (PCI:0000:0b:00.0): 22013, Non-fatal, Link 57 Minion Link DLREQ interrupt", "sxid",
@@ -310,6 +321,23 @@ def test_each_kernel_check_fires_on_its_line(health, fault, check, severity, act
     assert (finding["finding_severity"], finding["action"]) == (severity, action), finding
     if severity == "critical":
         health.wait_reason(lambda r: r.startswith(f"slurm-ext: {check} "), f"the {check} drain", timeout=5)
+
+
+def test_a_stopped_slurmd_is_reported_not_responding_without_a_drain_and_cleared_once_it_answers(health):
+    # a poll interval is taken at the monitor's start
+    health.configure(_FAST + '[health.checks.slurmd]\ninterval = "1s"\nhold = "0s"\nquiet = "2s"\n', restart=True)
+    slurmd = int(health.layout.pidfile("slurmd").read_text().split()[0])
+    os.kill(slurmd, signal.SIGSTOP)  # hung, not dead: the agent has nothing to restart, Slurm's ping times out
+    try:
+        # slurmctld pings it a third of SlurmdTimeout (30 s) after its last answer, and waits MessageTimeout (10 s)
+        finding = health.wait_event("health-finding", check="slurmd", timeout=40)
+        assert (finding["finding_severity"], finding["action"]) == ("warning", "none"), finding
+        assert "not responding" in finding["evidence"], finding
+        assert not health.reason().startswith("slurm-ext:")  # a warning: reported, never drained
+    finally:
+        os.kill(slurmd, signal.SIGCONT)
+    health.wait_event("health-cleared", check="slurmd", why="quiet", timeout=60)
+    health.cluster.wait_idle()
 
 
 def test_garbage_kernel_lines_are_ignored_and_the_monitor_keeps_running(health):

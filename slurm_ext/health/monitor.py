@@ -589,8 +589,24 @@ class Monitor:
         self._apply(changes)
         for changed in {c.finding.check for c in changes}:
             self._drains.sync(changed, self.findings.open())
+        if check in ("", "nvlink"):
+            self._forget_nvlinks(subject)
         if not changes:
             log.info("health: clear request (check %r, subject %r) matched no open finding", check, subject)
+
+    def _forget_nvlinks(self, subject: str) -> None:
+        """An operator clearing the nvlink check accepts the links the GPUs have now (a link disabled on
+        purpose, a GPU board swapped): without forgetting the most seen, the finding would open again."""
+        latest = next((s for s in reversed(self.snapshots) if s.gpus), None)
+        named = {g.gpu.uuid for g in latest.gpus if subject in (g.gpu.uuid, g.gpu.pci_bus_id, str(g.gpu.index))} \
+            if latest and subject else set()
+        forgotten = [uuid for uuid in self.nvlink_seen if not subject or uuid == subject or uuid in named]
+        for uuid in forgotten:
+            del self.nvlink_seen[uuid]
+        if forgotten:
+            log.info("health: nvlink expectation forgotten for %s: the links they show next are the expected count",
+                     ", ".join(sorted(forgotten)))
+            self._save()
 
     def _reload(self) -> None:
         try:
