@@ -107,6 +107,8 @@ class Worker:
     #: monotonic time of the last stop request, and the accounting records queued then (slurmctld)
     stop_requested: float = 0.0
     queued_at_stop: int = 0
+    #: dropped by a reloaded config: kept only until it has stopped
+    removed: bool = False
 
     @property
     def state(self) -> WorkerState:
@@ -210,15 +212,26 @@ class Agent:
         updated = []
         for spec in specs:
             worker = old.pop(spec.name, None)
+            if worker is not None and worker.removed and worker.state == WorkerState.STOPPED:
+                worker = None  # removed by an earlier reload and gone: added anew
             if worker is None:
                 worker = self._new_worker(spec)
                 self.emit("worker-added", f"worker {spec.name} added by the reloaded config", worker=spec.name)
                 self._start(worker)
+            elif worker.removed:  # removed by an earlier reload, still stopping: started again once it has stopped
+                worker.removed, worker.restart_after_stop, worker.pending_spec = False, True, spec
+                self.emit("worker-added", f"worker {spec.name} added by the reloaded config: started once its "
+                          "stop is over", worker=spec.name)
             elif spec != worker.spec:
                 self._respec(worker, spec)
             worker.life.adopt(_policy(s, spec))
             updated.append(worker)
         for worker in old.values():
+            if worker.removed:
+                if worker.state != WorkerState.STOPPED:
+                    updated.append(worker)
+                continue
+            worker.removed = True
             self.emit("worker-removed", f"worker {worker.spec.name} removed by the reloaded config: stopping it",
                       worker=worker.spec.name)
             self._request_stop(worker)
@@ -307,8 +320,18 @@ class Agent:
                                     on_change=functools.partial(_poke, self._wakeup_w),
                                     runs_slurmd=any(w.spec.ready == "slurm-node" for w in self.workers))
         self.liaison.start()
+        if self.role == "worker" and not self.config.health.enabled:
+            self._lift_health_drains()
         if self.role in ("controller", "accounting"):
             self._watch_accounting(slurm)
+
+    def _lift_health_drains(self) -> None:
+        """health.enabled = false: no monitor runs to clear its drains when their conditions go, so the
+        operator's switch ends them (a drain of an earlier run found in Slurm is lifted, not adopted)."""
+        from slurm_ext.health import OWNER
+        from slurm_ext.health.settings import CHECKS
+        for check in CHECKS:
+            self.liaison.clear(f"{OWNER}/{check}")
 
     def _watch_accounting(self, slurm: SlurmClient) -> None:
         """The controller reads slurmctld's queue of accounting records; both roles watch their volumes' space."""
@@ -393,7 +416,10 @@ class Agent:
                       severity="error")
             return
         self.emit("reload", f"SIGHUP: config reloaded from {new.source or 'defaults'}")
+        health_turned_off = self.config.health.enabled and not new.health.enabled
         self._apply_config(new)
+        if self.role == "worker" and health_turned_off:
+            self._lift_health_drains()
         for worker in self.workers:
             if worker.spec.reload_signal and worker.state == WorkerState.RUNNING:
                 _signal(worker, getattr(signal, f"SIG{worker.spec.reload_signal}"))

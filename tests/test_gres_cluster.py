@@ -38,10 +38,12 @@ def eight_gpus(cpus: int) -> dict:
     return spec
 
 
-@pytest.fixture
-def eight(running_cluster):
-    """The cluster with 8 fake GPUs (slurm.conf Gres=gpu:h200:8); the 4-GPU cluster is back afterwards."""
-    base = running_cluster
+@pytest.fixture(scope="module")
+def eight_gpus_cluster(cluster):
+    """The cluster with 8 fake GPUs (slurm.conf Gres=gpu:h200:8) for this module's tests; the 4-GPU cluster is
+    back afterwards."""
+    base = cluster
+    dev.up(base.settings)
     settings = dataclasses.replace(base.settings, gpu_count=8)
     layout = Cluster(settings).layout
     made = []
@@ -65,6 +67,18 @@ def eight(running_cluster):
              .startswith("slurm-ext: nvlink"), timeout=30)
     base.run("scontrol", "update", f"nodename={base.node}", "state=resume", check=False)
     base.wait_idle()
+
+
+@pytest.fixture
+def eight(eight_gpus_cluster):
+    """The 8-GPU cluster, up and idle before each test (an admin's drain a test left is lifted)."""
+    cluster = eight_gpus_cluster
+    dev.up(cluster.settings)
+    node = cluster.client().node(cluster.node)
+    if node.drained and not node.reason_is_ours:
+        cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=resume", check=False)
+    cluster.wait_idle()
+    return cluster
 
 
 def _slurmd_pid(cluster: Cluster) -> int | None:

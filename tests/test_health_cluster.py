@@ -278,6 +278,9 @@ def test_a_restarted_monitor_does_not_judge_an_old_kernel_line_again_and_the_age
     ({"gpu1": {"lost": True}}, "gpu-lost", "critical", "reboot"),
     ({"gpu1": {"query_error": "RESET_REQUIRED"}}, "gpu-lost", "critical", "reset-gpu"),
     ({"gpu1": {"fabric": {"state": 2}}}, "fabric", "critical", "reboot"),
+    ({"gpu1": {"retired_pages": [{"address": 4096 * n, "cause": "double_bit", "timestamp": 1700000000 + n}
+                                 for n in range(60)]}}, "retired-pages", "critical", "remove"),
+    ({"gpu1": {"retired_pages": [], "retired_pages_pending": 1}}, "retired-pages", "critical", "reset-gpu"),
     ({"gpu1": {"nvlink_peers": []}}, "nvlink", "critical", "reboot"),
     ({"gpu1": {"query_error": "UNKNOWN"}}, "nvml", "critical", "reboot"),
 ])
@@ -441,6 +444,35 @@ def test_nvml_hanging_is_reported_the_other_checks_go_on_and_it_drains_after_its
     wait_for("the stuck call back", lambda: health.events("health-check-hung") and _nvml_answers(health), timeout=30)
 
 
+def test_health_check_judges_the_node_now_and_show_lists_the_monitors_findings(health):
+    health.configure(_FAST, health_keys='call_timeout = "2s"\n')
+    healthy = health.cli("health", "check", "--json", check=False)
+    report = json.loads(healthy.stdout)
+    assert healthy.returncode == 0 and report["healthy"] and report["findings"] == [], \
+        (healthy.returncode, [(f["check"], f["evidence"], f["from"]) for f in report["findings"]])
+    assert {"gpu-lost", "gpu-count", "temperature", "filesystem", "slurmd"} <= set(report["ran"])
+    assert health.cli("health", "show").stdout.strip() == "no open findings"
+
+    health.gpus(gpu1={"lost": True})
+    lost = health.cli("health", "check", check=False)
+    assert lost.returncode == 1, lost
+    assert "unhealthy" in lost.stdout and "gpu-lost gpu 1" in lost.stdout and "action=reboot" in lost.stdout
+    health.wait_event("health-finding", check="gpu-lost", timeout=10)
+    shown = json.loads(health.cli("health", "show", "--json").stdout)
+    assert [(f["check"], f["gpu"], f["severity"]) for f in shown] == [("gpu-lost", 1, "critical")], shown
+
+    # a driver call that hangs: `health check` answers within call_timeout, an NVML failure of now, not a hang
+    health.gpus(gpu1=None, gpu2={"query_delay_ms": 20000})
+    started = time.monotonic()
+    hung = health.cli("health", "check", "--json", check=False)
+    took = time.monotonic() - started
+    rows = {f["check"]: f for f in json.loads(hung.stdout)["findings"] if f["from"] == "now"}
+    assert took < 10 and "did not answer within health.call_timeout (2s)" in rows["nvml"]["evidence"], (took, rows)
+    assert rows["nvml"]["severity"] == "warning"  # one failed reading; the monitor judges repeats
+    health.gpus(gpu2=None)
+    wait_for("the monitor's stuck call back", lambda: _nvml_answers(health), timeout=30)
+
+
 def _nvml_answers(health: Health) -> bool:
     """The monitor's latest readings are fresh and name every GPU (no reader stuck)."""
     try:
@@ -448,6 +480,23 @@ def _nvml_answers(health: Health) -> bool:
     except (OSError, ValueError):
         return False
     return time.time() - data["time"] < 2 and all(g["error"] is None for g in data["gpus"])
+
+
+def test_turning_the_monitor_off_lifts_its_drains_and_on_again_it_keeps_what_it_found(health):
+    _kmsg("NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.")
+    health.wait_reason(lambda r: r.startswith("slurm-ext: xid "), "the Xid 79 drain", timeout=5)
+    started = health.count("health-started")
+    own = render.slurm_ext_toml(health.layout)
+    health.layout.slurm_ext_conf.write_text(own.replace("[health]\n", "[health]\nenabled = false\n", 1))
+    os.kill(_agent_pid(health.layout), signal.SIGHUP)
+    health.wait_event("worker-removed", worker="health")
+    health.wait_reason(lambda r: not r, "the drain lifted with no monitor to clear it", timeout=15)
+    health.layout.slurm_ext_conf.write_text(own)
+    os.kill(_agent_pid(health.layout), signal.SIGHUP)
+    wait_for("the monitor back", lambda: health.count("health-started") > started, timeout=20)
+    # Xid 79 is sticky for the boot: the monitor's own record of it drains again, until an operator clears it
+    health.wait_reason(lambda r: r.startswith("slurm-ext: xid "), "the kept finding's drain", timeout=10)
+    assert health.count("health-finding", xid=79) == 1
 
 
 def test_a_bad_config_is_refused_on_reload_and_the_monitor_keeps_running(health):

@@ -109,13 +109,13 @@ def test_unreachable_controller_raises_within_the_timeout(running_cluster, json)
     stopped = daemons.stop(_daemon(running_cluster, "supervise-controller"), grace=30.0)
     assert stopped
     try:
-        slurm = running_cluster.client(timeout=3.0, json=json)
+        slurm = running_cluster.client(timeout=1.5, json=json)
         for call in (lambda: slurm.node(running_cluster.node), slurm.jobs,
                      lambda: slurm.drain(running_cluster.node, "x")):
             started = time.monotonic()
             with pytest.raises(SlurmUnreachable):
                 call()
-            assert time.monotonic() - started < 3.0 + 1.5
+            assert time.monotonic() - started < 1.5 + 1.5
     finally:
         dev.up(running_cluster.settings)
 

@@ -192,6 +192,28 @@ def test_crash_loop_backs_off_to_the_cap_and_a_reload_fixes_it(agents):
     assert agent.stop() == 0
 
 
+def test_a_worker_removed_by_a_reload_and_added_back_runs_again(agents):
+    base = '[supervisor.workers.sshd]\nroles = []\n[supervisor.workers.a]\nroles = ["login"]\n'
+    # `a` ignores SIGTERM for a while: added back while it is still stopping, then after it has stopped
+    slow = base + 'command = ["sh", "-c", "trap \'sleep 1; exit 0\' TERM; sleep 300 & wait"]\n'
+    removed = '[supervisor.workers.sshd]\nroles = []\n[supervisor.workers.a]\nroles = []\n' \
+              'command = ["sleep", "300"]\n'
+    agent = agents(slow)
+    agent.wait_log(r"worker a: stopped -> running", count=1)
+    for round_, wait_stopped in ((1, False), (2, True)):
+        agent.write_config(removed)
+        agent.proc.send_signal(signal.SIGHUP)
+        agent.wait_log(r"worker a: running -> stopping", count=round_)
+        if wait_stopped:
+            agent.wait_log(r"worker a: stopping -> stopped", count=round_, timeout=10)
+        agent.write_config(slow)
+        agent.proc.send_signal(signal.SIGHUP)
+        agent.wait_log(r"worker a: stopped -> running", count=round_ + 1, timeout=10)
+    added = [e for e in agent.journal() if e["event"] == "worker-added"]
+    assert len(added) == 2 and "once its stop is over" in added[0]["message"], added
+    assert agent.stop() == 0
+
+
 def test_reload_with_a_bad_config_keeps_the_running_one(agents):
     agent = agents('[supervisor.workers.sshd]\nroles = []\n[supervisor.workers.a]\nroles = ["login"]\n'
                    'command = ["sleep", "300"]\n')

@@ -8,6 +8,7 @@ can know, so its open findings are added. Exit 1 when anything is critical.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import asdict, dataclass
 
@@ -44,7 +45,8 @@ def check_now(config, nvml_module=None, slurm: SlurmClient | None = None) -> Rep
     sources = {REGISTRY[c].source for c in enabled}
     snapshot = Snapshot(time.monotonic())
     if "nvml" in sources:
-        snapshot = read_gpus((lambda: nvml_module) if nvml_module else None, tuple(baseline(config.node.state_dir)))
+        snapshot = _within(h.call_timeout, lambda: read_gpus((lambda: nvml_module) if nvml_module else None,
+                                                             tuple(baseline(config.node.state_dir))))
     links = {}
     if "netlink" in sources and h.interfaces:
         try:
@@ -77,6 +79,19 @@ def check_now(config, nvml_module=None, slurm: SlurmClient | None = None) -> Rep
             finding = Finding(**{k: v for k, v in item.items() if k in Finding.__dataclass_fields__})
             found.setdefault(finding.key, {**asdict(finding), "from": "monitor"})
     return Report(tuple(ran), tuple(found.values()))
+
+
+def _within(seconds: float, read) -> Snapshot:
+    """`read()`, or an NVML failure when it runs past `seconds`: a driver call can hang for minutes, and a
+    HealthCheckProgram or an operator's shell must get an answer. The stuck call is left on a daemon thread."""
+    answer: list[Snapshot] = []
+    reader = threading.Thread(target=lambda: answer.append(read()), name="health-check-nvml", daemon=True)
+    reader.start()
+    reader.join(seconds)
+    if answer:
+        return answer[0]
+    return Snapshot(time.monotonic(), error=-1, error_text=f"NVML did not answer within health.call_timeout "
+                                                           f"({seconds:g}s)")
 
 
 def _row(obs: Observation) -> dict:

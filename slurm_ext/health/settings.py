@@ -218,7 +218,8 @@ def parse_threshold(unit: str, value: str | int) -> tuple[float, bool]:
 class HealthSection:
     """Passive GPU and node checks: the node agent's `health` worker (`slurm-ext health monitor`)."""
 
-    enabled: bool = setting(True, "run the health monitor in the worker role's agent", "bool")
+    enabled: bool = setting(True, "run the health monitor in the worker role's agent (false also lifts its "
+                                   "drains)", "bool")
     interval: float = setting(10.0, "how often the polled checks read NVML and the node", "duration",
                               minimum=0.1, maximum=3600.0)
     kernel_log: str = setting("/dev/kmsg", "the kernel log: /dev/kmsg, or a file of kernel lines that grows (a "
