@@ -212,8 +212,9 @@ class Agent:
         updated = []
         for spec in specs:
             worker = old.pop(spec.name, None)
-            if worker is not None and worker.removed and worker.state == WorkerState.STOPPED:
-                worker = None  # removed by an earlier reload and gone: added anew
+            if worker is not None and worker.removed and worker.state != WorkerState.STOPPING:
+                self._forget(worker)  # removed by an earlier reload and gone: added anew
+                worker = None
             if worker is None:
                 worker = self._new_worker(spec)
                 self.emit("worker-added", f"worker {spec.name} added by the reloaded config", worker=spec.name)
@@ -227,16 +228,19 @@ class Agent:
             worker.life.adopt(_policy(s, spec))
             updated.append(worker)
         for worker in old.values():
-            if worker.removed:
-                if worker.state != WorkerState.STOPPED:
-                    updated.append(worker)
-                continue
-            worker.removed = True
-            self.emit("worker-removed", f"worker {worker.spec.name} removed by the reloaded config: stopping it",
-                      worker=worker.spec.name)
+            # a restart an earlier reload asked for (a changed spec, an add-back) is off: the worker goes
+            worker.restart_after_stop, worker.pending_spec = False, None
+            if not worker.removed:
+                worker.removed = True
+                self.emit("worker-removed", f"worker {worker.spec.name} removed by the reloaded config: stopping it",
+                          worker=worker.spec.name)
+                if self.liaison:
+                    self.liaison.clear(worker.drain_owner)  # its crash loop, if any, ends with it
             self._request_stop(worker)
-            if worker.state != WorkerState.STOPPED:
-                updated.append(worker)  # kept until it has stopped
+            if worker.state == WorkerState.STOPPED:
+                self._forget(worker)
+            else:
+                updated.append(worker)  # kept until it has stopped (_on_exit forgets it then)
         self.workers = updated
 
     def _fit_to_slurmd(self, config: Config) -> Config:
@@ -263,6 +267,17 @@ class Agent:
 
     def _new_worker(self, spec: WorkerSpec) -> Worker:
         return Worker(spec=spec, life=Life(_policy(self.config.supervisor, spec)))
+
+    def _forget(self, worker: Worker) -> None:
+        """A removed worker has stopped: out of the list (readiness, metrics) and its notify socket closed.
+        The removed monitor's drains are lifted once more: it may have posted one while it was stopping."""
+        self.workers = [w for w in self.workers if w is not worker]
+        if worker.notify is not None:
+            self._selector.unregister(worker.notify)
+            worker.notify.close()
+            worker.notify = None
+        if worker.spec.name == "health" and self.role == "worker" and not self.config.health.enabled:
+            self._lift_health_drains()
 
     def _respec(self, worker: Worker, spec: WorkerSpec) -> None:
         """A worker's definition changed: run the new one."""
@@ -319,9 +334,9 @@ class Agent:
                                     Path(s.runtime_dir), s.stale_drain_reasons,
                                     on_change=functools.partial(_poke, self._wakeup_w),
                                     runs_slurmd=any(w.spec.ready == "slurm-node" for w in self.workers))
-        self.liaison.start()
         if self.role == "worker" and not self.config.health.enabled:
-            self._lift_health_drains()
+            self._lift_health_drains()  # before the liaison's first look: a drain of an earlier run is then lifted
+        self.liaison.start()
         if self.role in ("controller", "accounting"):
             self._watch_accounting(slurm)
 
@@ -614,9 +629,10 @@ class Agent:
         not yet re-parented to us: its parent reaps it, so how it ended is not ours to know."""
         if worker.pidfd != pidfd or not _pidfd_exited(pidfd):
             return  # closed and reused earlier in this pass
+        pid = worker.pid
         self._reap()
-        if worker.pidfd != pidfd:
-            return
+        if worker.pidfd != pidfd or worker.pid != pid:
+            return  # reaped, and maybe started again (restart_after_stop) on a pidfd of the same number
         if worker.state == WorkerState.STOPPING:
             _kill_leftovers(worker)
         self.by_pid.pop(worker.pid, None)
@@ -643,6 +659,8 @@ class Agent:
             if worker.restart_after_stop and not self.stopping:
                 worker.restart_after_stop = False
                 self._start(worker)
+            elif worker.removed and not self.stopping:
+                self._forget(worker)
             return
         decision = worker.life.on_exit(now, code, worker.announced_stop)
         if isinstance(decision, GiveUp):

@@ -52,21 +52,21 @@ def eight_gpus_cluster(cluster):
         if not device.exists():
             made.append(fakenvml.make_device(device, minor))
     fakenvml.write_spec(layout.gpu_spec, eight_gpus(os.cpu_count() or 1))
-    dev.up(settings)
-    cluster = Cluster(settings)
-    yield cluster
-    fakenvml.write_spec(layout.gpu_spec, fakenvml.default_gpus(base.settings.gpu_count, base.settings.gpu_name))
-    (layout.node_state / "gres" / "baseline.json").unlink(missing_ok=True)  # the 4 GPUs are the node's again
-    for device in made:
-        device.unlink()
-    dev.up(base.settings)
-    # the same UUIDs now have 3 NVLinks where they had 7: a board swap, which an operator accepts by clearing
-    base.run(sys.executable, "-m", "slurm_ext.cli", "--config", str(layout.slurm_ext_conf), "health", "clear",
-             "--check", "nvlink")
-    wait_for("no health drain of the 8 GPUs' NVLinks", lambda: not base.client().node(base.node).reason
-             .startswith("slurm-ext: nvlink"), timeout=30)
-    base.run("scontrol", "update", f"nodename={base.node}", "state=resume", check=False)
-    base.wait_idle()
+    try:
+        dev.up(settings)
+        yield Cluster(settings)
+    finally:
+        fakenvml.write_spec(layout.gpu_spec, fakenvml.default_gpus(base.settings.gpu_count, base.settings.gpu_name))
+        (layout.node_state / "gres" / "baseline.json").unlink(missing_ok=True)  # the 4 GPUs are the node's again
+        for device in made:
+            device.unlink()
+        dev.up(base.settings)
+        # the same UUIDs have 3 NVLinks where they had 7: a board swap, which an operator accepts by clearing
+        # (the nvlink check holds 30 s before it drains: the clear comes first)
+        base.run(sys.executable, "-m", "slurm_ext.cli", "--config", str(layout.slurm_ext_conf), "health", "clear",
+                 "--check", "nvlink", check=False)
+        base.run("scontrol", "update", f"nodename={base.node}", "state=resume", check=False)
+        base.wait_idle()
 
 
 @pytest.fixture
@@ -74,6 +74,9 @@ def eight(eight_gpus_cluster):
     """The 8-GPU cluster, up and idle before each test (an admin's drain a test left is lifted)."""
     cluster = eight_gpus_cluster
     dev.up(cluster.settings)
+    leftovers = [str(job.job_id) for job in cluster.client().jobs() if not job.finished]
+    if leftovers:
+        cluster.run("scancel", *leftovers, check=False)
     node = cluster.client().node(cluster.node)
     if node.drained and not node.reason_is_ours:
         cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=resume", check=False)

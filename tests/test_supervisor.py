@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import wait_for
 from slurm_ext import config
 from slurm_ext.procfs import all_stats, pid_alive
 from slurm_ext.supervisor.agent import session_members
@@ -194,23 +196,39 @@ def test_crash_loop_backs_off_to_the_cap_and_a_reload_fixes_it(agents):
 
 def test_a_worker_removed_by_a_reload_and_added_back_runs_again(agents):
     base = '[supervisor.workers.sshd]\nroles = []\n[supervisor.workers.a]\nroles = ["login"]\n'
-    # `a` ignores SIGTERM for a while: added back while it is still stopping, then after it has stopped
-    slow = base + 'command = ["sh", "-c", "trap \'sleep 1; exit 0\' TERM; sleep 300 & wait"]\n'
+    # `a` takes 4 s to stop: added back while it is still stopping, then after it has stopped
+    slow = base + 'command = ["sh", "-c", "trap \'sleep 4; exit 0\' TERM; sleep 300 & wait"]\n'
     removed = '[supervisor.workers.sshd]\nroles = []\n[supervisor.workers.a]\nroles = []\n' \
               'command = ["sleep", "300"]\n'
+
+    def reload(text: str) -> None:
+        agent.write_config(text)
+        agent.proc.send_signal(signal.SIGHUP)
+
     agent = agents(slow)
     agent.wait_log(r"worker a: stopped -> running", count=1)
     for round_, wait_stopped in ((1, False), (2, True)):
-        agent.write_config(removed)
-        agent.proc.send_signal(signal.SIGHUP)
+        reload(removed)
         agent.wait_log(r"worker a: running -> stopping", count=round_)
         if wait_stopped:
             agent.wait_log(r"worker a: stopping -> stopped", count=round_, timeout=10)
-        agent.write_config(slow)
-        agent.proc.send_signal(signal.SIGHUP)
+            # a removed worker that has stopped is not waited for
+            wait_for("ready without it", lambda: agent.get("/readyz") == (200, "ready\n"), timeout=3)
+        reload(slow)
         agent.wait_log(r"worker a: stopped -> running", count=round_ + 1, timeout=10)
     added = [e for e in agent.journal() if e["event"] == "worker-added"]
     assert len(added) == 2 and "once its stop is over" in added[0]["message"], added
+
+    # removed, added back and removed again, all before it has stopped: it stays stopped
+    reload(removed)
+    agent.wait_log(r"worker a: running -> stopping", count=3)
+    reload(slow)
+    agent.wait_log(r"added by the reloaded config: started once its stop is over", count=2)
+    reload(removed)
+    agent.wait_log(r"worker a: stopping -> stopped", count=3, timeout=10)
+    wait_for("ready without it", lambda: agent.get("/readyz") == (200, "ready\n"), timeout=3)
+    time.sleep(1)
+    assert len(re.findall(r"worker a: stopped -> running", agent.text())) == 3
     assert agent.stop() == 0
 
 

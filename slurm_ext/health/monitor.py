@@ -589,7 +589,7 @@ class Monitor:
         self._apply(changes)
         for changed in {c.finding.check for c in changes}:
             self._drains.sync(changed, self.findings.open())
-        if check in ("", "nvlink"):
+        if check == "nvlink":  # named: a plain clear (a sticky Xid after a GPU reset) must not lower the count
             self._forget_nvlinks(subject)
         if not changes:
             log.info("health: clear request (check %r, subject %r) matched no open finding", check, subject)
@@ -597,9 +597,7 @@ class Monitor:
     def _forget_nvlinks(self, subject: str) -> None:
         """An operator clearing the nvlink check accepts the links the GPUs have now (a link disabled on
         purpose, a GPU board swapped): without forgetting the most seen, the finding would open again."""
-        latest = next((s for s in reversed(self.snapshots) if s.gpus), None)
-        named = {g.gpu.uuid for g in latest.gpus if subject in (g.gpu.uuid, g.gpu.pci_bus_id, str(g.gpu.index))} \
-            if latest and subject else set()
+        named = {g.uuid for g in self.identities.values() if subject in (g.uuid, g.pci_bus_id, str(g.index))}
         forgotten = [uuid for uuid in self.nvlink_seen if not subject or uuid == subject or uuid in named]
         for uuid in forgotten:
             del self.nvlink_seen[uuid]

@@ -84,11 +84,19 @@ def check_now(config, nvml_module=None, slurm: SlurmClient | None = None) -> Rep
 def _within(seconds: float, read) -> Snapshot:
     """`read()`, or an NVML failure when it runs past `seconds`: a driver call can hang for minutes, and a
     HealthCheckProgram or an operator's shell must get an answer. The stuck call is left on a daemon thread."""
-    answer: list[Snapshot] = []
-    reader = threading.Thread(target=lambda: answer.append(read()), name="health-check-nvml", daemon=True)
+    answer: list = []
+
+    def run() -> None:
+        try:
+            answer.append(read())
+        except BaseException as err:  # raised again below, in the caller's thread
+            answer.append(err)
+    reader = threading.Thread(target=run, name="health-check-nvml", daemon=True)
     reader.start()
     reader.join(seconds)
     if answer:
+        if isinstance(answer[0], BaseException):
+            raise answer[0]
         return answer[0]
     return Snapshot(time.monotonic(), error=-1, error_text=f"NVML did not answer within health.call_timeout "
                                                            f"({seconds:g}s)")

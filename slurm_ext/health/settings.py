@@ -90,7 +90,8 @@ CHECKS: dict[str, CheckDefaults] = {
                                        "retired (remove: RMA)"),
     "nvlink": CheckDefaults("critical", "reboot", "count", 0, hold=30.0, quiet=5 * _M,
                             doc="fewer active NVLinks than expected: `threshold` links per GPU, or 0 for the most "
-                                "this node has shown"),
+                                "each GPU has shown this boot (`health clear --check nvlink` accepts the count "
+                                "it has now)"),
     "nvlink-errors": CheckDefaults("warning", "none", "rate", "100/s", window=_M, quiet=10 * _M,
                                    doc="NVLink CRC and replay errors faster than `threshold` over `window`"),
     "pcie-link": CheckDefaults("warning", "reboot", hold=_M, quiet=5 * _M,
@@ -219,7 +220,7 @@ class HealthSection:
     """Passive GPU and node checks: the node agent's `health` worker (`slurm-ext health monitor`)."""
 
     enabled: bool = setting(True, "run the health monitor in the worker role's agent (false also lifts its "
-                                   "drains)", "bool")
+                                   "drains; true again drains anew for the findings it kept this boot)", "bool")
     interval: float = setting(10.0, "how often the polled checks read NVML and the node", "duration",
                               minimum=0.1, maximum=3600.0)
     kernel_log: str = setting("/dev/kmsg", "the kernel log: /dev/kmsg, or a file of kernel lines that grows (a "
@@ -227,7 +228,8 @@ class HealthSection:
                               "path", empty_ok=True)
     nvml_events: bool = setting(True, "wait for NVML events (Xid, ECC, recovery action) besides the kernel log",
                                 "bool")
-    call_timeout: float = setting(30.0, "an NVML or node read running longer than this counts as hung", "duration",
+    call_timeout: float = setting(30.0, "an NVML or node read running longer than this counts as hung (`health "
+                                  "check` then reports NVML failing now)", "duration",
                                   minimum=0.1, maximum=3600.0)
     interfaces: tuple = setting((), "network interfaces whose link state and flaps are watched (e.g. the "
                                 "InfiniBand or RoCE ports)", "list", item={"kind": "str",

@@ -1,8 +1,9 @@
 """NVLinks down: fewer active links than expected, per GPU.
 
-Expected is `threshold` links, or with 0 the most this GPU has shown since
-the monitor started: an H100 PCIe with its bridge has 12 links of 18, an
-HGX H100 all 18, and a fixed number would be wrong for one of them.
+Expected is `threshold` links, or with 0 the most this GPU has shown this
+boot (the monitor keeps it across its restarts; `health clear --check nvlink`
+forgets it): an H100 PCIe with its bridge has 12 links of 18, an HGX H100
+all 18, and a fixed number would be wrong for one of them.
 """
 
 from ..check import Check, View, gpu_observation
