@@ -17,6 +17,7 @@ import time
 import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 
 from slurm_ext import events
@@ -100,8 +101,8 @@ class Health:
         self.layout = cluster.layout
         self.mark = len(_journal(self.layout))
         self.spec = fakenvml.default_gpus(cluster.settings.gpu_count, cluster.settings.gpu_name)
-        #: a monitor started on this test's config: restore() starts one on the cluster's (a reload keeps
-        #: poll intervals)
+        #: the monitor runs a config of this test's own (restart-only keys): restore() starts one on the cluster's
+        #: (a reload keeps poll intervals)
         self.restarted = False
 
     def configure(self, extra: str = _FAST, health_keys: str = "", restart: bool = False) -> None:
@@ -114,7 +115,7 @@ class Health:
         text = f"{head}[health]\n{health_keys}" + "\n".join(kept) + "\n\n" + rest
         self.layout.slurm_ext_conf.write_text(text + extra)
         if restart:
-            self.restarted = True
+            self.restarted = extra != _FAST or bool(health_keys)
             self.restart_monitor()
             return
         seen = self.count("reload", component="health")
@@ -124,8 +125,15 @@ class Health:
     def restart_monitor(self) -> int:
         old = _monitor_pid(self.layout)
         started = self.count("health-started")
+        # a kill within supervisor.stable_after (2 s) of its start counts as a failed start: the agent would back
+        # off, and 5 in 10 s are a crash loop
+        time.sleep(max(0.0, 2.5 - (time.time() - psutil.Process(old).create_time())))
         os.kill(old, signal.SIGKILL)
-        wait_for("the monitor restarted by the agent", lambda: self.count("health-started") > started, timeout=20)
+        try:
+            wait_for("the monitor restarted by the agent", lambda: self.count("health-started") > started, timeout=20)
+        except AssertionError as err:
+            said = [f"{e['time']} {e['event']}: {e['message']}" for e in _journal(self.layout)[-8:]]
+            raise AssertionError(f"{err}; the journal ends:\n" + "\n".join(said)) from None
         return old
 
     def gpus(self, **changes) -> None:
@@ -487,7 +495,8 @@ def _nvml_answers(health: Health) -> bool:
         data = json.loads((health.layout.runtime_dir / "health.json").read_text())
     except (OSError, ValueError):
         return False
-    return time.time() - data["time"] < 2 and all(g["error"] is None for g in data["gpus"])
+    # readings_time, not the file's: during a hang the file is rewritten on a timer with the last good readings
+    return time.time() - data["readings_time"] < 2 and all(g["error"] is None for g in data["gpus"])
 
 
 def test_turning_the_monitor_off_lifts_its_drains_and_on_again_it_keeps_what_it_found(health):
@@ -505,6 +514,29 @@ def test_turning_the_monitor_off_lifts_its_drains_and_on_again_it_keeps_what_it_
     # Xid 79 is sticky for the boot: the monitor's own record of it drains again, until an operator clears it
     health.wait_reason(lambda r: r.startswith("slurm-ext: xid "), "the kept finding's drain", timeout=10)
     assert health.count("health-finding", xid=79) == 1
+
+
+def test_an_agent_started_with_the_monitor_off_lifts_the_health_drain_of_its_last_run(health):
+    from slurm_ext import devcluster as dev
+    from slurm_ext.devcluster import daemons
+    from slurm_ext.devcluster.cluster import cluster_daemons
+    _kmsg("NVRM: Xid (PCI:0000:10:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.")
+    health.wait_reason(lambda r: r.startswith("slurm-ext: xid 79 gpu 0"), "the Xid 79 drain", timeout=5)
+    agent = next(d for d in cluster_daemons(health.layout) if d.name == "supervise-worker")
+    own = render.slurm_ext_toml(health.layout)
+    started = health.count("health-started")
+    daemons.stop(agent, grace=60.0)
+    try:
+        health.layout.slurm_ext_conf.write_text(own.replace("[health]\n", "[health]\nenabled = false\n", 1))
+        daemons.start(agent, health.layout.daemon_environ(), 60.0)
+        health.wait_reason(lambda r: not r, "the last run's health drain lifted by an agent without a monitor",
+                           timeout=30)
+        assert _monitor_pid(health.layout) is None and health.count("health-started") == started
+    finally:
+        health.layout.slurm_ext_conf.write_text(own)
+        daemons.stop(agent, grace=60.0)
+        dev.up(health.cluster.settings)
+        wait_for("the monitor back", lambda: health.count("health-started") > started, timeout=60)
 
 
 def test_a_bad_config_is_refused_on_reload_and_the_monitor_keeps_running(health):

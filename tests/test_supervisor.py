@@ -218,6 +218,8 @@ def test_a_worker_removed_by_a_reload_and_added_back_runs_again(agents):
         agent.wait_log(r"worker a: stopped -> running", count=round_ + 1, timeout=10)
     added = [e for e in agent.journal() if e["event"] == "worker-added"]
     assert len(added) == 2 and "once its stop is over" in added[0]["message"], added
+    # started again on a pidfd of the number the old one had: not taken for an exit (a second, untracked `a`)
+    assert "not this agent's child" not in agent.text()
 
     # removed, added back and removed again, all before it has stopped: it stays stopped
     reload(removed)
