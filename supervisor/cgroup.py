@@ -23,6 +23,7 @@ import ctypes
 import errno
 import logging
 import os
+import time
 from pathlib import Path
 
 from slurm_ext import cgroupfs, procfs
@@ -33,8 +34,11 @@ __all__ = ["CgroupError", "leave_root_cgroup", "make_writable"]
 log = logging.getLogger("supervisor")
 
 #: how many times the root's cgroup.procs is re-read and emptied; processes
-#: that fork while being moved can leave children behind for a pass or two
+#: that fork while being moved can leave children behind for a pass or two,
+#: and one in the middle of exiting stays listed (and cannot move) until it is
+#: gone: the passes wait PASS_WAIT, then twice that, ... (0.55 s at most)
 MAX_PASSES = 10
+PASS_WAIT = 0.01
 
 
 class CgroupError(SlurmExtError, RuntimeError):
@@ -111,7 +115,7 @@ def _move_all(procs: Path, listed: list[int], dest: Path, first: int) -> tuple[i
     Returns how many processes were moved and the pids still left in `procs`.
     """
     moved: set[int] = set()
-    for _ in range(MAX_PASSES):
+    for done in range(1, MAX_PASSES + 1):
         for p in sorted(listed, key=lambda p: p != first):
             try:
                 _write(dest, str(p))
@@ -121,6 +125,8 @@ def _move_all(procs: Path, listed: list[int], dest: Path, first: int) -> tuple[i
         listed = cgroupfs.read_pids(procs)
         if not listed:
             break
+        if done < MAX_PASSES:
+            time.sleep(PASS_WAIT * done)
     return len(moved), sorted(listed)
 
 
