@@ -20,8 +20,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from slurm_ext import events
-from slurm_ext.devcluster import fakenvml, render
+from slurm_ext import devcluster as dev, events
+from slurm_ext.devcluster import daemons, fakenvml, render
+from slurm_ext.devcluster.cluster import cluster_daemons
 from slurm_ext.devcluster.layout import Layout
 
 from conftest import wait_for
@@ -86,6 +87,11 @@ def _monitor_pid(layout: Layout) -> int | None:
         if b"health" in argv and b"monitor" in argv:
             return pid
     return None
+
+
+def _monitor_off(config: str) -> str:
+    """The cluster's slurm-ext.toml with health.enabled = false."""
+    return config.replace("[health]\n", "[health]\nenabled = false\n", 1)
 
 
 def _journal(layout: Layout) -> list[dict]:
@@ -504,7 +510,7 @@ def test_turning_the_monitor_off_lifts_its_drains_and_on_again_it_keeps_what_it_
     health.wait_reason(lambda r: r.startswith("slurm-ext: xid "), "the Xid 79 drain", timeout=5)
     started = health.count("health-started")
     own = render.slurm_ext_toml(health.layout)
-    health.layout.slurm_ext_conf.write_text(own.replace("[health]\n", "[health]\nenabled = false\n", 1))
+    health.layout.slurm_ext_conf.write_text(_monitor_off(own))
     os.kill(_agent_pid(health.layout), signal.SIGHUP)
     health.wait_event("worker-removed", worker="health")
     health.wait_reason(lambda r: not r, "the drain lifted with no monitor to clear it", timeout=15)
@@ -517,9 +523,6 @@ def test_turning_the_monitor_off_lifts_its_drains_and_on_again_it_keeps_what_it_
 
 
 def test_an_agent_started_with_the_monitor_off_lifts_the_health_drain_of_its_last_run(health):
-    from slurm_ext import devcluster as dev
-    from slurm_ext.devcluster import daemons
-    from slurm_ext.devcluster.cluster import cluster_daemons
     _kmsg("NVRM: Xid (PCI:0000:10:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.")
     health.wait_reason(lambda r: r.startswith("slurm-ext: xid 79 gpu 0"), "the Xid 79 drain", timeout=5)
     agent = next(d for d in cluster_daemons(health.layout) if d.name == "supervise-worker")
@@ -527,7 +530,7 @@ def test_an_agent_started_with_the_monitor_off_lifts_the_health_drain_of_its_las
     started = health.count("health-started")
     daemons.stop(agent, grace=60.0)
     try:
-        health.layout.slurm_ext_conf.write_text(own.replace("[health]\n", "[health]\nenabled = false\n", 1))
+        health.layout.slurm_ext_conf.write_text(_monitor_off(own))
         daemons.start(agent, health.layout.daemon_environ(), 60.0)
         health.wait_reason(lambda r: not r, "the last run's health drain lifted by an agent without a monitor",
                            timeout=30)
@@ -609,9 +612,6 @@ def test_a_drain_by_someone_else_is_reported_and_never_acted_on(health):
 
 
 def test_a_restarted_agent_does_not_judge_an_old_kernel_line_again(health):
-    from slurm_ext import devcluster as dev
-    from slurm_ext.devcluster import daemons
-    from slurm_ext.devcluster.cluster import cluster_daemons
     marker = uuid.uuid4().hex[:8]
     _kmsg(f"NVRM: Xid (PCI:0000:10:00): 79, pid=1, name=job-{marker}, GPU has fallen off the bus.")
     health.wait_reason(lambda r: r.startswith("slurm-ext: xid 79 gpu 0"), "the xid 79 drain", timeout=5)
