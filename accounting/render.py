@@ -123,11 +123,12 @@ def init_sql(settings: AccountingSection, password: str) -> str:
     """What mariadbd runs at every start (--init-file): the database, slurmdbd's user with the password of now
     (a rotated Secret takes effect at the next start, Slinky issue 44), its grants; all idempotent."""
     db, user, secret = settings.database, settings.db_user, sql_string(password)
-    statements = [f"CREATE DATABASE IF NOT EXISTS `{db}`"]
+    statements = [f"CREATE DATABASE IF NOT EXISTS `{name}`" for name in (db, settings.own_database)]
     for host in ("%", "localhost"):
         statements += [f"CREATE USER IF NOT EXISTS '{user}'@'{host}' IDENTIFIED BY {secret}",
                        f"ALTER USER '{user}'@'{host}' IDENTIFIED BY {secret}",
                        f"GRANT ALL ON `{db}`.* TO '{user}'@'{host}'",
+                       f"GRANT ALL ON `{settings.own_database}`.* TO '{user}'@'{host}'",
                        # backups as this user: routines' bodies; and restore must see slurmdbd's connections
                        # (PROCESS: every session in PROCESSLIST) to refuse loading under a running slurmdbd
                        f"GRANT SELECT ON mysql.proc TO '{user}'@'{host}'",

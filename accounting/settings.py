@@ -26,6 +26,9 @@ class AccountingSection:
     cluster: str = setting("", "the cluster the database belongs to; empty: slurm.conf's ClusterName", "str",
                            pattern=r"^[A-Za-z0-9_-]*$")
     database: str = setting("slurm_acct_db", "slurmdbd's database (StorageLoc)", "str", pattern=r"^[A-Za-z0-9_]+$")
+    own_database: str = setting("slurm_ext", "slurm-ext's own database on the same server (the repair history): "
+                                "created and granted to db_user beside slurmdbd's, on the same volume", "str",
+                                pattern=r"^[A-Za-z0-9_]+$")
     db_user: str = setting("slurm", "slurmdbd's database user (StorageUser)", "str", pattern=r"^[A-Za-z0-9_]+$")
     db_host: str = setting("127.0.0.1", "the database's address (StorageHost)", "str", pattern=r"^[A-Za-z0-9.:_-]+$")
     db_port: int = setting(3306, "the database's TCP port (StoragePort; MariaDB's port when run_database)", "int",

@@ -22,7 +22,15 @@ def _dev_settings(args: argparse.Namespace) -> DevSection:
         settings = replace(settings, state_dir=args.state_dir)
     if getattr(args, "proctrack", None):
         settings = replace(settings, proctrack=args.proctrack)
+    if getattr(args, "nodes", None):
+        settings = replace(settings, nodes=args.nodes)
     return settings
+
+
+def _node_count(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 64:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number of nodes from 1 to 64")
+    return int(text)
 
 
 def _dev_install_deps(args: argparse.Namespace) -> int:
@@ -64,16 +72,22 @@ def _dev_demo(args: argparse.Namespace) -> int:
     return 0 if job.state == "COMPLETED" else 1
 
 
+def _dev_reboot_node(args: argparse.Namespace) -> int:
+    from . import cluster
+    pid = cluster.reboot_node(_dev_settings(args), args.node)
+    print(f"node {args.node} booted: its agent runs as pid {pid}")
+    return 0
+
+
 def _print_status(state) -> None:
     print(f"dev cluster in {state.state_dir}")
     for daemon in state.daemons:
         print(f"  {daemon.name:<21} {'running, pid ' + str(daemon.pid) if daemon.pid else 'stopped'}")
-    node = state.node
-    if node:
+    for node in state.nodes:
         flags = "+".join(sorted(node.flags))
         reason = f" reason {node.reason!r}" if node.reason else ""
         print(f"  node {node.name}: {node.state}{'+' + flags if flags else ''} gres {node.gres or '-'}{reason}")
-    else:
+    if not state.node:
         print(f"  node: unknown ({state.problem})")
 
 
@@ -90,10 +104,18 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         ("down", _dev_down, "cancel jobs, stop every daemon by its pidfile, remove job cgroups"),
         ("status", _dev_status, "say what runs and the node's state (exit 3 when the node is unknown)"),
         ("demo", _dev_demo, "submit a GPU job and show it completed in sacct"),
+        ("reboot-node", _dev_reboot_node, "what the cluster's RebootProgram runs on `scontrol reboot`: restart the "
+                                          "node's agent and slurmd with a new boot id, as after a reboot"),
     ):
         sub = dev_commands.add_parser(name, help=text, description=text)
         if name != "install-deps":
             sub.add_argument("--state-dir", metavar="DIR", help="override [dev] state_dir")
+        if name in ("up", "down", "status"):
+            sub.add_argument("--nodes", type=_node_count, metavar="N",
+                             help="nodes that run, each with its own slurmd and worker agent on 127.0.0.1 (override "
+                                  "[dev] nodes; default 1)")
+        if name == "reboot-node":
+            sub.add_argument("node", help="the node's name")
         if name == "up":
             sub.add_argument("--proctrack", choices=("cgroup", "linuxproc"),
                              help="Slurm's ProctrackType (override [dev] proctrack; default cgroup); linuxproc "

@@ -17,17 +17,18 @@ import shutil
 import signal
 import sys
 import time
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from slurm_ext import cgroupfs, command, nodestate
+from slurm_ext import cgroupfs, command, config, nodestate
 from slurm_ext.config import SlurmSection
 from slurm_ext.errors import CommandError, DevClusterError, SlurmError, SlurmExtError
 from slurm_ext.slurm import Job, Node, SlurmClient
 
 from . import daemons, deps, fakenvml, render
 from .daemons import Daemon
-from .layout import Layout
+from .layout import Layout, NodeLayout, node_names
 from .settings import DevSection
 
 __all__ = ["DaemonStatus", "Status", "DemoResult", "up", "down", "status", "demo", "demo_script", "client",
@@ -50,10 +51,12 @@ class DaemonStatus:
 class Status:
     state_dir: Path
     daemons: tuple[DaemonStatus, ...]
-    #: the node as slurmctld sees it; None when slurmctld does not answer
+    #: the first node as slurmctld sees it; None when slurmctld does not answer
     node: Node | None
     #: why `node` is None
     problem: str = ""
+    #: every running node as slurmctld sees it (the first is `node`)
+    nodes: tuple[Node, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,36 +73,40 @@ def client(settings: DevSection, timeout: float = 10.0, json: str = "auto") -> S
 
 
 def cluster_daemons(layout: Layout) -> list[Daemon]:
-    """Every daemon of the cluster, in start order."""
+    """Every daemon of the cluster, in start order: a worker agent per running node last."""
     s = layout.settings
     munge = layout.munge
+    slurm_files = {layout.slurm_conf, layout.etc / "cgroup.conf"}  # gres.conf: each worker agent writes its own
     return [
         Daemon("munged",
                ("runuser", "-u", "munge", "--", "munged", f"--key-file={munge}/munge.key",
                 f"--pid-file={munge}/munged.pid", f"--log-file={munge}/munged.log",
                 f"--seed-file={munge}/munged.seed"),
                munge / "munged.pid", frozenset({"munged"}), layout.log / "munged.out"),
-        _agent(layout, "accounting", (s.mariadb_port, s.slurmdbd_port, s.accounting_probe_port)),
-        _agent(layout, "controller", (s.slurmctld_port, s.controller_probe_port)),
-        _agent(layout, "worker", (s.slurmd_port, s.worker_probe_port)),
+        _agent(layout, "supervise-accounting", "accounting", layout.slurm_ext_conf,
+               (s.mariadb_port, s.slurmdbd_port, s.accounting_probe_port), {layout.slurm_conf}),
+        _agent(layout, "supervise-controller", "controller", layout.slurm_ext_conf,
+               (s.slurmctld_port, s.controller_probe_port), slurm_files),
+        *(_agent(layout, node.agent, "worker", node.slurm_ext_conf, (node.slurmd_port, node.probe_port), slurm_files)
+          for node in layout.nodes),
     ]
 
 
-def _agent(layout: Layout, role: str, ports: tuple[int, ...]) -> Daemon:
+def _agent(layout: Layout, name: str, role: str, conf: Path, ports: tuple[int, ...], reads: set[Path],
+           extra: tuple[str, ...] = ()) -> Daemon:
     """slurm-ext's node agent for `role`: it runs MariaDB and slurmdbd, slurmctld, or slurmd in the foreground."""
-    name = f"supervise-{role}"
-    return Daemon(name, (_entry_point("slurm-ext"), "--config", str(layout.slurm_ext_conf), "supervise",
-                         "--role", role, "--pidfile", str(layout.pidfile(name))),
-                  layout.pidfile(name), frozenset({"slurm-ext"}), layout.log / f"{name}.out", ports)
+    return Daemon(name, (_entry_point("slurm-ext"), "--config", str(conf), "supervise", "--role", role,
+                         "--pidfile", str(layout.pidfile(name)), *extra),
+                  layout.pidfile(name), frozenset({"slurm-ext"}), layout.log / f"{name}.out", ports,
+                  frozenset(reads | {conf}))
 
 
-# The config files each daemon reads: a change to one restarts the daemon.
-_SLURM_FILES = frozenset({"slurm.conf", "cgroup.conf"})  # gres.conf: the worker agent writes it from NVML
-_CONFIG_FILES = {
-    "supervise-accounting": frozenset({"slurm.conf", "slurm-ext.toml"}),
-    "supervise-controller": _SLURM_FILES | {"slurm-ext.toml"},
-    "supervise-worker": _SLURM_FILES | {"slurm-ext.toml"},
-}
+def environ_of(layout: Layout, daemon: Daemon) -> dict[str, str]:
+    """The environment a daemon starts with: a worker agent's is its node's."""
+    for node in layout.nodes:
+        if daemon.name == node.agent:
+            return node.daemon_environ()
+    return layout.daemon_environ()
 
 
 def up(settings: DevSection) -> Status:
@@ -113,10 +120,11 @@ def up(settings: DevSection) -> Status:
     deps.require()
     started_at = time.monotonic()
     layout = Layout(settings)
+    _stop_nodes_beyond(settings)
     changed = _write_files(layout)
     to_start = []
     for daemon in cluster_daemons(layout):
-        if daemons.running_pid(daemon) and _CONFIG_FILES.get(daemon.name, frozenset()) & changed:
+        if daemons.running_pid(daemon) and daemon.reads & changed:
             log.info("%s: its config changed: restarting it", daemon.name)
             daemons.stop(daemon)
         if not daemons.running_pid(daemon):
@@ -128,19 +136,39 @@ def up(settings: DevSection) -> Status:
         if daemon.name == "munged" and _munge_works():
             log.info("munged: one already answers on the default socket: using it")
             continue
-        daemons.start(daemon, layout.daemon_environ(), settings.up_timeout)
+        daemons.start(daemon, environ_of(layout, daemon), settings.up_timeout)
         _wait_ready(daemon.name, layout)
     slurm = client(settings, timeout=5.0)
-    node = _wait_node(layout, slurm)
-    log.info("cluster up in %.1fs: node %s is %s", time.monotonic() - started_at, node.name, _state_text(node))
+    for node in _wait_nodes(layout, slurm):
+        log.info("node %s is %s", node.name, _state_text(node))
+    log.info("cluster up in %.1fs", time.monotonic() - started_at)
     return status(settings)
 
 
-def _write_files(layout: Layout) -> set[str]:
-    """Create the state tree and every config file; names of files that changed."""
+def with_present_nodes(settings: DevSection) -> DevSection:
+    """`settings` with as many nodes as an earlier `dev up --nodes N` left in the state directory, if more: `down`
+    and `status` then cover every node that may run, whatever --nodes they are given."""
+    present = Path(settings.state_dir) / "nodes"
+    names = node_names(replace(settings, nodes=64, defined_nodes=0))
+    count = max([index + 1 for index, name in enumerate(names) if (present / name).is_dir()], default=1)
+    return replace(settings, nodes=count) if count > settings.nodes else settings
+
+
+def _stop_nodes_beyond(settings: DevSection) -> None:
+    """Stop the agents of nodes an earlier `dev up` ran that this one does not (slurm.conf drops them)."""
+    wider = with_present_nodes(settings)
+    if wider.nodes > settings.nodes:
+        kept = {node.agent for node in Layout(settings).nodes}
+        for daemon in cluster_daemons(Layout(wider)):
+            if daemon.name.startswith("supervise-worker") and daemon.name not in kept:
+                daemons.stop(daemon, grace=120.0)
+
+
+def _write_files(layout: Layout) -> set[Path]:
+    """Create the state tree and every config file; the files that changed."""
     s = layout.settings
-    for path in (layout.etc, layout.log, layout.run, layout.bin, layout.ctld_state, layout.slurmd_spool,
-                 layout.node_state, layout.dev, layout.lib, layout.munge):
+    for path in (layout.etc, layout.log, layout.run, layout.root / "bin", layout.ctld_state, layout.slurmd_spools,
+                 layout.lib, layout.munge):
         path.mkdir(parents=True, exist_ok=True)
     layout.out.mkdir(exist_ok=True)
     layout.out.chmod(0o1777)
@@ -148,28 +176,48 @@ def _write_files(layout: Layout) -> set[str]:
     _prepare_munge(layout)
     if not layout.db_password.exists():  # the accounting agent writes it into slurmdbd.conf and MariaDB
         _write(layout.db_password, secrets.token_hex(16) + "\n", 0o600)
-
-    for minor, device in enumerate(layout.gpu_devices()):
-        fakenvml.make_device(device, minor)
     fakenvml.build(layout.lib)
-    if not layout.gpu_spec.exists():
-        fakenvml.write_spec(layout.gpu_spec, fakenvml.default_gpus(s.gpu_count, s.gpu_name))
-    if not s.kernel_log:
-        layout.kernel_log.touch()  # the worker's simulated kernel log: kernel lines appended to it are judged
-
-    prolog, epilog = layout.bin / "slurm-ext-prolog", layout.bin / "slurm-ext-epilog"
-    from slurm_ext.prolog_epilog import build_hook, write_launchers  # dev assembles the components into a cluster
-    python_prolog, python_epilog = write_launchers(layout.bin)
-    _write(prolog, render.hook_wrapper(layout, str(python_prolog)), 0o755)
-    _write(epilog, render.hook_wrapper(layout, str(python_epilog)), 0o755)
-    hook = build_hook(layout.bin / "slurm-ext-hook", str(layout.hook_socket), str(prolog), str(epilog))
+    hooks = {node.name: _node_files(layout, node) for node in layout.nodes}
+    hook = next(iter(hooks.values()))
+    if len(hooks) > 1:
+        _write(layout.node_hook, render.node_hook(layout, hooks), 0o755)
+        hook = str(layout.node_hook)
+    _write(layout.reboot_program, render.reboot_program(layout, _entry_point("slurm-ext")), 0o755)
+    _write(layout.dev_conf, config.render_section("dev", s))
     topology = render.parse_topology(command.run(["slurmd", "-C"], 30, env=layout.daemon_environ()).stdout)
     files = {
-        "slurm.conf": render.slurm_conf(layout, topology, str(hook)),
-        "cgroup.conf": render.cgroup_conf(),
-        "slurm-ext.toml": render.slurm_ext_toml(layout),
+        layout.slurm_conf: render.slurm_conf(layout, topology, hook),
+        layout.etc / "cgroup.conf": render.cgroup_conf(),
+        **{node.slurm_ext_conf: render.slurm_ext_toml(layout, node) for node in layout.nodes},
     }
-    return {name for name, text in files.items() if _write(layout.etc / name, text)}
+    return {path for path, text in files.items() if _write(path, text)}
+
+
+def _node_files(layout: Layout, node: NodeLayout) -> str:
+    """A node's own tree: fake GPUs, kernel log, Slurm's files linked, hook client and wrappers; its hook's path."""
+    s = layout.settings
+    for path in (node.etc, node.bin, node.node_state, node.dev, layout.slurmd_spools / node.name):
+        path.mkdir(parents=True, exist_ok=True)
+    if node.index:  # slurmd reads gres.conf beside the slurm.conf it is given: the node's own, beside the links
+        for name in ("slurm.conf", "cgroup.conf"):
+            link = node.etc / name
+            if not link.is_symlink():
+                link.unlink(missing_ok=True)
+                link.symlink_to(layout.etc / name)
+    if not node.boot_id.exists():
+        _write(node.boot_id, str(uuid.uuid4()) + "\n")
+    for minor, device in enumerate(node.gpu_devices()):
+        fakenvml.make_device(device, minor)
+    if not node.gpu_spec.exists():
+        fakenvml.write_spec(node.gpu_spec, fakenvml.default_gpus(s.gpu_count, s.gpu_name))
+    if node.kernel_log.parent == node.base:
+        node.kernel_log.touch()  # the node's simulated kernel log: kernel lines appended to it are judged
+    prolog, epilog = node.bin / "slurm-ext-prolog", node.bin / "slurm-ext-epilog"
+    from slurm_ext.prolog_epilog import build_hook, write_launchers  # dev assembles the components into a cluster
+    python_prolog, python_epilog = write_launchers(node.bin)
+    _write(prolog, render.hook_wrapper(node, str(python_prolog)), 0o755)
+    _write(epilog, render.hook_wrapper(node, str(python_epilog)), 0o755)
+    return str(build_hook(node.bin / "slurm-ext-hook", str(node.hook_socket), str(prolog), str(epilog)))
 
 
 def _write(path: Path, text: str, mode: int = 0o644) -> bool:
@@ -256,29 +304,30 @@ def _bootstrap_accounting(layout: Layout, env: dict[str, str]) -> None:
                      f"Cluster={s.cluster_name}"], 30, env=env)
 
 
-def _wait_node(layout: Layout, slurm: SlurmClient) -> Node:
-    """Wait until the node is registered and answering; warn when it is not idle."""
-    name = layout.settings.node_name
-    found: list[Node] = []
+def _wait_nodes(layout: Layout, slurm: SlurmClient) -> list[Node]:
+    """Wait until every running node is registered and answering; warn about those that are not idle."""
+    names = [node.name for node in layout.nodes]
+    found: dict[str, Node] = {}
 
-    def registered() -> bool:
+    def registered(name: str) -> bool:
         try:
             node = slurm.node(name)
         except SlurmExtError:
             return False
-        found[:] = [node]
+        found[name] = node
         if node.drained and nodestate.stale_at_start(node.reason):
             return False  # the worker agent lifts it in a moment (the drain of the last `down`)
         return node.idle or (node.responding and node.state not in ("UNKNOWN", "FUTURE"))
 
-    daemons.wait_for(f"node {name} to register", registered, layout.settings.up_timeout,
-                     logfile=layout.log / "slurmd.log")
-    node = found[0]
-    if not node.idle:
-        log.warning("node %s is %s: %s", name, _state_text(node),
-                    f"reason {node.reason!r}; resume with `scontrol update nodename={name} state=resume`"
-                    if node.reason else "it is busy")
-    return node
+    for name in names:
+        daemons.wait_for(f"node {name} to register", lambda: registered(name), layout.settings.up_timeout,
+                         logfile=layout.slurmd_log(name))
+        node = found[name]
+        if not node.idle:
+            log.warning("node %s is %s: %s", name, _state_text(node),
+                        f"reason {node.reason!r}; resume with `scontrol update nodename={name} state=resume`"
+                        if node.reason else "it is busy")
+    return [found[name] for name in names]
 
 
 def _state_text(node: Node) -> str:
@@ -291,13 +340,14 @@ def down(settings: DevSection) -> list[int]:
     Returns the PIDs that were stopped. Raises DevClusterError when not root.
     """
     deps.require_root("dev down")
-    layout = Layout(settings)
+    layout = Layout(with_present_nodes(settings))
     all_daemons = cluster_daemons(layout)
     if daemons.running_pid(_named(all_daemons, "supervise-controller")):  # let Slurm end its jobs itself
         _cancel_jobs(layout)
     # an agent stops its workers one by one, each within its own grace (mariadbd 60s): give it the time
     stopped = [pid for d in reversed(all_daemons) if (pid := daemons.stop(d, grace=120.0)) is not None]
-    _remove_job_cgroups(settings.node_name)
+    for node in layout.nodes:
+        _remove_job_cgroups(node.name)
     log.info("cluster down: stopped %d daemons", len(stopped))
     return stopped
 
@@ -349,19 +399,50 @@ def _remove_job_cgroups(node_name: str, timeout: float = 10.0) -> None:
                     time.sleep(0.05)
 
 
+def reboot_node(settings: DevSection, name: str) -> int:
+    """What the cluster's RebootProgram does for node `name`: a new boot id, then its worker agent stopped (and
+    with it slurmd) and started again, its slurmd told that the node has just booted (`slurmd -b`), so slurmctld
+    sees the reboot it asked for completed. Returns the new agent's PID.
+
+    Raises:
+        DevClusterError: `name` is not a running node, or its agent does not come back.
+    """
+    deps.require_root("dev reboot-node")
+    layout = Layout(settings)
+    try:
+        node = layout.node(name)
+    except KeyError:
+        raise DevClusterError(f"dev reboot-node: {name!r} is not a running node of the dev cluster "
+                              f"({', '.join(n.name for n in layout.nodes)})") from None
+    agent = next(d for d in cluster_daemons(layout) if d.name == node.agent)
+    log.info("node %s: rebooting (its agent and slurmd restart with a new boot id)", name)
+    daemons.stop(agent, grace=120.0)
+    _write(node.boot_id, str(uuid.uuid4()) + "\n")
+    booted = replace(agent, argv=agent.argv + ("--", "-b"))
+    pid = daemons.start(booted, node.daemon_environ(), settings.up_timeout)
+    log.info("node %s: booted, agent pid %d", name, pid)
+    return pid
+
+
 def status(settings: DevSection) -> Status:
-    """What runs, by pidfile, and the node as slurmctld sees it."""
+    """What runs, by pidfile, and the nodes as slurmctld sees them."""
+    settings = with_present_nodes(settings)
     layout = Layout(settings)
     states = tuple(DaemonStatus(d.name, daemons.running_pid(d), d.pidfile) for d in cluster_daemons(layout))
-    node, problem = None, ""
+    nodes: list[Node] = []
+    problem = ""
     if next(state for state in states if state.name == "supervise-controller").pid:
         try:
-            node = client(settings, timeout=5.0).node(settings.node_name)
+            known = {node.name: node for node in client(settings, timeout=5.0).nodes()}
+            nodes = [known[node.name] for node in layout.nodes if node.name in known]
+            if not nodes:
+                problem = f"slurmctld does not know node {settings.node_name}"
         except SlurmExtError as err:
             problem = str(err)
     else:
         problem = "slurmctld's agent (supervise-controller) is not running"
-    return Status(layout.root, states, node, problem)
+    first = nodes[0] if nodes and nodes[0].name == settings.node_name else None
+    return Status(layout.root, states, first, problem, tuple(nodes))
 
 
 def demo_script(gpu_count: int) -> str:

@@ -36,6 +36,8 @@ class Daemon:
     logfile: Path
     #: TCP ports it listens on, all on 127.0.0.1
     ports: tuple[int, ...] = ()
+    #: config files it reads: `dev up` restarts it when one of them changed
+    reads: frozenset[Path] = frozenset()
 
 
 def running_pid(daemon: Daemon) -> int | None:

@@ -9,9 +9,10 @@ and MariaDB's files are the accounting agent's to write ([accounting] here).
 import re
 from dataclasses import dataclass
 
-from .layout import Layout
+from .layout import Layout, NodeLayout, node_names
 
-__all__ = ["Topology", "parse_topology", "slurm_conf", "cgroup_conf", "slurm_ext_toml", "hook_wrapper"]
+__all__ = ["Topology", "parse_topology", "slurm_conf", "cgroup_conf", "slurm_ext_toml", "hook_wrapper", "node_hook",
+           "reboot_program"]
 
 _HEADER = "# written by `slurm-ext dev up`; edits are overwritten at the next `dev up`\n"
 
@@ -54,21 +55,24 @@ def slurm_conf(layout: Layout, topology: Topology, hook: str) -> str:
     gres = f" Gres=gpu:{s.gpu_type}:{s.gpu_count}" if s.gpu_count else ""
     # Leave Slurm 500 MiB short of the host so that the daemons keep room.
     memory = max(topology.real_memory - 500, 100)
+    # every node's own port: the ones that do not run (defined_nodes) get theirs too, as a real cluster's would
+    nodes = "\n".join(f"NodeName={name} NodeHostname={layout.host} NodeAddr=127.0.0.1 "
+                      f"Port={NodeLayout(layout, name, index).slurmd_port}"
+                      for index, name in enumerate(node_names(s)))
     return _HEADER + f"""\
 ClusterName={s.cluster_name}
 SlurmctldHost={layout.host}(127.0.0.1)
 SlurmctldPort={s.slurmctld_port}
-SlurmdPort={s.slurmd_port}
 CommunicationParameters=NoCtldInAddrAny,NoInAddrAny
 SlurmUser=root
 AuthType=auth/munge
 CredType=cred/munge
 StateSaveLocation={layout.ctld_state}
-SlurmdSpoolDir={layout.slurmd_spool}
+SlurmdSpoolDir={layout.slurmd_spools}/%n
 SlurmctldPidFile={layout.pidfile("slurmctld")}
-SlurmdPidFile={layout.pidfile("slurmd")}
+SlurmdPidFile={layout.pidfile("slurmd-%n")}
 SlurmctldLogFile={layout.log}/slurmctld.log
-SlurmdLogFile={layout.log}/slurmd.log
+SlurmdLogFile={layout.slurmd_log("%n")}
 SlurmctldDebug=info
 SlurmdDebug=info
 ProctrackType=proctrack/{s.proctrack}
@@ -92,11 +96,14 @@ JobCompType=jobcomp/filetxt
 JobCompLoc={layout.jobcomp_log}
 MinJobAge={s.min_job_age}
 SlurmdTimeout={s.slurmd_timeout}
-NodeName={s.node_name} NodeHostname={layout.host} NodeAddr=127.0.0.1 CPUs={topology.cpus} \
+RebootProgram={layout.reboot_program}
+ResumeTimeout={s.resume_timeout}
+NodeName=DEFAULT CPUs={topology.cpus} \
 Boards={topology.boards} SocketsPerBoard={topology.sockets_per_board} \
 CoresPerSocket={topology.cores_per_socket} ThreadsPerCore={topology.threads_per_core} \
 RealMemory={memory}{gres} State=UNKNOWN
-PartitionName=debug Nodes={s.node_name} Default=YES MaxTime=INFINITE State=UP
+{nodes}
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
 
 
@@ -111,26 +118,29 @@ ConstrainDevices=yes
 """
 
 
-def slurm_ext_toml(layout: Layout) -> str:
-    """The config of the cluster's hooks and of its three node agents: MariaDB and slurmdbd (accounting),
-    slurmctld (controller) and slurmd (worker)."""
+def slurm_ext_toml(layout: Layout, node: NodeLayout | None = None) -> str:
+    """The config of a node's hooks and worker agent (slurmd); the first node's is also the config of the
+    agents of MariaDB and slurmdbd (accounting) and of slurmctld (controller)."""
     s = layout.settings
+    node = node or layout.first
+    log_name = "slurm-ext.log" if node.index == 0 else f"slurm-ext-{node.name}.log"
     return _HEADER + f"""\
 [node]
-name = "{layout.settings.node_name}"
-state_dir = "{layout.node_state}"
+name = "{node.name}"
+state_dir = "{node.node_state}"
+boot_id_file = "{node.boot_id}"
 
 [log]
-file = "{layout.log}/slurm-ext.log"
+file = "{layout.log}/{log_name}"
 
 [slurm]
-conf = "{layout.slurm_conf}"
+conf = "{node.slurm_conf}"
 
 [supervisor]
-runtime_dir = "{layout.runtime_dir}"
+runtime_dir = "{node.runtime_dir}"
 
 [supervisor.ports]
-worker = {s.worker_probe_port}
+worker = {node.probe_port}
 controller = {s.controller_probe_port}
 accounting = {s.accounting_probe_port}
 
@@ -149,26 +159,56 @@ min_free = 256
 backup_dir = "{layout.root}/backups"
 
 [gres]
-dev_dir = "{layout.dev}"
+dev_dir = "{node.dev}"
 types = {{"{s.gpu_name}" = "{s.gpu_type}"}}
 expected = {s.gpu_count}
 
 [health]
 interval = "{s.health_interval:g}s"
-kernel_log = "{layout.kernel_log}"
-paths = ["{layout.node_state}"]
+kernel_log = "{node.kernel_log}"
+paths = ["{node.node_state}"]
+
+[repair]
+interval = "{s.repair_interval:g}s"
+agents = {{{", ".join(f'{n.name} = "127.0.0.1:{n.probe_port}"' for n in layout.nodes)}}}
+guard_percent = 50
+cooldown = "0s"
+drain_deadline = "10m"
+boot_timeout = "{s.resume_timeout + 30}s"
+verify_timeout = "2m"
 
 [supervisor.workers.slurmctld]
 stop_grace = "10s"
 
 [supervisor.workers.slurmd]
-command = ["slurmd", "-D", "-N", "{s.node_name}"]
+command = ["slurmd", "-D", "-N", "{node.name}"]
 stop_grace = "10s"
 """
 
 
-def hook_wrapper(layout: Layout, entry_point: str) -> str:
+def hook_wrapper(node: NodeLayout, entry_point: str) -> str:
     """A tiny sh script for Prolog=/Epilog=: slurmd runs hooks with an
-    environment of its own making, so the wrapper restores the cluster's."""
-    exports = "\n".join(f"export {k}='{v}'" for k, v in layout.daemon_environ().items())
+    environment of its own making, so the wrapper restores the node's."""
+    exports = "\n".join(f"export {k}='{v}'" for k, v in node.daemon_environ().items())
     return f"#!/bin/sh\n{_HEADER}{exports}\nexec '{entry_point}' \"$@\"\n"
+
+
+def node_hook(layout: Layout, hooks: dict[str, str]) -> str:
+    """Prolog=/Epilog= of a cluster of several nodes: slurm.conf names one program for all of them, and each
+    node's hook client talks to that node's agent; slurmd gives the hook its node's name (SLURMD_NODENAME)."""
+    cases = "".join(f"  {name}) exec '{hook}' \"$@\" ;;\n" for name, hook in hooks.items())
+    return (f"#!/bin/sh\n{_HEADER}case \"$SLURMD_NODENAME\" in\n{cases}"
+            f"  *) echo \"slurm-ext-node-hook: node '$SLURMD_NODENAME' is not one of the dev cluster's\" >&2; exit 1 ;;\n"
+            "esac\n")
+
+
+def reboot_program(layout: Layout, slurm_ext: str) -> str:
+    """RebootProgram=: slurmd runs it (as root, through sh -c, with its own environment: the node's
+    SLURM_EXT_CONFIG says which node) when slurmctld sends the node's reboot; it hands the "reboot" to `slurm-ext
+    dev reboot-node` in a session of its own (stopping the node's agent stops slurmd, and the agent ends its
+    slurmd's session) and returns at once, as a real reboot command does."""
+    cases = "".join(f"    '{node.slurm_ext_conf}') node={node.name} ;;\n" for node in layout.nodes)
+    return (f"#!/bin/sh\n{_HEADER}case \"$SLURM_EXT_CONFIG\" in\n{cases}"
+            "    *) echo \"slurm-ext-reboot: no node of the dev cluster has config '$SLURM_EXT_CONFIG'\" >&2; exit 1 ;;\n"
+            f"esac\nexec setsid -f '{slurm_ext}' --config '{layout.dev_conf}' dev reboot-node \"$node\" "
+            f">> '{layout.log}/reboot.out' 2>&1 < /dev/null\n")

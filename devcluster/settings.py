@@ -19,18 +19,26 @@ class DevSection:
     state_dir: str = setting("/var/lib/slurm-ext/dev", "everything of the dev cluster: configs, logs, database, state",
                              "path")
     cluster_name: str = setting("dev", "Slurm ClusterName", "str", pattern=r"^[a-z][a-z0-9_]*$")
-    node_name: str = setting("node1", "the one node's NodeName (slurmd -N)", "str", pattern=r"^[A-Za-z][A-Za-z0-9-]*$")
+    node_name: str = setting("node1", "the first node's NodeName (slurmd -N); the others count on from it (node2, "
+                             "node3, ...)", "str", pattern=r"^[A-Za-z][A-Za-z0-9-]*$")
+    nodes: int = setting(1, "nodes that run, each with its own slurmd, worker agent, state, fake GPUs and kernel log "
+                         "(`dev up --nodes N`)", "int", minimum=1, maximum=64)
+    defined_nodes: int = setting(0, "nodes slurm.conf defines (0: as many as run); the ones beyond `nodes` never "
+                                 "start, for trying tools on a large cluster's size", "int", minimum=0, maximum=10000)
+    node_port_base: int = setting(20000, "node k after the first (k = 1, 2, ...) has its slurmd on node_port_base + 2k "
+                                  "and its agent's HTTP listener on the next port", "int", minimum=1024,
+                                  maximum=40000)
     gpu_count: int = setting(4, "fake GPUs on the node", "int", minimum=0, maximum=64)
     gpu_name: str = setting("NVIDIA H200", "the fake GPUs' NVML name", "str", pattern=r"^[A-Za-z0-9 ._-]+$")
     gpu_type: str = setting("h200", "the fake GPUs' Slurm GRES type", "str", pattern=r"^[a-z0-9_]+$")
     slurmctld_port: int = setting(6817, "slurmctld's TCP port on 127.0.0.1", "int", minimum=1, maximum=65535)
-    slurmd_port: int = setting(6818, "slurmd's TCP port on 127.0.0.1", "int", minimum=1, maximum=65535)
+    slurmd_port: int = setting(6818, "the first node's slurmd's TCP port on 127.0.0.1", "int", minimum=1, maximum=65535)
     slurmdbd_port: int = setting(6819, "slurmdbd's TCP port on 127.0.0.1", "int", minimum=1, maximum=65535)
     controller_probe_port: int = setting(9811, "HTTP port of slurmctld's agent (probes, metrics) on 127.0.0.1",
                                          "int", minimum=1, maximum=65535)
     accounting_probe_port: int = setting(9812, "HTTP port of the agent of MariaDB and slurmdbd (probes, metrics) on "
                                          "127.0.0.1", "int", minimum=1, maximum=65535)
-    worker_probe_port: int = setting(9810, "HTTP port of slurmd's agent (probes, metrics) on 127.0.0.1", "int",
+    worker_probe_port: int = setting(9810, "HTTP port of the first node's agent (probes, metrics) on 127.0.0.1", "int",
                                      minimum=1, maximum=65535)
     mariadb_port: int = setting(3307, "MariaDB's TCP port on 127.0.0.1 (not 3306: leaves a system MariaDB alone)",
                                 "int", minimum=1, maximum=65535)
@@ -44,9 +52,13 @@ class DevSection:
                                   "node DOWN; it pings a quiet slurmd after a third of it and flags it NOT_RESPONDING "
                                   "when that ping times out (a lower value shows the health monitor's slurmd check "
                                   "sooner)", "int", minimum=6, maximum=86400)
-    kernel_log: str = setting("", "the worker's health.kernel_log: empty for a file of its own, <state_dir>/kmsg "
+    resume_timeout: int = setting(60, "Slurm's ResumeTimeout: a node told to reboot that has not registered again "
+                                  "within this many seconds is set DOWN", "int", minimum=5, maximum=86400)
+    kernel_log: str = setting("", "the first node's health.kernel_log: empty for a file of its own, <state_dir>/kmsg "
                               "(append kernel lines to it to inject faults), or /dev/kmsg", "path", empty_ok=True)
-    health_interval: float = setting(10.0, "the worker's health.interval", "duration", minimum=0.1, maximum=3600.0)
+    health_interval: float = setting(10.0, "the workers' health.interval", "duration", minimum=0.1, maximum=3600.0)
+    repair_interval: float = setting(5.0, "the controller's repair.interval", "duration", minimum=0.1,
+                                     maximum=3600.0)
     up_timeout: float = setting(60.0, "longest wait in `dev up` for each daemon and for the node to be idle",
                                 "duration", minimum=1.0, maximum=3600.0)
 

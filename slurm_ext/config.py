@@ -37,7 +37,7 @@ TYPE_CHECKING = False  # typing costs a Python hook ~3 ms to import; annotations
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["Config", "ROLES", "DEFAULT_PATH", "ENV_VAR", "load", "from_dict", "render", "parse_duration",
+__all__ = ["Config", "ROLES", "DEFAULT_PATH", "ENV_VAR", "load", "from_dict", "render", "render_section", "parse_duration",
            "format_duration", "sections",
            "section_names", "section_class", "register_section", "setting", "NodeSection", "LogSection",
            "SlurmSection"]
@@ -88,6 +88,8 @@ class NodeSection:
     name: str = setting("", "Slurm node name of this host; empty means the short host name", "str",
                         pattern=r"^[A-Za-z0-9._-]*$")
     state_dir: str = setting("/var/lib/slurm-ext", "node-local state: job records, the node journal", "path")
+    boot_id_file: str = setting("/proc/sys/kernel/random/boot_id", "a file whose content changes at every boot: what "
+                                "is done once per boot, and what a reboot clears, go by it", "path")
 
     @property
     def slurm_name(self) -> str:
@@ -139,6 +141,7 @@ _SECTION_OWNERS = {
     "gres": "gres",
     "accounting": "accounting",
     "health": "health",
+    "repair": "repair",
     "dev": "devcluster",
 }
 _CORE_SECTIONS = {"node": NodeSection, "log": LogSection, "slurm": SlurmSection}
@@ -488,6 +491,13 @@ def render(config: Config) -> str:
     for name in section_names():
         _render_section(out, name, getattr(config, name))
     return "\n".join(out) + "\n"
+
+
+def render_section(name: str, section: Any) -> str:
+    """One section as TOML, each key with its doc line: a config of its own for a process that needs only it."""
+    out: list[str] = []
+    _render_section(out, name, section)
+    return "\n".join(out).lstrip() + "\n"
 
 
 def _render_section(out: list[str], name: str, section: Any) -> None:

@@ -40,6 +40,7 @@ class EventName:
 _SUPERVISOR, _GRES, _HOOKS, _NODESTATE = ("supervisor",), ("gres",), ("prolog_epilog",), ("nodestate",)
 _ACCOUNTING = ("accounting",)
 _HEALTH = ("health",)
+_REPAIR = ("repair",)
 
 _ENTRIES = (
     # -- the node agent (supervisor/) ---------------------------------------------------------------
@@ -47,9 +48,10 @@ _ENTRIES = (
     EventName("stop", _SUPERVISOR, "info", "SIGTERM or SIGINT: the agent stops every worker, last started first"),
     EventName("exited", _SUPERVISOR, "info",
               "the agent stopped with every worker down (warning: a worker needed SIGKILL)"),
-    EventName("reload", ("supervisor", "health"), "info", "SIGHUP: the agent (or its health monitor) reloaded its "
+    EventName("reload", ("supervisor", "health", "repair"), "info", "SIGHUP: the agent (or its health monitor, or "
+              "repair service) reloaded its "
               "config"),
-    EventName("reload-failed", ("supervisor", "prolog_epilog", "health"), "error",
+    EventName("reload-failed", ("supervisor", "prolog_epilog", "health", "repair"), "error",
               "the config file changed but is invalid; the running config is kept"),
     EventName("worker-added", _SUPERVISOR, "info", "the reloaded config adds a worker; it is started"),
     EventName("worker-removed", _SUPERVISOR, "info", "the reloaded config drops a worker; it is stopped"),
@@ -200,6 +202,28 @@ _ENTRIES = (
     EventName("reconcile-missing", _ACCOUNTING, "error",
               "jobs the witness (jobcomp log) saw end are missing from sacct, or runaway jobs exist"),
     EventName("reconcile-clean", _ACCOUNTING, "info", "every job the witness saw end is in sacct"),
+    # -- repair (slurm_ext/repair, in the controller agent) ------------------------------------------
+    EventName("repair-started", _REPAIR, "info", "the repair service started; repairs under way carry on from "
+              "their records"),
+    EventName("repair-recommended", _REPAIR, "info", "a node's health drain became a recommended repair, with its "
+              "action, evidence and jobs"),
+    EventName("repair-escalated", _REPAIR, "warning", "a recommendation's action got stronger in place (its fault "
+              "got worse, or came back after repair.escalate_after reboots)"),
+    EventName("repair-cleared", _REPAIR, "info", "a recommendation went away: its fault cleared before anyone "
+              "decided (or a rejected one's fault is over)"),
+    EventName("repair-approved", _REPAIR, "info", "an operator (or auto-approve) approved a node's repair"),
+    EventName("repair-rejected", _REPAIR, "info", "an operator rejected a recommendation, with the reason; nothing "
+              "runs"),
+    EventName("repair-refused", _REPAIR, "warning", "an approval was refused: paused, cooldown or the guard; the "
+              "message says which"),
+    EventName("repair-step", _REPAIR, "info", "a repair moved on: drained, jobs ended or requeued, action run, node "
+              "back, checks passed"),
+    EventName("repair-done", _REPAIR, "info", "a repair ended well: the node resumed (or, removed, left out of the "
+              "pool)"),
+    EventName("repair-failed", _REPAIR, "error", "a repair failed at a step; the node stays drained and its reason "
+              "says so"),
+    EventName("repair-paused", _REPAIR, "warning", "an operator paused every approval"),
+    EventName("repair-unpaused", _REPAIR, "info", "an operator let approvals through again"),
 )
 
 #: every event name slurm-ext emits, by name

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ProcStat", "read_stat", "pid_alive", "comm", "all_stats", "real_uid", "pids", "Mount", "mounts"]
+__all__ = ["boot_id", "ProcStat", "read_stat", "pid_alive", "comm", "all_stats", "real_uid", "pids", "Mount", "mounts"]
 
 PROC = Path("/proc")
 #: bytes read of /proc/PID/stat: 52 numbers and a name of at most 64 bytes fit with room to spare
@@ -36,6 +36,14 @@ class ProcStat:
     starttime: int
     #: the name the kernel keeps (cut at 15 characters)
     comm: str
+
+
+def boot_id(path: Path | str = "/proc/sys/kernel/random/boot_id") -> str:
+    """This boot's identity ("" when it cannot be read): NodeSection.boot_id_file."""
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return ""
 
 
 def read_stat(pid: int, proc: Path | str = PROC) -> ProcStat | None:

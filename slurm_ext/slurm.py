@@ -29,7 +29,7 @@ from . import command
 from .config import SlurmSection
 from .errors import CommandError, CommandTimeout, NotOurDrain, SlurmError, SlurmUnreachable
 
-__all__ = ["REASON_PREFIX", "Node", "Job", "NodeEvent", "SlurmClient", "is_our_reason"]
+__all__ = ["REASON_PREFIX", "Node", "Job", "NodeEvent", "SlurmClient", "is_our_reason", "expand_hostlist"]
 
 #: every drain reason slurm-ext writes starts with this; it resumes no other
 REASON_PREFIX = "slurm-ext:"
@@ -74,6 +74,10 @@ class Node:
     partitions: tuple[str, ...] = ()
     #: when the slurmd that last registered started (it sends this in its registration)
     slurmd_start: datetime | None = None
+    #: when the node last booted, as its slurmd reported (a reboot shows as a later one)
+    boot_time: datetime | None = None
+    #: GPUs allocated to jobs now (AllocTRES' gres/gpu)
+    gpus_used: int = 0
 
     @property
     def drained(self) -> bool:
@@ -300,6 +304,21 @@ class SlurmClient:
             reason = f"{REASON_PREFIX} {reason}"
         self._run(["scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}"])
 
+    def reboot(self, node: str) -> None:
+        """`scontrol reboot NODE` of a node already drained and idle: Slurm runs its RebootProgram at once and
+        keeps the drain (and its reason, with ': reboot issued' added) after the reboot, so the node takes no job
+        until it is resumed. Seen on 22.05: ASAP, or any nextstate, clears the drain when the reboot completes
+        (RESUME at once; DOWN under ReturnToService=2 at the next ping), before any check could run."""
+        self._run(["scontrol", "reboot", node])
+
+    def requeue(self, job_ids: list[int]) -> str:
+        """`scontrol requeue` the jobs; Slurm refuses the ones that do not allow it (--no-requeue): its words for
+        those are returned, the others are requeued."""
+        if not job_ids:
+            return ""
+        result = self._run(["scontrol", "requeue", ",".join(map(str, job_ids))], check=False)
+        return (result.stdout + result.stderr).strip()
+
     def resume(self, node: str) -> bool:
         """Resume `node` if, and only if, slurm-ext drained it.
 
@@ -403,6 +422,8 @@ def _node_from_json(data: dict) -> Node:
         real_memory=_number(data.get("real_memory")) or 0,
         partitions=tuple(partitions.split(",") if isinstance(partitions, str) else partitions),
         slurmd_start=_epoch(data.get("slurmd_start_time")),
+        boot_time=_epoch(data.get("boot_time")),
+        gpus_used=_gpus_in(data.get("alloc_tres") or data.get("tres_used") or ""),
     )
 
 
@@ -448,7 +469,33 @@ def _node_from_text(line: str) -> Node:
         real_memory=int(fields.get("RealMemory", "0") or 0),
         partitions=tuple(p for p in partitions.split(",") if p),
         slurmd_start=_parse_time(fields.get("SlurmdStartTime", "")),
+        boot_time=_parse_time(fields.get("BootTime", "")),
+        gpus_used=_gpus_in(fields.get("AllocTRES", "")),
     )
+
+
+def _gpus_in(tres: str) -> int:
+    """The GPU count of a TRES list (cpu=4,mem=8G,gres/gpu=2 or gres/gpu:h200=2: the first form counts all)."""
+    found = re.search(r"(?:^|,)gres/gpu=(\d+)", tres) if isinstance(tres, str) else None
+    return int(found.group(1)) if found else 0
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Node names of a Slurm host list: "gpu[01-03,07],login1" -> gpu01 gpu02 gpu03 gpu07 login1 (what `scontrol
+    show hostnames` prints, without a command per list)."""
+    names: list[str] = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", text or ""):
+        found = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", part)
+        if not found:
+            names.append(part)
+            continue
+        head, ranges, tail = found.groups()
+        for piece in ranges.split(","):
+            low, _, high = piece.partition("-")
+            width = len(low)
+            for number in range(int(low), int(high or low) + 1):
+                names += [f"{head}{number:0{width}d}{rest}" for rest in expand_hostlist(tail) or [""]]
+    return names
 
 
 def _job_from_squeue_json(data: dict) -> Job:

@@ -47,7 +47,7 @@ from slurm_ext import command, config as config_mod, events, fileio
 from slurm_ext.accounting.settings import PASSWORD_ENV
 from slurm_ext.config import Config
 from slurm_ext.errors import CommandError, ConfigError, SlurmExtError
-from slurm_ext.procfs import all_stats, read_stat
+from slurm_ext.procfs import all_stats, boot_id, read_stat
 from slurm_ext.slurm import SlurmClient
 
 from . import pipeline, slurmd_args
@@ -205,6 +205,8 @@ class Agent:
             raise ConfigError(config.source or "<defaults>", str(err)) from None
         if self.role == "worker" and not config.health.enabled:
             specs = [spec for spec in specs if spec.name != "health"]
+        if self.role == "controller" and not config.repair.enabled:
+            specs = [spec for spec in specs if spec.name != "repair"]
         if first:
             self.workers = [self._new_worker(spec) for spec in specs]
             return
@@ -506,7 +508,7 @@ class Agent:
         context = pipeline.StepContext(self.role, self.config, self.node, self.emit, self.liaison,
                                        configless=bool(self.layout and self.layout.configless),
                                        gpus_found=self._gpus_found)
-        self._steps.start(steps, context, Path(self.config.supervisor.runtime_dir), pipeline.boot_id(), worker)
+        self._steps.start(steps, context, Path(self.config.supervisor.runtime_dir), boot_id(self.config.node.boot_id_file), worker)
 
     def _abandon_steps(self) -> None:
         """Stopped while start steps run: kill what they started (each in its own session), so that

@@ -1,4 +1,5 @@
-"""The agent's HTTP listener: /livez, /readyz and /metrics (Prometheus).
+"""The agent's HTTP listener: /livez, /readyz, /metrics (Prometheus), and, read-only, the node journal's
+/events?since=EPOCH and the health monitor's /health (for `slurm-ext history` and the repair service).
 
 `serve(agent, host, port)` starts a `ProbeServer` in a thread of its own;
 handlers only read the agent's state, and metrics are collected at scrape
@@ -18,13 +19,16 @@ bytes, and three rules keep a new probe answered in time:
   probe, which sends its request at once, is least likely to be), and so
   does accept failing for want of descriptors;
 - a request head is at most MAX_HEAD bytes and the answer is computed at
-  once (the handlers only read memory), so no connection waits on another.
+  once (the handlers read memory, or for /events and /health a few local
+  files: the journal is bounded by its rotation), so no connection waits
+  long on another.
 """
 
 from __future__ import annotations
 
 import errno
 import http
+import json
 import logging
 import os
 import resource
@@ -32,6 +36,8 @@ import selectors
 import socket
 import threading
 import time
+from collections import deque
+from datetime import datetime, timezone
 from typing import Callable
 
 from slurm_ext.errors import AgentError
@@ -57,15 +63,19 @@ _ACCEPT_BATCH = 32
 _ACCEPT_PAUSE = 0.05
 _TEXT = "text/plain; charset=utf-8"
 
+#: most events one GET /events returns (the newest)
+EVENTS_LIMIT = 20000
+
 #: (status code, body, content type)
 Answer = tuple[int, bytes, str]
 
 
 def agent_routes(agent) -> Callable[[str], Answer]:
-    """The answer to a GET of each path, from the agent's state."""
+    """The answer to a GET of each path (with its query), from the agent's state."""
     exposition = []
 
-    def answer(path: str) -> Answer:
+    def answer(target: str) -> Answer:
+        path, _, query = target.partition("?")
         if path == "/livez":
             ok = agent.live()
             return (200, b"ok\n", _TEXT) if ok else (503, b"agent loop stalled\n", _TEXT)
@@ -78,9 +88,42 @@ def agent_routes(agent) -> Callable[[str], Answer]:
                 exposition.append(exposition_of(agent))
             body, content_type = exposition[0]()
             return 200, body, content_type
-        return 404, b"try /livez, /readyz or /metrics\n", _TEXT
+        if path == "/events":
+            return _events(agent, query)
+        if path == "/health":
+            return _health(agent)
+        return 404, b"try /livez, /readyz, /metrics, /events?since=EPOCH or /health\n", _TEXT
 
     return answer
+
+
+def _events(agent, query: str) -> Answer:
+    """The node journal's events since `since` (epoch seconds), oldest first, one JSON object a line, the newest
+    EVENTS_LIMIT at most: what `slurm-ext history` merges from every node. Read-only, like every route here."""
+    from urllib.parse import parse_qs
+    from slurm_ext.journal import EventFilter, read_events
+    try:
+        since = float(parse_qs(query).get("since", ["0"])[0])
+    except ValueError:
+        return 400, b"since: expected epoch seconds, such as since=1767225600\n", _TEXT
+    selection = EventFilter(datetime.fromtimestamp(since, timezone.utc) if since > 0 else None, (), (), "")
+    lines = deque((event.line for event in read_events(agent.config.node.state_dir, selection, lambda *_: None)),
+                  maxlen=EVENTS_LIMIT)
+    return 200, "".join(f"{line}\n" for line in lines).encode(), "application/x-ndjson"
+
+
+def _health(agent) -> Answer:
+    """The health monitor's latest readings and open findings (its worker writes them each poll) and this boot's
+    id: what the repair service asks after a repair, before it resumes the node."""
+    from slurm_ext.health import metrics_path
+    from slurm_ext.procfs import boot_id
+    try:
+        readings = json.loads(metrics_path(agent.config.supervisor.runtime_dir).read_text())
+    except (OSError, ValueError):
+        readings = None
+    body = {"node": agent.config.node.slurm_name, "boot": boot_id(agent.config.node.boot_id_file),
+            "monitor": readings}
+    return 200, (json.dumps(body) + "\n").encode(), "application/json"
 
 
 def connection_cap(limit: int = MAX_CONNECTIONS) -> int:
@@ -272,7 +315,7 @@ class ProbeServer:
         if method != "GET":
             return 405, b"only GET\n", _TEXT
         try:
-            return self.answer(target.partition("?")[0])
+            return self.answer(target)
         except Exception:  # a bug in a handler answers 500; the server goes on
             log.exception("http: GET %s failed", target[:100])
             return 500, b"internal error: see the agent's log\n", _TEXT

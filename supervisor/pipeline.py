@@ -24,7 +24,7 @@ from typing import Any, Callable
 from slurm_ext import events, fileio, gres, prolog_epilog
 from slurm_ext.config import Config
 
-__all__ = ["StepContext", "StartStep", "StepRunner", "steps_for", "run_steps", "boot_id"]
+__all__ = ["StepContext", "StartStep", "StepRunner", "steps_for", "run_steps"]
 
 log = logging.getLogger("supervisor")
 
@@ -172,13 +172,6 @@ def steps_for(role: str) -> list[StartStep]:
         steps += [StartStep("validate-scripts", validate_scripts),
                   StartStep("node-boot-scripts", node_boot_scripts, once_per_boot=True, on_failure="block")]
     return steps
-
-
-def boot_id(proc: Path = Path("/proc")) -> str:
-    try:
-        return (proc / "sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return "unknown"
 
 
 def run_steps(steps: list[StartStep], context: StepContext, marker_dir: Path, boot: str) -> bool:

@@ -62,6 +62,10 @@ BUILTIN = (
     # restarted and reported, never the agent's or slurmd's problem; SIGHUP after the agent's reload
     WorkerSpec("health", ("worker",), (sys.executable, "-I", "-m", "slurm_ext.cli", "health", "monitor"),
                reload_signal="HUP", gates_ready=False),
+    # the repair service (slurm_ext.repair): recommendations, approved repairs step by step; its record is durable,
+    # so a restart carries on; never the controller's readiness
+    WorkerSpec("repair", ("controller",), (sys.executable, "-I", "-m", "slurm_ext.cli", "repair", "serve"),
+               reload_signal="HUP", gates_ready=False, after=("slurmctld",)),
 )
 
 

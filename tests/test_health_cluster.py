@@ -350,7 +350,7 @@ def test_each_kernel_check_fires_on_its_line(health, fault, check, severity, act
 def test_a_stopped_slurmd_is_reported_not_responding_without_a_drain_and_cleared_once_it_answers(health):
     # a poll interval is taken at the monitor's start
     health.configure(_FAST + '[health.checks.slurmd]\ninterval = "1s"\nhold = "0s"\nquiet = "2s"\n', restart=True)
-    slurmd = int(health.layout.pidfile("slurmd").read_text().split()[0])
+    slurmd = int(health.layout.pidfile(f"slurmd-{health.layout.settings.node_name}").read_text().split()[0])
     os.kill(slurmd, signal.SIGSTOP)  # hung, not dead: the agent has nothing to restart, Slurm's ping times out
     try:
         # slurmctld pings it a third of SlurmdTimeout (30 s) after its last answer, and waits MessageTimeout (10 s)

@@ -60,7 +60,7 @@ def test_slurmd_killed_20_times_is_back_each_time_and_the_job_survives(running_c
         job = cluster.wait_accounted(job_id)
     except Exception:
         squeue = cluster.run("squeue", check=False).stdout
-        slurmd_log = (cluster.layout.log / "slurmd.log").read_text().splitlines()[-30:]
+        slurmd_log = cluster.layout.slurmd_log(cluster.node).read_text().splitlines()[-30:]
         ctld_log = (cluster.layout.log / "slurmctld.log").read_text().splitlines()[-30:]
         ps = cluster.run("ps", "-eo", "pid,ppid,stat,wchan:32,args", check=False).stdout
         freezer = [f"{p}: {p.read_text().strip()}" for p in Path("/sys/fs/cgroup/freezer").glob(

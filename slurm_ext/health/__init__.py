@@ -37,10 +37,11 @@ def metrics_path(runtime_dir: str):
     return path(runtime_dir)
 
 
-def open_findings(state_dir: str) -> list[dict]:
-    """The node's open findings as the monitor last saved them (oldest first)."""
+def open_findings(node: "slurm_ext.config.NodeSection") -> list[dict]:
+    """The node's open findings of this boot as the monitor last saved them (oldest first)."""
+    from slurm_ext.procfs import boot_id
     from .monitor import load_state
-    found = [f for f in load_state(state_dir, this_boot=True).get("findings") or ()
+    found = [f for f in load_state(node.state_dir, boot_id(node.boot_id_file)).get("findings") or ()
              if isinstance(f, dict) and f.get("opened")]
     return sorted(found, key=lambda f: f["opened"])
 

@@ -39,7 +39,7 @@ def _check(args: argparse.Namespace) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     from . import open_findings
-    found = open_findings(config.load(args.config).node.state_dir)
+    found = open_findings(config.load(args.config).node)
     if args.json:
         print(json.dumps(found, indent=1))
         return 0

@@ -32,6 +32,7 @@ from pathlib import Path
 from slurm_ext import config as config_mod, events, nodestate
 from slurm_ext.errors import ConfigError
 from slurm_ext.fileio import atomic_write
+from slurm_ext.procfs import boot_id
 from slurm_ext.slurm import SlurmClient
 
 from .check import View
@@ -41,7 +42,7 @@ from .kmsg import KernelLog, LineParser
 from .records import LinkChange, Snapshot, Xid
 from .settings import CHECKS, HealthSection
 
-__all__ = ["Monitor", "OWNER", "owner_of", "state_path", "metrics_path", "clear_path", "boot_id", "load_state"]
+__all__ = ["Monitor", "OWNER", "owner_of", "state_path", "metrics_path", "clear_path", "load_state"]
 
 log = logging.getLogger("health")
 
@@ -76,21 +77,14 @@ def metrics_path(runtime_dir: str) -> Path:
     return Path(runtime_dir) / "health.json"
 
 
-def boot_id(proc: Path = Path("/proc")) -> str:
-    try:
-        return (proc / "sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
-
-
-def load_state(state_dir: str, this_boot: bool = False) -> dict:
-    """The monitor's persisted state ({} when none or unreadable: the monitor starts clean); with `this_boot`, {}
-    also when it is of an earlier boot (what `health show` and `health check` must not report)."""
+def load_state(state_dir: str, this_boot: str | None = None) -> dict:
+    """The monitor's persisted state ({} when none or unreadable: the monitor starts clean); given `this_boot` (a
+    boot id), {} also when it is of another boot (what `health show` and `health check` must not report)."""
     try:
         data = json.loads(state_path(state_dir).read_text())
     except (OSError, ValueError):
         return {}
-    if not isinstance(data, dict) or this_boot and data.get("boot") not in (None, boot_id()):
+    if not isinstance(data, dict) or this_boot is not None and data.get("boot") not in (None, this_boot):
         return {}
     return data
 
@@ -157,7 +151,7 @@ class Monitor:
         self.reader_failed: dict[str, str] = {}
         #: checks whose drain a previous run of the monitor had asked for (lifted once they judge healthy)
         self.drained_before: set[str] = set()
-        self.boot = boot_id()
+        self.boot = boot_id(config.node.boot_id_file)
         self.findings = self._load()
         self._pollers: list[_Poller] = []
         self._drains = _DrainPoster(self)

@@ -12,6 +12,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 
+from slurm_ext.procfs import boot_id
 from slurm_ext.slurm import SlurmClient
 
 from .check import View
@@ -74,7 +75,7 @@ def check_now(config, nvml_module=None, slurm: SlurmClient | None = None) -> Rep
         # one failed reading is not a GPU fault (the monitor drains after health.checks.nvml.threshold in a row)
         found[("nvml", "node")] = _row(Observation("nvml", "node", "warning", params.action,
                                                    f"nvml failed now: {problem} (the monitor judges repeats)"))
-    for item in load_state(config.node.state_dir, this_boot=True).get("findings") or ():
+    for item in load_state(config.node.state_dir, boot_id(config.node.boot_id_file)).get("findings") or ():
         if isinstance(item, dict) and item.get("opened") is not None:
             finding = Finding(**{k: v for k, v in item.items() if k in Finding.__dataclass_fields__})
             found.setdefault(finding.key, {**asdict(finding), "from": "monitor"})

@@ -6,7 +6,9 @@ node show the most severe want, resumes it only when none is left, and never
 touches a reason that is not ours. The catalogue lists every reason slurm-ext
 may set, its owner and its resume rule. Another process (the hook service,
 a Python hook) posts its want to the agent with `post`; without an agent it
-applies it itself, through the same rules.
+applies it itself, through the same rules. The controller's repair service
+drains and resumes the nodes it repairs through `drain_for_repair` and
+`resume_after_repair`, with the catalogue's `repair` kind.
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ from slurm_ext.slurm import SlurmClient
 from . import channel
 from .catalogue import CATALOGUE, DrainKind, kind_of, stale_at_start
 from .channel import SOCKET_NAME, ChannelServer
+from .controller import drain_for_repair, is_repair_reason, repair_reason, resume_after_repair
 from .owner import NodeState, UnknownReason
 from .reconciler import Reconciler, Ticket, registered
 
 __all__ = ["CATALOGUE", "DrainKind", "kind_of", "stale_at_start", "NodeState", "UnknownReason", "Reconciler", "Ticket",
-           "registered", "ChannelServer", "SOCKET_NAME", "DrainNotConfirmed", "post", "post_clear", "socket_path"]
+           "registered", "ChannelServer", "SOCKET_NAME", "DrainNotConfirmed", "post", "post_clear", "socket_path",
+           "repair_reason", "is_repair_reason", "drain_for_repair", "resume_after_repair"]
 
 
 class DrainNotConfirmed(SlurmExtError):

@@ -35,6 +35,9 @@ class DrainKind:
     meaning: str
     #: left by a previous run of the node (a crash loop of a slurmd now gone): lifted at the agent's start
     stale_at_start: bool = False
+    #: set and lifted by the controller's repair service, not by the node's own agent: the node's owner leaves
+    #: it as it would an admin's reason (its own wants wait behind it), and never adopts it
+    from_controller: bool = False
     pattern: re.Pattern = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -54,6 +57,10 @@ class DrainKind:
 
 
 CATALOGUE: tuple[DrainKind, ...] = (
+    DrainKind("repair", "repair", "repair {detail}", 60, BY_OPERATOR,
+              "an operator approved a repair of the node (slurm_ext.repair, in the controller agent): drained while "
+              "its jobs end, the action runs and the checks pass; lifted by the repair service alone (Slurm may add "
+              "': reboot issued' to it)", from_controller=True),
     DrainKind("gres", "gpu-missing", "gpu missing: {uuid}", 50, WHEN_CLEARED,
               "a GPU this node had is not in NVML: jobs would get the wrong GPUs"),
     DrainKind("gres", "gpu-lost", "gpu lost during inventory: {gpu}", 50, WHEN_CLEARED,

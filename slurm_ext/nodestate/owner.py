@@ -184,7 +184,7 @@ class NodeState:
         if not self._started:
             self._started = True
             self._adopt(node, at_start=True)
-        ours = _shows_ours(node)
+        ours = _shows_ours(node) and not _from_controller(node.reason)
         if node.drained and not ours:
             active = self.active()
             if active and supersedes(active[0].kind, node.reason):  # Slurm's own word for our GPU drain
@@ -243,8 +243,8 @@ class NodeState:
         return Leave()
 
     def _adopt(self, node: Node, at_start: bool) -> None:
-        """Take over a reason of ours found in Slurm that this owner did not set."""
-        if not _shows_ours(node):
+        """Take over a reason of ours found in Slurm that this owner did not set (never the controller's)."""
+        if not _shows_ours(node) or _from_controller(node.reason):
             return
         text, _ = split_more(node.reason.removeprefix(REASON_PREFIX).strip())
         kind = kind_of(text) or _UNKNOWN
@@ -269,6 +269,12 @@ class NodeState:
                     del self.wants[key]
                 else:
                     want.dismissed = True
+
+
+def _from_controller(reason: str) -> bool:
+    """A reason of ours that the controller's repair service owns, not this node's agent."""
+    kind = kind_of(split_more(reason.removeprefix(REASON_PREFIX).strip())[0])
+    return kind is not None and kind.from_controller
 
 
 def _shows_ours(node: Node) -> bool:

@@ -1,0 +1,158 @@
+"""An operator's decisions: approve or reject a node's recommendation, pause or unpause every repair.
+
+Each decision is one locked transaction on the store, so two operators
+approving at once get one approval and one clear refusal, and the guard
+counts the repairs under way at the moment of the decision. A refusal is
+an exception whose message says why and what to do; nothing is queued
+behind it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pwd
+import time
+from datetime import datetime
+
+from slurm_ext.errors import SlurmExtError
+
+from .settings import ACTIONS, KEEPS_DATA, RepairSection
+from .store import IN_PROGRESS, Record, Store
+
+__all__ = ["Refused", "operator", "guard_limit", "approve", "reject", "pause", "unpause", "paused"]
+
+_PAUSE = "paused"
+
+
+class Refused(SlurmExtError):
+    """A decision the service will not take; the message says why."""
+
+    exit_code = 1
+
+
+def operator() -> str:
+    """Who decides: the user behind sudo, else the login of this process's user."""
+    if os.getuid() == 0 and os.environ.get("SUDO_USER"):
+        return os.environ["SUDO_USER"]
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return f"uid {os.getuid()}"
+
+
+def guard_limit(settings: RepairSection, nodes: int) -> int:
+    """Nodes under repair at once: max(guard_nodes, guard_percent of the cluster's nodes, rounded down)."""
+    return max(settings.guard_nodes, math.floor(nodes * settings.guard_percent / 100))
+
+
+def paused(store: Store) -> tuple[str, float] | None:
+    """(who, since when) when repairs are paused."""
+    found = store.control(_PAUSE)
+    return (found[1], found[2]) if found and found[0] == "yes" else None
+
+
+def _when(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch).astimezone().isoformat(timespec="seconds")
+
+
+def approve(store: Store, node: str, user: str, settings: RepairSection, cluster_nodes: int,
+            action: str | None = None, dry_run: bool = False, auto: bool = False,
+            now: float | None = None) -> tuple[Record, str]:
+    """Approve `node`'s recommendation (with `action` instead of its own, when given); returns the record and what
+    was done. `dry_run`: every check, nothing written. `auto`: the service's auto-approve (reboot only).
+
+    Raises:
+        Refused: no recommendation, decided already, an unknown action, paused, in cooldown, or past the guard.
+    """
+    now = now or time.time()
+    if action is not None and action not in ACTIONS:
+        raise Refused(f"unknown action {action!r}: one of {', '.join(ACTIONS)}")
+    with store.locked():
+        record = _recommendation(store, node)
+        chosen = action or record.action
+        if auto and chosen not in KEEPS_DATA:
+            raise Refused(f"node {node}: auto-approve takes only {', '.join(KEEPS_DATA)}, not {chosen}")
+        stop = paused(store)
+        if stop:
+            raise Refused(f"repairs are paused (by {stop[0]} at {_when(stop[1])}): nothing is approved until "
+                          "`slurm-ext repair unpause`")
+        _check_cooldown(store, node, settings, now)
+        under_way = [r.node for r in store.records(open_only=True, states=IN_PROGRESS)]
+        limit = guard_limit(settings, cluster_nodes)
+        if len(under_way) + 1 > limit:
+            raise Refused(f"node {node}: refused by the guard: {len(under_way)} node(s) under repair now "
+                          f"({', '.join(sorted(under_way))}), and at most {limit} may be at once (max(guard_nodes "
+                          f"{settings.guard_nodes}, guard_percent {settings.guard_percent}% of {cluster_nodes} "
+                          "nodes)); approve again once one has finished")
+        if dry_run:
+            return record, f"would approve {chosen} of node {node} ({record.signature}: {record.evidence}); nothing done"
+        changed = f" (recommended: {record.action})" if chosen != record.action else ""
+        record.state, record.action, record.decided_by, record.decided_at = "approved", chosen, user, now
+        record.updated = now
+        if not store.save(record, expect_state="recommended"):
+            raise Refused(f"node {node}: decided by someone else meanwhile; see `slurm-ext repair list`")
+        how = "auto-approved" if auto else f"approved by {user}"
+        store.event(node, "repair-approved", f"{chosen}{changed} {how}: {record.signature} {record.evidence}",
+                    user, record, now)
+    return record, f"approved {chosen} of node {node}"
+
+
+def reject(store: Store, node: str, user: str, why: str, now: float | None = None) -> Record:
+    """Reject `node`'s recommendation for the reason `why`: recorded; the node stays drained with our reason
+    until its fault clears, and nothing runs.
+
+    Raises:
+        Refused: no recommendation to reject, or an empty reason.
+    """
+    now = now or time.time()
+    if not why.strip():
+        raise Refused("a rejection needs its reason: --why TEXT")
+    with store.locked():
+        record = _recommendation(store, node)
+        record.state, record.decided_by, record.decided_at, record.note = "rejected", user, now, why.strip()
+        record.updated = now
+        if not store.save(record, expect_state="recommended"):
+            raise Refused(f"node {node}: decided by someone else meanwhile; see `slurm-ext repair list`")
+        store.event(node, "repair-rejected", f"{record.action} rejected by {user}: {why.strip()}", user, record, now)
+    return record
+
+
+def pause(store: Store, user: str, now: float | None = None) -> None:
+    """No approval (operator's or auto) until unpaused; repairs under way go on to their end."""
+    with store.locked():
+        store.set_control(_PAUSE, "yes", user, now)
+        store.event("", "repair-paused", f"repairs paused by {user}", user, now=now)
+
+
+def unpause(store: Store, user: str, now: float | None = None) -> None:
+    with store.locked():
+        store.set_control(_PAUSE, "no", user, now)
+        store.event("", "repair-unpaused", f"repairs unpaused by {user}", user, now=now)
+
+
+def _recommendation(store: Store, node: str) -> Record:
+    records = store.records(node=node, open_only=True)
+    found = next((r for r in records if r.state == "recommended"), None)
+    if found:
+        return found
+    busy = next((r for r in records if r.state in IN_PROGRESS), None)
+    if busy:
+        raise Refused(f"node {node}: its {busy.action} was already approved by {busy.decided_by} at "
+                      f"{_when(busy.decided_at or busy.updated)} and is {busy.state}"
+                      + (f" (step {busy.step})" if busy.step else ""))
+    rejected = next((r for r in records if r.state == "rejected"), None)
+    if rejected:
+        raise Refused(f"node {node}: its {rejected.action} was rejected by {rejected.decided_by} at "
+                      f"{_when(rejected.decided_at or rejected.updated)}: {rejected.note}")
+    raise Refused(f"node {node}: no recommendation to decide on (`slurm-ext repair list` shows them; a node gets "
+                  "one when a health check drains it)")
+
+
+def _check_cooldown(store: Store, node: str, settings: RepairSection, now: float) -> None:
+    finished = [r for r in store.records(node=node, states=("done", "failed"), since=now - settings.cooldown)
+                if r.closed and now - r.closed < settings.cooldown]
+    if finished:
+        last = max(finished, key=lambda r: r.closed)
+        raise Refused(f"node {node}: in its cooldown: its {last.action} ended {last.state} at {_when(last.closed)}; "
+                      f"no new repair before {_when(last.closed + settings.cooldown)} (repair.cooldown)")

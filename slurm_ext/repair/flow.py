@@ -1,0 +1,253 @@
+"""An approved repair, step by step: drain, wait for jobs, act, wait for the node, verify, resume.
+
+`advance(record, seen)` moves one repair on as far as what the service saw
+in this pass allows, and saves every step to the store before it acts, so
+a controller agent killed at any point carries on from the record: a step
+whose action is safe to repeat (drain, `scontrol reboot`, resume) is
+repeated, one that is not (an executor's command) is never run twice: its
+outcome unknown, the repair fails and says so.
+
+A reboot goes through Slurm: once the node is drained and its jobs have
+ended, `scontrol reboot NODE` runs its RebootProgram, and the node comes
+back still drained with our reason; it is resumed only once its own health
+checks pass after the boot. (`scontrol reboot ASAP nextstate=RESUME` would
+put it back in service as soon as it registers, before any check, and
+nextstate=DOWN does too under ReturnToService=2: seen on Slurm 22.05.)
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Callable
+
+from slurm_ext import nodestate
+from slurm_ext.errors import NotOurDrain, SlurmExtError
+from slurm_ext.slurm import Job, Node, SlurmClient
+
+from .executors import ExecutorFailed, Outcome
+from .settings import RepairSection
+from .store import Record, Store
+
+__all__ = ["Seen", "advance", "STEPS"]
+
+log = logging.getLogger("repair")
+
+#: the steps of a running repair, in order
+STEPS = ("drain", "wait-jobs", "act", "wait-boot", "verify", "resume")
+_REBOOTING = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED"})
+
+
+@dataclass
+class Seen:
+    """What one pass of the service saw, and what a step may act with."""
+
+    slurm: SlurmClient
+    store: Store
+    settings: RepairSection
+    #: every node, by name, from one Slurm query
+    nodes: dict[str, Node]
+    #: node -> the jobs on it, from one squeue
+    jobs: dict[str, list[Job]]
+    #: node -> its agent's /health answer, or None when it does not answer
+    health: Callable[[str], dict | None]
+    #: start an executor's action on a thread: (action, node) -> Future of its Outcome
+    start_action: Callable[[str, str], Future]
+    #: record id -> the executor action running for it (this process's)
+    actions: dict[int, Future]
+    #: the journal's emitter
+    emit: Callable[..., object]
+    now: float
+
+
+def advance(record: Record, seen: Seen) -> None:
+    """Move `record` (approved or running) on; every step is saved and is an event."""
+    if record.state == "approved":
+        record.state, record.step = "running", "drain"
+        _save(record, seen, "repair-step", f"{record.action} started (approved by {record.decided_by})"
+              + (" as a dry run: nothing is done to the node" if seen.settings.dry_run else ""))
+    for _ in STEPS:  # as many steps as this pass allows, each saved before the next
+        step = record.step
+        try:
+            _STEP[step](record, seen)
+        except (NotOurDrain, ExecutorFailed) as err:
+            _fail(record, seen, str(err), touch_node=isinstance(err, ExecutorFailed))
+        except SlurmExtError as err:  # Slurm or the store did not answer: the same step again next pass
+            log.warning("repair of %s: step %s: %s (tried again next pass)", record.node, step, err)
+            return
+        if record.state != "running" or record.step == step:
+            return
+
+
+def _node(record: Record, seen: Seen) -> Node | None:
+    node = seen.nodes.get(record.node)
+    if node is None:
+        _fail(record, seen, f"node {record.node} is no longer known to slurmctld", touch_node=False)
+    return node
+
+
+def _reason(record: Record) -> str:
+    return nodestate.repair_reason(record.action, f"{record.signature} {record.evidence}", record.decided_by)
+
+
+def _drain(record: Record, seen: Seen) -> None:
+    node = _node(record, seen)
+    if node is None:
+        return
+    record.detail["reason"] = _reason(record)
+    if seen.settings.dry_run:
+        record.step = "wait-jobs"
+        _save(record, seen, "repair-step", f"dry run: would drain {record.node}: {record.detail['reason']!r}")
+        return
+    nodestate.drain_for_repair(seen.slurm, node, record.detail["reason"])
+    record.step, record.detail["drained_at"] = "wait-jobs", seen.now
+    _save(record, seen, "repair-step", f"drained {record.node}: {record.detail['reason']!r}")
+
+
+def _wait_jobs(record: Record, seen: Seen) -> None:
+    running = sorted(j.job_id for j in seen.jobs.get(record.node, []) if not j.finished)
+    if seen.settings.dry_run:
+        record.step = "act"
+        _save(record, seen, "repair-step", f"dry run: would wait for jobs {running or 'none'}")
+        return
+    if running and seen.settings.requeue and not record.detail.get("requeued"):
+        answer = seen.slurm.requeue(running)
+        record.detail["requeued"] = running
+        _save(record, seen, "repair-step", f"requeued the node's jobs {running}" + (f": {answer}" if answer else ""))
+        return
+    if not running:
+        record.step = "act"
+        _save(record, seen, "repair-step", "the node's jobs have ended")
+        return
+    drained_at = record.detail.get("drained_at", seen.now)
+    if seen.now - drained_at > seen.settings.drain_deadline:
+        _fail(record, seen, f"jobs {running} still run {seen.now - drained_at:.0f}s after the drain "
+                            f"(repair.drain_deadline {seen.settings.drain_deadline:g}s); the node stays drained")
+    elif record.detail.get("waiting_for") != running:
+        record.detail["waiting_for"] = running
+        _save(record, seen, "repair-step", f"waiting for jobs {running} to end (until "
+                                           f"{seen.settings.drain_deadline:g}s after the drain)")
+
+
+def _act(record: Record, seen: Seen) -> None:
+    node = _node(record, seen)
+    if node is None:
+        return
+    if seen.settings.dry_run:
+        record.state, record.closed, record.note = "done", seen.now, "dry run"
+        _save(record, seen, "repair-done", f"dry run: would {record.action} {record.node}; nothing was done")
+        return
+    if record.action == "reboot":
+        if "acted_at" not in record.detail:  # saved before the command: a restart re-issues it (harmless)
+            record.detail["acted_at"] = seen.now
+            record.detail["boot_before"] = node.boot_time.timestamp() if node.boot_time else 0.0
+            _save(record, seen)
+        seen.slurm.reboot(record.node)
+        record.step = "wait-boot"
+        _save(record, seen, "repair-step", f"scontrol reboot {record.node}: Slurm reboots it through its "
+                                           "RebootProgram; it stays drained")
+        return
+    running = seen.actions.get(record.id)
+    if running is None:
+        if "acted_at" in record.detail:
+            raise ExecutorFailed(f"the controller agent restarted while {record.action} ran through the executor; "
+                                 "its outcome is unknown and it is not run twice: check the node, then resume it or "
+                                 "approve a new repair")
+        record.detail["acted_at"] = seen.now
+        record.detail["slurmd_before"] = node.slurmd_start.timestamp() if node.slurmd_start else 0.0
+        _save(record, seen, "repair-step", f"{record.action} of {record.node} handed to the "
+                                           f"{seen.settings.executor} executor")
+        seen.actions[record.id] = seen.start_action(record.action, record.node)
+        return
+    if not running.done():
+        return
+    del seen.actions[record.id]
+    outcome: Outcome = running.result()  # ExecutorFailed propagates to advance
+    if record.action == "remove":
+        record.state, record.closed = "done", seen.now
+        _save(record, seen, "repair-done", f"removed {record.node} from the pool: {outcome.summary}; it stays "
+                                           "drained with our reason")
+        return
+    record.step = "wait-boot"
+    _save(record, seen, "repair-step", f"{record.action} done: {outcome.summary}")
+
+
+def _wait_boot(record: Record, seen: Seen) -> None:
+    node = _node(record, seen)
+    if node is None:
+        return
+    acted_at = record.detail.get("acted_at", seen.now)
+    if record.action == "reboot":
+        booted = node.boot_time and node.boot_time.timestamp() > record.detail.get("boot_before", 0.0)
+        back = booted and not node.flags & _REBOOTING and "NOT_RESPONDING" not in node.flags
+    else:
+        started = node.slurmd_start and node.slurmd_start.timestamp() > record.detail.get("slurmd_before", 0.0)
+        back = started and "NOT_RESPONDING" not in node.flags
+    if back:
+        record.step, record.detail["back_at"] = "verify", seen.now
+        _save(record, seen, "repair-step", f"{record.node} is back (boot time {node.boot_time}), its health checks "
+                                           "run")
+        return
+    timed_out = "reboot timed out" in node.reason
+    if timed_out or seen.now - acted_at > seen.settings.boot_timeout:
+        why = ("Slurm gave up on its reboot (ResumeTimeout)" if timed_out
+               else f"not back {seen.now - acted_at:.0f}s after the {record.action} (repair.boot_timeout)")
+        _fail(record, seen, f"{record.node} did not come back: {why}")
+
+
+def _verify(record: Record, seen: Seen) -> None:
+    back_at = record.detail.get("back_at", seen.now)
+    answer = seen.health(record.node)
+    monitor = (answer or {}).get("monitor") or {}
+    fresh = monitor.get("readings_time", 0) >= back_at
+    if fresh:
+        critical = [f for f in monitor.get("findings") or () if f.get("severity") == "critical"]
+        if critical:
+            _fail(record, seen, "its health checks fail after the repair: " + "; ".join(
+                f"{f.get('check')} {f.get('evidence')}" for f in critical))
+            return
+        record.step = "resume"
+        _save(record, seen, "repair-step", f"{record.node}'s health checks pass after the {record.action}")
+        return
+    if seen.now - back_at > seen.settings.verify_timeout:
+        why = "its agent does not answer" if answer is None else "its health monitor has not read it since"
+        _fail(record, seen, f"no health verdict {seen.now - back_at:.0f}s after it came back ({why}; "
+                            "repair.verify_timeout)")
+
+
+def _resume(record: Record, seen: Seen) -> None:
+    node = _node(record, seen)
+    if node is None:
+        return
+    nodestate.resume_after_repair(seen.slurm, node)
+    record.state, record.closed = "done", seen.now
+    _save(record, seen, "repair-done", f"resumed {record.node}: {record.action} done, its checks pass")
+
+
+_STEP = {"drain": _drain, "wait-jobs": _wait_jobs, "act": _act, "wait-boot": _wait_boot, "verify": _verify,
+         "resume": _resume}
+
+
+def _fail(record: Record, seen: Seen, why: str, touch_node: bool = True) -> None:
+    """The repair ends failed; the node stays drained, its reason saying so (when it still shows ours)."""
+    record.state, record.closed, record.note = "failed", seen.now, why
+    _save(record, seen, "repair-failed", f"{record.action} of {record.node} failed at {record.step}: {why}")
+    node = seen.nodes.get(record.node)
+    if touch_node and node is not None and not seen.settings.dry_run and nodestate.is_repair_reason(node.reason):
+        failed = nodestate.repair_reason(f"{record.action} failed", why[:120], record.decided_by)
+        try:
+            nodestate.drain_for_repair(seen.slurm, node, failed)
+        except SlurmExtError as err:
+            log.warning("repair of %s: cannot re-word its drain to say the repair failed: %s", record.node, err)
+
+
+def _save(record: Record, seen: Seen, event: str = "", message: str = "") -> None:
+    record.updated = seen.now
+    with seen.store.locked():
+        seen.store.save(record)
+        if event:
+            seen.store.event(record.node, event, message, record.decided_by, record, seen.now)
+    if event:
+        severity = "error" if event == "repair-failed" else "info"
+        seen.emit(event, message, severity, node=record.node, action=record.action, step=record.step)

@@ -1,0 +1,132 @@
+"""Recommendations from what Slurm shows: pure functions of the nodes, their jobs and the open records.
+
+A node's health monitor drains it, through the node-state owner, with a
+reason that names the fault and its action (`slurm-ext: xid 79 gpu 2 ...
+action=reboot`); that drain is the fault as the whole cluster sees it, in
+one Slurm query for every node. Here a fault becomes a recommendation (one
+per node and signature), with the action from the [repair] actions table
+or else the finding's own; it escalates in place when the fault gets worse
+(its action does) or came back after escalate_after reboots; it goes away
+when the monitor lifts the drain (its quiet window passed). Records under
+repair are the flow's, not touched here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slurm_ext.nodestate.catalogue import kind_of, split_more
+from slurm_ext.slurm import REASON_PREFIX, Node
+
+from .settings import ACTIONS, RepairSection
+from .store import Record
+
+__all__ = ["Fault", "Change", "fault_of", "action_for", "plan"]
+
+#: health's actions that a repair carries out as one of ours (a GPU reset needs the node's jobs gone: a reboot)
+_AS_REPAIR = {"reset-gpu": "reboot", "reboot": "reboot", "reprovision": "reprovision", "failover": "failover",
+              "remove": "remove"}
+#: the records this module keeps: not decided yet, or rejected while their fault lasts
+_UNDECIDED = ("recommended", "rejected")
+#: checks whose evidence starts with the code that tells faults apart (xid 79 is not xid 13)
+_CODED = ("xid", "sxid")
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    node: str
+    signature: str
+    #: the finding's own action (health's words)
+    action: str
+    evidence: str
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    #: new, escalated, updated (jobs or evidence), gone (fault cleared, record closed), closed (a rejected record's
+    #: fault is over)
+    kind: str
+    record: Record
+    message: str = ""
+
+
+def fault_of(node: Node) -> Fault | None:
+    """The fault a node's health drain names, or None (not drained by a health check)."""
+    if not (node.drained or node.state == "DOWN") or not node.reason.startswith(REASON_PREFIX):
+        return None
+    text, _ = split_more(node.reason.removeprefix(REASON_PREFIX).strip())
+    kind = kind_of(text)
+    if kind is None or kind.owner != "health":
+        return None
+    found = kind.pattern.match(text)
+    check, evidence, action = found.group("check"), found.group("evidence"), found.group("action")
+    code = evidence.split(maxsplit=1)[0] if check in _CODED and evidence else ""
+    signature = f"{check}/{code}" if code.isdigit() else check
+    return Fault(node.name, signature, action.split()[0], evidence)
+
+
+def action_for(fault: Fault, settings: RepairSection) -> str | None:
+    """The repair action of a fault: the table's (signature, then check), else the finding's; None when it
+    needs no repair of the node (restart-job, none)."""
+    check = fault.signature.split("/", 1)[0]
+    return settings.actions.get(fault.signature) or settings.actions.get(check) or _AS_REPAIR.get(fault.action)
+
+
+def plan(records: list[Record], nodes: list[Node], jobs: dict[str, list[int]], settings: RepairSection,
+         reboots: dict[tuple[str, str], int], now: float) -> list[Change]:
+    """The changes to the open records that the cluster as seen now calls for.
+
+    `records`: the open ones; `jobs`: node -> ids of its jobs; `reboots`: (node, signature) -> reboots done for it
+    within escalate_window.
+    """
+    under_repair = {r.node for r in records if r.state not in _UNDECIDED}
+    by_node: dict[str, list[Record]] = {}
+    for record in records:
+        if record.state in _UNDECIDED:
+            by_node.setdefault(record.node, []).append(record)
+    changes: list[Change] = []
+    for node in nodes:
+        mine = by_node.pop(node.name, [])
+        if node.name in under_repair:
+            continue  # the flow's
+        fault = fault_of(node)
+        for record in mine:
+            if fault is None or fault.signature != record.signature:
+                changes.append(_closed(record, now, "its fault cleared" if fault is None else
+                                       f"the node's fault is now {fault.signature}"))
+        current = next((r for r in mine if fault and r.signature == fault.signature), None)
+        if fault is None:
+            continue
+        action = action_for(fault, settings)
+        if action is None:
+            continue
+        count = reboots.get((node.name, fault.signature), 0)
+        evidence = fault.evidence
+        if action == "reboot" and count >= settings.escalate_after:
+            action = "remove"
+            evidence += f" (back after {count} reboots for it: escalated to remove)"
+        node_jobs = sorted(jobs.get(node.name, []))
+        if current is None:
+            changes.append(Change("new", Record(node.name, fault.signature, action, evidence, node_jobs,
+                                                opened=now, updated=now),
+                                  f"{action} recommended for {fault.signature}: {evidence}"))
+        elif current.state == "recommended" and ACTIONS.index(action) > ACTIONS.index(current.action):
+            was = current.action
+            current.action, current.evidence, current.jobs, current.updated = action, evidence, node_jobs, now
+            changes.append(Change("escalated", current, f"escalated from {was} to {action}: {evidence}"))
+        elif current.state == "recommended" and (current.jobs != node_jobs or current.evidence != evidence):
+            current.jobs, current.evidence, current.updated = node_jobs, evidence, now
+            changes.append(Change("updated", current))
+    for leftover in by_node.values():  # nodes Slurm no longer lists
+        changes += [_closed(record, now, "the node is no longer in Slurm") for record in leftover]
+    return changes
+
+
+def _closed(record: Record, now: float, why: str) -> Change:
+    kind = "gone" if record.state == "recommended" else "closed"
+    if kind == "gone":
+        record.state = "gone"
+    record.closed, record.updated = now, now
+    outcome = "no longer recommended" if kind == "gone" else "closed"
+    return Change(kind, record, f"{record.action} for {record.signature} {outcome}: {why}")
+

@@ -1,0 +1,177 @@
+"""The repair service: the controller agent's `repair` worker (`slurm-ext repair serve`).
+
+Every repair.interval it reads the whole cluster once (one `scontrol show
+node` or `sinfo --json`, one `squeue`), turns what the nodes' health drains
+say into recommendations (`recommend.plan`), approves what auto-approve
+allows, and moves every approved repair on (`flow.advance`). It keeps no
+state of its own between passes beyond the executors running on its
+threads: the store holds everything, so a restart carries on where it was.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from slurm_ext import config as config_mod, events
+from slurm_ext.errors import SlurmExtError
+from slurm_ext.slurm import Job, Node, SlurmClient, expand_hostlist
+
+from . import decide, executors, flow, recommend
+from .store import IN_PROGRESS, Store, open_store
+
+__all__ = ["Service", "serve", "agent_address", "jobs_by_node", "fetch_json"]
+
+log = logging.getLogger("repair")
+
+#: longest wait for a node agent's /health
+_AGENT_TIMEOUT = 5.0
+
+
+def agent_address(settings, name: str) -> str:
+    """host:port of a node's worker agent: repair.agents' entry, else the node's name and repair.agent_port."""
+    return settings.agents.get(name) or f"{name}:{settings.agent_port}"
+
+
+def jobs_by_node(jobs: list[Job]) -> dict[str, list[Job]]:
+    found: dict[str, list[Job]] = {}
+    for job in jobs:
+        if job.finished or job.state == "PENDING":
+            continue
+        for name in expand_hostlist(job.nodes):
+            found.setdefault(name, []).append(job)
+    return found
+
+
+def fetch_json(url: str, timeout: float = _AGENT_TIMEOUT) -> dict | None:
+    """A node agent's JSON answer, or None when it does not answer (down, rebooting, not ours)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as answer:
+            return json.loads(answer.read())
+    except (OSError, ValueError, urllib.error.URLError):
+        return None
+
+
+class Service:
+    def __init__(self, config, config_path: str | None = None, store: Store | None = None):
+        self.config = config
+        self.config_path = config_path
+        self.store = store or open_store(config)
+        self.slurm = SlurmClient(config.slurm)
+        self.emit = events.emitter(config.node.state_dir, "repair")
+        self.stopping = threading.Event()
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="repair-action")
+        self._actions: dict[int, Future] = {}
+
+    @property
+    def settings(self):
+        return self.config.repair
+
+    def run(self) -> int:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: self.stopping.set())
+        signal.signal(signal.SIGHUP, lambda *_: self._reload())
+        live = self.store.records(open_only=True, states=IN_PROGRESS)
+        self.emit("repair-started", f"repair service on {self.store.where}: every {self.settings.interval:g}s"
+                  + (f"; {len(live)} repair(s) under way carry on: {', '.join(r.node for r in live)}" if live else "")
+                  + ("; dry run" if self.settings.dry_run else ""))
+        while not self.stopping.is_set():
+            try:
+                self.run_pass()
+            except SlurmExtError as err:  # Slurm or the database away: the next pass tries again
+                log.warning("repair: pass skipped: %s", err)
+            self.stopping.wait(self.settings.interval)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.store.close()
+        return 0
+
+    def _reload(self) -> None:
+        try:
+            self.config = config_mod.load(self.config_path)
+            self.emit("reload", "repair service reloaded its config")
+        except SlurmExtError as err:
+            self.emit("reload-failed", f"the config is invalid, the running one is kept: {err}", "error")
+
+    def run_pass(self, now: float | None = None) -> None:
+        """One look at the cluster and one step further for every repair."""
+        now = now or time.time()
+        nodes = {node.name: node for node in self.slurm.nodes()}
+        jobs = jobs_by_node(self.slurm.jobs())
+        self._recommend(nodes, jobs, now)
+        self._auto_approve(len(nodes), now)
+        seen = flow.Seen(self.slurm, self.store, self.settings, nodes, jobs, self._health, self._start_action,
+                         self._actions, self.emit, now)
+        for record in self.store.records(open_only=True, states=IN_PROGRESS):
+            flow.advance(record, seen)
+
+    def _recommend(self, nodes: dict[str, Node], jobs: dict[str, list[Job]], now: float) -> None:
+        window = now - self.settings.escalate_window
+        reboots: dict[tuple[str, str], int] = {}
+        for done in self.store.records(states=("done",), since=window):
+            if done.action == "reboot" and done.note != "dry run":
+                reboots[(done.node, done.signature)] = reboots.get((done.node, done.signature), 0) + 1
+        open_records = self.store.records(open_only=True)
+        job_ids = {name: [j.job_id for j in node_jobs] for name, node_jobs in jobs.items()}
+        changes = recommend.plan(open_records, list(nodes.values()), job_ids, self.settings, reboots, now)
+        if not changes:
+            return
+        with self.store.locked():
+            for change in changes:
+                if change.kind == "new":
+                    self.store.add(change.record)
+                else:
+                    self.store.save(change.record)
+                if change.kind != "updated":
+                    self.store.event(change.record.node, f"repair-{_EVENT[change.kind]}", change.message,
+                                     record=change.record, now=now)
+        for change in changes:
+            if change.kind != "updated":
+                self.emit(f"repair-{_EVENT[change.kind]}", f"node {change.record.node}: {change.message}",
+                          node=change.record.node, action=change.record.action, signature=change.record.signature)
+
+    def _auto_approve(self, cluster_nodes: int, now: float) -> None:
+        wanted = set(self.settings.auto_approve)
+        if not wanted:
+            return
+        for record in self.store.records(open_only=True, states=("recommended",)):
+            check = record.signature.split("/", 1)[0]
+            if record.signature not in wanted and check not in wanted:
+                continue
+            try:
+                decide.approve(self.store, record.node, "slurm-ext (auto-approve)", self.settings, cluster_nodes,
+                               auto=True, now=now)
+            except decide.Refused as err:
+                if record.detail.get("auto_refused") != str(err):  # said once, not every pass
+                    record.detail["auto_refused"] = str(err)
+                    with self.store.locked():
+                        self.store.save(record)
+                        self.store.event(record.node, "repair-refused", f"auto-approve refused: {err}",
+                                         record=record, now=now)
+                    self.emit("repair-refused", f"auto-approve refused: {err}", "warning", node=record.node)
+                continue
+            self.emit("repair-approved", f"node {record.node}: {record.action} auto-approved ({record.signature})",
+                      node=record.node, action=record.action)
+
+    def _health(self, node: str) -> dict | None:
+        return fetch_json(f"http://{agent_address(self.settings, node)}/health")
+
+    def _start_action(self, action: str, node: str) -> Future:
+        return self._pool.submit(executors.run_action, self.settings, action, node)
+
+
+_EVENT = {"new": "recommended", "escalated": "escalated", "gone": "cleared", "closed": "cleared"}
+
+
+def serve(config_path: str | None = None) -> int:
+    """The entry point of `slurm-ext repair serve`."""
+    config = config_mod.load(config_path)
+    if not config.repair.enabled:
+        log.info("repair: repair.enabled is false: nothing to do")
+        return 0
+    return Service(config, config_path).run()

@@ -1,0 +1,333 @@
+"""The durable record of recommendations, decisions and repair steps.
+
+One record per node and fault: recommended -> approved -> running (its
+`step` says where) -> done or failed; or rejected, or gone (the fault
+cleared before anyone decided). A record is open until its fault is over
+and it is decided (closed set); the service reads the open ones at every
+pass, so a controller agent restarted in the middle of a repair carries on
+from the step its record names. Every change is also a row of
+repair_events: that table is the repair history.
+
+Two backends, the same tables: MariaDB (a database of slurm-ext's own on
+the accounting server: same volume, same backups) through PyMySQL, and
+SQLite (a file on the controller's state volume) where a cluster has no
+accounting database. Writers serialise on one lock (MariaDB's GET_LOCK,
+SQLite's BEGIN IMMEDIATE), and every state change is a compare-and-set on
+the state it expects, so two operators approving at once, or an operator
+and the service, never both win.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from slurm_ext.errors import SlurmExtError
+
+__all__ = ["Record", "Event", "Store", "StoreError", "open_store", "LIVE", "IN_PROGRESS"]
+
+#: states that count against the guard: a repair is under way
+IN_PROGRESS = ("approved", "running")
+#: states of a record not decided yet or not finished
+LIVE = ("recommended",) + IN_PROGRESS
+
+_LOCK_TIMEOUT = 30
+
+
+class StoreError(SlurmExtError):
+    """The repair database cannot be reached or written; the message names it."""
+
+
+@dataclass
+class Record:
+    node: str
+    #: the fault's name: a health check, or check/code (xid/79)
+    signature: str
+    #: reboot, reprovision, failover, remove
+    action: str
+    evidence: str
+    #: job ids on the node when last seen
+    jobs: list = field(default_factory=list)
+    state: str = "recommended"
+    #: the step a running repair is at: drain, wait-jobs, act, wait-boot, verify, resume
+    step: str = ""
+    opened: float = 0.0
+    updated: float = 0.0
+    #: set once the record needs nothing more (decided and its fault over, or finished)
+    closed: float | None = None
+    decided_by: str = ""
+    decided_at: float | None = None
+    #: the operator's words (a rejection's reason)
+    note: str = ""
+    #: step data: when the reboot was issued, the node's boot time before it, ...
+    detail: dict = field(default_factory=dict)
+    id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    time: float
+    node: str
+    event: str
+    message: str
+    user: str = ""
+    record: int | None = None
+
+
+_RECORD_COLUMNS = [f.name for f in fields(Record) if f.name != "id"]
+_JSON_COLUMNS = ("jobs", "detail")
+
+
+def _schema(autoincrement: str, text: str) -> list[str]:
+    return [
+        f"""CREATE TABLE IF NOT EXISTS repair_records (
+            id {autoincrement}, node VARCHAR(255) NOT NULL, signature VARCHAR(255) NOT NULL,
+            action VARCHAR(32) NOT NULL, evidence {text} NOT NULL, jobs {text} NOT NULL, state VARCHAR(32) NOT NULL,
+            step VARCHAR(32) NOT NULL, opened DOUBLE NOT NULL, updated DOUBLE NOT NULL, closed DOUBLE,
+            decided_by VARCHAR(255) NOT NULL, decided_at DOUBLE, note {text} NOT NULL, detail {text} NOT NULL)""",
+        f"""CREATE TABLE IF NOT EXISTS repair_events (
+            id {autoincrement}, time DOUBLE NOT NULL, node VARCHAR(255) NOT NULL, event VARCHAR(64) NOT NULL,
+            message {text} NOT NULL, user VARCHAR(255) NOT NULL, record BIGINT)""",
+        f"""CREATE TABLE IF NOT EXISTS repair_control (
+            name VARCHAR(64) PRIMARY KEY, value {text} NOT NULL, user VARCHAR(255) NOT NULL, time DOUBLE NOT NULL)""",
+    ]
+
+
+class Store:
+    """The tables over one DB-API connection. `where` names the database in every error."""
+
+    def __init__(self, connection, where: str, placeholder: str, lock_sql: tuple[str, str] | None):
+        self._db = connection
+        self.where = where
+        self._ph = placeholder
+        self._lock_sql = lock_sql
+
+    # -- plumbing -------------------------------------------------------------------
+
+    def _sql(self, sql: str) -> str:
+        return sql.replace("?", self._ph)
+
+    def _execute(self, sql: str, args: tuple = ()) -> list[tuple]:
+        return self._run(sql, args)[0]
+
+    def _run(self, sql: str, args: tuple = ()) -> tuple[list[tuple], int, int | None]:
+        """(rows, rows changed, the id of a row inserted)."""
+        try:
+            cursor = self._db.cursor()
+            cursor.execute(self._sql(sql), args)
+            rows = list(cursor.fetchall()) if cursor.description else []
+            result = rows, cursor.rowcount, cursor.lastrowid
+            cursor.close()
+            return result
+        except Exception as err:  # both drivers' errors: one message naming the database
+            raise StoreError(f"repair database {self.where}: {err}") from err
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """One writer at a time, in one transaction: committed on success, rolled back on any error."""
+        if self._lock_sql:  # MariaDB: a named lock held by this connection
+            got = self._execute(self._lock_sql[0], (_LOCK_TIMEOUT,))
+            if not got or got[0][0] != 1:
+                raise StoreError(f"repair database {self.where}: another writer held the lock for "
+                                 f"{_LOCK_TIMEOUT}s")
+            self._execute("START TRANSACTION")
+        else:
+            self._execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self._db.rollback()
+            raise
+        else:
+            try:
+                self._db.commit()
+            except Exception as err:
+                raise StoreError(f"repair database {self.where}: commit failed: {err}") from err
+        finally:
+            if self._lock_sql:
+                with contextlib.suppress(StoreError):
+                    self._execute(self._lock_sql[1])
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._db.close()
+
+    # -- records ----------------------------------------------------------------------
+
+    def records(self, *, node: str | None = None, open_only: bool = False, states: tuple[str, ...] = (),
+                since: float | None = None) -> list[Record]:
+        """Records oldest first: of `node`, still open, in `states`, opened or updated since `since`."""
+        where, args = [], []
+        if node is not None:
+            where.append("node = ?")
+            args.append(node)
+        if open_only:
+            where.append("closed IS NULL")
+        if states:
+            where.append(f"state IN ({', '.join('?' * len(states))})")
+            args += list(states)
+        if since is not None:
+            where.append("updated >= ?")
+            args.append(since)
+        clause = f" WHERE {' AND '.join(where)}" if where else ""
+        rows = self._execute(f"SELECT id, {', '.join(_RECORD_COLUMNS)} FROM repair_records{clause} ORDER BY id",
+                             tuple(args))
+        return [_record(row) for row in rows]
+
+    def get(self, record_id: int) -> Record | None:
+        rows = self._execute(f"SELECT id, {', '.join(_RECORD_COLUMNS)} FROM repair_records WHERE id = ?",
+                             (record_id,))
+        return _record(rows[0]) if rows else None
+
+    def add(self, record: Record) -> Record:
+        values = _values(record)
+        _, _, record.id = self._run(f"INSERT INTO repair_records ({', '.join(_RECORD_COLUMNS)}) "
+                                    f"VALUES ({', '.join('?' * len(values))})", tuple(values))
+        return record
+
+    def save(self, record: Record, expect_state: str | None = None) -> bool:
+        """Write `record` back; with `expect_state`, only if the stored one is still in that state (False if not)."""
+        sets = ", ".join(f"{name} = ?" for name in _RECORD_COLUMNS)
+        where, args = "id = ?", [record.id]
+        if expect_state is not None:
+            where += " AND state = ?"
+            args.append(expect_state)
+        _, changed, _ = self._run(f"UPDATE repair_records SET {sets} WHERE {where}", tuple(_values(record) + args))
+        return expect_state is None or changed == 1
+
+    # -- events -------------------------------------------------------------------------
+
+    def event(self, node: str, event: str, message: str, user: str = "", record: Record | None = None,
+              now: float | None = None) -> Event:
+        entry = Event(now or time.time(), node, event, message, user, record.id if record else None)
+        self._execute("INSERT INTO repair_events (time, node, event, message, user, record) VALUES (?, ?, ?, ?, ?, ?)",
+                      (entry.time, entry.node, entry.event, entry.message, entry.user, entry.record))
+        return entry
+
+    def events(self, *, node: str | None = None, since: float | None = None, record: int | None = None,
+               limit: int | None = None) -> list[Event]:
+        """Events oldest first (the newest `limit` of them, when given)."""
+        where, args = [], []
+        for column, value in (("node", node), ("record", record)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                args.append(value)
+        if since is not None:
+            where.append("time >= ?")
+            args.append(since)
+        clause = f" WHERE {' AND '.join(where)}" if where else ""
+        order = " ORDER BY time DESC, id DESC" + (f" LIMIT {int(limit)}" if limit else "")
+        rows = self._execute(f"SELECT time, node, event, message, user, record FROM repair_events{clause}{order}",
+                             tuple(args))
+        return [Event(float(t), n, e, m, u, r) for t, n, e, m, u, r in reversed(rows)]
+
+    # -- the pause switch and other cluster-wide settings ----------------------------------------
+
+    def control(self, name: str) -> tuple[str, str, float] | None:
+        """(value, who set it, when) of a switch, or None when never set."""
+        rows = self._execute("SELECT value, user, time FROM repair_control WHERE name = ?", (name,))
+        return (rows[0][0], rows[0][1], float(rows[0][2])) if rows else None
+
+    def set_control(self, name: str, value: str, user: str, now: float | None = None) -> None:
+        self._execute("DELETE FROM repair_control WHERE name = ?", (name,))
+        self._execute("INSERT INTO repair_control (name, value, user, time) VALUES (?, ?, ?, ?)",
+                      (name, value, user, now or time.time()))
+
+
+def _values(record: Record) -> list:
+    data = asdict(record)
+    return [json.dumps(data[name]) if name in _JSON_COLUMNS else data[name] for name in _RECORD_COLUMNS]
+
+
+def _record(row: tuple) -> Record:
+    data = dict(zip(["id", *_RECORD_COLUMNS], row))
+    for name in _JSON_COLUMNS:
+        data[name] = json.loads(data[name] or ("[]" if name == "jobs" else "{}"))
+    for name in ("opened", "updated"):
+        data[name] = float(data[name])
+    return Record(**data)
+
+
+def open_sqlite(path: str) -> Store:
+    """The store in an SQLite file, made (mode 600, its directory 700 if new) on first use."""
+    target = Path(path)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        connection = sqlite3.connect(str(target), timeout=_LOCK_TIMEOUT, isolation_level=None,
+                                     check_same_thread=False)
+        target.chmod(0o600)
+    except (OSError, sqlite3.Error) as err:
+        raise StoreError(f"repair database {path}: cannot open it: {err}") from err
+    connection.execute("PRAGMA journal_mode=WAL")
+    store = Store(_Autocommit(connection), path, "?", None)
+    for statement in _schema("INTEGER PRIMARY KEY AUTOINCREMENT", "TEXT"):
+        store._execute(statement)
+    return store
+
+
+def open_mariadb(host: str, port: int, user: str, password: str, database: str, timeout: float = 10.0) -> Store:
+    """The store in MariaDB database `database` (its tables made on first use)."""
+    import pymysql  # only where a cluster keeps the history in MariaDB
+    where = f"{database} on {host}:{port}"
+    try:
+        connection = pymysql.connect(host=host, port=port, user=user, password=password, connect_timeout=timeout,
+                                     read_timeout=max(timeout, _LOCK_TIMEOUT + 5), write_timeout=timeout,
+                                     autocommit=True, charset="utf8mb4")
+        connection.cursor().execute(f"CREATE DATABASE IF NOT EXISTS `{database}`")
+        connection.select_db(database)
+    except pymysql.MySQLError as err:
+        raise StoreError(f"repair database {where}: {err.args[-1] if err.args else err}") from err
+    store = Store(connection, where, "%s", ("SELECT GET_LOCK('slurm_ext_repair', %s)",
+                                            "SELECT RELEASE_LOCK('slurm_ext_repair')"))
+    for statement in _schema("BIGINT AUTO_INCREMENT PRIMARY KEY", "TEXT"):
+        store._execute(statement)
+    return store
+
+
+class _Autocommit:
+    """sqlite3 with isolation_level=None commits each statement by itself; inside BEGIN IMMEDIATE, commit() and
+    rollback() end the transaction. This gives it the two methods PyMySQL's connection has."""
+
+    def __init__(self, connection: sqlite3.Connection):
+        self._connection = connection
+
+    def cursor(self):
+        return self._connection.cursor()
+
+    def commit(self) -> None:
+        if self._connection.in_transaction:
+            self._connection.execute("COMMIT")
+
+    def rollback(self) -> None:
+        if self._connection.in_transaction:
+            self._connection.execute("ROLLBACK")
+
+    def close(self) -> None:
+        self._connection.close()
+
+
+def open_store(config, environ: dict[str, str] | None = None) -> Store:
+    """The store the config names ([repair] database; auto: MariaDB where slurm-ext has the accounting database's
+    password, else SQLite).
+
+    Raises:
+        StoreError: it cannot be opened (the message names it and why).
+        ConfigError: MariaDB, but no password to reach it.
+    """
+    repair = config.repair
+    from slurm_ext.accounting import database as accounting_db  # the accounting server's address and password
+    kind = repair.database
+    if kind == "auto":
+        kind = "mariadb" if accounting_db.configured(config, environ) else "sqlite"
+    if kind == "sqlite":
+        return open_sqlite(repair.sqlite_file)
+    import os
+    settings = config.accounting
+    secret = accounting_db.password(settings, os.environ if environ is None else environ, config.source or "<defaults>")
+    return open_mariadb(settings.db_host, settings.db_port, settings.db_user, secret, settings.own_database)
