@@ -244,16 +244,17 @@ class SlurmClient:
                 raise SlurmError(f"job {job_id}: no finished record in sacct after {timeout:g}s (last: {job})")
             time.sleep(interval)
 
-    def node_events(self, node: str, since: datetime) -> list[NodeEvent]:
-        """State changes of `node` that started at or after `since`, oldest first."""
+    def node_events(self, node: str | None, since: datetime) -> list[NodeEvent]:
+        """State changes of `node` (None: of every node, in the same one query) that started at or after `since`,
+        oldest first."""
         start = since.astimezone().strftime("%Y-%m-%dT%H:%M:%S")
         out = self._run(["sacctmgr", "--noheader", "--parsable2", "show", "event", "event=node",
-                         f"nodes={node}", f"start={start}",
+                         *([f"nodes={node}"] if node else []), f"start={start}",
                          "format=NodeName,TimeStart,TimeEnd,State,User,Reason"]).stdout
         events = []
         for line in out.splitlines():
             parts = line.split("|", 5)  # the reason is last and may itself hold '|'
-            if len(parts) < 6 or parts[0] != node:
+            if len(parts) < 6 or not parts[0] or node and parts[0] != node:
                 continue
             events.append(NodeEvent(
                 node=parts[0], start=_parse_time(parts[1]), end=_parse_time(parts[2]),

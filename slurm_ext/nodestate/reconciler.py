@@ -19,6 +19,7 @@ from typing import Callable
 from slurm_ext.errors import SlurmExtError
 from slurm_ext.slurm import Node, SlurmClient
 
+from .controller import is_repair_reason
 from .owner import Drain, Leave, NodeState, Resume, Wait, Want, checked
 
 __all__ = ["Ticket", "Reconciler", "registered"]
@@ -194,7 +195,7 @@ class Reconciler:
 
     def _settle(self, node: Node) -> None:
         """Tell the waiters whose request Slurm now reflects (or that someone else's drain holds)."""
-        foreign = node.drained and not node.reason_is_ours
+        foreign = node.drained and (not node.reason_is_ours or is_repair_reason(node.reason))
         still = []
         for want, ticket in self._open:
             if want is None:  # a clear: done once no resume of ours is pending

@@ -84,8 +84,58 @@ def _serve(args: argparse.Namespace) -> int:
     return serve(args.config)
 
 
+def _status(args: argparse.Namespace) -> int:
+    import time
+    from slurm_ext.slurm import SlurmClient
+    from .status import counts, node_statuses
+    loaded, store = _store(args)
+    nodes = SlurmClient(loaded.slurm).nodes()
+    statuses = node_statuses(nodes, store.records(open_only=True), store.events(since=time.time() - 7 * 86400,
+                                                                                limit=5000))
+    summary = counts(statuses)
+    if args.json:
+        print(json.dumps({"counts": summary, "nodes": [asdict(s) for s in statuses]}, indent=1))
+        return 0
+    print("  ".join(f"{state} {count}" for state, count in summary.items()))
+    print(f"{'NODE':<14} {'STATUS':<10} {'SLURM':<24} {'GPUS':<8} {'REPAIR':<18} REASON / FINDINGS / LAST EVENT")
+    for s in statuses:
+        gpus = f"{s.gpus_used}/{s.gpus.rsplit(':', 1)[-1] if s.gpus else 0}"
+        said = s.findings[0] if s.findings else (f"{s.reason} (by {s.reason_owner})" if s.reason else "")
+        last = f"  [{s.events[-1]}]" if s.events else ""
+        print(f"{s.name:<14} {s.state:<10} {s.slurm_state:<24} {gpus:<8} {s.repair or '-':<18} {said}{last}")
+    return 0
+
+
+def _history(args: argparse.Namespace) -> int:
+    import time
+    from slurm_ext.journal import parse_since
+    from slurm_ext.slurm import SlurmClient
+    from .history import gather
+    try:
+        since = parse_since(args.since).timestamp() if args.since else time.time() - 7 * 86400
+    except ValueError as err:
+        print(f"slurm-ext: error: {err}", file=sys.stderr)
+        return 2
+    loaded, store = _store(args)
+    slurm = SlurmClient(loaded.slurm)
+    names = [] if args.node else [n.name for n in slurm.nodes()]
+    timeline = gather(loaded.repair, store, slurm, names, since, node=args.node)
+    if args.json:
+        print(json.dumps({"entries": [asdict(e) for e in timeline.entries], "unreachable": timeline.unreachable},
+                         indent=1))
+        return 0
+    for e in timeline.entries:
+        who = f" [{e.user}]" if e.user and e.source == "repair" else ""
+        print(f"{_when(e.time)}  {e.node:<12} {e.source:<6} {e.event}: {e.message}{who}")
+    if timeline.unreachable:
+        print(f"slurm-ext: warning: no journal from {len(timeline.unreachable)} node agent(s): "
+              + ", ".join(f"{n} ({why})" for n, why in sorted(timeline.unreachable.items())[:10])
+              + (" ..." if len(timeline.unreachable) > 10 else ""), file=sys.stderr)
+    return 0
+
+
 def add_commands(commands: argparse._SubParsersAction) -> None:
-    """Add `repair` and its actions to the core CLI."""
+    """Add `repair`, `status` and `history` to the core CLI."""
     repair = commands.add_parser(
         "repair", help="the cluster's recommended repairs: list, approve, reject, pause",
         description="Recommendations come from the nodes' health drains; an approved repair drains the node, waits "
@@ -110,3 +160,21 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         actions.add_parser(name, help=text).set_defaults(func=_pause)
     actions.add_parser("serve", help="the repair service (the controller agent runs it as its `repair` worker)"
                        ).set_defaults(func=_serve)
+
+    status = commands.add_parser(
+        "status", help="every node: healthy, booting, unhealthy, pending (a repair awaits approval) or paused (an "
+                       "admin's drain)",
+        description="One Slurm query for the whole cluster and one read of the repair records: each node's status, "
+                    "Slurm state, GPUs in use, open findings (as its drain states them) and latest repair events.")
+    status.add_argument("--json", action="store_true", help="one JSON document")
+    status.set_defaults(func=_status)
+    history = commands.add_parser(
+        "history", help="what happened on the cluster: Slurm's node events, the agents' journals and the repairs, "
+                        "in time order",
+        description="Merges `sacctmgr show event` (one query), every node agent's journal (GET /events on its HTTP "
+                    "listener) and the repair records (recommendations, decisions with who made them, each step).")
+    history.add_argument("--node", metavar="NODE", help="only this node")
+    history.add_argument("--since", metavar="T", help="from T on: a duration back from now (30m, 2h, 7d) or an "
+                         "ISO time; default 7 days")
+    history.add_argument("--json", action="store_true", help="one JSON document")
+    history.set_defaults(func=_history)

@@ -150,7 +150,7 @@ def _recommendation(store: Store, node: str) -> Record:
 
 
 def _check_cooldown(store: Store, node: str, settings: RepairSection, now: float) -> None:
-    finished = [r for r in store.records(node=node, states=("done", "failed"), since=now - settings.cooldown)
+    finished = [r for r in store.records(node=node, states=("done", "failed"))
                 if r.closed and now - r.closed < settings.cooldown]
     if finished:
         last = max(finished, key=lambda r: r.closed)

@@ -88,9 +88,9 @@ def _kubernetes(settings: RepairSection, action: str, node: str) -> Outcome:
         raise ExecutorFailed(f"Kubernetes refused {action} of pod {namespace}/{pod_name}: {err.status} "
                              f"{err.reason}: {(err.body or '')[:500]}" + (f" (after: {'; '.join(done)})" if done else "")
                              ) from None
-    except Exception as err:  # the client's transport errors (refused, TLS, timeout)
-        raise ExecutorFailed(f"cannot reach the Kubernetes API for {action} of pod {namespace}/{pod_name}: {err}"
-                             ) from None
+    except Exception as err:  # the client's transport errors (refused, TLS, timeout) and answers it cannot read
+        raise ExecutorFailed(f"no answer from the Kubernetes API for {action} of pod {namespace}/{pod_name}: {err}"
+                             + (f" (after: {'; '.join(done)})" if done else "")) from None
     return Outcome("; ".join(done))
 
 

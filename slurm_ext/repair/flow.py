@@ -111,6 +111,15 @@ def _wait_jobs(record: Record, seen: Seen) -> None:
         record.step = "act"
         _save(record, seen, "repair-step", f"dry run: would wait for jobs {running or 'none'}")
         return
+    node = _node(record, seen)
+    if node is None:
+        return
+    if not (node.drained and nodestate.is_repair_reason(node.reason)):  # lifted meanwhile (a slurmctld restarted
+        # from older state, or someone resumed it): drained again, or failed when someone else's reason holds it
+        nodestate.drain_for_repair(seen.slurm, node, record.detail["reason"])
+        _save(record, seen, "repair-step", f"drained {record.node} again: it showed "
+                                           f"{node.reason or 'no drain'!r} while its repair waited for its jobs")
+        return
     if running and seen.settings.requeue and not record.detail.get("requeued"):
         answer = seen.slurm.requeue(running)
         record.detail["requeued"] = running

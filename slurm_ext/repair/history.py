@@ -1,0 +1,104 @@
+"""One timeline of what happened on the cluster: `slurm-ext history`.
+
+Three sources, merged in time order:
+- Slurm's own event table (`sacctmgr show event`, one query for every
+  node): state changes, their reasons and who set them;
+- the node agents' journals, each read over its agent's HTTP listener
+  (GET /events?since=, read-only), all at once on a few threads;
+- the repair records: recommendations, decisions (with the operator) and
+  every step.
+An agent that does not answer is named in the answer, not skipped in
+silence: its node's own events are then missing from the timeline.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from slurm_ext.slurm import SlurmClient
+
+from .service import agent_address
+from .store import Store
+
+__all__ = ["Entry", "Timeline", "gather"]
+
+#: agents asked at once
+_PARALLEL = 32
+#: longest wait for one agent
+_AGENT_TIMEOUT = 3.0
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    time: float
+    node: str
+    #: slurm, agent (the node's journal) or repair
+    source: str
+    event: str
+    message: str
+    user: str = ""
+
+
+@dataclass
+class Timeline:
+    entries: list[Entry] = field(default_factory=list)
+    #: nodes whose agent did not answer (their journal is missing), with why
+    unreachable: dict[str, str] = field(default_factory=dict)
+
+
+def gather(settings, store: Store, slurm: SlurmClient, nodes: list[str], since: float,
+           node: str | None = None) -> Timeline:
+    """The merged timeline since `since` (epoch seconds), of `node` or of every node in `nodes`."""
+    timeline = Timeline()
+    moment = datetime.fromtimestamp(since, timezone.utc)
+    for event in slurm.node_events(node, moment):
+        who = f" (by {event.user})" if event.user else ""
+        timeline.entries.append(Entry(event.start.timestamp(), event.node, "slurm", event.state.lower(),
+                                      f"{event.state}: {event.reason}{who}", event.user))
+        if event.end:
+            timeline.entries.append(Entry(event.end.timestamp(), event.node, "slurm", "end",
+                                          f"{event.state} over: {event.reason}"))
+    for entry in store.events(node=node, since=since):
+        timeline.entries.append(Entry(entry.time, entry.node or "-", "repair", entry.event, entry.message, entry.user))
+    wanted = [node] if node else nodes
+    with ThreadPoolExecutor(max_workers=min(_PARALLEL, max(len(wanted), 1))) as pool:
+        answers = pool.map(lambda name: (name, _journal(settings, name, since)), wanted)
+        for name, (lines, problem) in answers:
+            if problem:
+                timeline.unreachable[name] = problem
+            for data in lines:
+                if data.get("component") == "repair":
+                    continue  # the controller's journal: the same as the repair records, which hold the user
+                timeline.entries.append(Entry(_epoch(data.get("time", "")), name, "agent",
+                                              f"{data.get('component', '?')}/{data.get('event', '?')}",
+                                              str(data.get("message", ""))))
+    timeline.entries.sort(key=lambda e: (e.time, e.node))
+    return timeline
+
+
+def _journal(settings, node: str, since: float) -> tuple[list[dict], str]:
+    import urllib.error
+    import urllib.request
+    url = f"http://{agent_address(settings, node)}/events?since={since:.0f}"
+    try:
+        with urllib.request.urlopen(url, timeout=_AGENT_TIMEOUT) as answer:
+            text = answer.read().decode("utf-8", "replace")
+    except (OSError, urllib.error.URLError) as err:
+        return [], str(getattr(err, "reason", err))
+    lines = []
+    for line in text.splitlines():
+        try:
+            lines.append(json.loads(line))
+        except ValueError:
+            continue
+    return lines, ""
+
+
+def _epoch(text: str) -> float:
+    try:
+        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S%z").timestamp()
+    except ValueError:
+        return 0.0

@@ -1,0 +1,87 @@
+"""Every node in one of five states: `slurm-ext status`.
+
+From one Slurm query for the whole cluster and one read of the repair
+records, never a query per node:
+- booting: Slurm is rebooting it, or a repair waits for it to come back;
+- paused: drained or down by an admin or another tool (its reason is not
+  ours): slurm-ext leaves it alone;
+- pending: a repair is recommended and awaits an operator;
+- unhealthy: drained with our reason (a health finding, a repair under way
+  or failed), or not answering Slurm;
+- healthy: the rest.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from slurm_ext.slurm import Node, is_our_reason
+
+from .recommend import fault_of
+from .store import IN_PROGRESS, Event, Record
+
+__all__ = ["STATES", "NodeStatus", "classify", "node_statuses", "counts"]
+
+STATES = ("healthy", "booting", "unhealthy", "pending", "paused")
+_REBOOTING = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED", "POWERING_UP"})
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatus:
+    name: str
+    state: str
+    #: Slurm's own words: IDLE+DRAIN, ALLOCATED, ...
+    slurm_state: str
+    reason: str
+    #: who owns the reason: slurm-ext, or the user Slurm names (an admin, another tool)
+    reason_owner: str
+    gpus: str
+    gpus_used: int
+    #: open findings as the node's drain states them
+    findings: list = field(default_factory=list)
+    #: the node's repair: recommended, approved, running (step), failed, rejected
+    repair: str = ""
+    #: its latest repair events, newest last
+    events: list = field(default_factory=list)
+
+
+def classify(node: Node, record: Record | None) -> str:
+    drained = node.drained or node.state == "DOWN"
+    if node.flags & _REBOOTING or record is not None and record.state in IN_PROGRESS and \
+            record.step in ("wait-boot", "verify"):
+        return "booting"
+    if drained and node.reason and not is_our_reason(node.reason):
+        return "paused"
+    if record is not None and record.state == "recommended":
+        return "pending"
+    if drained or not node.responding or node.state in ("UNKNOWN", "ERROR"):
+        return "unhealthy"
+    return "healthy"
+
+
+def node_statuses(nodes: list[Node], records: list[Record], events: list[Event], per_node: int = 3
+                  ) -> list[NodeStatus]:
+    """Each node's status. `records`: the open ones; `events`: recent repair events (any order)."""
+    live = {r.node: r for r in records}
+    recent: dict[str, list[Event]] = {}
+    for event in sorted(events, key=lambda e: e.time):
+        recent.setdefault(event.node, []).append(event)
+    statuses = []
+    for node in nodes:
+        record = live.get(node.name)
+        fault = fault_of(node)
+        owner = "slurm-ext" if is_our_reason(node.reason) else (node.reason_user or ("?" if node.reason else ""))
+        repair = ""
+        if record is not None:
+            repair = record.state + (f" ({record.step})" if record.step and record.state == "running" else "")
+        statuses.append(NodeStatus(
+            node.name, classify(node, record), "+".join([node.state, *sorted(node.flags)]), node.reason, owner,
+            node.gres, node.gpus_used, [f"{fault.signature}: {fault.evidence}"] if fault else [], repair,
+            [f"{e.event}: {e.message}" for e in recent.get(node.name, [])[-per_node:]]))
+    return statuses
+
+
+def counts(statuses: list[NodeStatus]) -> dict[str, int]:
+    found = Counter(s.state for s in statuses)
+    return {state: found.get(state, 0) for state in STATES}

@@ -1,0 +1,310 @@
+"""The repair component's logic: recommendations from literal nodes, decisions on a real SQLite store, the
+executors for real (a command; the Kubernetes client against a recording HTTP server), the status classes."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from slurm_ext import config
+from slurm_ext.repair import decide, executors, recommend
+from slurm_ext.repair.settings import RepairSection
+from slurm_ext.repair.status import classify, counts, node_statuses
+from slurm_ext.repair.store import Record, open_sqlite
+from slurm_ext.slurm import Node, expand_hostlist
+
+XID79 = "slurm-ext: xid 79 gpu 1 GPU_HAS_FALLEN_OFF_THE_BUS (expected none) action=reboot"
+
+
+def _node(name: str, state: str = "IDLE", flags=(), reason: str = "", user: str = "root") -> Node:
+    return Node(name, state, frozenset(flags), reason, user if reason else "", gres="gpu:h200:4")
+
+
+def _drained(name: str, reason: str = XID79) -> Node:
+    return _node(name, flags={"DRAIN"}, reason=reason)
+
+
+@pytest.fixture
+def store(tmp_path):
+    opened = open_sqlite(str(tmp_path / "state" / "repair.db"))
+    yield opened
+    opened.close()
+
+
+def _plan(records, nodes, settings=RepairSection(), jobs=None, reboots=None, now=1000.0):
+    return recommend.plan(records, nodes, jobs or {}, settings, reboots or {}, now)
+
+
+# -- recommendations ----------------------------------------------------------------------------------------
+
+def test_a_health_drain_becomes_one_recommendation_with_its_action_evidence_and_jobs():
+    changes = _plan([], [_drained("n1"), _node("n2"), _node("n3", flags={"DRAIN"}, reason="admin: fan")],
+                    jobs={"n1": [12, 7]})
+    assert [(c.kind, c.record.node, c.record.signature, c.record.action, c.record.jobs) for c in changes] == [
+        ("new", "n1", "xid/79", "reboot", [7, 12])]
+    assert changes[0].record.evidence == "79 gpu 1 GPU_HAS_FALLEN_OFF_THE_BUS (expected none)"
+
+
+def test_the_config_table_chooses_the_action_by_signature_then_by_check():
+    settings = RepairSection(actions={"xid/79": "failover", "temperature": "remove"})
+    hot = _drained("n2", "slurm-ext: temperature 95C (limit 87C) action=reboot")
+    changes = _plan([], [_drained("n1"), hot], settings)
+    assert {c.record.node: c.record.action for c in changes} == {"n1": "failover", "n2": "remove"}
+
+
+def test_a_finding_that_needs_no_repair_of_the_node_recommends_nothing():
+    assert _plan([], [_drained("n1", "slurm-ext: xid 13 gpu 0 GR_EXCEPTION (expected none) action=restart-job")]) == []
+
+
+def test_a_cleared_fault_takes_its_recommendation_away_and_a_rejected_one_is_closed():
+    open_one = Record("n1", "xid/79", "reboot", "e", state="recommended", opened=1.0, updated=1.0, id=1)
+    rejected = Record("n2", "xid/79", "reboot", "e", state="rejected", opened=1.0, updated=1.0, id=2)
+    changes = _plan([open_one, rejected], [_node("n1"), _node("n2")])
+    assert [(c.kind, c.record.state, c.record.closed) for c in changes] == [("gone", "gone", 1000.0),
+                                                                          ("closed", "rejected", 1000.0)]
+
+
+def test_a_worse_fault_escalates_in_place_and_repeats_after_reboots_recommend_remove():
+    record = Record("n1", "xid/79", "reboot", "e", state="recommended", opened=1.0, updated=1.0, id=1)
+    worse = _drained("n1", "slurm-ext: xid 79 gpu 1 GPU_HAS_FALLEN_OFF_THE_BUS (expected none) action=remove")
+    (change,) = _plan([record], [worse])
+    assert (change.kind, change.record.action, change.record.id) == ("escalated", "remove", 1)
+    (again,) = _plan([], [_drained("n1")], reboots={("n1", "xid/79"): 2})
+    assert again.record.action == "remove" and "after 2 reboots" in again.record.evidence
+    (below,) = _plan([], [_drained("n1")], reboots={("n1", "xid/79"): 1})
+    assert below.record.action == "reboot"
+
+
+def test_a_node_under_repair_is_left_to_the_flow():
+    running = Record("n1", "xid/79", "reboot", "e", state="running", step="wait-boot", opened=1.0, updated=1.0, id=1)
+    assert _plan([running], [_node("n1", flags={"DRAIN"}, reason="slurm-ext: repair reboot: x (approved by a)")]) == []
+
+
+# -- decisions on a real SQLite store ------------------------------------------------------------------------
+
+def _recommend(store, node: str, now: float = 1000.0) -> Record:
+    with store.locked():
+        return store.add(Record(node, "xid/79", "reboot", "79 gpu 1", opened=now, updated=now))
+
+
+def test_approve_records_the_user_and_a_second_approval_is_refused_with_who(store):
+    _recommend(store, "n1")
+    record, said = decide.approve(store, "n1", "alice", RepairSection(), 10)
+    assert (record.state, record.decided_by) == ("approved", "alice") and "approved reboot" in said
+    with pytest.raises(decide.Refused, match="already approved by alice"):
+        decide.approve(store, "n1", "bob", RepairSection(), 10)
+    events = store.events(node="n1")
+    assert [(e.event, e.user) for e in events] == [("repair-approved", "alice")]
+
+
+def test_two_operators_approving_at_once_one_wins(tmp_path):
+    path = str(tmp_path / "r.db")
+    first, second = open_sqlite(path), open_sqlite(path)
+    _recommend(first, "n1")
+    results = []
+
+    def approve(store, user):
+        try:
+            decide.approve(store, "n1", user, RepairSection(), 10)
+            results.append(("ok", user))
+        except decide.Refused as err:
+            results.append(("refused", str(err)))
+
+    threads = [threading.Thread(target=approve, args=(s, u)) for s, u in ((first, "alice"), (second, "bob"))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(r[0] for r in results) == ["ok", "refused"], results
+    assert len(first.events(node="n1")) == 1
+
+
+def test_no_recommendation_an_unknown_action_and_an_empty_rejection_are_refused(store):
+    with pytest.raises(decide.Refused, match="no recommendation"):
+        decide.approve(store, "n9", "alice", RepairSection(), 10)
+    _recommend(store, "n1")
+    with pytest.raises(decide.Refused, match="unknown action 'explode'"):
+        decide.approve(store, "n1", "alice", RepairSection(), 10, action="explode")
+    with pytest.raises(decide.Refused, match="needs its reason"):
+        decide.reject(store, "n1", "alice", "  ")
+    rejected = decide.reject(store, "n1", "alice", "vendor on site tomorrow")
+    assert (rejected.state, rejected.note) == ("rejected", "vendor on site tomorrow")
+    with pytest.raises(decide.Refused, match="rejected by alice.*vendor on site tomorrow"):
+        decide.approve(store, "n1", "bob", RepairSection(), 10)
+
+
+def test_the_guard_refuses_beyond_max_of_nodes_and_percent_and_says_why(store):
+    settings = RepairSection(guard_nodes=1, guard_percent=50)
+    for name in ("n1", "n2", "n3"):
+        _recommend(store, name)
+    decide.approve(store, "n1", "a", settings, 4)
+    decide.approve(store, "n2", "a", settings, 4)
+    with pytest.raises(decide.Refused, match=r"refused by the guard: 2 node\(s\) under repair now \(n1, n2\), and at "
+                                             r"most 2 may be at once"):
+        decide.approve(store, "n3", "a", settings, 4)
+    assert decide.guard_limit(RepairSection(guard_nodes=3, guard_percent=10), 10) == 3
+    assert decide.guard_limit(RepairSection(guard_nodes=1, guard_percent=10), 1000) == 100
+
+
+def test_pause_cooldown_dry_run_and_auto_approve_rules(store):
+    settings = RepairSection(cooldown=600)
+    _recommend(store, "n1")
+    decide.pause(store, "carol")
+    with pytest.raises(decide.Refused, match="paused \\(by carol"):
+        decide.approve(store, "n1", "a", settings, 10)
+    decide.unpause(store, "carol")
+    _, said = decide.approve(store, "n1", "a", settings, 10, dry_run=True)
+    assert "would approve" in said and store.records(node="n1")[0].state == "recommended"
+    with pytest.raises(decide.Refused, match="auto-approve takes only reboot"):
+        decide.approve(store, "n1", "auto", settings, 10, action="remove", auto=True)
+    done = store.records(node="n1")[0]
+    done.state, done.closed = "done", time.time() - 60
+    with store.locked():
+        store.save(done)
+    _recommend(store, "n1")
+    with pytest.raises(decide.Refused, match="in its cooldown"):
+        decide.approve(store, "n1", "a", settings, 10)
+    decide.approve(store, "n1", "a", replace(settings, cooldown=30), 10)
+
+
+# -- executors, for real ------------------------------------------------------------------------------------
+
+def test_the_command_executor_runs_the_template_and_reports_failure_and_timeout(tmp_path):
+    out = tmp_path / "rma.log"
+    settings = RepairSection(commands={"remove": ["/bin/sh", "-c", f"echo RMA {{node}} >> {out}; echo ticket 42"],
+                                       "reprovision": ["/bin/sh", "-c", "echo no image >&2; exit 3"],
+                                       "failover": ["/bin/sleep", "5"]}, command_timeout=1.0)
+    outcome = executors.run_action(settings, "remove", "gpu-7")
+    assert out.read_text() == "RMA gpu-7\n" and "ticket 42" in outcome.output
+    with pytest.raises(executors.ExecutorFailed, match="exit status 3.*no image|no image"):
+        executors.run_action(settings, "reprovision", "gpu-7")
+    started = time.monotonic()
+    with pytest.raises(executors.ExecutorFailed, match="did not finish within 1s and was killed"):
+        executors.run_action(settings, "failover", "gpu-7")
+    assert time.monotonic() - started < 4
+    with pytest.raises(executors.ExecutorFailed, match="no command for remove"):
+        executors.run_action(RepairSection(), "remove", "gpu-7")
+
+
+class _Recorder(BaseHTTPRequestHandler):
+    """A recording HTTP server in the Kubernetes API's shape: it keeps every request and answers what the client
+    expects (no API server can run on these machines)."""
+
+    requests: list = []
+
+    def _answer(self, body: dict, code: int = 200) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _record(self) -> dict:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length)) if length else None
+        self.requests.append({"method": self.command, "path": self.path, "body": body,
+                              "auth": self.headers.get("Authorization"),
+                              "type": self.headers.get("Content-Type")})
+        return body
+
+    def do_GET(self):
+        self._record()
+        name = self.path.rsplit("/", 1)[-1]
+        if name == "missing":
+            return self._answer({"kind": "Status", "code": 404, "message": "pods \"missing\" not found"}, 404)
+        self._answer({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": name, "namespace": "slurm"},
+                      "spec": {"nodeName": "k8s-worker-7", "containers": [{"name": "slurmd"}]}})
+
+    def do_PATCH(self):
+        self._record()
+        self._answer({"kind": "Node", "apiVersion": "v1", "metadata": {"name": "k8s-worker-7"}})
+
+    def do_DELETE(self):  # the API answers a pod's deletion with the pod
+        self._record()
+        name = self.path.rsplit("/", 1)[-1]
+        self._answer({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": name, "namespace": "slurm"},
+                      "spec": {"nodeName": "k8s-worker-7", "containers": [{"name": "slurmd"}]}})
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def recorder(tmp_path):
+    _Recorder.requests = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    settings = RepairSection(executor="kubernetes", kubernetes_api=f"http://127.0.0.1:{server.server_port}",
+                             kubernetes_token_file=str(token), kubernetes_ca_file="", kubernetes_namespace="slurm",
+                             kubernetes_pod="gpu-{node}")
+    yield settings, _Recorder.requests
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_kubernetes_executor_sends_the_expected_requests(recorder):
+    settings, requests = recorder
+    executors.run_action(settings, "reprovision", "n1")
+    assert [(r["method"], r["path"]) for r in requests] == [("GET", "/api/v1/namespaces/slurm/pods/gpu-n1"),
+                                                           ("DELETE", "/api/v1/namespaces/slurm/pods/gpu-n1")]
+    assert all(r["auth"] == "Bearer s3cret" for r in requests)
+    requests.clear()
+    outcome = executors.run_action(settings, "remove", "n2")
+    assert [(r["method"], r["path"]) for r in requests] == [("GET", "/api/v1/namespaces/slurm/pods/gpu-n2"),
+                                                           ("PATCH", "/api/v1/nodes/k8s-worker-7"),
+                                                           ("DELETE", "/api/v1/namespaces/slurm/pods/gpu-n2")]
+    assert requests[1]["body"] == {"spec": {"unschedulable": True},
+                                   "metadata": {"labels": {"slurm-ext.io/rma": "true"}}}
+    assert "cordoned Kubernetes node k8s-worker-7 and labelled it for RMA" in outcome.summary
+    requests.clear()
+    executors.run_action(settings, "failover", "n3")
+    assert requests[1]["body"] == {"spec": {"unschedulable": True}}
+    with pytest.raises(executors.ExecutorFailed, match="Kubernetes refused reprovision of pod slurm/missing: 404"):
+        executors.run_action(replace(settings, kubernetes_pod="missing"), "reprovision", "n4")
+
+
+def test_the_kubernetes_executor_names_an_api_that_does_not_answer(tmp_path):
+    settings = RepairSection(executor="kubernetes", kubernetes_api="http://127.0.0.1:9", kubernetes_token_file="",
+                             kubernetes_ca_file="")
+    with pytest.raises(executors.ExecutorFailed, match="no answer from the Kubernetes API for remove"):
+        executors.run_action(settings, "remove", "n1")
+
+
+# -- status and the rest -------------------------------------------------------------------------------------
+
+def test_each_node_gets_one_of_the_five_states():
+    nodes = [_node("ok"), _node("boot", flags={"REBOOT_REQUESTED"}), _drained("sick"),
+             _node("admin", flags={"DRAIN"}, reason="NHC: disk full"), _drained("wait"),
+             _node("gone", "DOWN", {"NOT_RESPONDING"})]
+    records = [Record("wait", "xid/79", "reboot", "e", state="recommended", opened=1.0, updated=1.0)]
+    statuses = node_statuses(nodes, records, [])
+    assert [s.state for s in statuses] == ["healthy", "booting", "unhealthy", "paused", "pending", "unhealthy"]
+    assert counts(statuses) == {"healthy": 1, "booting": 1, "unhealthy": 2, "pending": 1, "paused": 1}
+    assert statuses[3].reason_owner == "root" and statuses[2].findings == [
+        "xid/79: 79 gpu 1 GPU_HAS_FALLEN_OFF_THE_BUS (expected none)"]
+    waiting = Record("boot2", "xid/79", "reboot", "e", state="running", step="verify", opened=1.0, updated=1.0)
+    assert classify(_node("boot2", flags={"DRAIN"}, reason="slurm-ext: repair reboot: x (approved by a)"),
+                    waiting) == "booting"
+
+
+def test_host_lists_expand_like_scontrol_show_hostnames():
+    assert expand_hostlist("gpu[01-03,07],login1") == ["gpu01", "gpu02", "gpu03", "gpu07", "login1"]
+    assert expand_hostlist("n[8-11]") == ["n8", "n9", "n10", "n11"]
+    assert expand_hostlist("") == []
+
+
+def test_the_repair_section_is_refused_with_the_key_named(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[repair]\nactions = { "xid/79" = "explode" }\n')
+    with pytest.raises(Exception, match="repair.actions"):
+        config.load(Path(path))

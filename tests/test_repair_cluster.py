@@ -1,0 +1,301 @@
+"""Human-approved repair on a 4-node dev cluster: real slurmctld, four slurmd with their own agents, fake NVML,
+each node's kernel log a file of its own, the repair service in the controller agent keeping its records in the
+cluster's MariaDB, and Slurm's reboot flow through the cluster's RebootProgram."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import tempfile
+import time
+from dataclasses import asdict
+
+import psutil
+import pytest
+
+from slurm_ext import config, devcluster as dev
+from slurm_ext.devcluster import daemons
+from slurm_ext.devcluster.cluster import cluster_daemons
+from slurm_ext.repair.store import open_store
+
+from conftest import TEST_CLUSTER, Cluster, cli, wait_for
+
+REPAIR_CLUSTER = {**TEST_CLUSTER, "cluster_name": "slurmextrepair", "node_name": "rnode1", "nodes": 4,
+                  "defined_nodes": 5, "slurmctld_port": 18817, "slurmd_port": 18818, "slurmdbd_port": 18819,
+                  "mariadb_port": 13309, "controller_probe_port": 19831, "worker_probe_port": 19830,
+                  "accounting_probe_port": 19832, "node_port_base": 24000, "kernel_log": "",
+                  "health_interval": 1.0, "repair_interval": 1.0, "resume_timeout": 30}
+NODES = ["rnode1", "rnode2", "rnode3", "rnode4"]
+
+
+class RepairCluster(Cluster):
+    def repair_cli(self, *args: str, user: str = "alice", node: str | None = None):
+        conf = self.layout.node(node).slurm_ext_conf if node else self.layout.slurm_ext_conf
+        return cli("--config", str(conf), *args, env={"SUDO_USER": user})
+
+    def records(self) -> list[dict]:
+        done = self.repair_cli("repair", "list", "--json")
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)["records"]
+
+    def record(self, node: str, *states: str, timeout: float = 30.0) -> dict:
+        def found():
+            return next((r for r in self.records() if r["node"] == node and (not states or r["state"] in states)),
+                        None)
+        return wait_for(f"{node}: a record in {states}", found, timeout, interval=0.5)
+
+    def inject_xid(self, node: str, xid: int = 79) -> None:
+        """The kernel line of Xid `xid` on the node's GPU 1, appended to its kernel log."""
+        spec = json.loads(self.layout.node(node).gpu_spec.read_text())
+        bus = spec["gpus"][1]["pci_bus_id"][4:-2]  # 00000000:18:00.0 -> 0000:18:00, as the driver writes it
+        with open(self.layout.node(node).kernel_log, "a") as log:
+            log.write(f"NVRM: Xid (PCI:{bus}): {xid}, pid='<unknown>', name=<unknown>, GPU has fallen off "
+                      "the bus.\n")
+
+    def slurm_node(self, node: str):
+        return self.client().node(node)
+
+    def history(self, node: str) -> list[dict]:
+        done = self.repair_cli("history", "--node", node, "--since", "1h", "--json")
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)["entries"]
+
+    def repair_with_reboot(self, node: str) -> dict:
+        """A fault, its recommendation approved, the repair through to its end."""
+        self.inject_xid(node)
+        record = self.record(node, "recommended")
+        assert self.repair_cli("repair", "approve", node).returncode == 0
+        return wait_for(f"{node}: repair done", lambda: next(
+            (r for r in self._all(node) if r["id"] == record["id"] and r["state"] in ("done", "failed")), None),
+            120, interval=1.0)
+
+    def _all(self, node: str) -> list[dict]:
+        """Every record of `node`, closed ones too, from the store."""
+        with self.store() as store:
+            return [asdict(r) for r in store.records(node=node)]
+
+    @contextlib.contextmanager
+    def store(self):
+        store = open_store(config.load(self.layout.slurm_ext_conf))
+        try:
+            yield store
+        finally:
+            store.close()
+
+
+@pytest.fixture(scope="module")
+def four():
+    state_dir = tempfile.mkdtemp(prefix="slurm-ext-repair-")
+    os.chmod(state_dir, 0o755)
+    settings = dev.DevSection(state_dir=state_dir, **REPAIR_CLUSTER)
+    try:
+        dev.up(settings)
+        yield RepairCluster(settings)
+    finally:
+        dev.down(settings)
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def repair(four):
+    """The cluster idle, every fault cleared and nothing open, after each test (one failure does not fail the
+    rest)."""
+    yield four
+    dev.up(four.settings)
+    slurm = four.client()
+    jobs = [str(j.job_id) for j in slurm.jobs() if not j.finished]
+    if jobs:
+        four.run("scancel", *jobs, check=False)
+    for node in NODES:
+        four.repair_cli("health", "clear", node=node)
+        current = slurm.node(node)
+        if current.drained and not current.reason_is_ours:
+            four.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
+
+    def settled():
+        if [r for r in four.records() if r["state"] in ("recommended", "approved", "running")]:
+            return False
+        states = {n.name: n for n in slurm.nodes()}
+        return all(states[n].idle for n in NODES)
+    wait_for("the repair cluster settled", settled, 120, interval=1.0)
+
+
+def _events(cluster: RepairCluster, record: int) -> list:
+    """The repair events of one record, from the store."""
+    with cluster.store() as store:
+        return store.events(record=record)
+
+
+def _in_order(entries: list[dict], wanted: list[tuple[str, str]]) -> list[dict]:
+    """The entries matching each (source, text) in turn, in time order; fails naming the first one missing."""
+    found, at = [], 0
+    for source, text in wanted:
+        for index in range(at, len(entries)):
+            entry = entries[index]
+            if entry["source"] == source and text in f"{entry['event']}: {entry['message']}":
+                found.append(entry)
+                at = index + 1
+                break
+        else:
+            lines = "\n".join(f"{e['source']} {e['event']}: {e['message']}" for e in entries)
+            raise AssertionError(f"history lacks {source} {text!r} after {found[-1:]}:\n{lines}")
+    return found
+
+
+def test_a_gpu_fault_is_recommended_approved_and_repaired_through_slurms_reboot(repair):
+    job = repair.sbatch("-w", "rnode2", "--wrap", "sleep 10")
+    wait_for("the job runs", lambda: any(j.job_id == job and j.state == "RUNNING" for j in repair.client().jobs()),
+             30, interval=0.3)
+    boot_before = repair.slurm_node("rnode2").boot_time
+    repair.inject_xid("rnode2")
+    record = repair.record("rnode2", "recommended")
+    assert (record["action"], record["signature"], record["jobs"]) == ("reboot", "xid/79", [job])
+    assert "GPU_HAS_FALLEN_OFF_THE_BUS" in record["evidence"]
+    listed = repair.repair_cli("repair", "list")
+    assert "rnode2" in listed.stdout and "recommended" in listed.stdout
+
+    approved = repair.repair_cli("repair", "approve", "rnode2", user="alice")
+    assert approved.returncode == 0, approved.stderr
+    running = repair.record("rnode2", "running")
+    node = wait_for("drained with the repair's reason", lambda: (n := repair.slurm_node("rnode2")).reason.startswith(
+        "slurm-ext: repair reboot: xid/79") and n, 15, interval=0.3)
+    assert running["step"] == "wait-jobs" and "DRAIN" in node.flags
+    assert any(j.job_id == job and j.state == "RUNNING" for j in repair.client().jobs())  # allowed to finish
+
+    assert repair.wait_accounted(job).state == "COMPLETED"
+    done = wait_for("the repair done", lambda: next((r for r in repair._all("rnode2")
+                                                     if r["id"] == record["id"] and r["state"] == "done"), None),
+                    120, interval=1.0)
+    assert done["decided_by"] == "alice"
+    # a resumed node answers Slurm's next ping (it shows NOT_RESPONDING until then: SlurmdTimeout/3 at most)
+    after = wait_for("rnode2 back in service", lambda: (n := repair.slurm_node("rnode2")).idle and n, 30, interval=0.5)
+    assert after.boot_time > boot_before, after
+    assert "reboot request queued for nodes rnode2" in (repair.layout.log / "slurmctld.log").read_text()
+    assert "Node reboot request being processed" in repair.layout.slurmd_log("rnode2").read_text()
+
+    entries = repair.history("rnode2")
+    assert [e["time"] for e in entries] == sorted(e["time"] for e in entries)
+    steps = _in_order(entries, [("agent", "health/health-finding: critical: xid 79 gpu 1"),
+                                ("repair", "repair-recommended"), ("repair", "repair-approved"),
+                                ("repair", "drained rnode2"), ("slurm", "DRAIN: slurm-ext: repair reboot"),
+                                ("repair", "jobs have ended"),
+                                ("repair", "scontrol reboot rnode2"), ("agent", "supervisor/started"),
+                                ("repair", "rnode2 is back"), ("repair", "checks pass"), ("repair", "repair-done")])
+    assert steps[2]["user"] == "alice"
+
+
+def test_a_rejected_recommendation_is_recorded_and_nothing_runs(repair):
+    boot_before = repair.slurm_node("rnode3").boot_time
+    repair.inject_xid("rnode3")
+    repair.record("rnode3", "recommended")
+    refused = repair.repair_cli("repair", "reject", "rnode3", "--why", "   ")
+    assert refused.returncode == 1 and "needs its reason" in refused.stderr
+    done = repair.repair_cli("repair", "reject", "rnode3", "--why", "vendor swaps the board tomorrow", user="bob")
+    assert done.returncode == 0, done.stderr
+    record = repair.record("rnode3", "rejected")
+    assert (record["decided_by"], record["note"]) == ("bob", "vendor swaps the board tomorrow")
+    time.sleep(4)  # four passes of the service: nothing runs
+    node = repair.slurm_node("rnode3")
+    assert node.drained and node.reason.startswith("slurm-ext: xid 79") and node.boot_time == boot_before
+    again = repair.repair_cli("repair", "approve", "rnode3")
+    assert again.returncode == 1 and "rejected by bob" in again.stderr
+    assert _in_order(repair.history("rnode3"), [("repair", "repair-rejected: reboot rejected by bob: vendor")])
+
+
+def test_a_fault_that_clears_before_approval_takes_its_recommendation_away(repair):
+    repair.inject_xid("rnode4")
+    record = repair.record("rnode4", "recommended")
+    assert repair.repair_cli("health", "clear", node="rnode4").returncode == 0
+    wait_for("the recommendation gone", lambda: not [r for r in repair.records() if r["node"] == "rnode4"], 20,
+             interval=0.5)
+    assert [r["state"] for r in repair._all("rnode4") if r["id"] == record["id"]] == ["gone"]
+    refused = repair.repair_cli("repair", "approve", "rnode4")
+    assert refused.returncode == 1 and "no recommendation" in refused.stderr
+
+
+def test_the_guard_refuses_the_third_and_a_killed_controller_carries_on_from_the_record(repair):
+    jobs = {node: repair.sbatch("-w", node, "--wrap", "sleep 300") for node in ("rnode2", "rnode3")}
+    wait_for("both jobs run", lambda: {j.job_id for j in repair.client().jobs() if j.state == "RUNNING"}
+             >= set(jobs.values()), 30, interval=0.3)
+    for node in ("rnode2", "rnode3", "rnode4"):
+        repair.inject_xid(node)
+    for node in ("rnode2", "rnode3", "rnode4"):
+        repair.record(node, "recommended")
+    for node in ("rnode2", "rnode3"):
+        assert repair.repair_cli("repair", "approve", node).returncode == 0
+    third = repair.repair_cli("repair", "approve", "rnode4")
+    assert third.returncode == 1
+    assert "refused by the guard: 2 node(s) under repair now (rnode2, rnode3), and at most 2 may be at once" \
+        in third.stderr, third.stderr
+    ids = {}
+    for node in ("rnode2", "rnode3"):
+        ids[node] = wait_for(f"{node} waits for its job", lambda: (r := repair.record(node, "running"))["step"]
+                             == "wait-jobs" and r["id"], 20, interval=0.5)
+
+    # the controller agent and its repair service SIGKILLed in the middle; slurmctld, orphaned, stopped as its
+    # pod's would be (SIGTERM: it saves its state), so that the new agent's slurmctld can take its port
+    controller = next(d for d in cluster_daemons(repair.layout) if d.name == "supervise-controller")
+    agent = psutil.Process(daemons.running_pid(controller))
+    children = agent.children()
+    for process in [agent, *(c for c in children if c.name() != "slurmctld")]:
+        process.send_signal(signal.SIGKILL)
+    for process in children:
+        if process.name() == "slurmctld":
+            process.send_signal(signal.SIGTERM)
+    psutil.wait_procs([agent, *children], timeout=30)
+    dev.up(repair.settings)  # the controller agent comes back: slurmctld from its state, the repair service
+    for job in jobs.values():
+        repair.run("scancel", str(job))
+    ended = {}
+    for node in ("rnode2", "rnode3"):
+        ended[node] = wait_for(f"{node}'s repair done", lambda: next(
+            (r for r in repair._all(node) if r["id"] == ids[node] and r["state"] in ("done", "failed")), None),
+            150, interval=1.0)
+    assert {n: r["state"] for n, r in ended.items()} == {"rnode2": "done", "rnode3": "done"}, \
+        {n: (r["state"], r["step"], r["note"]) for n, r in ended.items()}
+    for node in ("rnode2", "rnode3"):  # the repair went on from its record: started once, rebooted once (a slurmctld
+        # back from older state may show the health drain again: the flow drains it again, and says so)
+        messages = [e.message for e in _events(repair, ids[node])]
+        assert sum("scontrol reboot" in m for m in messages) == 1, messages
+        assert sum(m.startswith("reboot started") for m in messages) == 1, messages
+    fourth = repair.repair_cli("repair", "approve", "rnode4")  # room again under the guard
+    assert fourth.returncode == 0, (fourth.stderr, repair._all("rnode4"), repair.history("rnode4")[-12:])
+    wait_for("rnode4's repair done", lambda: any(r["state"] == "done" and r["node"] == "rnode4"
+                                                 for r in repair._all("rnode4")), 120, interval=1.0)
+
+
+def test_the_same_fault_after_two_reboots_recommends_remove(repair):
+    def reboots():
+        return [r for r in repair._all("rnode2") if r["state"] == "done" and r["action"] == "reboot"
+                and r["signature"] == "xid/79"]
+    while len(reboots()) < 2:
+        assert repair.repair_with_reboot("rnode2")["state"] == "done"
+    repair.inject_xid("rnode2")
+    record = repair.record("rnode2", "recommended")
+    assert record["action"] == "remove" and "after 2 reboots" in record["evidence"], record
+
+
+def test_status_shows_the_five_states_and_leaves_an_admins_drain_alone(repair):
+    repair.inject_xid("rnode2")
+    repair.record("rnode2", "recommended")
+    repair.run("scontrol", "update", "nodename=rnode3", "state=drain", "reason=admin: fan replacement")
+    job = repair.sbatch("-w", "rnode4", "--wrap", "sleep 300")
+    wait_for("the job runs", lambda: any(j.job_id == job and j.state == "RUNNING" for j in repair.client().jobs()),
+             30, interval=0.3)
+    repair.run("scontrol", "reboot", "rnode4")  # once idle: REBOOT_REQUESTED until then
+    done = repair.repair_cli("status", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    states = {n["name"]: n["state"] for n in report["nodes"]}
+    assert states == {"rnode1": "healthy", "rnode2": "pending", "rnode3": "paused", "rnode4": "booting",
+                      "rnode5": "unhealthy"}, states
+    assert report["counts"] == {"healthy": 1, "booting": 1, "unhealthy": 1, "pending": 1, "paused": 1}
+    paused = next(n for n in report["nodes"] if n["name"] == "rnode3")
+    assert paused["reason"] == "admin: fan replacement" and paused["reason_owner"] == "root"
+    text = repair.repair_cli("status").stdout
+    assert "healthy 1  booting 1  unhealthy 1  pending 1  paused 1" in text
+    time.sleep(3)
+    assert repair.slurm_node("rnode3").reason == "admin: fan replacement"  # never touched
