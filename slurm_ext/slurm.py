@@ -78,6 +78,8 @@ class Node:
     boot_time: datetime | None = None
     #: GPUs allocated to jobs now (AllocTRES' gres/gpu)
     gpus_used: int = 0
+    #: NodeAddr: where its daemons are reached
+    addr: str = ""
 
     @property
     def drained(self) -> bool:
@@ -425,6 +427,7 @@ def _node_from_json(data: dict) -> Node:
         slurmd_start=_epoch(data.get("slurmd_start_time")),
         boot_time=_epoch(data.get("boot_time")),
         gpus_used=_gpus_in(data.get("alloc_tres") or data.get("tres_used") or ""),
+        addr=data.get("address") or "",
     )
 
 
@@ -472,6 +475,7 @@ def _node_from_text(line: str) -> Node:
         slurmd_start=_parse_time(fields.get("SlurmdStartTime", "")),
         boot_time=_parse_time(fields.get("BootTime", "")),
         gpus_used=_gpus_in(fields.get("AllocTRES", "")),
+        addr=fields.get("NodeAddr", ""),
     )
 
 

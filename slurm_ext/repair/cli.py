@@ -118,8 +118,8 @@ def _history(args: argparse.Namespace) -> int:
         return 2
     loaded, store = _store(args)
     slurm = SlurmClient(loaded.slurm)
-    names = [] if args.node else [n.name for n in slurm.nodes()]
-    timeline = gather(loaded.repair, store, slurm, names, since, node=args.node)
+    nodes = {n.name: n.addr for n in slurm.nodes()} if not args.node else {args.node: slurm.node(args.node).addr}
+    timeline = gather(loaded.repair, store, slurm, nodes, since, node=args.node)
     if args.json:
         print(json.dumps({"entries": [asdict(e) for e in timeline.entries], "unreachable": timeline.unreachable},
                          indent=1))

@@ -49,9 +49,9 @@ class Timeline:
     unreachable: dict[str, str] = field(default_factory=dict)
 
 
-def gather(settings, store: Store, slurm: SlurmClient, nodes: list[str], since: float,
+def gather(settings, store: Store, slurm: SlurmClient, nodes: dict[str, str], since: float,
            node: str | None = None) -> Timeline:
-    """The merged timeline since `since` (epoch seconds), of `node` or of every node in `nodes`."""
+    """The merged timeline since `since` (epoch seconds), of `node` or of every node in `nodes` (name -> NodeAddr)."""
     timeline = Timeline()
     moment = datetime.fromtimestamp(since, timezone.utc)
     for event in slurm.node_events(node, moment):
@@ -63,9 +63,10 @@ def gather(settings, store: Store, slurm: SlurmClient, nodes: list[str], since: 
                                           f"{event.state} over: {event.reason}"))
     for entry in store.events(node=node, since=since):
         timeline.entries.append(Entry(entry.time, entry.node or "-", "repair", entry.event, entry.message, entry.user))
-    wanted = [node] if node else nodes
+    wanted = [node] if node else list(nodes)
     with ThreadPoolExecutor(max_workers=min(_PARALLEL, max(len(wanted), 1))) as pool:
-        answers = pool.map(lambda name: (name, _journal(settings, name, since)), wanted)
+        answers = pool.map(lambda name: (name, _journal(agent_address(settings, name, nodes.get(name, "")), since)),
+                           wanted)
         for name, (lines, problem) in answers:
             if problem:
                 timeline.unreachable[name] = problem
@@ -79,10 +80,10 @@ def gather(settings, store: Store, slurm: SlurmClient, nodes: list[str], since: 
     return timeline
 
 
-def _journal(settings, node: str, since: float) -> tuple[list[dict], str]:
+def _journal(address: str, since: float) -> tuple[list[dict], str]:
     import urllib.error
     import urllib.request
-    url = f"http://{agent_address(settings, node)}/events?since={since:.0f}"
+    url = f"http://{address}/events?since={since:.0f}"
     try:
         with urllib.request.urlopen(url, timeout=_AGENT_TIMEOUT) as answer:
             text = answer.read().decode("utf-8", "replace")

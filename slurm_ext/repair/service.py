@@ -34,9 +34,10 @@ log = logging.getLogger("repair")
 _AGENT_TIMEOUT = 5.0
 
 
-def agent_address(settings, name: str) -> str:
-    """host:port of a node's worker agent: repair.agents' entry, else the node's name and repair.agent_port."""
-    return settings.agents.get(name) or f"{name}:{settings.agent_port}"
+def agent_address(settings, name: str, addr: str = "") -> str:
+    """host:port of a node's worker agent: repair.agents' entry, else its NodeAddr (else its name) and
+    repair.agent_port."""
+    return settings.agents.get(name) or f"{addr or name}:{settings.agent_port}"
 
 
 def jobs_by_node(jobs: list[Job]) -> dict[str, list[Job]]:
@@ -68,6 +69,8 @@ class Service:
         self.stopping = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="repair-action")
         self._actions: dict[int, Future] = {}
+        #: the nodes as the last pass saw them
+        self._nodes: dict[str, Node] = {}
 
     @property
     def settings(self):
@@ -101,7 +104,7 @@ class Service:
     def run_pass(self, now: float | None = None) -> None:
         """One look at the cluster and one step further for every repair."""
         now = now or time.time()
-        nodes = {node.name: node for node in self.slurm.nodes()}
+        nodes = self._nodes = {node.name: node for node in self.slurm.nodes()}
         jobs = jobs_by_node(self.slurm.jobs())
         self._recommend(nodes, jobs, now)
         self._auto_approve(len(nodes), now)
@@ -159,7 +162,8 @@ class Service:
                       node=record.node, action=record.action)
 
     def _health(self, node: str) -> dict | None:
-        return fetch_json(f"http://{agent_address(self.settings, node)}/health")
+        known = self._nodes.get(node)
+        return fetch_json(f"http://{agent_address(self.settings, node, known.addr if known else '')}/health")
 
     def _start_action(self, action: str, node: str) -> Future:
         return self._pool.submit(executors.run_action, self.settings, action, node)
