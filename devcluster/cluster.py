@@ -92,11 +92,10 @@ def cluster_daemons(layout: Layout) -> list[Daemon]:
     ]
 
 
-def _agent(layout: Layout, name: str, role: str, conf: Path, ports: tuple[int, ...], reads: set[Path],
-           extra: tuple[str, ...] = ()) -> Daemon:
+def _agent(layout: Layout, name: str, role: str, conf: Path, ports: tuple[int, ...], reads: set[Path]) -> Daemon:
     """slurm-ext's node agent for `role`: it runs MariaDB and slurmdbd, slurmctld, or slurmd in the foreground."""
     return Daemon(name, (_entry_point("slurm-ext"), "--config", str(conf), "supervise", "--role", role,
-                         "--pidfile", str(layout.pidfile(name)), *extra),
+                         "--pidfile", str(layout.pidfile(name))),
                   layout.pidfile(name), frozenset({"slurm-ext"}), layout.log / f"{name}.out", ports,
                   frozenset(reads | {conf}))
 

@@ -104,9 +104,10 @@ def _events(agent, query: str) -> Answer:
     from slurm_ext.journal import EventFilter, read_events
     try:
         since = float(parse_qs(query).get("since", ["0"])[0])
-    except ValueError:
+        start = datetime.fromtimestamp(since, timezone.utc) if since > 0 else None
+    except (ValueError, OverflowError, OSError):
         return 400, b"since: expected epoch seconds, such as since=1767225600\n", _TEXT
-    selection = EventFilter(datetime.fromtimestamp(since, timezone.utc) if since > 0 else None, (), (), "")
+    selection = EventFilter(start, (), (), "")
     lines = deque((event.line for event in read_events(agent.config.node.state_dir, selection, lambda *_: None)),
                   maxlen=EVENTS_LIMIT)
     return 200, "".join(f"{line}\n" for line in lines).encode(), "application/x-ndjson"

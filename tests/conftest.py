@@ -9,6 +9,7 @@ its datadir) and removed after `dev down`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -20,6 +21,7 @@ import tempfile
 import textwrap
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,6 +134,20 @@ def cluster(cluster_settings) -> Cluster:
     dev.up(cluster_settings)
     yield Cluster(cluster_settings)
     dev.down(cluster_settings)
+
+
+@contextlib.contextmanager
+def cluster_of_its_own(prefix: str, **settings) -> Iterator[DevSection]:
+    """A dev cluster with its own state directory (and the ports, names and settings given), up for the block."""
+    state_dir = tempfile.mkdtemp(prefix=prefix)
+    os.chmod(state_dir, 0o755)  # MariaDB runs as mysql and must reach its datadir
+    own = DevSection(state_dir=state_dir, **settings)
+    try:
+        dev.up(own)
+        yield own
+    finally:
+        dev.down(own)
+        shutil.rmtree(state_dir, ignore_errors=True)
 
 
 @pytest.fixture

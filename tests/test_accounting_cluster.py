@@ -14,7 +14,6 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 import urllib.request
@@ -25,7 +24,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import TEST_CLUSTER, Cluster, cli, temp_dir, wait_for
+from conftest import TEST_CLUSTER, Cluster, cli, cluster_of_its_own, temp_dir, wait_for
 from slurm_ext import config as config_mod, devcluster as dev
 from slurm_ext.accounting import reconcile as reconciling
 from slurm_ext.devcluster import daemons
@@ -44,15 +43,8 @@ FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
 
 @pytest.fixture(scope="module")
 def acct():
-    state_dir = tempfile.mkdtemp(prefix="slurm-ext-acct-")
-    os.chmod(state_dir, 0o755)
-    settings = dev.DevSection(state_dir=state_dir, **ACCOUNTING_CLUSTER)
-    try:
-        dev.up(settings)
+    with cluster_of_its_own("slurm-ext-acct-", **ACCOUNTING_CLUSTER) as settings:
         yield Cluster(settings)
-    finally:
-        dev.down(settings)
-        shutil.rmtree(state_dir, ignore_errors=True)
 
 
 def _daemon(cluster: Cluster, name: str):

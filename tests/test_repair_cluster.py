@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import shutil
 import signal
-import tempfile
 import time
 from dataclasses import asdict
 
@@ -21,7 +18,7 @@ from slurm_ext.devcluster import daemons
 from slurm_ext.devcluster.cluster import cluster_daemons
 from slurm_ext.repair.store import open_store
 
-from conftest import TEST_CLUSTER, Cluster, cli, wait_for
+from conftest import TEST_CLUSTER, Cluster, cli, cluster_of_its_own, wait_for
 
 REPAIR_CLUSTER = {**TEST_CLUSTER, "cluster_name": "slurmextrepair", "node_name": "rnode1", "nodes": 4,
                   "defined_nodes": 5, "slurmctld_port": 18817, "slurmd_port": 18818, "slurmdbd_port": 18819,
@@ -88,15 +85,8 @@ class RepairCluster(Cluster):
 
 @pytest.fixture(scope="module")
 def four():
-    state_dir = tempfile.mkdtemp(prefix="slurm-ext-repair-")
-    os.chmod(state_dir, 0o755)
-    settings = dev.DevSection(state_dir=state_dir, **REPAIR_CLUSTER)
-    try:
-        dev.up(settings)
+    with cluster_of_its_own("slurm-ext-repair-", **REPAIR_CLUSTER) as settings:
         yield RepairCluster(settings)
-    finally:
-        dev.down(settings)
-        shutil.rmtree(state_dir, ignore_errors=True)
 
 
 @pytest.fixture

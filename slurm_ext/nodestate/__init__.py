@@ -22,13 +22,13 @@ from slurm_ext.slurm import SlurmClient
 from . import channel
 from .catalogue import CATALOGUE, DrainKind, kind_of, stale_at_start
 from .channel import SOCKET_NAME, ChannelServer
-from .controller import drain_for_repair, is_repair_reason, repair_reason, resume_after_repair
+from .controller import HeldByOthers, drain_for_repair, is_repair_reason, repair_reason, resume_after_repair
 from .owner import NodeState, UnknownReason
 from .reconciler import Reconciler, Ticket, registered
 
 __all__ = ["CATALOGUE", "DrainKind", "kind_of", "stale_at_start", "NodeState", "UnknownReason", "Reconciler", "Ticket",
            "registered", "ChannelServer", "SOCKET_NAME", "DrainNotConfirmed", "post", "post_clear", "socket_path",
-           "repair_reason", "is_repair_reason", "drain_for_repair", "resume_after_repair"]
+           "HeldByOthers", "repair_reason", "is_repair_reason", "drain_for_repair", "resume_after_repair"]
 
 
 class DrainNotConfirmed(SlurmExtError):

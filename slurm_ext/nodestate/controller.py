@@ -11,12 +11,21 @@ only a repair reason.
 
 from __future__ import annotations
 
-from slurm_ext.errors import NotOurDrain
+from slurm_ext.errors import SlurmError
 from slurm_ext.slurm import REASON_PREFIX, Node, SlurmClient, is_our_reason
 
 from .catalogue import kind_of, split_more
 
-__all__ = ["repair_reason", "is_repair_reason", "drain_for_repair", "resume_after_repair"]
+__all__ = ["HeldByOthers", "repair_reason", "is_repair_reason", "drain_for_repair", "resume_after_repair"]
+
+
+class HeldByOthers(SlurmError):
+    """The node holds a reason that is not the repair's: the repair stops, the reason stays as it is."""
+
+    def __init__(self, node: str, reason: str, what: str):
+        self.node, self.reason = node, reason
+        super().__init__(f"node {node}: not {what}: it holds {reason!r}, which is not this repair's (an admin's or "
+                         "another part's reason is left as it is)")
 
 
 def repair_reason(action: str, what: str, user: str) -> str:
@@ -26,6 +35,7 @@ def repair_reason(action: str, what: str, user: str) -> str:
 
 
 def is_repair_reason(reason: str) -> bool:
+    """Whether a node's reason (Slurm's ': reboot issued' tail and all) is a repair's: the controller's to lift."""
     if not is_our_reason(reason):
         return False
     kind = kind_of(split_more(reason.removeprefix(REASON_PREFIX).strip())[0])
@@ -36,12 +46,12 @@ def drain_for_repair(slurm: SlurmClient, node: Node, reason: str) -> bool:
     """Drain `node` with the repair's `reason`; False when it already shows it.
 
     Raises:
-        NotOurDrain: the node is drained or down with a reason that is not ours (an admin's: left as it is).
+        HeldByOthers: the node is drained or down with a reason that is not ours (an admin's: left as it is).
     """
     if node.reason == reason and (node.drained or node.state == "DOWN"):
         return False
     if (node.drained or node.state == "DOWN") and node.reason and not is_our_reason(node.reason):
-        raise NotOurDrain(node.name, node.reason)
+        raise HeldByOthers(node.name, node.reason, "draining it for its repair")
     slurm.drain(node.name, reason)
     return True
 
@@ -50,11 +60,12 @@ def resume_after_repair(slurm: SlurmClient, node: Node) -> bool:
     """Resume `node` if it shows a repair reason; False when there was nothing of ours to lift.
 
     Raises:
-        NotOurDrain: the node holds a reason that is not a repair's (an admin took it over meanwhile).
+        HeldByOthers: the node holds a reason that is not a repair's (an admin took it over meanwhile, or a
+            health check drained it again).
     """
     if not (node.drained or node.state == "DOWN"):
         return False
     if not is_repair_reason(node.reason):
-        raise NotOurDrain(node.name, node.reason)
+        raise HeldByOthers(node.name, node.reason, "resuming it after its repair")
     slurm.resume(node.name)
     return True

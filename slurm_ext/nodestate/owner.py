@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from slurm_ext.slurm import REASON_PREFIX, Node, is_our_reason
 
 from .catalogue import BY_OPERATOR, WHEN_CLEARED, DrainKind, kind_of, split_more, supersedes
+from .controller import is_repair_reason
 
 __all__ = ["Want", "Drain", "Resume", "Leave", "Wait", "NodeState", "UnknownReason", "checked"]
 
@@ -184,8 +185,9 @@ class NodeState:
         if not self._started:
             self._started = True
             self._adopt(node, at_start=True)
-        ours = _shows_ours(node) and not _from_controller(node.reason)
-        if node.drained and not ours:
+        controllers = is_repair_reason(node.reason)
+        ours = _shows_ours(node) and not controllers
+        if (node.drained or controllers and node.state == "DOWN") and not ours:
             active = self.active()
             if active and supersedes(active[0].kind, node.reason):  # Slurm's own word for our GPU drain
                 return Drain(self.desired(), node.reason, active[0].fields)
@@ -244,7 +246,7 @@ class NodeState:
 
     def _adopt(self, node: Node, at_start: bool) -> None:
         """Take over a reason of ours found in Slurm that this owner did not set (never the controller's)."""
-        if not _shows_ours(node) or _from_controller(node.reason):
+        if not _shows_ours(node) or is_repair_reason(node.reason):
             return
         text, _ = split_more(node.reason.removeprefix(REASON_PREFIX).strip())
         kind = kind_of(text) or _UNKNOWN
@@ -269,12 +271,6 @@ class NodeState:
                     del self.wants[key]
                 else:
                     want.dismissed = True
-
-
-def _from_controller(reason: str) -> bool:
-    """A reason of ours that the controller's repair service owns, not this node's agent."""
-    kind = kind_of(split_more(reason.removeprefix(REASON_PREFIX).strip())[0])
-    return kind is not None and kind.from_controller
 
 
 def _shows_ours(node: Node) -> bool:

@@ -16,9 +16,10 @@ __all__ = ["add_commands"]
 
 
 def _store(args: argparse.Namespace):
+    """The config and the repair database, as the service keeps it (never a new empty one made here)."""
     from .store import open_store
     loaded = config.load(args.config)
-    return loaded, open_store(loaded)
+    return loaded, open_store(loaded, create=False)
 
 
 def _when(epoch: float | None) -> str:
@@ -53,8 +54,7 @@ def _approve(args: argparse.Namespace) -> int:
     from .decide import approve, operator
     loaded, store = _store(args)
     cluster = len(SlurmClient(loaded.slurm).nodes())
-    record, said = approve(store, args.node, operator(), loaded.repair, cluster, action=args.action,
-                           dry_run=args.dry_run)
+    _, said = approve(store, args.node, operator(), loaded.repair, cluster, action=args.action, dry_run=args.dry_run)
     print(said + ("" if args.dry_run else f": the repair service takes it up within "
                   f"{loaded.repair.interval:g}s (`slurm-ext repair list`, `slurm-ext history --node {args.node}`)"))
     return 0

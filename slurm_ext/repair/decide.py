@@ -151,7 +151,7 @@ def _recommendation(store: Store, node: str) -> Record:
 
 def _check_cooldown(store: Store, node: str, settings: RepairSection, now: float) -> None:
     finished = [r for r in store.records(node=node, states=("done", "failed"))
-                if r.closed and now - r.closed < settings.cooldown]
+                if r.closed and now - r.closed < settings.cooldown and not r.detail.get("dry_run")]
     if finished:
         last = max(finished, key=lambda r: r.closed)
         raise Refused(f"node {node}: in its cooldown: its {last.action} ended {last.state} at {_when(last.closed)}; "

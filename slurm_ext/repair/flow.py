@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from slurm_ext import nodestate
-from slurm_ext.errors import NotOurDrain, SlurmExtError
+from slurm_ext.errors import SlurmExtError
 from slurm_ext.slurm import Job, Node, SlurmClient
 
 from .executors import ExecutorFailed, Outcome
@@ -70,8 +70,11 @@ def advance(record: Record, seen: Seen) -> None:
     for _ in STEPS:  # as many steps as this pass allows, each saved before the next
         step = record.step
         try:
+            if step not in _STEP:
+                raise ExecutorFailed(f"its record names step {step!r}, which this slurm-ext does not know (written "
+                                     "by another version?)")
             _STEP[step](record, seen)
-        except (NotOurDrain, ExecutorFailed) as err:
+        except (nodestate.HeldByOthers, ExecutorFailed) as err:
             _fail(record, seen, str(err), touch_node=isinstance(err, ExecutorFailed))
         except SlurmExtError as err:  # Slurm or the store did not answer: the same step again next pass
             log.warning("repair of %s: step %s: %s (tried again next pass)", record.node, step, err)
@@ -100,9 +103,15 @@ def _drain(record: Record, seen: Seen) -> None:
         record.step = "wait-jobs"
         _save(record, seen, "repair-step", f"dry run: would drain {record.node}: {record.detail['reason']!r}")
         return
-    nodestate.drain_for_repair(seen.slurm, node, record.detail["reason"])
+    _drain_now(record, seen, node)
     record.step, record.detail["drained_at"] = "wait-jobs", seen.now
     _save(record, seen, "repair-step", f"drained {record.node}: {record.detail['reason']!r}")
+
+
+def _drain_now(record: Record, seen: Seen, node: Node) -> None:
+    """Drain with the repair's reason, and let the rest of this pass see the node so (its snapshot is older)."""
+    nodestate.drain_for_repair(seen.slurm, node, record.detail["reason"])
+    seen.nodes[record.node] = replace(node, flags=node.flags | {"DRAIN"}, reason=record.detail["reason"])
 
 
 def _wait_jobs(record: Record, seen: Seen) -> None:
@@ -116,7 +125,7 @@ def _wait_jobs(record: Record, seen: Seen) -> None:
         return
     if not (node.drained and nodestate.is_repair_reason(node.reason)):  # lifted meanwhile (a slurmctld restarted
         # from older state, or someone resumed it): drained again, or failed when someone else's reason holds it
-        nodestate.drain_for_repair(seen.slurm, node, record.detail["reason"])
+        _drain_now(record, seen, node)
         _save(record, seen, "repair-step", f"drained {record.node} again: it showed "
                                            f"{node.reason or 'no drain'!r} while its repair waited for its jobs")
         return
@@ -144,7 +153,7 @@ def _act(record: Record, seen: Seen) -> None:
     if node is None:
         return
     if seen.settings.dry_run:
-        record.state, record.closed, record.note = "done", seen.now, "dry run"
+        record.state, record.closed, record.detail["dry_run"] = "done", seen.now, True
         _save(record, seen, "repair-done", f"dry run: would {record.action} {record.node}; nothing was done")
         return
     if record.action == "reboot":
@@ -171,15 +180,16 @@ def _act(record: Record, seen: Seen) -> None:
         return
     if not running.done():
         return
-    del seen.actions[record.id]
     outcome: Outcome = running.result()  # ExecutorFailed propagates to advance
+    said = f"{outcome.summary}" + (f"; it printed: {outcome.output[-500:]}" if outcome.output else "")
     if record.action == "remove":
         record.state, record.closed = "done", seen.now
-        _save(record, seen, "repair-done", f"removed {record.node} from the pool: {outcome.summary}; it stays "
-                                           "drained with our reason")
-        return
-    record.step = "wait-boot"
-    _save(record, seen, "repair-step", f"{record.action} done: {outcome.summary}")
+        _save(record, seen, "repair-done", f"removed {record.node} from the pool: {said}; it stays drained with our "
+                                           "reason")
+    else:
+        record.step = "wait-boot"
+        _save(record, seen, "repair-step", f"{record.action} done: {said}")
+    del seen.actions[record.id]  # only once its outcome is saved: a failed save tries again next pass
 
 
 def _wait_boot(record: Record, seen: Seen) -> None:
@@ -208,10 +218,17 @@ def _wait_boot(record: Record, seen: Seen) -> None:
 def _verify(record: Record, seen: Seen) -> None:
     back_at = record.detail.get("back_at", seen.now)
     answer = seen.health(record.node)
-    monitor = (answer or {}).get("monitor") or {}
-    fresh = monitor.get("readings_time", 0) >= back_at
+    monitor = answer.get("monitor") if isinstance(answer, dict) else None
+    monitor = monitor if isinstance(monitor, dict) else {}
+    # a reading newer than the first one seen in this step, both on the node's own clock: taken after it came back
+    reading = monitor.get("readings_time") if isinstance(monitor.get("readings_time"), (int, float)) else 0
+    if "first_reading" not in record.detail:
+        record.detail["first_reading"] = reading
+        _save(record, seen)
+        return
+    fresh = reading > record.detail["first_reading"]
     if fresh:
-        critical = [f for f in monitor.get("findings") or () if f.get("severity") == "critical"]
+        critical = [f for f in monitor.get("findings") or () if isinstance(f, dict) and f.get("severity") == "critical"]
         if critical:
             _fail(record, seen, "its health checks fail after the repair: " + "; ".join(
                 f"{f.get('check')} {f.get('evidence')}" for f in critical))
@@ -241,7 +258,9 @@ _STEP = {"drain": _drain, "wait-jobs": _wait_jobs, "act": _act, "wait-boot": _wa
 def _fail(record: Record, seen: Seen, why: str, touch_node: bool = True) -> None:
     """The repair ends failed; the node stays drained, its reason saying so (when it still shows ours)."""
     record.state, record.closed, record.note = "failed", seen.now, why
-    _save(record, seen, "repair-failed", f"{record.action} of {record.node} failed at {record.step}: {why}")
+    _save(record, seen, "repair-failed", f"{record.action} of {record.node} failed at {record.step}: {why}; the node "
+                                         f"stays drained: once it is fixed, `scontrol update nodename={record.node} "
+                                         "state=resume` (its health checks drain it again if they still fail)")
     node = seen.nodes.get(record.node)
     if touch_node and node is not None and not seen.settings.dry_run and nodestate.is_repair_reason(node.reason):
         failed = nodestate.repair_reason(f"{record.action} failed", why[:120], record.decided_by)

@@ -13,6 +13,7 @@ silence: its node's own events are then missing from the timeline.
 
 from __future__ import annotations
 
+import http.client
 import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -87,14 +88,16 @@ def _journal(address: str, since: float) -> tuple[list[dict], str]:
     try:
         with urllib.request.urlopen(url, timeout=_AGENT_TIMEOUT) as answer:
             text = answer.read().decode("utf-8", "replace")
-    except (OSError, urllib.error.URLError) as err:
-        return [], str(getattr(err, "reason", err))
+    except (OSError, urllib.error.URLError, http.client.HTTPException) as err:
+        return [], str(getattr(err, "reason", err)) or type(err).__name__
     lines = []
     for line in text.splitlines():
         try:
-            lines.append(json.loads(line))
+            data = json.loads(line)
         except ValueError:
             continue
+        if isinstance(data, dict):  # one odd line does not cost the node its timeline
+            lines.append(data)
     return lines, ""
 
 

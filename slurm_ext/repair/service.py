@@ -24,7 +24,7 @@ from slurm_ext.errors import SlurmExtError
 from slurm_ext.slurm import Job, Node, SlurmClient, expand_hostlist
 
 from . import decide, executors, flow, recommend
-from .store import IN_PROGRESS, Store, open_store
+from .store import IN_PROGRESS, Store, StoreError, open_store
 
 __all__ = ["Service", "serve", "agent_address", "jobs_by_node", "fetch_json"]
 
@@ -67,6 +67,7 @@ class Service:
         self.slurm = SlurmClient(config.slurm)
         self.emit = events.emitter(config.node.state_dir, "repair")
         self.stopping = threading.Event()
+        self._reload_wanted = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="repair-action")
         self._actions: dict[int, Future] = {}
         #: the nodes as the last pass saw them
@@ -79,22 +80,29 @@ class Service:
     def run(self) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: self.stopping.set())
-        signal.signal(signal.SIGHUP, lambda *_: self._reload())
+        signal.signal(signal.SIGHUP, lambda *_: self._reload_wanted.set())
         live = self.store.records(open_only=True, states=IN_PROGRESS)
         self.emit("repair-started", f"repair service on {self.store.where}: every {self.settings.interval:g}s"
                   + (f"; {len(live)} repair(s) under way carry on: {', '.join(r.node for r in live)}" if live else "")
                   + ("; dry run" if self.settings.dry_run else ""))
         while not self.stopping.is_set():
+            if self._reload_wanted.is_set():
+                self._reload_wanted.clear()
+                self._reload()
             try:
                 self.run_pass()
             except SlurmExtError as err:  # Slurm or the database away: the next pass tries again
                 log.warning("repair: pass skipped: %s", err)
             self.stopping.wait(self.settings.interval)
+            if self._reload_wanted.is_set():
+                continue
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.store.close()
         return 0
 
     def _reload(self) -> None:
+        """The [repair] settings of a changed config apply from the next pass (a new database or [slurm] section
+        needs a restart of the worker)."""
         try:
             self.config = config_mod.load(self.config_path)
             self.emit("reload", "repair service reloaded its config")
@@ -111,20 +119,24 @@ class Service:
         seen = flow.Seen(self.slurm, self.store, self.settings, nodes, jobs, self._health, self._start_action,
                          self._actions, self.emit, now)
         for record in self.store.records(open_only=True, states=IN_PROGRESS):
-            flow.advance(record, seen)
+            try:
+                flow.advance(record, seen)
+            except SlurmExtError:
+                raise
+            except Exception:  # a bug, or an answer no one foresaw: this repair waits, the others go on
+                log.exception("repair of %s: step %s failed unexpectedly; tried again next pass", record.node,
+                              record.step)
 
     def _recommend(self, nodes: dict[str, Node], jobs: dict[str, list[Job]], now: float) -> None:
         window = now - self.settings.escalate_window
         reboots: dict[tuple[str, str], int] = {}
         for done in self.store.records(states=("done",), since=window):
-            if done.action == "reboot" and done.note != "dry run":
+            if done.action == "reboot" and not done.detail.get("dry_run"):
                 reboots[(done.node, done.signature)] = reboots.get((done.node, done.signature), 0) + 1
-        open_records = self.store.records(open_only=True)
         job_ids = {name: [j.job_id for j in node_jobs] for name, node_jobs in jobs.items()}
-        changes = recommend.plan(open_records, list(nodes.values()), job_ids, self.settings, reboots, now)
-        if not changes:
-            return
-        with self.store.locked():
+        with self.store.locked():  # read and written in one transaction: an approval meanwhile is never undone
+            changes = recommend.plan(self.store.records(open_only=True), list(nodes.values()), job_ids,
+                                     self.settings, reboots, now)
             for change in changes:
                 if change.kind == "new":
                     self.store.add(change.record)
@@ -153,7 +165,8 @@ class Service:
                 if record.detail.get("auto_refused") != str(err):  # said once, not every pass
                     record.detail["auto_refused"] = str(err)
                     with self.store.locked():
-                        self.store.save(record)
+                        if not self.store.save(record, expect_state="recommended"):
+                            continue  # an operator decided meanwhile: theirs stands
                         self.store.event(record.node, "repair-refused", f"auto-approve refused: {err}",
                                          record=record, now=now)
                     self.emit("repair-refused", f"auto-approve refused: {err}", "warning", node=record.node)
@@ -178,4 +191,14 @@ def serve(config_path: str | None = None) -> int:
     if not config.repair.enabled:
         log.info("repair: repair.enabled is false: nothing to do")
         return 0
-    return Service(config, config_path).run()
+    said = ""
+    while True:  # the database may come up after the controller (MariaDB in its own pod): wait for it, loudly once
+        try:
+            service = Service(config, config_path)
+            break
+        except StoreError as err:
+            if str(err) != said:
+                said = str(err)
+                log.warning("repair: %s; trying again every %gs", err, config.repair.interval)
+            time.sleep(config.repair.interval)
+    return service.run()

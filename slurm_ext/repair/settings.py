@@ -12,12 +12,10 @@ from dataclasses import dataclass
 
 from slurm_ext.config import register_section, setting
 
-__all__ = ["RepairSection", "ACTIONS", "EXECUTED", "KEEPS_DATA"]
+__all__ = ["RepairSection", "ACTIONS", "KEEPS_DATA"]
 
 #: what a repair does, least disruptive first (health's actions that a repair can carry out)
 ACTIONS = ("reboot", "reprovision", "failover", "remove")
-#: the actions that run through an executor (reboot runs through Slurm)
-EXECUTED = ("reprovision", "failover", "remove")
 #: the actions that keep the node's local data: the only ones auto-approve may take
 KEEPS_DATA = ("reboot",)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -29,12 +30,10 @@ from pathlib import Path
 
 from slurm_ext.errors import SlurmExtError
 
-__all__ = ["Record", "Event", "Store", "StoreError", "open_store", "LIVE", "IN_PROGRESS"]
+__all__ = ["Record", "Event", "Store", "StoreError", "open_store", "IN_PROGRESS"]
 
 #: states that count against the guard: a repair is under way
 IN_PROGRESS = ("approved", "running")
-#: states of a record not decided yet or not finished
-LIVE = ("recommended",) + IN_PROGRESS
 
 _LOCK_TIMEOUT = 30
 
@@ -101,11 +100,13 @@ def _schema(autoincrement: str, text: str) -> list[str]:
 class Store:
     """The tables over one DB-API connection. `where` names the database in every error."""
 
-    def __init__(self, connection, where: str, placeholder: str, lock_sql: tuple[str, str] | None):
+    def __init__(self, connection, where: str, placeholder: str, lock_sql: tuple[str, str] | None, ping=None):
         self._db = connection
         self.where = where
         self._ph = placeholder
         self._lock_sql = lock_sql
+        #: reconnects a server connection that was lost (MariaDB restarted, wait_timeout): None for a file
+        self._ping = ping
 
     # -- plumbing -------------------------------------------------------------------
 
@@ -130,25 +131,27 @@ class Store:
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
         """One writer at a time, in one transaction: committed on success, rolled back on any error."""
+        if self._ping is not None:  # a server connection lost since (MariaDB restarted) is made again here
+            try:
+                self._ping()
+            except Exception as err:
+                raise StoreError(f"repair database {self.where}: {err}") from err
         if self._lock_sql:  # MariaDB: a named lock held by this connection
             got = self._execute(self._lock_sql[0], (_LOCK_TIMEOUT,))
             if not got or got[0][0] != 1:
                 raise StoreError(f"repair database {self.where}: another writer held the lock for "
                                  f"{_LOCK_TIMEOUT}s")
-            self._execute("START TRANSACTION")
-        else:
-            self._execute("BEGIN IMMEDIATE")
         try:
+            self._execute("START TRANSACTION" if self._lock_sql else "BEGIN IMMEDIATE")
             yield
-        except BaseException:
-            with contextlib.suppress(Exception):
-                self._db.rollback()
-            raise
-        else:
             try:
                 self._db.commit()
             except Exception as err:
                 raise StoreError(f"repair database {self.where}: commit failed: {err}") from err
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self._db.rollback()
+            raise
         finally:
             if self._lock_sql:
                 with contextlib.suppress(StoreError):
@@ -248,23 +251,39 @@ def _values(record: Record) -> list:
 def _record(row: tuple) -> Record:
     data = dict(zip(["id", *_RECORD_COLUMNS], row))
     for name in _JSON_COLUMNS:
-        data[name] = json.loads(data[name] or ("[]" if name == "jobs" else "{}"))
+        empty = [] if name == "jobs" else {}
+        try:
+            value = json.loads(data[name] or "null")
+        except ValueError:  # a column someone edited by hand: the record stays readable
+            value = None
+        data[name] = value if isinstance(value, type(empty)) else empty
     for name in ("opened", "updated"):
         data[name] = float(data[name])
     return Record(**data)
 
 
-def open_sqlite(path: str) -> Store:
-    """The store in an SQLite file, made (mode 600, its directory 700 if new) on first use."""
+def open_sqlite(path: str, create: bool = True) -> Store:
+    """The store in an SQLite file, made (mode 600, its directory 700 if new) on first use; with `create` false
+    (an operator's command) a missing file is an error, not a new empty history.
+
+    Raises:
+        StoreError: it cannot be opened, or is missing and not to be made (the message says which).
+    """
     target = Path(path)
+    if not create and not target.exists():
+        raise StoreError(f"repair database {path}: no such file: the repair service keeps it on the controller "
+                         "(run this there, or set repair.sqlite_file / repair.database)")
     try:
         target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        connection = sqlite3.connect(str(target), timeout=_LOCK_TIMEOUT, isolation_level=None,
-                                     check_same_thread=False)
-        target.chmod(0o600)
+        old_umask = os.umask(0o077)  # the file and its -wal, -shm beside it: root's alone
+        try:
+            connection = sqlite3.connect(str(target), timeout=_LOCK_TIMEOUT, isolation_level=None,
+                                         check_same_thread=False)
+            connection.execute("PRAGMA journal_mode=WAL")
+        finally:
+            os.umask(old_umask)
     except (OSError, sqlite3.Error) as err:
         raise StoreError(f"repair database {path}: cannot open it: {err}") from err
-    connection.execute("PRAGMA journal_mode=WAL")
     store = Store(_Autocommit(connection), path, "?", None)
     for statement in _schema("INTEGER PRIMARY KEY AUTOINCREMENT", "TEXT"):
         store._execute(statement)
@@ -284,7 +303,8 @@ def open_mariadb(host: str, port: int, user: str, password: str, database: str, 
     except pymysql.MySQLError as err:
         raise StoreError(f"repair database {where}: {err.args[-1] if err.args else err}") from err
     store = Store(connection, where, "%s", ("SELECT GET_LOCK('slurm_ext_repair', %s)",
-                                            "SELECT RELEASE_LOCK('slurm_ext_repair')"))
+                                            "SELECT RELEASE_LOCK('slurm_ext_repair')"),
+                  ping=lambda: connection.ping(reconnect=True))
     for statement in _schema("BIGINT AUTO_INCREMENT PRIMARY KEY", "TEXT"):
         store._execute(statement)
     return store
@@ -312,9 +332,10 @@ class _Autocommit:
         self._connection.close()
 
 
-def open_store(config, environ: dict[str, str] | None = None) -> Store:
-    """The store the config names ([repair] database; auto: MariaDB where slurm-ext has the accounting database's
-    password, else SQLite).
+def open_store(config, environ: dict[str, str] | None = None, create: bool = True) -> Store:
+    """The store the config names ([repair] database; auto: MariaDB where the config gives slurm-ext the accounting
+    database (run_database, or a password_file), else SQLite: decided from the file alone, so the service and an
+    operator's shell pick the same). `create` false: an SQLite file that is not there is an error.
 
     Raises:
         StoreError: it cannot be opened (the message names it and why).
@@ -324,10 +345,9 @@ def open_store(config, environ: dict[str, str] | None = None) -> Store:
     from slurm_ext.accounting import database as accounting_db  # the accounting server's address and password
     kind = repair.database
     if kind == "auto":
-        kind = "mariadb" if accounting_db.configured(config, environ) else "sqlite"
+        kind = "mariadb" if accounting_db.configured(config, {}) else "sqlite"
     if kind == "sqlite":
-        return open_sqlite(repair.sqlite_file)
-    import os
+        return open_sqlite(repair.sqlite_file, create)
     settings = config.accounting
     secret = accounting_db.password(settings, os.environ if environ is None else environ, config.source or "<defaults>")
     return open_mariadb(settings.db_host, settings.db_port, settings.db_user, secret, settings.own_database)
