@@ -28,7 +28,8 @@ def node_names(settings: DevSection) -> list[str]:
     stem, digits = re.fullmatch(r"(.*?)(\d*)", settings.node_name).groups()
     first = int(digits) if digits else 1
     count = max(settings.nodes, settings.defined_nodes)
-    return [settings.node_name] + [f"{stem}{first + i}" for i in range(1, count)]
+    width = len(digits)  # node01 -> node02: the padding kept
+    return [settings.node_name] + [f"{stem}{first + i:0{width}d}" for i in range(1, count)]
 
 
 @dataclass(frozen=True, slots=True)

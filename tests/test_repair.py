@@ -308,3 +308,152 @@ def test_the_repair_section_is_refused_with_the_key_named(tmp_path):
     path.write_text('[repair]\nactions = { "xid/79" = "explode" }\n')
     with pytest.raises(Exception, match="repair.actions"):
         config.load(Path(path))
+
+
+# -- the flow, step by step, on literal nodes (its real run: tests/test_repair_cluster.py) ---------------------
+
+class _Slurm:
+    """Records what the flow asks of Slurm (the flow's own logic is under test here, not Slurm's)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def drain(self, node, reason):
+        self.calls.append(("drain", node, reason))
+
+    def reboot(self, node):
+        self.calls.append(("reboot", node))
+
+    def resume(self, node):
+        self.calls.append(("resume", node))
+        return True
+
+    def requeue(self, ids):
+        self.calls.append(("requeue", tuple(ids)))
+        return ""
+
+
+def _seen(store, nodes, settings=RepairSection(), jobs=None, health=None, actions=None, started=None, now=2000.0):
+    from slurm_ext.repair.flow import Seen
+    emitted = []
+
+    def start_action(action, node):
+        started.append((action, node))
+        from concurrent.futures import Future
+        future = Future()
+        future.set_result(executors.Outcome("ran"))
+        return future
+    return Seen(_Slurm(), store, settings, {n.name: n for n in nodes}, jobs or {}, health or (lambda node: None),
+                start_action, actions if actions is not None else {}, lambda *a, **k: emitted.append(a), now)
+
+
+def _approved(store, node="n1", action="reboot") -> Record:
+    with store.locked():
+        return store.add(Record(node, "xid/79", action, "79 gpu 1", state="approved", decided_by="alice",
+                                opened=1.0, updated=1.0))
+
+
+def test_a_reboot_repair_drains_reboots_waits_verifies_and_resumes(store):
+    from datetime import datetime, timezone
+    from slurm_ext.repair.flow import advance
+    record = _approved(store)
+    old = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    seen = _seen(store, [replace(_drained("n1"), boot_time=old)])
+    advance(record, seen)
+    assert [c[0] for c in seen.slurm.calls] == ["drain", "reboot"]  # the pass saw its own drain: no second one
+    assert seen.slurm.calls[0][2] == "slurm-ext: repair reboot: xid/79 79 gpu 1 (approved by alice)"
+    assert (record.state, record.step) == ("running", "wait-boot")
+    booted = replace(_node("n1", flags={"DRAIN"}, reason=seen.slurm.calls[0][2] + " : reboot issued"),
+                     boot_time=datetime(2026, 6, 1, tzinfo=timezone.utc))
+    readings = iter([{"monitor": {"readings_time": 50.0, "findings": []}},
+                     {"monitor": {"readings_time": 51.0, "findings": []}}])
+    seen = _seen(store, [booted], health=lambda node: next(readings), now=2010.0)
+    advance(record, seen)
+    assert record.step == "verify" and seen.slurm.calls == []  # the first reading seen is the baseline
+    advance(record, seen)
+    assert record.state == "done" and seen.slurm.calls == [("resume", "n1")]
+    assert [e.event for e in store.events(record=record.id)][-1] == "repair-done"
+
+
+def test_jobs_past_the_deadline_fail_the_repair_and_its_reason_says_so(store):
+    from slurm_ext.repair.flow import advance
+    from slurm_ext.slurm import Job
+    record = _approved(store)
+    job = Job(7, "train", "u", "RUNNING", "n1")
+    seen = _seen(store, [_drained("n1")], jobs={"n1": [job]})
+    advance(record, seen)
+    assert record.step == "wait-jobs" and [c[0] for c in seen.slurm.calls] == ["drain"]
+    held = replace(_drained("n1"), reason=record.detail["reason"])
+    late = _seen(store, [held], RepairSection(drain_deadline=60), jobs={"n1": [job]}, now=2000.0 + 61)
+    advance(record, late)
+    assert record.state == "failed" and "jobs [7] still run" in record.note
+    assert late.slurm.calls[0][2].startswith("slurm-ext: repair reboot failed: jobs [7]")
+    requeue = _approved(store, "n2")
+    seen = _seen(store, [_drained("n2")], RepairSection(requeue=True), jobs={"n2": [replace(job, nodes="n2")]})
+    advance(requeue, seen)
+    assert ("requeue", (7,)) in seen.slurm.calls
+
+
+def test_an_admins_reason_stops_the_repair_and_is_left_alone(store):
+    from slurm_ext.repair.flow import advance
+    record = _approved(store)
+    seen = _seen(store, [_node("n1", flags={"DRAIN"}, reason="admin: do not touch")])
+    advance(record, seen)
+    assert record.state == "failed" and "not draining it for its repair: it holds 'admin: do not touch'" in record.note
+    assert seen.slurm.calls == []
+
+
+def test_an_executor_runs_once_and_never_again_after_a_restart(store):
+    from slurm_ext.repair.flow import advance
+    record = _approved(store, action="remove")
+    started = []
+    seen = _seen(store, [_drained("n1")], started=started)
+    advance(record, seen)  # drain, jobs none, the executor started on a thread
+    assert started == [("remove", "n1")] and record.step == "act"
+    advance(record, seen)  # its outcome, saved: removed, left drained
+    assert record.state == "done" and seen.actions == {} and not any(c[0] == "resume" for c in seen.slurm.calls)
+    again = _approved(store, "n2", action="reprovision")
+    again.state, again.step, again.detail = "running", "act", {"acted_at": 1.0, "reason": "slurm-ext: repair x"}
+    restarted = []
+    seen = _seen(store, [_drained("n2", "slurm-ext: repair x")], started=restarted)
+    advance(again, seen)  # a new service, no future for it: the outcome is unknown
+    assert restarted == [] and again.state == "failed" and "not run twice" in again.note
+
+
+def test_a_dry_run_records_every_step_and_touches_nothing(store):
+    from slurm_ext.repair.flow import advance
+    record = _approved(store)
+    seen = _seen(store, [_drained("n1")], RepairSection(dry_run=True))
+    advance(record, seen)
+    assert record.state == "done" and record.detail["dry_run"] and seen.slurm.calls == []
+    assert [e.message.split(":")[0] for e in store.events(record=record.id)] == [
+        "reboot started (approved by alice) as a dry run", "dry run", "dry run", "dry run"]
+
+
+def test_checks_that_still_fail_after_the_reboot_fail_the_repair(store):
+    from slurm_ext.repair.flow import advance
+    record = _approved(store)
+    record.state, record.step = "running", "verify"
+    record.detail = {"reason": "slurm-ext: repair reboot: x (approved by alice)", "back_at": 1.0, "first_reading": 5.0}
+    bad = {"monitor": {"readings_time": 6.0, "findings": [{"check": "xid", "evidence": "79 gpu 1",
+                                                            "severity": "critical"}, "not a finding"]}}
+    seen = _seen(store, [_drained("n1", record.detail["reason"])], health=lambda node: bad)
+    advance(record, seen)
+    assert record.state == "failed" and "health checks fail after the repair: xid 79 gpu 1" in record.note
+
+
+def test_a_node_that_never_comes_back_fails_at_the_boot_timeout_or_at_slurms_own_word(store):
+    from datetime import datetime, timezone
+    from slurm_ext.repair.flow import advance
+    boot = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    reason = "slurm-ext: repair reboot: xid/79 79 gpu 1 (approved by alice)"
+    for node_reason, waits, why in ((reason + " : reboot issued", True, "repair.boot_timeout"),
+                                    (reason + " : reboot issued : reboot timed out", False, "ResumeTimeout")):
+        record = _approved(store)
+        record.state, record.step = "running", "wait-boot"
+        record.detail = {"reason": reason, "acted_at": 2000.0, "boot_before": boot.timestamp()}
+        node = replace(_node("n1", "DOWN", {"DRAIN", "REBOOT_ISSUED"}, node_reason), boot_time=boot)
+        advance(record, _seen(store, [node], now=2010.0))
+        assert record.state == ("running" if waits else "failed")  # within its time, unless Slurm gave up
+        advance(record, _seen(store, [node], now=2000.0 + 901))
+        assert record.state == "failed" and why in record.note, record.note

@@ -30,13 +30,14 @@ from .executors import ExecutorFailed, Outcome
 from .settings import RepairSection
 from .store import Record, Store
 
-__all__ = ["Seen", "advance", "STEPS"]
+__all__ = ["Seen", "advance", "STEPS", "REBOOT_FLAGS"]
 
 log = logging.getLogger("repair")
 
 #: the steps of a running repair, in order
 STEPS = ("drain", "wait-jobs", "act", "wait-boot", "verify", "resume")
-_REBOOTING = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED"})
+#: Slurm's flags while a reboot it was asked for is pending or under way
+REBOOT_FLAGS = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED"})
 
 
 @dataclass
@@ -199,7 +200,7 @@ def _wait_boot(record: Record, seen: Seen) -> None:
     acted_at = record.detail.get("acted_at", seen.now)
     if record.action == "reboot":
         booted = node.boot_time and node.boot_time.timestamp() > record.detail.get("boot_before", 0.0)
-        back = booted and not node.flags & _REBOOTING and "NOT_RESPONDING" not in node.flags
+        back = booted and not node.flags & REBOOT_FLAGS and "NOT_RESPONDING" not in node.flags
     else:
         started = node.slurmd_start and node.slurmd_start.timestamp() > record.detail.get("slurmd_before", 0.0)
         back = started and "NOT_RESPONDING" not in node.flags

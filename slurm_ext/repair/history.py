@@ -13,7 +13,6 @@ silence: its node's own events are then missing from the timeline.
 
 from __future__ import annotations
 
-import http.client
 import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ from datetime import datetime, timezone
 
 from slurm_ext.slurm import SlurmClient
 
-from .service import agent_address
+from . import agents
 from .store import Store
 
 __all__ = ["Entry", "Timeline", "gather"]
@@ -66,7 +65,7 @@ def gather(settings, store: Store, slurm: SlurmClient, nodes: dict[str, str], si
         timeline.entries.append(Entry(entry.time, entry.node or "-", "repair", entry.event, entry.message, entry.user))
     wanted = [node] if node else list(nodes)
     with ThreadPoolExecutor(max_workers=min(_PARALLEL, max(len(wanted), 1))) as pool:
-        answers = pool.map(lambda name: (name, _journal(agent_address(settings, name, nodes.get(name, "")), since)),
+        answers = pool.map(lambda name: (name, _journal(agents.address(settings, name, nodes.get(name, "")), since)),
                            wanted)
         for name, (lines, problem) in answers:
             if problem:
@@ -82,23 +81,17 @@ def gather(settings, store: Store, slurm: SlurmClient, nodes: dict[str, str], si
 
 
 def _journal(address: str, since: float) -> tuple[list[dict], str]:
-    import urllib.error
-    import urllib.request
-    url = f"http://{address}/events?since={since:.0f}"
-    try:
-        with urllib.request.urlopen(url, timeout=_AGENT_TIMEOUT) as answer:
-            text = answer.read().decode("utf-8", "replace")
-    except (OSError, urllib.error.URLError, http.client.HTTPException) as err:
-        return [], str(getattr(err, "reason", err)) or type(err).__name__
+    """A node's journal events since `since`, or ([], why) when its agent does not answer."""
+    body, problem = agents.get(f"http://{address}/events?since={since:.0f}", _AGENT_TIMEOUT)
     lines = []
-    for line in text.splitlines():
+    for line in (body or "").splitlines():
         try:
             data = json.loads(line)
         except ValueError:
             continue
         if isinstance(data, dict):  # one odd line does not cost the node its timeline
             lines.append(data)
-    return lines, ""
+    return lines, problem
 
 
 def _epoch(text: str) -> float:

@@ -10,23 +10,20 @@ threads: the store holds everything, so a restart carries on where it was.
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import threading
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from slurm_ext import config as config_mod, events
 from slurm_ext.errors import SlurmExtError
 from slurm_ext.slurm import Job, Node, SlurmClient, expand_hostlist
 
-from . import decide, executors, flow, recommend
+from . import agents, decide, executors, flow, recommend
 from .store import IN_PROGRESS, Store, StoreError, open_store
 
-__all__ = ["Service", "serve", "agent_address", "jobs_by_node", "fetch_json"]
+__all__ = ["Service", "serve", "jobs_by_node"]
 
 log = logging.getLogger("repair")
 
@@ -34,13 +31,8 @@ log = logging.getLogger("repair")
 _AGENT_TIMEOUT = 5.0
 
 
-def agent_address(settings, name: str, addr: str = "") -> str:
-    """host:port of a node's worker agent: repair.agents' entry, else its NodeAddr (else its name) and
-    repair.agent_port."""
-    return settings.agents.get(name) or f"{addr or name}:{settings.agent_port}"
-
-
 def jobs_by_node(jobs: list[Job]) -> dict[str, list[Job]]:
+    """The running (and completing) jobs of each node, from one squeue of the whole cluster."""
     found: dict[str, list[Job]] = {}
     for job in jobs:
         if job.finished or job.state == "PENDING":
@@ -48,15 +40,6 @@ def jobs_by_node(jobs: list[Job]) -> dict[str, list[Job]]:
         for name in expand_hostlist(job.nodes):
             found.setdefault(name, []).append(job)
     return found
-
-
-def fetch_json(url: str, timeout: float = _AGENT_TIMEOUT) -> dict | None:
-    """A node agent's JSON answer, or None when it does not answer (down, rebooting, not ours)."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as answer:
-            return json.loads(answer.read())
-    except (OSError, ValueError, urllib.error.URLError):
-        return None
 
 
 class Service:
@@ -116,9 +99,11 @@ class Service:
         jobs = jobs_by_node(self.slurm.jobs())
         self._recommend(nodes, jobs, now)
         self._auto_approve(len(nodes), now)
-        seen = flow.Seen(self.slurm, self.store, self.settings, nodes, jobs, self._health, self._start_action,
+        under_way = self.store.records(open_only=True, states=IN_PROGRESS)
+        health = self._health_of([r.node for r in under_way if r.step in ("wait-boot", "verify")])
+        seen = flow.Seen(self.slurm, self.store, self.settings, nodes, jobs, health.get, self._start_action,
                          self._actions, self.emit, now)
-        for record in self.store.records(open_only=True, states=IN_PROGRESS):
+        for record in under_way:
             try:
                 flow.advance(record, seen)
             except SlurmExtError:
@@ -174,9 +159,18 @@ class Service:
             self.emit("repair-approved", f"node {record.node}: {record.action} auto-approved ({record.signature})",
                       node=record.node, action=record.action)
 
-    def _health(self, node: str) -> dict | None:
-        known = self._nodes.get(node)
-        return fetch_json(f"http://{agent_address(self.settings, node, known.addr if known else '')}/health")
+    def _health_of(self, names: list[str]) -> dict[str, dict | None]:
+        """The /health answers of the agents of nodes coming back from a repair, asked at once (an agent that does
+        not answer costs the pass _AGENT_TIMEOUT once, not once per node)."""
+        if not names:
+            return {}
+
+        def ask(name: str) -> dict | None:
+            known = self._nodes.get(name)
+            url = f"http://{agents.address(self.settings, name, known.addr if known else '')}/health"
+            return agents.get_json(url, _AGENT_TIMEOUT)
+        with ThreadPoolExecutor(max_workers=min(16, len(names))) as pool:
+            return dict(zip(names, pool.map(ask, names)))
 
     def _start_action(self, action: str, node: str) -> Future:
         return self._pool.submit(executors.run_action, self.settings, action, node)

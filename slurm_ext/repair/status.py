@@ -18,13 +18,15 @@ from dataclasses import dataclass, field
 
 from slurm_ext.slurm import Node, is_our_reason
 
+from .flow import REBOOT_FLAGS
 from .recommend import fault_of
 from .store import IN_PROGRESS, Event, Record
 
 __all__ = ["STATES", "NodeStatus", "classify", "node_statuses", "counts"]
 
 STATES = ("healthy", "booting", "unhealthy", "pending", "paused")
-_REBOOTING = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED", "POWERING_UP"})
+#: Slurm's flags of a node on its way back (a reboot asked or under way, a node powering up)
+_REBOOTING = REBOOT_FLAGS | {"POWERING_UP"}
 
 
 @dataclass(frozen=True, slots=True)

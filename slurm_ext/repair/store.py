@@ -94,6 +94,10 @@ def _schema(autoincrement: str, text: str) -> list[str]:
             message {text} NOT NULL, user VARCHAR(255) NOT NULL, record BIGINT)""",
         f"""CREATE TABLE IF NOT EXISTS repair_control (
             name VARCHAR(64) PRIMARY KEY, value {text} NOT NULL, user VARCHAR(255) NOT NULL, time DOUBLE NOT NULL)""",
+        # every pass reads the open records; history and status read events by node and time
+        "CREATE INDEX IF NOT EXISTS repair_records_open ON repair_records (closed, node)",
+        "CREATE INDEX IF NOT EXISTS repair_events_node_time ON repair_events (node, time)",
+        "CREATE INDEX IF NOT EXISTS repair_events_time ON repair_events (time)",
     ]
 
 
