@@ -20,6 +20,7 @@ command line (which every user can read in /proc).
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import errno
 import hashlib
 import json
@@ -76,6 +77,9 @@ class BackupResult:
     #: older backups (the .sql.gz files) deleted by retention, with their manifests
     removed: list[Path]
     seconds: float
+    #: the backup of slurm-ext's own database (accounting.own_database: the repair history), taken beside it
+    #: when the server has one
+    own: "BackupResult | None" = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,15 +136,38 @@ def backup(config: Config, to: Path | None = None, keep: int | None = None, *, e
     """
     settings = config.accounting
     directory = Path(to) if to else Path(settings.backup_dir)
+    keep = settings.backup_keep if keep is None else keep
+    environ = dict(os.environ if environ is None else environ)
     try:
-        return _backup(config, directory, settings.backup_keep if keep is None else keep,
-                       dict(os.environ if environ is None else environ), emit)
+        result = _backup(config, directory, keep, environ, emit)
+        if _exists(config, settings.own_database, environ):  # the repair history: same server, same backups
+            own = dataclasses.replace(settings, database=settings.own_database)
+            result = dataclasses.replace(result, own=_backup(dataclasses.replace(config, accounting=own), directory,
+                                                             keep, environ, emit, suffix=f"-{own.database}"))
+        return result
     except SlurmExtError as err:
         emit("backup-failed", f"backup into {directory} failed: {err}", directory=str(directory))
         raise
 
 
-def _backup(config: Config, directory: Path, keep: int, environ: dict[str, str], emit: Callable) -> BackupResult:
+def _exists(config: Config, name: str, environ: dict[str, str]) -> bool:
+    """Whether the accounting server has database `name` (slurm-ext's own, made by MariaDB's start-up SQL)."""
+    settings = config.accounting
+    if not name or name == settings.database:
+        return False
+    secret = database.password(settings, environ, config.source or "<defaults>")
+    with sqlclient.option_file(settings, secret) as options:
+        try:
+            found = sqlclient.query(["mariadb", f"--defaults-file={options}"],
+                                    f"SELECT SCHEMA_NAME FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = "
+                                    f"{sql_string(name)};")
+        except CommandError as err:
+            raise sqlclient.server_error(err.stderr or str(err), settings, f"looking for database {name}") from None
+    return any(row and row[0] == name for row in found)
+
+
+def _backup(config: Config, directory: Path, keep: int, environ: dict[str, str], emit: Callable,
+            suffix: str = "") -> BackupResult:
     started = time.monotonic()
     settings = config.accounting
     if keep < 1:
@@ -148,7 +175,7 @@ def _backup(config: Config, directory: Path, keep: int, environ: dict[str, str],
     secret = database.password(settings, environ, config.source or "<defaults>")
     cluster = _cluster(config)
     now = datetime.now(timezone.utc)
-    prefix = cluster or settings.database
+    prefix = (cluster or settings.database) + suffix
     try:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as err:
@@ -340,9 +367,11 @@ def restore(config: Config, source: Path, *, environ: dict[str, str] | None = No
 def _restore(config: Config, source: Path, environ: dict[str, str]) -> RestoreResult:
     started = time.monotonic()
     settings = config.accounting
-    db = settings.database
     manifest_path = manifest_path_for(source)
     manifest = read_manifest(manifest_path)
+    if manifest.database == settings.own_database != settings.database:  # a backup of the repair history
+        settings = dataclasses.replace(settings, database=settings.own_database)
+    db = settings.database
     found = scan(source)
     problems = found.against(manifest, manifest_path)
     if problems:

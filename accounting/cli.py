@@ -48,11 +48,14 @@ def _backup(args: argparse.Namespace) -> int:
     from . import backups
     loaded = config.load(args.config)
     result = backups.backup(loaded, Path(args.to) if args.to else None, args.keep, emit=_emitter(loaded))
-    tables = result.manifest.tables
-    print(f"backup {result.path} ({result.manifest.size} bytes, {len(tables)} tables, "
-          f"{sum(tables.values())} rows) in {result.seconds:.1f}s; manifest {result.manifest_path}")
-    for old in result.removed:
-        print(f"removed old backup {old}")
+    for taken in (result, result.own):
+        if taken is None:
+            continue
+        tables = taken.manifest.tables
+        print(f"backup of {taken.manifest.database}: {taken.path} ({taken.manifest.size} bytes, {len(tables)} "
+              f"tables, {sum(tables.values())} rows) in {taken.seconds:.1f}s; manifest {taken.manifest_path}")
+        for old in taken.removed:
+            print(f"removed old backup {old}")
     return 0
 
 
@@ -60,7 +63,7 @@ def _restore(args: argparse.Namespace) -> int:
     from . import backups
     loaded = config.load(args.config)
     result = backups.restore(loaded, Path(args.source), emit=_emitter(loaded))
-    print(f"restored {args.source} into database {loaded.accounting.database}: {len(result.tables)} tables, "
+    print(f"restored {args.source} into database {result.database}: {len(result.tables)} tables, "
           f"{sum(result.tables.values())} rows, in {result.seconds:.1f}s")
     return 0
 

@@ -121,6 +121,8 @@ def read_events(state_dir: str, selection: EventFilter = EventFilter(),
     opened = _open_oldest_first(state_dir)
     try:
         for path, stream in opened:
+            if selection.since is not None and os.fstat(stream.fileno()).st_mtime < selection.since.timestamp() - 1:
+                continue  # last written before `since`: none of its events is kept (an agent's /events stays short)
             yield from _events_of(path, stream, selection, on_bad_line)
     finally:
         for _, stream in opened:

@@ -753,3 +753,27 @@ def test_the_cli_backs_up_and_verifies(workdir, live):
     assert ": OK:" in checked.stdout
     journal = [json.loads(line) for line in (workdir / "state" / "journal.jsonl").read_text().splitlines()]
     assert [e["event"] for e in journal] == ["backup-done", "verify-done"]
+
+
+def test_slurm_exts_own_database_is_backed_up_beside_and_restored_into_its_own(workdir):
+    """The repair history (accounting.own_database) on the same server goes into the same backups: a file of its
+    own beside the accounting database's, verified and restored the same way, into its own database."""
+    with scratch.scratch_mariadb(port=free_port()) as server:
+        server.sql(f"CREATE DATABASE {DB}; CREATE DATABASE slurm_ext;")
+        add_user(server, databases=(DB, "slurm_ext"))
+        server.sql(schema_sql(CLUSTER), DB)
+        server.sql(fill_sql(CLUSTER, 1, 5), DB)
+        server.sql("CREATE TABLE repair_events (id INT PRIMARY KEY, message TEXT); "
+                   "INSERT INTO repair_events VALUES (1, 'approved by alice'), (2, 'resumed');", "slurm_ext")
+        config = make_config(workdir, server)
+        result = backups.backup(config, workdir / "own", environ={})
+        own = result.own
+        assert own is not None and own.manifest.database == "slurm_ext" and own.manifest.tables == {
+            "repair_events": 2}
+        assert own.path.name.startswith(f"{CLUSTER}-slurm_ext-") and result.manifest.database == DB
+        assert dumpfile.backups_in(workdir / "own", CLUSTER) == [result.path]  # each kept by its own retention
+        assert backups.verify(own.path).ok
+        server.sql("DROP DATABASE slurm_ext; CREATE DATABASE slurm_ext;")
+        restored = backups.restore(config, own.path, environ={})
+        assert restored.database == "slurm_ext" and server.counts("slurm_ext") == {"repair_events": 2}
+        assert server.counts(DB) == result.manifest.tables  # the accounting database was not touched
