@@ -242,3 +242,31 @@ def test_stale_pidfile_with_a_reused_pid_is_not_signalled(cluster, tmp_path):
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_several_nodes_get_their_own_names_ports_files_and_one_hook_dispatcher(tmp_path):
+    from slurm_ext.devcluster import render
+    from slurm_ext.devcluster.layout import Layout, node_names
+    from slurm_ext.devcluster.settings import DevSection
+    settings = DevSection(state_dir=str(tmp_path), node_name="gpu01", nodes=3, defined_nodes=5, node_port_base=20000)
+    layout = Layout(settings)
+    assert node_names(settings) == ["gpu01", "gpu02", "gpu03", "gpu04", "gpu05"]
+    assert [n.name for n in layout.nodes] == ["gpu01", "gpu02", "gpu03"]
+    second = layout.node("gpu02")
+    assert (second.slurmd_port, second.probe_port, second.agent) == (20002, 20003, "supervise-worker-gpu02")
+    assert second.slurm_conf == tmp_path / "nodes" / "gpu02" / "etc" / "slurm.conf"
+    assert layout.first.gpu_spec == tmp_path / "gpus.json" and second.gpu_spec != layout.first.gpu_spec
+    topology = render.Topology(cpus=2, boards=1, sockets_per_board=1, cores_per_socket=2, threads_per_core=1,
+                               real_memory=4000)
+    conf = render.slurm_conf(layout, topology, str(layout.node_hook))
+    lines = [line for line in conf.splitlines() if line.startswith("NodeName=gpu")]
+    assert [line.split()[0] for line in lines] == [f"NodeName=gpu0{i}" for i in range(1, 6)]
+    assert lines[0].endswith("Port=6818") and lines[4].endswith("Port=20008")
+    assert "SlurmdSpoolDir=" in conf and "/state/d/%n" in conf and f"RebootProgram={layout.reboot_program}" in conf
+    toml = render.slurm_ext_toml(layout, second)
+    assert 'name = "gpu02"' in toml and f"worker = {second.probe_port}" in toml
+    assert f'gpu02 = "127.0.0.1:{second.probe_port}"' in toml  # the controller's repair service finds its agent
+    hook = render.node_hook(layout, {"gpu01": "/a/hook", "gpu02": "/b/hook"})
+    assert "gpu02) exec '/b/hook'" in hook and "is not one of the dev cluster's" in hook
+    reboot = render.reboot_program(layout, "/usr/bin/slurm-ext")
+    assert f"'{second.slurm_ext_conf}') node=gpu02" in reboot and "setsid -f" in reboot
