@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
+import subprocess
+import sys
 import time
 from dataclasses import asdict
 
@@ -204,6 +207,24 @@ def test_a_fault_that_clears_before_approval_takes_its_recommendation_away(repai
     assert [r["state"] for r in repair._all("rnode4") if r["id"] == record["id"]] == ["gone"]
     refused = repair.repair_cli("repair", "approve", "rnode4")
     assert refused.returncode == 1 and "no recommendation" in refused.stderr
+
+
+def test_two_operators_approving_at_once_make_one_repair(repair):
+    repair.inject_xid("rnode4")
+    record = repair.record("rnode4", "recommended")
+    conf = str(repair.layout.slurm_ext_conf)
+    both = [subprocess.Popen([sys.executable, "-m", "slurm_ext.cli", "--config", conf, "repair", "approve", "rnode4"],
+                             env={**os.environ, "SUDO_USER": user}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True) for user in ("alice", "bob")]
+    answers = [(p.wait(60), p.stderr.read()) for p in both]
+    assert sorted(code for code, _ in answers) == [0, 1], answers
+    refusal = next(text for code, text in answers if code == 1)
+    assert "already approved by" in refusal or "decided by someone else meanwhile" in refusal, refusal
+    done = wait_for("the one repair done", lambda: next((r for r in repair._all("rnode4")
+                                                         if r["id"] == record["id"] and r["state"] == "done"), None),
+                    120, interval=1.0)
+    assert done["decided_by"] in ("alice", "bob")
+    assert sum(e.event == "repair-approved" for e in _events(repair, record["id"])) == 1
 
 
 def test_the_guard_refuses_the_third_and_a_killed_controller_carries_on_from_the_record(repair):

@@ -126,6 +126,7 @@ def pause(store: Store, user: str, now: float | None = None) -> None:
 
 
 def unpause(store: Store, user: str, now: float | None = None) -> None:
+    """Approvals go through again; what was refused while paused is approved anew, never replayed."""
     with store.locked():
         store.set_control(_PAUSE, "no", user, now)
         store.event("", "repair-unpaused", f"repairs unpaused by {user}", user, now=now)

@@ -43,6 +43,8 @@ def jobs_by_node(jobs: list[Job]) -> dict[str, list[Job]]:
 
 
 class Service:
+    """The worker's loop: its state is the store's, so it is a few handles and the executors' threads."""
+
     def __init__(self, config, config_path: str | None = None, store: Store | None = None):
         self.config = config
         self.config_path = config_path

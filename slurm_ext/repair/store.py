@@ -188,11 +188,13 @@ class Store:
         return [_record(row) for row in rows]
 
     def get(self, record_id: int) -> Record | None:
+        """One record by id, closed or not (None when there is no such record)."""
         rows = self._execute(f"SELECT id, {', '.join(_RECORD_COLUMNS)} FROM repair_records WHERE id = ?",
                              (record_id,))
         return _record(rows[0]) if rows else None
 
     def add(self, record: Record) -> Record:
+        """Insert `record` (inside `locked()`); it gets its id."""
         values = _values(record)
         _, _, record.id = self._run(f"INSERT INTO repair_records ({', '.join(_RECORD_COLUMNS)}) "
                                     f"VALUES ({', '.join('?' * len(values))})", tuple(values))
