@@ -70,10 +70,11 @@ def advance(record: Record, seen: Seen) -> None:
               + (" as a dry run: nothing is done to the node" if seen.settings.dry_run else ""))
     for _ in STEPS:  # as many steps as this pass allows, each saved before the next
         step = record.step
+        if step not in _STEP:
+            _fail(record, seen, f"its record names step {step!r}, which this slurm-ext does not know (written by "
+                                "another version?)", touch_node=False)
+            return
         try:
-            if step not in _STEP:
-                raise ExecutorFailed(f"its record names step {step!r}, which this slurm-ext does not know (written "
-                                     "by another version?)")
             _STEP[step](record, seen)
         except (nodestate.HeldByOthers, ExecutorFailed) as err:
             _fail(record, seen, str(err), touch_node=isinstance(err, ExecutorFailed))
