@@ -63,6 +63,7 @@ def slurm_conf(layout: Layout, topology: Topology, hook: str) -> str:
 ClusterName={s.cluster_name}
 SlurmctldHost={layout.host}(127.0.0.1)
 SlurmctldPort={s.slurmctld_port}
+SlurmdPort={s.slurmd_port}
 CommunicationParameters=NoCtldInAddrAny,NoInAddrAny
 SlurmUser=root
 AuthType=auth/munge

@@ -220,7 +220,7 @@ def test_probe_server_answers_bad_requests_sheds_the_oldest_and_times_out_idle_o
                          timeout=0.5).start()
     port = server.address[1]
     try:
-        assert _exchange(port, b"GET /livez?x=1 HTTP/1.1\r\nHost: a\r\n\r\n").endswith(b"\r\n\r\n/livez")
+        assert _exchange(port, b"GET /livez?x=1 HTTP/1.1\r\nHost: a\r\n\r\n").endswith(b"\r\n\r\n/livez?x=1")
         assert _exchange(port, b"POST /livez HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 405 ")
         assert _exchange(port, b"nonsense\r\n\r\n").startswith(b"HTTP/1.1 400 ")
         assert _exchange(port, b"GET /" + b"x" * MAX_HEAD).startswith(b"HTTP/1.1 431 ")

@@ -8,10 +8,18 @@ ones through drain, jobs, action, boot, checks and resume (`flow`,
 executor (`executors`); everything is kept durably (`store`).
 
 Public surface: `serve()` (the worker), `open_store(config)`; the CLI's
-`repair`, `history` and `status` commands (`cli`).
+`repair`, `status` and `history` commands (`cli`). Imported on first use:
+the core CLI loads `cli` to build its parser for every command, and the
+service pulls in threads, the store and the executors.
 """
 
-from .service import serve
-from .store import open_store
-
 __all__ = ["serve", "open_store"]
+
+_LAZY = {"serve": "service", "open_store": "store"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
