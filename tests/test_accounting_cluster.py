@@ -26,7 +26,7 @@ import pytest
 
 from conftest import TEST_CLUSTER, Cluster, cli, cluster_of_its_own, temp_dir, wait_for
 from slurm_ext import config as config_mod, devcluster as dev
-from slurm_ext.accounting import reconcile as reconciling
+from slurm_ext.accounting import dumpfile, reconcile as reconciling
 from slurm_ext.devcluster import daemons
 from slurm_ext.devcluster.cluster import cluster_daemons
 from slurm_ext.errors import DevClusterError, SlurmError
@@ -340,8 +340,10 @@ def test_a_backup_taken_during_submission_verifies_and_restores_into_a_new_datab
         assert done.returncode == 0, done.stderr
     finally:
         submitter.join()
-    dumps = sorted(backup_dir.glob("*.sql.gz"))
+    dumps = dumpfile.backups_in(backup_dir, ACCOUNTING_CLUSTER["cluster_name"])
     assert len(dumps) == 1 and "rows" in done.stdout, done.stdout
+    # the repair history (slurm-ext's own database on the same server) went into the same backup, beside it
+    assert len(dumpfile.backups_in(backup_dir, f"{ACCOUNTING_CLUSTER['cluster_name']}-slurm_ext")) == 1, done.stdout
     manifest = json.loads(dumps[0].with_name(dumps[0].name.replace(".sql.gz", ".manifest.json")).read_text())
     assert manifest["cluster"] == ACCOUNTING_CLUSTER["cluster_name"]
     marker = json.loads((acct.layout.accounting / "slurm-ext-volume.json").read_text())
