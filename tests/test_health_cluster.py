@@ -95,8 +95,13 @@ def _monitor_off(config: str) -> str:
 
 
 def _journal(layout: Layout) -> list[dict]:
+    """The node journal's events; a last line still being written (no newline yet) is not one yet."""
     path = events.journal_path(str(layout.node_state))
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    if not path.exists():
+        return []
+    text = path.read_text()
+    whole = text if text.endswith("\n") else text[:text.rfind("\n") + 1]
+    return [json.loads(line) for line in whole.splitlines() if line.strip()]
 
 
 class Health:
