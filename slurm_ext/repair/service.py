@@ -79,8 +79,6 @@ class Service:
             except SlurmExtError as err:  # Slurm or the database away: the next pass tries again
                 log.warning("repair: pass skipped: %s", err)
             self.stopping.wait(self.settings.interval)
-            if self._reload_wanted.is_set():
-                continue
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.store.close()
         return 0
