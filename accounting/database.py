@@ -143,7 +143,12 @@ def write_config(config: Config, environ: dict[str, str] | None = None, slurmdbd
         uid, gid = _owner(slurm_user)
         conf = Path(settings.slurmdbd_conf or config.slurm.conf_path().parent / "slurmdbd.conf")
         conf.parent.mkdir(parents=True, exist_ok=True)
-        _write(conf, render.slurmdbd_conf(settings, secret, slurm_user, values["authtype"]), 0o600, uid, gid)
+        # slurmdbd SIGTERMs whatever PID its PidFile names: Slurm's default (/var/run/slurmdbd.pid) would let a
+        # second slurmdbd on the host (another cluster's) stop this one
+        pidfile = Path(config.supervisor.runtime_dir) / "slurmdbd.pid"
+        pidfile.parent.mkdir(parents=True, exist_ok=True)
+        _write(conf, render.slurmdbd_conf(settings, secret, slurm_user, values["authtype"], pidfile=pidfile),
+               0o600, uid, gid)
     if not settings.run_database:
         return Written(conf, None, None)
     where = places_of(config)

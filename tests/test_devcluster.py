@@ -6,8 +6,10 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import replace
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import psutil
@@ -270,3 +272,32 @@ def test_several_nodes_get_their_own_names_ports_files_and_one_hook_dispatcher(t
     assert "gpu02) exec '/b/hook'" in hook and "is not one of the dev cluster's" in hook
     reboot = render.reboot_program(layout, "/usr/bin/slurm-ext")
     assert f"'{second.slurm_ext_conf}') node=gpu02" in reboot and "setsid -f" in reboot
+
+
+def test_a_second_cluster_on_the_host_leaves_the_first_ones_daemons_alone(running_cluster):
+    """Every daemon of one cluster keeps its own pidfile: a slurmdbd stops whatever PID its PidFile names at its
+    start, and Slurm's default one is shared by every slurmdbd on the host."""
+    def workers(settings):
+        state = dev.status(settings)
+        return {p.name(): p.pid for p in map(psutil.Process, _with_workers(d.pid for d in state.daemons if d.pid))
+                if p.name() in ("mariadbd", "slurmdbd", "slurmctld", "slurmd")}
+    before = workers(running_cluster.settings)
+    assert set(before) == {"mariadbd", "slurmdbd", "slurmctld", "slurmd"}, before
+    state_dir = tempfile.mkdtemp(prefix="slurm-ext-second-")
+    os.chmod(state_dir, 0o755)
+    second = replace(running_cluster.settings, state_dir=state_dir, cluster_name="slurmextsecond",
+                     node_name="secondnode1", slurmctld_port=26817, slurmd_port=26818, slurmdbd_port=26819,
+                     mariadb_port=23307, controller_probe_port=26811, worker_probe_port=26810,
+                     accounting_probe_port=26812, gpu_count=0, kernel_log="")
+    try:
+        dev.up(second)
+        theirs = workers(second)
+        assert set(theirs) == set(before) and not set(theirs.values()) & set(before.values()), theirs
+        time.sleep(3)  # a slurmdbd told to stop is gone by now
+        assert workers(running_cluster.settings) == before
+        for settings in (running_cluster.settings, second):  # both databases answer
+            dev.client(settings).node_events(settings.node_name, datetime.now(timezone.utc) - timedelta(hours=1))
+    finally:
+        dev.down(second)
+        shutil.rmtree(state_dir, ignore_errors=True)
+    assert workers(running_cluster.settings) == before
