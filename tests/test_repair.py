@@ -457,3 +457,29 @@ def test_a_node_that_never_comes_back_fails_at_the_boot_timeout_or_at_slurms_own
         assert record.state == ("running" if waits else "failed")  # within its time, unless Slurm gave up
         advance(record, _seen(store, [node], now=2000.0 + 901))
         assert record.state == "failed" and why in record.note, record.note
+
+
+def test_an_approval_made_while_a_pass_reads_the_cluster_comes_before_its_first_step(store, tmp_path):
+    """The service's pass read the cluster, an operator approved meanwhile, the pass then took the repair up: the
+    history must show the approval before the drain it led to (a CI failure: the steps carried the pass's start)."""
+    from slurm_ext.repair.service import Service
+    path = tmp_path / "slurm-ext.toml"
+    path.write_text(f'[node]\nstate_dir = "{tmp_path / "state"}"\n')
+    with store.locked():
+        record = store.add(Record("n1", "xid/79", "reboot", "79 gpu 1 GPU_HAS_FALLEN_OFF_THE_BUS (expected none)",
+                                  opened=1.0, updated=1.0))
+
+    class Slurm(_Slurm):
+        def nodes(self):
+            return [_drained("n1")]
+
+        def jobs(self):  # the operator's approval lands while the pass reads Slurm
+            time.sleep(0.01)
+            decide.approve(store, "n1", "alice", RepairSection(), 1)
+            return []
+    service = Service(config.load(path), str(path), store=store)
+    service.slurm = Slurm()
+    service.run_pass()
+    events = store.events(record=record.id)
+    assert [e.event for e in events][:2] == ["repair-approved", "repair-step"], events
+    assert [e.time for e in events] == sorted(e.time for e in events), events
