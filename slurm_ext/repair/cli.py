@@ -117,9 +117,7 @@ def _history(args: argparse.Namespace) -> int:
         print(f"slurm-ext: error: {err}", file=sys.stderr)
         return 2
     loaded, store = _store(args)
-    slurm = SlurmClient(loaded.slurm)
-    nodes = {n.name: n.addr for n in slurm.nodes()} if not args.node else {args.node: slurm.node(args.node).addr}
-    timeline = gather(loaded.repair, store, slurm, nodes, since, node=args.node)
+    timeline = gather(loaded.repair, store, SlurmClient(loaded.slurm), since, node=args.node)
     if args.json:
         print(json.dumps({"entries": [asdict(e) for e in timeline.entries], "unreachable": timeline.unreachable},
                          indent=1))

@@ -49,25 +49,29 @@ class Timeline:
     unreachable: dict[str, str] = field(default_factory=dict)
 
 
-def gather(settings, store: Store, slurm: SlurmClient, nodes: dict[str, str], since: float,
-           node: str | None = None) -> Timeline:
-    """The merged timeline since `since` (epoch seconds), of `node` or of every node in `nodes` (name -> NodeAddr)."""
+def gather(settings, store: Store, slurm: SlurmClient, since: float, node: str | None = None) -> Timeline:
+    """The merged timeline since `since` (epoch seconds), of `node` or of every node slurmctld knows.
+
+    The event table and the node table are asked at once (each is one Slurm query for the whole cluster), and the
+    agents as soon as the node table says where they listen.
+    """
     timeline = Timeline()
     moment = datetime.fromtimestamp(since, timezone.utc)
-    for event in slurm.node_events(node, moment):
-        who = f" (by {event.user})" if event.user else ""
-        timeline.entries.append(Entry(event.start.timestamp(), event.node, "slurm", event.state.lower(),
-                                      f"{event.state}: {event.reason}{who}", event.user))
-        if event.end:
-            timeline.entries.append(Entry(event.end.timestamp(), event.node, "slurm", "end",
-                                          f"{event.state} over: {event.reason}"))
-    for entry in store.events(node=node, since=since):
-        timeline.entries.append(Entry(entry.time, entry.node or "-", "repair", entry.event, entry.message, entry.user))
-    wanted = [node] if node else list(nodes)
-    with ThreadPoolExecutor(max_workers=min(_PARALLEL, max(len(wanted), 1))) as pool:
-        answers = pool.map(lambda name: (name, _journal(agents.address(settings, name, nodes.get(name, "")), since)),
-                           wanted)
-        for name, (lines, problem) in answers:
+    with ThreadPoolExecutor(max_workers=_PARALLEL) as pool:
+        slurm_events = pool.submit(slurm.node_events, node, moment)
+        listed = [slurm.node(node)] if node else slurm.nodes()
+        journals = pool.map(lambda n: (n.name, _journal(agents.address(settings, n.name, n.addr), since)), listed)
+        for event in slurm_events.result():
+            who = f" (by {event.user})" if event.user else ""
+            timeline.entries.append(Entry(event.start.timestamp(), event.node, "slurm", event.state.lower(),
+                                          f"{event.state}: {event.reason}{who}", event.user))
+            if event.end:
+                timeline.entries.append(Entry(event.end.timestamp(), event.node, "slurm", "end",
+                                              f"{event.state} over: {event.reason}"))
+        for entry in store.events(node=node, since=since):
+            timeline.entries.append(Entry(entry.time, entry.node or "-", "repair", entry.event, entry.message,
+                                          entry.user))
+        for name, (lines, problem) in journals:
             if problem:
                 timeline.unreachable[name] = problem
             for data in lines:

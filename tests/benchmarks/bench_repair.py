@@ -89,10 +89,7 @@ def main() -> int:
         status_commands = len(issued) // 5
         issued.clear()
 
-        def history():
-            nodes = {n.name: n.addr for n in client.nodes()}
-            return gather(loaded.repair, store, client, nodes, time.time() - 3600)
-        history_time, timeline = timed(history, rounds=3)
+        history_time, timeline = timed(lambda: gather(loaded.repair, store, client, time.time() - 3600), rounds=3)
         history_commands = sorted(set(issued))
         history_count = len(issued) // 3
         cli = [sys.executable, "-m", "slurm_ext.cli", "--config", str(layout.slurm_ext_conf)]
