@@ -348,40 +348,88 @@ def agents(tmp_path):
         agent.out.close()
 
 
-@pytest.fixture(scope="session")
-def engine():
-    """A Docker engine of the suite's own (tests/docker_engine.py), stopped at the end; with
-    SLURM_EXT_TEST_DOCKER_HOST, that engine instead (left running)."""
-    from docker_engine import Engine
-    if os.environ.get("SLURM_EXT_TEST_DOCKER_HOST"):
-        engine = Engine.existing(os.environ["SLURM_EXT_TEST_DOCKER_HOST"])
-        yield engine
-        engine.stop()
-        return
-    engine = Engine()
-    try:
-        yield engine.start()
-    finally:
-        engine.stop()
-
-
 #: the Debian suite the container tests build on (sid: Slurm 26.05, what Slinky 1.2 needs); trixie
 #: (Slurm 24.11) with SLURM_EXT_TEST_IMAGE_SUITE=trixie
 IMAGE_SUITE = os.environ.get("SLURM_EXT_TEST_IMAGE_SUITE", "sid")
 
 
+class _ImageBuild:
+    """The suite's Docker engine (tests/docker_engine.py; with SLURM_EXT_TEST_DOCKER_HOST, that engine instead,
+    left running) and the images built into it from this checkout, from a debootstrap base, as a user without a
+    registry would.
+
+    The build takes about two minutes, mostly downloads and disk: `pytest_collection_finish` starts it in the
+    background when a selected test needs the images, so the tests that run meanwhile (the accounting clusters,
+    first in the order, mostly waiting on Slurm and MariaDB) hide its time. Stopped at the session's end.
+    """
+
+    def __init__(self) -> None:
+        self.engine = None
+        self.process: subprocess.Popen | None = None
+        self.output = None
+        self.started = 0.0
+
+    def start_engine(self):
+        if self.engine is None:
+            from docker_engine import Engine
+            host = os.environ.get("SLURM_EXT_TEST_DOCKER_HOST")
+            self.engine = Engine.existing(host) if host else Engine().start()
+        return self.engine
+
+    def start(self) -> None:
+        if self.process is None:
+            engine = self.start_engine()
+            self.output = tempfile.TemporaryFile()
+            self.started = time.monotonic()
+            self.process = subprocess.Popen(
+                [sys.executable, str(Path(__file__).parents[1] / "containers" / "build.py"), "--suite", IMAGE_SUITE],
+                env=engine.environ(), stdout=self.output, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def images(self) -> dict[str, str]:
+        """image name (containers/build.py's IMAGES) -> tag, once the build has ended well."""
+        self.start()
+        code = self.process.wait(timeout=1200)
+        self.output.seek(0)
+        said = self.output.read().decode(errors="replace")
+        assert code == 0, said[-6000:]
+        print(f"images built in {time.monotonic() - self.started:.0f} s (in the background from the start)",
+              file=sys.stderr)
+        sys.path.insert(0, str(Path(__file__).parents[1] / "containers"))
+        from build import IMAGES  # containers/build.py
+        return {name: f"slurm-ext-{name}:{IMAGE_SUITE}" for name in IMAGES}
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:  # the session ended before it did
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        if self.output is not None:
+            self.output.close()
+        if self.engine is not None:
+            self.engine.stop()
+
+
+_image_build = _ImageBuild()
+
+
+def pytest_collection_finish(session):
+    if any("images" in getattr(item, "fixturenames", ()) for item in session.items):
+        _image_build.start()
+
+
+def pytest_sessionfinish(session):
+    _image_build.stop()
+
+
+@pytest.fixture(scope="session")
+def engine():
+    """The suite's Docker engine (see _ImageBuild)."""
+    return _image_build.start_engine()
+
+
 @pytest.fixture(scope="session")
 def images(engine) -> dict[str, str]:
-    """image name (containers/build.py's IMAGES) -> tag, built from this checkout into the suite's engine,
-    from a debootstrap base, as a user without a registry would."""
-    started = time.monotonic()
-    done = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "containers" / "build.py"), "--suite",
-                           IMAGE_SUITE], env=engine.environ(), capture_output=True, text=True, timeout=1200)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    print(f"images built in {time.monotonic() - started:.0f} s", file=sys.stderr)
-    sys.path.insert(0, str(Path(__file__).parents[1] / "containers"))
-    from build import IMAGES  # containers/build.py
-    return {name: f"slurm-ext-{name}:{IMAGE_SUITE}" for name in IMAGES}
+    """image name -> tag, built from this checkout into the suite's engine (see _ImageBuild)."""
+    return _image_build.images()
 
 
 def pytest_collection_modifyitems(items):
