@@ -14,6 +14,7 @@ debootstrap, and the `docker` Python package (pip install docker).
 from __future__ import annotations
 
 import argparse
+import platform
 import shutil
 import subprocess
 import sys
@@ -36,17 +37,33 @@ def log(message: str) -> None:
     print(f"containers/build.py: {message}", flush=True)
 
 
+#: the Pythons an image may have (Debian's python3 of the suites it builds on, and the next): a dependency built
+#: for one Python only (MarkupSafe, under Flask) is fetched for each of them, and the image's pip takes its own
+IMAGE_PYTHONS = ("3.11", "3.12", "3.13", "3.14")
+
+
 def build_wheels(dist: Path) -> Path:
     """A wheel of the checkout and of each dependency in `dist` (replacing older ones); returns ours.
 
     The image installs from these alone (pip --no-index): its build needs no package index, and no
-    trust in whatever TLS interception stands between a build host and PyPI. The dependencies are
-    pure Python or abi3 (psutil), so wheels fetched by this Python fit the image's newer one.
+    trust in whatever TLS interception stands between a build host and PyPI. Most dependencies are
+    pure Python or abi3 (psutil), so wheels fetched by this Python fit the image's newer one; a wheel
+    made for this Python only is fetched again for each of IMAGE_PYTHONS.
     """
     shutil.rmtree(dist, ignore_errors=True)
     dist.mkdir(parents=True)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-build-isolation", "--wheel-dir", str(dist),
                     str(CHECKOUT)], check=True)
+    machine = platform.machine()
+    for built in list(dist.glob("*.whl")):
+        name, version, *_, python_tag, abi, platform_tag = built.stem.split("-")
+        if platform_tag == "any" or abi in ("abi3", "none"):
+            continue
+        for python in IMAGE_PYTHONS:  # a Python that has no wheel of it is the image build's error, by name
+            subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+                            "--python-version", python, "--implementation", "cp", "--platform",
+                            f"manylinux2014_{machine}", "--platform", f"manylinux_2_28_{machine}", "--dest", str(dist),
+                            f"{name}=={version}"], check=False)
     [wheel] = dist.glob("slurm_ext-*.whl")
     return wheel
 

@@ -90,6 +90,11 @@ class Layout:
         return self.etc / "db-password"
 
     @property
+    def web_tokens(self) -> Path:
+        """The cluster page's operator tokens ([web] token_file; `slurm-ext web add-token USER` adds one)."""
+        return self.etc / "web-tokens"
+
+    @property
     def jobcomp_log(self) -> Path:
         """slurmctld's jobcomp/filetxt log, the witness of every job end (`slurm-ext accounting reconcile`)."""
         return self.ctld_state / "jobcomp.log"

@@ -178,6 +178,11 @@ drain_deadline = "10m"
 boot_timeout = "{s.resume_timeout + 30}s"
 verify_timeout = "2m"
 
+[web]
+enabled = {"true" if s.web_port else "false"}
+listen = "127.0.0.1:{s.web_port or 9820}"
+token_file = "{layout.web_tokens}"
+
 [supervisor.workers.slurmctld]
 stop_grace = "10s"
 

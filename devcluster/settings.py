@@ -40,6 +40,8 @@ class DevSection:
                                          "127.0.0.1", "int", minimum=1, maximum=65535)
     worker_probe_port: int = setting(9810, "HTTP port of the first node's agent (probes, metrics) on 127.0.0.1", "int",
                                      minimum=1, maximum=65535)
+    web_port: int = setting(9820, "the cluster page's port on 127.0.0.1 (the controller agent's `web` worker); 0: no "
+                            "page", "int", minimum=0, maximum=65535)
     mariadb_port: int = setting(3307, "MariaDB's TCP port on 127.0.0.1 (not 3306: leaves a system MariaDB alone)",
                                 "int", minimum=1, maximum=65535)
     proctrack: str = setting("cgroup", "Slurm's ProctrackType: cgroup, or linuxproc to watch the Epilog clean up "

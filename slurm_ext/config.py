@@ -142,6 +142,7 @@ _SECTION_OWNERS = {
     "accounting": "accounting",
     "health": "health",
     "repair": "repair",
+    "web": "web",
     "dev": "devcluster",
 }
 _CORE_SECTIONS = {"node": NodeSection, "log": LogSection, "slurm": SlurmSection}

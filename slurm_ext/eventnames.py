@@ -41,6 +41,7 @@ _SUPERVISOR, _GRES, _HOOKS, _NODESTATE = ("supervisor",), ("gres",), ("prolog_ep
 _ACCOUNTING = ("accounting",)
 _HEALTH = ("health",)
 _REPAIR = ("repair",)
+_WEB = ("web",)
 
 _ENTRIES = (
     # -- the node agent (supervisor/) ---------------------------------------------------------------
@@ -224,6 +225,15 @@ _ENTRIES = (
               "says so"),
     EventName("repair-paused", _REPAIR, "warning", "an operator paused every approval"),
     EventName("repair-unpaused", _REPAIR, "info", "an operator let approvals through again"),
+    # -- web (slurm_ext/web, the cluster page, in the controller agent) ------------------------------------------
+    EventName("web-started", _WEB, "info", "the cluster page listens; how operators are recognised"),
+    EventName("web-operation", _WEB, "info", "an operator ran a node's health checks, or approved or rejected its "
+              "repair, from the page (user, how signed in, address)"),
+    EventName("web-refused", _WEB, "warning", "an operation was refused: no or unknown credentials, a proxy header "
+              "from an untrusted address, a missing, forged or stale CSRF token, another site's request"),
+    EventName("web-source-failed", _WEB, "warning", "Slurm, the repair database or Prometheus stopped answering the "
+              "page; it shows their last answer, with its age"),
+    EventName("web-source-ok", _WEB, "info", "a source of the page answers again"),
 )
 
 #: every event name slurm-ext emits, by name

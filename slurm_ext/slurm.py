@@ -80,6 +80,10 @@ class Node:
     gpus_used: int = 0
     #: NodeAddr: where its daemons are reached
     addr: str = ""
+    #: its slurmd's Slurm version ("" until it registered)
+    version: str = ""
+    #: the OS its slurmd reported: kernel name, release and build (Linux 6.1.0-27-amd64 #1 SMP ...)
+    os: str = ""
 
     @property
     def drained(self) -> bool:
@@ -245,6 +249,16 @@ class SlurmClient:
             if time.monotonic() > deadline:
                 raise SlurmError(f"job {job_id}: no finished record in sacct after {timeout:g}s (last: {job})")
             time.sleep(interval)
+
+    def show_config(self) -> dict[str, str]:
+        """slurmctld's running configuration (`scontrol show config`): ClusterName, SLURM_VERSION, ...; keys as
+        Slurm prints them."""
+        found = {}
+        for line in self._run(["scontrol", "show", "config"]).stdout.splitlines():
+            key, sep, value = line.partition("=")
+            if sep and key.strip() and " " not in key.strip():
+                found[key.strip()] = value.strip()
+        return found
 
     def node_events(self, node: str | None, since: datetime) -> list[NodeEvent]:
         """State changes of `node` (None: of every node, in the same one query) that started at or after `since`,
@@ -428,6 +442,8 @@ def _node_from_json(data: dict) -> Node:
         boot_time=_epoch(data.get("boot_time")),
         gpus_used=_gpus_in(data.get("alloc_tres") or data.get("tres_used") or ""),
         addr=data.get("address") or "",
+        version=data.get("version") or data.get("slurmd_version") or "",  # slurmd_version: 22.05
+        os=data.get("operating_system") or "",
     )
 
 
@@ -476,6 +492,8 @@ def _node_from_text(line: str) -> Node:
         boot_time=_parse_time(fields.get("BootTime", "")),
         gpus_used=_gpus_in(fields.get("AllocTRES", "")),
         addr=fields.get("NodeAddr", ""),
+        version="" if fields.get("Version") in (None, "(null)", "N/A") else fields["Version"],
+        os="" if fields.get("OS") in (None, "(null)", "N/A") else fields["OS"],
     )
 
 

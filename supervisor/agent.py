@@ -63,7 +63,7 @@ __all__ = ["Agent", "Worker", "session_members", "kill_session"]
 log = logging.getLogger("supervisor")
 
 _PR_SET_CHILD_SUBREAPER = 36
-_HANDLED = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_HANDLED = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 #: longest sleep of an idle loop: signals and notify messages wake it at once
 _IDLE_WAKEUP = 30.0
 #: waitpid/waitid option (linux/wait.h, not in the os module): only children of the calling thread
@@ -203,10 +203,10 @@ class Agent:
             specs = workers_for(self.role, s, self.daemon_args, self.slurmd_notify, _database(config, self.role))
         except ValueError as err:
             raise ConfigError(config.source or "<defaults>", str(err)) from None
-        if self.role == "worker" and not config.health.enabled:
-            specs = [spec for spec in specs if spec.name != "health"]
-        if self.role == "controller" and not config.repair.enabled:
-            specs = [spec for spec in specs if spec.name != "repair"]
+        switched_off = {"health": self.role == "worker" and not config.health.enabled,
+                        "repair": self.role == "controller" and not config.repair.enabled,
+                        "web": self.role == "controller" and not config.web.enabled}
+        specs = [spec for spec in specs if not switched_off.get(spec.name)]
         if first:
             self.workers = [self._new_worker(spec) for spec in specs]
             return
@@ -423,6 +423,10 @@ class Agent:
                 self._drain_before_stop(signal.Signals(signum).name)
             elif signum == signal.SIGHUP:
                 self._reload()
+            elif signum == signal.SIGUSR1:  # POST /health/check (poll_health_now), or an operator's kill -USR1
+                for worker in self.workers:
+                    if worker.spec.name == "health" and worker.state == WorkerState.RUNNING:
+                        _signal(worker, signal.SIGUSR1)
 
     def _reload(self) -> None:
         try:
@@ -875,6 +879,14 @@ class Agent:
                 return False, f"worker {worker.spec.name}: {why}"
         return True, "ready"
 
+    def poll_health_now(self) -> bool:
+        """From the HTTP thread: have the health monitor read the node now (the loop signals it, SIGUSR1, as
+        for an operator's `kill -USR1` of the agent); False when no monitor runs."""
+        if not any(w.spec.name == "health" and w.state == WorkerState.RUNNING for w in self.workers):
+            return False
+        _poke(self._wakeup_w, signal.SIGUSR1)
+        return True
+
     def live(self, grace: float = 10.0) -> bool:
         """The loop is alive: it has not overslept the wake-up it planned."""
         return time.monotonic() < max(self._next_wake, self.heartbeat) + grace
@@ -1054,10 +1066,11 @@ def _slurmd_speaks_notify(environ: dict[str, str]) -> bool:
     return speaks_notify(answer.stdout + answer.stderr)
 
 
-def _poke(fd: int) -> None:
-    """From another thread: make the loop look again now (a 0 byte in the signal pipe is no signal)."""
+def _poke(fd: int, signum: int = 0) -> None:
+    """From another thread: make the loop look again now (a 0 byte in the signal pipe is no signal), or act as
+    if `signum` had come."""
     try:
-        os.write(fd, b"\0")
+        os.write(fd, bytes([signum]))
     except OSError:
         pass  # full: the loop wakes anyway
 

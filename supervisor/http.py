@@ -1,5 +1,7 @@
 """The agent's HTTP listener: /livez, /readyz, /metrics (Prometheus), and, read-only, the node journal's
-/events?since=EPOCH and the health monitor's /health (for `slurm-ext history` and the repair service).
+/events?since=EPOCH and the health monitor's /health with the node's facts (for `slurm-ext history`, the repair
+service and the cluster page). One POST: /health/check asks the health monitor to read the node now (the cluster
+page's "run the health checks"); it changes nothing but the time of the next poll, at most once a second.
 
 `serve(agent, host, port)` starts a `ProbeServer` in a thread of its own;
 handlers only read the agent's state, and metrics are collected at scrape
@@ -97,33 +99,68 @@ def agent_routes(agent) -> Callable[[str], Answer]:
     return answer
 
 
+#: least time between two polls asked by POST /health/check
+_CHECK_SPACING = 1.0
+
+
+def agent_posts(agent) -> Callable[[str], Answer]:
+    """The answer to a POST of each path: only /health/check, which has the health monitor read the node now."""
+    last = [0.0]
+
+    def answer(target: str) -> Answer:
+        if target.partition("?")[0] != "/health/check":
+            return 405, b"POST only to /health/check\n", _TEXT
+        now = time.monotonic()
+        if now - last[0] < _CHECK_SPACING:
+            return 429, b"a check was asked less than a second ago: its readings come within the second\n", _TEXT
+        last[0] = now
+        asked = time.time()
+        if not agent.poll_health_now():
+            return 409, b"no health monitor runs on this node (health.enabled, or it is restarting)\n", _TEXT
+        return 202, (json.dumps({"asked": asked}) + "\n").encode(), "application/json"
+
+    return answer
+
+
 def _events(agent, query: str) -> Answer:
     """The node journal's events since `since` (epoch seconds), oldest first, one JSON object a line, the newest
-    EVENTS_LIMIT at most: what `slurm-ext history` merges from every node. Read-only, like every route here."""
+    `limit` (at most EVENTS_LIMIT): what `slurm-ext history` and the cluster page merge from every node. Read-only,
+    like every route here."""
     from urllib.parse import parse_qs
     from slurm_ext.journal import EventFilter, read_events
+    asked = parse_qs(query)
     try:
-        since = float(parse_qs(query).get("since", ["0"])[0])
+        since = float(asked.get("since", ["0"])[0])
         start = datetime.fromtimestamp(since, timezone.utc) if since > 0 else None
     except (ValueError, OverflowError, OSError):
         return 400, b"since: expected epoch seconds, such as since=1767225600\n", _TEXT
+    try:
+        limit = int(asked.get("limit", [str(EVENTS_LIMIT)])[0])
+        if not 1 <= limit <= EVENTS_LIMIT:
+            raise ValueError
+    except ValueError:
+        return 400, f"limit: expected a count of events from 1 to {EVENTS_LIMIT}\n".encode(), _TEXT
     selection = EventFilter(start, (), (), "")
-    lines = deque((event.line for event in read_events(agent.config.node.state_dir, selection, lambda *_: None)),
-                  maxlen=EVENTS_LIMIT)
+    lines = deque((event.line for event in read_events(agent.config.node.state_dir, selection, lambda *_: None,
+                                                       skip_to_since=start is not None)), maxlen=limit)
     return 200, "".join(f"{line}\n" for line in lines).encode(), "application/x-ndjson"
 
 
 def _health(agent) -> Answer:
-    """The health monitor's latest readings and open findings (its worker writes them each poll) and this boot's
-    id: what the repair service asks after a repair, before it resumes the node."""
+    """The health monitor's latest readings and open findings (its worker writes them each poll), this boot's id
+    and the node's facts (OS, kernel, interfaces and their byte counters): what the repair service asks after a
+    repair, before it resumes the node, and what the cluster page shows of the node."""
+    from dataclasses import asdict
     from slurm_ext.health import metrics_path
+    from slurm_ext.nodefacts import read_facts
     from slurm_ext.procfs import boot_id
     try:
         readings = json.loads(metrics_path(agent.config.supervisor.runtime_dir).read_text())
     except (OSError, ValueError):
         readings = None
     body = {"node": agent.config.node.slurm_name, "boot": boot_id(agent.config.node.boot_id_file),
-            "monitor": readings}
+            "time": time.time(), "monitor": readings,
+            "facts": asdict(read_facts(tuple(agent.config.health.interfaces)))}
     return 200, (json.dumps(body) + "\n").encode(), "application/json"
 
 
@@ -150,15 +187,18 @@ class _Connection:
 
 
 class ProbeServer:
-    """HTTP/1.1 GET server of one thread: each connection one request, then closed.
+    """HTTP/1.1 server of one thread: each connection one request, then closed.
 
-    `answer(path)` must be quick and must not block (it runs on this thread).
-    Start it with `start()`; `close()` stops the thread and closes every socket.
+    `answer(target)` answers a GET, `post(target)` a POST (its body, if any, is not read: no route takes one);
+    both must be quick and must not block (they run on this thread). Start it with `start()`; `close()` stops
+    the thread and closes every socket.
     """
 
     def __init__(self, host: str, port: int, answer: Callable[[str], Answer],
-                 max_connections: int | None = None, timeout: float = HEAD_TIMEOUT):
+                 max_connections: int | None = None, timeout: float = HEAD_TIMEOUT,
+                 post: Callable[[str], Answer] | None = None):
         self.answer = answer
+        self.post = post or (lambda target: (405, b"only GET\n", _TEXT))
         self.timeout = timeout
         self.max_connections = max_connections or connection_cap()
         self.listener = socket.create_server((host, port), backlog=_BACKLOG)
@@ -313,12 +353,13 @@ class ProbeServer:
         if len(parts) != 3 or not parts[2].startswith("HTTP/"):
             return 400, b"expected: GET /livez HTTP/1.1\n", _TEXT
         method, target, _ = parts
-        if method != "GET":
-            return 405, b"only GET\n", _TEXT
+        handler = {"GET": self.answer, "POST": self.post}.get(method)
+        if handler is None:
+            return 405, b"only GET, and POST where a route takes it\n", _TEXT
         try:
-            return self.answer(target)
+            return handler(target)
         except Exception:  # a bug in a handler answers 500; the server goes on
-            log.exception("http: GET %s failed", target[:100])
+            log.exception("http: %s %s failed", method, target[:100])
             return 500, b"internal error: see the agent's log\n", _TEXT
 
     def _reply(self, conn: _Connection, code: int, body: bytes, content_type: str) -> None:
@@ -375,7 +416,7 @@ def serve(agent, host: str, port: int) -> ProbeServer:
         AgentError: the address cannot be listened on (port taken, address not local).
     """
     try:
-        server = ProbeServer(host, port, agent_routes(agent))
+        server = ProbeServer(host, port, agent_routes(agent), post=agent_posts(agent))
     except OSError as err:
         raise AgentError(f"cannot listen on {host}:{port} for probes and metrics: {err.strerror} "
                          "(another agent of this role running? set supervisor.ports or --port)") from err

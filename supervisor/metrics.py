@@ -55,6 +55,7 @@ class AgentCollector:
             yield from _reconcile_metrics(agent)
         if agent.role == "worker":
             yield from _health_metrics(agent)
+            yield from _network_metrics(agent)
         watch = agent.queue_watch
         if watch is not None and watch.size is not None:
             queue = GaugeMetricFamily("slurm_ext_accounting_dbd_queue", "Accounting records slurmctld holds for "
@@ -62,6 +63,22 @@ class AgentCollector:
                                       "database is away", labels=["role"])
             queue.add_metric([agent.role], watch.size)
             yield queue
+
+
+def _network_metrics(agent):
+    """The node's interfaces' byte counters (nodefacts: physical interfaces and health.interfaces), for the cluster
+    page's bandwidth when it reads Prometheus; counters, so rate() gives bytes per second."""
+    from slurm_ext.nodefacts import read_facts
+    host = agent.config.node.slurm_name
+    received = CounterMetricFamily("slurm_ext_network_receive_bytes", "Bytes received by the interface (its "
+                                   "statistics/rx_bytes)", labels=["device", "hostname"])
+    sent = CounterMetricFamily("slurm_ext_network_transmit_bytes", "Bytes sent by the interface (its "
+                               "statistics/tx_bytes)", labels=["device", "hostname"])
+    for interface in read_facts(tuple(agent.config.health.interfaces)).interfaces:
+        received.add_metric([interface.name, host], interface.rx_bytes)
+        sent.add_metric([interface.name, host], interface.tx_bytes)
+    yield received
+    yield sent
 
 
 def _reconcile_metrics(agent):

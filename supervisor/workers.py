@@ -66,6 +66,10 @@ BUILTIN = (
     # so a restart carries on; never the controller's readiness
     WorkerSpec("repair", ("controller",), (sys.executable, "-I", "-m", "slurm_ext.cli", "repair", "serve"),
                reload_signal="HUP", gates_ready=False, after=("slurmctld",)),
+    # the cluster page (slurm_ext.web), with web.enabled: reads Slurm only while someone looks; never the
+    # controller's readiness
+    WorkerSpec("web", ("controller",), (sys.executable, "-I", "-m", "slurm_ext.cli", "web"), gates_ready=False,
+               after=("slurmctld",)),
 )
 
 

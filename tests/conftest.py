@@ -45,6 +45,7 @@ TEST_CLUSTER = dict(
     controller_probe_port=19811,
     worker_probe_port=19810,
     accounting_probe_port=19812,
+    web_port=19813,
     gpu_count=4,
     gpu_type="h200",
     # the session cluster's health monitor reads the real kernel log (tests write Xid lines to /dev/kmsg) and polls

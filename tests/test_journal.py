@@ -102,6 +102,29 @@ def test_a_torn_last_line_and_foreign_lines_are_skipped_and_reported(tmp_path):
     assert "lacks one of the fields" in bad[2][2]
 
 
+def test_skip_to_since_enters_a_large_journal_near_since_and_keeps_the_same_events(tmp_path):
+    """An agent's /events?since= on a 16 MiB journal reads a few lines, not all of them: a bad line far before
+    `since` is never reached, and the events kept are those of a full read, slightly out-of-order lines too."""
+    start = datetime(2025, 1, 31, tzinfo=UTC)
+    lines = ["not an event\n"]
+    for second in range(30000):
+        when = start + timedelta(seconds=second - (2 if second % 97 == 0 else 0))  # a writer a little late
+        lines.append(line(when.isoformat(), "health", "health-finding", f"finding {second}", pad="x" * 40))
+    (tmp_path / "journal.jsonl").write_text("".join(lines))
+    assert (tmp_path / "journal.jsonl").stat().st_size > 3 * 2**20
+    since = start + timedelta(seconds=29000)
+    full_bad, full_handler = collect_bad_lines()
+    full = [e.message for e in read_events(str(tmp_path), EventFilter(since=since), full_handler)]
+    skipped_bad, skipped_handler = collect_bad_lines()
+    skipped = [e.message for e in read_events(str(tmp_path), EventFilter(since=since), skipped_handler,
+                                              skip_to_since=True)]
+    assert skipped == full and len(full) == 1000 and full[0] == "finding 29000", full[:3]
+    assert len(full_bad) == 1 and skipped_bad == []  # the bisection started far past the first line
+    assert [e.message for e in read_events(str(tmp_path), EventFilter(since=start - timedelta(seconds=10)),
+                                             skip_to_since=True)][:1] == \
+        ["finding 0"]  # `since` before the first line: read from the start
+
+
 def test_a_file_seen_under_two_names_is_read_once(tmp_path):
     """What a rotation between the reader's opens looks like: journal.jsonl became .1 meanwhile."""
     current = tmp_path / "journal.jsonl"

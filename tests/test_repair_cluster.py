@@ -26,7 +26,7 @@ from conftest import TEST_CLUSTER, Cluster, cli, cluster_of_its_own, wait_for
 REPAIR_CLUSTER = {**TEST_CLUSTER, "cluster_name": "slurmextrepair", "node_name": "rnode1", "nodes": 4,
                   "defined_nodes": 5, "slurmctld_port": 18817, "slurmd_port": 18818, "slurmdbd_port": 18819,
                   "mariadb_port": 13309, "controller_probe_port": 19831, "worker_probe_port": 19830,
-                  "accounting_probe_port": 19832, "node_port_base": 24000, "kernel_log": "",
+                  "accounting_probe_port": 19832, "web_port": 19833, "node_port_base": 24000, "kernel_log": "",
                   "health_interval": 1.0, "repair_interval": 1.0, "resume_timeout": 30}
 NODES = ["rnode1", "rnode2", "rnode3", "rnode4"]
 

@@ -144,7 +144,7 @@ def test_text_record_of_a_drained_node():
     node = _node_from_text(line)
     assert node == Node(name="vm", state="IDLE", flags=frozenset({"DRAIN"}), reason="slurm-ext: gpu 3 lost x=y|z",
                         reason_user="root", reason_time=node.reason_time, gres="gpu:h200:4", cpus=2,
-                        real_memory=23605, partitions=("debug", "gpu"), addr="127.0.0.1")
+                        real_memory=23605, partitions=("debug", "gpu"), addr="127.0.0.1", os="Linux 6.1 #1 SMP")
     assert node.reason_time == datetime(2026, 11, 29, 16, 56, 27).astimezone()
     assert node.reason_is_ours and not node.idle
 

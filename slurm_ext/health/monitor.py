@@ -183,6 +183,7 @@ class Monitor:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: self.stopping.set())
         signal.signal(signal.SIGHUP, lambda *_: self.queue.put(("reload", "", None)))
+        signal.signal(signal.SIGUSR1, lambda *_: self.queue.put(("poll-now", "", None)))
         enabled = [c for c in CHECKS if self.health.params(c).enabled]
         self.emit("health-started", f"health monitor on node {self.node}: {len(enabled)} checks "
                   f"({', '.join(enabled)}), polled every {self.health.interval:g}s; kernel log "
@@ -352,6 +353,9 @@ class Monitor:
             self.emit("health-source-ok", f"{name}: {item}", source=name)
         elif kind == "reload":
             self._reload()
+        elif kind == "poll-now":  # SIGUSR1 from the agent: an operator asked for the checks now
+            for poller in self._pollers:
+                poller.kick.set()
 
     def _polled(self, reader: str, result) -> None:
         if isinstance(result, Exception):
@@ -554,7 +558,7 @@ class Monitor:
         # the GPUs' readings carry their own time: during an NVML hang the file stays fresh, its readings do not
         readings = time.time() - (time.monotonic() - snapshot.time) if snapshot else 0.0
         data = {"time": time.time(), "readings_time": readings, "interval": self.health.interval, "node": self.node,
-                "gpus": gpus,
+                "driver": snapshot.driver if snapshot else "", "gpus": gpus,
                 "nvml_error": snapshot.error_text if snapshot else "", "xid_counts": list(self.xid_counts.values()),
                 "last_xid": self.last_xid, "checks": {c: ("disabled" if not self.health.params(c).enabled
                                                      else self.check_state.get(c, "ok")) for c in CHECKS},

@@ -76,9 +76,13 @@ def read_snapshot(module: Any, baseline: tuple[str, ...] = (), now: float | None
     samples = []
     for index in range(count):
         samples.append(_sample(module, index, caught, (known or {}).get(index)))
+    try:
+        driver = nvml.text(module.nvmlSystemGetDriverVersion())
+    except caught:
+        driver = ""
     # stamped when the reading is complete: one that hung lands after the monitor's stand-ins for the polls it
     # missed, in time order
-    return Snapshot(time.monotonic() if now is None else now, tuple(samples), baseline=baseline)
+    return Snapshot(time.monotonic() if now is None else now, tuple(samples), baseline=baseline, driver=driver)
 
 
 def _sample(module: Any, index: int, caught: tuple, known: Gpu | None) -> GpuSample:

@@ -102,6 +102,8 @@ class Snapshot:
     error_text: str = ""
     #: the node's baseline: UUIDs it has had (gres/baseline.json), empty when unknown
     baseline: tuple[str, ...] = ()
+    #: the NVIDIA driver's version, as NVML says it ("" when it does not)
+    driver: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ from slurm_ext.devcluster.layout import Layout
 
 SETTINGS = dict(cluster_name="benchacct", node_name="benchacct1", slurmctld_port=18817, slurmd_port=18818,
                 slurmdbd_port=18819, mariadb_port=13309, controller_probe_port=19831, worker_probe_port=19830,
-                accounting_probe_port=19832, gpu_count=0)
+                accounting_probe_port=19832, web_port=19843, gpu_count=0)
 _POLL = 0.02
 
 

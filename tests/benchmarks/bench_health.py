@@ -46,7 +46,7 @@ _NS = f"se-bench-{os.getpid()}"
 #: the drain part's cluster: its own names and ports, apart from the test cluster, `dev up` and other benchmarks
 BENCH_CLUSTER = dict(cluster_name="benchhealth", node_name="benchhealth1", slurmctld_port=27817, slurmd_port=27818,
                      slurmdbd_port=27819, mariadb_port=24307, controller_probe_port=27811, worker_probe_port=27810,
-                     accounting_probe_port=27812)
+                     accounting_probe_port=27812, web_port=27813)
 
 
 def _config(root: Path, latency: bool) -> Path:

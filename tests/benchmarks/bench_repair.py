@@ -28,7 +28,7 @@ from slurm_ext.repair.store import open_store
 from slurm_ext.slurm import SlurmClient
 
 BENCH_CLUSTER = dict(cluster_name="slurmextbenchrepair", node_name="bnode1", nodes=4, slurmctld_port=28817,
-                     slurmd_port=28818, slurmdbd_port=28819, mariadb_port=23310, controller_probe_port=29831,
+                     slurmd_port=28818, slurmdbd_port=28819, mariadb_port=23310, controller_probe_port=29831, web_port=29833,
                      worker_probe_port=29830, accounting_probe_port=29832, node_port_base=30000, health_interval=1.0,
                      repair_interval=1.0, slurmd_timeout=30, resume_timeout=60)
 

@@ -66,6 +66,7 @@ BENCH_CLUSTER = dict(
     mariadb_port=23307,
     controller_probe_port=29811,
     worker_probe_port=29810,
+    web_port=29813,
 )
 
 POLL_PID = 0.002  # seconds between looks for the new slurmd PID

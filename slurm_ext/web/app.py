@@ -1,0 +1,390 @@
+"""The page's HTTP side: Flask routes over the shared view (`watch.Watcher`) and the operators' operations.
+
+GET routes only read the view the watcher keeps (one Slurm query per table
+per refresh, whatever the number of browsers): the page itself (its assets
+are package data: nothing is fetched from elsewhere, it works air-gapped),
+/api/cluster, /api/timeline, /api/health, /api/repairs and /api/session
+(the CSRF token, and who the proxy says you are). POST routes are the
+operations: run a node's health checks, approve or reject its repair. Each
+needs an operator and a CSRF token (`auth`), and is recorded with the user
+in the repair history and the journal.
+
+Bad input is a 4xx whose JSON says what was wrong (an unknown node, a query
+key the route does not take, a limit out of range); a bug is a 500 that
+says where the log is, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from flask import Flask, Response, jsonify, request, send_from_directory
+from werkzeug.exceptions import HTTPException
+
+from slurm_ext import events
+from slurm_ext.errors import SlurmExtError
+from slurm_ext.health.settings import CHECKS, SEVERITIES
+from slurm_ext.repair import agents
+from slurm_ext.repair.settings import ACTIONS
+
+from .auth import Csrf, Operator, Refused, Tokens, operator_of
+from .watch import Watcher
+
+__all__ = ["create_app", "STATIC"]
+
+log = logging.getLogger("web")
+
+STATIC = Path(__file__).with_name("static")
+#: longest limit= a list route takes
+_MAX_LIMIT = 5000
+#: sources of the timeline
+_SOURCES = ("slurm", "repair", "agent")
+#: longest wait for a node's fresh health reading after "run the health checks"
+_CHECK_WAIT = 20.0
+#: headers of every answer: no other site may frame the page or run scripts in it
+_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
+            "X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY", "Referrer-Policy": "no-referrer"}
+
+
+class BadRequest(Exception):
+    """A request the page answers with `status` and `message` (JSON)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _limit(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= _MAX_LIMIT:
+        raise ValueError(f"a count from 1 to {_MAX_LIMIT}")
+    return int(text)
+
+
+def _choice(choices) -> Callable[[str], str]:
+    def check(text: str) -> str:
+        if text not in choices:
+            raise ValueError(f"one of {', '.join(choices)}")
+        return text
+    return check
+
+
+def _name(text: str) -> str:
+    if not text or len(text) > 128 or not all(c.isalnum() or c in "._-" for c in text):
+        raise ValueError("a node name (letters, digits, . _ -)")
+    return text
+
+
+def _query(allowed: dict[str, Callable[[str], object]]) -> dict[str, object]:
+    """The request's query, each key checked; an unknown key, a repeated one or a bad value is a 400 naming it."""
+    found = {}
+    for key in request.args:
+        if key not in allowed:
+            raise BadRequest(400, f"unknown query key {key[:40]!r}: this route takes "
+                                  + (", ".join(sorted(allowed)) or "none"))
+        values = request.args.getlist(key)
+        if len(values) != 1:
+            raise BadRequest(400, f"query key {key!r} given {len(values)} times")
+        try:
+            found[key] = allowed[key](values[0])
+        except ValueError as err:
+            raise BadRequest(400, f"{key}={values[0][:40]!r}: expected {err}") from None
+    return found
+
+
+def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Flask:
+    """The page's Flask app over `watcher` (made from `config` when not given; the caller starts it)."""
+    settings = config.web
+    watcher = watcher or Watcher(config)
+    tokens = Tokens(settings.token_file)
+    csrf = Csrf()
+    emit = events.emitter(config.node.state_dir, "web")
+    app = Flask(__name__, static_folder=None)
+    app.config.update(PROPAGATE_EXCEPTIONS=False, JSON_SORT_KEYS=False, MAX_CONTENT_LENGTH=64 * 1024)
+    app.extensions["slurm_ext_watcher"] = watcher
+
+    def open_store():
+        if store_opener is not None:
+            return store_opener()
+        from slurm_ext.repair.store import open_store as opener
+        return opener(config, create=False)
+
+    def current():
+        view = watcher.current()
+        if view is None:
+            raise BadRequest(503, "the page has not read the cluster yet: try again in a few seconds")
+        return view
+
+    def known_node(name: str):
+        view = current()
+        found = next((n for n in view.data["nodes"] if n["name"] == name), None)
+        if found is None:
+            raise BadRequest(404, f"no node {name[:60]!r} in this cluster (as slurmctld listed it "
+                                  f"{time.time() - view.data['refreshed']:.0f}s ago)")
+        return found
+
+    # -- answers ---------------------------------------------------------------------------------
+
+    @app.after_request
+    def headers(answer: Response) -> Response:
+        answer.headers.update(_HEADERS)
+        if request.path.startswith("/api/"):
+            answer.headers["Cache-Control"] = "no-store"
+        return answer
+
+    @app.errorhandler(BadRequest)
+    def bad_request(err: BadRequest):
+        return jsonify(error=err.message), err.status
+
+    @app.errorhandler(Refused)
+    def refused(err: Refused):
+        emit("web-refused", f"{request.method} {request.path} from {request.remote_addr} refused: {err}", "warning",
+             address=request.remote_addr)
+        return jsonify(error=str(err)), err.status
+
+    @app.errorhandler(HTTPException)
+    def http_error(err: HTTPException):
+        if request.path.startswith("/api/"):
+            return jsonify(error=f"{err.code} {err.name}: {err.description}"), err.code
+        return Response(f"{err.code} {err.name}: {err.description}\n", err.code, mimetype="text/plain")
+
+    @app.errorhandler(Exception)
+    def bug(err: Exception):
+        log.exception("web: %s %s failed", request.method, request.path)
+        return jsonify(error="internal error of the page: see its log (slurm-ext's log, component web)"), 500
+
+    # -- the page ------------------------------------------------------------------------------------
+
+    @app.get("/")
+    def index():
+        _query({})
+        return send_from_directory(STATIC, "index.html", max_age=0)
+
+    @app.get("/static/<path:name>")
+    def static_file(name: str):
+        return send_from_directory(STATIC, name, max_age=300)
+
+    # -- what the page reads ---------------------------------------------------------------------------
+
+    @app.get("/api/cluster")
+    def cluster():
+        _query({})
+        return Response(current().body, mimetype="application/json")
+
+    @app.get("/api/timeline")
+    def timeline():
+        asked = _query({"node": _name, "source": _choice(_SOURCES), "limit": _limit})
+        view = current()
+        node, source, limit = asked.get("node"), asked.get("source"), int(asked.get("limit", 300))
+        if node is not None:
+            known_node(node)
+        entries = []
+        if source in (None, "slurm"):
+            for event in view.slurm_events:
+                if node in (None, event.node):
+                    who = f" (by {event.user})" if event.user else ""
+                    entries.append({"time": event.start.timestamp(), "node": event.node, "source": "slurm",
+                                    "event": event.state.lower(), "message": f"{event.state}: {event.reason}{who}",
+                                    "user": event.user})
+        if source in (None, "repair"):
+            entries += [{"time": e.time, "node": e.node or "-", "source": "repair", "event": e.event,
+                         "message": e.message, "user": e.user}
+                        for e in view.repair_events if node in (None, e.node)]
+        if source in (None, "agent"):
+            # the controller's own journal repeats the repair records, which carry the user
+            entries += [{"time": when, "node": name, "source": "agent",
+                         "event": f"{data.get('component', '?')}/{data.get('event', '?')}",
+                         "message": str(data.get("message", "")), "severity": data.get("severity", "")}
+                        for when, name, data in watcher.journal(
+                            lambda name, data: node in (None, name) and data.get("component") != "repair", limit)]
+        entries.sort(key=lambda e: e["time"], reverse=True)
+        return jsonify(entries=entries[:limit])
+
+    @app.get("/api/health")
+    def health_events():
+        asked = _query({"node": _name, "check": _choice(tuple(CHECKS)), "severity": _choice(SEVERITIES),
+                        "limit": _limit})
+        node, check, severity = asked.get("node"), asked.get("check"), asked.get("severity")
+        if node is not None:
+            known_node(node)
+        current()
+
+        def keep(name: str, data: dict) -> bool:
+            return (data.get("component") == "health" and node in (None, name)
+                    and check in (None, data.get("check"))
+                    and severity in (None, data.get("finding_severity") or _SEVERITY_OF.get(data.get("severity"))))
+        found = watcher.journal(keep, int(asked.get("limit", 300)))
+        return jsonify(entries=[{"time": when, "node": name, "event": data.get("event", ""),
+                                 "check": data.get("check", ""),
+                                 "severity": data.get("finding_severity") or _SEVERITY_OF.get(data.get("severity"), ""),
+                                 "gpu": data.get("gpu"), "evidence": data.get("evidence", ""),
+                                 "action": data.get("action", ""), "message": data.get("message", "")}
+                                for when, name, data in found])
+
+    @app.get("/api/repairs")
+    def repairs():
+        _query({})
+        view = current()
+        steps: dict[int, list] = {}
+        for event in view.repair_events:
+            if event.record is not None:
+                steps.setdefault(event.record, []).append({"time": event.time, "event": event.event,
+                                                           "message": event.message, "user": event.user})
+        def row(r) -> dict:
+            return {**{k: getattr(r, k) for k in ("id", "node", "signature", "action", "evidence", "jobs", "state",
+                                                  "step", "opened", "updated", "closed", "decided_by", "decided_at",
+                                                  "note")}, "steps": steps.get(r.id, [])}
+        repaired = {r.id: r for r in view.records if r.state not in ("recommended", "gone")}
+        repaired.update({r.id: r for r in view.open_records if r.state in ("approved", "running")})
+        return jsonify(open=[row(r) for r in view.open_records],
+                       history=[row(r) for r in sorted(repaired.values(), key=lambda r: r.updated, reverse=True)],
+                       paused=view.data.get("paused"), actions=list(ACTIONS))
+
+    @app.get("/api/session")
+    def session():
+        _query({})
+        user, via, problem = None, None, tokens.problem if settings.token_file else ""
+        try:
+            if settings.proxy_user_header and request.headers.get(settings.proxy_user_header) is not None:
+                found = operator_of(request.headers, request.remote_addr, settings, tokens)
+                user, via = found.user, found.via
+        except Refused as err:
+            problem = str(err)
+        return jsonify(csrf=csrf.issue(), user=user, via=via, tokens=bool(settings.token_file),
+                       proxy=settings.proxy_user_header or None, problem=problem, checks=list(CHECKS))
+
+    # -- operations -------------------------------------------------------------------------------------
+
+    def operation(node_name: str) -> tuple[Operator, dict]:
+        """Who asks (an operator, with a CSRF token from this server, from this page's origin), about which node."""
+        origin = request.headers.get("Origin")
+        if origin and urlsplit(origin).netloc != request.host:
+            raise Refused(403, f"the request comes from another site ({origin[:80]}): refused")
+        csrf.check(request.headers.get("X-CSRF-Token"))
+        who = operator_of(request.headers, request.remote_addr, settings, tokens)
+        return who, known_node(_checked_name(node_name))
+
+    def body() -> dict:
+        if not request.data:
+            return {}
+        try:
+            data = json.loads(request.data)
+        except ValueError:
+            raise BadRequest(400, "the body is not JSON") from None
+        if not isinstance(data, dict):
+            raise BadRequest(400, "the body is not a JSON object")
+        return data
+
+    def record(who: Operator, node: str, event: str, message: str) -> None:
+        emit("web-operation", f"{message} (by {who.user}, {who.via}, from {request.remote_addr})", node=node,
+             user=who.user, operation=event)
+
+    @app.post("/api/nodes/<node>/approve")
+    def approve(node: str):
+        from slurm_ext.repair import decide
+        who, row = operation(node)
+        data = body()
+        action = data.get("action") or None
+        if action is not None and action not in ACTIONS:
+            raise BadRequest(400, f"action {str(action)[:40]!r}: expected one of {', '.join(ACTIONS)}")
+        store = _opened(open_store)
+        try:
+            _, said = decide.approve(store, row["name"], who.user, config.repair, len(current().data["nodes"]),
+                                     action=action)
+        except decide.Refused as err:
+            raise BadRequest(409, str(err)) from None
+        finally:
+            store.close()
+        record(who, row["name"], "approve", said)
+        watcher.current()  # the next refresh shows it
+        return jsonify(message=f"{said}: the repair service takes it up within {config.repair.interval:g}s",
+                       user=who.user)
+
+    @app.post("/api/nodes/<node>/reject")
+    def reject(node: str):
+        from slurm_ext.repair import decide
+        who, row = operation(node)
+        why = str(body().get("why") or "").strip()
+        if not why:
+            raise BadRequest(400, "a rejection needs its reason: {\"why\": \"...\"}")
+        store = _opened(open_store)
+        try:
+            done = decide.reject(store, row["name"], who.user, why[:1000])
+        except decide.Refused as err:
+            raise BadRequest(409, str(err)) from None
+        finally:
+            store.close()
+        record(who, row["name"], "reject", f"rejected {done.action} of node {row['name']}: {why[:200]}")
+        return jsonify(message=f"rejected {done.action} of node {row['name']}: recorded; the node stays drained",
+                       user=who.user)
+
+    @app.post("/api/nodes/<node>/check")
+    def check(node: str):
+        who, row = operation(node)
+        body()
+        address = agents.address(config.repair, row["name"], row["addr"])
+        status, text = agents.post(f"http://{address}/health/check", settings.agent_timeout)
+        if status == 409:
+            raise BadRequest(409, f"node {row['name']}: {text.strip()}")
+        if status not in (202, 429):
+            raise BadRequest(502, f"the agent of node {row['name']} at {address} does not answer: "
+                                  f"{text.strip()[:200] or status}")
+        try:
+            asked = float(json.loads(text)["asked"]) if status == 202 else time.time() - 1.0
+        except (ValueError, KeyError, TypeError):
+            asked = time.time()
+        monitor = _fresh_reading(address, asked, settings.agent_timeout)
+        if monitor is None:
+            raise BadRequest(504, f"node {row['name']}: no fresh reading of its health monitor within "
+                                  f"{_CHECK_WAIT:g}s (NVML hanging? see `slurm-ext health show` on the node)")
+        findings = [f for f in monitor.get("findings") or () if isinstance(f, dict)]
+        verdict = ("healthy" if not findings else
+                   "; ".join(f"{f.get('severity')}: {f.get('check')} {f.get('evidence')}" for f in findings[:5]))
+        store = _opened(open_store)
+        try:
+            with store.locked():
+                store.event(row["name"], "health-check-run", f"health checks run from the page by {who.user}: "
+                                                            f"{verdict}", who.user)
+        finally:
+            store.close()
+        record(who, row["name"], "check", f"ran the health checks of node {row['name']}: {verdict}")
+        return jsonify(node=row["name"], verdict=verdict, findings=findings, checks=monitor.get("checks") or {},
+                       readings_time=monitor.get("readings_time"), user=who.user)
+
+    return app
+
+
+#: the journal's severities as a finding's (health events without finding_severity: failures of checks)
+_SEVERITY_OF = {"error": "critical", "warning": "warning", "info": "info"}
+
+
+def _checked_name(name: str) -> str:
+    try:
+        return _name(name)
+    except ValueError as err:
+        raise BadRequest(404, f"no node {name[:60]!r}: expected {err}") from None
+
+
+def _opened(opener):
+    try:
+        return opener()
+    except SlurmExtError as err:
+        raise BadRequest(503, f"the repair database does not answer: {err}") from None
+
+
+def _fresh_reading(address: str, asked: float, timeout: float) -> dict | None:
+    """The node's health monitor's readings once they are newer than `asked` (its own clock), or None."""
+    deadline = time.monotonic() + _CHECK_WAIT
+    while time.monotonic() < deadline:
+        answer = agents.get_json(f"http://{address}/health", timeout)
+        monitor = (answer or {}).get("monitor")
+        if isinstance(monitor, dict) and isinstance(monitor.get("readings_time"), (int, float)) \
+                and monitor["readings_time"] >= asked:
+            return monitor
+        time.sleep(0.2)
+    return None

@@ -1,0 +1,65 @@
+"""`slurm-ext web`: the page on waitress, its watcher started and stopped with it.
+
+waitress because it is a well-kept pure-Python WSGI server with a fixed pool of threads: a browser's poll is one
+short request, and a slow client holds a buffer, not a thread. SIGTERM (the agent's stop) closes it.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+
+from slurm_ext import config as config_mod, events
+from slurm_ext.errors import SlurmExtError
+
+from .app import create_app
+from .watch import Watcher
+
+__all__ = ["serve", "make_server"]
+
+log = logging.getLogger("web")
+
+#: requests served at once (polls are short; an operation waits on an agent for a few seconds at most)
+_THREADS = 8
+
+
+def make_server(config, listen: str | None = None):
+    """(waitress server, watcher) for `config`, listening on `listen` (host:port) or web.listen; the caller runs
+    `server.run()` and stops both.
+
+    Raises:
+        SlurmExtError: the address cannot be listened on (the message names it).
+    """
+    from waitress.server import create_server
+    host, _, port = (listen or config.web.listen).rpartition(":")
+    watcher = Watcher(config).start()
+    try:
+        server = create_server(create_app(config, watcher), host=host.strip("[]"), port=int(port),
+                               threads=_THREADS, ident="slurm-ext", clear_untrusted_proxy_headers=True)
+    except OSError as err:
+        watcher.stop()
+        raise SlurmExtError(f"web: cannot listen on {host}:{port}: {err.strerror or err} (another page running? "
+                            "set web.listen or --listen)") from err
+    return server, watcher
+
+
+def serve(config_path: str | None = None, listen: str | None = None) -> int:
+    """The entry point of `slurm-ext web`: serve until SIGTERM or SIGINT."""
+    config = config_mod.load(config_path)
+    server, watcher = make_server(config, listen)
+    where = f"http://{server.effective_host}:{server.effective_port}/"
+    emit = events.emitter(config.node.state_dir, "web")
+    emit("web-started", f"cluster page on {where}: Slurm read every {config.web.refresh:g}s while someone looks; "
+                        + ("operations by token (" + config.web.token_file + ")" if config.web.token_file else
+                           "no token file")
+                        + (f", or by {config.web.proxy_user_header} from {', '.join(config.web.trusted_proxies)}"
+                           if config.web.proxy_user_header else ""))
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: server.close())
+    try:
+        server.run()
+    except (OSError, ValueError):  # closed by the signal: the loop's descriptors are gone
+        pass
+    finally:
+        watcher.stop()
+    return 0

@@ -1,0 +1,405 @@
+// slurm-ext cluster page: plain JavaScript, no framework, nothing fetched from elsewhere.
+// It polls the server's one shared view of the cluster (/api/cluster) every refresh interval and draws the tab on
+// show; operations POST with the page's CSRF token and the operator's token (kept in this tab's sessionStorage).
+"use strict";
+
+const STATES = ["healthy", "booting", "unhealthy", "pending", "paused"];
+const page = {
+  view: null, session: null, lastGood: 0, tab: "overview",
+  sort: {key: "name", desc: false}, nodeView: "list", timer: null,
+};
+
+// -- small helpers --------------------------------------------------------------------------------------------
+
+const $ = (id) => document.getElementById(id);
+function esc(value) {
+  return String(value ?? "").replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;",
+    "'": "&#39;"}[c]));
+}
+function when(epoch) {
+  if (!epoch) return "-";
+  const d = new Date(epoch * 1000);
+  const pad = (n) => String(n).padStart(2, "0");
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+}
+function age(seconds) {
+  if (seconds == null) return "never";
+  if (seconds < 90) return `${Math.round(seconds)} s`;
+  if (seconds < 5400) return `${Math.round(seconds / 60)} min`;
+  return `${(seconds / 3600).toFixed(1)} h`;
+}
+function bytes(perSecond) {
+  if (perSecond == null) return "-";
+  const units = ["B/s", "KB/s", "MB/s", "GB/s", "TB/s"];
+  let value = perSecond, unit = 0;
+  while (value >= 1000 && unit < units.length - 1) { value /= 1000; unit++; }
+  return `${value.toFixed(value < 10 ? 1 : 0)} ${units[unit]}`;
+}
+function gib(mib) { return mib == null ? "-" : `${(mib / 1024).toFixed(1)} GiB`; }
+function token() { return sessionStorage.getItem("slurm-ext-token") || ""; }
+
+function say(text, error = false) {
+  const box = $("message");
+  box.textContent = text;
+  box.className = error ? "message error" : "message";
+  box.hidden = false;
+}
+
+async function getJSON(path) {
+  const answer = await fetch(path, {cache: "no-store"});
+  const data = await answer.json().catch(() => ({error: `${answer.status} ${answer.statusText}`}));
+  if (!answer.ok) throw new Error(data.error || `${answer.status}`);
+  return data;
+}
+
+async function post(path, body, retried = false) {
+  if (!page.session) page.session = await getJSON("/api/session");
+  const headers = {"Content-Type": "application/json", "X-CSRF-Token": page.session.csrf};
+  if (token()) headers["Authorization"] = `Bearer ${token()}`;
+  const answer = await fetch(path, {method: "POST", headers, body: JSON.stringify(body || {})});
+  const data = await answer.json().catch(() => ({error: `${answer.status} ${answer.statusText}`}));
+  if (answer.status === 403 && /CSRF/.test(data.error || "") && !retried) {  // the server restarted: a new token
+    page.session = await getJSON("/api/session");
+    return post(path, body, true);
+  }
+  if (!answer.ok) throw new Error(data.error || `${answer.status}`);
+  return data;
+}
+
+// -- the poll --------------------------------------------------------------------------------------------------
+
+async function poll() {
+  clearTimeout(page.timer);
+  try {
+    page.view = await getJSON("/api/cluster");
+    page.lastGood = Date.now() / 1000;
+  } catch (err) {
+    banner(`The page's server does not answer (${err.message}); shown: what it said ${age(Date.now() / 1000 - page.lastGood)} ago.`, true);
+  }
+  if (page.view) draw();
+  page.timer = setTimeout(poll, 1000 * ((page.view && page.view.refresh) || 5));
+}
+
+function banner(text, error) {
+  const box = $("banner");
+  box.hidden = !text;
+  box.textContent = text || "";
+  box.className = error ? "banner error" : "banner";
+}
+
+function sourcesBanner(view) {
+  const problems = [];
+  const names = {"slurm": "slurmctld (the node table)", "slurm-events": "slurmdbd (the event table)",
+                 "repair": "the repair database", "prometheus": "Prometheus"};
+  for (const [name, source] of Object.entries(view.sources)) {
+    if (!source.ok) {
+      problems.push(`${names[name] || name} does not answer: ${source.error}` +
+        (source.answered ? `; shown: its last answer, ${age(source.age)} old` : "; nothing known yet"));
+    }
+  }
+  const silent = Object.keys(view.agents.not_answering || {});
+  if (silent.length) {
+    problems.push(`${silent.length} node agent(s) not answering: ${silent.slice(0, 8).join(", ")}` +
+      (silent.length > 8 ? " ..." : ""));
+  }
+  if (Date.now() / 1000 - page.lastGood > 3 * view.refresh) return;  // the server's own banner stands
+  banner(problems.join(" | "), view.sources.slurm && !view.sources.slurm.ok);
+}
+
+function draw() {
+  const view = page.view;
+  $("cluster-name").textContent = view.cluster.name || "cluster";
+  document.title = `slurm-ext: ${view.cluster.name || "cluster"}`;
+  sourcesBanner(view);
+  $("status-line").textContent = `read ${when(view.refreshed)} (every ${view.refresh} s, shared by every open page); ` +
+    `${view.agents.answering} of ${view.agents.nodes} node agents answering`;
+  if (page.tab === "overview") drawOverview(view);
+  if (page.tab === "nodes") drawNodes(view);
+  if (page.tab === "health") drawHealth(view);
+  if (page.tab === "repair") drawRepairs();
+}
+
+// -- overview ----------------------------------------------------------------------------------------------------
+
+function drawOverview(view) {
+  $("state-counts").innerHTML = STATES.map((s) =>
+    `<div class="count ${s}" data-state="${s}"><div class="n">${view.counts[s]}</div>${s}</div>`).join("");
+  $("state-grid").innerHTML = view.nodes.map((n) =>
+    `<div class="cell ${n.state}" title="${esc(n.name)}: ${n.state}${n.reason ? " - " + esc(n.reason) : ""}">${esc(n.name)}</div>`).join("");
+  const usage = view.usage.now || {};
+  $("usage-utilization").textContent = usage.gpu_utilization == null ? "-" :
+    `${usage.gpu_utilization.toFixed(1)} % of ${usage.gpus} GPUs`;
+  $("usage-memory").textContent = usage.memory_total_mib ?
+    `${gib(usage.memory_used_mib)} of ${gib(usage.memory_total_mib)}` : "-";
+  $("usage-network").textContent = usage.rx_bps == null ? "-" : `in ${bytes(usage.rx_bps)}, out ${bytes(usage.tx_bps)}`;
+  const history = view.usage.history || [];
+  spark("spark-utilization", history.map((p) => p[1]), 100);
+  spark("spark-memory", history.map((p) => p[2]), Math.max(1, ...history.map((p) => p[3] || 0)));
+  spark("spark-network", history.map((p) => (p[4] || 0) + (p[5] || 0)), null);
+  for (const link of document.querySelectorAll(".panel .grafana")) {
+    link.hidden = !view.usage.grafana;
+    if (view.usage.grafana) link.href = view.usage.grafana;
+  }
+  drawConfig(view.cluster);
+  getJSON("/api/timeline?limit=60").then((data) => {
+    $("timeline").tBodies[0].innerHTML = data.entries.map((e) =>
+      `<tr data-source="${e.source}"><td class="time">${when(e.time)}</td><td>${esc(e.node)}</td><td>${e.source}</td>` +
+      `<td>${esc(e.event)}</td><td>${esc(e.message)}${e.user ? ` <span class="muted">[${esc(e.user)}]</span>` : ""}</td></tr>`).join("");
+  }).catch((err) => say(`timeline: ${err.message}`, true));
+}
+
+function spark(id, values, top) {
+  const points = values.map((v) => (v == null ? 0 : v));
+  if (points.length < 2) { $(id).innerHTML = ""; return; }
+  const high = top || Math.max(1, ...points);
+  const step = 200 / (points.length - 1);
+  const coords = points.map((v, i) => `${(i * step).toFixed(1)},${(40 - 38 * Math.min(v / high, 1)).toFixed(1)}`);
+  $(id).innerHTML = `<polyline points="${coords.join(" ")}"></polyline>`;
+}
+
+function drawConfig(c) {
+  const rows = [
+    ["cluster", c.name], ["controller", c.controller], ["Slurm", c.slurm_version],
+    ["slurmd versions", c.slurmd_versions.join(", ")], ["nodes", c.nodes],
+    ["GPUs by type", Object.entries(c.gpus_by_type).map(([t, n]) => `${n} ${t}`).join(", ") || "none"],
+    ["NVIDIA driver", Object.entries(c.drivers).map(([v, n]) => `${v} (${n} nodes)`).join(", ") || "-"],
+    ["OS image", Object.entries(c.os_images).map(([v, n]) => `${v} (${n} nodes)`).join(", ") || "-"],
+    ["kernel", c.kernels.join(", ") || "-"],
+    ["network interfaces", Object.entries(c.interfaces).map(([name, i]) =>
+      `${name} (${i.nodes} nodes${i.speeds_mbps.length ? ", " + i.speeds_mbps.map((s) => s / 1000 + " Gb/s").join("/") : ""})`).join(", ") || "-"],
+    ...Object.entries(c.fields),
+  ];
+  $("config").tBodies[0].innerHTML = rows.map(([k, v]) => `<tr><th>${esc(k)}</th><td>${esc(v)}</td></tr>`).join("");
+}
+
+// -- nodes ----------------------------------------------------------------------------------------------------------
+
+function nodeFigures(n) {
+  const readings = n.gpu_readings || [];
+  const util = readings.filter((g) => g.utilization != null);
+  const used = readings.reduce((s, g) => s + (g.memory_used_mib || 0), 0);
+  const total = readings.reduce((s, g) => s + (g.memory_total_mib || 0), 0);
+  const temps = readings.filter((g) => g.temperature != null).map((g) => g.temperature);
+  return {
+    utilization: util.length ? util.reduce((s, g) => s + g.utilization, 0) / util.length : null,
+    memory: total ? used / total : null, used, total,
+    temperature: temps.length ? Math.max(...temps) : null,
+  };
+}
+
+function shownNodes(view) {
+  const state = $("node-state").value, name = $("node-name").value.trim().toLowerCase();
+  const rows = view.nodes.filter((n) => (!state || n.state === state) && (!name || n.name.toLowerCase().includes(name)));
+  const key = page.sort.key, sign = page.sort.desc ? -1 : 1;
+  const value = (n) => {
+    if (["utilization", "memory", "temperature"].includes(key)) return nodeFigures(n)[key] ?? -1;
+    if (key === "state") return STATES.indexOf(n.state);
+    return n[key] ?? "";
+  };
+  return rows.sort((a, b) => {
+    const x = value(a), y = value(b);
+    return (x < y ? -1 : x > y ? 1 : a.name.localeCompare(b.name, undefined, {numeric: true})) * sign;
+  });
+}
+
+function opsOf(n) {
+  const recommended = n.repair === "recommended";
+  return `<span class="ops" data-node="${esc(n.name)}">` +
+    `<button type="button" class="op op-check" data-op="check">run checks</button>` +
+    (recommended ? `<select class="op-action">${["", "reboot", "reprovision", "failover", "remove"].map((a) =>
+      `<option value="${a}">${a || "recommended"}</option>`).join("")}</select>` +
+      `<button type="button" class="op op-approve" data-op="approve">approve repair</button>` +
+      `<input class="op-why" placeholder="why reject"><button type="button" class="op op-reject" data-op="reject">reject</button>` : "") +
+    `<button type="button" class="op op-ssh" data-op="ssh" data-command="${esc(n.ssh)}">copy ssh</button></span>`;
+}
+
+function drawNodes(view) {
+  const rows = shownNodes(view);
+  $("node-shown").textContent = `${rows.length} of ${view.nodes.length} nodes`;
+  for (const th of document.querySelectorAll("#node-table th[data-sort]")) {
+    th.classList.toggle("sorted", th.dataset.sort === page.sort.key);
+    th.classList.toggle("desc", th.dataset.sort === page.sort.key && page.sort.desc);
+  }
+  $("node-table").hidden = page.nodeView !== "list";
+  $("node-grid").hidden = page.nodeView !== "grid";
+  if (page.nodeView === "grid") {
+    $("node-grid").innerHTML = rows.map((n) => {
+      const f = nodeFigures(n);
+      return `<div class="cell ${n.state}" data-node="${esc(n.name)}" title="${esc(n.name)}: ${n.state}` +
+        `${n.reason ? " - " + esc(n.reason) : ""}">${esc(n.name)}<br>${n.gpus_used}/${n.gpus_total} GPUs` +
+        `${f.utilization == null ? "" : " " + f.utilization.toFixed(0) + "%"}</div>`;
+    }).join("");
+    return;
+  }
+  const focused = document.activeElement && document.activeElement.closest("#node-table .ops");
+  if (focused) return;  // an operator is typing a reason: the next poll draws
+  $("node-table").tBodies[0].innerHTML = rows.map((n) => {
+    const f = nodeFigures(n);
+    const findings = [...n.findings, ...(n.agent_findings || []).map((x) =>
+      `${x.severity}: ${x.check} ${x.gpu != null ? "gpu " + x.gpu + " " : ""}${x.evidence}`)];
+    const gpus = (n.gpu_readings || []).map((g) => `gpu ${g.index}: ${g.utilization ?? "-"}% ` +
+      `${gib(g.memory_used_mib)} ${g.temperature ?? "-"}C${g.error ? " " + g.error : ""}`).join("\n");
+    return `<tr data-node="${esc(n.name)}" data-state="${n.state}"><td>${esc(n.name)}</td>` +
+      `<td><span class="badge ${n.state}">${n.state}</span> <span class="muted">${esc(n.slurm_state)}</span>` +
+      `${n.repair ? `<br><span class="muted">repair: ${esc(n.repair)}</span>` : ""}</td>` +
+      `<td>${n.gpus_used} / ${n.gpus_total}</td>` +
+      `<td title="${esc(gpus)}">${f.utilization == null ? "-" : f.utilization.toFixed(0) + " %"}</td>` +
+      `<td>${f.total ? gib(f.used) + " / " + gib(f.total) : "-"}</td>` +
+      `<td>${f.temperature == null ? "-" : f.temperature + " C"}</td>` +
+      `<td>${esc(n.reason) || "-"}${n.owner ? ` <span class="muted">(${esc(n.owner)})</span>` : ""}` +
+      `${n.agent.error ? `<br><span class="muted">agent: ${esc(n.agent.error)}</span>` : ""}</td>` +
+      `<td>${findings.map(esc).join("<br>") || "-"}</td><td>${opsOf(n)}</td></tr>`;
+  }).join("");
+}
+
+async function operate(button) {
+  const ops = button.closest(".ops"), node = ops.dataset.node, op = button.dataset.op;
+  if (op === "ssh") return copy(button.dataset.command);
+  let body = {};
+  if (op === "approve") body = {action: ops.querySelector(".op-action").value || undefined};
+  if (op === "reject") {
+    body = {why: ops.querySelector(".op-why").value.trim()};
+    if (!body.why) return say("a rejection needs its reason: type it beside the button", true);
+  }
+  button.disabled = true;
+  say(`${op} ${node}: asked...`);
+  try {
+    const done = await post(`/api/nodes/${encodeURIComponent(node)}/${op}`, body);
+    say(op === "check" ? `health checks of ${node} (by ${done.user}): ${done.verdict}` :
+      `${done.message} (by ${done.user})`);
+    poll();
+  } catch (err) {
+    say(`${op} ${node} refused: ${err.message}`, true);
+  } finally {
+    button.disabled = false;
+  }
+}
+
+function copy(text) {
+  const area = $("clipboard");
+  area.value = text;
+  area.select();
+  const done = () => say(`copied: ${text}`);
+  if (navigator.clipboard && window.isSecureContext) {
+    navigator.clipboard.writeText(text).then(done, () => { document.execCommand("copy"); done(); });
+  } else {
+    document.execCommand("copy");
+    done();
+  }
+}
+
+// -- health checks ----------------------------------------------------------------------------------------------------
+
+function drawHealth(view) {
+  const select = $("health-node"), chosen = select.value;
+  const names = view.nodes.map((n) => n.name);
+  if (select.options.length - 1 !== names.length) {
+    select.innerHTML = `<option value="">all</option>` + names.map((n) => `<option>${esc(n)}</option>`).join("");
+    select.value = chosen;
+  }
+  const query = new URLSearchParams({limit: "300"});
+  for (const [key, id] of [["node", "health-node"], ["check", "health-check"], ["severity", "health-severity"]]) {
+    if ($(id).value) query.set(key, $(id).value);
+  }
+  getJSON(`/api/health?${query}`).then((data) => {
+    $("health-events").tBodies[0].innerHTML = data.entries.map((e) =>
+      `<tr data-node="${esc(e.node)}" data-check="${esc(e.check)}"><td class="time">${when(e.time)}</td><td>${esc(e.node)}</td>` +
+      `<td>${esc(e.event)}</td><td>${esc(e.check)}</td><td>${esc(e.severity)}</td><td>${esc(e.gpu ?? "")}</td>` +
+      `<td>${esc(e.evidence || e.message)}</td><td>${esc(e.action)}</td></tr>`).join("") ||
+      `<tr><td colspan="8" class="muted">no health check events in the timeline window</td></tr>`;
+  }).catch((err) => say(`health checks: ${err.message}`, true));
+}
+
+// -- repair -------------------------------------------------------------------------------------------------------------
+
+function drawRepairs() {
+  getJSON("/api/repairs").then((data) => {
+    const paused = $("repair-paused");
+    paused.hidden = !data.paused;
+    if (data.paused) paused.textContent = `Repairs are paused by ${data.paused.by} since ${when(data.paused.since)}.`;
+    const focused = document.activeElement && document.activeElement.closest("#recommendations .ops");
+    if (!focused) {
+      $("recommendations").tBodies[0].innerHTML = data.open.map((r) => {
+        const node = (page.view.nodes.find((n) => n.name === r.node) || {name: r.node, ssh: "", repair: r.state});
+        return `<tr data-node="${esc(r.node)}" data-state="${r.state}"><td>${esc(r.node)}</td><td>${r.state}${r.step ? " (" + esc(r.step) + ")" : ""}</td>` +
+          `<td>${esc(r.action)}</td><td>${esc(r.signature)}</td><td>${esc(r.evidence)}</td><td>${r.jobs.join(", ") || "-"}</td>` +
+          `<td class="time">${when(r.opened)}</td><td>${esc(r.decided_by) || "-"}${r.note ? ": " + esc(r.note) : ""}</td>` +
+          `<td>${r.state === "recommended" ? opsOf({...node, repair: "recommended"}) : ""}</td></tr>`;
+      }).join("") || `<tr><td colspan="9" class="muted">no recommendation open</td></tr>`;
+    }
+    $("repairs").tBodies[0].innerHTML = data.history.map((r) =>
+      `<tr data-node="${esc(r.node)}" data-record="${r.id}" data-state="${r.state}"><td>${esc(r.node)}</td><td>${esc(r.action)}</td>` +
+      `<td>${r.state}${r.step && r.state === "running" ? " (" + esc(r.step) + ")" : ""}</td>` +
+      `<td class="decided-by">${esc(r.decided_by) || "-"}</td><td class="time">${when(r.opened)}</td><td class="time">${when(r.closed)}</td>` +
+      `<td><ol class="steps">${r.steps.map((s) => `<li><span class="muted">${when(s.time)}</span> ${esc(s.event)}: ${esc(s.message)}` +
+        `${s.user ? ` <span class="muted">[${esc(s.user)}]</span>` : ""}</li>`).join("")}</ol></td>` +
+      `<td>${esc(r.note) || (r.state === "done" ? "done" : "")}</td></tr>`).join("") ||
+      `<tr><td colspan="8" class="muted">no repair in the timeline window</td></tr>`;
+  }).catch((err) => say(`repair: ${err.message}`, true));
+}
+
+// -- tabs, sign-in, events -----------------------------------------------------------------------------------------------
+
+function showTab() {
+  page.tab = (location.hash || "#overview").slice(1);
+  if (!["overview", "nodes", "health", "repair"].includes(page.tab)) page.tab = "overview";
+  for (const tab of ["overview", "nodes", "health", "repair"]) {
+    $(`tab-${tab}`).hidden = tab !== page.tab;
+  }
+  for (const link of document.querySelectorAll("#tabs a")) link.classList.toggle("on", link.dataset.tab === page.tab);
+  if (page.view) draw();
+}
+
+function showOperator() {
+  const who = page.session && page.session.user;
+  $("who").textContent = who ? `operator: ${who} (proxy)` : token() ? "operator token set" : "viewing";
+  $("forget-token").hidden = !token();
+}
+
+async function start() {
+  window.addEventListener("hashchange", showTab);
+  $("operator").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const value = $("token").value.trim();
+    if (value) sessionStorage.setItem("slurm-ext-token", value);
+    $("token").value = "";
+    showOperator();
+  });
+  $("forget-token").addEventListener("click", () => { sessionStorage.removeItem("slurm-ext-token"); showOperator(); });
+  document.body.addEventListener("click", (event) => {
+    const button = event.target.closest("button.op");
+    if (button) operate(button);
+    const th = event.target.closest("#node-table th[data-sort]");
+    if (th) {
+      page.sort = {key: th.dataset.sort, desc: page.sort.key === th.dataset.sort ? !page.sort.desc : false};
+      drawNodes(page.view);
+    }
+    const cell = event.target.closest("#state-counts .count");
+    if (cell) { $("node-state").value = cell.dataset.state; location.hash = "#nodes"; }
+  });
+  for (const id of ["node-state", "node-name"]) $(id).addEventListener("input", () => drawNodes(page.view));
+  for (const id of ["health-node", "health-check", "health-severity"]) {
+    $(id).addEventListener("change", () => drawHealth(page.view));
+  }
+  for (const [id, view] of [["view-list", "list"], ["view-grid", "grid"]]) {
+    $(id).addEventListener("click", () => {
+      page.nodeView = view;
+      $("view-list").classList.toggle("on", view === "list");
+      $("view-grid").classList.toggle("on", view === "grid");
+      drawNodes(page.view);
+    });
+  }
+  try {
+    page.session = await getJSON("/api/session");
+  } catch (err) {
+    say(`session: ${err.message}`, true);
+  }
+  if (page.session && page.session.problem) say(page.session.problem, true);
+  $("health-check").innerHTML = `<option value="">all</option>` + (page.session ? page.session.checks || [] : [])
+    .map((c) => `<option>${esc(c)}</option>`).join("");
+  showOperator();
+  showTab();
+  poll();
+}
+
+document.addEventListener("DOMContentLoaded", start);

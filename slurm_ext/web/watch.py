@@ -1,0 +1,447 @@
+"""The cluster as the page shows it: read once per refresh while someone looks, shared by every browser.
+
+One refresh asks Slurm once per table (the node table: `sinfo --json` or
+`scontrol show node`; the event table: `sacctmgr show event`), reads the
+repair records once, and asks each node's agent for its /health and for
+the journal events written since its last answer, every agent at once.
+The result is one `View`, which every request of every browser reads: ten
+open tabs cost slurmctld what one costs, and when nobody looks nothing is
+asked. Slurm's configuration (cluster name, version) is read at the first
+refresh and every `_CONFIG_EVERY` after.
+
+A source that fails keeps its last answer, marked with the error and the
+age of what is shown, so the page says "slurmctld does not answer; shown:
+the state of 2 min ago" and goes on showing it; the next refresh tries
+again and recovers by itself. An agent is asked only while Slurm sees its
+node answering, or while the agent itself still answered last time: a
+cluster of 1,000 nodes with 900 powered off does not wait on 900 timeouts.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import json
+import logging
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+
+from slurm_ext import events
+from slurm_ext.errors import SlurmExtError
+from slurm_ext.repair import agents
+from slurm_ext.repair.status import counts, node_statuses
+from slurm_ext.slurm import Node, SlurmClient, is_our_reason
+
+from . import usage
+
+__all__ = ["Source", "View", "Watcher", "gpus_by_type", "drain_owner"]
+
+log = logging.getLogger("web")
+
+#: seconds between two reads of Slurm's configuration (cluster name, version): it changes with a restart
+_CONFIG_EVERY = 600.0
+#: agents asked at once
+_PARALLEL = 32
+#: journal events kept per node, newest (the Health checks tab and the timeline)
+_JOURNAL_KEPT = 2000
+#: points of the usage history kept (at a 5 s refresh: an hour)
+_HISTORY = 720
+#: newest Slurm events kept from one read of the event table
+_SLURM_EVENTS_KEPT = 5000
+#: a refresh runs only while a request came within this many refresh intervals
+_LOOKING = 3
+
+
+@dataclass
+class Source:
+    """One thing the page reads, and how it last went."""
+
+    name: str
+    ok: bool = False
+    error: str = ""
+    #: when it last answered (epoch seconds; 0: never)
+    answered: float = 0.0
+    #: when it first failed in the failure going on now (0: not failing)
+    failing_since: float = 0.0
+
+    def success(self, now: float) -> None:
+        self.ok, self.error, self.answered, self.failing_since = True, "", now, 0.0
+
+    def failure(self, error: str, now: float) -> None:
+        self.failing_since = self.failing_since or now
+        self.ok, self.error = False, error
+
+
+@dataclass
+class _Agent:
+    """What the page knows of one node's agent."""
+
+    answer: dict | None = None
+    answered: float = 0.0
+    error: str = ""
+    usage: usage.NodeUsage | None = None
+    rate: tuple[float, float] | None = None
+    #: the newest journal time seen (epoch seconds) and the lines of that second already taken
+    cursor: float = 0.0
+    cursor_lines: set = field(default_factory=set)
+    journal: deque = field(default_factory=lambda: deque(maxlen=_JOURNAL_KEPT))
+    busy: bool = False
+
+
+@dataclass
+class View:
+    """One refresh's answer, as the API serves it (JSON-ready), and its serialised form."""
+
+    data: dict
+    #: data as JSON, made once per refresh for every browser
+    body: bytes = b""
+    slurm_events: list = field(default_factory=list)
+    repair_events: list = field(default_factory=list)
+    #: the repair records still open, and those that changed within web.timeline
+    open_records: list = field(default_factory=list)
+    records: list = field(default_factory=list)
+
+
+def drain_owner(node: Node) -> str:
+    """Who owns a node's drain or down reason: slurm-ext, the tool its prefix names (slurm-operator, NHC), or an
+    admin (with the user Slurm recorded)."""
+    if not node.reason:
+        return ""
+    if is_our_reason(node.reason):
+        return "slurm-ext"
+    prefix, sep, _ = node.reason.partition(":")
+    if sep and prefix and len(prefix) <= 32 and " " not in prefix:
+        return prefix
+    return f"admin ({node.reason_user})" if node.reason_user else "admin"
+
+
+def gpus_by_type(nodes: list[Node]) -> dict[str, int]:
+    """GPUs configured in Slurm by type (gpu:h200:4,gpu:a100:2(S:0) -> {h200: 4, a100: 2}; untyped: "gpu")."""
+    found: dict[str, int] = {}
+    for node in nodes:
+        for item in node.gres.split(","):
+            parts = item.split("(", 1)[0].split(":")
+            if parts[0] != "gpu" or len(parts) < 2 or not parts[-1].isdigit():
+                continue
+            kind = parts[1] if len(parts) == 3 else "gpu"
+            found[kind] = found.get(kind, 0) + int(parts[-1])
+    return found
+
+
+class Watcher:
+    """The shared view and the thread that refreshes it while someone looks."""
+
+    def __init__(self, config, slurm: SlurmClient | None = None, store=None, get=agents.get, clock=time.time):
+        self.config = config
+        self.settings = config.web
+        self.slurm = slurm or SlurmClient(config.slurm)
+        self._store = store
+        self._get = get
+        self._clock = clock
+        self.emit = events.emitter(config.node.state_dir, "web")
+        self.sources = {name: Source(name) for name in ("slurm", "slurm-events", "repair", "prometheus")}
+        self._nodes: list[Node] = []
+        self._slurm_events: list = []
+        self._records: list = []
+        self._repair_events: list = []
+        self._open: list = []
+        self._paused: dict | None = None
+        self._agents: dict[str, _Agent] = {}
+        self._config: dict = {}
+        self._config_read = 0.0
+        self._prometheus: usage.Usage | None = None
+        self.history: deque = deque(maxlen=_HISTORY)
+        self.view: View | None = None
+        self.refreshes = 0
+        self._looked = 0.0
+        #: held while an agent's answer is taken in, and while the view or a journal query reads the agents
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._first = threading.Event()
+        self._pool = ThreadPoolExecutor(max_workers=_PARALLEL, thread_name_prefix="web-agent")
+        self._thread: threading.Thread | None = None
+
+    # -- the thread ------------------------------------------------------------------------
+
+    def start(self) -> Watcher:
+        self._thread = threading.Thread(target=self._run, name="web-refresh", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.settings.refresh)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            now = self._clock()
+            if now - self._looked > _LOOKING * self.settings.refresh:
+                continue  # nobody looks: Slurm is not asked
+            if self.view is not None and now - self.view.data["refreshed"] < 0.9 * self.settings.refresh:
+                continue
+            try:
+                self.refresh()
+            except Exception:  # a bug here must not end the page: the last view stays, the next refresh tries again
+                log.exception("web: refresh failed")
+            self._first.set()
+
+    def current(self, wait_first: float = 30.0) -> View | None:
+        """The latest view (a request's), waking the thread when it is due; the very first request waits for the
+        first refresh, up to `wait_first` seconds."""
+        self._looked = self._clock()
+        if self.view is None or self._looked - self.view.data["refreshed"] >= self.settings.refresh:
+            self._wake.set()
+        if self.view is None:
+            self._first.wait(wait_first)
+        return self.view
+
+    # -- one refresh -------------------------------------------------------------------------
+
+    def refresh(self) -> View:
+        """Read the cluster once (one query per Slurm table) and make the view every browser gets."""
+        now = self._clock()
+        self.refreshes += 1
+        events_future = self._pool.submit(self._read_slurm_events, now)
+        self._read_nodes(now)
+        self._read_config(now)
+        asked = self._ask_agents(now)
+        self._read_repair(now)
+        if self.settings.prometheus_url:
+            self._read_prometheus(now)
+        wait([events_future, *asked], timeout=self.settings.agent_timeout + 1.0)
+        view = self._make_view(now)
+        self.view = view
+        return view
+
+    def _read_nodes(self, now: float) -> None:
+        try:
+            self._nodes = self.slurm.nodes()
+        except SlurmExtError as err:
+            self._fail("slurm", str(err), now)
+            return
+        self._succeed("slurm", now)
+
+    def _read_slurm_events(self, now: float) -> None:
+        since = datetime.fromtimestamp(now - self.settings.timeline, timezone.utc)
+        try:
+            found = self.slurm.node_events(None, since)
+        except SlurmExtError as err:
+            self._fail("slurm-events", str(err), now)
+            return
+        self._slurm_events = found[-_SLURM_EVENTS_KEPT:]
+        self._succeed("slurm-events", now)
+
+    def _read_config(self, now: float) -> None:
+        if now - self._config_read < _CONFIG_EVERY and self._config:
+            return
+        try:
+            text = self.slurm.show_config()
+        except SlurmExtError:
+            return  # the node table's failure already says Slurm is away; tried again next refresh
+        self._config_read = now
+        self._config = {"ClusterName": text.get("ClusterName", ""), "SLURM_VERSION": text.get("SLURM_VERSION", ""),
+                        "SlurmctldHost": text.get("SlurmctldHost[0]") or text.get("SlurmctldHost", "")}
+
+    def _read_repair(self, now: float) -> None:
+        since = now - self.settings.timeline
+        try:
+            store = self._repair_store()
+            self._open = store.records(open_only=True)
+            self._records = store.records(since=since)
+            self._repair_events = store.events(since=since, limit=20000)
+            from slurm_ext.repair.decide import paused
+            stop = paused(store)
+            self._paused = {"by": stop[0], "since": stop[1]} if stop else None
+        except SlurmExtError as err:
+            self._store = None  # opened again next time (MariaDB restarted, the file replaced)
+            self._fail("repair", str(err), now)
+            return
+        self._succeed("repair", now)
+
+    def _repair_store(self):
+        if self._store is None:
+            from slurm_ext.repair.store import open_store
+            self._store = open_store(self.config, create=False)
+        return self._store
+
+    def _read_prometheus(self, now: float) -> None:
+        try:
+            self._prometheus = usage.prometheus_usage(self.settings.prometheus_url,
+                                                      lambda url: self._get(url, self.settings.agent_timeout))
+        except ValueError as err:
+            self._fail("prometheus", str(err), now)
+            return
+        self._succeed("prometheus", now)
+
+    def _fail(self, name: str, error: str, now: float) -> None:
+        source = self.sources[name]
+        if source.ok or not source.failing_since:
+            self.emit("web-source-failed", f"{name}: {error}; the page shows its last answer"
+                      + (f" of {datetime.fromtimestamp(source.answered).isoformat(timespec='seconds')}"
+                         if source.answered else ""), "warning", source=name)
+        source.failure(error, now)
+
+    def _succeed(self, name: str, now: float) -> None:
+        source = self.sources[name]
+        if source.failing_since:
+            self.emit("web-source-ok", f"{name} answers again (it failed for {now - source.failing_since:.0f}s)",
+                      source=name)
+        source.success(now)
+
+    # -- the agents ------------------------------------------------------------------------------
+
+    def _ask_agents(self, now: float) -> list:
+        asked = []
+        for node in self._nodes:
+            agent = self._agents.setdefault(node.name, _Agent())
+            if agent.busy:
+                continue  # its last request has not come back: not asked twice
+            if not node.responding and not (agent.answered and not agent.error):
+                agent.error = agent.error or f"not asked: Slurm shows the node {node.state.lower()}, not answering"
+                continue
+            agent.busy = True
+            asked.append(self._pool.submit(self._ask_agent, node, agent, now))
+        return asked
+
+    def _ask_agent(self, node: Node, agent: _Agent, now: float) -> None:
+        try:
+            address = agents.address(self.config.repair, node.name, node.addr)
+            body, problem = self._get(f"http://{address}/health", self.settings.agent_timeout)
+            try:
+                answer = json.loads(body) if body is not None else None
+            except ValueError:
+                answer, problem = None, "its /health is not JSON"
+            if not isinstance(answer, dict):
+                with self._lock:
+                    agent.error = f"agent at {address} does not answer: {problem or 'not a JSON object'}"
+                return
+            since = agent.cursor or now - self.settings.timeline
+            journal, _ = self._get(f"http://{address}/events?since={int(since)}&limit={_JOURNAL_KEPT}",
+                                   self.settings.agent_timeout)
+            with self._lock:
+                previous = agent.usage
+                agent.answer, agent.answered, agent.error = answer, now, ""
+                agent.usage = usage.node_usage(answer)
+                agent.rate = usage.bandwidth(previous, agent.usage)
+                if journal is not None:
+                    self._take_journal(agent, journal)
+        finally:
+            agent.busy = False
+
+    @staticmethod
+    def _take_journal(agent: _Agent, body: str) -> None:
+        """Append the journal lines not seen yet (the agent answers from the cursor's second on, inclusive)."""
+        newest, at_newest = agent.cursor, set(agent.cursor_lines)
+        for line in body.splitlines():
+            try:
+                data = json.loads(line)
+                when = datetime.fromisoformat(data["time"]).timestamp()
+            except (ValueError, KeyError, TypeError):
+                continue
+            if when < agent.cursor or when == agent.cursor and line in agent.cursor_lines:
+                continue
+            agent.journal.append((when, data))
+            if when > newest:
+                newest, at_newest = when, set()
+            if when == newest:
+                at_newest.add(line)
+        agent.cursor, agent.cursor_lines = newest, at_newest
+
+    def journal(self, keep=lambda node, data: True, limit: int = 500) -> list[tuple[float, str, dict]]:
+        """The newest `limit` journal events of every node that `keep(node, event)` keeps, newest first:
+        (epoch, node, event)."""
+        def newest_first(name: str, agent: _Agent):
+            return ((-when, name, data) for when, data in reversed(agent.journal))
+        with self._lock:
+            merged = heapq.merge(*(newest_first(n, a) for n, a in self._agents.items()), key=lambda item: item[0])
+            kept = (item for item in merged if keep(item[1], item[2]))
+            return [(-when, name, data) for when, name, data in itertools.islice(kept, limit)]
+
+    # -- the view --------------------------------------------------------------------------------------
+
+    def _make_view(self, now: float) -> View:
+        with self._lock:
+            return self._view_of(now)
+
+    def _view_of(self, now: float) -> View:
+        statuses = node_statuses(self._nodes, self._open, self._repair_events)
+        by_name = {n.name: n for n in self._nodes}
+        rows, node_usages, rates = [], [], []
+        drivers, images, interfaces = {}, {}, {}
+        for status in statuses:
+            node = by_name[status.name]
+            agent = self._agents.get(node.name, _Agent())
+            answer = agent.answer or {}
+            monitor = answer.get("monitor") if isinstance(answer.get("monitor"), dict) else {}
+            facts = answer.get("facts") if isinstance(answer.get("facts"), dict) else {}
+            if agent.usage is not None and not agent.error:
+                node_usages.append(agent.usage)
+                if agent.rate is not None:
+                    rates.append(agent.rate)
+            if monitor.get("driver"):
+                drivers[monitor["driver"]] = drivers.get(monitor["driver"], 0) + 1
+            if facts.get("os"):
+                images[facts["os"]] = images.get(facts["os"], 0) + 1
+            for item in facts.get("interfaces") or ():
+                if isinstance(item, dict):
+                    seen = interfaces.setdefault(str(item.get("name")), {"nodes": 0, "speeds_mbps": set()})
+                    seen["nodes"] += 1
+                    if item.get("speed_mbps"):
+                        seen["speeds_mbps"].add(item["speed_mbps"])
+            rows.append({**asdict(status), "owner": drain_owner(node), "addr": node.addr, "version": node.version,
+                         "os": node.os,
+                         "gpus_total": sum(gpus_by_type([node]).values()),
+                         "gpu_readings": [asdict(g) for g in usage.gpu_rows(answer)],
+                         "agent_findings": [f for f in monitor.get("findings") or () if isinstance(f, dict)],
+                         "agent": {"answered": agent.answered or None, "error": agent.error,
+                                   "readings_time": monitor.get("readings_time")},
+                         "ssh": self.settings.ssh_command.replace("{node}", node.name).replace("{addr}",
+                                                                                               node.addr or node.name),
+                         "grafana": self.settings.grafana_url.replace("{node}", node.name)})
+        figures = self._prometheus if self.settings.prometheus_url else usage.cluster_usage(node_usages, rates)
+        if figures is not None:
+            self.history.append([round(now, 3), figures.gpu_utilization, figures.memory_used_mib,
+                                 figures.memory_total_mib, figures.rx_bps, figures.tx_bps])
+        answering = [n for n in self._nodes if not self._agents.get(n.name, _Agent()).error]
+        data = {
+            "refreshed": now,
+            "refresh": self.settings.refresh,
+            "sources": {name: {**asdict(s), "age": round(now - s.answered, 1) if s.answered else None}
+                        for name, s in self.sources.items()
+                        if name != "prometheus" or self.settings.prometheus_url},
+            "agents": {"answering": len(answering), "nodes": len(self._nodes),
+                       "not_answering": {n.name: self._agents[n.name].error for n in self._nodes
+                                         if n.name in self._agents and self._agents[n.name].error}},
+            "counts": counts(statuses),
+            "paused": self._paused,
+            "cluster": {"name": self._config.get("ClusterName", ""), "controller": self._config.get("SlurmctldHost", ""),
+                        "slurm_version": self._config.get("SLURM_VERSION", ""),
+                        "slurmd_versions": sorted({n.version for n in self._nodes if n.version}),
+                        "nodes": len(self._nodes), "gpus_by_type": gpus_by_type(self._nodes),
+                        "drivers": drivers, "os_images": images,
+                        "kernels": sorted({n.os.split(" #", 1)[0] for n in self._nodes if n.os}),
+                        "interfaces": {name: {"nodes": v["nodes"], "speeds_mbps": sorted(v["speeds_mbps"])}
+                                       for name, v in sorted(interfaces.items())},
+                        "fields": dict(self.settings.fields)},
+            "usage": {"source": "prometheus" if self.settings.prometheus_url else "agents",
+                      "now": asdict(figures) if figures is not None else None,
+                      "history": list(self.history), "grafana": self.settings.grafana_url.replace("{node}", "")},
+            "nodes": rows,
+        }
+        view = View(data, slurm_events=list(self._slurm_events),
+                    repair_events=list(self._repair_events), open_records=list(self._open),
+                    records=list(self._records))
+        view.body = json.dumps(data, default=str).encode()
+        return view

@@ -1,0 +1,288 @@
+"""The cluster page's logic: who may act (token file, proxy header, CSRF), the usage figures from literal agent
+answers, and the API's answers to bad input through Flask's test client over a view made by a real refresh (Slurm
+and the agents stood in by literal answers here; the real cluster and a real browser: tests/test_web_cluster.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from slurm_ext import config
+from slurm_ext.errors import SlurmUnreachable
+from slurm_ext.repair.store import Record, open_sqlite
+from slurm_ext.slurm import Node, NodeEvent
+from slurm_ext.web import usage
+from slurm_ext.web.app import create_app
+from slurm_ext.web.auth import Csrf, Refused, Tokens, operator_of
+from slurm_ext.web.settings import WebSection
+from slurm_ext.web.watch import Watcher, drain_owner, gpus_by_type
+
+TOKEN = "a" * 24
+
+
+def _token_file(tmp_path: Path, text: str, mode: int = 0o600, owner: int = 0) -> str:
+    path = tmp_path / "tokens"
+    path.write_text(text)
+    os.chmod(path, mode)
+    os.chown(path, owner, owner)
+    return str(path)
+
+
+# -- who may act ------------------------------------------------------------------------------------------------
+
+def test_a_token_names_its_operator_and_a_file_others_can_read_is_refused_as_a_whole(tmp_path):
+    path = _token_file(tmp_path, f"# operators\nalice {TOKEN}\nbob short\n\n")
+    tokens = Tokens(path)
+    assert tokens.user_of(TOKEN) == "alice" and tokens.user_of("b" * 24) is None
+    assert "line(s) 3 ignored" in tokens.problem  # bob's token is too short: named, the rest still works
+    os.chmod(path, 0o644)
+    assert tokens.user_of(TOKEN) is None and "readable by no one else" in tokens.problem
+    os.chmod(path, 0o600)
+    os.chown(path, 65534, 65534)
+    assert tokens.user_of(TOKEN) is None and "owned by uid 65534" in tokens.problem
+    os.chown(path, 0, 0)
+    Path(path).write_text(f"carol {TOKEN}\n")  # edited: read again, alice's token is revoked
+    assert tokens.user_of(TOKEN) == "carol"
+    assert Tokens(str(tmp_path / "missing")).user_of(TOKEN) is None
+
+
+def test_the_proxy_header_is_believed_only_from_a_trusted_proxy_and_a_bearer_token_otherwise(tmp_path):
+    tokens = Tokens(_token_file(tmp_path, f"alice {TOKEN}\n"))
+    proxied = WebSection(proxy_user_header="X-Forwarded-User", trusted_proxies=("127.0.0.1",))
+    found = operator_of({"X-Forwarded-User": "dana@example.org"}, "127.0.0.1", proxied, tokens)
+    assert (found.user, found.via) == ("dana@example.org", "proxy")
+    with pytest.raises(Refused, match="not in web.trusted_proxies") as refused:
+        operator_of({"X-Forwarded-User": "dana", "Authorization": f"Bearer {TOKEN}"}, "127.0.0.2", proxied, tokens)
+    assert refused.value.status == 403  # a forged name is never taken for a missing one, even beside a token
+    with pytest.raises(Refused, match="names no valid user"):
+        operator_of({"X-Forwarded-User": "bad user; rm"}, "127.0.0.1", proxied, tokens)
+    plain = WebSection()  # the header is not configured: it means nothing, the token decides
+    assert operator_of({"X-Forwarded-User": "mallory", "Authorization": f"Bearer {TOKEN}"}, "127.0.0.2", plain,
+                       tokens).user == "alice"
+    with pytest.raises(Refused, match="not known") as unknown:
+        operator_of({"Authorization": "Bearer " + "z" * 24}, "127.0.0.1", plain, tokens)
+    with pytest.raises(Refused, match="needs an authenticated operator") as nobody:
+        operator_of({}, "127.0.0.1", plain, tokens)
+    assert unknown.value.status == nobody.value.status == 401
+
+
+def test_a_csrf_token_is_refused_when_missing_forged_from_another_server_or_stale():
+    now = [1_000_000.0]
+    csrf = Csrf(max_age=3600, clock=lambda: now[0])
+    token = csrf.issue()
+    csrf.check(token)
+    for bad, why in ((None, "carries no CSRF token"), ("", "carries no CSRF token"),
+                     (token[:-1] + ("0" if token[-1] != "0" else "1"), "not issued by this server"),
+                     ("x.y", "not issued by this server"), (Csrf().issue(), "not issued by this server")):
+        with pytest.raises(Refused, match=why) as refused:
+            csrf.check(bad)
+        assert refused.value.status == 403
+    now[0] += 3601
+    with pytest.raises(Refused, match="stale"):
+        csrf.check(token)
+
+
+# -- usage ---------------------------------------------------------------------------------------------------------
+
+def _answer(time_: float, utilization=(50, 70), used=(1024.0, 3072.0), rx=1000, tx=2000) -> dict:
+    gpus = [{"gpu": {"index": i, "uuid": f"GPU-{i}", "name": "NVIDIA H200"}, "utilization": u, "fb_used_mib": m,
+             "fb_free_mib": 4096.0 - m, "temperature": 40 + i, "jobs": [7] if i == 0 else []}
+            for i, (u, m) in enumerate(zip(utilization, used))]
+    return {"time": time_, "monitor": {"gpus": gpus, "driver": "560.35.03"},
+            "facts": {"os": "Debian GNU/Linux 13 (trixie)", "interfaces": [
+                {"name": "ib0", "state": "up", "speed_mbps": 400000, "rx_bytes": rx, "tx_bytes": tx}]}}
+
+
+def test_node_figures_bandwidth_and_the_cluster_sum():
+    first, second = usage.node_usage(_answer(100.0)), usage.node_usage(_answer(110.0, rx=11000, tx=2500))
+    assert (first.gpus, first.utilization_sum, first.memory_used_mib, first.memory_total_mib) == (2, 120, 4096, 8192)
+    assert usage.bandwidth(first, second) == (1000.0, 50.0)
+    assert usage.bandwidth(second, usage.node_usage(_answer(120.0, rx=5))) is None  # a counter reset: no rate
+    assert usage.bandwidth(None, second) is None and usage.bandwidth(second, second) is None
+    other = usage.node_usage(_answer(110.0, utilization=(None, 10), used=(0.0, 0.0)))
+    total = usage.cluster_usage([second, other], [(1000.0, 50.0)])
+    assert (total.gpus, total.gpu_utilization, total.memory_used_mib, total.memory_total_mib, total.rx_bps,
+            total.tx_bps) == (4, 130 / 3, 4096, 16384, 1000.0, 50.0)
+    rows = usage.gpu_rows(_answer(1.0))
+    assert rows[0].jobs == [7] and rows[1].temperature == 41 and rows[0].memory_total_mib == 4096.0
+    assert usage.node_usage(None) is None and usage.gpu_rows({"monitor": "junk"}) == []
+    assert usage.cluster_usage([], []).gpu_utilization is None
+
+
+def test_prometheus_figures_and_a_prometheus_that_answers_junk():
+    answers = {"gpu_utilization": "42.5", "memory_used_mib": "100", "memory_free_mib": "300", "rx_bps": "NaN",
+               "tx_bps": "7", "gpus": "8"}
+    by_query = {query: answers[key] for key, query in usage.PROMETHEUS_QUERIES.items()}
+
+    def get(url):
+        from urllib.parse import parse_qs, urlsplit
+        query = parse_qs(urlsplit(url).query)["query"][0]
+        return json.dumps({"status": "success", "data": {"result": [{"value": [1, by_query[query]]}]}}), ""
+    found = usage.prometheus_usage("http://127.0.0.1:9090/", get)
+    assert (found.gpus, found.gpu_utilization, found.memory_total_mib, found.rx_bps, found.tx_bps) == \
+        (8, 42.5, 400.0, None, 7.0)
+    with pytest.raises(ValueError, match="does not answer: refused"):
+        usage.prometheus_usage("http://127.0.0.1:9090", lambda url: (None, "refused"))
+    with pytest.raises(ValueError, match="no result for"):
+        usage.prometheus_usage("http://127.0.0.1:9090", lambda url: ("<html>", ""))
+
+
+def test_gpus_by_type_and_who_owns_a_drain():
+    nodes = [Node("a", "IDLE", gres="gpu:h200:4(S:0-1)"), Node("b", "IDLE", gres="gpu:a100:2,gpu:h200:1"),
+             Node("c", "IDLE", gres="gpu:3"), Node("d", "IDLE", gres="")]
+    assert gpus_by_type(nodes) == {"h200": 5, "a100": 2, "gpu": 3}
+    assert drain_owner(Node("a", "IDLE", reason="slurm-ext: xid 79 gpu 1")) == "slurm-ext"
+    assert drain_owner(Node("a", "IDLE", reason="slurm-operator: pod deleted")) == "slurm-operator"
+    assert drain_owner(Node("a", "IDLE", reason="NHC: check_fs_mount failed")) == "NHC"
+    assert drain_owner(Node("a", "IDLE", reason="fan replacement, back monday", reason_user="root")) == "admin (root)"
+    assert drain_owner(Node("a", "IDLE")) == ""
+
+
+# -- the API over a real refresh -------------------------------------------------------------------------------------
+
+class _Slurm:
+    """Slurm's answers as literal records (the page's own logic is under test here)."""
+
+    def __init__(self):
+        self.down = False
+        self.asked = []
+
+    def _answer(self, what, value):
+        self.asked.append(what)
+        if self.down:
+            raise SlurmUnreachable("sinfo: Slurm unreachable: Unable to contact slurm controller", [what])
+        return value
+
+    def nodes(self):
+        return self._answer("nodes", [
+            Node("n1", "IDLE", gres="gpu:h200:2", addr="127.0.0.1"),
+            Node("n2", "IDLE", frozenset({"DRAIN"}), "slurm-ext: xid 79 gpu 1 GPU_HAS_FALLEN_OFF_THE_BUS (expected "
+                 "none) action=reboot", "root", gres="gpu:h200:2", addr="127.0.0.1")])
+
+    def node_events(self, node, since):
+        return self._answer("events", [NodeEvent("n2", datetime(2026, 12, 1, tzinfo=timezone.utc), None, "DRAIN",
+                                                 "slurm-ext: xid 79", "root")])
+
+    def show_config(self):
+        return self._answer("config", {"ClusterName": "unit", "SLURM_VERSION": "26.05.0"})
+
+
+@pytest.fixture
+def page(tmp_path):
+    path = tmp_path / "slurm-ext.toml"
+    path.write_text(f'[node]\nstate_dir = "{tmp_path / "state"}"\n[web]\ntoken_file = "{tmp_path / "tokens"}"\n'
+                    f'[repair]\nagents = {{ n1 = "127.0.0.1:1", n2 = "127.0.0.1:2" }}\n')
+    _token_file(tmp_path, f"alice {TOKEN}\n")
+    loaded = config.load(path)
+    store = open_sqlite(str(tmp_path / "repair.db"))
+    with store.locked():
+        store.add(Record("n2", "xid/79", "reboot", "79 gpu 1", opened=1.0, updated=1.0))
+    journal = "\n".join(json.dumps({"time": f"2026-12-01T10:00:0{i}+00:00", "component": "health",
+                                    "event": "health-finding", "severity": "error", "message": f"critical {i}",
+                                    "check": "xid", "finding_severity": "critical", "gpu": 1})
+                        for i in range(3))
+
+    def get(url, timeout):
+        if "/health" in url:
+            return json.dumps(_answer(100.0)), ""
+        if "/events" in url:
+            return (journal, "") if ":2/" in url else ("", "")
+        return None, "refused"
+    slurm = _Slurm()
+    watcher = Watcher(loaded, slurm, store, get)
+    app = create_app(loaded, watcher, store_opener=lambda: open_sqlite(str(tmp_path / "repair.db")))
+    watcher.refresh()
+    client = app.test_client()
+    client.slurm, client.watcher = slurm, watcher
+    yield client
+    store.close()
+
+
+def test_the_view_counts_nodes_and_says_where_each_journal_line_comes_from(page):
+    data = page.get("/api/cluster").get_json()
+    assert data["counts"] == {"healthy": 1, "booting": 0, "unhealthy": 0, "pending": 1, "paused": 0}
+    assert data["cluster"]["name"] == "unit" and data["cluster"]["gpus_by_type"] == {"h200": 4}
+    assert data["usage"]["now"]["gpus"] == 4 and data["usage"]["now"]["gpu_utilization"] == 60.0
+    health = page.get("/api/health?node=n2&check=xid&severity=critical").get_json()["entries"]
+    assert [e["message"] for e in health] == ["critical 2", "critical 1", "critical 0"] and health[0]["node"] == "n2"
+    assert page.get("/api/health?node=n1").get_json()["entries"] == []
+    timeline = page.get("/api/timeline?source=slurm").get_json()["entries"]
+    assert [e["message"] for e in timeline] == ["DRAIN: slurm-ext: xid 79 (by root)"]
+    repairs = page.get("/api/repairs").get_json()
+    assert [r["node"] for r in repairs["open"]] == ["n2"]
+
+
+def test_junk_queries_unknown_nodes_and_routes_are_4xx_with_a_reason_never_a_traceback(page):
+    for url, status, said in (("/api/cluster?x=1", 400, "unknown query key 'x'"),
+                              ("/api/timeline?limit=0", 400, "limit='0': expected a count from 1 to 5000"),
+                              ("/api/timeline?limit=5&limit=6", 400, "given 2 times"),
+                              ("/api/timeline?node=n9", 404, "no node 'n9' in this cluster"),
+                              ("/api/timeline?node=%3Cscript%3E", 400, "expected a node name"),
+                              ("/api/health?check=nope", 400, "expected one of gpu-lost"),
+                              ("/api/health?severity=error", 400, "expected one of info, warning, critical"),
+                              ("/api/nothing", 404, "404 Not Found")):
+        answer = page.get(url)
+        assert answer.status_code == status and said in answer.get_json()["error"], (url, answer.get_json())
+        assert "Traceback" not in answer.get_data(as_text=True)
+    assert page.post("/api/cluster").status_code == 405
+
+
+def test_an_operation_needs_csrf_an_operator_and_a_known_node_and_is_recorded_with_the_user(page, tmp_path):
+    csrf = page.get("/api/session").get_json()["csrf"]
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    assert page.post("/api/nodes/n2/approve", headers=auth).status_code == 403  # no CSRF token
+    refused = page.post("/api/nodes/n2/approve", headers={"X-CSRF-Token": csrf})
+    assert refused.status_code == 401 and "authenticated operator" in refused.get_json()["error"]
+    other_site = page.post("/api/nodes/n2/approve", headers={**auth, "X-CSRF-Token": csrf,
+                                                             "Origin": "http://evil.example"})
+    assert other_site.status_code == 403 and "another site" in other_site.get_json()["error"]
+    unknown = page.post("/api/nodes/n7/approve", headers={**auth, "X-CSRF-Token": csrf})
+    assert unknown.status_code == 404
+    bad_action = page.post("/api/nodes/n2/approve", headers={**auth, "X-CSRF-Token": csrf}, json={"action": "nuke"})
+    assert bad_action.status_code == 400 and "expected one of reboot" in bad_action.get_json()["error"]
+    no_reason = page.post("/api/nodes/n2/reject", headers={**auth, "X-CSRF-Token": csrf}, json={"why": " "})
+    assert no_reason.status_code == 400
+    done = page.post("/api/nodes/n2/approve", headers={**auth, "X-CSRF-Token": csrf}, json={})
+    assert done.status_code == 200 and done.get_json()["user"] == "alice", done.get_json()
+    again = page.post("/api/nodes/n2/approve", headers={**auth, "X-CSRF-Token": csrf}, json={})
+    assert again.status_code == 409 and "already approved by alice" in again.get_json()["error"]
+    store = open_sqlite(str(tmp_path / "repair.db"))
+    assert [(r.state, r.decided_by) for r in store.records(node="n2")] == [("approved", "alice")]
+    store.close()
+    journal = [json.loads(line) for line in (tmp_path / "state" / "journal.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in journal if e["component"] == "web"].count("web-refused") == 3
+    assert any(e["event"] == "web-operation" and e["user"] == "alice" for e in journal)
+
+
+def test_slurm_away_keeps_the_last_state_says_so_and_comes_back(page):
+    page.slurm.down = True
+    page.watcher.refresh()
+    data = page.get("/api/cluster").get_json()
+    assert data["sources"]["slurm"]["ok"] is False and "Unable to contact" in data["sources"]["slurm"]["error"]
+    assert [n["name"] for n in data["nodes"]] == ["n1", "n2"] and data["counts"]["pending"] == 1  # last known
+    page.slurm.down = False
+    page.watcher.refresh()
+    assert page.get("/api/cluster").get_json()["sources"]["slurm"]["ok"] is True
+
+
+def test_ten_browsers_polling_cost_one_refresh(page):
+    page.slurm.asked.clear()
+    page.watcher.view.data["refreshed"] -= 60  # due
+    for _ in range(10):
+        assert page.get("/api/cluster").status_code == 200
+    page.watcher.start()
+    try:
+        import time
+        deadline = time.monotonic() + 10
+        while page.slurm.asked.count("nodes") < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for _ in range(10):
+            page.get("/api/cluster")
+        time.sleep(0.5)
+    finally:
+        page.watcher.stop()
+    assert page.slurm.asked.count("nodes") == 1 and page.slurm.asked.count("events") == 1, page.slurm.asked
