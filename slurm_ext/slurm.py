@@ -381,13 +381,17 @@ class SlurmClient:
             data = json.loads(out)
         except json.JSONDecodeError as err:
             raise SlurmError(f"{' '.join(cmd)}: output is not JSON ({err.msg} at char {err.pos})", cmd) from err
-        # sacct reports an empty answer as the error "Nothing found with query"
-        errors = [e for e in data.get("errors", []) if isinstance(e, dict) and e.get("error_number")
+        # sacct reports an empty answer as the error "Nothing found with query"; 22.05 numbers an error "errno",
+        # later releases "error_number"
+        errors = [e for e in data.get("errors", []) if isinstance(e, dict) and (e.get("error_number") or e.get("errno"))
                   and "Nothing found" not in str(e.get("error") or e.get("description"))]
         if errors:
             text = "; ".join(str(e.get("error") or e.get("description")) for e in errors)
             if _UNREACHABLE.search(text):
                 raise SlurmUnreachable(f"{cmd[0]}: Slurm unreachable: {text}", cmd)
+            if text == "Unspecified error":  # 22.05's sinfo --json when slurmctld does not answer: exit 0, no nodes
+                raise SlurmUnreachable(f"{cmd[0]}: Slurm unreachable: it answered only 'Unspecified error' (what "
+                                       "Slurm 22.05's --json says when slurmctld does not answer)", cmd)
             raise SlurmError(f"{' '.join(cmd)}: {text}", cmd)
         return data
 

@@ -5,11 +5,12 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from slurm_ext import devcluster as dev
+from slurm_ext import command, devcluster as dev
+from slurm_ext.config import SlurmSection
 from slurm_ext.devcluster import cluster as dev_cluster, daemons
 from slurm_ext.devcluster.layout import Layout
 from slurm_ext.errors import NotOurDrain, SlurmError, SlurmUnreachable
-from slurm_ext.slurm import REASON_PREFIX, Node, _job_from_sacct_json, _node_from_json, _node_from_text
+from slurm_ext.slurm import REASON_PREFIX, Node, SlurmClient, _job_from_sacct_json, _node_from_json, _node_from_text
 
 MODES = ["auto", "never"]  # auto reads --json on this Slurm; never parses plain text
 
@@ -110,7 +111,7 @@ def test_unreachable_controller_raises_within_the_timeout(running_cluster, json)
     assert stopped
     try:
         slurm = running_cluster.client(timeout=1.5, json=json)
-        for call in (lambda: slurm.node(running_cluster.node), slurm.jobs,
+        for call in (lambda: slurm.node(running_cluster.node), slurm.nodes, slurm.jobs,
                      lambda: slurm.drain(running_cluster.node, "x")):
             started = time.monotonic()
             with pytest.raises(SlurmUnreachable):
@@ -152,6 +153,21 @@ def test_text_record_of_a_drained_node():
 def test_text_record_not_responding():
     node = _node_from_text("NodeName=n1 CPUTot=4 Gres=(null) RealMemory=1 State=DOWN* Partitions=p")
     assert node.state == "DOWN" and "NOT_RESPONDING" in node.flags and not node.responding and node.gres == ""
+
+
+def test_22_05s_json_answer_of_a_controller_that_does_not_answer_is_unreachable_not_an_empty_cluster():
+    """Seen: 22.05's `sinfo --json` with slurmctld stopped exits 0 after its retries with no nodes and this error;
+    taken for an empty cluster, it closed every repair recommendation ("no longer in Slurm")."""
+    answer = ('{"meta": {"Slurm": {"release": "22.05.8"}}, "errors": [{"error": "Unspecified error", "errno": -1}], '
+              '"nodes": []}')
+    slurm = SlurmClient(SlurmSection(json="always"),
+                        runner=lambda argv, timeout, **kw: command.CommandResult(argv, 0, answer, ""))
+    with pytest.raises(SlurmUnreachable, match="Unspecified error"):
+        slurm.nodes()
+    other = answer.replace("Unspecified error", "Invalid node name specified").replace("-1", "2017")
+    slurm.runner = lambda argv, timeout, **kw: command.CommandResult(argv, 0, other, "")
+    with pytest.raises(SlurmError, match="Invalid node name specified"):
+        slurm.nodes()
 
 
 def test_json_record_of_slurm_24():
