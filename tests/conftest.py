@@ -22,7 +22,7 @@ import textwrap
 import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pytest
@@ -30,7 +30,7 @@ import pytest
 # an event name missing from the catalogue is an error in the tests (and in the agents they start)
 os.environ["SLURM_EXT_STRICT_EVENTS"] = "1"
 
-from slurm_ext import command, devcluster as dev
+from slurm_ext import command, config, devcluster as dev
 from slurm_ext.devcluster.settings import DevSection
 from slurm_ext.devcluster.layout import Layout
 from slurm_ext.slurm import Job, SlurmClient
@@ -149,6 +149,85 @@ def cluster_of_its_own(prefix: str, **settings) -> Iterator[DevSection]:
     finally:
         dev.down(own)
         shutil.rmtree(state_dir, ignore_errors=True)
+
+
+class RepairCluster(Cluster):
+    """A dev cluster of several nodes with the repair service: faults to inject, recommendations, repairs."""
+
+    def repair_cli(self, *args: str, user: str = "alice", node: str | None = None):
+        conf = self.layout.node(node).slurm_ext_conf if node else self.layout.slurm_ext_conf
+        return cli("--config", str(conf), *args, env={"SUDO_USER": user})
+
+    def records(self) -> list[dict]:
+        done = self.repair_cli("repair", "list", "--json")
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)["records"]
+
+    def record(self, node: str, *states: str, timeout: float = 30.0) -> dict:
+        def found():
+            return next((r for r in self.records() if r["node"] == node and (not states or r["state"] in states)),
+                        None)
+        return wait_for(f"{node}: a record in {states}", found, timeout, interval=0.5)
+
+    def inject_xid(self, node: str, xid: int = 79) -> None:
+        """The kernel line of Xid `xid` on the node's GPU 1, appended to its kernel log."""
+        spec = json.loads(self.layout.node(node).gpu_spec.read_text())
+        bus = spec["gpus"][1]["pci_bus_id"][4:-2]  # 00000000:18:00.0 -> 0000:18:00, as the driver writes it
+        with open(self.layout.node(node).kernel_log, "a") as log:
+            log.write(f"NVRM: Xid (PCI:{bus}): {xid}, pid='<unknown>', name=<unknown>, GPU has fallen off "
+                      "the bus.\n")
+
+    def slurm_node(self, node: str):
+        return self.client().node(node)
+
+    def history(self, node: str) -> list[dict]:
+        done = self.repair_cli("history", "--node", node, "--since", "1h", "--json")
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)["entries"]
+
+    def repair_with_reboot(self, node: str) -> dict:
+        """A fault, its recommendation approved, the repair through to its end."""
+        self.inject_xid(node)
+        record = self.record(node, "recommended")
+        assert self.repair_cli("repair", "approve", node).returncode == 0
+        return wait_for(f"{node}: repair done", lambda: next(
+            (r for r in self.all_records(node) if r["id"] == record["id"] and r["state"] in ("done", "failed")), None),
+            120, interval=1.0)
+
+    def all_records(self, node: str) -> list[dict]:
+        """Every record of `node`, closed ones too, from the store."""
+        with self.store() as store:
+            return [asdict(r) for r in store.records(node=node)]
+
+    @contextlib.contextmanager
+    def store(self):
+        from slurm_ext.repair.store import open_store
+        store = open_store(config.load(self.layout.slurm_ext_conf))
+        try:
+            yield store
+        finally:
+            store.close()
+
+    def settle(self, nodes: list[str]) -> None:
+        """The cluster idle, every fault cleared and nothing open (a test's teardown: one failure does not fail
+        the tests after it)."""
+        slurm = self.client()
+        jobs = [str(j.job_id) for j in slurm.jobs() if not j.finished]
+        if jobs:
+            self.run("scancel", *jobs, check=False)
+        for node in slurm.nodes():
+            if node.name in nodes and node.drained:
+                if node.reason_is_ours:
+                    self.repair_cli("health", "clear", node=node.name)  # lifted by its monitor (a repair's: the flow)
+                else:
+                    self.run("scontrol", "update", f"nodename={node.name}", "state=resume", check=False)
+
+        def settled():
+            if [r for r in self.records() if r["state"] in ("recommended", "approved", "running")]:
+                return False
+            states = {n.name: n for n in slurm.nodes()}
+            return all(states[n].idle for n in nodes)
+        wait_for("the cluster settled", settled, 120, interval=0.5)
 
 
 @pytest.fixture

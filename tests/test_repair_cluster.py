@@ -4,24 +4,21 @@ cluster's MariaDB, and Slurm's reboot flow through the cluster's RebootProgram."
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict
 
 import psutil
 import pytest
 
-from slurm_ext import config, devcluster as dev
+from slurm_ext import devcluster as dev
 from slurm_ext.devcluster import daemons
 from slurm_ext.devcluster.cluster import cluster_daemons
-from slurm_ext.repair.store import open_store
 
-from conftest import TEST_CLUSTER, Cluster, cli, cluster_of_its_own, wait_for
+from conftest import TEST_CLUSTER, RepairCluster, cluster_of_its_own, wait_for
 
 REPAIR_CLUSTER = {**TEST_CLUSTER, "cluster_name": "slurmextrepair", "node_name": "rnode1", "nodes": 4,
                   "defined_nodes": 5, "slurmctld_port": 18817, "slurmd_port": 18818, "slurmdbd_port": 18819,
@@ -29,61 +26,6 @@ REPAIR_CLUSTER = {**TEST_CLUSTER, "cluster_name": "slurmextrepair", "node_name":
                   "accounting_probe_port": 19832, "web_port": 19833, "node_port_base": 24000, "kernel_log": "",
                   "health_interval": 1.0, "repair_interval": 1.0, "resume_timeout": 30}
 NODES = ["rnode1", "rnode2", "rnode3", "rnode4"]
-
-
-class RepairCluster(Cluster):
-    def repair_cli(self, *args: str, user: str = "alice", node: str | None = None):
-        conf = self.layout.node(node).slurm_ext_conf if node else self.layout.slurm_ext_conf
-        return cli("--config", str(conf), *args, env={"SUDO_USER": user})
-
-    def records(self) -> list[dict]:
-        done = self.repair_cli("repair", "list", "--json")
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)["records"]
-
-    def record(self, node: str, *states: str, timeout: float = 30.0) -> dict:
-        def found():
-            return next((r for r in self.records() if r["node"] == node and (not states or r["state"] in states)),
-                        None)
-        return wait_for(f"{node}: a record in {states}", found, timeout, interval=0.5)
-
-    def inject_xid(self, node: str, xid: int = 79) -> None:
-        """The kernel line of Xid `xid` on the node's GPU 1, appended to its kernel log."""
-        spec = json.loads(self.layout.node(node).gpu_spec.read_text())
-        bus = spec["gpus"][1]["pci_bus_id"][4:-2]  # 00000000:18:00.0 -> 0000:18:00, as the driver writes it
-        with open(self.layout.node(node).kernel_log, "a") as log:
-            log.write(f"NVRM: Xid (PCI:{bus}): {xid}, pid='<unknown>', name=<unknown>, GPU has fallen off "
-                      "the bus.\n")
-
-    def slurm_node(self, node: str):
-        return self.client().node(node)
-
-    def history(self, node: str) -> list[dict]:
-        done = self.repair_cli("history", "--node", node, "--since", "1h", "--json")
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)["entries"]
-
-    def repair_with_reboot(self, node: str) -> dict:
-        """A fault, its recommendation approved, the repair through to its end."""
-        self.inject_xid(node)
-        record = self.record(node, "recommended")
-        assert self.repair_cli("repair", "approve", node).returncode == 0
-        return wait_for(f"{node}: repair done", lambda: next(
-            (r for r in self._all(node) if r["id"] == record["id"] and r["state"] in ("done", "failed")), None),
-            120, interval=1.0)
-
-    def _all(self, node: str) -> list[dict]:
-        """Every record of `node`, closed ones too, from the store."""
-        with self.store() as store:
-            return [asdict(r) for r in store.records(node=node)]
-
-    @contextlib.contextmanager
-    def store(self):
-        store = open_store(config.load(self.layout.slurm_ext_conf))
-        try:
-            yield store
-        finally:
-            store.close()
 
 
 @pytest.fixture(scope="module")
@@ -97,23 +39,7 @@ def repair(four):
     """The cluster idle, every fault cleared and nothing open, after each test (one failure does not fail the
     rest)."""
     yield four
-    slurm = four.client()
-    jobs = [str(j.job_id) for j in slurm.jobs() if not j.finished]
-    if jobs:
-        four.run("scancel", *jobs, check=False)
-    for node in slurm.nodes():
-        if node.name in NODES and node.drained:
-            if node.reason_is_ours:
-                four.repair_cli("health", "clear", node=node.name)  # lifted by its monitor (a repair's: by the flow)
-            else:
-                four.run("scontrol", "update", f"nodename={node.name}", "state=resume", check=False)
-
-    def settled():
-        if [r for r in four.records() if r["state"] in ("recommended", "approved", "running")]:
-            return False
-        states = {n.name: n for n in slurm.nodes()}
-        return all(states[n].idle for n in NODES)
-    wait_for("the repair cluster settled", settled, 120, interval=0.5)
+    four.settle(NODES)
 
 
 def _events(cluster: RepairCluster, record: int) -> list:
@@ -159,7 +85,7 @@ def test_a_gpu_fault_is_recommended_approved_and_repaired_through_slurms_reboot(
     assert any(j.job_id == job and j.state == "RUNNING" for j in repair.client().jobs())  # allowed to finish
 
     assert repair.wait_accounted(job).state == "COMPLETED"
-    done = wait_for("the repair done", lambda: next((r for r in repair._all("rnode2")
+    done = wait_for("the repair done", lambda: next((r for r in repair.all_records("rnode2")
                                                      if r["id"] == record["id"] and r["state"] == "done"), None),
                     120, interval=1.0)
     assert done["decided_by"] == "alice"
@@ -204,7 +130,7 @@ def test_a_fault_that_clears_before_approval_takes_its_recommendation_away(repai
     assert repair.repair_cli("health", "clear", node="rnode4").returncode == 0
     wait_for("the recommendation gone", lambda: not [r for r in repair.records() if r["node"] == "rnode4"], 20,
              interval=0.5)
-    assert [r["state"] for r in repair._all("rnode4") if r["id"] == record["id"]] == ["gone"]
+    assert [r["state"] for r in repair.all_records("rnode4") if r["id"] == record["id"]] == ["gone"]
     refused = repair.repair_cli("repair", "approve", "rnode4")
     assert refused.returncode == 1 and "no recommendation" in refused.stderr
 
@@ -220,7 +146,7 @@ def test_two_operators_approving_at_once_make_one_repair(repair):
     assert sorted(code for code, _ in answers) == [0, 1], answers
     refusal = next(text for code, text in answers if code == 1)
     assert "already approved by" in refusal or "decided by someone else meanwhile" in refusal, refusal
-    done = wait_for("the one repair done", lambda: next((r for r in repair._all("rnode4")
+    done = wait_for("the one repair done", lambda: next((r for r in repair.all_records("rnode4")
                                                          if r["id"] == record["id"] and r["state"] == "done"), None),
                     120, interval=1.0)
     assert done["decided_by"] in ("alice", "bob")
@@ -263,7 +189,7 @@ def test_the_guard_refuses_the_third_and_a_killed_controller_carries_on_from_the
     ended = {}
     for node in ("rnode2", "rnode3"):
         ended[node] = wait_for(f"{node}'s repair done", lambda: next(
-            (r for r in repair._all(node) if r["id"] == ids[node] and r["state"] in ("done", "failed")), None),
+            (r for r in repair.all_records(node) if r["id"] == ids[node] and r["state"] in ("done", "failed")), None),
             150, interval=1.0)
     assert {n: r["state"] for n, r in ended.items()} == {"rnode2": "done", "rnode3": "done"}, \
         {n: (r["state"], r["step"], r["note"]) for n, r in ended.items()}
@@ -273,14 +199,14 @@ def test_the_guard_refuses_the_third_and_a_killed_controller_carries_on_from_the
         assert sum("scontrol reboot" in m for m in messages) == 1, messages
         assert sum(m.startswith("reboot started") for m in messages) == 1, messages
     fourth = repair.repair_cli("repair", "approve", "rnode4")  # room again under the guard
-    assert fourth.returncode == 0, (fourth.stderr, repair._all("rnode4"), repair.history("rnode4")[-12:])
+    assert fourth.returncode == 0, (fourth.stderr, repair.all_records("rnode4"), repair.history("rnode4")[-12:])
     wait_for("rnode4's repair done", lambda: any(r["state"] == "done" and r["node"] == "rnode4"
-                                                 for r in repair._all("rnode4")), 120, interval=1.0)
+                                                 for r in repair.all_records("rnode4")), 120, interval=1.0)
 
 
 def test_the_same_fault_after_two_reboots_recommends_remove(repair):
     def reboots():
-        return [r for r in repair._all("rnode2") if r["state"] == "done" and r["action"] == "reboot"
+        return [r for r in repair.all_records("rnode2") if r["state"] == "done" and r["action"] == "reboot"
                 and r["signature"] == "xid/79"]
     while len(reboots()) < 2:
         assert repair.repair_with_reboot("rnode2")["state"] == "done"
