@@ -483,3 +483,32 @@ def test_an_approval_made_while_a_pass_reads_the_cluster_comes_before_its_first_
     events = store.events(record=record.id)
     assert [e.event for e in events][:2] == ["repair-approved", "repair-step"], events
     assert [e.time for e in events] == sorted(e.time for e in events), events
+
+
+def test_an_agent_that_answers_for_another_node_is_not_taken_for_this_one():
+    """A dev node only defined in slurm.conf falls back to the default agent port, where another cluster's agent
+    may listen: its answer must not pass for this node's (a repair's verify, the page's GPUs)."""
+    from slurm_ext.repair import agents
+
+    class Agent(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"node": "elsewhere1", "monitor": {}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Agent)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        address = f"127.0.0.1:{server.server_address[1]}"
+        assert agents.health(address, "elsewhere1", 5)[0] == {"node": "elsewhere1", "monitor": {}}
+        answer, why = agents.health(address, "n5", 5)
+        assert answer is None and why == f"the agent at {address} is node 'elsewhere1''s, not 'n5''s"
+    finally:
+        server.shutdown()
+        server.server_close()
+    answer, why = agents.health(address, "n5", 5)
+    assert answer is None and why.startswith(f"agent at {address} does not answer")

@@ -187,13 +187,11 @@ def page(tmp_path):
                         for i in range(3))
 
     def get(url, timeout):
-        if "/health" in url:
-            return json.dumps(_answer(100.0)), ""
         if "/events" in url:
             return (journal, "") if ":2/" in url else ("", "")
         return None, "refused"
     slurm = _Slurm()
-    watcher = Watcher(loaded, slurm, store, get)
+    watcher = Watcher(loaded, slurm, store, get, health=lambda address, node, timeout: (_answer(100.0), ""))
     app = create_app(loaded, watcher, store_opener=lambda: open_sqlite(str(tmp_path / "repair.db")))
     watcher.refresh()
     client = app.test_client()

@@ -11,7 +11,7 @@ import json
 import urllib.error
 import urllib.request
 
-__all__ = ["address", "get", "get_json", "post"]
+__all__ = ["address", "get", "health", "post"]
 
 
 def address(settings, name: str, addr: str = "") -> str:
@@ -33,14 +33,21 @@ def get(url: str, timeout: float) -> tuple[str | None, str]:
         return None, str(getattr(err, "reason", err)) or type(err).__name__
 
 
-def get_json(url: str, timeout: float) -> dict | None:
-    """The agent's JSON object, or None (no answer, or not an object)."""
-    body, _ = get(url, timeout)
+def health(address: str, node: str, timeout: float) -> tuple[dict | None, str]:
+    """(the /health answer of `node`'s agent at `address`, "") or (None, why): no answer, not a JSON object, or the
+    agent of another node (an address that moved, a port another cluster's agent holds)."""
+    body, problem = get(f"http://{address}/health", timeout)
+    if body is None:
+        return None, f"agent at {address} does not answer: {problem}"
     try:
-        data = json.loads(body) if body is not None else None
+        data = json.loads(body)
     except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
+        data = None
+    if not isinstance(data, dict):
+        return None, f"agent at {address}: its /health is not a JSON object"
+    if data.get("node", node) != node:
+        return None, f"the agent at {address} is node {str(data.get('node'))[:60]!r}'s, not {node!r}'s"
+    return data, ""
 
 
 def post(url: str, timeout: float) -> tuple[int, str]:

@@ -169,8 +169,8 @@ class Service:
 
         def ask(name: str) -> dict | None:
             known = self._nodes.get(name)
-            url = f"http://{agents.address(self.settings, name, known.addr if known else '')}/health"
-            return agents.get_json(url, _AGENT_TIMEOUT)
+            return agents.health(agents.address(self.settings, name, known.addr if known else ""), name,
+                                 _AGENT_TIMEOUT)[0]
         with ThreadPoolExecutor(max_workers=min(16, len(names))) as pool:
             return dict(zip(names, pool.map(ask, names)))
 

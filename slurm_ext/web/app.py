@@ -338,7 +338,7 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
             asked = float(json.loads(text)["asked"]) if status == 202 else time.time() - 1.0
         except (ValueError, KeyError, TypeError):
             asked = time.time()
-        monitor = _fresh_reading(address, asked, settings.agent_timeout)
+        monitor = _fresh_reading(address, row["name"], asked, settings.agent_timeout)
         if monitor is None:
             raise BadRequest(504, f"node {row['name']}: no fresh reading of its health monitor within "
                                   f"{_CHECK_WAIT:g}s (NVML hanging? see `slurm-ext health show` on the node)")
@@ -377,11 +377,11 @@ def _opened(opener):
         raise BadRequest(503, f"the repair database does not answer: {err}") from None
 
 
-def _fresh_reading(address: str, asked: float, timeout: float) -> dict | None:
+def _fresh_reading(address: str, node: str, asked: float, timeout: float) -> dict | None:
     """The node's health monitor's readings once they are newer than `asked` (its own clock), or None."""
     deadline = time.monotonic() + _CHECK_WAIT
     while time.monotonic() < deadline:
-        answer = agents.get_json(f"http://{address}/health", timeout)
+        answer, _ = agents.health(address, node, timeout)
         monitor = (answer or {}).get("monitor")
         if isinstance(monitor, dict) and isinstance(monitor.get("readings_time"), (int, float)) \
                 and monitor["readings_time"] >= asked:

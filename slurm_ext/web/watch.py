@@ -135,12 +135,14 @@ def gpus_by_type(nodes: list[Node]) -> dict[str, int]:
 class Watcher:
     """The shared view and the thread that refreshes it while someone looks."""
 
-    def __init__(self, config, slurm: SlurmClient | None = None, store=None, get=agents.get, clock=time.time):
+    def __init__(self, config, slurm: SlurmClient | None = None, store=None, get=agents.get, health=agents.health,
+                 clock=time.time):
         self.config = config
         self.settings = config.web
         self.slurm = slurm or SlurmClient(config.slurm)
         self._store = store
         self._get = get
+        self._health = health
         self._clock = clock
         self.emit = events.emitter(config.node.state_dir, "web")
         self.sources = {name: Source(name) for name in ("slurm", "slurm-events", "repair", "prometheus")}
@@ -318,14 +320,10 @@ class Watcher:
     def _ask_agent(self, node: Node, agent: _Agent, now: float) -> None:
         try:
             address = agents.address(self.config.repair, node.name, node.addr)
-            body, problem = self._get(f"http://{address}/health", self.settings.agent_timeout)
-            try:
-                answer = json.loads(body) if body is not None else None
-            except ValueError:
-                answer, problem = None, "its /health is not JSON"
-            if not isinstance(answer, dict):
+            answer, problem = self._health(address, node.name, self.settings.agent_timeout)
+            if answer is None:
                 with self._lock:
-                    agent.error = f"agent at {address} does not answer: {problem or 'not a JSON object'}"
+                    agent.error = problem
                 return
             since = agent.cursor or now - self.settings.timeline
             journal, _ = self._get(f"http://{address}/events?since={int(since)}&limit={_JOURNAL_KEPT}",
