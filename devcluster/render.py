@@ -168,6 +168,8 @@ expected = {s.gpu_count}
 interval = "{s.health_interval:g}s"
 kernel_log = "{node.kernel_log}"
 paths = ["{node.node_state}"]
+# every host has lo: the link checks and the cluster page's network panel have an interface on any machine
+interfaces = ["lo"]
 
 [repair]
 interval = "{s.repair_interval:g}s"

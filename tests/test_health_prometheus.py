@@ -119,6 +119,7 @@ def fake_gpus(tmp_path) -> tuple[Path, dict]:
     spec = fakenvml.default_gpus(GPUS)
     for index, gpu in enumerate(spec["gpus"]):
         gpu["temperature"] = 30 + index
+        gpu["utilization_gpu"] = 5 * index
     path = tmp_path / "gpus.json"
     fakenvml.write_spec(path, spec)
     return lib, path, spec
@@ -146,6 +147,7 @@ def worker_agent(prometheus_binary, fake_gpus, agents, tmp_path, monkeypatch):
         interval = "1s"
         kernel_log = ""
         paths = ["{tmp_path}"]
+        interfaces = ["lo"]
         """, role="worker", port=port, slurm=f'conf = "{tmp_path}/no-such-slurm.conf"')
     try:
         yield agent
@@ -366,3 +368,14 @@ def test_prometheus_scrapes_the_health_metrics_and_every_dashboard_query_returns
     assert {s["metric"].get("gpu") for s in chosen if s["metric"].get("gpu")} == {"0", "3"}
     print(f"health metrics through Prometheus: {len(targets)} dashboard queries, all with data, "
           f"{time.monotonic() - started:.1f}s after the agent started")
+
+    # the cluster page's usage panels, asked of this Prometheus (web.prometheus_url): the fake GPUs' numbers and the
+    # agent's interface counters (lo, watched) as a rate
+    from slurm_ext.repair import agents
+    from slurm_ext.web import usage
+    figures = wait_for("the page's figures from Prometheus", lambda: (lambda u: u if u.tx_bps is not None else None)(
+        usage.prometheus_usage(base, lambda url: agents.get(url, 5.0))), timeout=30, interval=0.5)
+    total_mib = sum(gpu["memory_total"] for gpu in spec["gpus"]) / 2**20
+    assert (figures.gpus, figures.gpu_utilization, figures.memory_used_mib, figures.memory_total_mib) == \
+        (GPUS, sum(5 * i for i in range(GPUS)) / GPUS, 0.0, total_mib), figures
+    assert figures.rx_bps >= 0 and figures.tx_bps >= 0

@@ -284,3 +284,33 @@ def test_ten_browsers_polling_cost_one_refresh(page):
     finally:
         page.watcher.stop()
     assert page.slurm.asked.count("nodes") == 1 and page.slurm.asked.count("events") == 1, page.slurm.asked
+
+
+def test_with_a_prometheus_the_usage_panels_are_its_figures_and_its_silence_is_said(tmp_path):
+    path = tmp_path / "slurm-ext.toml"
+    path.write_text(f'[node]\nstate_dir = "{tmp_path / "state"}"\n[web]\nprometheus_url = "http://127.0.0.1:9/"\n'
+                    f'[repair]\nsqlite_file = "{tmp_path / "repair.db"}"\n')
+    answers = {"gpu_utilization": "12.5", "memory_used_mib": "10", "memory_free_mib": "30", "rx_bps": "100",
+               "tx_bps": "200", "gpus": "4"}
+    by_query = {query: answers[key] for key, query in usage.PROMETHEUS_QUERIES.items()}
+    down = []
+
+    def get(url, timeout):
+        from urllib.parse import parse_qs, urlsplit
+        if down:
+            return None, "Connection refused"
+        query = parse_qs(urlsplit(url).query).get("query", [""])[0]
+        if query in by_query:
+            return json.dumps({"status": "success", "data": {"result": [{"value": [1, by_query[query]]}]}}), ""
+        return "", ""
+    store = open_sqlite(str(tmp_path / "repair.db"))
+    watcher = Watcher(config.load(path), _Slurm(), store, get, health=lambda a, n, t: (_answer(1.0), ""))
+    data = watcher.refresh().data
+    assert data["usage"]["source"] == "prometheus" and data["sources"]["prometheus"]["ok"]
+    assert data["usage"]["now"] == {"gpus": 4, "gpu_utilization": 12.5, "memory_used_mib": 10.0,
+                                    "memory_total_mib": 40.0, "rx_bps": 100.0, "tx_bps": 200.0}
+    down.append(True)
+    data = watcher.refresh().data
+    assert not data["sources"]["prometheus"]["ok"] and "does not answer" in data["sources"]["prometheus"]["error"]
+    assert data["usage"]["now"]["gpu_utilization"] == 12.5  # its last answer, said to be old
+    store.close()
