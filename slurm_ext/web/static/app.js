@@ -6,7 +6,7 @@
 const STATES = ["healthy", "booting", "unhealthy", "pending", "paused"];
 const page = {
   view: null, session: null, lastGood: 0, tab: "overview",
-  sort: {key: "name", desc: false}, nodeView: "list", timer: null,
+  sort: {key: "name", desc: false}, nodeView: sessionStorage.getItem("slurm-ext-node-view") || "list", timer: null,
 };
 
 // -- small helpers --------------------------------------------------------------------------------------------
@@ -381,14 +381,15 @@ async function start() {
   for (const id of ["health-node", "health-check", "health-severity"]) {
     $(id).addEventListener("change", () => drawHealth(page.view));
   }
-  for (const [id, view] of [["view-list", "list"], ["view-grid", "grid"]]) {
-    $(id).addEventListener("click", () => {
-      page.nodeView = view;
-      $("view-list").classList.toggle("on", view === "list");
-      $("view-grid").classList.toggle("on", view === "grid");
-      drawNodes(page.view);
-    });
-  }
+  const showView = (view) => {
+    page.nodeView = view;
+    sessionStorage.setItem("slurm-ext-node-view", view);  // the tab keeps the operator's choice
+    $("view-list").classList.toggle("on", view === "list");
+    $("view-grid").classList.toggle("on", view === "grid");
+    if (page.view) drawNodes(page.view);
+  };
+  for (const [id, view] of [["view-list", "list"], ["view-grid", "grid"]]) $(id).addEventListener("click", () => showView(view));
+  showView(page.nodeView);
   try {
     page.session = await getJSON("/api/session");
   } catch (err) {

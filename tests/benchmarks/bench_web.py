@@ -1,0 +1,171 @@
+"""The cluster page on a dev cluster of 1,000 nodes in slurm.conf, four of them running (root, Debian's Slurm,
+Debian's Chromium):
+
+- the server's time per refresh and the Slurm commands one refresh issues, against `sinfo -N` for the same cluster
+  in the same run;
+- ten browsers polling /api/cluster at once for a while: Slurm queries per table per refresh (target: one, whatever
+  the number of browsers);
+- in headless Chromium, navigation to the Nodes grid of 1,000 nodes drawn, against the same browser drawing 1,000
+  plain boxes of a static page (target: under 1 s).
+
+    python tests/benchmarks/bench_web.py [--nodes 1000] [--clients 10] [--seconds 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_repair import counting, timed  # noqa: E402  (a benchmark beside this one)
+
+from slurm_ext import config, devcluster as dev  # noqa: E402
+from slurm_ext.devcluster.layout import Layout  # noqa: E402
+from slurm_ext.web.app import create_app  # noqa: E402
+from slurm_ext.web.watch import Watcher  # noqa: E402
+
+BENCH_CLUSTER = dict(cluster_name="slurmextbenchweb", node_name="bweb1", nodes=4, slurmctld_port=31817,
+                     slurmd_port=31818, slurmdbd_port=31819, mariadb_port=23311, controller_probe_port=31831,
+                     worker_probe_port=31830, accounting_probe_port=31832, web_port=0, node_port_base=32000,
+                     health_interval=1.0, repair_interval=5.0, slurmd_timeout=30)
+PAGE_PORT = 31833
+CHROMIUM_FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--window-size=1500,1000")
+#: resolves with performance.now() (ms since the navigation began) once `selector` matches `count` elements
+_DRAWN = """
+const [selector, count, done] = arguments;
+(function look() {
+  if (document.querySelectorAll(selector).length >= count) done(performance.now());
+  else requestAnimationFrame(look);
+})();
+"""
+
+
+def table(issued: list[str]) -> dict[str, int]:
+    """Slurm commands by table: the node table, the event table, the configuration."""
+    kinds = {"nodes": 0, "events": 0, "config": 0}
+    for line in issued:
+        if line.startswith("sacctmgr"):
+            kinds["events"] += 1
+        elif "show config" in line:
+            kinds["config"] += 1
+        elif line.startswith(("sinfo --json", "scontrol show", "scontrol --json")):
+            kinds["nodes"] += 1
+    return kinds
+
+
+def browser_times(url: str, nodes: int, rounds: int = 3) -> tuple[float, float]:
+    """(median ms to the Nodes grid of `nodes` cells, median ms to `nodes` boxes of a static page)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    profile = tempfile.mkdtemp(prefix="bench-web-chromium-")
+    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service("/usr/bin/chromedriver"))
+    driver.set_script_timeout(60)
+    try:
+        driver.get(url + "#nodes")
+        driver.execute_script("sessionStorage.setItem('slurm-ext-node-view', 'grid')")
+        page, boxes = [], []
+        static = "data:text/html," + "".join(f"<div class=c>n{i}</div>" for i in range(nodes))
+        for _ in range(rounds):
+            driver.get("about:blank")
+            driver.get(url + "#nodes")
+            page.append(driver.execute_async_script(_DRAWN, "#node-grid .cell", nodes))
+            driver.get(static)
+            boxes.append(driver.execute_async_script(_DRAWN, ".c", nodes))
+        return statistics.median(page), statistics.median(boxes)
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=1000, help="nodes defined in slurm.conf (4 run)")
+    parser.add_argument("--clients", type=int, default=10, help="browsers polling at once")
+    parser.add_argument("--seconds", type=float, default=20.0, help="how long they poll")
+    args = parser.parse_args()
+    state_dir = tempfile.mkdtemp(prefix="slurm-ext-bench-web-")
+    os.chmod(state_dir, 0o755)
+    settings = dev.DevSection(state_dir=state_dir, defined_nodes=args.nodes, **BENCH_CLUSTER)
+    layout = Layout(settings)
+    server = None
+    try:
+        started = time.perf_counter()
+        dev.up(settings)
+        print(f"cluster: {args.nodes} nodes in slurm.conf, 4 running; up in {time.perf_counter() - started:.1f}s")
+        loaded = config.load(layout.slurm_ext_conf)
+        loaded = dataclasses.replace(loaded, web=dataclasses.replace(loaded.web, refresh=2.0,
+                                                                     listen=f"127.0.0.1:{PAGE_PORT}"))
+        env = layout.daemon_environ()
+        sinfo, _ = timed(lambda: subprocess.run(["sinfo", "-N", "-h"], env=env, capture_output=True, check=True))
+        client, issued = counting(settings)
+        watcher = Watcher(loaded, slurm=client)
+        watcher.refresh()  # the first: Slurm's configuration, the journals since a week
+        issued.clear()
+        refresh, _ = timed(watcher.refresh)
+        per_refresh = {kind: count / 5 for kind, count in table(issued).items()}
+        size = len(watcher.view.body)
+        print(f"one refresh, {args.nodes} nodes: {refresh * 1000:.0f} ms (median of 5; view {size / 1024:.0f} KiB); "
+              f"Slurm commands per refresh: {per_refresh}; `sinfo -N` {sinfo * 1000:.0f} ms (ratio "
+              f"{refresh / sinfo:.2f})")
+
+        from waitress.server import create_server
+        server = create_server(create_app(loaded, watcher), host="127.0.0.1", port=PAGE_PORT, threads=8)
+        threading.Thread(target=server.run, daemon=True).start()
+        url = f"http://127.0.0.1:{PAGE_PORT}/"
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        watcher.start()
+        issued.clear()
+        refreshes_before, served, stop = watcher.refreshes, [], threading.Event()
+
+        def browse():
+            while not stop.is_set():
+                begun = time.perf_counter()
+                with opener.open(url + "api/cluster", timeout=30) as answer:
+                    answer.read()
+                served.append(time.perf_counter() - begun)
+                stop.wait(0.25)
+        clients = [threading.Thread(target=browse) for _ in range(args.clients)]
+        for thread in clients:
+            thread.start()
+        time.sleep(args.seconds)
+        stop.set()
+        for thread in clients:
+            thread.join()
+        refreshes = watcher.refreshes - refreshes_before
+        kinds = table(issued)
+        print(f"{args.clients} browsers polling every 0.25 s for {args.seconds:g} s: {len(served)} answers (median "
+              f"{statistics.median(served) * 1000:.1f} ms, max {max(served) * 1000:.0f} ms); {refreshes} refreshes "
+              f"(web.refresh 2 s); Slurm queries per refresh: node table {kinds['nodes'] / max(refreshes, 1):.2f}, "
+              f"event table {kinds['events'] / max(refreshes, 1):.2f}")
+        grid, boxes = browser_times(url, args.nodes)
+        print(f"Chromium, navigation to the Nodes grid of {args.nodes} nodes drawn: {grid:.0f} ms (median of 3); "
+              f"a static page of {args.nodes} boxes: {boxes:.0f} ms (ratio {grid / boxes:.2f})")
+        print("targets: a refresh and the grid under 1 s; one Slurm query per table per refresh whatever the number "
+              "of browsers")
+        watcher.stop()
+    finally:
+        if server is not None:
+            server.close()
+        dev.down(settings)
+        shutil.rmtree(state_dir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
