@@ -18,6 +18,8 @@ clean stop. This component closes them:
 Its config is [accounting] (`settings`); its commands `slurm-ext accounting ...` (`cli`).
 """
 
+from slurm_ext.lazy import lazy_names
+
 __all__ = ["write_config", "configured", "prepare_storage", "guarded_volumes", "places_of", "QueueWatch",
            "SpaceWatch", "backup", "restore", "verify", "reconcile", "PASSWORD_ENV", "EPHEMERAL_NOTE"]
 
@@ -29,8 +31,4 @@ _LAZY = {"write_config": "database", "configured": "database", "prepare_storage"
          "PASSWORD_ENV": "settings", "EPHEMERAL_NOTE": "storage"}
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)

@@ -12,6 +12,8 @@ images all use this code; its config section is [dev] (`settings`).
 pointed at the cluster.
 """
 
+from slurm_ext.lazy import lazy_names
+
 __all__ = ["up", "down", "status", "demo", "install_deps", "client", "job_cgroups", "reboot_node",
            "Status", "DaemonStatus", "DemoResult", "DevSection"]
 
@@ -24,8 +26,4 @@ _LAZY = {"up": "cluster", "down": "cluster", "status": "cluster", "demo": "clust
 _RENAMED = {"install_deps": "install"}
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), _RENAMED.get(name, name))
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY, _RENAMED)

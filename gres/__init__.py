@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
+from slurm_ext.lazy import lazy_names
+
 if TYPE_CHECKING:
     from slurm_ext.config import Config
 
@@ -33,11 +35,7 @@ _LAZY = {"generate": "generation", "output_path": "generation", "Generation": "g
          "read_inventory": "inventory", "Inventory": "inventory", "GresError": "inventory"}
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)
 
 
 #: how long a configless node's start waits for Slurm to show a GPU drain before slurmd starts anyway

@@ -13,6 +13,8 @@ Lifecycle scripts live in `<scripts dir>/<role>/<phase>.d/` (`script_dirs`,
 check them before anything runs them.
 """
 
+from slurm_ext.lazy import lazy_names
+
 from .hooks import epilog_main, prolog_main
 from .places import PHASES, SCRIPT_ROLES, script_dirs, scripts_dir
 
@@ -27,8 +29,4 @@ _LAZY = {"run_scripts": "scripts", "serve": "service", "build_hook": "service", 
          "validate_dir": "validate", "validate_script": "validate", "Problem": "validate", "gpu_jobs": "jobrecord"}
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)

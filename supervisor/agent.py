@@ -423,7 +423,7 @@ class Agent:
                 self._drain_before_stop(signal.Signals(signum).name)
             elif signum == signal.SIGHUP:
                 self._reload()
-            elif signum == signal.SIGUSR1:  # POST /health/check (poll_health_now), or an operator's kill -USR1
+            elif signum == signal.SIGUSR1 and self._health_started():  # POST /health/check, or kill -USR1
                 for worker in self.workers:
                     if worker.spec.name == "health" and worker.state == WorkerState.RUNNING:
                         _signal(worker, signal.SIGUSR1)
@@ -879,10 +879,24 @@ class Agent:
                 return False, f"worker {worker.spec.name}: {why}"
         return True, "ready"
 
+    def _health_started(self) -> bool:
+        """The health monitor runs and has written its readings since its start: it takes SIGUSR1 from then on,
+        while before its handler is set the signal's default action would end it (and a client posting
+        /health/check in a loop could keep it from ever starting)."""
+        from slurm_ext.health import metrics_path
+        monitor = next((w for w in self.workers if w.spec.name == "health" and w.state == WorkerState.RUNNING), None)
+        if monitor is None:
+            return False
+        try:
+            written = os.stat(metrics_path(self.config.supervisor.runtime_dir)).st_mtime
+        except OSError:
+            return False
+        return written >= time.time() - (time.monotonic() - monitor.started)
+
     def poll_health_now(self) -> bool:
         """From the HTTP thread: have the health monitor read the node now (the loop signals it, SIGUSR1, as
-        for an operator's `kill -USR1` of the agent); False when no monitor runs."""
-        if not any(w.spec.name == "health" and w.state == WorkerState.RUNNING for w in self.workers):
+        for an operator's `kill -USR1` of the agent); False when no monitor runs, or it is still starting."""
+        if not self._health_started():
             return False
         _poke(self._wakeup_w, signal.SIGUSR1)
         return True

@@ -116,7 +116,7 @@ def agent_posts(agent) -> Callable[[str], Answer]:
         last[0] = now
         asked = time.time()
         if not agent.poll_health_now():
-            return 409, b"no health monitor runs on this node (health.enabled, or it is restarting)\n", _TEXT
+            return 409, b"no health monitor runs on this node (health.enabled), or it is still starting\n", _TEXT
         return 202, (json.dumps({"asked": asked}) + "\n").encode(), "application/json"
 
     return answer

@@ -131,6 +131,7 @@ def test_the_overview_shows_the_five_states_the_fake_gpus_usage_and_a_drain_the_
     browser.get(web.url + "#overview")
     expected = {"healthy": 1, "booting": 1, "unhealthy": 1, "pending": 1, "paused": 1}  # wnode5 never runs
     until(browser, "the five states counted", lambda b: counts(b) == expected)
+    until(browser, "wnode5's silent agent named", lambda b: "node agent(s) not answering: wnode5" in text_of(b, "#banner"))
     cells = {e.get_attribute("title").split(":")[0]: e.get_attribute("class").split()[-1]
              for e in browser.find_elements(By.CSS_SELECTOR, "#state-grid .cell")}
     assert cells == {"wnode1": "healthy", "wnode2": "pending", "wnode3": "paused", "wnode4": "booting",
@@ -190,12 +191,43 @@ def test_approving_in_the_browser_needs_the_token_and_the_repair_tab_shows_it_wi
           in text_of(b, "#message"))
     with web.store() as store:
         runs = [e for e in store.events(node="wnode1") if e.event == "health-check-run"]
-    assert runs and runs[-1].user == "alice" and "healthy" in runs[-1].message
+    assert runs and runs[-1].user == "alice" and runs[-1].message == "health checks asked from the page by alice"
+    journal = [json.loads(line) for line in (web.layout.first.node_state / "journal.jsonl").read_text().splitlines()]
+    assert any(e["event"] == "web-operation" and e.get("user") == "alice" and "healthy" in e["message"]
+               for e in journal)
+
+    # the list sorted and filtered, the grid, the ssh command
+    Select(browser.find_element(By.ID, "node-state")).select_by_visible_text("healthy")
+    until(browser, "only healthy nodes", lambda b: {r.get_attribute("data-state") for r in b.find_elements(
+        By.CSS_SELECTOR, "#node-table tbody tr")} == {"healthy"})
+    Select(browser.find_element(By.ID, "node-state")).select_by_visible_text("all")
+    browser.find_element(By.CSS_SELECTOR, "#node-table th[data-sort=name]").click()  # descending now
+    until(browser, "sorted by name, descending", lambda b: [r.get_attribute("data-node") for r in b.find_elements(
+        By.CSS_SELECTOR, "#node-table tbody tr")] == ["wnode5", "wnode4", "wnode3", "wnode2", "wnode1"])
+    browser.find_element(By.ID, "view-grid").click()
+    until(browser, "the grid", lambda b: len(b.find_elements(By.CSS_SELECTOR, "#node-grid .cell")) == 5)
+    browser.find_element(By.ID, "view-list").click()
+    browser.find_element(By.CSS_SELECTOR, "#node-table tr[data-node=wnode3] button.op-ssh").click()
+    until(browser, "the ssh command copied", lambda b: text_of(b, "#message") == "copied: ssh wnode3")
 
 
-def test_the_health_checks_tab_filters_by_node_check_and_severity(web, browser):
+def test_a_rejection_in_the_browser_and_the_health_checks_tab_filters(web, browser):
     web.inject_xid("wnode3")
     web.record("wnode3", "recommended")
+    browser.get(web.url + "#repair")
+    ops = "#recommendations tr[data-node=wnode3] .ops"
+    until(browser, "wnode3's recommendation", lambda b: b.find_elements(By.CSS_SELECTOR, ops))
+    if not text_of(browser, "#who") == "operator token set":
+        browser.find_element(By.ID, "token").send_keys(web.token)
+        browser.find_element(By.ID, "use-token").click()
+    browser.find_element(By.CSS_SELECTOR, f"{ops} .op-why").send_keys("board swap booked for Monday")
+    browser.find_element(By.CSS_SELECTOR, f"{ops} button.op-reject").click()
+    until(browser, "the rejection", lambda b: "rejected reboot of node wnode3" in text_of(b, "#message"))
+    rejected = [r for r in web.all_records("wnode3") if r["state"] == "rejected"]
+    assert [(r["decided_by"], r["note"]) for r in rejected] == [("alice", "board swap booked for Monday")]
+    until(browser, "the rejection in the Repair tab", lambda b: "rejected" in text_of(
+        b, "#recommendations tr[data-node=wnode3]") and "alice: board swap" in text_of(b, "#recommendations"))
+
     browser.get(web.url + "#health")
     until(browser, "the node list", lambda b: len(b.find_elements(By.CSS_SELECTOR, "#health-node option")) == 6)
 
@@ -228,7 +260,8 @@ def test_slurm_stopped_is_said_with_the_last_state_kept_and_the_page_recovers_by
     """The page standalone (`slurm-ext web`), with a trusted proxy header; slurmctld stopped under it."""
     conf = tmp_path / "standalone.toml"
     conf.write_text(web.layout.slurm_ext_conf.read_text().replace(
-        "[web]\n", '[web]\nproxy_user_header = "X-Forwarded-User"\ntrusted_proxies = ["127.0.0.1"]\n'))
+        "[web]\n", '[web]\nproxy_user_header = "X-Forwarded-User"\ntrusted_proxies = ["127.0.0.1"]\n'
+                   'grafana_url = "http://127.0.0.1:3000/d/slurm-ext-health"\n'))
     log = (tmp_path / "web.out").open("w")
     page = subprocess.Popen([sys.executable, "-m", "slurm_ext.cli", "--config", str(conf), "web", "--listen",
                              f"127.0.0.1:{STANDALONE_PORT}"], stdout=log, stderr=subprocess.STDOUT)
@@ -246,6 +279,8 @@ def test_slurm_stopped_is_said_with_the_last_state_kept_and_the_page_recovers_by
 
         browser.get(url + "#overview")
         until(browser, "the standalone page's states", lambda b: sum(counts(b).values()) == 5)
+        links = {a.get_attribute("href") for a in browser.find_elements(By.CSS_SELECTOR, ".panel .grafana")}
+        assert links == {"http://127.0.0.1:3000/d/slurm-ext-health"}, links
         before = counts(browser)
         daemons.stop(controller)  # slurmctld, its agent and the agent's own page with it
         until(browser, "Slurm said to be away", lambda b: "slurmctld (the node table) does not answer"

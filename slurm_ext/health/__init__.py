@@ -16,6 +16,8 @@ Public surface: `serve` (the monitor), `check_now` (`health check`),
 
 from __future__ import annotations
 
+from slurm_ext.lazy import lazy_names
+
 __all__ = ["serve", "check_now", "open_findings", "request_clear", "metrics_path", "OWNER"]
 
 #: the owner of health drains in the node-state catalogue (each check drains as health/<check>)
@@ -25,11 +27,7 @@ OWNER = "health"
 _LAZY = {"serve": "monitor", "check_now": "oneshot"}
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)
 
 
 def metrics_path(runtime_dir: str):

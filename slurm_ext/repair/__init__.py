@@ -13,13 +13,11 @@ the core CLI loads `cli` to build its parser for every command, and the
 service pulls in threads, the store and the executors.
 """
 
+from slurm_ext.lazy import lazy_names
+
 __all__ = ["serve", "open_store"]
 
 _LAZY = {"serve": "service", "open_store": "store"}
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)

@@ -7,13 +7,11 @@ at run time, so the page works on an air-gapped cluster. Imported on first use: 
 every command, and Flask is only needed here.
 """
 
+from slurm_ext.lazy import lazy_names
+
 __all__ = ["serve", "create_app"]
 
 _LAZY = {"serve": "server", "create_app": "app"}
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from flask import Flask, Response, jsonify, request, send_from_directory
 from werkzeug.exceptions import HTTPException
@@ -46,6 +46,10 @@ _MAX_LIMIT = 5000
 _SOURCES = ("slurm", "repair", "agent")
 #: longest wait for a node's fresh health reading after "run the health checks"
 _CHECK_WAIT = 20.0
+#: "run the health checks" at once (each holds a server thread while its node reads itself)
+_CHECKS_AT_ONCE = 3
+#: seconds between two web-refused events of one address (a client refused in a loop must not rotate the journal)
+_REFUSED_EVERY = 60.0
 #: headers of every answer: no other site may frame the page or run scripts in it
 _HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
             "X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY", "Referrer-Policy": "no-referrer"}
@@ -104,6 +108,8 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
     tokens = Tokens(settings.token_file)
     csrf = Csrf()
     emit = events.emitter(config.node.state_dir, "web")
+    checks_running = threading.BoundedSemaphore(_CHECKS_AT_ONCE)
+    refused_last: dict[str, float] = {}
     app = Flask(__name__, static_folder=None)
     app.config.update(PROPAGATE_EXCEPTIONS=False, JSON_SORT_KEYS=False, MAX_CONTENT_LENGTH=64 * 1024)
     app.extensions["slurm_ext_watcher"] = watcher
@@ -143,8 +149,13 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
 
     @app.errorhandler(Refused)
     def refused(err: Refused):
-        emit("web-refused", f"{request.method} {request.path} from {request.remote_addr} refused: {err}", "warning",
-             address=request.remote_addr)
+        now, address = time.monotonic(), request.remote_addr or "?"
+        if now - refused_last.get(address, -_REFUSED_EVERY) >= _REFUSED_EVERY:
+            if len(refused_last) > 10000:
+                refused_last.clear()
+            refused_last[address] = now
+            emit("web-refused", f"{request.method} {request.path} from {address} refused: {err} (at most one such "
+                                f"event a minute for an address)", "warning", address=address)
         return jsonify(error=str(err)), err.status
 
     @app.errorhandler(HTTPException)
@@ -217,11 +228,11 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
         def keep(name: str, data: dict) -> bool:
             return (data.get("component") == "health" and node in (None, name)
                     and check in (None, data.get("check"))
-                    and severity in (None, data.get("finding_severity") or _SEVERITY_OF.get(data.get("severity"))))
+                    and severity in (None, _severity_of(data)))
         found = watcher.journal(keep, int(asked.get("limit", 300)))
         return jsonify(entries=[{"time": when, "node": name, "event": data.get("event", ""),
                                  "check": data.get("check", ""),
-                                 "severity": data.get("finding_severity") or _SEVERITY_OF.get(data.get("severity"), ""),
+                                 "severity": _severity_of(data),
                                  "gpu": data.get("gpu"), "evidence": data.get("evidence", ""),
                                  "action": data.get("action", ""), "message": data.get("message", "")}
                                 for when, name, data in found])
@@ -248,7 +259,7 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
     @app.get("/api/session")
     def session():
         _query({})
-        user, via, problem = None, None, tokens.problem if settings.token_file else ""
+        user, via, problem = None, None, tokens.check() if settings.token_file else ""
         try:
             if settings.proxy_user_header and request.headers.get(settings.proxy_user_header) is not None:
                 found = operator_of(request.headers, request.remote_addr, settings, tokens)
@@ -259,12 +270,12 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
                        proxy=settings.proxy_user_header or None, problem=problem, checks=list(CHECKS))
 
     # -- operations -------------------------------------------------------------------------------------
+    # The CSRF token travels in a header of its own: another site's page cannot read one, and cannot send that
+    # header here without a CORS preflight, which this server never grants (so no Origin check, which a reverse
+    # proxy that rewrites Host would break).
 
     def operation(node_name: str) -> tuple[Operator, dict]:
-        """Who asks (an operator, with a CSRF token from this server, from this page's origin), about which node."""
-        origin = request.headers.get("Origin")
-        if origin and urlsplit(origin).netloc != request.host:
-            raise Refused(403, f"the request comes from another site ({origin[:80]}): refused")
+        """Who asks (an operator, with a CSRF token from this server), about which node."""
         csrf.check(request.headers.get("X-CSRF-Token"))
         who = operator_of(request.headers, request.remote_addr, settings, tokens)
         return who, known_node(_checked_name(node_name))
@@ -274,7 +285,7 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
             return {}
         try:
             data = json.loads(request.data)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise BadRequest(400, "the body is not JSON") from None
         if not isinstance(data, dict):
             raise BadRequest(400, "the body is not a JSON object")
@@ -284,24 +295,30 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
         emit("web-operation", f"{message} (by {who.user}, {who.via}, from {request.remote_addr})", node=node,
              user=who.user, operation=event)
 
+    def decision(decide_it: Callable) -> object:
+        """`decide_it(store)` on the repair database: a refusal is 409 with its reason, a database away 503."""
+        from slurm_ext.repair import decide
+        store = _opened(open_store)
+        try:
+            return decide_it(store)
+        except decide.Refused as err:
+            raise BadRequest(409, str(err)) from None
+        except SlurmExtError as err:
+            raise BadRequest(503, f"the repair database does not answer: {err}") from None
+        finally:
+            store.close()
+
     @app.post("/api/nodes/<node>/approve")
     def approve(node: str):
         from slurm_ext.repair import decide
         who, row = operation(node)
-        data = body()
-        action = data.get("action") or None
+        action = body().get("action") or None
         if action is not None and action not in ACTIONS:
             raise BadRequest(400, f"action {str(action)[:40]!r}: expected one of {', '.join(ACTIONS)}")
-        store = _opened(open_store)
-        try:
-            _, said = decide.approve(store, row["name"], who.user, config.repair, len(current().data["nodes"]),
-                                     action=action)
-        except decide.Refused as err:
-            raise BadRequest(409, str(err)) from None
-        finally:
-            store.close()
+        cluster_nodes = len(current().data["nodes"])
+        _, said = decision(lambda store: decide.approve(store, row["name"], who.user, config.repair, cluster_nodes,
+                                                        action=action))
         record(who, row["name"], "approve", said)
-        watcher.current()  # the next refresh shows it
         return jsonify(message=f"{said}: the repair service takes it up within {config.repair.interval:g}s",
                        user=who.user)
 
@@ -312,13 +329,7 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
         why = str(body().get("why") or "").strip()
         if not why:
             raise BadRequest(400, "a rejection needs its reason: {\"why\": \"...\"}")
-        store = _opened(open_store)
-        try:
-            done = decide.reject(store, row["name"], who.user, why[:1000])
-        except decide.Refused as err:
-            raise BadRequest(409, str(err)) from None
-        finally:
-            store.close()
+        done = decision(lambda store: decide.reject(store, row["name"], who.user, why[:1000]))
         record(who, row["name"], "reject", f"rejected {done.action} of node {row['name']}: {why[:200]}")
         return jsonify(message=f"rejected {done.action} of node {row['name']}: recorded; the node stays drained",
                        user=who.user)
@@ -327,31 +338,36 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
     def check(node: str):
         who, row = operation(node)
         body()
+        if not checks_running.acquire(blocking=False):  # each waits on an agent: the polls keep their threads
+            raise BadRequest(429, f"{_CHECKS_AT_ONCE} health checks are running already: ask again in a few seconds")
+        try:
+            return run_check(who, row)
+        finally:
+            checks_running.release()
+
+    def run_check(who: Operator, row: dict):
         address = agents.address(config.repair, row["name"], row["addr"])
+        before, problem = agents.health(address, row["name"], settings.agent_timeout)
+        if before is None:
+            raise BadRequest(502, f"node {row['name']}: {problem}")
+        baseline = _reading_time(before)
+        # recorded before anything is asked of the node: no operation without its user
+        decision(lambda store: _event(store, row["name"], "health-check-run", f"health checks asked from the page "
+                                                                             f"by {who.user}", who.user))
         status, text = agents.post(f"http://{address}/health/check", settings.agent_timeout)
         if status == 409:
             raise BadRequest(409, f"node {row['name']}: {text.strip()}")
-        if status not in (202, 429):
+        if status not in (202, 429):  # 429: someone asked within the second: that reading is ours too
             raise BadRequest(502, f"the agent of node {row['name']} at {address} does not answer: "
                                   f"{text.strip()[:200] or status}")
-        try:
-            asked = float(json.loads(text)["asked"]) if status == 202 else time.time() - 1.0
-        except (ValueError, KeyError, TypeError):
-            asked = time.time()
-        monitor = _fresh_reading(address, row["name"], asked, settings.agent_timeout)
+        monitor = _fresh_reading(address, row["name"], baseline, settings.agent_timeout)
         if monitor is None:
-            raise BadRequest(504, f"node {row['name']}: no fresh reading of its health monitor within "
-                                  f"{_CHECK_WAIT:g}s (NVML hanging? see `slurm-ext health show` on the node)")
+            raise BadRequest(504, f"node {row['name']}: no new reading of its health monitor within "
+                                  f"{_CHECK_WAIT:g}s (NVML hanging, or no GPU readings on this node? see "
+                                  "`slurm-ext health show` there)")
         findings = [f for f in monitor.get("findings") or () if isinstance(f, dict)]
         verdict = ("healthy" if not findings else
                    "; ".join(f"{f.get('severity')}: {f.get('check')} {f.get('evidence')}" for f in findings[:5]))
-        store = _opened(open_store)
-        try:
-            with store.locked():
-                store.event(row["name"], "health-check-run", f"health checks run from the page by {who.user}: "
-                                                            f"{verdict}", who.user)
-        finally:
-            store.close()
         record(who, row["name"], "check", f"ran the health checks of node {row['name']}: {verdict}")
         return jsonify(node=row["name"], verdict=verdict, findings=findings, checks=monitor.get("checks") or {},
                        readings_time=monitor.get("readings_time"), user=who.user)
@@ -363,11 +379,31 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
 _SEVERITY_OF = {"error": "critical", "warning": "warning", "info": "info"}
 
 
+def _severity_of(event: dict) -> str:
+    """A health event's severity in a finding's words (critical, warning, info)."""
+    found = event.get("finding_severity")
+    if isinstance(found, str) and found:
+        return found
+    return _SEVERITY_OF.get(str(event.get("severity")), "")
+
+
 def _checked_name(name: str) -> str:
     try:
         return _name(name)
     except ValueError as err:
         raise BadRequest(404, f"no node {name[:60]!r}: expected {err}") from None
+
+
+def _event(store, node: str, event: str, message: str, user: str) -> None:
+    with store.locked():
+        store.event(node, event, message, user)
+
+
+def _reading_time(answer: dict | None) -> float:
+    """When the health monitor of an agent's /health answer last read the node (the node's clock), 0 if never."""
+    monitor = (answer or {}).get("monitor")
+    value = monitor.get("readings_time") if isinstance(monitor, dict) else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
 def _opened(opener):
@@ -377,14 +413,12 @@ def _opened(opener):
         raise BadRequest(503, f"the repair database does not answer: {err}") from None
 
 
-def _fresh_reading(address: str, node: str, asked: float, timeout: float) -> dict | None:
-    """The node's health monitor's readings once they are newer than `asked` (its own clock), or None."""
+def _fresh_reading(address: str, node: str, baseline: float, timeout: float) -> dict | None:
+    """The node's health monitor's readings once newer than `baseline` (both on the node's clock), or None."""
     deadline = time.monotonic() + _CHECK_WAIT
     while time.monotonic() < deadline:
         answer, _ = agents.health(address, node, timeout)
-        monitor = (answer or {}).get("monitor")
-        if isinstance(monitor, dict) and isinstance(monitor.get("readings_time"), (int, float)) \
-                and monitor["readings_time"] >= asked:
-            return monitor
+        if _reading_time(answer) > baseline:
+            return answer["monitor"]
         time.sleep(0.2)
     return None

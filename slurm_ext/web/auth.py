@@ -66,6 +66,14 @@ class Tokens:
         #: why the file gives no operator (missing, not root's, readable by others, no valid line), else ""
         self.problem = "" if path else "web.token_file is empty: no tokens"
 
+    def check(self) -> str:
+        """Why the file gives no operator now ("" when it gives some): read again if it changed."""
+        if not self.path:
+            return self.problem
+        with self._lock:
+            self._load()
+            return self.problem
+
     def user_of(self, token: str) -> str | None:
         """The operator whose token this is, or None."""
         if not self.path:
@@ -75,7 +83,7 @@ class Tokens:
             users = dict(self._users)
         found = None
         for known, user in users.items():  # every entry compared, in constant time each
-            if hmac.compare_digest(known.encode(), token.encode()):
+            if hmac.compare_digest(known.encode(), token.encode(errors="replace")):
                 found = user
         return found
 
@@ -167,7 +175,8 @@ class Csrf:
         if not token:
             raise Refused(403, "the request carries no CSRF token (X-CSRF-Token): reload the page")
         issued, _, mac = token.partition(".")
-        if not issued.isdigit() or not hmac.compare_digest(self._mac(issued), mac):
+        if not (issued.isascii() and issued.isdigit()) or not hmac.compare_digest(self._mac(issued).encode(),
+                                                                                  mac.encode(errors="replace")):
             raise Refused(403, "the CSRF token was not issued by this server (forged, or the server restarted "
                                "since): reload the page")
         if self._clock() - int(issued) > self.max_age:

@@ -77,7 +77,10 @@ class Usage:
 
 
 def _number(value) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    """A finite number of an agent's answer, else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
 
 
 def gpu_rows(answer: dict | None) -> list[GpuRow]:
@@ -155,12 +158,12 @@ def prometheus_usage(url: str, get) -> Usage:
             raise ValueError(f"Prometheus {url} does not answer: {why}")
         try:
             data = json.loads(body)
-            result = data["data"]["result"] if data.get("status") == "success" else None
-        except (ValueError, KeyError, TypeError, AttributeError):
-            result = None
-        if result is None:
-            raise ValueError(f"Prometheus {url}: no result for {query!r}: {body[:200]}")
-        value = float(result[0]["value"][1]) if result else math.nan
+            if data.get("status") != "success":
+                raise ValueError(data.get("error"))
+            result = data["data"]["result"]
+            value = float(result[0]["value"][1]) if result else math.nan
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+            raise ValueError(f"Prometheus {url}: no result for {query!r}: {body[:200]}") from None
         values[key] = value if math.isfinite(value) else None  # NaN of an empty average: no figure
     used, free = values["memory_used_mib"] or 0.0, values["memory_free_mib"] or 0.0
     return Usage(int(values["gpus"] or 0), values["gpu_utilization"], used, used + free, values["rx_bps"],

@@ -23,6 +23,7 @@ import heapq
 import itertools
 import json
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -50,6 +51,8 @@ _PARALLEL = 32
 _JOURNAL_KEPT = 2000
 #: points of the usage history kept (at a 5 s refresh: an hour)
 _HISTORY = 720
+#: how far back the first look at an agent's journal goes (the agent parses what it sends on its one thread)
+_FIRST_JOURNAL = 86400.0
 #: newest Slurm events kept from one read of the event table
 _SLURM_EVENTS_KEPT = 5000
 #: a refresh runs only while a request came within this many refresh intervals
@@ -104,6 +107,30 @@ class View:
     #: the repair records still open, and those that changed within web.timeline
     open_records: list = field(default_factory=list)
     records: list = field(default_factory=list)
+
+
+def _journal_lines(body: str) -> list[tuple[float, str, dict]]:
+    """(epoch, line, event) of each journal line of an agent's /events answer; lines that are not events are
+    skipped."""
+    found = []
+    for line in body.splitlines():
+        try:
+            data = json.loads(line)
+            found.append((datetime.fromisoformat(data["time"]).timestamp(), line, data))
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+            continue
+    return found
+
+
+def _finite(value):
+    """`value` with every NaN and infinity made None (JSON has neither)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
 
 
 def drain_owner(node: Node) -> str:
@@ -163,8 +190,10 @@ class Watcher:
         #: held while an agent's answer is taken in, and while the view or a journal query reads the agents
         self._lock = threading.Lock()
         self._wake = threading.Event()
+        self._events_future = None
         self._stop = threading.Event()
-        self._first = threading.Event()
+        #: notified after each refresh of the thread
+        self._refreshed = threading.Condition()
         self._pool = ThreadPoolExecutor(max_workers=_PARALLEL, thread_name_prefix="web-agent")
         self._thread: threading.Thread | None = None
 
@@ -197,16 +226,20 @@ class Watcher:
                 self.refresh()
             except Exception:  # a bug here must not end the page: the last view stays, the next refresh tries again
                 log.exception("web: refresh failed")
-            self._first.set()
+            with self._refreshed:
+                self._refreshed.notify_all()
 
-    def current(self, wait_first: float = 30.0) -> View | None:
-        """The latest view (a request's), waking the thread when it is due; the very first request waits for the
-        first refresh, up to `wait_first` seconds."""
-        self._looked = self._clock()
-        if self.view is None or self._looked - self.view.data["refreshed"] >= self.settings.refresh:
-            self._wake.set()
-        if self.view is None:
-            self._first.wait(wait_first)
+    def current(self, wait: float = 30.0) -> View | None:
+        """The latest view (a request's), waking the thread when a refresh is due. A request that finds no view,
+        or one from before nobody looked (the page idle for a while), waits for the refresh it asked for, up to
+        `wait` seconds, rather than show the cluster as it was minutes ago."""
+        now = self._looked = self._clock()
+        age = now - self.view.data["refreshed"] if self.view is not None else None
+        if age is None or age >= self.settings.refresh:
+            with self._refreshed:
+                self._wake.set()
+                if age is None or age > _LOOKING * self.settings.refresh:
+                    self._refreshed.wait(wait)
         return self.view
 
     # -- one refresh -------------------------------------------------------------------------
@@ -215,9 +248,11 @@ class Watcher:
         """Read the cluster once (one query per Slurm table) and make the view every browser gets."""
         now = self._clock()
         self.refreshes += 1
-        events_future = self._pool.submit(self._read_slurm_events, now)
-        self._read_nodes(now)
-        self._read_config(now)
+        if self._events_future is None or self._events_future.done():  # a slow slurmdbd is not asked twice at once
+            self._events_future = self._pool.submit(self._read_slurm_events, now)
+        events_future = self._events_future
+        if self._read_nodes(now):
+            self._read_config(now)
         asked = self._ask_agents(now)
         self._read_repair(now)
         if self.settings.prometheus_url:
@@ -227,13 +262,14 @@ class Watcher:
         self.view = view
         return view
 
-    def _read_nodes(self, now: float) -> None:
+    def _read_nodes(self, now: float) -> bool:
         try:
             self._nodes = self.slurm.nodes()
         except SlurmExtError as err:
             self._fail("slurm", str(err), now)
-            return
+            return False
         self._succeed("slurm", now)
+        return True
 
     def _read_slurm_events(self, now: float) -> None:
         since = datetime.fromtimestamp(now - self.settings.timeline, timezone.utc)
@@ -305,9 +341,11 @@ class Watcher:
     # -- the agents ------------------------------------------------------------------------------
 
     def _ask_agents(self, now: float) -> list:
+        with self._lock:  # a node Slurm no longer lists is forgotten; a new one gets its record
+            self._agents = {n.name: self._agents.get(n.name) or _Agent() for n in self._nodes}
         asked = []
         for node in self._nodes:
-            agent = self._agents.setdefault(node.name, _Agent())
+            agent = self._agents[node.name]
             if agent.busy:
                 continue  # its last request has not come back: not asked twice
             if not node.responding and not (agent.answered and not agent.error):
@@ -325,29 +363,28 @@ class Watcher:
                 with self._lock:
                     agent.error = problem
                 return
-            since = agent.cursor or now - self.settings.timeline
+            since = agent.cursor or now - min(self.settings.timeline, _FIRST_JOURNAL)
             journal, _ = self._get(f"http://{address}/events?since={int(since)}&limit={_JOURNAL_KEPT}",
                                    self.settings.agent_timeout)
+            lines = _journal_lines(journal or "")
+            figures = usage.node_usage(answer)
             with self._lock:
                 previous = agent.usage
                 agent.answer, agent.answered, agent.error = answer, now, ""
-                agent.usage = usage.node_usage(answer)
-                agent.rate = usage.bandwidth(previous, agent.usage)
-                if journal is not None:
-                    self._take_journal(agent, journal)
+                agent.usage = figures
+                agent.rate = usage.bandwidth(previous, figures)
+                self._take_journal(agent, lines)
+        except Exception:  # an answer no one foresaw: this agent's, logged; the others and the page go on
+            log.exception("web: the answer of node %s's agent could not be taken", node.name)
+            agent.error = "its agent's answer could not be read (see the page's log)"
         finally:
             agent.busy = False
 
     @staticmethod
-    def _take_journal(agent: _Agent, body: str) -> None:
+    def _take_journal(agent: _Agent, lines: list[tuple[float, str, dict]]) -> None:
         """Append the journal lines not seen yet (the agent answers from the cursor's second on, inclusive)."""
         newest, at_newest = agent.cursor, set(agent.cursor_lines)
-        for line in body.splitlines():
-            try:
-                data = json.loads(line)
-                when = datetime.fromisoformat(data["time"]).timestamp()
-            except (ValueError, KeyError, TypeError):
-                continue
+        for when, line, data in lines:
             if when < agent.cursor or when == agent.cursor and line in agent.cursor_lines:
                 continue
             agent.journal.append((when, data))
@@ -388,15 +425,15 @@ class Watcher:
                 node_usages.append(agent.usage)
                 if agent.rate is not None:
                     rates.append(agent.rate)
-            if monitor.get("driver"):
-                drivers[monitor["driver"]] = drivers.get(monitor["driver"], 0) + 1
-            if facts.get("os"):
-                images[facts["os"]] = images.get(facts["os"], 0) + 1
-            for item in facts.get("interfaces") or ():
+            # what an agent says is counted as text: an odd answer is a strange name, never a failed refresh
+            for found, value in ((drivers, monitor.get("driver")), (images, facts.get("os"))):
+                if value:
+                    found[str(value)[:200]] = found.get(str(value)[:200], 0) + 1
+            for item in facts.get("interfaces") if isinstance(facts.get("interfaces"), list) else ():
                 if isinstance(item, dict):
-                    seen = interfaces.setdefault(str(item.get("name")), {"nodes": 0, "speeds_mbps": set()})
+                    seen = interfaces.setdefault(str(item.get("name"))[:64], {"nodes": 0, "speeds_mbps": set()})
                     seen["nodes"] += 1
-                    if item.get("speed_mbps"):
+                    if isinstance(item.get("speed_mbps"), int) and item["speed_mbps"] > 0:
                         seen["speeds_mbps"].add(item["speed_mbps"])
             rows.append({**asdict(status), "owner": drain_owner(node), "addr": node.addr, "version": node.version,
                          "os": node.os,
@@ -441,5 +478,8 @@ class Watcher:
         view = View(data, slurm_events=list(self._slurm_events),
                     repair_events=list(self._repair_events), open_records=list(self._open),
                     records=list(self._records))
-        view.body = json.dumps(data, default=str).encode()
+        try:
+            view.body = json.dumps(data, default=str, allow_nan=False).encode()
+        except ValueError:  # a NaN or infinity in an agent's answer: JSON has none, a browser would refuse it all
+            view.body = json.dumps(_finite(data), default=str).encode()
         return view

@@ -123,9 +123,9 @@ function draw() {
 
 function drawOverview(view) {
   $("state-counts").innerHTML = STATES.map((s) =>
-    `<div class="count ${s}" data-state="${s}"><div class="n">${view.counts[s]}</div>${s}</div>`).join("");
+    `<div class="count ${s}" data-state="${s}"><div class="n">${esc(view.counts[s])}</div>${s}</div>`).join("");
   $("state-grid").innerHTML = view.nodes.map((n) =>
-    `<div class="cell ${n.state}" title="${esc(n.name)}: ${n.state}${n.reason ? " - " + esc(n.reason) : ""}">${esc(n.name)}</div>`).join("");
+    `<div class="cell ${esc(n.state)}" title="${esc(n.name)}: ${esc(n.state)}${n.reason ? " - " + esc(n.reason) : ""}">${esc(n.name)}</div>`).join("");
   const usage = view.usage.now || {};
   $("usage-utilization").textContent = usage.gpu_utilization == null ? "-" :
     `${usage.gpu_utilization.toFixed(1)} % of ${usage.gpus} GPUs`;
@@ -143,7 +143,7 @@ function drawOverview(view) {
   drawConfig(view.cluster);
   getJSON("/api/timeline?limit=60").then((data) => {
     $("timeline").tBodies[0].innerHTML = data.entries.map((e) =>
-      `<tr data-source="${e.source}"><td class="time">${when(e.time)}</td><td>${esc(e.node)}</td><td>${e.source}</td>` +
+      `<tr data-source="${esc(e.source)}"><td class="time">${when(e.time)}</td><td>${esc(e.node)}</td><td>${esc(e.source)}</td>` +
       `<td>${esc(e.event)}</td><td>${esc(e.message)}${e.user ? ` <span class="muted">[${esc(e.user)}]</span>` : ""}</td></tr>`).join("");
   }).catch((err) => say(`timeline: ${err.message}`, true));
 }
@@ -225,8 +225,8 @@ function drawNodes(view) {
   if (page.nodeView === "grid") {
     $("node-grid").innerHTML = rows.map((n) => {
       const f = nodeFigures(n);
-      return `<div class="cell ${n.state}" data-node="${esc(n.name)}" title="${esc(n.name)}: ${n.state}` +
-        `${n.reason ? " - " + esc(n.reason) : ""}">${esc(n.name)}<br>${n.gpus_used}/${n.gpus_total} GPUs` +
+      return `<div class="cell ${esc(n.state)}" data-node="${esc(n.name)}" title="${esc(n.name)}: ${esc(n.state)}` +
+        `${n.reason ? " - " + esc(n.reason) : ""}">${esc(n.name)}<br>${esc(n.gpus_used)}/${esc(n.gpus_total)} GPUs` +
         `${f.utilization == null ? "" : " " + f.utilization.toFixed(0) + "%"}</div>`;
     }).join("");
     return;
@@ -239,13 +239,13 @@ function drawNodes(view) {
       `${x.severity}: ${x.check} ${x.gpu != null ? "gpu " + x.gpu + " " : ""}${x.evidence}`)];
     const gpus = (n.gpu_readings || []).map((g) => `gpu ${g.index}: ${g.utilization ?? "-"}% ` +
       `${gib(g.memory_used_mib)} ${g.temperature ?? "-"}C${g.error ? " " + g.error : ""}`).join("\n");
-    return `<tr data-node="${esc(n.name)}" data-state="${n.state}"><td>${esc(n.name)}</td>` +
-      `<td><span class="badge ${n.state}">${n.state}</span> <span class="muted">${esc(n.slurm_state)}</span>` +
+    return `<tr data-node="${esc(n.name)}" data-state="${esc(n.state)}"><td>${esc(n.name)}</td>` +
+      `<td><span class="badge ${esc(n.state)}">${esc(n.state)}</span> <span class="muted">${esc(n.slurm_state)}</span>` +
       `${n.repair ? `<br><span class="muted">repair: ${esc(n.repair)}</span>` : ""}</td>` +
-      `<td>${n.gpus_used} / ${n.gpus_total}</td>` +
+      `<td>${esc(n.gpus_used)} / ${esc(n.gpus_total)}</td>` +
       `<td title="${esc(gpus)}">${f.utilization == null ? "-" : f.utilization.toFixed(0) + " %"}</td>` +
       `<td>${f.total ? gib(f.used) + " / " + gib(f.total) : "-"}</td>` +
-      `<td>${f.temperature == null ? "-" : f.temperature + " C"}</td>` +
+      `<td>${f.temperature == null ? "-" : esc(f.temperature) + " C"}</td>` +
       `<td>${esc(n.reason) || "-"}${n.owner ? ` <span class="muted">(${esc(n.owner)})</span>` : ""}` +
       `${n.agent.error ? `<br><span class="muted">agent: ${esc(n.agent.error)}</span>` : ""}</td>` +
       `<td>${findings.map(esc).join("<br>") || "-"}</td><td>${opsOf(n)}</td></tr>`;
@@ -321,15 +321,15 @@ function drawRepairs() {
     if (!focused) {
       $("recommendations").tBodies[0].innerHTML = data.open.map((r) => {
         const node = (page.view.nodes.find((n) => n.name === r.node) || {name: r.node, ssh: "", repair: r.state});
-        return `<tr data-node="${esc(r.node)}" data-state="${r.state}"><td>${esc(r.node)}</td><td>${r.state}${r.step ? " (" + esc(r.step) + ")" : ""}</td>` +
-          `<td>${esc(r.action)}</td><td>${esc(r.signature)}</td><td>${esc(r.evidence)}</td><td>${r.jobs.join(", ") || "-"}</td>` +
+        return `<tr data-node="${esc(r.node)}" data-state="${esc(r.state)}"><td>${esc(r.node)}</td><td>${esc(r.state)}${r.step ? " (" + esc(r.step) + ")" : ""}</td>` +
+          `<td>${esc(r.action)}</td><td>${esc(r.signature)}</td><td>${esc(r.evidence)}</td><td>${esc(r.jobs.join(", ")) || "-"}</td>` +
           `<td class="time">${when(r.opened)}</td><td>${esc(r.decided_by) || "-"}${r.note ? ": " + esc(r.note) : ""}</td>` +
           `<td>${r.state === "recommended" ? opsOf({...node, repair: "recommended"}) : ""}</td></tr>`;
       }).join("") || `<tr><td colspan="9" class="muted">no recommendation open</td></tr>`;
     }
     $("repairs").tBodies[0].innerHTML = data.history.map((r) =>
-      `<tr data-node="${esc(r.node)}" data-record="${r.id}" data-state="${r.state}"><td>${esc(r.node)}</td><td>${esc(r.action)}</td>` +
-      `<td>${r.state}${r.step && r.state === "running" ? " (" + esc(r.step) + ")" : ""}</td>` +
+      `<tr data-node="${esc(r.node)}" data-record="${esc(r.id)}" data-state="${esc(r.state)}"><td>${esc(r.node)}</td><td>${esc(r.action)}</td>` +
+      `<td>${esc(r.state)}${r.step && r.state === "running" ? " (" + esc(r.step) + ")" : ""}</td>` +
       `<td class="decided-by">${esc(r.decided_by) || "-"}</td><td class="time">${when(r.opened)}</td><td class="time">${when(r.closed)}</td>` +
       `<td><ol class="steps">${r.steps.map((s) => `<li><span class="muted">${when(s.time)}</span> ${esc(s.event)}: ${esc(s.message)}` +
         `${s.user ? ` <span class="muted">[${esc(s.user)}]</span>` : ""}</li>`).join("")}</ol></td>` +
