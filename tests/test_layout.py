@@ -154,6 +154,8 @@ def test_the_wheel_carries_the_fake_nvml_sources_and_every_component(wheel):
                  "devcluster/fakenvml/__init__"):
         assert f"slurm_ext/{part}.py" in names
     assert "slurm_ext/prolog_epilog/hook.c" in names
+    for asset in sorted((REPO / "slurm_ext" / "web" / "static").iterdir()):  # the cluster page, served from the package
+        assert f"slurm_ext/web/static/{asset.name}" in names
     assert not [name for name in names if name.startswith(("tests/", "slurm_ext/dev/"))]
 
 

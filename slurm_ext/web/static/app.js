@@ -247,7 +247,8 @@ function drawNodes(view) {
       `<td>${f.total ? gib(f.used) + " / " + gib(f.total) : "-"}</td>` +
       `<td>${f.temperature == null ? "-" : esc(f.temperature) + " C"}</td>` +
       `<td>${esc(n.reason) || "-"}${n.owner ? ` <span class="muted">(${esc(n.owner)})</span>` : ""}` +
-      `${n.agent.error ? `<br><span class="muted">agent: ${esc(n.agent.error)}</span>` : ""}</td>` +
+      `${n.agent.error ? `<br><span class="muted">agent: ${esc(n.agent.error)}` +
+        `${n.agent.answered ? `; its figures are ${age(view.refreshed - n.agent.answered)} old` : ""}</span>` : ""}</td>` +
       `<td>${findings.map(esc).join("<br>") || "-"}</td><td>${opsOf(n)}</td></tr>`;
   }).join("");
 }
