@@ -14,13 +14,14 @@ pointed at the cluster.
 
 from slurm_ext.lazy import lazy_names
 
-__all__ = ["up", "down", "status", "demo", "install_deps", "client", "job_cgroups", "reboot_node",
+__all__ = ["up", "down", "status", "demo", "install_deps", "client", "job_cgroups", "reboot_node", "shared_munged",
            "Status", "DaemonStatus", "DemoResult", "DevSection"]
 
 # Imported on first use: the core imports this package for its config section ([dev]) and
 # its commands whenever a config or the CLI needs them, and the cluster code pulls in the
 # Slurm client and more.
 _LAZY = {"up": "cluster", "down": "cluster", "status": "cluster", "demo": "cluster", "client": "cluster", "reboot_node": "cluster",
+         "shared_munged": "cluster",
          "job_cgroups": "cluster", "Status": "cluster", "DaemonStatus": "cluster", "DemoResult": "cluster",
          "install_deps": "deps", "DevSection": "settings"}
 _RENAMED = {"install_deps": "install"}

@@ -32,7 +32,7 @@ from .layout import Layout, NodeLayout, node_names
 from .settings import DevSection
 
 __all__ = ["DaemonStatus", "Status", "DemoResult", "up", "down", "status", "demo", "demo_script", "client",
-           "cluster_daemons", "job_cgroups"]
+           "cluster_daemons", "job_cgroups", "shared_munged"]
 
 log = logging.getLogger("dev")
 
@@ -240,6 +240,22 @@ def _entry_point(name: str) -> str:
             return str(candidate)
     raise DevClusterError(f"{name} is not installed next to {sys.executable}: install slurm-ext into this "
                           f"Python's environment (its wheel, or `pip install -e .` in a checkout)")
+
+
+def shared_munged(settings: DevSection) -> Daemon | None:
+    """Start munged under `settings`' state directory unless one already answers on the default socket; the
+    daemon started (None: there was one). For several clusters up at once (the tests, run in parallel): each
+    `dev up` then uses this one, and no cluster's `dev down` stops it under the others; the caller stops it."""
+    layout = Layout(settings)
+    if _munge_works():
+        return None
+    layout.munge.mkdir(parents=True, exist_ok=True)
+    layout.log.mkdir(parents=True, exist_ok=True)
+    _prepare_munge(layout)
+    daemon = _named(cluster_daemons(layout), "munged")
+    daemons.start(daemon, environ_of(layout, daemon), settings.up_timeout)
+    daemons.wait_for("munged", _munge_works, settings.up_timeout, logfile=daemon.logfile)
+    return daemon
 
 
 def _prepare_munge(layout: Layout) -> None:

@@ -448,6 +448,8 @@ class _ImageBuild:
         self.process: subprocess.Popen | None = None
         self.output = None
         self.started = 0.0
+        #: under xdist: this worker collected a test that needs the images (started by the side's first test)
+        self.wanted = False
 
     def start_engine(self):
         if self.engine is None:
@@ -490,14 +492,56 @@ class _ImageBuild:
 
 _image_build = _ImageBuild()
 
+#: modules run beside the rest under `pytest -n 2 --dist loadgroup` (the README's test command): each brings up
+#: clusters of its own on ports of its own, and they mostly wait on Slurm's timers, MariaDB and Docker, so the two
+#: halves share the two cores well; everything else (the session cluster's tests, the timing ones) is the other half
+SIDE_MODULES = frozenset({"test_accounting_cluster", "test_container_cluster", "test_containers",
+                          "test_repair_cluster", "test_web_cluster"})
+#: the suite's own munged (see pytest_sessionstart)
+_munged = []
+
+
+def _worker(config) -> bool:
+    """This process runs tests for pytest-xdist's controller (not the controller, not a plain run)."""
+    return hasattr(config, "workerinput")
+
+
+def pytest_sessionstart(session):
+    """One munged for the whole run, started before any cluster (when none answers): a cluster that started its
+    own would stop it at its `dev down` while the clusters of the other half still use it."""
+    if not _worker(session.config):
+        state_dir = tempfile.mkdtemp(prefix="slurm-ext-munged-")
+        os.chmod(state_dir, 0o755)  # munged runs as munge and must reach its key and log
+        try:
+            daemon = dev.shared_munged(DevSection(state_dir=state_dir, **TEST_CLUSTER))
+        except BaseException:
+            shutil.rmtree(state_dir, ignore_errors=True)
+            raise
+        _munged.append((daemon, state_dir))
+
 
 def pytest_collection_finish(session):
+    # under xdist each worker collects every test: the build starts with the first test of the half that runs the
+    # image tests (the side), not in both
     if any("images" in getattr(item, "fixturenames", ()) for item in session.items):
+        if _worker(session.config):
+            _image_build.wanted = True
+        else:
+            _image_build.start()
+
+
+def pytest_runtest_setup(item):
+    if _image_build.wanted and item.module.__name__ in SIDE_MODULES:
         _image_build.start()
 
 
 def pytest_sessionfinish(session):
     _image_build.stop()
+    for daemon, state_dir in _munged:
+        if daemon is not None:
+            from slurm_ext.devcluster import daemons
+            daemons.stop(daemon)
+        shutil.rmtree(state_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -514,7 +558,9 @@ def images(engine) -> dict[str, str]:
 
 def pytest_collection_modifyitems(items):
     """Every test that needs the real cluster carries the `cluster` marker, however it reaches the fixture
-    (`-m "not cluster"` runs the rest, with no Slurm at all)."""
+    (`-m "not cluster"` runs the rest, with no Slurm at all); each test is in one of the two halves that
+    `-n 2 --dist loadgroup` runs side by side (SIDE_MODULES)."""
     for item in items:
         if "cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.cluster)
+        item.add_marker(pytest.mark.xdist_group("side" if item.module.__name__ in SIDE_MODULES else "main"))

@@ -36,7 +36,9 @@ pytestmark = pytest.mark.cluster
 ACCOUNTING_CLUSTER = {**TEST_CLUSTER, "cluster_name": "slurmextacct", "node_name": "acctnode1",
                       "slurmctld_port": 17817, "slurmd_port": 17818, "slurmdbd_port": 17819, "mariadb_port": 13308,
                       "controller_probe_port": 19821, "worker_probe_port": 19820, "accounting_probe_port": 19822, "web_port": 19823,
-                      "gpu_count": 0, "min_job_age": 2}
+                      "gpu_count": 0, "min_job_age": 2,
+                      # a kernel log of its own: the health tests, beside it, write Xids to /dev/kmsg
+                      "kernel_log": ""}
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
          "DEADLINE"}
 

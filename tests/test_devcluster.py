@@ -286,9 +286,9 @@ def test_a_second_cluster_on_the_host_leaves_the_first_ones_daemons_alone(runnin
     state_dir = tempfile.mkdtemp(prefix="slurm-ext-second-")
     os.chmod(state_dir, 0o755)
     second = replace(running_cluster.settings, state_dir=state_dir, cluster_name="slurmextsecond",
-                     node_name="secondnode1", slurmctld_port=26817, slurmd_port=26818, slurmdbd_port=26819,
-                     mariadb_port=23307, controller_probe_port=26811, worker_probe_port=26810,
-                     accounting_probe_port=26812, web_port=26813, gpu_count=0, kernel_log="")
+                     node_name="secondnode1", slurmctld_port=27917, slurmd_port=27918, slurmdbd_port=27919,
+                     mariadb_port=23407, controller_probe_port=27911, worker_probe_port=27910,
+                     accounting_probe_port=27912, web_port=27913, gpu_count=0, kernel_log="")
     try:
         dev.up(second)
         theirs = workers(second)

@@ -26,6 +26,13 @@ def _slurmd_pid(cluster) -> int | None:
     return None
 
 
+def _slurm_conf_of(process: psutil.Process) -> str | None:
+    try:
+        return process.environ().get("SLURM_CONF")
+    except psutil.Error:
+        return None
+
+
 def test_slurmd_killed_20_times_is_back_each_time_and_the_job_survives(running_cluster):
     cluster = running_cluster
     release, started = cluster.layout.out / "release-the-job", cluster.layout.out / "job-started"
@@ -37,8 +44,9 @@ def test_slurmd_killed_20_times_is_back_each_time_and_the_job_survives(running_c
     # killed mid-launch loses the step (22.05: "[N.extern] error: Unable to send "ok" to
     # slurmd") and the job then hangs in RUNNING: a launch race of Slurm's, not a survivor.
     wait_for("the job's script to start", started.exists)
-    steps = wait_for("the job's slurmstepd processes", lambda: {
-        p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "slurmstepd"})
+    steps = wait_for("the job's slurmstepd processes", lambda: {  # this cluster's (its SLURM_CONF): others run beside
+        p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "slurmstepd"
+        and _slurm_conf_of(p) == str(cluster.layout.slurm_conf)})
     last_kill = 0.0
     for round_ in range(20):
         # 5 exits within 10 s is a crash loop (and a drain): these kills are 2.6 s apart
