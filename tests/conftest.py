@@ -521,6 +521,9 @@ def pytest_sessionstart(session):
 
 
 def pytest_collection_finish(session):
+    if _worker(session.config) and session.items and "@" not in session.items[0].nodeid:
+        raise pytest.UsageError("under pytest-xdist this suite runs with `--dist loadgroup` (and pytest < 9, whose "
+                                "node ids xdist 3.8 can group): otherwise both workers start the same clusters")
     # under xdist each worker collects every test: the build starts with the first test of the half that runs the
     # image tests (the side), not in both
     if any("images" in getattr(item, "fixturenames", ()) for item in session.items):
@@ -556,6 +559,7 @@ def images(engine) -> dict[str, str]:
     return _image_build.images()
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the xdist_group marks
 def pytest_collection_modifyitems(items):
     """Every test that needs the real cluster carries the `cluster` marker, however it reaches the fixture
     (`-m "not cluster"` runs the rest, with no Slurm at all); each test is in one of the two halves that
