@@ -26,11 +26,20 @@ def _slurmd_pid(cluster) -> int | None:
     return None
 
 
-def _slurm_conf_of(process: psutil.Process) -> str | None:
-    try:
-        return process.environ().get("SLURM_CONF")
-    except psutil.Error:
-        return None
+def _steps_of(job_id: int, node: str) -> set[int]:
+    """The slurmstepd processes of job `job_id` on `node`: by the step they name and the node's cgroup tree (other
+    clusters, beside this one, number their jobs from 1 too)."""
+    found = set()
+    for process in psutil.process_iter(["name", "cmdline"]):
+        if process.info["name"] != "slurmstepd" or not any(
+                word.startswith(f"[{job_id}.") for word in process.info["cmdline"] or ()):
+            continue
+        try:
+            if f"/slurm_{node}/" in Path(f"/proc/{process.pid}/cgroup").read_text():
+                found.add(process.pid)
+        except OSError:
+            continue
+    return found
 
 
 def test_slurmd_killed_20_times_is_back_each_time_and_the_job_survives(running_cluster):
@@ -44,9 +53,7 @@ def test_slurmd_killed_20_times_is_back_each_time_and_the_job_survives(running_c
     # killed mid-launch loses the step (22.05: "[N.extern] error: Unable to send "ok" to
     # slurmd") and the job then hangs in RUNNING: a launch race of Slurm's, not a survivor.
     wait_for("the job's script to start", started.exists)
-    steps = wait_for("the job's slurmstepd processes", lambda: {  # this cluster's (its SLURM_CONF): others run beside
-        p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "slurmstepd"
-        and _slurm_conf_of(p) == str(cluster.layout.slurm_conf)})
+    steps = wait_for("the job's slurmstepd processes", lambda: _steps_of(job_id, cluster.node))
     last_kill = 0.0
     for round_ in range(20):
         # 5 exits within 10 s is a crash loop (and a drain): these kills are 2.6 s apart
