@@ -303,7 +303,9 @@ class Watcher:
             stop = paused(store)
             self._paused = {"by": stop[0], "since": stop[1]} if stop else None
         except SlurmExtError as err:
-            self._store = None  # opened again next time (MariaDB restarted, the file replaced)
+            if self._store is not None:  # opened again next time (MariaDB restarted, the file replaced)
+                self._store.close()
+                self._store = None
             self._fail("repair", str(err), now)
             return
         self._succeed("repair", now)
