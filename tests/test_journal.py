@@ -296,7 +296,8 @@ def test_cli_follow_prints_new_events_until_interrupted(tmp_path, monkeypatch):
     state = str(tmp_path)
     events.emit(state, "gres", "gpu-baseline", "before the follower")
     follower = subprocess.Popen([sys.executable, "-m", "slurm_ext.cli", "events", "--follow", "--state-dir", state,
-                                 "--component", "gres"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                 "--component", "gres"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONFAULTHANDLER": "1"})
     printed: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [printed.put(text) for text in follower.stdout], daemon=True).start()
     try:
@@ -310,6 +311,19 @@ def test_cli_follow_prints_new_events_until_interrupted(tmp_path, monkeypatch):
         assert [text.rsplit(": ", 1)[1] for text in seen] == [f"event {n}\n" for n in range(40)]
     finally:
         logging.getLogger("events").disabled = False
-        follower.send_signal(signal.SIGINT)
-        assert follower.wait(10) == 130
-        follower.stderr.close()
+        code, stderr = _interrupt(follower)
+    assert code == 130, f"SIGINT did not stop the follower (exit {code}); its stderr:\n{stderr}"
+
+
+def _interrupt(process: subprocess.Popen) -> tuple[int, str]:
+    """Ctrl-C, then its exit code and stderr. One that does not stop is aborted: with PYTHONFAULTHANDLER set, its
+    stderr then shows where each of its threads was, and no follower is left running after the test."""
+    process.send_signal(signal.SIGINT)
+    try:
+        code = process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGABRT)
+        code = process.wait(10)
+    stderr = process.stderr.read()
+    process.stderr.close()
+    return code, stderr
