@@ -295,8 +295,11 @@ def test_cli_follow_prints_new_events_until_interrupted(tmp_path, monkeypatch):
     logging.getLogger("events").disabled = True
     state = str(tmp_path)
     events.emit(state, "gres", "gpu-baseline", "before the follower")
-    follower = subprocess.Popen([sys.executable, "-m", "slurm_ext.cli", "events", "--follow", "--state-dir", state,
-                                 "--component", "gres"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    # SIGINT at its default, as at a terminal: a suite started in the background (`.ci/run &`) has it ignored, the
+    # follower would inherit that and never see the Ctrl-C (CI caught it sleeping in follow_events)
+    follower = subprocess.Popen(["env", "--default-signal=INT", sys.executable, "-m", "slurm_ext.cli", "events",
+                                 "--follow", "--state-dir", state, "--component", "gres"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env={**os.environ, "PYTHONFAULTHANDLER": "1"})
     printed: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [printed.put(text) for text in follower.stdout], daemon=True).start()
