@@ -95,7 +95,9 @@ def test_a_gpu_fault_is_recommended_approved_and_repaired_through_slurms_reboot(
     assert "reboot request queued for nodes rnode2" in (repair.layout.log / "slurmctld.log").read_text()
     assert "Node reboot request being processed" in repair.layout.slurmd_log("rnode2").read_text()
 
-    entries = repair.history("rnode2")
+    # Slurm's own drain event reaches slurmdbd through slurmctld's DBD agent queue, which may lag under load
+    entries = wait_for("slurm's drain event in the history", lambda: (h := repair.history("rnode2")) and any(
+        e["source"] == "slurm" and "slurm-ext: repair reboot" in e["message"] for e in h) and h, 60, interval=1.0)
     assert [e["time"] for e in entries] == sorted(e["time"] for e in entries)
     steps = _in_order(entries, [("agent", "health/health-finding: critical: xid 79 gpu 1"),
                                 ("repair", "repair-recommended"), ("repair", "repair-approved"),
