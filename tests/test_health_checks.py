@@ -713,3 +713,41 @@ def test_kernel_hung_tasks_escalate_at_threshold_within_window():
 def test_event_checks_report_info_xid_as_info():
     found = one(event("xid", xid(63), GPUS_VIEW))
     assert (found.severity, found.action, found.sticky) == ("info", "none", False)
+
+
+def test_fabric_health_summary_and_mask_are_judged_only_where_bad():
+    healthy = sample(fabric_state=3, fabric_status=0, fabric_health_mask=0, fabric_health_summary=1)
+    assert polled("fabric", View(snapshots=(snap(0.0, healthy),))) == []
+    route = 1 << 4  # NVML_GPU_FABRIC_HEALTH_MASK_ROUTE_UNHEALTHY_TRUE
+    unhealthy = one(polled("fabric", View(snapshots=(snap(0.0, sample(
+        fabric_state=3, fabric_status=0, fabric_health_mask=route, fabric_health_summary=2)),))))
+    assert (unhealthy.severity, unhealthy.evidence) == ("critical", "fabric unhealthy: route unhealthy (expected healthy)")
+    limited = one(polled("fabric", View(snapshots=(snap(0.0, sample(
+        fabric_state=3, fabric_status=0, fabric_health_mask=1, fabric_health_summary=3)),))))
+    assert (limited.severity, limited.action) == ("warning", "none")
+    assert limited.evidence == "fabric limited capacity: degraded bandwidth (expected healthy)"
+    # a v2 driver: no summary, the mask alone; an incorrect configuration (insufficient NVLinks) is critical
+    mask_only = one(polled("fabric", View(snapshots=(snap(0.0, sample(
+        fabric_state=3, fabric_status=0, fabric_health_mask=5 << 8, fabric_health_summary=None)),))))
+    assert (mask_only.severity, mask_only.evidence) == ("critical",
+                                                        "fabric health mask: insufficient NVLinks (expected healthy)")
+    # every field reads "not supported" or "false": healthy
+    quiet = (2 << 0) | (2 << 2) | (2 << 4) | (2 << 6) | (1 << 8) | (1 << 12) | (1 << 14)
+    assert polled("fabric", View(snapshots=(snap(0.0, sample(
+        fabric_state=3, fabric_status=0, fabric_health_mask=quiet, fabric_health_summary=0)),))) == []
+
+
+def test_fabric_applies_only_to_a_gpu_on_a_fabric():
+    from slurm_ext.health.checks import REGISTRY
+    applies = REGISTRY["fabric"].applies
+    assert not applies(View(snapshots=(snap(0.0, sample(fabric_state=None)),)))
+    assert applies(View(snapshots=(snap(0.0, sample(fabric_state=3, fabric_status=0)),)))
+    assert not applies(View())
+
+
+def test_nvml_calls_failing_on_a_gpu_that_answers_are_a_warning_not_a_drain():
+    failing = sample(failed=("nvmlDeviceGetPowerUsage: Unknown Error",))
+    needed = int(params("nvml").threshold)
+    found = one(polled("nvml", View(snapshots=tuple(snap(float(t), failing) for t in range(needed)))))
+    assert (found.severity, found.action, found.subject) == ("warning", "none", "calls")
+    assert "nvmlDeviceGetPowerUsage" in found.evidence

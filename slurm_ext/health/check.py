@@ -79,6 +79,9 @@ class Check:
     on_event: OnEvent | None = None
     #: the record types `on_event` takes
     events: tuple[type, ...] = ()
+    #: whether the node has what the check judges (a fabric, say); None: always. A check that does not apply is
+    #: listed as such by `health check`, never counted as passed
+    applies: Callable[[View], bool] | None = None
 
 
 def gpu_observation(params: Params, gpu: Gpu, evidence: str, **changes) -> Observation:

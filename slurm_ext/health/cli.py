@@ -28,12 +28,14 @@ def _check(args: argparse.Namespace) -> int:
     from . import check_now
     report = check_now(config.load(args.config))
     if args.json:
-        print(json.dumps({"healthy": report.healthy, "ran": report.ran, "findings": report.findings}, indent=1))
+        print(json.dumps({"healthy": report.healthy, "ran": report.ran, "not_applicable": report.not_applicable,
+                          "findings": report.findings}, indent=1))
     else:
         for row in report.findings:
             print(_line(row))
+        absent = f"; not applicable here: {', '.join(report.not_applicable)}" if report.not_applicable else ""
         print(f"{'healthy' if report.healthy else 'unhealthy'}: {len(report.findings)} findings; "
-              f"{len(report.ran)} checks ran now, the monitor's open findings added")
+              f"{len(report.ran)} checks ran now, the monitor's open findings added{absent}")
     return 0 if report.healthy else 1
 
 

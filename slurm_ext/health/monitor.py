@@ -454,6 +454,9 @@ class Monitor:
             return  # no verdict: open findings keep their last sighting, none clears on missing data
         self._apply(self.findings.polled(params, observations, now, self._jobs))
         self._update_state(check_id)
+        applies = REGISTRY[check_id].applies
+        if applies is not None and self.check_state[check_id] == "ok" and not applies(self._view()):
+            self.check_state[check_id] = "not-applicable"
         self._drains.sync(check_id, self.findings.open())
 
     def _judge_event(self, check_id: str, record) -> None:

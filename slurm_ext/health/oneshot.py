@@ -30,6 +30,8 @@ class Report:
     #: checks run now, and checks left to the monitor (windows, events) or disabled
     ran: tuple[str, ...]
     findings: tuple[dict, ...]
+    #: checks whose subject this node does not have (a fabric check on a GPU that reports no NVSwitch fabric)
+    not_applicable: tuple[str, ...] = ()
 
     @property
     def healthy(self) -> bool:
@@ -61,10 +63,13 @@ def check_now(config, nvml_module=None, slurm: SlurmClient | None = None) -> Rep
     view = View(time.time(), (snapshot,), links, (), h.interfaces,
                 read_filesystems(h.paths) if "filesystem" in sources else (), node, (), h.xid, {})
     found: dict[tuple, dict] = {}
-    ran = []
+    ran, not_applicable = [], []
     for check_id in enabled:
         check = REGISTRY[check_id]
         if check.polled is None:
+            continue
+        if check.applies is not None and not check.applies(view):
+            not_applicable.append(check_id)
             continue
         ran.append(check_id)
         for obs in check.polled(view, h.params(check_id)) or ():  # None: no verdict on one reading
@@ -79,7 +84,7 @@ def check_now(config, nvml_module=None, slurm: SlurmClient | None = None) -> Rep
         if isinstance(item, dict) and item.get("opened") is not None:
             finding = Finding(**{k: v for k, v in item.items() if k in Finding.__dataclass_fields__})
             found.setdefault(finding.key, {**asdict(finding), "from": "monitor"})
-    return Report(tuple(ran), tuple(found.values()))
+    return Report(tuple(ran), tuple(found.values()), tuple(not_applicable))
 
 
 def _within(seconds: float, read) -> Snapshot:

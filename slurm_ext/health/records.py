@@ -85,10 +85,15 @@ class GpuSample:
     nvlink_active: int | None = None
     nvlink_errors: int | None = None
     persistence: bool | None = None
-    #: NVML_GPU_FABRIC_STATE_* (3: completed) and the fabric's status (an NVML code), None off a fabric
+    #: NVML_GPU_FABRIC_STATE_* (1-3; 3: completed) and the fabric's status (an NVML code), None off a fabric
     fabric_state: int | None = None
     fabric_status: int | None = None
+    #: GpuFabricInfo v2/v3's health mask and summary (NVML_GPU_FABRIC_HEALTH_*), None where the driver lacks them
+    fabric_health_mask: int | None = None
+    fabric_health_summary: int | None = None
     recovery_action: int | None = None
+    #: the calls that failed in this poll ("nvmlDeviceGetX: <NVML's error>"), their readings None; the GPU answered
+    failed: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
