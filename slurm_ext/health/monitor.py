@@ -143,6 +143,8 @@ class Monitor:
         self.nvlink_seen: dict[str, int] = {}
         #: each GPU index's identity as last read (a lost GPU answers nothing, its UUID included)
         self.identities: dict = {}
+        #: each GPU's nvmlread.GpuFacts by UUID: read at its first poll, kept while the monitor runs
+        self.gpu_facts: dict = {}
         #: "<uuid or bus>/<xid>" -> {gpu, uuid, pci_bus_id, xid, count}, and each GPU's last Xid: kept across restarts
         self.xid_counts: dict[str, dict] = {}
         self.last_xid: dict[str, int] = {}
@@ -242,7 +244,7 @@ class Monitor:
         from slurm_ext.gres import baseline
 
         from .nvmlread import read_gpus
-        return read_gpus(self._module, tuple(baseline(self.state_dir)), dict(self.identities))
+        return read_gpus(self._module, tuple(baseline(self.state_dir)), dict(self.identities), self.gpu_facts)
 
     def _read_filesystems(self):
         from .readers import read_filesystems
