@@ -8,11 +8,24 @@ Main API:
   has on its GPUs, waits for the driver to let go, and returns the GPUs that
   are still held (empty list: all released). A GPU that stays held must not
   go to the next job: the Epilog drains the node instead.
-- `foreign_processes(indexes)` runs in the Prolog: processes already on GPUs
-  that Slurm just allocated to a new job (a leftover of an earlier job, or a
+- `foreign_processes(indexes)` lists the processes already on GPUs that
+  Slurm just allocated to a new job (a leftover of an earlier job, or a
   process started outside Slurm), which would share the GPU with the job.
+  The Prolog judges the GPUs with `held_gpus(gpu_usage(indexes), ...)`, which
+  also sees memory in use with no process listed.
 - `held_gpus(usages, threshold_mib)` is the judge: which readings count as
   held. It is pure, so its rule is tested on literal records.
+
+Memory in use is NVML's memory v2 ``used``, which leaves out the driver's
+own reserve (615 MiB on an H200 with driver 580, about 900 MB on an A100):
+v1's ``used`` includes it, so an idle GPU is never at 0 there. A driver
+without v2 gives v1, and the threshold must then cover the reserve.
+
+What is seen from a pod: newer open kernel modules report a process's PID in
+the caller's PID namespace and leave out the processes of other namespaces
+(a process of another pod on the same GPU is not listed at all). Its memory
+still counts in ``used``, so a GPU with memory in use beyond the threshold
+and no process listed is held by something this node agent cannot see.
 
 GPU indexes are NVML indexes, as Slurm gives them in ``SLURM_JOB_GPUS`` on
 this node. Slurm numbers the GPUs of a node in the order gres.conf lists
@@ -56,6 +69,7 @@ __all__ = [
     "GpuUsage",
     "GpuCheckError",
     "GpuCheckTimeout",
+    "GpuLost",
     "gpu_usage",
     "held_gpus",
     "release_gpus",
@@ -99,8 +113,17 @@ class GpuUsage:
     uuid: str
     #: compute and graphics processes, one entry per pid, in NVML's order
     processes: tuple[GpuProcess, ...]
-    #: memory used on the whole GPU, MiB (NVML memory info v1 ``used``)
+    #: memory in use on the whole GPU beyond the driver's reserve, MiB (NVML memory v2 ``used``; v1's, which
+    #: includes the reserve, where the driver has no v2)
     used_mib: int
+    #: the driver's own reserve, MiB (v2 ``reserved``; 0 where unknown)
+    reserved_mib: int = 0
+
+    @property
+    def unseen_mib(self) -> int:
+        """Memory in use that no listed process accounts for: a process of another PID namespace, or memory the
+        driver has not freed yet."""
+        return max(0, self.used_mib - sum(p.used_mib for p in self.processes))
 
 
 class GpuCheckError(SlurmExtError):
@@ -117,6 +140,10 @@ class GpuCheckError(SlurmExtError):
         self.nvml_code = nvml_code
         where = "NVML" if gpu is None else f"GPU {gpu}"
         super().__init__(f"gpu check: {where}: {nvml_adapter.describe(problem, nvml_code)}")
+
+
+class GpuLost(GpuCheckError):
+    """NVML answers GPU_IS_LOST (the GPU fell off the bus) or RESET_REQUIRED for a GPU: no job may use it."""
 
 
 class GpuCheckTimeout(GpuCheckError):
@@ -139,8 +166,12 @@ def _default_nvml() -> Any:
         raise GpuCheckError(err.problem) from err
 
 
+_LOST = (nvml_adapter.GPU_IS_LOST, nvml_adapter.RESET_REQUIRED)
+
+
 def _translate(err: BaseException, gpu: int | None, doing: str) -> GpuCheckError:
-    return GpuCheckError(f"{doing}: {err}", gpu, nvml_adapter.error_code(err))
+    code = nvml_adapter.error_code(err)
+    return (GpuLost if code in _LOST and gpu is not None else GpuCheckError)(f"{doing}: {err}", gpu, code)
 
 
 def _ensure_init(nvml: Any) -> None:
@@ -171,13 +202,30 @@ def _merge(gpu: int, entries: Iterable[Any]) -> tuple[GpuProcess, ...]:
     return tuple(GpuProcess(gpu, pid, mib) for pid, mib in used.items())
 
 
+#: what a driver or pynvml without memory v2 answers for it (25: NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+_NO_V2 = (nvml_adapter.NOT_SUPPORTED, nvml_adapter.FUNCTION_NOT_FOUND, 25)
+
+
+def _memory(nvml: Any, handle: Any) -> tuple[int, int]:
+    """(used beyond the driver's reserve, the reserve) in MiB: memory v2 where the driver has it, else v1."""
+    version = getattr(nvml, "nvmlMemory_v2", None)
+    if version is not None:
+        try:
+            memory = nvml.nvmlDeviceGetMemoryInfo(handle, version=version)
+            return int(memory.used) // MIB, int(memory.reserved) // MIB
+        except nvml_adapter.errors(nvml) as err:
+            if nvml_adapter.error_code(err) not in _NO_V2:
+                raise
+    return int(nvml.nvmlDeviceGetMemoryInfo(handle).used) // MIB, 0
+
+
 def _read_gpu(nvml: Any, index: int) -> GpuUsage:
     handle = nvml.nvmlDeviceGetHandleByIndex(index)
     uuid = nvml_adapter.text(nvml.nvmlDeviceGetUUID(handle))
-    used_mib = int(nvml.nvmlDeviceGetMemoryInfo(handle).used) // MIB
+    used_mib, reserved_mib = _memory(nvml, handle)
     entries = _processes(nvml, nvml.nvmlDeviceGetComputeRunningProcesses, handle)
     entries += _processes(nvml, nvml.nvmlDeviceGetGraphicsRunningProcesses, handle)
-    return GpuUsage(index, uuid, _merge(index, entries), used_mib)
+    return GpuUsage(index, uuid, _merge(index, entries), used_mib, reserved_mib)
 
 
 @dataclass(slots=True)
@@ -337,10 +385,11 @@ def held_gpus(usages: Iterable[GpuUsage], threshold_mib: int) -> list[GpuUsage]:
     """The GPUs not free for the next job: any process on them, or more than
     `threshold_mib` MiB of memory in use.
 
-    The threshold exists because an idle GPU is not at 0: the driver and
-    persistence mode keep some memory (a few hundred MiB on Hopper). Memory
-    above it with no process listed is memory the driver has not freed, or a
-    process NVML cannot see (another container's PID namespace).
+    The threshold leaves room for what an idle GPU still shows: nothing
+    beyond the reserve in memory v2, the reserve itself (a few hundred MiB
+    on Hopper) where the driver only has v1. Memory above it with no process
+    listed is memory the driver has not freed, or a process NVML cannot see
+    (another container's PID namespace).
     """
     return [u for u in usages if u.processes or u.used_mib > threshold_mib]
 

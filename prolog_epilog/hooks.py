@@ -116,15 +116,21 @@ def prolog(env: dict[str, str], config: Config) -> Verdict:
 def _gpus_unfit(record: jobrecord.JobRecord, config: Config) -> Verdict | None:
     """The Prolog's verdict when the job must not start on its GPUs (the node is drained), else None.
 
-    A process already on one of them, or a query that NVML does not answer
-    (a GPU off the bus hangs its driver), stops the job; NVML missing, or an
-    nvmlInit still running (slow on many GPUs without persistence mode), is
-    an event and the job starts.
+    A process already on one of them, memory in use there beyond the
+    threshold with no process listed (another pod's process, which NVML does
+    not show across PID namespaces), a GPU that NVML says is lost, or a query
+    that NVML does not answer (a GPU off the bus hangs its driver) stops the
+    job; NVML missing, or an nvmlInit still running (slow on many GPUs
+    without persistence mode), is an event and the job starts.
     """
     from . import gpus
     job = record.job_id
     try:
-        foreign = gpus.foreign_processes(record.gpus)
+        held = gpus.held_gpus(gpus.gpu_usage(record.gpus), config.prolog_epilog.gpu_memory_threshold)
+    except gpus.GpuLost as err:
+        _emit(config, "gpu-check-failed", f"job {job}: a GPU of the job is lost: {err}", "error", job=job)
+        _drain(config, record, f"gpu {err.gpu} lost (NVML {_nvml_code_name(err.nvml_code)}) before job {job}")
+        return Verdict(1, f"job {job}: gpu {err.gpu} is lost ({err}); node drained, Slurm requeues the job")
     except gpus.GpuCheckError as err:
         _emit(config, "gpu-check-failed", f"job {job}: cannot check its GPUs before it starts: {err}", "error",
               job=job)
@@ -134,12 +140,23 @@ def _gpus_unfit(record: jobrecord.JobRecord, config: Config) -> Verdict | None:
         _drain(config, record, f"gpu {which} not answering NVML before job {job}")
         return Verdict(1, f"job {job}: NVML did not answer for its GPUs ({err}); node drained, Slurm requeues "
                        "the job")
-    if not foreign:
+    if not held:
         return None
-    held = ",".join(map(str, sorted({p.gpu for p in foreign})))
-    pids = ", ".join(f"pid {p.pid} on gpu {p.gpu}" for p in foreign)
-    _drain(config, record, f"gpu {held} held by another process before job {job} ({pids})")
-    return Verdict(1, f"job {job}: gpu {held} already in use ({pids}); node drained, Slurm requeues the job")
+    which = ",".join(str(usage.gpu) for usage in held)
+    users = ", ".join(_holders(usage) for usage in held)
+    _drain(config, record, f"gpu {which} held by another process before job {job} ({users})")
+    return Verdict(1, f"job {job}: gpu {which} already in use ({users}); node drained, Slurm requeues the job")
+
+
+def _holders(usage) -> str:
+    """Who holds a GPU, as a drain reason says it: its processes, or memory that no process shown accounts for."""
+    if usage.processes:
+        return ", ".join(f"pid {p.pid} on gpu {p.gpu}" for p in usage.processes)
+    return f"{usage.used_mib} MiB in use on gpu {usage.gpu} and no process this node sees"
+
+
+def _nvml_code_name(code: int | None) -> str:
+    return {15: "GPU_IS_LOST", 16: "RESET_REQUIRED"}.get(code, f"error {code}")
 
 
 def epilog(env: dict[str, str], config: Config, protect: tuple[int, ...] = ()) -> Verdict:
@@ -252,6 +269,10 @@ def _release_gpus(config: Config, record: jobrecord.JobRecord, cleanup: procs.Cl
     try:
         held = gpus.release_gpus(record.gpus, is_job_process, lambda pid: procs.kill_process(found[pid]),
                                  threshold_mib=config.prolog_epilog.gpu_memory_threshold)
+    except gpus.GpuLost as err:
+        _emit(config, "gpu-check-failed", f"job {record.job_id}: a GPU of the job is lost: {err}", "error",
+              job=record.job_id)
+        return [f"gpu {err.gpu} lost (NVML {_nvml_code_name(err.nvml_code)}) after job {record.job_id}"]
     except gpus.GpuCheckError as err:
         _emit(config, "gpu-check-failed", f"job {record.job_id}: cannot check its GPUs are released: {err}",
               "error", job=record.job_id)

@@ -299,13 +299,13 @@ def test_the_journal_is_rotated_and_user_text_in_events_is_bounded(tmp_path, mon
     assert len(last["processes"]) == events.LIST_MAX_ITEMS + 1 and last["processes"][-1] == "[900 more]"
 
 
-def test_a_gpu_that_hangs_nvml_stops_the_job_in_its_prolog(node, tmp_path):
-    """NVML blocked in the driver for the job's GPU (a GPU off the bus does that): the Prolog does not
-    wait forever, and it does not start the job on a GPU it could not check: drain, exit 1 (requeue)."""
+def _hook_on_fake_gpus(node, tmp_path, phase: str, **gpu0) -> tuple[int, str, list[dict], float]:
+    """`phase` (prolog or epilog) for a job with GPU 0 of a fake NVML whose GPU 0 has `gpu0` in its spec: the
+    verdict's exit code and message, the drains it asked for, and how long it took."""
     from slurm_ext.devcluster import fakenvml
     lib = fakenvml.build(tmp_path / "lib").parent
     spec = fakenvml.default_gpus(2)
-    spec["gpus"][0]["process_list_delay_ms"] = 5000
+    spec["gpus"][0].update(gpu0)
     fakenvml.write_spec(tmp_path / "gpus.json", spec)
     code = (f"import json, sys\n"
             f"from slurm_ext.config import from_dict\n"
@@ -314,7 +314,7 @@ def test_a_gpu_that_hangs_nvml_stops_the_job_in_its_prolog(node, tmp_path):
             f"env = {{**{node.env(node.job_id())!r}, 'SLURM_JOB_GPUS': '0'}}\n"
             f"config = from_dict({{'node': {{'state_dir': {str(node.state)!r}}}, "
             f"'prolog_epilog': {{'scripts_dir': {str(node.scripts)!r}}}, 'slurm': {{'timeout': '2s'}}}})\n"
-            f"verdict = hooks.handle('prolog', env, config)\n"
+            f"verdict = hooks.handle({phase!r}, env, config)\n"
             f"print(json.dumps([verdict.exit_code, verdict.message]))\n")
     began = time.monotonic()
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
@@ -322,10 +322,35 @@ def test_a_gpu_that_hangs_nvml_stops_the_job_in_its_prolog(node, tmp_path):
     took = time.monotonic() - began
     assert result.returncode == 0, result.stderr
     exit_code, message = json.loads(result.stdout.splitlines()[-1])
+    return exit_code, message, [e for e in node.journal() if e["event"] == "drain"], took
+
+
+def test_a_gpu_that_hangs_nvml_stops_the_job_in_its_prolog(node, tmp_path):
+    """NVML blocked in the driver for the job's GPU (a GPU off the bus does that): the Prolog does not
+    wait forever, and it does not start the job on a GPU it could not check: drain, exit 1 (requeue)."""
+    exit_code, message, drains, took = _hook_on_fake_gpus(node, tmp_path, "prolog", process_list_delay_ms=5000)
     assert exit_code == 1 and "NVML did not answer" in message, message
     assert took < 5.0, f"the Prolog waited {took:.1f}s on a blocked NVML call"
-    drains = [e for e in node.journal() if e["event"] == "drain"]
     assert drains and "gpu 0 not answering NVML before job" in drains[0]["message"]
+
+
+def test_a_lost_gpu_stops_the_job_in_its_prolog_and_drains_in_the_epilog(node, tmp_path):
+    """NVML answers GPU_IS_LOST for the job's GPU: the job must not start on it, and an Epilog that finds it
+    lost drains the node too (before, the Prolog started the job and the Epilog only logged it)."""
+    exit_code, message, drains, _ = _hook_on_fake_gpus(node, tmp_path, "prolog", lost=True)
+    assert exit_code == 1 and "gpu 0 is lost" in message, message
+    assert drains and "gpu 0 lost (NVML GPU_IS_LOST) before job" in drains[-1]["message"], drains
+    exit_code, message, drains, _ = _hook_on_fake_gpus(node, tmp_path, "epilog", lost=True)
+    assert "gpu 0 lost (NVML GPU_IS_LOST) after job" in drains[-1]["message"], drains
+
+
+def test_memory_in_use_with_no_process_listed_stops_the_job_in_its_prolog(node, tmp_path):
+    """Another pod's process on the job's GPU: newer drivers list only the caller's PID namespace, so NVML shows
+    no process, but its memory is in use beyond the driver's reserve. The job does not start on that GPU."""
+    exit_code, message, drains, _ = _hook_on_fake_gpus(node, tmp_path, "prolog", memory_used=4 * 2**30)
+    assert exit_code == 1 and "already in use" in message, message
+    assert drains and "gpu 0 held by another process before job" in drains[-1]["message"], drains
+    assert "4096 MiB in use on gpu 0 and no process this node sees" in drains[-1]["message"]
 
 
 def test_another_users_running_job_id_does_not_shield_from_the_uid_sweep(node):

@@ -70,7 +70,13 @@ CATALOGUE: tuple[DrainKind, ...] = (
     DrainKind("gres", "gpus-fewer", "gpus fewer than expected: {count}", 50, WHEN_CLEARED,
               "fewer GPUs than gres.expected"),
     DrainKind("jobs", "gpu-held-before-job", "gpu {gpus} held by another process before job {job} ({pids})", 45,
-              BY_OPERATOR, "the Prolog found a process of someone else on the job's GPU"),
+              BY_OPERATOR, "the Prolog found a process of someone else on the job's GPU, or memory in use there that "
+              "no process it sees accounts for (another pod's process: NVML lists only its own PID namespace)"),
+    DrainKind("jobs", "gpu-lost-before-job", "gpu {gpu} lost (NVML {code}) before job {job}", 45, BY_OPERATOR,
+              "the Prolog found the job's GPU lost (NVML GPU_IS_LOST: off the bus, or RESET_REQUIRED); the job is "
+              "requeued"),
+    DrainKind("jobs", "gpu-lost-after-job", "gpu {gpu} lost (NVML {code}) after job {job}", 40, BY_OPERATOR,
+              "the Epilog found the job's GPU lost (NVML GPU_IS_LOST or RESET_REQUIRED)"),
     DrainKind("jobs", "gpu-not-answering", "gpu {gpus} not answering NVML before job {job}", 45, BY_OPERATOR,
               "the Prolog's NVML query for the job's GPUs hung (a GPU off the bus hangs the driver)"),
     DrainKind("jobs", "unkillable", "job {job} left pid {pid} unkillable in state {state}", 40, BY_OPERATOR,
