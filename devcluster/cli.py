@@ -7,7 +7,9 @@ parser; the cluster code itself is imported only when a command runs.
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import replace
+from pathlib import Path
 
 from slurm_ext import config
 
@@ -41,17 +43,56 @@ def _dev_install_deps(args: argparse.Namespace) -> int:
 
 def _dev_up(args: argparse.Namespace) -> int:
     from . import cluster
-    state = cluster.up(_dev_settings(args))
+    from .layout import Layout
+    settings = _dev_settings(args)
+    state = cluster.up(settings)
     _print_status(state)
+    conf = Layout(settings).slurm_ext_conf
     print(f"\nUse it:  export SLURM_CONF={state.state_dir}/etc/slurm.conf; sinfo")
+    if _chosen_by_default(args):
+        print(f"slurm-ext's commands: {_link_default_config(conf)}")
+    else:
+        print(f"slurm-ext's commands: slurm-ext --config {conf} health show (the first node's config)")
     return 0
 
 
 def _dev_down(args: argparse.Namespace) -> int:
     from . import cluster
-    stopped = cluster.down(_dev_settings(args))
+    from .layout import Layout
+    settings = _dev_settings(args)
+    stopped = cluster.down(settings)
     print(f"stopped {len(stopped)} daemons" + (f" (pids {' '.join(map(str, stopped))})" if stopped else ""))
+    default = config.DEFAULT_PATH
+    if default.is_symlink() and Path(os.readlink(default)) == Layout(settings).slurm_ext_conf:
+        default.unlink()
+        print(f"removed {default}, which made this cluster's config the one commands read")
     return 0
+
+
+def _chosen_by_default(args: argparse.Namespace) -> bool:
+    """The cluster `dev up` starts with no config and no state directory named: the one a newcomer starts."""
+    return not (args.config or os.environ.get(config.ENV_VAR) or getattr(args, "state_dir", None))
+
+
+def _link_default_config(conf: Path) -> str:
+    """Make the dev cluster's first node's config the one slurm-ext's commands read when no --config nor
+    $SLURM_EXT_CONFIG is given, unless this host has a config of its own there; says which it is.
+
+    Without it a newcomer's `slurm-ext health show` read the defaults' empty state directory while the dev
+    node was drained for an Xid."""
+    default = config.DEFAULT_PATH
+    if default.is_symlink():
+        target = Path(os.readlink(default))
+        if target == conf:
+            return f"they read {conf} with no option ({default} links to it)"
+        if target.exists():
+            return f"{default} links to {target}: run them with --config {conf}"
+        default.unlink()  # a cluster removed without `dev down`
+    elif default.exists():
+        return f"{default} is this host's own config: run them with --config {conf}"
+    default.parent.mkdir(parents=True, exist_ok=True)
+    default.symlink_to(conf)
+    return f"they read {conf} with no option ({default} now links to it; `dev down` removes the link)"
 
 
 def _dev_status(args: argparse.Namespace) -> int:

@@ -130,6 +130,8 @@ def slurm_ext_toml(layout: Layout, node: NodeLayout | None = None) -> str:
 name = "{node.name}"
 state_dir = "{node.node_state}"
 boot_id_file = "{node.boot_id}"
+# the fake NVML as the node's agent sees it: `slurm-ext health check` or `gres inventory` with this config see it too
+environment = {{{_fake_nvml_environment(node)}}}
 
 [log]
 file = "{layout.log}/{log_name}"
@@ -192,6 +194,13 @@ stop_grace = "10s"
 command = ["slurmd", "-D", "-N", "{node.name}"]
 stop_grace = "10s"
 """
+
+
+def _fake_nvml_environment(node: NodeLayout) -> str:
+    """The node's fake-NVML variables as a TOML inline table's body."""
+    env = node.daemon_environ()
+    return ", ".join(f'{name} = "{env[name]}"' for name in ("LD_LIBRARY_PATH", "SLURM_EXT_FAKE_NVML",
+                                                            "SLURM_EXT_FAKE_NVML_DEV_DIR"))
 
 
 def hook_wrapper(node: NodeLayout, entry_point: str) -> str:

@@ -29,7 +29,7 @@ _COMMAND_OWNERS = ("supervisor", "prolog_epilog", "gres", "accounting", "health"
 def _config_check(args: argparse.Namespace) -> int:
     path = args.file or args.config
     loaded = config.load(path)
-    print(f"{loaded.source or 'no config file (' + str(config.DEFAULT_PATH) + '): defaults'}: OK")
+    print(f"{loaded.source or loaded.origin}: OK")
     return 0
 
 
@@ -42,7 +42,12 @@ def _events(args: argparse.Namespace) -> int:
     from .eventnames import CATALOGUE
     from .events import journal_files
     from .journal import EventFilter, follow_events, format_event, parse_since, read_events
-    state_dir = args.state_dir or config.load(args.config).node.state_dir
+    if args.state_dir:
+        state_dir, origin = args.state_dir, "--state-dir"
+    else:
+        loaded = config.load(args.config)
+        state_dir, origin = loaded.node.state_dir, loaded.origin
+        print(f"{origin}; state dir {state_dir}", file=sys.stderr)
     try:
         since = parse_since(args.since) if args.since else None
     except ValueError as err:
@@ -53,8 +58,11 @@ def _events(args: argparse.Namespace) -> int:
             print(f"slurm-ext: warning: --event {name}: not an event of this slurm-ext (the README lists them); "
                   "only older journals can have it", file=sys.stderr)
     if not args.follow and not any(path.exists() for path in journal_files(state_dir)):
-        print(f"slurm-ext: no journal in {state_dir} (no events yet, or another node.state_dir?)", file=sys.stderr)
-        return 0
+        # nothing to show is not "nothing happened": no agent or monitor of this config ever wrote here
+        hint = "" if args.state_dir else "; is this the node's config (--config, $SLURM_EXT_CONFIG)?"
+        print(f"slurm-ext: no journal in {state_dir} ({origin}): no node agent or monitor has written it{hint}",
+              file=sys.stderr)
+        return 3
 
     def bad_line(path: Path, number: int, problem: str) -> None:
         print(f"slurm-ext: warning: {path}, line {number}: {problem}", file=sys.stderr)
@@ -115,11 +123,30 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _node_environment(args: argparse.Namespace, argv: list[str]) -> None:
+    """Run again with the config's `[node] environment` when this process lacks it.
+
+    The dynamic loader reads LD_LIBRARY_PATH only when a process starts, so a
+    command that must see the GPUs the node's agents see (the dev cluster's
+    fake NVML) cannot take it on later: it is started again, once, with it.
+    """
+    path = args.config or os.environ.get(config.ENV_VAR) or config.DEFAULT_PATH
+    if not os.path.exists(path):
+        return
+    wanted = config.load(path).node.environment
+    if all(os.environ.get(name) == value for name, value in wanted.items()):
+        return
+    sys.stdout.flush()
+    os.execve(sys.executable, [sys.executable, "-m", "slurm_ext.cli", *argv], {**os.environ, **wanted})
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="slurm-ext %(name)s: %(message)s", stream=sys.stderr)
     try:
+        _node_environment(args, argv)
         return args.func(args)
     except SlurmExtError as err:
         print(f"slurm-ext: error: {err}", file=sys.stderr)

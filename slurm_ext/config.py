@@ -90,6 +90,10 @@ class NodeSection:
     state_dir: str = setting("/var/lib/slurm-ext", "node-local state: job records, the node journal", "path")
     boot_id_file: str = setting("/proc/sys/kernel/random/boot_id", "a file whose content changes at every boot: what "
                                 "is done once per boot, and what a reboot clears, go by it", "path")
+    environment: dict = setting({}, "environment variables every slurm-ext command run with this config gets, as "
+                                "the node's daemons have them (the dev cluster's fake NVML: LD_LIBRARY_PATH and its "
+                                "spec), so an operator's command sees the GPUs the agents see", "table",
+                                item={"kind": "str"})
 
     @property
     def slurm_name(self) -> str:
@@ -218,6 +222,11 @@ class Config:
         object.__setattr__(self, "slurm", slurm if slurm is not None else SlurmSection())
         object.__setattr__(self, "source", source)
         object.__setattr__(self, "components", {**(components or {}), **sections})
+
+    @property
+    def origin(self) -> str:
+        """Where this config came from, as commands tell an operator: the file, or that every value is a default."""
+        return f"config {self.source}" if self.source else f"no config file ({DEFAULT_PATH}): defaults"
 
     def __getattr__(self, name: str) -> Any:
         # reached only for names that are not fields: a component's section

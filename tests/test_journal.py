@@ -282,7 +282,7 @@ def test_cli_errors_an_operator_can_act_on(tmp_path):
     proc = cli("events", "--state-dir", str(tmp_path), "--since", "yesterday")
     assert proc.returncode == 2 and "--since 'yesterday': expected a duration" in proc.stderr
     proc = cli("events", "--state-dir", str(tmp_path / "none"))
-    assert proc.returncode == 0 and proc.stdout == ""
+    assert proc.returncode == 3 and proc.stdout == ""  # nothing read is not "nothing happened"
     assert f"no journal in {tmp_path / 'none'}" in proc.stderr
     events.emit(str(tmp_path), "supervisor", "started", "up")
     proc = cli("events", "--state-dir", str(tmp_path), "--event", "startd")

@@ -10,7 +10,8 @@ node through the node-state owner as `health/<check>` with reason
 its condition has stayed away for its quiet window.
 
 Public surface: `serve` (the monitor), `check_now` (`health check`),
-`open_findings` (`health show`), `request_clear` (`health clear`),
+`open_findings` (`health show`), `monitor_missing` (why `health show` and
+`health check` cannot vouch for the node), `request_clear` (`health clear`),
 `metrics_path` (what the agent's /metrics reads), OWNER.
 """
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from slurm_ext.lazy import lazy_names
 
-__all__ = ["serve", "check_now", "open_findings", "request_clear", "metrics_path", "OWNER"]
+__all__ = ["serve", "check_now", "open_findings", "monitor_missing", "request_clear", "metrics_path", "OWNER"]
 
 #: the owner of health drains in the node-state catalogue (each check drains as health/<check>)
 OWNER = "health"
@@ -42,6 +43,22 @@ def open_findings(node: "slurm_ext.config.NodeSection") -> list[dict]:
     found = [f for f in load_state(node.state_dir, boot_id(node.boot_id_file)).get("findings") or ()
              if isinstance(f, dict) and f.get("opened")]
     return sorted(found, key=lambda f: f["opened"])
+
+
+def monitor_missing(node: "slurm_ext.config.NodeSection") -> str:
+    """Why no monitor's findings can be read for `node` ('' when a monitor wrote them this boot).
+
+    An empty answer read from a state directory that no monitor ever wrote would be "healthy" without having
+    been measured: an Xid the monitor drained for is invisible to a command pointed at another directory."""
+    from slurm_ext.procfs import boot_id
+    from .monitor import load_state, state_path
+    path = state_path(node.state_dir)
+    if not path.exists():
+        return (f"no health monitor has written {path}: its findings (Xids, windows, drains) are unknown here; "
+                "is this the worker agent's config (--config, $SLURM_EXT_CONFIG)?")
+    if not load_state(node.state_dir, boot_id(node.boot_id_file)):
+        return f"the health monitor has not written {path} since this boot: is the worker agent's health worker running?"
+    return ""
 
 
 def request_clear(state_dir: str, check: str = "", subject: str = "") -> str:

@@ -24,24 +24,43 @@ def _monitor(args: argparse.Namespace) -> int:
     return serve(args.config)
 
 
+#: the exit code of an answer that was not measured (Nagios's UNKNOWN): never 0, and not 1 (measured unhealthy)
+NOT_MEASURED = 3
+
+
 def _check(args: argparse.Namespace) -> int:
-    from . import check_now
-    report = check_now(config.load(args.config))
+    from . import check_now, monitor_missing
+    loaded = config.load(args.config)
+    report = check_now(loaded)
+    missing = monitor_missing(loaded.node)
+    healthy = report.healthy and not missing
     if args.json:
-        print(json.dumps({"healthy": report.healthy, "ran": report.ran, "not_applicable": report.not_applicable,
-                          "findings": report.findings}, indent=1))
+        print(json.dumps({"healthy": report.healthy if not missing else None, "config": loaded.source,
+                          "state_dir": loaded.node.state_dir, "monitor": missing or "ran this boot",
+                          "ran": report.ran, "not_applicable": report.not_applicable, "findings": report.findings},
+                         indent=1))
     else:
+        print(f"{loaded.origin}; state dir {loaded.node.state_dir}", file=sys.stderr)
         for row in report.findings:
             print(_line(row))
         absent = f"; not applicable here: {', '.join(report.not_applicable)}" if report.not_applicable else ""
-        print(f"{'healthy' if report.healthy else 'unhealthy'}: {len(report.findings)} findings; "
-              f"{len(report.ran)} checks ran now, the monitor's open findings added{absent}")
-    return 0 if report.healthy else 1
+        verdict = "unhealthy" if not report.healthy else "unknown" if missing else "healthy"
+        print(f"{verdict}: {len(report.findings)} findings; {len(report.ran)} checks ran now, the monitor's open "
+              f"findings {'added' if not missing else 'unknown'}{absent}")
+    if missing:
+        print(f"slurm-ext: {missing}", file=sys.stderr)
+    return 1 if not report.healthy else NOT_MEASURED if not healthy else 0
 
 
 def _show(args: argparse.Namespace) -> int:
-    from . import open_findings
-    found = open_findings(config.load(args.config).node)
+    from . import monitor_missing, open_findings
+    loaded = config.load(args.config)
+    print(f"{loaded.origin}; state dir {loaded.node.state_dir}", file=sys.stderr)
+    missing = monitor_missing(loaded.node)
+    if missing:
+        print(f"slurm-ext: {missing}", file=sys.stderr)
+        return NOT_MEASURED
+    found = open_findings(loaded.node)
     if args.json:
         print(json.dumps(found, indent=1))
         return 0
@@ -84,12 +103,14 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                                              "these commands ask the node now or read what the monitor found.")
     actions = health.add_subparsers(dest="action", metavar="ACTION", required=True)
     check = actions.add_parser("check", help="run every check once, now; exit 1 when the node is unhealthy "
-                               "(a critical finding)",
+                               "(a critical finding), 3 when no health monitor wrote this config's state dir "
+                               "this boot (its findings unknown)",
                                description="Runs each polled check on one reading of the node and adds the "
                                            "monitor's open findings (windows and events need the monitor).")
     check.add_argument("--json", action="store_true", help="machine-readable")
     check.set_defaults(func=_check)
-    show = actions.add_parser("show", help="the node's open findings, as the monitor last saved them")
+    show = actions.add_parser("show", help="the node's open findings, as the monitor last saved them; exit 3 when no "
+                              "monitor wrote this config's state dir this boot")
     show.add_argument("--json", action="store_true", help="machine-readable")
     show.set_defaults(func=_show)
     clear = actions.add_parser("clear", help="clear open findings (a sticky Xid after a GPU reset) and their drains",
