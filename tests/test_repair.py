@@ -344,7 +344,8 @@ def _seen(store, nodes, settings=RepairSection(), jobs=None, health=None, action
         future.set_result(executors.Outcome("ran"))
         return future
     return Seen(_Slurm(), store, settings, {n.name: n for n in nodes}, jobs or {}, health or (lambda node: None),
-                start_action, actions if actions is not None else {}, lambda *a, **k: emitted.append(a), now)
+                start_action, actions if actions is not None else {}, lambda *a, **k: emitted.append(a),
+                now if callable(now) else (lambda: now))
 
 
 def _approved(store, node="n1", action="reboot") -> Record:
@@ -512,3 +513,77 @@ def test_an_agent_that_answers_for_another_node_is_not_taken_for_this_one():
         server.server_close()
     answer, why = agents.health(address, "n5", 5)
     assert answer is None and why.startswith(f"agent at {address} does not answer")
+
+
+# -- the history in the order things happened ----------------------------------------------------------------------
+
+class _Ticking:
+    """A clock that moves on by `step` every time it is read, as time does between the flow's steps."""
+
+    def __init__(self, start: float, step: float = 0.05):
+        self.now, self.step = start, step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+def test_each_step_is_stamped_when_it_happens_and_an_action_before_it_runs(store):
+    """One pass of a reboot repair: its steps stamped one after the other, each action stamped before it ran and
+    saying what it did (a CI failure: every step of a pass carried one time, taken before the slowest of them)."""
+    from datetime import datetime, timezone
+    from slurm_ext.repair.flow import advance
+    clock = _Ticking(877.0)
+
+    class Slurm(_Slurm):  # each call says when it ran
+        def drain(self, node, reason):
+            self.calls.append(("drain", clock()))
+
+        def reboot(self, node):
+            self.calls.append(("reboot", clock()))
+
+        def resume(self, node):
+            self.calls.append(("resume", clock()))
+            return True
+    record = _approved(store)
+    seen = _seen(store, [replace(_drained("n1"), boot_time=datetime(2026, 1, 1, tzinfo=timezone.utc))], now=clock)
+    seen.slurm = Slurm()
+    advance(record, seen)
+    booted = replace(_drained("n1", record.detail["reason"]), boot_time=datetime(2026, 6, 1, tzinfo=timezone.utc))
+    readings = iter([{"monitor": {"readings_time": 50.0, "findings": []}},
+                     {"monitor": {"readings_time": 51.0, "findings": []}}])
+    later = _seen(store, [booted], health=lambda node: next(readings), now=clock)
+    later.slurm = seen.slurm
+    advance(record, later)
+    advance(record, later)
+    events = store.events(record=record.id)
+    assert [(e.message.split(":")[0].split(" (")[0], e.acts) for e in events] == [
+        ("reboot started", ""), ("drained n1", "drain"), ("the node's jobs have ended", ""),
+        ("scontrol reboot n1", "reboot"), ("n1 is back", ""), ("n1's health checks pass after the reboot", ""),
+        ("resumed n1", "resume")]
+    times = [e.time for e in events]
+    assert times == sorted(set(times)), events  # one moment each, in the order they happened
+    ran = dict(seen.slurm.calls)
+    stamped = {e.acts: e.time for e in events if e.acts}
+    assert all(stamped[act] < ran[act] for act in ("drain", "reboot", "resume")), (stamped, ran)
+    assert record.detail["acted_at"] == stamped["reboot"] and record.closed == stamped["resume"]
+
+
+def test_a_history_written_before_steps_said_what_they_did_opens_and_reads(tmp_path):
+    import sqlite3
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as old:
+        old.execute("CREATE TABLE repair_events (id INTEGER PRIMARY KEY AUTOINCREMENT, time DOUBLE NOT NULL, node "
+                    "VARCHAR(255) NOT NULL, event VARCHAR(64) NOT NULL, message TEXT NOT NULL, user VARCHAR(255) "
+                    "NOT NULL, record BIGINT)")
+        old.execute("INSERT INTO repair_events (time, node, event, message, user, record) VALUES "
+                    "(5.0, 'n1', 'repair-step', 'scontrol reboot n1', 'alice', 1)")
+    opened, again = open_sqlite(str(path)), open_sqlite(str(path))
+    try:
+        with opened.locked():
+            opened.event("n1", "repair-done", "resumed n1", "alice", now=6.0, acts="resume")
+        assert [(e.message, e.acts) for e in again.events(node="n1")] == [("scontrol reboot n1", ""),
+                                                                          ("resumed n1", "resume")]
+    finally:
+        opened.close()
+        again.close()

@@ -7,6 +7,13 @@ whose action is safe to repeat (drain, `scontrol reboot`, resume) is
 repeated, one that is not (an executor's command) is never run twice: its
 outcome unknown, the repair fails and says so.
 
+Every step is stamped with the moment it happens, read from the clock when
+the step runs (not once per pass: a pass reads Slurm and the agents for
+seconds while a node reboots), and a step that acts on the node is stamped
+before its action and says which (`Event.acts`): what Slurm and the node's
+agent record of it comes later, in whole seconds, and the history lists it
+after the step that caused it.
+
 A reboot goes through Slurm: once the node is drained and its jobs have
 ended, `scontrol reboot NODE` runs its RebootProgram, and the node comes
 back still drained with our reason; it is resumed only once its own health
@@ -59,14 +66,15 @@ class Seen:
     actions: dict[int, Future]
     #: the journal's emitter
     emit: Callable[..., object]
-    now: float
+    #: the time now (epoch seconds), read when a step happens: its stamp and its deadlines
+    clock: Callable[[], float]
 
 
 def advance(record: Record, seen: Seen) -> None:
     """Move `record` (approved or running) on; every step is saved and is an event."""
     if record.state == "approved":
         record.state, record.step = "running", "drain"
-        _save(record, seen, "repair-step", f"{record.action} started (approved by {record.decided_by})"
+        _save(record, seen, seen.clock(), "repair-step", f"{record.action} started (approved by {record.decided_by})"
               + (" as a dry run: nothing is done to the node" if seen.settings.dry_run else ""))
     for _ in STEPS:  # as many steps as this pass allows, each saved before the next
         step = record.step
@@ -101,13 +109,14 @@ def _drain(record: Record, seen: Seen) -> None:
     if node is None:
         return
     record.detail["reason"] = _reason(record)
+    now = seen.clock()
     if seen.settings.dry_run:
         record.step = "wait-jobs"
-        _save(record, seen, "repair-step", f"dry run: would drain {record.node}: {record.detail['reason']!r}")
+        _save(record, seen, now, "repair-step", f"dry run: would drain {record.node}: {record.detail['reason']!r}")
         return
     _drain_now(record, seen, node)
-    record.step, record.detail["drained_at"] = "wait-jobs", seen.now
-    _save(record, seen, "repair-step", f"drained {record.node}: {record.detail['reason']!r}")
+    record.step, record.detail["drained_at"] = "wait-jobs", now
+    _save(record, seen, now, "repair-step", f"drained {record.node}: {record.detail['reason']!r}", acts="drain")
 
 
 def _drain_now(record: Record, seen: Seen, node: Node) -> None:
@@ -118,9 +127,10 @@ def _drain_now(record: Record, seen: Seen, node: Node) -> None:
 
 def _wait_jobs(record: Record, seen: Seen) -> None:
     running = sorted(j.job_id for j in seen.jobs.get(record.node, []) if not j.finished)
+    now = seen.clock()
     if seen.settings.dry_run:
         record.step = "act"
-        _save(record, seen, "repair-step", f"dry run: would wait for jobs {running or 'none'}")
+        _save(record, seen, now, "repair-step", f"dry run: would wait for jobs {running or 'none'}")
         return
     node = _node(record, seen)
     if node is None:
@@ -128,45 +138,40 @@ def _wait_jobs(record: Record, seen: Seen) -> None:
     if not (node.drained and nodestate.is_repair_reason(node.reason)):  # lifted meanwhile (a slurmctld restarted
         # from older state, or someone resumed it): drained again, or failed when someone else's reason holds it
         _drain_now(record, seen, node)
-        _save(record, seen, "repair-step", f"drained {record.node} again: it showed "
-                                           f"{node.reason or 'no drain'!r} while its repair waited for its jobs")
+        _save(record, seen, now, "repair-step", f"drained {record.node} again: it showed {node.reason or 'no drain'!r} "
+                                                "while its repair waited for its jobs", acts="drain")
         return
     if running and seen.settings.requeue and not record.detail.get("requeued"):
         answer = seen.slurm.requeue(running)
         record.detail["requeued"] = running
-        _save(record, seen, "repair-step", f"requeued the node's jobs {running}" + (f": {answer}" if answer else ""))
+        said = f"requeued the node's jobs {running}" + (f": {answer}" if answer else "")
+        _save(record, seen, now, "repair-step", said, acts="requeue")
         return
     if not running:
         record.step = "act"
-        _save(record, seen, "repair-step", "the node's jobs have ended")
+        _save(record, seen, now, "repair-step", "the node's jobs have ended")
         return
-    drained_at = record.detail.get("drained_at", seen.now)
-    if seen.now - drained_at > seen.settings.drain_deadline:
-        _fail(record, seen, f"jobs {running} still run {seen.now - drained_at:.0f}s after the drain "
+    drained_at = record.detail.get("drained_at", now)
+    if now - drained_at > seen.settings.drain_deadline:
+        _fail(record, seen, f"jobs {running} still run {now - drained_at:.0f}s after the drain "
                             f"(repair.drain_deadline {seen.settings.drain_deadline:g}s); the node stays drained")
     elif record.detail.get("waiting_for") != running:
         record.detail["waiting_for"] = running
-        _save(record, seen, "repair-step", f"waiting for jobs {running} to end (until "
-                                           f"{seen.settings.drain_deadline:g}s after the drain)")
+        _save(record, seen, now, "repair-step", f"waiting for jobs {running} to end (until "
+                                                f"{seen.settings.drain_deadline:g}s after the drain)")
 
 
 def _act(record: Record, seen: Seen) -> None:
     node = _node(record, seen)
     if node is None:
         return
+    now = seen.clock()
     if seen.settings.dry_run:
-        record.state, record.closed, record.detail["dry_run"] = "done", seen.now, True
-        _save(record, seen, "repair-done", f"dry run: would {record.action} {record.node}; nothing was done")
+        record.state, record.closed, record.detail["dry_run"] = "done", now, True
+        _save(record, seen, now, "repair-done", f"dry run: would {record.action} {record.node}; nothing was done")
         return
     if record.action == "reboot":
-        if "acted_at" not in record.detail:  # saved before the command: a restart re-issues it (harmless)
-            record.detail["acted_at"] = seen.now
-            record.detail["boot_before"] = node.boot_time.timestamp() if node.boot_time else 0.0
-            _save(record, seen)
-        seen.slurm.reboot(record.node)
-        record.step = "wait-boot"
-        _save(record, seen, "repair-step", f"scontrol reboot {record.node}: Slurm reboots it through its "
-                                           "RebootProgram; it stays drained")
+        _reboot(record, seen, node, now)
         return
     running = seen.actions.get(record.id)
     if running is None:
@@ -174,10 +179,10 @@ def _act(record: Record, seen: Seen) -> None:
             raise ExecutorFailed(f"the controller agent restarted while {record.action} ran through the executor; "
                                  "its outcome is unknown and it is not run twice: check the node, then resume it or "
                                  "approve a new repair")
-        record.detail["acted_at"] = seen.now
+        record.detail["acted_at"] = now
         record.detail["slurmd_before"] = node.slurmd_start.timestamp() if node.slurmd_start else 0.0
-        _save(record, seen, "repair-step", f"{record.action} of {record.node} handed to the "
-                                           f"{seen.settings.executor} executor")
+        _save(record, seen, now, "repair-step", f"{record.action} of {record.node} handed to the "
+                                                f"{seen.settings.executor} executor", acts="executor")
         seen.actions[record.id] = seen.start_action(record.action, record.node)
         return
     if not running.done():
@@ -185,20 +190,34 @@ def _act(record: Record, seen: Seen) -> None:
     outcome: Outcome = running.result()  # ExecutorFailed propagates to advance
     said = f"{outcome.summary}" + (f"; it printed: {outcome.output[-500:]}" if outcome.output else "")
     if record.action == "remove":
-        record.state, record.closed = "done", seen.now
-        _save(record, seen, "repair-done", f"removed {record.node} from the pool: {said}; it stays drained with our "
-                                           "reason")
+        record.state, record.closed = "done", now
+        _save(record, seen, now, "repair-done", f"removed {record.node} from the pool: {said}; it stays drained with "
+                                                "our reason")
     else:
         record.step = "wait-boot"
-        _save(record, seen, "repair-step", f"{record.action} done: {said}")
+        _save(record, seen, now, "repair-step", f"{record.action} done: {said}")
     del seen.actions[record.id]  # only once its outcome is saved: a failed save tries again next pass
+
+
+def _reboot(record: Record, seen: Seen, node: Node, now: float) -> None:
+    """`scontrol reboot`, stamped with the moment before it: Slurm's reboot events and the agent's stop and start
+    follow it (in whole seconds, maybe the same one)."""
+    if "acted_at" not in record.detail:  # saved before the command: a restart re-issues it (harmless)
+        record.detail["acted_at"] = now
+        record.detail["boot_before"] = node.boot_time.timestamp() if node.boot_time else 0.0
+        _save(record, seen, now)
+    seen.slurm.reboot(record.node)
+    record.step = "wait-boot"
+    _save(record, seen, now, "repair-step", f"scontrol reboot {record.node}: Slurm reboots it through its "
+                                            "RebootProgram; it stays drained", acts="reboot")
 
 
 def _wait_boot(record: Record, seen: Seen) -> None:
     node = _node(record, seen)
     if node is None:
         return
-    acted_at = record.detail.get("acted_at", seen.now)
+    now = seen.clock()
+    acted_at = record.detail.get("acted_at", now)
     if record.action == "reboot":
         booted = node.boot_time and node.boot_time.timestamp() > record.detail.get("boot_before", 0.0)
         back = booted and not node.flags & REBOOT_FLAGS and "NOT_RESPONDING" not in node.flags
@@ -206,27 +225,28 @@ def _wait_boot(record: Record, seen: Seen) -> None:
         started = node.slurmd_start and node.slurmd_start.timestamp() > record.detail.get("slurmd_before", 0.0)
         back = started and "NOT_RESPONDING" not in node.flags
     if back:
-        record.step, record.detail["back_at"] = "verify", seen.now
-        _save(record, seen, "repair-step", f"{record.node} is back (boot time {node.boot_time}), its health checks "
-                                           "run")
+        record.step, record.detail["back_at"] = "verify", now
+        _save(record, seen, now, "repair-step", f"{record.node} is back (boot time {node.boot_time}), its health "
+                                                "checks run")
         return
     timed_out = "reboot timed out" in node.reason
-    if timed_out or seen.now - acted_at > seen.settings.boot_timeout:
+    if timed_out or now - acted_at > seen.settings.boot_timeout:
         why = ("Slurm gave up on its reboot (ResumeTimeout)" if timed_out
-               else f"not back {seen.now - acted_at:.0f}s after the {record.action} (repair.boot_timeout)")
+               else f"not back {now - acted_at:.0f}s after the {record.action} (repair.boot_timeout)")
         _fail(record, seen, f"{record.node} did not come back: {why}")
 
 
 def _verify(record: Record, seen: Seen) -> None:
-    back_at = record.detail.get("back_at", seen.now)
     answer = seen.health(record.node)
+    now = seen.clock()
+    back_at = record.detail.get("back_at", now)
     monitor = answer.get("monitor") if isinstance(answer, dict) else None
     monitor = monitor if isinstance(monitor, dict) else {}
     # a reading newer than the first one seen in this step, both on the node's own clock: taken after it came back
     reading = monitor.get("readings_time") if isinstance(monitor.get("readings_time"), (int, float)) else 0
     if "first_reading" not in record.detail:
         record.detail["first_reading"] = reading
-        _save(record, seen)
+        _save(record, seen, now)
         return
     fresh = reading > record.detail["first_reading"]
     if fresh:
@@ -236,11 +256,11 @@ def _verify(record: Record, seen: Seen) -> None:
                 f"{f.get('check')} {f.get('evidence')}" for f in critical))
             return
         record.step = "resume"
-        _save(record, seen, "repair-step", f"{record.node}'s health checks pass after the {record.action}")
+        _save(record, seen, now, "repair-step", f"{record.node}'s health checks pass after the {record.action}")
         return
-    if seen.now - back_at > seen.settings.verify_timeout:
+    if now - back_at > seen.settings.verify_timeout:
         why = "its agent does not answer" if answer is None else "its health monitor has not read it since"
-        _fail(record, seen, f"no health verdict {seen.now - back_at:.0f}s after it came back ({why}; "
+        _fail(record, seen, f"no health verdict {now - back_at:.0f}s after it came back ({why}; "
                             "repair.verify_timeout)")
 
 
@@ -248,9 +268,11 @@ def _resume(record: Record, seen: Seen) -> None:
     node = _node(record, seen)
     if node is None:
         return
+    now = seen.clock()
     nodestate.resume_after_repair(seen.slurm, node)
-    record.state, record.closed = "done", seen.now
-    _save(record, seen, "repair-done", f"resumed {record.node}: {record.action} done, its checks pass")
+    record.state, record.closed = "done", now
+    _save(record, seen, now, "repair-done", f"resumed {record.node}: {record.action} done, its checks pass",
+          acts="resume")
 
 
 _STEP = {"drain": _drain, "wait-jobs": _wait_jobs, "act": _act, "wait-boot": _wait_boot, "verify": _verify,
@@ -259,12 +281,15 @@ _STEP = {"drain": _drain, "wait-jobs": _wait_jobs, "act": _act, "wait-boot": _wa
 
 def _fail(record: Record, seen: Seen, why: str, touch_node: bool = True) -> None:
     """The repair ends failed; the node stays drained, its reason saying so (when it still shows ours)."""
-    record.state, record.closed, record.note = "failed", seen.now, why
-    _save(record, seen, "repair-failed", f"{record.action} of {record.node} failed at {record.step}: {why}; the node "
-                                         f"stays drained: once it is fixed, `scontrol update nodename={record.node} "
-                                         "state=resume` (its health checks drain it again if they still fail)")
+    now = seen.clock()
     node = seen.nodes.get(record.node)
-    if touch_node and node is not None and not seen.settings.dry_run and nodestate.is_repair_reason(node.reason):
+    redrain = touch_node and node is not None and not seen.settings.dry_run and nodestate.is_repair_reason(node.reason)
+    record.state, record.closed, record.note = "failed", now, why
+    _save(record, seen, now, "repair-failed", f"{record.action} of {record.node} failed at {record.step}: {why}; the "
+                                              f"node stays drained: once it is fixed, `scontrol update nodename="
+                                              f"{record.node} state=resume` (its health checks drain it again if they "
+                                              "still fail)", acts="drain" if redrain else "")
+    if redrain:
         failed = nodestate.repair_reason(f"{record.action} failed", why[:120], record.decided_by)
         try:
             nodestate.drain_for_repair(seen.slurm, node, failed)
@@ -272,12 +297,14 @@ def _fail(record: Record, seen: Seen, why: str, touch_node: bool = True) -> None
             log.warning("repair of %s: cannot re-word its drain to say the repair failed: %s", record.node, err)
 
 
-def _save(record: Record, seen: Seen, event: str = "", message: str = "") -> None:
-    record.updated = seen.now
+def _save(record: Record, seen: Seen, now: float, event: str = "", message: str = "", acts: str = "") -> None:
+    """Save the record and, with `event`, its history row stamped `now`: the moment the step happened, before the
+    action it records (`acts`, one of store.ACTS)."""
+    record.updated = now
     with seen.store.locked():
         seen.store.save(record)
         if event:
-            seen.store.event(record.node, event, message, record.decided_by, record, seen.now)
+            seen.store.event(record.node, event, message, record.decided_by, record, now, acts)
     if event:
         severity = "error" if event == "repair-failed" else "info"
         seen.emit(event, message, severity, node=record.node, action=record.action, step=record.step)

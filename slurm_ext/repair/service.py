@@ -93,18 +93,22 @@ class Service:
             self.emit("reload-failed", f"the config is invalid, the running one is kept: {err}", "error")
 
     def run_pass(self, now: float | None = None) -> None:
-        """One look at the cluster and one step further for every repair (`now`: a fixed clock, for tests)."""
-        started = now or time.time()
+        """One look at the cluster and one step further for every repair (`now`: a fixed clock, for tests).
+
+        Everything it records is stamped with the moment it happens, read from the clock then: a recommendation after
+        the reads it rests on, each step of a repair when it runs (an operator's approval committed while this pass
+        read the cluster is older than the first step it leads to; a reboot is stamped after the steps before it in
+        the same pass, however long the reads and the other repairs took), so the history keeps them in order.
+        """
+        clock = (lambda: now) if now else time.time
         nodes = self._nodes = {node.name: node for node in self.slurm.nodes()}
         jobs = jobs_by_node(self.slurm.jobs())
-        self._recommend(nodes, jobs, started)
-        self._auto_approve(len(nodes), started)
+        self._recommend(nodes, jobs, clock())
+        self._auto_approve(len(nodes), clock())
         under_way = self.store.records(open_only=True, states=IN_PROGRESS)
         health = self._health_of([r.node for r in under_way if r.step in ("wait-boot", "verify")])
-        # the steps' clock is read after the records: an operator's approval committed while this pass ran is
-        # older than the first step it leads to, so the history keeps them in order
         seen = flow.Seen(self.slurm, self.store, self.settings, nodes, jobs, health.get, self._start_action,
-                         self._actions, self.emit, now or time.time())
+                         self._actions, self.emit, clock)
         for record in under_way:
             try:
                 flow.advance(record, seen)

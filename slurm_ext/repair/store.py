@@ -30,10 +30,13 @@ from pathlib import Path
 
 from slurm_ext.errors import SlurmExtError
 
-__all__ = ["Record", "Event", "Store", "StoreError", "open_store", "IN_PROGRESS"]
+__all__ = ["Record", "Event", "Store", "StoreError", "open_store", "IN_PROGRESS", "ACTS"]
 
 #: states that count against the guard: a repair is under way
 IN_PROGRESS = ("approved", "running")
+#: what a repair step does to its node right after it is recorded (Event.acts): the history lists what Slurm and the
+#: node's agent say in the same whole second after the step that caused it
+ACTS = ("drain", "requeue", "reboot", "executor", "resume")
 
 _LOCK_TIMEOUT = 30
 
@@ -76,6 +79,8 @@ class Event:
     message: str
     user: str = ""
     record: int | None = None
+    #: one of ACTS when the step acts on the node just after this moment, else empty (a decision, an observation)
+    acts: str = ""
 
 
 _RECORD_COLUMNS = [f.name for f in fields(Record) if f.name != "id"]
@@ -91,7 +96,8 @@ def _schema(autoincrement: str, text: str) -> list[str]:
             decided_by VARCHAR(255) NOT NULL, decided_at DOUBLE, note {text} NOT NULL, detail {text} NOT NULL)""",
         f"""CREATE TABLE IF NOT EXISTS repair_events (
             id {autoincrement}, time DOUBLE NOT NULL, node VARCHAR(255) NOT NULL, event VARCHAR(64) NOT NULL,
-            message {text} NOT NULL, user VARCHAR(255) NOT NULL, record BIGINT)""",
+            message {text} NOT NULL, user VARCHAR(255) NOT NULL, record BIGINT,
+            acts VARCHAR(16) NOT NULL DEFAULT '')""",
         f"""CREATE TABLE IF NOT EXISTS repair_control (
             name VARCHAR(64) PRIMARY KEY, value {text} NOT NULL, user VARCHAR(255) NOT NULL, time DOUBLE NOT NULL)""",
         # every pass reads the open records; history and status read events by node and time
@@ -213,10 +219,13 @@ class Store:
     # -- events -------------------------------------------------------------------------
 
     def event(self, node: str, event: str, message: str, user: str = "", record: Record | None = None,
-              now: float | None = None) -> Event:
-        entry = Event(now or time.time(), node, event, message, user, record.id if record else None)
-        self._execute("INSERT INTO repair_events (time, node, event, message, user, record) VALUES (?, ?, ?, ?, ?, ?)",
-                      (entry.time, entry.node, entry.event, entry.message, entry.user, entry.record))
+              now: float | None = None, acts: str = "") -> Event:
+        """Add one row to the history; `now` is the moment it happened (before the action it records), `acts` what
+        the step does to the node next (one of ACTS), so the history can list the action's effects after it."""
+        entry = Event(now or time.time(), node, event, message, user, record.id if record else None, acts)
+        self._execute("INSERT INTO repair_events (time, node, event, message, user, record, acts) "
+                      "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                      (entry.time, entry.node, entry.event, entry.message, entry.user, entry.record, entry.acts))
         return entry
 
     def events(self, *, node: str | None = None, since: float | None = None, record: int | None = None,
@@ -232,9 +241,9 @@ class Store:
             args.append(since)
         clause = f" WHERE {' AND '.join(where)}" if where else ""
         order = " ORDER BY time DESC, id DESC" + (f" LIMIT {int(limit)}" if limit else "")
-        rows = self._execute(f"SELECT time, node, event, message, user, record FROM repair_events{clause}{order}",
+        rows = self._execute(f"SELECT time, node, event, message, user, record, acts FROM repair_events{clause}{order}",
                              tuple(args))
-        return [Event(float(t), n, e, m, u, r) for t, n, e, m, u, r in reversed(rows)]
+        return [Event(float(t), n, e, m, u, r, a) for t, n, e, m, u, r, a in reversed(rows)]
 
     # -- the pause switch and other cluster-wide settings ----------------------------------------
 
@@ -293,6 +302,7 @@ def open_sqlite(path: str, create: bool = True) -> Store:
     store = Store(_Autocommit(connection), path, "?", None)
     for statement in _schema("INTEGER PRIMARY KEY AUTOINCREMENT", "TEXT"):
         store._execute(statement)
+    _upgrade(store)
     return store
 
 
@@ -313,7 +323,22 @@ def open_mariadb(host: str, port: int, user: str, password: str, database: str, 
                   ping=lambda: connection.ping(reconnect=True))
     for statement in _schema("BIGINT AUTO_INCREMENT PRIMARY KEY", "TEXT"):
         store._execute(statement)
+    _upgrade(store)
     return store
+
+
+def _upgrade(store: Store) -> None:
+    """Add the columns a history written by an older slurm-ext lacks (CREATE TABLE IF NOT EXISTS leaves its table as
+    it was). Its old rows keep an empty `acts`: they are listed by their times alone, as they were."""
+    try:
+        store._execute("SELECT acts FROM repair_events WHERE 1 = 0")
+        return
+    except StoreError:
+        pass
+    try:
+        store._execute("ALTER TABLE repair_events ADD COLUMN acts VARCHAR(16) NOT NULL DEFAULT ''")
+    except StoreError:  # another process added it meanwhile: fine if it is there now
+        store._execute("SELECT acts FROM repair_events WHERE 1 = 0")
 
 
 class _Autocommit:
