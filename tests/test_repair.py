@@ -569,6 +569,107 @@ def test_each_step_is_stamped_when_it_happens_and_an_action_before_it_runs(store
     assert record.detail["acted_at"] == stamped["reboot"] and record.closed == stamped["resume"]
 
 
+def _entry(time_, source, event, message="", acts="", node="n1"):
+    from slurm_ext.repair.history import Entry
+    return Entry(time_, node, source, event, message, acts=acts)
+
+
+def _said(entries) -> list[str]:
+    return [f"{e.source} {e.event}" + (f" {e.message}" if e.message else "") for e in entries]
+
+
+def test_what_a_step_caused_in_its_second_comes_after_it_and_what_it_saw_before_it():
+    """Slurm and the journals keep whole seconds: the DRAIN Slurm recorded when the last job ended (877.1) is seen by
+    "jobs have ended" (877.2); Slurm's reboot and the agent's stop and start (877.3 to 877.9) follow `scontrol reboot`
+    (877.25), though all of them read 877 (the issue's failure: they were listed before the step that caused them)."""
+    from slurm_ext.repair.history import in_causal_order
+    entries = [_entry(877.0, "slurm", "drain", "DRAIN"), _entry(877.0, "slurm", "end", "DRAIN over"),
+               _entry(877.0, "slurm", "boot^", "BOOT^"), _entry(879.0, "slurm", "end", "BOOT^ over"),
+               _entry(877.2, "repair", "repair-step", "jobs ended"),
+               _entry(877.25, "repair", "repair-step", "scontrol reboot", "reboot"),
+               _entry(878.6, "repair", "repair-step", "is back"),
+               _entry(879.4, "repair", "repair-done", "resumed", "resume"),
+               _entry(877.0, "agent", "supervisor/stop"), _entry(877.0, "agent", "supervisor/started"),
+               _entry(878.0, "agent", "health/health-started"), _entry(879.0, "agent", "health/health-check-run"),
+               _entry(877.0, "slurm", "boot^", "BOOT^ of another node", node="n2")]
+    ordered = in_causal_order(entries)
+    assert _said(ordered) == [
+        "slurm drain DRAIN", "slurm boot^ BOOT^ of another node", "repair repair-step jobs ended",
+        "repair repair-step scontrol reboot", "slurm end DRAIN over", "slurm boot^ BOOT^", "agent supervisor/stop",
+        "agent supervisor/started", "agent health/health-started", "repair repair-step is back",
+        "agent health/health-check-run", "repair repair-done resumed", "slurm end BOOT^ over"]
+    assert [e.time for e in ordered] == sorted(e.time for e in ordered)
+    moved = {e.message or e.event: e.time for e in ordered if e.source != "repair" and not e.time.is_integer()}
+    assert moved == {"DRAIN over": pytest.approx(877.25), "BOOT^": pytest.approx(877.25),
+                     "supervisor/stop": pytest.approx(877.25), "supervisor/started": pytest.approx(877.25),
+                     "BOOT^ over": pytest.approx(879.4)}  # each just after its cause, inside its own second
+    assert all(877.25 < t < 877.26 for m, t in moved.items() if m != "BOOT^ over")
+
+
+def test_a_drain_of_an_idle_node_comes_before_slurms_drain_and_old_rows_move_nothing():
+    from slurm_ext.repair.history import in_causal_order
+    drained = [_entry(866.0, "agent", "nodestate/drain", "health drain"),
+               _entry(866.5, "repair", "repair-recommended"), _entry(867.7, "repair", "repair-step", "drained", "drain"),
+               _entry(867.0, "slurm", "end", "health DRAIN over"), _entry(867.0, "slurm", "drain", "repair DRAIN"),
+               _entry(867.0, "agent", "nodestate/drain-overridden"), _entry(867.0, "agent", "health/health-finding")]
+    assert _said(in_causal_order(drained)) == [
+        "agent nodestate/drain health drain", "repair repair-recommended", "agent health/health-finding",
+        "repair repair-step drained", "slurm end health DRAIN over", "slurm drain repair DRAIN",
+        "agent nodestate/drain-overridden"]
+    old = [_entry(877.2, "repair", "repair-step", "scontrol reboot"), _entry(877.0, "slurm", "boot^", "BOOT^")]
+    assert _said(in_causal_order(old)) == ["slurm boot^ BOOT^", "repair repair-step scontrol reboot"]
+
+
+def test_history_merges_slurm_the_journal_and_the_steps_of_one_pass_in_causal_order(store):
+    """The issue's case end to end on literal sources: the flow's pass on a real store, Slurm's event table as
+    sacctmgr gives it, the node's journal over HTTP, merged by `history`."""
+    from datetime import datetime, timezone
+    from slurm_ext.repair.flow import advance
+    from slurm_ext.repair.history import gather
+    from slurm_ext.slurm import NodeEvent
+    record = _approved(store)
+    reason = "slurm-ext: repair reboot: xid/79 79 gpu 1 (approved by alice)"
+    record.state, record.step, record.detail = "running", "wait-jobs", {"reason": reason, "drained_at": 860.0}
+    start = datetime.fromtimestamp(877.0, timezone.utc).astimezone()  # the job ended at 877.1, the pass ran at 877.2
+    advance(record, _seen(store, [_drained("n1", reason)], now=_Ticking(877.15)))
+    journal = "".join(json.dumps({"time": start.strftime("%Y-%m-%dT%H:%M:%S%z"), "component": "supervisor",
+                                  "event": event, "message": event}) + "\n" for event in ("stop", "started"))
+
+    class Agent(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = journal.encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    class Slurm:
+        def node_events(self, node, since):
+            return [NodeEvent("n1", start, start, "DRAIN", reason, "root"),
+                    NodeEvent("n1", start, None, "BOOT^", reason + " : reboot issued", "root")]
+
+        def node(self, name):
+            return _node(name)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Agent)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        settings = RepairSection(agents={"n1": f"127.0.0.1:{server.server_address[1]}"})
+        timeline = gather(settings, store, Slurm(), 800.0, node="n1")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert timeline.unreachable == {}
+    assert [(e.source, e.event, e.message.split(":")[0]) for e in timeline.entries] == [
+        ("slurm", "drain", "DRAIN"), ("repair", "repair-step", "the node's jobs have ended"),
+        ("repair", "repair-step", "scontrol reboot n1"), ("slurm", "end", "DRAIN over"), ("slurm", "boot^", "BOOT^"),
+        ("agent", "supervisor/stop", "stop"), ("agent", "supervisor/started", "started")]
+    assert [e.time for e in timeline.entries] == sorted(e.time for e in timeline.entries)
+    assert timeline.entries[2].acts == "reboot"
+
+
 def test_a_history_written_before_steps_said_what_they_did_opens_and_reads(tmp_path):
     import sqlite3
     path = tmp_path / "old.db"

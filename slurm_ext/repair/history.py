@@ -9,30 +9,57 @@ Three sources, merged in time order:
   every step.
 An agent that does not answer is named in the answer, not skipped in
 silence: its node's own events are then missing from the timeline.
+
+The order is causal where clocks are coarse (`in_causal_order`). Slurm's
+event table and the journals keep whole seconds, the repair records keep the
+moment each step happened, before the action it records. A whole-second
+entry happened somewhere in its second, so in time order it goes at the
+start of it: right for what a repair step observed in that second (the
+drain Slurm recorded when the node's last job ended comes before "the
+node's jobs have ended"), wrong for what a repair step caused in it
+(Slurm's reboot and the agent's stop and start after `scontrol reboot`,
+within the second on a quick node). An entry that a step of its second can
+have caused (the step says what it did: `Event.acts`) is therefore listed
+just after that step, and its time says so: each entry's time is the
+earliest moment it can have happened.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
 from slurm_ext.slurm import SlurmClient
 
 from . import agents
-from .store import Store
+from .store import ACTS, Store
 
-__all__ = ["Entry", "Timeline", "gather"]
+__all__ = ["Entry", "Timeline", "gather", "in_causal_order"]
 
 #: agents asked at once
 _PARALLEL = 32
 #: longest wait for one agent
 _AGENT_TIMEOUT = 3.0
+#: how far after the step that caused it a whole-second entry is put: a microsecond, still inside its own second
+_AFTER_CAUSE = 1e-6
+#: what can cause each kind of whole-second entry of a node, of the actions a repair step records (store.ACTS)
+_ANY_CHANGE = frozenset(ACTS) - {"requeue"}  # a node state that ended: it changed
+_DOWN = frozenset({"reboot", "executor"})  # DOWN, NOT_RESPONDING, FAIL: the node went away
+#: a word in the state of a Slurm event that starts -> what can cause it
+_STATE_CAUSES = (("boot", frozenset({"reboot"})),  # BOOT^, REBOOT_ISSUED, ...
+                 ("drain", frozenset({"drain", "requeue"})),  # a DRAIN starts once the node's last job is gone
+                 ("down", _DOWN), ("fail", _DOWN), ("not_responding", _DOWN), ("*", _DOWN))
+_RESTART = frozenset({"reboot", "executor"})  # anything its agent says: the agent stopped and started again
+_AGENT_SEES_DRAIN = _RESTART | {"drain"}  # the agent finds its own drain replaced by the repair's
 
 
 @dataclass(frozen=True, slots=True)
 class Entry:
+    #: the earliest moment it can have happened (epoch seconds): a whole-second source's second, or just after the
+    #: repair step of that second that caused it
     time: float
     node: str
     #: slurm, agent (the node's journal) or repair
@@ -40,6 +67,8 @@ class Entry:
     event: str
     message: str
     user: str = ""
+    #: a repair step's action on the node (store.ACTS), empty for anything else
+    acts: str = ""
 
 
 @dataclass
@@ -70,7 +99,7 @@ def gather(settings, store: Store, slurm: SlurmClient, since: float, node: str |
                                               f"{event.state} over: {event.reason}"))
         for entry in store.events(node=node, since=since):
             timeline.entries.append(Entry(entry.time, entry.node or "-", "repair", entry.event, entry.message,
-                                          entry.user))
+                                          entry.user, entry.acts))
         for name, (lines, problem) in journals:
             if problem:
                 timeline.unreachable[name] = problem
@@ -80,8 +109,48 @@ def gather(settings, store: Store, slurm: SlurmClient, since: float, node: str |
                 timeline.entries.append(Entry(_epoch(data.get("time", "")), name, "agent",
                                               f"{data.get('component', '?')}/{data.get('event', '?')}",
                                               str(data.get("message", ""))))
-    timeline.entries.sort(key=lambda e: (e.time, e.node))
+    timeline.entries = in_causal_order(timeline.entries)
     return timeline
+
+
+def in_causal_order(entries: list[Entry]) -> list[Entry]:
+    """`entries` in time order, each whole-second entry that a repair step of its second can have caused moved to
+    just after that step (its time too: the earliest moment it can have happened). Entries of the same time keep
+    their order, so Slurm's events of one second stay in the order Slurm gave them, and a node's journal in its own.
+    """
+    actions: dict[str, list[Entry]] = {}
+    for entry in sorted((e for e in entries if e.source == "repair" and e.acts), key=lambda e: e.time):
+        actions.setdefault(entry.node, []).append(entry)
+    times = {node: [a.time for a in acted] for node, acted in actions.items()}
+    placed = [_after_its_cause(entry, actions.get(entry.node, []), times.get(entry.node, [])) for entry in entries]
+    return sorted(placed, key=lambda e: (e.time, e.node))
+
+
+def _after_its_cause(entry: Entry, actions: list[Entry], times: list[float]) -> Entry:
+    """`entry`, or, if it is a whole-second one and a repair step of its node in the same second did what can cause
+    it, a copy just after the last such step (`actions`: the node's steps that acted, in time order; `times`: theirs).
+    """
+    if entry.source == "repair" or not entry.time.is_integer():
+        return entry
+    causes = _causes(entry)
+    for index in range(bisect.bisect_left(times, entry.time + 1) - 1, -1, -1):
+        if times[index] < entry.time:
+            break
+        if actions[index].acts in causes:
+            return replace(entry, time=times[index] + _AFTER_CAUSE)
+    return entry
+
+
+def _causes(entry: Entry) -> frozenset[str]:
+    """The repair actions that can cause a whole-second entry. From the node's agent: anything (it stopped and started
+    again), its finding the repair's drain in place of its own also a drain. From Slurm's event table: an event's end
+    any change of the node's state; its start, by the states it names (BOOT^, DRAIN, DOWN*, ...)."""
+    if entry.source == "agent":
+        return _AGENT_SEES_DRAIN if entry.event == "nodestate/drain-overridden" else _RESTART
+    if entry.event == "end":
+        return _ANY_CHANGE
+    named = [causes for word, causes in _STATE_CAUSES if word in entry.event]
+    return frozenset().union(*named) if named else _DOWN
 
 
 def _journal(address: str, since: float) -> tuple[list[dict], str]:
