@@ -64,8 +64,9 @@ def _in_order(entries: list[dict], wanted: list[tuple[str, str]]) -> list[dict]:
     return found
 
 
-def test_a_gpu_fault_is_recommended_approved_and_repaired_through_slurms_reboot(repair):
-    job = repair.sbatch("-w", "rnode2", "--wrap", "sleep 10")
+def test_a_gpu_fault_is_recommended_approved_and_repaired_through_slurms_reboot(repair, tmp_path):
+    release = tmp_path / "release"  # the job runs until the test has seen the repair wait for it, however slow
+    job = repair.sbatch("-w", "rnode2", "--wrap", f"while [ ! -e {release} ]; do sleep 0.2; done")
     wait_for("the job runs", lambda: any(j.job_id == job and j.state == "RUNNING" for j in repair.client().jobs()),
              30, interval=0.3)
     boot_before = repair.slurm_node("rnode2").boot_time
@@ -78,12 +79,15 @@ def test_a_gpu_fault_is_recommended_approved_and_repaired_through_slurms_reboot(
 
     approved = repair.repair_cli("repair", "approve", "rnode2", user="alice")
     assert approved.returncode == 0, approved.stderr
-    running = repair.record("rnode2", "running")
+    # the record is saved at every step: read between two of them it may still say drain
+    running = wait_for("the repair past its drain", lambda: (r := repair.record("rnode2", "running"))["step"]
+                       != "drain" and r, 30, interval=0.3)
     node = wait_for("drained with the repair's reason", lambda: (n := repair.slurm_node("rnode2")).reason.startswith(
         "slurm-ext: repair reboot: xid/79") and n, 15, interval=0.3)
     assert running["step"] == "wait-jobs" and "DRAIN" in node.flags
     assert any(j.job_id == job and j.state == "RUNNING" for j in repair.client().jobs())  # allowed to finish
 
+    release.touch()
     assert repair.wait_accounted(job).state == "COMPLETED"
     done = wait_for("the repair done", lambda: next((r for r in repair.all_records("rnode2")
                                                      if r["id"] == record["id"] and r["state"] == "done"), None),
