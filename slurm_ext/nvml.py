@@ -6,7 +6,9 @@ Main API:
 - `load()` imports pynvml, or raises `NvmlUnavailable` naming the package to
   install. pynvml is imported there and nowhere else, so importing this module
   (the Prolog/Epilog hot path does, through prolog_epilog.gpus) costs nothing
-  until NVML is used.
+  until NVML is used. With `SLURM_EXT_NVML_RECORD=<file>` set it returns pynvml
+  behind a recorder that writes every NVML call and its answer to that file
+  (`slurm_ext.nvmlrecord`: how a real GPU's answers become the fake's).
 - `errors(nvml)` is the tuple of exceptions an NVML call may raise.
 - `error_code(err)` is NVML's return code of one of them, `text(value)` a pynvml
   string as str, `optional(nvml, call, ...)` a call whose "not supported"
@@ -28,6 +30,7 @@ are part of the driver's ABI (nvml.h), so they are stable.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -77,8 +80,13 @@ class NvmlUnavailable(SlurmExtError):
         super().__init__(f"nvml: {problem}")
 
 
+#: the variable that makes load() record every NVML call (nvmlrecord.ENV, named here to import nothing)
+_RECORD_ENV = "SLURM_EXT_NVML_RECORD"
+
+
 def load() -> Any:
-    """The pynvml module, imported on first use (it loads no library until nvmlInit).
+    """The pynvml module, imported on first use (it loads no library until nvmlInit); with
+    `$SLURM_EXT_NVML_RECORD` set, the same module behind the process's one recorder for that file.
 
     Raises:
         NvmlUnavailable: pynvml is not installed.
@@ -87,6 +95,10 @@ def load() -> Any:
         import pynvml
     except ImportError as err:
         raise NvmlUnavailable() from err
+    record = os.environ.get(_RECORD_ENV)
+    if record:
+        from slurm_ext import nvmlrecord
+        return nvmlrecord.recording(pynvml, record)
     return pynvml
 
 
