@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
 import time
 import uuid
 
 import pytest
 
-from slurm_ext.health.kmsg import KernelLog, LineParser, message_of
+from slurm_ext.health.kmsg import KernelLog, LineParser, facility_of, kernel_message, message_of
 from slurm_ext.health.records import KernelHang, SXid, Xid, normal_bus_id
 
 NOW = 1_700_000_000.0
@@ -207,6 +208,140 @@ def test_kernel_hangs(line, kind):
     assert (record.kind, record.time) == (kind, NOW)
 
 
+# -- only the kernel's own lines --------------------------------------------------------------------
+
+XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+
+
+@pytest.mark.parametrize("line", [
+    "0," + "12,34,-;" + XID79, "3,12,34,-;" + XID79, "7,12,34,c;" + XID79,  # facility kernel, any level
+    "<0>" + XID79, "<6>[ 12.3] " + XID79,
+    "kern  :err   : 2025-01-25T10:34:54,859532+00:00 " + XID79,  # dmesg -x
+    "192.168.11.119: kern: warning: [2026-04-22T21:27:51.291660856Z]: " + XID79,  # a log collector's
+    "Nov 20 23:02:01 node1 kernel: " + XID79, "Mar 29 15:38:59 kernel: " + XID79, "kernel: " + XID79,
+    "[Sun Feb 23 16:24:18 2025] " + XID79, "19:14:43  " + XID79, XID79,
+])
+def test_the_kernels_lines_are_judged(line):
+    record = parse(line)
+    assert isinstance(record, Xid) and (record.xid, record.pci_bus_id) == (79, "00000000:3B:00.0")
+    assert record.text == XID79
+
+
+@pytest.mark.parametrize("line", [
+    # written into /dev/kmsg from user space: facility user (echo > /dev/kmsg, "<6>..."), or another it names
+    "14,341,129935618,-;" + XID79, "8,1,2,-;" + XID79, "30,1,2,-;" + XID79, "191,1,2,-;" + XID79,
+    "<14>" + XID79, "<30>[ 12.3] " + XID79, "user  :warn  : " + XID79, "daemon:err: " + XID79,
+    # another subsystem's message with the user's text in it: the failed-mount trick, as the kernel logged it
+    "3,341,129935618,-;tmpfs: Unknown parameter 'NVRM: Xid (PCI:0000:3b:00): 79'",
+    "3,342,129935619,-;tmpfs: Unknown parameter 'nvidia-nvswitch0: SXid (PCI:0000:0a:00.0): 20034, Fatal, Link 30'",
+    "3,343,129935620,-;tmpfs: Unknown parameter 'NVRM: GPU 0000:29:00.0: GPU has fallen off the bus.'",
+    "3,344,1,-;tmpfs: Unknown parameter 'INFO: task foo:123 blocked for more than 120 seconds.'",
+    "3,345,1,-;tmpfs: Unknown parameter 'watchdog: BUG: soft lockup - CPU#3 stuck for 23s! [x:1]'",
+    # another program's syslog line, or one quoting the driver
+    "Nov 20 23:02:01 node1 logger[99]: " + XID79, "Nov 20 23:02:01 node1 myjob: " + XID79,
+    "2026-11-20T23:02:01.1+00:00 node1 python3[7]: " + XID79,
+    "[gpu-health] [CRITICAL] GPU-1234: XID: " + XID79, "job 42 saw: " + XID79,
+    "6,1,2,-;mlx5_core 0000:41:00.0: fallen off the bus and is not responding to commands.",
+])
+def test_lines_that_are_not_the_kernels_own_are_never_records(line):
+    parser = LineParser()
+    assert parser.parse(line, now=NOW) is None
+    assert parser.refused == (1 if ("NVRM: " in line or "SXid" in line) else 0)
+
+
+@pytest.mark.parametrize("line", [
+    "6,346,1,-;NVRM: Xid (PCI:[4242]: segfault at 0 ip 0000 sp 0000 error 4 in fallen off the bus.so[7f00+1000]",
+    "4,347,1,-;NVRM: fallen of invoked oom-killer: gfp_mask=0xcc0(GFP_KERNEL), order=0, oom_score_adj=0",
+    "4,348,1,-;nvidia-nvswitch[77]: segfault at 0 ip 0000 sp 0000 error 4 in libSXid (PCI:0000:0a:00.0): 20034,",
+    "6,349,1,-;NVRM: The NVIDI[5]: segfault at 0 ip 0 sp 0 error 4",
+])
+def test_a_users_comm_leading_a_kernel_message_is_too_short_to_forge_a_driver_line(line):
+    """Segfault and OOM lines begin with the process's comm, the one user-chosen text the kernel puts first: at
+    most 15 characters, too few for any driver line (and for the GPU the three-line form names)."""
+    parser = LineParser()
+    assert parser.parse(line, now=NOW) is None
+    assert parser.parse("6,350,1,-;NVRM: ... fallen off the bus and is not responding to commands.", now=NOW) \
+        .pci_bus_id == ""
+
+
+def test_facility_and_message_of_a_line():
+    from slurm_ext.health.kmsg import facility_of, kernel_message
+    assert (facility_of("14,1,2,-;x"), facility_of("3,1,2,-;x"), facility_of("<30>x"), facility_of("x")) == \
+        (1, 0, 3, None)
+    assert facility_of("kern  :warn  : x") == 0 and facility_of("user  :warn  : x") == 1
+    assert kernel_message("14,1,2,-;" + XID79) is None and kernel_message("3,1,2,-;" + XID79) == XID79
+    assert kernel_message("Nov 20 23:02:01 node1 sshd[1]: x") is None
+    assert message_of("Nov 20 23:02:01 node1 sshd[1]: x") == "Nov 20 23:02:01 node1 sshd[1]: x"
+
+
+def test_a_gpu_named_by_the_driver_is_forgotten_after_its_message():
+    """The driver's three-line "fallen off the bus" names the GPU first; a GPU named by any other driver message
+    ("... requires use of the NVIDIA open kernel modules") is forgotten after two lines or ten seconds."""
+    parser = LineParser()
+    assert parser.parse("NVRM: The NVIDIA GPU 0000:01:00.0 (PCI ID: 10de:2b85)", now=NOW) is None
+    assert parser.parse("NVRM: installed in this system requires use of the NVIDIA open kernel modules.", now=NOW) \
+        is None
+    assert parser.parse("NVRM: GPU 0000:01:00.0: RmInitAdapter failed! (0x22:0x56:1017)", now=NOW) is None
+    late = parser.parse("NVRM: fallen off the bus and is not responding to commands.", now=NOW)
+    assert (late.xid, late.pci_bus_id) == (79, "")
+    parser.parse("NVRM: The NVIDIA GPU 0000:18:00.0", now=NOW)
+    slow = parser.parse("NVRM: fallen off the bus and is not responding to commands.", now=NOW + 11)
+    assert (slow.xid, slow.pci_bus_id) == (79, "")
+    # a user's record naming a GPU is not the driver's: it names nothing
+    parser.parse("14,1,2,-;NVRM: The NVIDIA GPU 0000:18:00.0", now=NOW)
+    assert parser.parse("6,2,3,c;NVRM: fallen off the bus and is not responding to commands.", now=NOW) \
+        .pci_bus_id == ""
+
+
+@pytest.mark.parametrize("line,bus,gi,ci,pid", [
+    ("NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: CE User Channel (0x9). RST: No, D-RST: No",
+     "00000000:01:00.0", 5, None, 7194),
+    ("NVRM: Xid (PCI:0000:01:00 GPU-I:01 GPU-CI:02): 31, pid=42, name=python, Ch 00000008", "00000000:01:00.0", 1, 2,
+     42),
+    ("NVRM: Xid (PCI:0000:01:00): 95, pid=7062, Uncontained: LTC TAG (0x2,0x1). RST: Yes, D-RST: No",
+     "00000000:01:00.0", None, None, 7062),
+    ("NVRM: Xid (PCI:0000:b5:00): 13, pid='<unknown>', name=<unknown>, Graphics Exception", "00000000:B5:00.0",
+     None, None, None),
+])
+def test_mig_attribution_and_the_process(line, bus, gi, ci, pid):
+    record = parse(line)
+    assert (record.pci_bus_id, record.gpu_instance, record.compute_instance, record.pid) == (bus, gi, ci, pid)
+
+
+@pytest.mark.parametrize("line,unit,fatal,intrinfo,status", [
+    ("NVRM: Xid (PCI:0000:01:00): 146, TLW_RX_PIPE0 Fatal XC0 i0 Link 3 (0x0000000a 0x00000004 0x0 0x0 0x0 0x0)",
+     "TLW_RX_PIPE0", True, 0xA, 0x4),
+    ("NVRM: Xid (PCI:0000:01:00): 146, TLW_TX_PIPE1 Nonfatal XC1 i0 Link 3 (0x0000000d 0x00000002 0x0 0x0 0x0 0x0)",
+     "TLW_TX_PIPE1", False, 0xD, 0x2),
+    ("NVRM: Xid (PCI:0018:01:00): 145, pid=876767, name=ray::WorkerDict, RLW_RXPIPE Nonfatal XC0 i0 Link 13 "
+     "(0x0409a0c2 0x00000008 0x00000001 0x00000000 0x00100000 0x00000004)", "RLW_RXPIPE", False, 0x0409A0C2, 0x8),
+    ("NVRM: Xid (PCI:0000:01:00): 148, NVLPW_CTRL/NVLPW Nonfatal XC0 i0 Link 1 (0x0000000f 0x80000000)",
+     "NVLPW_CTRL/NVLPW", False, 0xF, 0x80000000),
+])
+def test_nvlink5_units_with_digits_and_their_status(line, unit, fatal, intrinfo, status):
+    record = parse(line)
+    assert (record.unit, record.fatal, record.intrinfo, record.error_status) == (unit, fatal, intrinfo, status)
+
+
+@pytest.mark.parametrize("line,number,fatal", [
+    ("nvidia-nvswitch0: SXid (PCI:0004:00:00.0): 26008, SOE Watchdog error", 26008, None),
+    ("nvidia-nvswitch0: SXid (PCI:0004:00:00.0): 26006, SOE HALTED", 26006, None),
+    ("[38889.018130] nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20009, Non-fatal, Li", 20009, False),
+])
+def test_sxid_lines_without_severity_or_cut(line, number, fatal):
+    record = parse(line)
+    assert isinstance(record, SXid) and (record.sxid, record.fatal) == (number, fatal)
+
+
+@pytest.mark.parametrize("line", [
+    "nvidia-nvswitch0: SXid (PCI:0004:00:00.0): 26006, SOE HALT data[0] = 0x               0",
+    "nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 12033, Severity 1 Engine instance 00 Sub-engine instance 00",
+    "nvidia-nvswitch1: SXid (PCI:0000:84:00.0): 12028, Data {0x000001c0, 0x00bd5c8a, 0x00000500}",
+])
+def test_sxid_detail_lines_are_not_events(line):
+    assert parse(line) is None
+
+
 # -- garbage, truncation, fuzz ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("line", [
@@ -393,29 +528,84 @@ def _kmsg_write(text: str) -> None:
         os.close(fd)
 
 
-def test_dev_kmsg_from_its_end():
-    """A line written before open is not returned; one written after is, within a second, and parses back.
+def _read_until(log: KernelLog, tokens: list[str], timeout: float = 5.0) -> dict[str, str]:
+    """The records of `log` holding each token, waiting up to `timeout` for all of them."""
+    found: dict[str, str] = {}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and len(found) < len(tokens):
+        for line in log.lines(max(0.0, min(0.5, deadline - time.monotonic()))):
+            for token in tokens:
+                if token in line:
+                    found.setdefault(token, line)
+    return found
 
-    The bus id is unique to this run (a domain no GPU has), so that a health monitor reading the same kernel
-    log sees one warning about a bus no GPU has and no repeats to escalate."""
+
+def _unique_domain() -> str:
+    """A PCI domain no GPU has, unique to this run: a monitor reading the same kernel log can tell it apart."""
+    return f"{random.Random(uuid.uuid4().hex).randrange(0x1000, 0xFFFF):04x}"
+
+
+def test_dev_kmsg_from_its_end():
+    """A line written before open is not returned; one written after is, within a second, with its record head."""
     tag = uuid.uuid4().hex
-    domain = random.Random(tag).randrange(0x1000, 0xFFFF)
     _kmsg_write(f"<6>slurm-ext-test {tag} before open\n")
     log = KernelLog("/dev/kmsg")
     log.open()
     try:
         assert log.device
-        _kmsg_write(f"<6>slurm-ext-test {tag} NVRM: Xid (PCI:{domain:04x}:17:00): 13, pid=1, name=slurm-ext-test, "
-                    "Graphics Exception (test line)\n")
-        mine: list[str] = []
-        deadline = time.monotonic() + 1.0
-        while time.monotonic() < deadline and not any("NVRM" in line for line in mine):
-            mine += [line for line in log.lines(max(0.0, deadline - time.monotonic())) if tag in line]
+        _kmsg_write(f"<6>slurm-ext-test {tag} after open\n")
+        found = _read_until(log, [f"{tag} after open"], timeout=1.0)
+        assert not _read_until(log, [f"{tag} before open"], timeout=0.2)
     finally:
         log.close()
-    assert not any("before open" in line for line in mine), mine
-    assert len(mine) == 1, mine
-    record = LineParser().parse(mine[0], now=NOW)
-    assert isinstance(record, Xid)
-    assert (record.xid, record.pci_bus_id, record.source) == (13, f"{domain:08X}:17:00.0", "kernel")
-    assert record.text.startswith(f"slurm-ext-test {tag} NVRM: Xid")
+    assert list(found) == [f"{tag} after open"], found
+    assert found[f"{tag} after open"].startswith("14,")  # facility user, level 6: written from user space
+
+
+def test_a_user_space_record_in_dev_kmsg_is_read_and_never_judged():
+    """root's `echo '<3>NVRM: Xid ...' > /dev/kmsg`: the record reaches /dev/kmsg (KernelLog reads it, its unique
+    bus id in it) with facility user, which the kernel gives every write from user space: no record."""
+    domain = _unique_domain()
+    line = f"NVRM: Xid (PCI:{domain}:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+    log = KernelLog("/dev/kmsg")
+    log.open()
+    try:
+        for head in ("<3>", "<0>", "<11>", ""):  # level 3, "facility 0" (user space cannot), user, none
+            _kmsg_write(f"{head}{line} {head or 'plain'}\n")
+        tails = [f"{head or 'plain'}" for head in ("<3>", "<0>", "<11>", "")]
+        found = _read_until(log, [f"fallen off the bus. {tail}" for tail in tails])
+    finally:
+        log.close()
+    assert len(found) == 4, found
+    parser = LineParser()
+    for record in found.values():
+        assert f"PCI:{domain}:3b:00" in record and facility_of(record) == 1, record
+        assert parser.parse(record, now=NOW) is None
+    assert parser.refused == 4
+    # the same text as the kernel's own record would be an Xid: it is the facility that tells them apart
+    head, text = next(iter(found.values())).split(";", 1)
+    assert parser.parse("3" + head[head.index(","):] + ";" + text, now=NOW).xid == 79
+
+
+def test_the_failed_mount_trick_as_nobody_is_read_and_never_judged():
+    """An ordinary user's failed mount makes the kernel log (facility kernel) a message with the user's text in
+    it: "tmpfs: Unknown parameter 'NVRM: Xid (PCI:....:3b:00): 79'". The record reaches /dev/kmsg (KernelLog reads
+    it, its unique bus id in it) and is no record: the driver's prefix does not begin the message."""
+    domain = _unique_domain()
+    option = f"NVRM: Xid (PCI:{domain}:3b:00): 79, pid=1, GPU has fallen off the bus."
+    log = KernelLog("/dev/kmsg")
+    log.open()
+    try:
+        done = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "unshare", "-Urm",
+                               "mount", "-t", "tmpfs", "-o", option, "none", "/mnt"],
+                              capture_output=True, text=True, timeout=30)
+        assert done.returncode != 0, done  # the mount fails: that is the trick
+        found = _read_until(log, [f"PCI:{domain}:3b:00"])
+    finally:
+        log.close()
+    record = found.get(f"PCI:{domain}:3b:00")
+    assert record is not None, (done.stderr, "the kernel logged no record of the failed mount")
+    assert facility_of(record) == 0 and kernel_message(record).startswith("tmpfs: "), record
+    parser = LineParser()
+    assert parser.parse(record, now=NOW) is None
+    assert parser.refused == 1

@@ -1,4 +1,4 @@
-"""The kernel log: reading it from its current end, and turning its lines into records.
+"""The kernel log: reading it from its current end, and turning the kernel's own lines into records.
 
 `KernelLog` reads /dev/kmsg (one record per read, "pri,seq,usec,flags;text")
 or, for a simulated node that shares its host's kernel, a plain file of
@@ -11,6 +11,21 @@ logrotate by grepping old lines).
 `LineParser.parse` turns one line into an Xid, SXid or KernelHang record, or
 None: garbage, truncated lines and lines of other drivers are None, never an
 exception.
+
+Only what the kernel itself logged is judged, because any user can put text
+into the kernel log: a record written into /dev/kmsg from user space carries
+facility user (1) or another it names, never facility kernel (0), which user
+space cannot set; and another subsystem's message can quote a user's words
+(a failed mount as an ordinary user logs "tmpfs: Unknown parameter 'NVRM:
+Xid ...'"). So a record whose head gives a facility (a kmsg record, dmesg's
+"<pri>" or "kern  :warn  :") counts only with facility kernel, and a message
+counts only when it *begins* with the driver's prefix ("NVRM: ", or
+"nvidia-nvswitchN: SXid ..."), never for a pattern found inside it. Lines of a
+file that give no facility (dmesg or syslog text: a simulated node's input)
+are judged by their message's prefix; a syslog line counts only under the tag
+"kernel". A comm name, the one user-chosen text the kernel puts first in a
+message (segfault and OOM lines), is at most 15 characters: too short for
+any pattern here.
 """
 
 from __future__ import annotations
@@ -24,67 +39,185 @@ import time
 
 from .records import KernelHang, SXid, Xid, normal_bus_id
 
-__all__ = ["KernelLog", "LineParser", "message_of"]
+__all__ = ["KernelLog", "LineParser", "message_of", "kernel_message", "facility_of"]
 
-_KMSG_HEAD = re.compile(r"^\d+,\d+,\d+,[^;]*;")
-_DMESG_TIME = re.compile(r"^\[\s*\d+\.\d+\]\s*")
+#: a /dev/kmsg record's head: priority (facility * 8 + level), sequence, microseconds, flags
+_KMSG_HEAD = re.compile(r"^(\d{1,4}),\d+,\d+,[^;]*;")
+#: dmesg -r, pstore and journal exports: "<pri>" before the text
+_PRI_HEAD = re.compile(r"^<(\d{1,4})>")
+_FACILITIES = {"kern": 0, "user": 1, "mail": 2, "daemon": 3, "auth": 4, "syslog": 5, "lpr": 6, "news": 7,
+               "uucp": 8, "cron": 9, "authpriv": 10, "ftp": 11, **{f"local{n}": 16 + n for n in range(8)}}
+#: dmesg -x ("kern  :warn  : "), after an optional source ("192.168.11.119: " from a log collector)
+_NAMED_HEAD = re.compile(r"^(?:[^\s:]+:\s+)?(" + "|".join(_FACILITIES) + r")\s*:\s*"
+                         r"(?:emerg|alert|crit|err|warn|warning|notice|info|debug)\s*:\s*")
+#: syslog: "Nov 20 23:02:01 node1 kernel: " (host optional), "2026-11-20T23:02:01.1+00:00 node1 kernel: "
+_SYSLOG = re.compile(r"^(?:[^\s:\[\]]+\s+\d{1,2}\s+\d{1,2}:\d{2}:\d{2}\s+(?:[^\s:\[\]]+\s+)?"
+                     r"|\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\S*\s+[^\s:\[\]]+\s+)([^\s:\[\]]+)(?:\[\d+\])?:\s")
+_KERNEL_TAG = re.compile(r"^kernel:\s*")
+#: time stamps before the text: dmesg "[ 12.345]", dmesg -T "[Sun Feb 23 16:24:18 2025]", ISO, a bare clock
+_TIMES = re.compile(r"^(?:(?:\[\s*\d+(?:\.\d+)?\]|\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) [\w: ]{10,30}\]"
+                    r"|\[\d{4}-\d{2}-\d{2}T[\d:.,]+(?:Z|[+-]\d{2}:?\d{2})?\]:?)\s*"
+                    r"|(?:\d{4}-\d{2}-\d{2}T[\d:.,]+(?:Z|[+-]\d{2}:?\d{2})?|\d{1,2}:\d{2}:\d{2})(?:\s+|$))")
 #: a PCI address as the driver writes it: domain:bus:device[.function] (with or without PCI:), or bus:device.function
 _PCI = (r"(?:PCI:)?([0-9a-fA-F]{1,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-9a-fA-F])?"
         r"|[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-9a-fA-F])")
-_XID = re.compile(r"NVRM: Xid \(" + _PCI + r"\):\s*(\d+)(.*)")
-# the unit and Fatal/Nonfatal follow the number, or the "pid=..., name=..." some drivers put first
-_NVLINK5 = re.compile(r"(?:,\s*pid=[^,]*,\s*name=[^,]*)?,\s*[A-Z_]+(?:/[A-Z_]+)?\s+(Fatal|Nonfatal)\s+XC[01]")
+#: "NVRM: Xid (PCI:0000:3b:00): 79, ...", with MIG's attribution "(PCI:0000:01:00 GPU-I:05 GPU-CI:02)"
+_XID = re.compile(r"^NVRM: Xid \(" + _PCI + r"(?:\s+GPU-I:\s*(\d{1,3}))?(?:\s+GPU-CI:\s*(\d{1,3}))?\):\s*"
+                  r"(\d{1,4})(?=,|\s|$)(.*)")
+_PID = re.compile(r"^,\s*pid=(?:(\d+)|'?<unknown>'?)")
+#: NVLink5 (144-150): the unit (digits since R575: TLW_RX_PIPE0) and Fatal/Nonfatal follow the number, or the
+#: "pid=..., name=..." some drivers put first; then XC0/1, iN, Link N and (IntrInfo ErrorStatus ...)
+_NVLINK5 = re.compile(r"(?:,\s*pid=[^,]*,\s*name=[^,]*)?,\s*([A-Z][A-Z0-9_]*(?:/[A-Z][A-Z0-9_]*)?)\s+"
+                      r"(Fatal|Nonfatal|Non-fatal)\s+XC[01]\b(?:\s+i\d+\s+Link\s+-?\d+\s+"
+                      r"\((0x[0-9a-fA-F]{1,8})\s+(0x[0-9a-fA-F]{1,8}))?")
 _RECOVERY = re.compile(r"to 0x[0-9a-fA-F]+ \(([^)]*)\)")
-_OFF_BUS = re.compile(r"NVRM: GPU (?:at )?" + _PCI + r": GPU has fallen off the bus")
-_THE_GPU = re.compile(r"NVRM: The NVIDIA GPU " + _PCI)
-_SXID = re.compile(r"SXid \(" + _PCI + r"\):\s*(\d+),\s*(Fatal|Non-fatal)", re.IGNORECASE)
-_HUNG = re.compile(r"INFO: task .+ blocked for more than \d+ seconds")
-_LOCKUP = re.compile(r"(?:BUG: )?soft lockup - CPU#\d+ stuck")
+#: the driver's own "fallen off the bus" lines, whole: one line, or the last of the three-line form
+_OFF_BUS = re.compile(r"^NVRM: GPU (?:at )?" + _PCI + r": GPU has fallen off the bus")
+_OFF_BUS_TAIL = re.compile(r"^NVRM: (?:\.\.\.\s*)?fallen off the bus and is not responding to commands")
+_THE_GPU = re.compile(r"^NVRM: The NVIDIA GPU " + _PCI)
+#: "nvidia-nvswitch3: SXid (PCI:0000:c1:00.0): 28006, Non-fatal, Link 46 ..."; "..., 26006, SOE HALTED"
+_SXID = re.compile(r"^nvidia-nvswitch\d{1,3}: SXid \(" + _PCI + r"\):\s*(\d{1,6}),\s*(\S.*)$")
+_SXID_SEVERITY = re.compile(r"^(Fatal|Non-fatal|Nonfatal)\b", re.IGNORECASE)
+#: the lines that follow an SXid event with its details: not events themselves
+_SXID_DETAIL = re.compile(r"^(?:Severity \d|Data \{)|\bdata\[\d+\]", re.IGNORECASE)
+_HUNG = re.compile(r"^INFO: task .+ blocked for more than \d+ seconds")
+_LOCKUP = re.compile(r"^(?:(?:NMI )?watchdog: )?BUG: soft lockup - CPU#\d+ stuck")
+#: what a line that imitates the driver looks like (counted when refused, for the operator)
+_LOOKS_LIKE = re.compile(r"NVRM: |nvidia-nvswitch\d+: SXid")
 _MAX_LINE = 4096
+#: how many driver lines after "NVRM: The NVIDIA GPU <bus>", and within how many seconds, its "fallen off the bus"
+#: line may come (the driver writes the three lines at once); past them the GPU it named is forgotten
+_NAMED_LINES = 2
+_NAMED_SECONDS = 10.0
 #: how often a kernel log that is a plain file is looked at (/dev/kmsg wakes its reader itself)
 _FILE_POLL = 0.2
 
 
+def _split(line: str) -> tuple[int | None, str | None]:
+    """(facility, message) of one line: facility None when the line's format gives none; message None when the
+    line is not the kernel's (a syslog line of another program)."""
+    text = line.rstrip("\r\n")
+    facility = None
+    head = _KMSG_HEAD.match(text) or _PRI_HEAD.match(text)
+    if head:
+        facility = int(head.group(1)) >> 3
+    elif named := _NAMED_HEAD.match(text):
+        facility, head = _FACILITIES[named.group(1)], named
+    elif tagged := _SYSLOG.match(text):
+        if tagged.group(1) != "kernel":
+            return None, None
+        head = tagged
+    elif tagged := _KERNEL_TAG.match(text):
+        head = tagged
+    if head:
+        text = text[head.end():]
+    for _ in range(2):  # "[ 12.3]" after a syslog head, "[2026-...Z]: " after a collector's
+        found = _TIMES.match(text)
+        if not found:
+            break
+        text = text[found.end():]
+    return facility, text.strip()
+
+
+def facility_of(line: str) -> int | None:
+    """The syslog facility a line's head gives (0 kernel, 1 user, ...), or None when its format gives none."""
+    return _split(line)[0]
+
+
 def message_of(line: str) -> str:
-    """A line's text without the kmsg record head or dmesg's timestamp."""
-    return _DMESG_TIME.sub("", _KMSG_HEAD.sub("", line, count=1), count=1).rstrip("\n")
+    """A line's text without its head: kmsg record head, "<pri>", dmesg's time stamps, a syslog head."""
+    message = _split(line)[1]
+    return message if message is not None else line.strip()
+
+
+def kernel_message(line: str) -> str | None:
+    """The message of a line the kernel itself logged, or None: a record of another facility (user space's
+    writes to /dev/kmsg), a syslog line of another program."""
+    facility, message = _split(line)
+    if message is None or facility not in (None, 0):
+        return None
+    return message
 
 
 class LineParser:
-    """Kernel lines to records; it remembers the GPU of a two-line "fallen off the bus" message."""
+    """Kernel lines to records; it remembers, for the next few lines, the GPU of the driver's three-line
+    "fallen off the bus" message.
+
+    `refused` counts the lines that looked like the driver's but were not the kernel's own (written from user
+    space, or quoted inside another message): the monitor tells the operator about them.
+    """
 
     def __init__(self):
         self._named_gpu = ""
+        self._named_left = 0
+        self._named_at = 0.0
+        self.refused = 0
+        self.last_refused = ""
 
     def parse(self, line: str, now: float | None = None) -> Xid | SXid | KernelHang | None:
-        text = message_of(line[:_MAX_LINE])
-        when = time.time() if now is None else now
-        found = _XID.search(text)
-        if found:
-            rest = found.group(3)
-            nvlink5 = _NVLINK5.match(rest)
-            recovery = _RECOVERY.findall(rest)
-            return Xid(int(found.group(2)), normal_bus_id(found.group(1)), text, "kernel", when,
-                       fatal=(nvlink5.group(1) == "Fatal") if nvlink5 else None,
-                       recovery=recovery[-1] if recovery else "")
-        if "fallen off the bus" in text:
-            named = _OFF_BUS.search(text) or _THE_GPU.search(text)
-            bus = normal_bus_id(named.group(1)) if named else self._named_gpu
-            self._named_gpu = ""
-            return Xid(79, bus, text, "kernel", when, no_xid_line=True)
-        named = _THE_GPU.search(text)
-        if named:
-            self._named_gpu = normal_bus_id(named.group(1))
+        line = line[:_MAX_LINE]
+        text = kernel_message(line)
+        if text is None or not text.startswith(("NVRM", "nvidia-nvswitch", "INFO: task", "watchdog: ", "NMI ",
+                                                "BUG: soft lockup")):
+            if _LOOKS_LIKE.search(line):
+                self.refused += 1
+                self.last_refused = line
             return None
-        found = _SXID.search(text)
-        if found:
-            return SXid(int(found.group(2)), normal_bus_id(found.group(1)), found.group(3).lower() == "fatal", text,
-                        when)
-        if _LOCKUP.search(text):
-            return KernelHang("soft-lockup", text, when)
-        if _HUNG.search(text):
-            return KernelHang("hung-task", text, when)
+        when = time.time() if now is None else now
+        fresh = self._named_left > 0 and 0 <= when - self._named_at <= _NAMED_SECONDS
+        named, self._named_left = (self._named_gpu if fresh else ""), self._named_left - 1
+        return (self._xid(text, when) or self._off_bus(text, when, named) or self._sxid(text, when)
+                or _hang(text, when))
+
+    def _xid(self, text: str, when: float) -> Xid | None:
+        found = _XID.match(text)
+        if not found:
+            return None
+        number, rest = int(found.group(4)), found.group(5)
+        pid = _PID.match(rest)
+        nvlink5 = _NVLINK5.match(rest) if 144 <= number <= 150 else None
+        recovery = _RECOVERY.findall(rest) if number == 154 else []
+        return Xid(number, normal_bus_id(found.group(1)), text, "kernel", when,
+                   fatal=(nvlink5.group(2) == "Fatal") if nvlink5 else None,
+                   recovery=recovery[-1] if recovery else "",
+                   pid=int(pid.group(1)) if pid and pid.group(1) else None,
+                   gpu_instance=_int(found.group(2)), compute_instance=_int(found.group(3)),
+                   unit=nvlink5.group(1) if nvlink5 else "",
+                   intrinfo=_int(nvlink5.group(3), 16) if nvlink5 else None,
+                   error_status=_int(nvlink5.group(4), 16) if nvlink5 else None)
+
+    def _off_bus(self, text: str, when: float, named: str) -> Xid | None:
+        if found := _OFF_BUS.match(text):
+            return Xid(79, normal_bus_id(found.group(1)), text, "kernel", when, no_xid_line=True)
+        if _OFF_BUS_TAIL.match(text):
+            self._named_left = 0
+            return Xid(79, named, text, "kernel", when, no_xid_line=True)
+        if found := _THE_GPU.match(text):
+            self._named_gpu, self._named_left, self._named_at = normal_bus_id(found.group(1)), _NAMED_LINES, when
         return None
+
+    def _sxid(self, text: str, when: float) -> SXid | None:
+        found = _SXID.match(text)
+        if not found:
+            return None
+        rest = found.group(3)
+        severity = _SXID_SEVERITY.match(rest)
+        if severity is None and _SXID_DETAIL.search(rest):
+            return None  # the details of an event already reported
+        fatal = severity.group(1).lower() == "fatal" if severity else None
+        return SXid(int(found.group(2)), normal_bus_id(found.group(1)), fatal, text, when)
+
+
+def _hang(text: str, when: float) -> KernelHang | None:
+    if _LOCKUP.match(text):
+        return KernelHang("soft-lockup", text, when)
+    if _HUNG.match(text):
+        return KernelHang("hung-task", text, when)
+    return None
+
+
+def _int(text: str | None, base: int = 10) -> int | None:
+    return int(text, base) if text else None
 
 
 class KernelLog:

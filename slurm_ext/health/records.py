@@ -130,15 +130,27 @@ class Xid:
     recovery: str = ""
     #: a "fallen off the bus" line without an Xid, read as Xid 79
     no_xid_line: bool = False
+    #: the process the driver names (pid=...), None when it says '<unknown>' or nothing: lines of one process are
+    #: one fault, however many the driver prints
+    pid: int | None = None
+    #: MIG: the GPU instance and compute instance the driver attributes the error to ("GPU-I:05 GPU-CI:02")
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
+    #: NVLink5 Xids (144-150): the sub-unit (NETIR_LINK_EVT, TLW_RX_PIPE0, ...) and the first two words in
+    #: parentheses, IntrInfo and ErrorStatus, that NVIDIA's "Xid 144-150 Decode" table is read with
+    unit: str = ""
+    intrinfo: int | None = None
+    error_status: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class SXid:
-    """An NVSwitch error line."""
+    """An NVSwitch error line (its "Severity"/"Data" detail lines are not records: they follow the event)."""
 
     sxid: int
     pci_bus_id: str
-    fatal: bool
+    #: Fatal or Non-fatal as the line says; None when it says neither (SOE errors: "26006, SOE HALTED")
+    fatal: bool | None
     text: str
     time: float
 
