@@ -527,49 +527,94 @@ def test_foreign_drain_not_for_our_own_drain():
 
 # -- xid ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("number,action", [(13, "restart-job"), (31, "restart-job"), (43, "restart-job"),
-                                           (45, "none")])
-def test_application_xids_are_warnings(number, action):
+@pytest.mark.parametrize("number", [8, 13, 31, 32, 69, 94])
+def test_application_xids_are_warnings(number):
     found = one(event("xid", xid(number), GPUS_VIEW))
-    assert (found.severity, found.action, found.sticky) == ("warning", action, False)
+    assert (found.severity, found.action, found.sticky) == ("warning", "restart-job", False)
     assert found.subject == f"{GPU0.uuid}/xid{number}" and found.gpu == GPU0
     assert found.evidence == f"{number} gpu 0 {catalog.KNOWN[number].mnemonic} (expected none)"
     assert found.fields["repeats"] == 1 and found.fields["xid"] == number
+    assert found.fields["bucket"] == "RESTART_APP"
 
 
-@pytest.mark.parametrize("number", [13, 31, 43])
-def test_application_xid_repeating_on_one_gpu_escalates(number):
-    recent = (xid(number, time=100.0), xid(number, time=2000.0))
-    found = one(event("xid", xid(number, time=3000.0), dataclasses.replace(GPUS_VIEW, recent=recent)))
-    assert (found.severity, found.action, found.sticky) == ("critical", "reboot", True)
+@pytest.mark.parametrize("number,severity", [(43, "info"), (38, "info"), (121, "info"), (45, "warning")])
+def test_xids_nvidia_says_to_ignore_are_no_action(number, severity):
+    """43 (the application's fault, the GPU healthy), 38 (firmware watchdog) and 121 (corrected C2C errors): NVIDIA
+    says IGNORE; 45 follows the Xid it comes with. None escalates, however often it comes."""
+    recent = tuple(xid(number, time=float(t * 100), pid=t) for t in range(10))
+    found = one(event("xid", xid(number, time=1000.0, pid=99), dataclasses.replace(GPUS_VIEW, recent=recent)))
+    assert (found.severity, found.action, found.sticky) == (severity, "none", False)
+    assert found.evidence == f"{number} gpu 0 {catalog.KNOWN[number].mnemonic} (expected none)"
+
+
+@pytest.mark.parametrize("number", [13, 31])
+def test_application_xid_repeating_across_faults_on_one_gpu_asks_for_diagnostics_without_a_drain(number):
+    recent = (xid(number, time=100.0, pid=1), xid(number, time=2000.0, pid=2))
+    found = one(event("xid", xid(number, time=3000.0, pid=3), dataclasses.replace(GPUS_VIEW, recent=recent)))
+    assert (found.severity, found.action, found.sticky) == ("warning", "reset-gpu", False)
     assert found.fields["repeats"] == 3
-    assert f"{number} gpu 0 {catalog.KNOWN[number].mnemonic}, 3 in 1h (limit 2)" in found.evidence
-    # the second is still a warning
-    found = one(event("xid", xid(number, time=3000.0), dataclasses.replace(GPUS_VIEW, recent=recent[1:])))
-    assert (found.severity, found.fields["repeats"]) == ("warning", 2)
+    assert found.evidence.startswith(f"{number} gpu 0 {catalog.KNOWN[number].mnemonic}, 3 faults in 1h (limit 2): "
+                                     "run DCGM diagnostics")
+    assert found.evidence.endswith(f"(NVIDIA WORKFLOW_XID_{number})")
+    # the second is still a plain warning
+    found = one(event("xid", xid(number, time=3000.0, pid=3), dataclasses.replace(GPUS_VIEW, recent=recent[1:])))
+    assert (found.severity, found.action, found.fields["repeats"]) == ("warning", "restart-job", 2)
+
+
+def test_a_burst_of_lines_from_one_process_is_one_fault():
+    """A crash prints a burst (16 Xid 13 lines in 2 ms from one process in a real log): one fault, a warning."""
+    burst = tuple(xid(13, time=1000.0 + i * 0.0001, pid=4242) for i in range(15))
+    found = one(event("xid", xid(13, time=1000.0016, pid=4242), dataclasses.replace(GPUS_VIEW, recent=burst)))
+    assert (found.severity, found.action, found.fields["repeats"]) == ("warning", "restart-job", 1)
+    # the driver's '<unknown>' pid: the lines of one burst are still one fault
+    burst = tuple(xid(13, time=1000.0 + i * 0.0001) for i in range(15))
+    found = one(event("xid", xid(13, time=1000.0016), dataclasses.replace(GPUS_VIEW, recent=burst)))
+    assert found.fields["repeats"] == 1
+    # one process's lines past the burst are still its one fault; another process's are another
+    late = (*burst, xid(13, time=1500.0, pid=4242))
+    assert one(event("xid", xid(13, time=1600.0, pid=4242), dataclasses.replace(GPUS_VIEW, recent=late))
+               ).fields["repeats"] == 2  # the burst without a pid, then pid 4242's
+    assert one(event("xid", xid(13, time=1600.0, pid=7), dataclasses.replace(GPUS_VIEW, recent=late))
+               ).fields["repeats"] == 3
+
+
+@pytest.mark.parametrize("times,pids,faults", [
+    ([0.0], [None], 1),
+    ([0.0, 0.001, 9.9], [None, None, None], 1),
+    ([0.0, 10.5], [None, None], 2),
+    ([0.0, 5.0, 9.0, 12.0, 18.0], [None] * 5, 2),  # a burst is counted from its first line
+    ([0.0, 100.0, 200.0], [1, 1, 1], 1),
+    ([0.0, 100.0, 200.0], [1, 2, 3], 3),
+    ([200.0, 0.0, 100.0], [3, 1, 2], 3),  # order does not matter
+    ([], [], 0),
+])
+def test_count_faults(times, pids, faults):
+    from slurm_ext.health.checks.xid import count_faults
+    assert count_faults([xid(13, time=t, pid=p) for t, p in zip(times, pids)]) == faults
 
 
 def test_application_xid_repeats_count_only_the_same_gpu_xid_and_window():
-    others = (xid(13, GPU1.pci_bus_id, time=2900.0), xid(13, GPU1.pci_bus_id, time=2950.0),  # another GPU
-              xid(31, time=2960.0), xid(31, time=2970.0),  # another Xid
-              xid(13, time=100.0), SXid(22013, "00000000:0A:00.0", False, "sxid", 2980.0))  # too old; not an Xid
-    found = one(event("xid", xid(13, time=4000.0), dataclasses.replace(GPUS_VIEW, recent=others)))
+    others = (xid(13, GPU1.pci_bus_id, time=2900.0, pid=1), xid(13, GPU1.pci_bus_id, time=2950.0, pid=2),  # GPU 1
+              xid(31, time=2960.0, pid=3), xid(31, time=2970.0, pid=4),  # another Xid
+              xid(13, time=100.0, pid=5), SXid(22013, "00000000:0A:00.0", False, "sxid", 2980.0))  # too old
+    found = one(event("xid", xid(13, time=4000.0, pid=6), dataclasses.replace(GPUS_VIEW, recent=others)))
     assert (found.severity, found.fields["repeats"]) == ("warning", 1)
     # a shorter threshold and window from the config
     p = params("xid", threshold=2.0, window=60.0)
-    near = (xid(13, time=3950.0),)
-    found = one(event("xid", xid(13, time=4000.0), dataclasses.replace(GPUS_VIEW, recent=near), p))
-    assert (found.severity, found.action) == ("critical", "reboot")
-    assert "2 in 1m (limit 1)" in found.evidence
+    near = (xid(13, time=3950.0, pid=7),)
+    found = one(event("xid", xid(13, time=4000.0, pid=8), dataclasses.replace(GPUS_VIEW, recent=near), p))
+    assert (found.severity, found.action) == ("warning", "reset-gpu")
+    assert "2 faults in 1m (limit 1)" in found.evidence
 
 
 def test_nvml_event_xids_match_their_gpu_by_uuid():
     nvml_xid = Xid(31, "", "NVML event: Xid 31", "nvml", 3000.0, uuid=GPU1.uuid)
     recent = (Xid(31, "", "NVML event: Xid 31", "nvml", 2000.0, uuid=GPU1.uuid),
-              Xid(31, "", "NVML event: Xid 31", "nvml", 2500.0, uuid=GPU1.uuid))
+              xid(31, GPU1.pci_bus_id, time=2500.0))  # the kernel's line names the bus: the same GPU
     found = one(event("xid", nvml_xid, dataclasses.replace(GPUS_VIEW, recent=recent)))
     assert found.gpu == GPU1 and found.pci_bus_id == GPU1.pci_bus_id
-    assert found.subject == f"{GPU1.uuid}/xid31" and found.severity == "critical"
+    assert found.subject == f"{GPU1.uuid}/xid31" and found.fields["repeats"] == 3
+    assert (found.severity, found.action) == ("warning", "reset-gpu")
     assert found.fields["source"] == "nvml"
 
 
@@ -581,21 +626,42 @@ def test_xid_79_is_critical_reboot_sticky():
     assert found.fields["bucket"] == "RESTART_BM"
 
 
+@pytest.mark.parametrize("number", [46, 62, 64, 95, 109, 110, 119, 120, 136, 140, 143, 155, 156, 158])
+def test_xids_nvidia_resolves_by_a_gpu_reset_are_critical_reset_gpu(number):
+    found = one(event("xid", xid(number), GPUS_VIEW))
+    assert (found.severity, found.action, found.sticky) == ("critical", "reset-gpu", True)
+    assert found.fields["bucket"] == "RESET_GPU"
+
+
 def test_hardware_xid_does_not_escalate_by_repeats():
-    recent = tuple(xid(48, time=float(t)) for t in range(10))
+    recent = tuple(xid(48, time=float(t), pid=t) for t in range(10))
     found = one(event("xid", xid(48, time=20.0), dataclasses.replace(GPUS_VIEW, recent=recent)))
     assert (found.severity, found.action) == ("critical", "reset-gpu")
     assert found.evidence == "48 gpu 0 ROBUST_CHANNEL_GPU_ECC_DBE (expected none)"
 
 
-def test_nvlink5_fatal_and_nonfatal():
-    fatal = one(event("xid", xid(149, fatal=True), GPUS_VIEW))
-    assert (fatal.severity, fatal.action, fatal.sticky) == ("critical", "reboot", True)
-    nonfatal = one(event("xid", xid(149, fatal=False), GPUS_VIEW))
-    assert (nonfatal.severity, nonfatal.action, nonfatal.sticky) == ("warning", "none", False)
-    assert nonfatal.evidence == "149 gpu 0 NVLINK_NETIR_ERROR (expected none)"
-    unsaid = one(event("xid", xid(144, fatal=None), GPUS_VIEW))
-    assert (unsaid.severity, unsaid.action) == ("critical", "reboot")
+@pytest.mark.parametrize("number,unit,fatal,intrinfo,status,severity,action", [
+    (149, "NETIR_LINK_EVT", True, 0x025525C6, 0x0, "critical", "reset-gpu"),  # link down, peer device: reset
+    (149, "NETIR_LINK_EVT", True, 0x026005C6, 0x0, "info", "none"),  # reason 0b100110: IGNORE
+    (149, "NETIR_LINK_DOWN", True, 0x028005C6, 0x0, "info", "none"),  # reason 0b101000: IGNORE
+    (149, "NETIR", True, 0x000FE406, 0x0, "critical", "reset-gpu"),
+    (149, "NETIR_BER_EVENT", False, 0x00086226, 0x1, "info", "none"),
+    (144, "SAW_MVB", False, 0x1, 0x8, "info", "none"),
+    (144, "SAW_MVB", True, 0x1, 0x2, "critical", "reset-gpu"),
+    (145, "RLW_REMAP", False, 0x40820C2, 0x4, "warning", "restart-job"),  # XID_154_EVAL
+    (145, "RLW_SRC_TRACK", False, 0x040988E2, 0x8, "warning", "restart-job"),
+    (145, "RLW_SRC_TRACK", False, 0x040988E2, 0x2, "info", "none"),
+    (145, "RLW_RXPIPE", False, 0x0409A0C2, 0x8, "info", "none"),
+    (146, "TLW_RX_PIPE0", True, 0x0A, 0x4, "critical", "reset-gpu"),
+    (146, "TLW_RX_PIPE0", False, 0x0A, 0x2, "info", "none"),
+    (150, "MSE_WATCHDOG", True, 0x0, 0x0, "critical", "reset-gpu"),
+    (144, "", None, None, None, "warning", "none"),  # the line does not say: the Xid 154 with it will
+])
+def test_nvlink5_follows_nvidia_decode(number, unit, fatal, intrinfo, status, severity, action):
+    record = xid(number, fatal=fatal, unit=unit, intrinfo=intrinfo, error_status=status)
+    found = one(event("xid", record, GPUS_VIEW))
+    assert (found.severity, found.action, found.sticky) == (severity, action, severity == "critical")
+    assert found.evidence == f"{number} gpu 0 {catalog.KNOWN[number].mnemonic} (expected none)"
 
 
 @pytest.mark.parametrize("recovery,severity,action", [("GPU Reset Required", "critical", "reset-gpu"),
@@ -616,26 +682,61 @@ def test_xid_154_unknown_recovery_words_are_a_warning():
     assert (found.severity, found.action) == ("warning", "none")
 
 
-@pytest.mark.parametrize("number", [999, 0, 1, 171, 10**6])
+@pytest.mark.parametrize("number", [999, 0, 1, 173, 10**6])
 def test_unknown_xid_is_a_warning_without_action(number):
     found = one(event("xid", xid(number), GPUS_VIEW))
     assert (found.severity, found.action, found.sticky) == ("warning", "none", False)
     assert found.evidence == f"{number} gpu 0 UNKNOWN (expected none)"
     assert found.fields["bucket"] == "UNKNOWN"
+    assert found.subject == f"{GPU0.uuid}/xid-other"  # every number no catalog has: one finding per GPU
 
 
-def test_xid_for_a_bus_no_gpu_has_is_still_an_observation():
+def test_catalog_follows_nvidia_where_the_old_one_did_not():
+    """Issue 26: the catalog against NVIDIA's table (46, 110, 155, 156, 158 reset; 109 reset, not the application's;
+    38, 121 ignore; 119/120 reset; 43 ignore; NVLink5 Fatal reset)."""
+    for number in (46, 109, 110, 119, 120, 155, 156, 158):
+        assert (catalog.KNOWN[number].bucket, catalog.KNOWN[number].action) == ("RESET_GPU", "reset-gpu"), number
+    for number in (38, 43, 121):
+        entry = catalog.KNOWN[number]
+        assert (entry.bucket, entry.severity, entry.action, entry.sticky) == ("IGNORE", "info", "none", False)
+    assert not catalog.KNOWN[109].application
+    assert catalog.CATALOG_REVISION.startswith("NVIDIA Xid Catalog")
+
+
+def test_xids_of_bus_ids_no_gpu_has_are_one_node_finding():
     found = one(event("xid", xid(79, "00000000:99:00.0"), GPUS_VIEW))
     assert found.gpu is None
-    assert found.subject == "00000000:99:00.0/xid79"
+    assert found.subject == "node/xid"
     assert found.pci_bus_id == "00000000:99:00.0"
     assert found.evidence == "79 bus 00000000:99:00.0 (no such gpu) GPU_HAS_FALLEN_OFF_THE_BUS (expected none)"
     assert (found.severity, found.action) == ("critical", "reboot")
-    # no GPUs read at all (NVML down), and a fallen-off line that names no GPU
-    assert one(event("xid", xid(79), View())).subject == f"{GPU0.pci_bus_id}/xid79"
+    # every other bus no GPU has, and every Xid number: the same finding (the bookkeeping keeps its worst)
+    for bus, number in (("00000000:9A:00.0", 13), ("0000ABCD:17:00.0", 48), ("00000001:17:00.0", 999)):
+        assert one(event("xid", xid(number, bus), GPUS_VIEW)).subject == "node/xid"
+    # no GPUs read at all (NVML down or not polled yet), and a fallen-off line that names no GPU
+    assert one(event("xid", xid(79), View())).subject == "node/xid"
     nameless = one(event("xid", Xid(79, "", "NVRM: fallen off the bus", "kernel", 0.0, no_xid_line=True)))
-    assert (nameless.subject, nameless.evidence) == ("node/xid79",
-                                                     "79 node GPU_HAS_FALLEN_OFF_THE_BUS (expected none)")
+    assert (nameless.subject, nameless.evidence) == ("node/xid", "79 node GPU_HAS_FALLEN_OFF_THE_BUS (expected none)")
+
+
+def test_a_gpu_has_findings_for_a_bounded_number_of_xids_within_the_window():
+    from slurm_ext.health.checks.xid import MAX_XIDS_PER_GPU
+    numbers = sorted(n for n in catalog.KNOWN if n not in (144, 145, 146, 147, 148, 149, 150, 154))
+    recent = tuple(xid(n, time=float(i)) for i, n in enumerate(numbers[:MAX_XIDS_PER_GPU]))
+    view = dataclasses.replace(GPUS_VIEW, recent=recent)
+    extra = numbers[MAX_XIDS_PER_GPU]
+    assert one(event("xid", xid(extra, time=100.0), view)).subject == f"{GPU0.uuid}/xid-other"
+    assert one(event("xid", xid(numbers[0], time=100.0), view)).subject == f"{GPU0.uuid}/xid{numbers[0]}"
+    # another GPU has its own; past the window the first ones are forgotten
+    assert one(event("xid", xid(extra, GPU1.pci_bus_id, time=100.0), view)).subject == f"{GPU1.uuid}/xid{extra}"
+    assert one(event("xid", xid(extra, time=100.0 + 3600.0 + MAX_XIDS_PER_GPU), view)).subject == \
+        f"{GPU0.uuid}/xid{extra}"
+
+
+def test_mig_and_pid_fields_reach_the_finding():
+    found = one(event("xid", xid(94, pid=7194, gpu_instance=5, compute_instance=2), GPUS_VIEW))
+    assert (found.fields["pid"], found.fields["gpu_instance"], found.fields["compute_instance"]) == (7194, 5, 2)
+    assert "unit" not in one(event("xid", xid(94), GPUS_VIEW)).fields
 
 
 def test_xid_gpu_is_found_in_the_latest_snapshot_with_gpus():
@@ -662,15 +763,17 @@ def test_xid_overrides():
 
 
 def test_xid_override_applies_over_escalation():
-    view = dataclasses.replace(GPUS_VIEW, recent=(xid(13, time=1.0), xid(13, time=2.0)),
-                               xid_overrides={"13": XidSection(severity="warning", action="none")})
-    found = one(event("xid", xid(13, time=3.0), view))
-    assert (found.severity, found.action, found.sticky) == ("warning", "none", False)
+    view = dataclasses.replace(GPUS_VIEW, recent=(xid(13, time=1.0, pid=1), xid(13, time=20.0, pid=2)),
+                               xid_overrides={"13": XidSection(severity="critical", action="reboot")})
+    found = one(event("xid", xid(13, time=40.0, pid=3), view))
+    assert (found.severity, found.action, found.sticky) == ("critical", "reboot", True)
+    assert "3 faults in 1h" in found.evidence
 
 
 def test_xid_judge_takes_odd_records():
     for record in (Xid(-1, "", "", "kernel", 0.0), Xid(13, "not a bus", "garbage", "kernel", -5.0),
-                   Xid(150, GPU0.pci_bus_id, "", "kernel", 0.0, fatal=True, recovery="???")):
+                   Xid(150, GPU0.pci_bus_id, "", "kernel", 0.0, fatal=True, recovery="???"),
+                   Xid(149, GPU0.pci_bus_id, "", "kernel", 0.0, fatal=True, unit="", intrinfo=None)):
         found = one(event("xid", record, GPUS_VIEW))
         assert found.check == "xid"
 
@@ -682,10 +785,34 @@ def test_sxid_fatal_and_nonfatal():
     assert (fatal.severity, fatal.action, fatal.sticky) == ("critical", "reboot", True)
     assert fatal.subject == "00000000:0A:00.0/sxid24007"
     assert fatal.evidence == "24007 Fatal nvswitch 00000000:0A:00.0 (expected none)"
-    nonfatal = one(event("sxid", SXid(22013, "00000000:0A:00.0", False, "SXid ... Non-fatal", 5.0)))
+    assert fatal.fields == {"sxid": 24007, "name": "sourcetrack timeout error", "class": "fatal"}
+    nonfatal = one(event("sxid", SXid(12028, "00000000:0A:00.0", False, "SXid ... Non-fatal", 5.0)))
     assert (nonfatal.severity, nonfatal.action, nonfatal.sticky) == ("warning", "none", False)
-    assert nonfatal.fields == {"sxid": 22013}
+    # the guide: no impact (single-bit ECC, 22013)
+    harmless = one(event("sxid", SXid(22013, "00000000:0A:00.0", False, "SXid ... Non-fatal", 5.0)))
+    assert (harmless.severity, harmless.action) == ("info", "none")
     assert event("sxid", SXid(1, "", False, "", 0.0))[0].subject == "nvswitch/sxid1"
+
+
+def test_sxid_without_severity_and_always_fatal_ones():
+    soe = one(event("sxid", SXid(26006, "00000004:00:00.0", None, "SXid ... SOE HALTED", 5.0)))
+    assert (soe.severity, soe.action) == ("warning", "none")
+    assert soe.evidence == "26006 unstated nvswitch 00000004:00:00.0 (expected none)"
+    always = one(event("sxid", SXid(22003, "00000000:0A:00.0", None, "SXid ... Minion halt", 5.0)))
+    assert (always.severity, always.action, always.sticky) == ("critical", "reboot", True)
+    assert one(event("sxid", SXid(23001, "00000000:0A:00.0", False, "", 5.0))).severity == "critical"
+
+
+def test_sxids_are_bounded_per_switch_and_in_switches():
+    from slurm_ext.health.checks.sxid import MAX_SWITCHES, MAX_SXIDS_PER_SWITCH
+    bus = "00000000:0A:00.0"
+    numbers = sorted(catalog.SXIDS)[:MAX_SXIDS_PER_SWITCH + 1]
+    view = View(recent=tuple(SXid(n, bus, False, "", float(i)) for i, n in enumerate(numbers[:-1])))
+    assert one(event("sxid", SXid(numbers[-1], bus, False, "", 50.0), view)).subject == f"{bus}/sxid-other"
+    assert one(event("sxid", SXid(numbers[0], bus, False, "", 50.0), view)).subject == f"{bus}/sxid{numbers[0]}"
+    switches = [f"0000{i:04X}:0A:00.0" for i in range(MAX_SWITCHES + 1)]
+    view = View(recent=tuple(SXid(20034, b, True, "", 1.0) for b in switches[:-1]))
+    assert one(event("sxid", SXid(20034, switches[-1], True, "", 2.0), view)).subject == "nvswitch/sxid"
 
 
 def test_kernel_soft_lockup_is_critical_at_once():
