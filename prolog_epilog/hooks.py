@@ -32,7 +32,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from slurm_ext import config as config_mod, events, log
+from slurm_ext import config as config_mod, drainmark, events, log
 from slurm_ext.config import Config
 from slurm_ext.errors import ConfigError, SlurmExtError
 from slurm_ext.log import printable
@@ -92,6 +92,8 @@ def handle(phase: str, env: dict[str, str], config: Config, protect: tuple[int, 
 def prolog(env: dict[str, str], config: Config) -> Verdict:
     record = jobrecord.from_environ(env)
     state_dir = config.node.state_dir
+    if unshown := drainmark.unshown_drain(config.supervisor.runtime_dir):
+        return _refuse(config, record, unshown)
     with jobrecord.uid_lock(state_dir, record.uid, _lock_timeout(config)) as held:
         if not held:
             _emit(config, "uid-lock-timeout", f"job {record.job_id}: uid {record.uid}'s lock not had within "
@@ -111,6 +113,22 @@ def prolog(env: dict[str, str], config: Config) -> Verdict:
     if outcome.exit_code:
         return Verdict(outcome.exit_code, f"job {record.job_id}: job-start scripts failed (policy drain)")
     return Verdict(0, "")
+
+
+def _refuse(config: Config, record: jobrecord.JobRecord, unshown: str) -> Verdict:
+    """No job while a drain of ours waits for Slurm (an admin just resumed the node over a critical finding).
+
+    The agent is asked to drain now and the answer waited for: the drain must be shown before this Prolog's
+    failure reaches slurmctld, which would otherwise drain the node with its bare "Prolog error"."""
+    from slurm_ext import nodestate
+    try:
+        shown = nodestate.look_now(config.supervisor.runtime_dir, timeout=config.slurm.timeout)
+    except SlurmExtError as err:
+        shown = f"not known: {err}"
+    _emit(config, "job-refused", f"job {record.job_id}: node {record.node or config.node.slurm_name} is to be "
+          f"drained ({unshown}), which Slurm did not show when the job came; Slurm requeues the job (the node shows "
+          f"{shown or 'no reason'!r})", "error", job=record.job_id, reason=unshown)
+    return Verdict(1, f"job {record.job_id}: the node is being drained ({unshown}); Slurm requeues the job")
 
 
 def _gpus_unfit(record: jobrecord.JobRecord, config: Config) -> Verdict | None:

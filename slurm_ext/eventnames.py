@@ -124,6 +124,8 @@ _ENTRIES = (
     EventName("prolog-failed", _HOOKS, "error",
               "the Prolog failed; the job starts (the message says what went wrong)"),
     EventName("epilog-failed", _HOOKS, "error", "the Epilog failed; the job's leftovers may remain"),
+    EventName("job-refused", _HOOKS, "error", "the Prolog refused a job: a drain of slurm-ext's waits for Slurm to "
+              "show it (an admin resumed the node over a critical finding); Slurm requeues the job"),
     EventName("record-failed", _HOOKS, "error", "the Prolog could not write the job's record (the node is drained)"),
     EventName("record-missing", _HOOKS, "warning",
               "the Epilog found no record of its job; it cleans up from its environment"),

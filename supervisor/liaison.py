@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from slurm_ext import nodestate
+from slurm_ext import drainmark, nodestate
 from slurm_ext.errors import SlurmExtError
 from slurm_ext.slurm import Node, SlurmClient
 
@@ -27,6 +27,9 @@ log = logging.getLogger("supervisor")
 
 #: how often to ask while something is due (a request, a resume waiting for slurmd, a slurmd to register)
 _BUSY_INTERVAL = 0.25
+#: how often to look while a drain of ours waits behind someone else's: their resume must be followed by ours
+#: before Slurm starts a job on the node (the Prolog refuses one meanwhile)
+_HELD_INTERVAL = 0.5
 #: how often an unchanged failure to reach Slurm is logged again
 _REPEAT_FAILURE_EVERY = 60.0
 
@@ -41,6 +44,8 @@ class SlurmLiaison(threading.Thread):
         self.emit = emit
         self.owner = nodestate.Reconciler(slurm, node, emit, stale_prefixes)
         self.owner.runs_slurmd = runs_slurmd
+        if runs_slurmd:
+            self.owner.unshown_file = drainmark.path(runtime_dir)
         #: wakes the agent's loop when readiness changes
         self.on_change = on_change
         #: whether to poll the node for readiness (the role runs slurmd)
@@ -119,7 +124,7 @@ class SlurmLiaison(threading.Thread):
                 except Exception:  # never let this thread die silently
                     log.exception("slurm liaison: unexpected error (retrying)")
                 busy = self.owner.busy or (self.watch_node and not self.node_ok)
-                self._wait(_BUSY_INTERVAL if busy else self.ready_interval)
+                self._wait(_BUSY_INTERVAL if busy else _HELD_INTERVAL if self.owner.held else self.ready_interval)
         finally:
             if self.channel is not None:
                 self.channel.close()

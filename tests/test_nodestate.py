@@ -264,3 +264,25 @@ def test_a_stale_drain_waits_for_this_runs_slurmd_a_cleared_one_does_not():
     gres.clear("gres")
     assert gres.step(node, registered=True, fresh=False) == Resume(f"slurm-ext: {GPU}", "cleared")
 
+
+
+def test_a_want_asked_anew_before_the_operators_resume_was_seen_still_drains():
+    """The operator resumed our drain and, before the owner looked again, the same want came anew (a second Xid 79
+    on the GPU): the new evidence drains again; only the want Slurm had shown is dismissed."""
+    owner = NodeState("n1")
+    owner.want("gres", GPU)
+    node, _ = settle(owner, IDLE)
+    assert node.reason == f"slurm-ext: {GPU}"
+    owner.want("gres", GPU)  # asked again while Slurm shows it: the operator's resume below has not been seen
+    node, actions = settle(owner, IDLE)
+    assert actions[0].event == "drain-overridden"
+    node, actions = settle(owner, node)
+    assert node.reason == f"slurm-ext: {GPU}", actions
+
+
+def test_asking_again_while_shown_writes_nothing():
+    owner = NodeState("n1")
+    owner.want("gres", GPU)
+    node, _ = settle(owner, IDLE)
+    owner.want("gres", GPU)
+    assert settle(owner, node)[1] == [Leave()]

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import time
 
 import psutil
 
 from conftest import wait_for
-from slurm_ext import devcluster as dev, nodestate
+from slurm_ext import devcluster as dev, drainmark, nodestate
 from slurm_ext.nodestate import channel
 
 CRASH = "slurmd crash loop: 5 exits in 10s (last: died (killed by SIGKILL))"
@@ -157,3 +158,71 @@ def test_a_crash_loop_drain_left_over_dev_down_and_up_is_cleared_without_an_erro
     said = [f'{e["component"]} {e["event"]}: {e["message"]}' for e in events]
     assert any(e["event"] == "resume" and e["why"] == "stale" for e in events), "\n".join(said)
     assert not [e for e in events if e["severity"] == "error"], "\n".join(said)
+
+
+def _schedulable(node) -> bool:
+    """Slurm may start a job there: up and not drained."""
+    return not node.drained and node.state not in ("DOWN", "UNKNOWN", "FUTURE") and node.responding
+
+
+def test_an_admins_resume_over_a_held_drain_is_followed_by_ours_before_any_job_starts(running_cluster, tmp_path):
+    """A critical want behind an admin's drain; a job waits for the node; the admin resumes it. Our drain must
+    land within a second, and the job must not run meanwhile: the agent looks twice a second while a want is held,
+    and the Prolog refuses a job while the drain it wants is not shown (slurm_ext.drainmark)."""
+    cluster = running_cluster
+    slurm = cluster.client()
+    marker = tmp_path / "ran"
+    os.chmod(tmp_path, 0o777)
+    cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=drain", "reason=admin: new cables")
+    job = None
+    try:
+        answer = _ask(cluster, {"owner": "gres", "want": GPU})
+        assert answer["ok"] and answer["outcome"].startswith("held by someone else's drain"), answer
+        assert drainmark.unshown_drain(cluster.layout.hook_socket.parent) == f"slurm-ext: {GPU}"
+        job = cluster.sbatch(f"--nodelist={cluster.node}", "--gres=gpu:1", f"--wrap=touch {marker}")
+        wait_for("the job pending for the node", lambda: slurm.job(job) and slurm.job(job).state == "PENDING")
+        cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=resume")
+        resumed = time.monotonic()
+        schedulable_since = None
+        schedulable_for = 0.0
+        while time.monotonic() - resumed < 10:
+            node = slurm.node(cluster.node)
+            now = time.monotonic()
+            if _schedulable(node):
+                schedulable_since = schedulable_since or now
+            elif schedulable_since is not None:
+                schedulable_for += now - schedulable_since
+                schedulable_since = None
+            if node.drained and node.reason.startswith(f"slurm-ext: {GPU}"):
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"our drain did not follow the admin's resume within 10 s: {node}")
+        assert schedulable_for <= 1.0, f"the node was schedulable for {schedulable_for:.2f}s"
+        time.sleep(3)  # a job Slurm started meanwhile would have run its script by now
+        assert not marker.exists(), "a job ran on the node between the admin's resume and our drain"
+        assert slurm.node(cluster.node).reason.startswith(f"slurm-ext: {GPU}")
+        assert not drainmark.unshown_drain(cluster.layout.hook_socket.parent)
+    finally:
+        if job is not None:
+            cluster.run("scancel", str(job), check=False)
+        _ask(cluster, {"owner": "gres", "clear": True})
+        cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=resume", check=False)
+
+
+def test_a_want_an_operator_resumed_drains_again_when_asked_anew(running_cluster):
+    """An operator's resume dismisses our drain; the same want asked again (the health monitor does on each new
+    critical event: a GPU off the bus twice) drains again."""
+    cluster = running_cluster
+    slurm = cluster.client()
+    try:
+        assert _ask(cluster, {"owner": "gres", "want": GPU})["ok"]
+        assert slurm.node(cluster.node).reason == f"slurm-ext: {GPU}"
+        cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=resume")
+        wait_for("the operator's resume seen", lambda: not slurm.node(cluster.node).drained)
+        answer = _ask(cluster, {"owner": "gres", "want": GPU})
+        assert answer["ok"] and answer["outcome"] == f"drained: slurm-ext: {GPU}", answer
+        assert slurm.node(cluster.node).reason == f"slurm-ext: {GPU}"
+    finally:
+        _ask(cluster, {"owner": "gres", "clear": True})
+        cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=resume", check=False)

@@ -474,7 +474,9 @@ class Monitor:
         for obs in observations:
             self._apply(self.findings.event(params, obs, now, self._jobs))
         self._update_state(check_id)
-        self._drains.sync(check_id, self.findings.open())
+        # a new critical event is new evidence: it drains again even where an operator resumed our drain for the
+        # same finding (a GPU that falls off the bus twice must not keep taking jobs)
+        self._drains.sync(check_id, self.findings.open(), renew=any(o.severity == "critical" for o in observations))
 
     def _check_failed(self, check_id: str, err: Exception) -> None:
         if self.check_state.get(check_id) != "failed":
@@ -640,6 +642,8 @@ class _DrainPoster:
         self.monitor = monitor
         self.wanted: dict[str, str | None] = {}
         self.told: dict[str, str | None] = {}
+        #: checks whose drain is asked again although told (a new critical event)
+        self.renew: set[str] = set()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -656,8 +660,9 @@ class _DrainPoster:
         for check in {f.check for f in open_findings}:
             self.sync(check, open_findings)
 
-    def sync(self, check: str, open_findings: list[Finding]) -> None:
-        """Want `check`'s drain for its worst open critical finding, or its clear when it has none.
+    def sync(self, check: str, open_findings: list[Finding], renew: bool = False) -> None:
+        """Want `check`'s drain for its worst open critical finding, or its clear when it has none; `renew`: ask
+        again even if asked already (the node-state owner drains anew where an operator had resumed it).
 
         A clear is sent only for a drain this monitor asked for, one a previous run asked for, or one Slurm
         shows now: twenty checks judging healthy at start must not cost the agent twenty Slurm reads."""
@@ -669,6 +674,8 @@ class _DrainPoster:
             if reason is None and check not in self.wanted and check not in m.drained_before and not shown:
                 return
             self.wanted[check] = reason
+            if renew and reason is not None:
+                self.renew.add(check)
         self._wake.set()
 
     def drained(self) -> set[str]:
@@ -683,7 +690,8 @@ class _DrainPoster:
             self._wake.wait(5.0)
             self._wake.clear()
             with self._lock:
-                todo = {c: r for c, r in self.wanted.items() if self.told.get(c, "unset") != r}
+                todo = {c: r for c, r in self.wanted.items() if self.told.get(c, "unset") != r or c in self.renew}
+                self.renew.clear()
             for check, reason in todo.items():
                 try:
                     common = dict(node=m.node, slurm=lambda: SlurmClient(m.config.slurm),
@@ -698,6 +706,9 @@ class _DrainPoster:
                 except Exception as err:  # Slurm, the agent's socket, a bug: never the end of this thread
                     log.warning("health: %s for %s not confirmed yet: %s; retrying", "clear" if reason is None
                                 else "drain", check, err)
+                    if reason is not None:
+                        with self._lock:
+                            self.renew.add(check)
                     self._wake.set()
                     self._stop.wait(5.0)
 

@@ -27,7 +27,8 @@ from .owner import NodeState, UnknownReason
 from .reconciler import Reconciler, Ticket, registered
 
 __all__ = ["CATALOGUE", "DrainKind", "kind_of", "stale_at_start", "NodeState", "UnknownReason", "Reconciler", "Ticket",
-           "registered", "ChannelServer", "SOCKET_NAME", "DrainNotConfirmed", "post", "post_clear", "socket_path",
+           "registered", "ChannelServer", "SOCKET_NAME", "DrainNotConfirmed", "post", "post_clear", "look_now",
+           "socket_path",
            "HeldByOthers", "repair_reason", "is_repair_reason", "drain_for_repair", "resume_after_repair"]
 
 
@@ -61,6 +62,24 @@ def post_clear(runtime_dir: str | Path, owner: str, *, node: str, slurm: Callabl
     Raises: as `post` (UnknownReason aside).
     """
     return _ask(runtime_dir, {"owner": owner, "clear": True}, node, slurm, emit, timeout)
+
+
+def look_now(runtime_dir: str | Path, timeout: float) -> str:
+    """Have the agent's owner make Slurm agree now; returns the reason the node shows after it ('' when no agent
+    answers: a one-off owner would have nothing to apply).
+
+    Raises:
+        DrainNotConfirmed: the agent did not answer within `timeout`, or Slurm did not.
+    """
+    try:
+        answer = channel.request(socket_path(runtime_dir), {"look": True}, timeout)
+    except channel.NoAgent:
+        return ""
+    except TimeoutError as err:
+        raise DrainNotConfirmed(str(err)) from None
+    if not answer.get("ok"):
+        raise DrainNotConfirmed(f"the agent could not look at the node now: {answer.get('error')}")
+    return answer.get("outcome", "")
 
 
 def _ask(runtime_dir, message: dict, node: str, slurm, emit, timeout: float) -> str:

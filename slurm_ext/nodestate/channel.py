@@ -4,6 +4,8 @@ One SOCK_SEQPACKET socket, `<runtime_dir>/nodestate.sock`, served by the
 agent's Slurm thread. A request is one JSON message, {"owner": ..., "want":
 reason} or {"owner": ..., "clear": true}; the answer, once Slurm shows it
 (or someone else's drain holds the node), is {"ok": true, "outcome": ...}.
+{"look": true} asks for a pass now (the Prolog, when a drain of ours waits
+for Slurm); its outcome is the reason the node shows after it.
 Both ends are root's: the server answers only uid 0 (SO_PEERCRED), and the
 client talks only to a server running as uid 0, so no user can swallow a
 drain by planting a socket.
@@ -154,6 +156,9 @@ class ChannelServer:
             return False
         try:
             message = json.loads(data)
+            if message.get("look") is True:
+                client.ticket = self.reconciler.look()
+                return True
             owner = str(message["owner"])
             fields = {str(k): str(v) for k, v in dict(message.get("fields") or {}).items()}
             client.ticket = (self.reconciler.clear(owner) if message.get("clear")

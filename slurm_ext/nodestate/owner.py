@@ -31,7 +31,7 @@ from slurm_ext.slurm import REASON_PREFIX, Node, is_our_reason
 from .catalogue import BY_OPERATOR, WHEN_CLEARED, DrainKind, kind_of, split_more, supersedes
 from .controller import is_repair_reason
 
-__all__ = ["Want", "Drain", "Resume", "Leave", "Wait", "NodeState", "UnknownReason", "checked"]
+__all__ = ["Want", "Drain", "Resume", "Leave", "Wait", "NodeState", "UnknownReason", "checked", "shows_ours"]
 
 #: a reason of ours that the catalogue does not know (another version of slurm-ext wrote it): kept for an operator
 _UNKNOWN = DrainKind("unknown", "unknown", "{text}", 0, BY_OPERATOR, "a slurm-ext reason this version does not know")
@@ -138,7 +138,8 @@ class NodeState:
     # -- requests -------------------------------------------------------------------
 
     def want(self, owner: str, reason: str, **fields) -> Want:
-        """`owner` (e.g. "gres", "crash-loop/slurmd", "jobs") wants the node drained for `reason`.
+        """`owner` (e.g. "gres", "crash-loop/slurmd", "jobs") wants the node drained for `reason`; asking again
+        for a reason Slurm already showed is new evidence, which drains again where an operator resumed the node.
 
         Raises:
             UnknownReason: the reason is not a catalogued kind of that owner.
@@ -146,8 +147,10 @@ class NodeState:
         reason, kind = checked(owner, reason)
         want = Want(owner, reason, kind, next(self._seq), fields=fields)
         old = self.wants.get(want.key)
-        if old is not None and old.reason == reason and not old.dismissed:
-            return old  # asked again, same reason: nothing new
+        if old is not None and old.reason == reason and not old.dismissed and not old.shown:
+            return old  # asked again before Slurm showed it: nothing new
+        # asked anew after Slurm showed it: new evidence (a GPU off the bus again), which an operator's resume of the
+        # old drain, seen or not yet, does not dismiss
         self.wants[want.key] = want
         return want
 
@@ -186,7 +189,7 @@ class NodeState:
             self._started = True
             self._adopt(node, at_start=True)
         controllers = is_repair_reason(node.reason)
-        ours = _shows_ours(node) and not controllers
+        ours = shows_ours(node) and not controllers
         if (node.drained or controllers and node.state == "DOWN") and not ours:
             active = self.active()
             if active and supersedes(active[0].kind, node.reason):  # Slurm's own word for our GPU drain
@@ -246,7 +249,7 @@ class NodeState:
 
     def _adopt(self, node: Node, at_start: bool) -> None:
         """Take over a reason of ours found in Slurm that this owner did not set (never the controller's)."""
-        if not _shows_ours(node) or is_repair_reason(node.reason):
+        if not shows_ours(node) or is_repair_reason(node.reason):
             return
         text, _ = split_more(node.reason.removeprefix(REASON_PREFIX).strip())
         kind = kind_of(text) or _UNKNOWN
@@ -273,6 +276,6 @@ class NodeState:
                     want.dismissed = True
 
 
-def _shows_ours(node: Node) -> bool:
+def shows_ours(node: Node) -> bool:
     """Drained (or down) with a reason of slurm-ext's."""
     return (node.drained or node.state == "DOWN") and is_our_reason(node.reason)

@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 from slurm_ext.errors import SlurmExtError
 from slurm_ext.slurm import Node, SlurmClient
 
 from .controller import is_repair_reason
-from .owner import Drain, Leave, NodeState, Resume, Wait, Want, checked
+from .owner import Drain, Leave, NodeState, Resume, Wait, Want, checked, shows_ours
 
 __all__ = ["Ticket", "Reconciler", "registered"]
 
@@ -85,6 +87,14 @@ class Reconciler:
         #: stale drain is lifted only once that slurmd has registered. Left unset by one-off writers.
         self.slurmd_started: float | None = None
         self.runs_slurmd = False
+        #: where the drain we want and Slurm does not show is kept for the Prolog (slurm_ext.drainmark; the agent
+        #: of the node's slurmd sets it; None: nowhere)
+        self.unshown_file: Path | None = None
+        #: what unshown_file says (None: not written by this run yet; a previous run's is rewritten at the first pass)
+        self._unshown: str | None = None
+        #: the last look found our wants held behind someone else's drain: the node is watched closely, since an
+        #: admin's resume must be followed by our drain before Slurm gives the node a job
+        self.held = False
 
     # -- requests (any thread) --------------------------------------------------------
 
@@ -164,8 +174,28 @@ class Reconciler:
             self._write(action, node)
             node = self.slurm.node(self.node)
         self._waiting = isinstance(action, Wait)
+        wanted = self.state.desired()
+        ours = shows_ours(node) and not is_repair_reason(node.reason)
+        self.held = wanted is not None and node.drained and not ours
+        self._keep_unshown(wanted if wanted is not None and not ours else "")
         self._settle(node)
         return node
+
+    def _keep_unshown(self, reason: str) -> None:
+        if self.unshown_file is None or reason == self._unshown:
+            return
+        try:
+            if reason:
+                from slurm_ext.fileio import atomic_write
+                atomic_write(self.unshown_file, reason + "\n", mode=0o644, fsync="none")
+            else:
+                os.unlink(self.unshown_file)
+        except FileNotFoundError:
+            pass
+        except OSError as err:  # the Prolog then does not know: the drain still comes, by this thread
+            log.error("node %s: cannot keep %s: %s", self.node, self.unshown_file, err.strerror or err)
+            return
+        self._unshown = reason
 
     def _write(self, action: Drain | Resume, node: Node) -> None:
         try:
