@@ -580,10 +580,10 @@ class Check:
                                 start_new_session=True)
         self.children.append(proc)
         deadline = time.monotonic() + self.limit(90, 60)
-        lines = []
-        while time.monotonic() < deadline:
-            line = _readline(proc, deadline - time.monotonic())
-            if line is None:
+        lines, output = [], _lines(proc)
+        while True:
+            line = output.get(max(0.0, deadline - time.monotonic()))
+            if line is None:  # it ended, or nothing came in time
                 break
             lines.append(line.strip())
             log.write(line)
@@ -737,15 +737,33 @@ class Check:
 
 # -- helpers ----------------------------------------------------------------------------------------------
 
-def _readline(proc: subprocess.Popen, timeout: float) -> str | None:
-    """The next line of `proc`'s stdout within `timeout`, or None (timeout, or it ended)."""
-    import selectors
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        if not sel.select(max(0.0, timeout)):
+def _lines(proc: subprocess.Popen):
+    """A queue of `proc`'s stdout lines, read on a thread of their own (None once it ends). Not select() and
+    readline(): lines that came in one read wait in the file's buffer where select() does not see them."""
+    import queue
+    import threading
+    lines: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put(None)
+    threading.Thread(target=read, name="load-output", daemon=True).start()
+    return _Lines(lines)
+
+
+class _Lines:
+    """`get(timeout)`: the next line, or None when the process ended or nothing came in time."""
+
+    def __init__(self, lines) -> None:
+        self._lines = lines
+
+    def get(self, timeout: float) -> str | None:
+        import queue
+        try:
+            return self._lines.get(timeout=timeout)
+        except queue.Empty:
             return None
-    line = proc.stdout.readline()
-    return line or None
 
 
 def _journal_findings(path: Path) -> list[str]:
