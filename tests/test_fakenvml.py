@@ -174,6 +174,7 @@ def detailed_spec() -> dict[str, Any]:
                 "pci_bus_id": "00000000:1B:00.0",
                 "serial": "1321021000042",
                 "memory_total": 80 * GIB,
+                "memory_reserved": 1 * GIB,
                 "memory_used": 5 * GIB,
                 "utilization_gpu": 87,
                 "utilization_memory": 41,
@@ -237,7 +238,7 @@ def test_pynvml_reads_configured_devices(fakenvml_lib: Path, spec_path: Path) ->
             "by_pci": n.nvmlDeviceGetUUID(n.nvmlDeviceGetHandleByPciBusId("0000:43:00.0")),
             "by_uuid": n.nvmlDeviceGetIndex(n.nvmlDeviceGetHandleByUUID("GPU-66666666-7777-8888-9999-000000000000")),
             "mem": [mem.total, mem.used, mem.free],
-            "mem2": [mem2.total, mem2.used, mem2.free],
+            "mem2": [mem2.total, mem2.reserved, mem2.used, mem2.free],
             "util": [util.gpu, util.memory],
             "temp": n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU),
             "power": n.nvmlDeviceGetPowerUsage(h),
@@ -283,8 +284,9 @@ def test_pynvml_reads_configured_devices(fakenvml_lib: Path, spec_path: Path) ->
     assert got["pci"] == [0, 0x1B, 0]
     assert got["by_pci"] == "GPU-66666666-7777-8888-9999-000000000000"
     assert got["by_uuid"] == 1
-    assert got["mem"] == [80 * GIB, 5 * GIB, 75 * GIB]
-    assert got["mem2"] == [80 * GIB, 5 * GIB, 75 * GIB]
+    # v1 counts the driver's reserve as used; v2 keeps it apart
+    assert got["mem"] == [80 * GIB, 6 * GIB, 74 * GIB]
+    assert got["mem2"] == [80 * GIB, 1 * GIB, 5 * GIB, 74 * GIB]
     assert got["util"] == [87, 41]
     assert got["temp"] == 66
     assert got["power"] == 512_345
@@ -344,6 +346,86 @@ def test_nvlink_beyond_device_links_is_not_supported(fakenvml_lib: Path, spec_pa
     }
 
 
+def test_a_gpu_without_nvlink_and_a_driver_that_answers_invalid_argument_past_the_last_link(
+        fakenvml_lib: Path, spec_path: Path) -> None:
+    """No peers: no NVLink, link 0 NOT_SUPPORTED (the recorded H200); `nvlink_past_last` INVALID_ARGUMENT: what a
+    GB200 driver answers past its last link. MIG off: the instance ids are INVALID_ARGUMENT, as recorded."""
+    spec = fakenvml.default_gpus(3)
+    spec["gpus"][0]["nvlink_peers"] = []
+    spec["gpus"][1].update(nvlink_count=2, nvlink_past_last="INVALID_ARGUMENT")
+    fakenvml.write_spec(spec_path, spec)
+    got = run_json(
+        fakenvml_lib,
+        spec_path,
+        """
+        import json
+        n.nvmlInit()
+        def call(fn, *args):
+            try:
+                return fn(*args)
+            except n.NVMLError as exc:
+                return type(exc).__name__
+        hs = [n.nvmlDeviceGetHandleByIndex(i) for i in range(3)]
+        print(json.dumps({
+            "links": [[call(n.nvmlDeviceGetNvLinkState, h, link) for link in (0, 1, 2)] for h in hs],
+            "ids": [call(n.nvmlDeviceGetGpuInstanceId, hs[0]), call(n.nvmlDeviceGetComputeInstanceId, hs[0])],
+        }))
+        """,
+    )
+    assert got["links"] == [["NVMLError_NotSupported"] * 3, [1, 1, "NVMLError_InvalidArgument"], [1, 1, 0]]
+    assert got["ids"] == ["NVMLError_InvalidArgument"] * 2
+
+
+# ---------------------------------------------------------------------------
+# Latency: what a call costs on the recorded GPU
+# ---------------------------------------------------------------------------
+
+def test_the_recorded_latency_table_is_the_recorded_h200s() -> None:
+    """latency_recorded.h (the spec's "latency": "recorded") is what the idle H200's recording gives, nothing else."""
+    from slurm_ext import nvmlrecord
+    recording = nvmlrecord.read(Path(__file__).parent / "data" / "real-gpu" / "h200-580-idle.json")
+    header = (fakenvml.source_dir() / "latency_recorded.h").read_text()
+    assert header == fakenvml.latency_header(recording), "regenerate it with fakenvml.latency_header()"
+    table = fakenvml.recorded_latency(recording)
+    # pynvml's calls land on the entry points it resolves: nvmlInit -> nvmlInitWithFlags, GetCount -> _v2
+    assert table["nvmlInitWithFlags"] == 12.8 and table["nvmlDeviceGetCount_v2"] == 0.015
+    assert table["nvmlDeviceGetTemperatureThreshold#1"] == 2.79 and table["nvmlDeviceGetCpuAffinity"] == 12.793
+    assert not [name for name in table if name.startswith("nvmlEventSetWait")]
+
+
+def test_latency_recorded_or_per_call_makes_calls_take_their_time(child_factory, spec_path: Path) -> None:
+    spec = fakenvml.default_gpus(1)
+    spec["latency"] = "recorded"
+    fakenvml.write_spec(spec_path, spec)
+    child = child_factory(spec_path)
+    child("n.nvmlInit()")
+    child("h = n.nvmlDeviceGetHandleByIndex(0)")
+    # the recorded H200's costliest calls: total energy 4.32 ms, the slowdown threshold 2.79 ms
+    assert child("[timed(n.nvmlDeviceGetTotalEnergyConsumption, h), timed.elapsed][1]") >= 0.00432
+    assert child("[timed(n.nvmlDeviceGetTemperatureThreshold, h, 1), timed.elapsed][1]") >= 0.00279
+
+    # a map of entry points, with a selector after # (a threshold's or clock's type)
+    spec["latency"] = {"nvmlDeviceGetClockInfo#1": 200, "nvmlDeviceGetUUID": 150.5}
+    fakenvml.write_spec(spec_path, spec)
+    assert child("[timed(n.nvmlDeviceGetClockInfo, h, 1), timed.elapsed][1]") >= 0.2
+    assert child("[timed(n.nvmlDeviceGetClockInfo, h, 2), timed.elapsed][1]") < 0.1
+    assert child("[timed(n.nvmlDeviceGetUUID, h), timed.elapsed][1]") >= 0.15
+    assert child("[timed(n.nvmlDeviceGetTotalEnergyConsumption, h), timed.elapsed][1]") < 0.1
+    assert child.close() == ""
+
+
+@pytest.mark.parametrize("latency, message", [
+    ("fast", 'latency: expected "recorded" or an object of entry points and ms'),
+    ({"GetUUID": 1}, "latency.GetUUID: expected an NVML entry point"),
+    ({"nvmlDeviceGetUUID": -1}, "latency.nvmlDeviceGetUUID: expected milliseconds from 0 to 60000"),
+    ({"nvmlDeviceGetClockInfo#sm": 1}, "latency.nvmlDeviceGetClockInfo#sm: the selector after # must be"),
+])
+def test_a_bad_latency_is_refused_with_its_path(fakenvml_lib: Path, spec_path: Path, latency, message: str) -> None:
+    fakenvml.write_spec(spec_path, {"count": 1, "latency": latency})
+    proc = run_pynvml(fakenvml_lib, spec_path, "n.nvmlInit()")
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+
+
 # ---------------------------------------------------------------------------
 # Thermal limits, field values, PCIe link, NVLink fabric, energy
 # ---------------------------------------------------------------------------
@@ -377,14 +459,17 @@ def test_temperature_thresholds_defaults_overrides_and_unreported(fakenvml_lib: 
         """,
     )
     assert got["kinds"] == [0, 1, 3, 2]  # pynvml's enum values: SHUTDOWN, SLOWDOWN, GPU_MAX, MEM_MAX
-    assert got["values"] == [[92, 89, 87, 95], [97, 89, "NVMLError_NotSupported", 95]]
+    # the recorded H200's: shutdown 95, slowdown 89, GPU max 87, memory max not reported
+    assert got["values"] == [[95, 89, 87, "NVMLError_NotSupported"], [97, 89, "NVMLError_NotSupported",
+                                                                       "NVMLError_NotSupported"]]
     assert got["others"] == ["NVMLError_NotSupported"] * 4
 
 
 def test_field_values_memory_temperature_recovery_action_replay_counter(fakenvml_lib: Path,
                                                                        spec_path: Path) -> None:
     spec = fakenvml.default_gpus(2)
-    spec["gpus"][1].update(memory_temperature=71, gpu_recovery_action=1, pcie_replay_counter=12)
+    spec["gpus"][1].update(memory_temperature=71, gpu_recovery_action=1, pcie_replay_counter=12,
+                           remapped_rows={"uncorrected": 2})
     fakenvml.write_spec(spec_path, spec)
     got = run_json(
         fakenvml_lib,
@@ -393,7 +478,8 @@ def test_field_values_memory_temperature_recovery_action_replay_counter(fakenvml
         import json, time
         n.nvmlInit()
         ids = [n.NVML_FI_DEV_MEMORY_TEMP, (n.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, 3),
-               n.NVML_FI_DEV_PCIE_REPLAY_COUNTER, n.NVML_FI_DEV_ECC_CURRENT, 99999]
+               n.NVML_FI_DEV_PCIE_REPLAY_COUNTER, n.NVML_FI_DEV_ECC_CURRENT, 99999, n.NVML_FI_DEV_REMAPPED_UNC,
+               n.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL]
         out = {"ids": [n.NVML_FI_DEV_MEMORY_TEMP, n.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION,
                        n.NVML_FI_DEV_PCIE_REPLAY_COUNTER, n.NVML_GPU_RECOVERY_ACTION_GPU_RESET]}
         for i in range(2):
@@ -406,19 +492,21 @@ def test_field_values_memory_temperature_recovery_action_replay_counter(fakenvml
         """,
     )
     assert got["ids"] == [82, 230, 94, 1]
-    ok, unsupported, uint = 0, 3, 1  # NVML_SUCCESS, NVML_ERROR_NOT_SUPPORTED, NVML_VALUE_TYPE_UNSIGNED_INT
+    ok, unsupported, uint, ull = 0, 3, 1, 3  # NVML_SUCCESS, NOT_SUPPORTED, NVML_VALUE_TYPE_UNSIGNED_INT, _LONG_LONG
 
-    def expected(memory_temp: int, action: int, replays: int) -> list[list[Any]]:
+    def expected(memory_temp: int, action: int, replays: int, uncorrectable: int) -> list[list[Any]]:
         return [
             [82, 0, uint, ok, memory_temp, memory_temp, 0, True],
             [230, 3, uint, ok, action, action, 0, True],  # scopeId as given
             [94, 0, uint, ok, replays, replays, 0, True],
-            [1, 0, uint, unsupported, 0, 0, 0, True],  # the call succeeds; this value does not
-            [99999, 0, uint, unsupported, 0, 0, 0, True],
+            [1, 0, 0, unsupported, 0, 0, 0, True],  # the call succeeds; this value does not (value type 0)
+            [99999, 0, 0, unsupported, 0, 0, 0, True],
+            [143, 0, ull, ok, uncorrectable, uncorrectable, 0, True],  # as the recorded H200: unsigned long long
+            [38, 0, 0, unsupported, 0, 0, 0, True],  # NVLink CRC on a GPU without NVLink, as recorded
         ]
 
-    assert got["0"] == expected(40, 0, 0)
-    assert got["1"] == expected(71, 1, 12)
+    assert got["0"] == expected(39, 0, 0, 0)  # the recorded H200's memory temperature, idle
+    assert got["1"] == expected(71, 1, 12, 2)
 
 
 def test_pcie_link_generation_and_width(fakenvml_lib: Path, spec_path: Path) -> None:
@@ -445,13 +533,14 @@ def test_pcie_link_generation_and_width(fakenvml_lib: Path, spec_path: Path) -> 
     assert got == [[5, 16, 5, 16, 5], [3, 8, 4, 16, 5], [5, 4, 5, 16, 5]]
 
 
-def test_gpu_fabric_info_absent_and_present(fakenvml_lib: Path, spec_path: Path) -> None:
-    spec = fakenvml.default_gpus(4)
+def test_gpu_fabric_info_absent_present_and_failing(fakenvml_lib: Path, spec_path: Path) -> None:
+    spec = fakenvml.default_gpus(5)
     spec["gpus"][1]["fabric"] = {"clique_id": 7, "cluster_uuid": "0123456789abcdef0123456789ABCDEF",
                                  "health_mask": 0x1A}
     spec["gpus"][2]["fabric"] = {"state": 2, "status": "NOT_READY",
                                  "cluster_uuid": "11223344-5566-7788-99aa-bbccddeeff00"}
     spec["gpus"][3]["fabric"] = {}
+    spec["gpus"][4]["fabric"] = "NOT_SUPPORTED"  # a driver that does not answer fabric calls at all
     fakenvml.write_spec(spec_path, spec)
     got = run_json(
         fakenvml_lib,
@@ -480,7 +569,7 @@ def test_gpu_fabric_info_absent_and_present(fakenvml_lib: Path, spec_path: Path)
                    info.healthMask]
             return got + [info.healthSummary] if hasattr(info, "healthSummary") else got
         out = []
-        for i in range(4):
+        for i in range(5):
             h = n.nvmlDeviceGetHandleByIndex(i)
             out.append([call(lambda: plain(h)), call(lambda: versioned(h, n.c_nvmlGpuFabricInfoV_t)),
                         call(lambda: versioned(h, n.c_nvmlGpuFabricInfo_v3_t))])
@@ -495,11 +584,12 @@ def test_gpu_fabric_info_absent_and_present(fakenvml_lib: Path, spec_path: Path)
     assert got["constants"] == [0x02000024, 0x03000028, 3]
     v2, v3 = 0x02000024, 0x03000028
     uuid1, uuid2, zero = "0123456789abcdef0123456789abcdef", "112233445566778899aabbccddeeff00", "00" * 16
-    # absent: an H100/H200 HGX GPU that is not in an NVLink fabric
-    assert got["gpus"][0] == ["NVMLError_NotSupported"] * 3
+    # absent: a GPU that is not in an NVLink fabric answers, with state NOT_SUPPORTED (0), as the recorded H200
+    assert got["gpus"][0] == [[zero, 0, 0, 0], [v2, zero, 0, 0, 0, 0], [v3, zero, 0, 0, 0, 0, 0]]
     assert got["gpus"][1] == [[uuid1, 0, 7, 3], [v2, uuid1, 0, 7, 3, 0x1A], [v3, uuid1, 0, 7, 3, 0x1A, 0]]
     assert got["gpus"][2] == [[uuid2, 27, 0, 2], [v2, uuid2, 27, 0, 2, 0], [v3, uuid2, 27, 0, 2, 0, 0]]
     assert got["gpus"][3] == [[zero, 0, 0, 3], [v2, zero, 0, 0, 3, 0], [v3, zero, 0, 0, 3, 0, 0]]
+    assert got["gpus"][4] == ["NVMLError_NotSupported"] * 3
     assert got["bad_version"] == "NVMLError_ArgumentVersionMismatch"
 
 
@@ -520,8 +610,8 @@ def test_total_energy_counts_power_over_time(child_factory, spec_path: Path) -> 
     e0, e1, dt = child("[e0, e1, dt]")
     assert 5_000_000 <= e0 < 5_000_000 + 100_000 * 10  # loaded at nvmlInit, a moment ago
     assert 100_000 * 0.5 <= e1 - e0 <= 100_000 * dt + 1  # mW * s = mJ
-    # the default GPU: energy 0 plus its 70 W since the load
-    assert 0 < child("n.nvmlDeviceGetTotalEnergyConsumption(hs[1])") < 70_000 * 10
+    # the default GPU: energy 0 plus its idle 78.7 W (the recorded H200's) since the load
+    assert 0 < child("n.nvmlDeviceGetTotalEnergyConsumption(hs[1])") < 78_692 * 10
 
     # A rewrite restarts the count from the new "energy"; with no power drawn it stays there.
     spec["gpus"][0].update(energy=9_000_000, power_usage=0)
@@ -551,12 +641,12 @@ def test_bad_value_of_a_new_key_is_named_and_keeps_the_last_good_state(
     child = child_factory(spec_path)
     child("n.nvmlInit()")
     child("h = n.nvmlDeviceGetHandleByIndex(0)")
-    assert child("n.nvmlDeviceGetTemperature(h, 0)") == 30
+    assert child("n.nvmlDeviceGetTemperature(h, 0)") == 37
 
     spec["gpus"][0]["temperature"] = 77  # in the same rewrite: must not be applied
     spec["gpus"][0][key] = value
     fakenvml.write_spec(spec_path, spec)
-    assert child("n.nvmlDeviceGetTemperature(h, 0)") == 30
+    assert child("n.nvmlDeviceGetTemperature(h, 0)") == 37
     assert child("n.nvmlDeviceGetCount()") == 2
     stderr = child.close()
     assert stderr.count("\n") == 1, stderr
@@ -693,7 +783,7 @@ def test_throttle_reason_set_mid_run_is_seen_without_reinit(child_factory, spec_
     child = child_factory(spec_path)
     child("n.nvmlInit()")
     child("h = n.nvmlDeviceGetHandleByIndex(1)")
-    assert child("n.nvmlDeviceGetCurrentClocksEventReasons(h)") == 0
+    assert child("n.nvmlDeviceGetCurrentClocksEventReasons(h)") == 0x1  # GPU idle, as the recorded H200
 
     reasons = 0x8 | 0x40  # HW slowdown + HW thermal slowdown
     spec["gpus"][1]["clocks_event_reasons"] = reasons
@@ -732,12 +822,12 @@ def test_malformed_file_mid_run_keeps_last_good_state(child_factory, spec_path: 
     child = child_factory(spec_path)
     child("n.nvmlInit()")
     child("h = n.nvmlDeviceGetHandleByIndex(0)")
-    assert child("n.nvmlDeviceGetTemperature(h, 0)") == 30
+    assert child("n.nvmlDeviceGetTemperature(h, 0)") == 37
 
     broken = spec_path.with_name("broken.json")
     broken.write_text('{"gpus": [{"temperature": 90,}]}')
     os.replace(broken, spec_path)
-    assert child("n.nvmlDeviceGetTemperature(h, 0)") == 30
+    assert child("n.nvmlDeviceGetTemperature(h, 0)") == 37
     assert child("n.nvmlDeviceGetCount()") == 2
 
     spec["gpus"][0]["temperature"] = 91
@@ -940,13 +1030,17 @@ def test_while_alive_process_is_listed_and_counted_until_it_exits(
     graphics = "[p.pid for p in n.nvmlDeviceGetGraphicsRunningProcesses(hs[0])]"
     memory = "[[m.used, m.free] for m in (n.nvmlDeviceGetMemoryInfo(hs[0]), " \
              "n.nvmlDeviceGetMemoryInfo(hs[0], version=n.nvmlMemory_v2))]"
-    total = gpu["memory_total"]
+    total, reserve = gpu["memory_total"], fakenvml.MEMORY_RESERVED
+
+    def used(gib: int) -> list[list[int]]:
+        """v1 counts the driver's reserve (615 MiB, the recorded H200's) as used, v2 does not."""
+        return [[reserve + gib * GIB, total - reserve - gib * GIB], [gib * GIB, total - reserve - gib * GIB]]
 
     assert child(compute) == [job.pid, 4242]
     assert child(compute_v2) == [[job.pid, 2 * GIB], [4242, 3 * GIB]]
     assert child(graphics) == [job.pid]
-    assert child(memory) == [[3 * GIB, total - 3 * GIB]] * 2
-    assert child("n.nvmlDeviceGetMemoryInfo(hs[1]).used") == 0
+    assert child(memory) == used(3)
+    assert child("n.nvmlDeviceGetMemoryInfo(hs[1]).used") == reserve
 
     os.kill(job.pid, signal.SIGKILL)
     job.wait(timeout=10)
@@ -954,7 +1048,7 @@ def test_while_alive_process_is_listed_and_counted_until_it_exits(
     assert child(compute) == [4242]
     assert child(compute_v2) == [[4242, 3 * GIB]]
     assert child(graphics) == []
-    assert child(memory) == [[1 * GIB, total - 1 * GIB]] * 2
+    assert child(memory) == used(1)
     assert child.close() == ""
 
 
@@ -967,7 +1061,7 @@ def test_while_alive_zombie_is_already_gone(child_factory, spec_path: Path, slee
     child("n.nvmlInit()")
     child("h = n.nvmlDeviceGetHandleByIndex(0)")
     assert child("[p.pid for p in n.nvmlDeviceGetComputeRunningProcesses(h)]") == [job.pid]
-    assert child("n.nvmlDeviceGetMemoryInfo(h).used") == 5 * GIB
+    assert child("n.nvmlDeviceGetMemoryInfo(h).used") == fakenvml.MEMORY_RESERVED + 5 * GIB
 
     os.kill(job.pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
@@ -975,7 +1069,7 @@ def test_while_alive_zombie_is_already_gone(child_factory, spec_path: Path, slee
         assert time.monotonic() < deadline, f"pid {job.pid} never became a zombie"
         time.sleep(0.01)
     assert child("n.nvmlDeviceGetComputeRunningProcesses(h)") == []
-    assert child("n.nvmlDeviceGetMemoryInfo(h).used") == 0
+    assert child("n.nvmlDeviceGetMemoryInfo(h).used") == fakenvml.MEMORY_RESERVED  # back to the driver's own
     job.wait(timeout=10)
 
 
@@ -1003,7 +1097,8 @@ def test_while_alive_counts_on_its_mig_instance_only(fakenvml_lib: Path, spec_pa
         }))
         """,
     )
-    assert got == {"used": [2 * GIB, 3 * GIB, 0], "pids": [[job.pid], [job.pid], []]}
+    # the GPU counts the driver's reserve as used, its MIG devices do not
+    assert got == {"used": [fakenvml.MEMORY_RESERVED + 2 * GIB, 3 * GIB, 0], "pids": [[job.pid], [job.pid], []]}
 
 
 # ---------------------------------------------------------------------------
@@ -1163,7 +1258,7 @@ def test_default_gpus_write_spec_round_trip(fakenvml_lib: Path, spec_path: Path)
     assert len({g["uuid"] for g in gpus}) == 8 and all(g["uuid"].startswith("GPU-") for g in gpus)
     buses = [int(g["pci_bus_id"].split(":")[1], 16) for g in gpus]
     assert buses == sorted(set(buses))
-    assert all(g["memory_total"] == 141 * GIB for g in gpus)
+    assert all(g["memory_total"] == fakenvml.H200_MEMORY for g in gpus)  # the recorded H200's 143,771 MiB
     assert gpus[0]["cpu_affinity"] == list(range(8)) and gpus[7]["cpu_affinity"] == list(range(8, 16))
     assert fakenvml.default_gpus(8, cpus=16) == spec  # deterministic
 
@@ -1175,9 +1270,12 @@ def test_default_gpus_write_spec_round_trip(fakenvml_lib: Path, spec_path: Path)
         n.nvmlInit()
         hs = [n.nvmlDeviceGetHandleByIndex(i) for i in range(n.nvmlDeviceGetCount())]
         print(json.dumps([[n.nvmlDeviceGetUUID(h), n.nvmlDeviceGetPciInfo(h).busId, n.nvmlDeviceGetMinorNumber(h),
-                           n.nvmlDeviceGetMemoryInfo(h).total, n.nvmlDeviceGetName(h)] for h in hs]))
+                           n.nvmlDeviceGetMemoryInfo(h).total, n.nvmlDeviceGetName(h), n.nvmlDeviceGetMemoryInfo(h).used,
+                           n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM), n.nvmlDeviceGetCurrentClocksEventReasons(h),
+                           n.nvmlDeviceGetTemperature(h, 0), n.nvmlDeviceGetPowerUsage(h)] for h in hs]))
         """
-    expected = [[g["uuid"], g["pci_bus_id"], g["minor"], g["memory_total"], g["name"]] for g in gpus]
+    expected = [[g["uuid"], g["pci_bus_id"], g["minor"], g["memory_total"], g["name"], g["memory_reserved"],
+                 g["clock_sm"], g["clocks_event_reasons"], g["temperature"], g["power_usage"]] for g in gpus]
     assert run_json(fakenvml_lib, spec_path, code) == expected
     assert run_json(fakenvml_lib, count_only, code) == expected
 

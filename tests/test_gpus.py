@@ -34,6 +34,8 @@ from slurm_ext.prolog_epilog import gpus
 from slurm_ext.prolog_epilog.gpus import GpuCheckError, GpuProcess, GpuUsage
 
 MIB = 2**20
+#: the driver's reserve on an idle GPU (the recorded H200's 615 MiB; NVML's v2 memory keeps it apart)
+RESERVED_MIB = fakenvml.MEMORY_RESERVED // MIB
 GIB = 2**30
 
 # Runs in the child: argv[1] is a JSON request {"op": ..., ...}; prints one
@@ -166,7 +168,7 @@ def test_release_leaves_a_foreign_process_and_reports_the_gpu_held(
         "uuid": spec["gpus"][1]["uuid"],
         "processes": [{"gpu": 1, "pid": sleeper.pid, "used_mib": 2048}],
         "used_mib": 2048 + 100,
-        "reserved_mib": 0,
+        "reserved_mib": RESERVED_MIB,
     }]}}
     assert sleeper.poll() is None  # not the job's: never killed
 
@@ -180,7 +182,7 @@ def test_memory_above_threshold_without_a_process_is_held(fakenvml_lib: Path, sp
         "op": "release", "gpus": [0, 1], "job_pids": [], "threshold_mib": 512, "timeout": 0.2,
     })
     assert got == {"value": {"killed": [], "held": [
-        {"gpu": 0, "uuid": spec["gpus"][0]["uuid"], "processes": [], "used_mib": 1024, "reserved_mib": 0},
+        {"gpu": 0, "uuid": spec["gpus"][0]["uuid"], "processes": [], "used_mib": 1024, "reserved_mib": RESERVED_MIB},
     ]}}
 
 
@@ -201,11 +203,11 @@ def test_gpu_usage_merges_lists_and_keeps_nvml_initialised(fakenvml_lib: Path, s
     fakenvml.write_spec(spec_path, spec)
     got = run_child(fakenvml_lib, spec_path, {"op": "usage", "gpus": [1, 0, 1]})["value"]
     assert got["first"] == [
-        {"gpu": 1, "uuid": spec["gpus"][1]["uuid"], "used_mib": 2148, "reserved_mib": 0, "processes": [
+        {"gpu": 1, "uuid": spec["gpus"][1]["uuid"], "used_mib": 2148, "reserved_mib": RESERVED_MIB, "processes": [
             {"gpu": 1, "pid": sleeper.pid, "used_mib": 2048},
             {"gpu": 1, "pid": 4242, "used_mib": 64},
         ]},
-        {"gpu": 0, "uuid": spec["gpus"][0]["uuid"], "used_mib": 0, "reserved_mib": 0, "processes": []},
+        {"gpu": 0, "uuid": spec["gpus"][0]["uuid"], "used_mib": 0, "reserved_mib": RESERVED_MIB, "processes": []},
     ]
     assert got["again"] == got["first"]
     assert got["refcount"] == 1  # initialised once, never shut down

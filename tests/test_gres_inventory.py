@@ -129,7 +129,7 @@ def run_child(lib_dir: Path, tmp_path: Path, spec: dict[str, Any], roots: dict[s
 
 def test_gpus_in_pci_order_with_their_own_device_files(fakenvml_lib, tmp_path, roots):
     inv = read(fakenvml_lib, tmp_path, node_spec(), roots, {"NVIDIA H200": "h200"})
-    assert inv.driver_version == "550.54.15"
+    assert inv.driver_version == "580.159.04"  # the fake's default: the recorded H200's driver
     assert [g.nvml_index for g in inv.gpus] == BUS_ORDER
     assert [g.pci_bus_id for g in inv.gpus] == sorted(BUSES)
     assert [g.minor for g in inv.gpus] == [MINORS[i] for i in BUS_ORDER]
@@ -229,7 +229,7 @@ def test_nvml_init_failure_is_a_gres_error(fakenvml_lib, tmp_path, roots):
 def test_no_gpus_is_an_empty_inventory(fakenvml_lib, tmp_path, roots):
     spec = {"gpus": []}
     inv = read(fakenvml_lib, tmp_path, spec, {**roots, "sys_root": tmp_path / "unused"})
-    assert inv == Inventory("550.54.15", (), (), (), 0)
+    assert inv == Inventory("580.159.04", (), (), (), 0)
 
 
 MIG_MINORS = textwrap.dedent(

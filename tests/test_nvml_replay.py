@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -216,3 +216,314 @@ def test_the_converted_recordings_are_the_probe_notes_as_the_converter_says() ->
         probe = json.loads((DATA / "original" / name).read_text())
         assert nvmlrecord.read(DATA / name) == json.loads(json.dumps(convert_probe.convert(probe, name, state,
                                                                                             readme)))
+
+
+# -- the replay -------------------------------------------------------------------------------------------
+
+#: every recording here is replayed: another GPU is another file
+RECORDINGS = sorted(p.name for p in DATA.glob("*.json"))
+
+#: every NVML-reading path of slurm-ext but the monitor and `health check` (processes of their own, below): the
+#: health reader (a first poll that reads each GPU's facts, a second that keeps them), NVML's events, the gres
+#: inventory, the Prolog/Epilog's reads
+PATHS = """
+    import sys
+    from pathlib import Path
+    from slurm_ext.health import nvmlread
+    from slurm_ext.gres import inventory
+    from slurm_ext.prolog_epilog import gpus
+
+    module = nvmlread.nvml_module()
+    facts = {}
+    for _ in range(2):
+        nvmlread.read_gpus(lambda: module, facts=facts)
+    events = nvmlread.NvmlEvents(module)
+    events.wait(0.05)
+    events.close()
+    count = module.nvmlDeviceGetCount()
+    inventory.read_inventory(dev_dir=Path(sys.argv[1]))
+    gpus.gpu_usage(range(count))
+    gpus.minor_numbers(range(count))
+    gpus.foreign_processes(range(count))
+"""
+
+#: checks with a hold or a window get short ones, so that a run of seconds is longer than every one of them
+_HELD = {"fabric": 'hold = "1s"', "temperature": 'hold = "1s"', "nvlink": 'hold = "1s"', "pcie-link": 'hold = "1s"',
+         "persistence": 'hold = "1s"', "link-down": 'hold = "1s"', "throttle": 'window = "2s"',
+         "nvlink-errors": 'window = "2s"', "pcie-replay": 'window = "2s"', "kernel": 'window = "2s"',
+         "link-flap": 'window = "2s"', "xid": 'window = "2s"', "nvml": "threshold = 2"}
+#: what a run must last: past every hold and window above, in polls
+_LONGEST = 2.0
+
+
+def _config(root: Path) -> Path:
+    """A node of the test's own: its state, no Slurm (the Slurm checks are off), its own empty kernel log."""
+    text = f"""
+[node]
+name = "replaynode"
+state_dir = "{root}/state"
+[log]
+file = "{root}/slurm-ext.log"
+[supervisor]
+runtime_dir = "{root}/run"
+[slurm]
+conf = "{root}/no-slurm.conf"
+timeout = "1s"
+[health]
+interval = "0.2s"
+kernel_log = "{root}/kernel.log"
+paths = ["{root}"]
+[health.checks.slurmd]
+enabled = false
+[health.checks.foreign-drain]
+enabled = false
+"""
+    text += "".join(f"[health.checks.{check}]\n{line}\n" for check, line in _HELD.items())
+    (root / "kernel.log").write_text("")
+    (root / "config.toml").write_text(text)
+    return root / "config.toml"
+
+
+def _slurm_ext(root: Path, env: dict[str, str], *args: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "slurm_ext.cli", "--config", str(root / "config.toml"), *args],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def _readings(root: Path) -> dict | None:
+    try:
+        return json.loads((root / "run" / "health.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class Replay:
+    """One recording replayed: the fake built from a spec that describes its GPUs, every NVML path of slurm-ext run
+    against it with the recorder on, the monitor run past every hold, and `health check --json` after it."""
+
+    def __init__(self, lib: Path, root: Path, name: str):
+        self.name = name
+        self.recording = nvmlrecord.read(DATA / name)
+        self.spec = fakenvml.spec_from_recording(self.recording)
+        root.mkdir()
+        fakenvml.write_spec(root / "gpus.json", self.spec)
+        (root / "dev").mkdir()
+        (root / "run").mkdir()  # the agent's runtime dir, made by the agent on a node
+        _config(root)
+        self.root = root
+        env = _env(lib, root / "gpus.json", None)
+        env.pop("SLURM_EXT_CONFIG", None)
+        paths = subprocess.run([sys.executable, "-c", textwrap.dedent(PATHS), str(root / "dev")],
+                               env={**env, nvmlrecord.ENV: str(root / "paths.json")}, capture_output=True, text=True,
+                               timeout=120)
+        assert paths.returncode == 0, paths.stdout + paths.stderr
+        self.monitor_run(env)
+        check = _slurm_ext(root, {**env, nvmlrecord.ENV: str(root / "check.json")}, "health", "check", "--json")
+        self.check_out, check_err = check.communicate(timeout=120)
+        self.check_code = check.returncode
+        assert self.check_out, check_err
+        self.check = json.loads(self.check_out)
+        self.recorded = nvmlrecord.merge(*(nvmlrecord.read(root / f) for f in ("paths.json", "monitor.json",
+                                                                                 "check.json")))
+
+    def monitor_run(self, env: dict[str, str]) -> None:
+        """`slurm-ext health monitor` until its readings span every hold and window, then SIGTERM (it stops)."""
+        monitor = _slurm_ext(self.root, {**env, nvmlrecord.ENV: str(self.root / "monitor.json")}, "health",
+                             "monitor")
+        def readings(later_than: float) -> dict | None:
+            assert monitor.poll() is None, f"the monitor ended: {monitor.communicate()}"
+            found = _readings(self.root)
+            return found if found and found["readings_time"] > later_than else None
+        try:
+            start = wait_for("the monitor's first readings", lambda: readings(0.0), timeout=60)["readings_time"]
+            self.readings = wait_for(f"the monitor's readings {_LONGEST + 1:g}s after its first",
+                                     lambda: readings(start + _LONGEST + 1), timeout=60)
+        finally:
+            monitor.send_signal(signal.SIGTERM)
+            out, err = monitor.communicate(timeout=60)
+        assert monitor.returncode == 0, err
+        self.journal = [json.loads(line) for line in (self.root / "state" / "journal.jsonl").read_text().splitlines()
+                        if line.strip()]
+        self.state = json.loads((self.root / "state" / "health" / "findings.json").read_text())
+
+
+@pytest.fixture(scope="module", params=RECORDINGS)
+def replay(request, fakenvml_lib: Path, tmp_path_factory: pytest.TempPathFactory) -> Replay:
+    return Replay(fakenvml_lib, tmp_path_factory.mktemp("replay") / "node", request.param)
+
+
+def test_there_is_a_recording_to_replay() -> None:
+    assert "h200-580-idle.json" in RECORDINGS
+
+
+def test_every_call_answers_as_the_recorded_gpu_did(replay: Replay) -> None:
+    """Each call slurm-ext makes, against the fake that describes the recorded GPU: the recorded return codes and
+    value shapes. A call the recording lacks fails the test unless the recording names it in its gaps, and a gap
+    that slurm-ext no longer hits is stale."""
+    gaps, differences = nvmlrecord.declared(nvmlrecord.compare(replay.recording, replay.recorded),
+                                            replay.recording)
+    assert not differences, f"{replay.name}: " + "\n".join(map(str, differences))
+    declared = set(replay.recording.get("gaps") or ())
+    assert {d.name for d in gaps} == declared, f"{replay.name}: stale gaps {declared - {d.name for d in gaps}}"
+    if gaps:
+        warnings.warn(f"{replay.name}: {len(gaps)} calls slurm-ext makes that the recording lacks (its gaps): "
+                      + "; ".join(sorted(d.key for d in gaps)), GapWarning, stacklevel=1)
+
+
+def test_the_recorded_gpu_is_healthy_now(replay: Replay) -> None:
+    """`health check --json` after the monitor's run: every check ran or does not apply, no finding, exit 0."""
+    assert replay.check_code == 0, replay.check_out
+    assert replay.check["healthy"] is True and replay.check["findings"] == []
+    assert "fabric" in replay.check["not_applicable"]  # no NVSwitch fabric: state NOT_SUPPORTED is no fault
+    assert set(replay.check["ran"]) >= {"gpu-lost", "temperature", "row-remap", "ecc", "pcie-link", "persistence",
+                                        "nvml"}
+
+
+def test_a_monitor_run_past_every_hold_finds_nothing_and_drains_nothing(replay: Replay) -> None:
+    events = {e["event"] for e in replay.journal}
+    assert "health-started" in events
+    assert not events & {"health-finding", "health-escalated", "health-check-failed", "health-check-hung",
+                         "health-source-failed"}, [e for e in replay.journal if e["event"] != "health-started"]
+    assert not [e for e in replay.journal if e["event"].startswith("nodestate")], "a drain was asked for"
+    assert replay.state["findings"] == [] and not replay.state.get("drains")
+    assert replay.readings["findings"] == [] and replay.readings["nvml_error"] == ""
+    (gpu, *_) = replay.readings["gpus"]
+    assert gpu["error"] is None and gpu["failed"] == [] if "failed" in gpu else gpu["error"] is None
+    states = replay.readings["checks"]
+    assert {c: s for c, s in states.items() if s not in ("ok", "not-applicable", "disabled")} == {}
+    assert states["fabric"] == "not-applicable" and states["slurmd"] == "disabled"
+
+
+class GapWarning(UserWarning):
+    """A recording lacks calls slurm-ext makes (the recording says why): shown in the test summary."""
+
+
+#: every call a recording has, made again (through the recorder) against the fake: the recording's own probe
+RECORDED_CALLS = """
+    import ctypes, json, sys
+    from slurm_ext import nvml, nvmlrecord
+    m = nvml.load()
+    m.nvmlInit()
+    recording = json.load(open(sys.argv[1]))
+    sets = []
+
+    def event_set():
+        if not sets:
+            sets.append(m.nvmlEventSetCreate())
+        return sets[0]
+
+    def argument(value):
+        if isinstance(value, dict) and "byref" in value:  # a struct filled by the call, versioned where it has one
+            struct = getattr(m, value["byref"])()
+            if hasattr(struct, "version"):
+                struct.version = getattr(m, value["byref"][2:-2])
+            return ctypes.byref(struct)
+        if isinstance(value, dict) and value.get("object") == "LP_struct_c_nvmlEventSet_t":
+            return event_set()
+        return value
+
+    for entry in recording["calls"]:
+        call, gpu, args = entry["call"], entry["gpu"], list(entry["args"])
+        if call in ("nvmlInit", "nvmlShutdown", "nvmlEventSetCreate", "nvmlEventSetFree") or isinstance(gpu, str):
+            continue  # init and the event set are made here; MIG handles are not replayed
+        kwargs = args.pop() if args and isinstance(args[-1], dict) and not {"byref", "object"} & set(args[-1]) else {}
+        full = ([m.nvmlDeviceGetHandleByIndex(gpu)] if gpu is not None else []) + [argument(a) for a in args]
+        params = entry.get("params") or []
+        if call.startswith("nvmlEventSetWait"):
+            params = [10]  # the wait's timeout: not the recorded seconds
+        for position, value in zip(nvmlrecord.PARAMETERS.get(call, ()), params):
+            full.insert(position, value)
+        try:
+            getattr(m, call)(*full, **kwargs)
+        except m.NVMLError:
+            pass
+"""
+
+
+def _recorded_calls(lib: Path, root: Path, spec: dict, recording: str) -> dict:
+    """RECORDED_CALLS of `recording` (a file here) against the fake with `spec`, recorded."""
+    root.mkdir()
+    fakenvml.write_spec(root / "gpus.json", spec)
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(RECORDED_CALLS), str(DATA / recording)],
+                          env=_env(lib, root / "gpus.json", root / "calls.json"), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return nvmlrecord.read(root / "calls.json")
+
+
+@pytest.mark.parametrize("name", RECORDINGS)
+def test_every_recorded_call_answers_as_recorded(fakenvml_lib: Path, tmp_path: Path, name: str) -> None:
+    """Beyond slurm-ext's own calls: each call of the recording, made again against the fake that describes the
+    GPU, answers with the recorded return code and value shape."""
+    recorded = nvmlrecord.read(DATA / name)
+    fake = _recorded_calls(fakenvml_lib, tmp_path / "node", fakenvml.spec_from_recording(recorded), name)
+    assert len(fake["calls"]) >= len(recorded["calls"]) - 4  # all but init, the event set's, MIG handles
+    differences = nvmlrecord.compare(recorded, fake)
+    assert not differences, "\n".join(map(str, differences))
+
+
+#: what the recorded H200 answered that is a fact of the GPU and its driver, not of the moment or of its identity:
+#: the fake's defaults must give the same values (call, args, the part of the answer compared)
+_FACTS = [
+    ("nvmlSystemGetDriverVersion", [], None), ("nvmlSystemGetNVMLVersion", [], None), ("nvmlDeviceGetName", [], None),
+    ("nvmlDeviceGetMemoryInfo", [], None), ("nvmlDeviceGetMemoryInfo", [{"version": 0x02000028}], None),
+    ("nvmlDeviceGetPciInfo", [], ("pciDeviceId", "pciSubSystemId")), ("nvmlDeviceGetClockInfo", [0], None),
+    ("nvmlDeviceGetClockInfo", [1], None), ("nvmlDeviceGetClockInfo", [2], None),
+    ("nvmlDeviceGetCurrentClocksEventReasons", [], None), ("nvmlDeviceGetCurrentClocksThrottleReasons", [], None),
+    *[("nvmlDeviceGetTemperatureThreshold", [kind], None) for kind in range(4)],
+    ("nvmlDeviceGetTemperature", [0], None), ("nvmlDeviceGetPowerUsage", [], None),
+    ("nvmlDeviceGetMaxPcieLinkGeneration", [], None), ("nvmlDeviceGetMaxPcieLinkWidth", [], None),
+    ("nvmlDeviceGetCurrPcieLinkGeneration", [], None), ("nvmlDeviceGetCurrPcieLinkWidth", [], None),
+    ("nvmlDeviceGetRemappedRows", [], None), ("nvmlDeviceGetPersistenceMode", [], None),
+    ("nvmlDeviceGetSupportedEventTypes", [], None), ("nvmlDeviceGetMigMode", [], None),
+    ("nvmlDeviceGetMaxMigDeviceCount", [], None), ("nvmlDeviceGetComputeRunningProcesses", [], None),
+    ("nvmlDeviceGetGpuInstanceId", [], None), ("nvmlDeviceGetComputeInstanceId", [], None),
+    ("nvmlDeviceGetNvLinkState", [0], None), ("nvmlDeviceGetRetiredPages", [0], None),
+    ("nvmlDeviceGetRetiredPagesPendingStatus", [], None),
+    ("nvmlDeviceGetGpuFabricInfo", [{"byref": "c_nvmlGpuFabricInfo_t"}], None),
+    ("nvmlDeviceGetFieldValues", [[94, 38, 82, 143]], ("fieldId", "nvmlReturn", "valueType", "value")),
+    ("nvmlEventSetWait_v2", [{"object": "LP_struct_c_nvmlEventSet_t"}], None),
+]
+
+
+def _answer(rec: dict, call: str, args: list) -> dict:
+    (entry,) = [e for e in rec["calls"] if e["call"] == call and e["args"] == args]
+    return entry["answers"][-1]
+
+
+def _part(value, keys: tuple | None):
+    if keys is None or value is None:
+        return value
+    if isinstance(value, list):
+        return [_part(v, keys) for v in value]
+    return {k: value[k] for k in keys}
+
+
+@pytest.mark.parametrize("spec", [{"count": 1}, fakenvml.default_gpus(1)], ids=["count-only", "default_gpus"])
+def test_where_a_spec_says_nothing_the_fake_answers_as_the_recorded_h200(fakenvml_lib: Path, tmp_path: Path,
+                                                                          spec: dict) -> None:
+    """The C defaults and default_gpus() are the idle H200 of the recording: every recorded call answers with its
+    return code and value shape, and with its value where that is a fact of the GPU and its driver (not its
+    identity, its counters or its now); the fabric call's structure says "no fabric" as the driver's did."""
+    recorded = nvmlrecord.read(DATA / "h200-580-idle.json")
+    fake = _recorded_calls(fakenvml_lib, tmp_path / "node", spec, "h200-580-idle.json")
+    differences = nvmlrecord.compare(recorded, fake)
+    assert not differences, "\n".join(map(str, differences))
+    for call, args, keys in _FACTS:
+        got, want = _answer(fake, call, args), _answer(recorded, call, args)
+        assert got["ret"] == want["ret"], (call, args, got, want)
+        assert _part(got.get("value"), keys) == _part(want.get("value"), keys), (call, args, got, want)
+    (fabric,) = _answer(fake, "nvmlDeviceGetGpuFabricInfo", [{"byref": "c_nvmlGpuFabricInfo_t"}])["out"]
+    assert (fabric["state"], fabric["status"]) == (0, 0)
+
+
+def test_the_comparison_sees_an_answer_the_driver_did_not_give(fakenvml_lib: Path, tmp_path: Path) -> None:
+    """The comparison has teeth: the fake made to answer as other drivers do differs from the recording there."""
+    recorded = nvmlrecord.read(DATA / "h200-580-idle.json")
+    spec = fakenvml.spec_from_recording(recorded)
+    spec["gpus"][0].update(fabric="NOT_SUPPORTED", nvlink_past_last="INVALID_ARGUMENT",
+                           temperature_thresholds={"mem_max": 95}, clocks_event_reasons=0)
+    fake = _recorded_calls(fakenvml_lib, tmp_path / "node", spec, "h200-580-idle.json")
+    assert {(d.key, d.kind) for d in nvmlrecord.compare(recorded, fake)} == {
+        ('nvmlDeviceGetGpuFabricInfo(gpu 0, {"byref": "c_nvmlGpuFabricInfo_t"})', "ret"),
+        ("nvmlDeviceGetNvLinkState(gpu 0, 0)", "ret"),
+        ("nvmlDeviceGetTemperatureThreshold(gpu 0, 2)", "ret")}  # a number (the reasons) is no difference

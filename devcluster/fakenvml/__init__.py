@@ -6,7 +6,11 @@ machines without NVIDIA GPUs (CI, laptops, the local dev cluster) we put a
 fake library with the same name and ABI first on ``LD_LIBRARY_PATH``.  Its
 answers come from a JSON spec file named by ``$SLURM_EXT_FAKE_NVML``, which
 tests rewrite while code runs to inject faults (lost GPUs, Xid events,
-throttling).  Given ``$SLURM_EXT_FAKE_NVML_DEV_DIR`` (``environ(dev_dir=)``),
+throttling).  Where a spec says nothing, the fake answers as a real driver
+did: the recorded H200 of tests/data/real-gpu/ (``default_gpus`` and the C
+defaults), and ``spec_from_recording`` describes any recorded GPU; the spec's
+``latency`` makes calls take their recorded time.  Given
+``$SLURM_EXT_FAKE_NVML_DEV_DIR`` (``environ(dev_dir=)``),
 a process sees only the GPUs whose device file it can open, as the real
 driver under a job's devices cgroup.  The C sources and the spec format live beside this module, as
 package data (see README.md here), so an installed slurm-ext builds the fake
@@ -28,6 +32,7 @@ import json
 import os
 import re
 import stat
+import statistics
 import subprocess
 import tempfile
 import time
@@ -38,6 +43,9 @@ __all__ = [
     "source_dir",
     "build",
     "default_gpus",
+    "spec_from_recording",
+    "recorded_latency",
+    "latency_header",
     "write_spec",
     "environ",
     "make_device",
@@ -72,11 +80,21 @@ _PYNVML_RE = re.compile(r'_nvmlGetFunctionPointer\(\s*"(\w+)"\s*\)')
 
 GIB = 1024**3
 
+#: what the recorded H200 (tests/data/real-gpu/h200-580-idle.json, driver 580.159.04) answered: its memory, the
+#: driver's reserve of it (v1's used and v2's reserved with no process), its idle clocks and clock reasons
+H200_MEMORY = 150_754_820_096
+MEMORY_RESERVED = 644_939_776
+IDLE_CLOCK_SM, CLOCK_MEM = 345, 3201
+#: NVML_CLOCKS_EVENT_REASON_GPU_IDLE: what an idle GPU says slows its clocks
+REASON_IDLE = 0x1
+#: the recording the fake's "latency": "recorded" comes from (latency_recorded.h beside this module)
+LATENCY_RECORDING = "tests/data/real-gpu/h200-580-idle.json"
+
 # Per-model numbers for default_gpus; unknown names get the H200 numbers.
 # (memory bytes, NVML architecture, compute capability, PCI device id,
 #  power limit mW)
 _MODELS: dict[str, tuple[int, int, tuple[int, int], int, int]] = {
-    "NVIDIA H200": (141 * GIB, 9, (9, 0), 0x233510DE, 700_000),
+    "NVIDIA H200": (H200_MEMORY, 9, (9, 0), 0x233510DE, 700_000),
     "NVIDIA H100 80GB HBM3": (80 * GIB, 9, (9, 0), 0x233010DE, 700_000),
     "NVIDIA A100-SXM4-80GB": (80 * GIB, 7, (8, 0), 0x20B210DE, 400_000),
     "NVIDIA A100-SXM4-40GB": (40 * GIB, 7, (8, 0), 0x20B010DE, 400_000),
@@ -252,14 +270,16 @@ def _cpu_split(index: int, count: int, cpus: int) -> list[int]:
 def default_gpus(
     count: int = 4, name: str = "NVIDIA H200", *, cpus: int | None = None
 ) -> dict[str, Any]:
-    """A JSON-ready spec of `count` healthy GPUs, ready for write_spec.
+    """A JSON-ready spec of `count` healthy, idle GPUs, ready for write_spec.
 
     GPU i has minor number i, UUID ``GPU-fa4e000i-...`` (deterministic and
     distinct), PCI bus id ``0000000D:BB:00.0`` with increasing bus numbers,
-    NVLinks to every other GPU (at most 18), no faults, no processes, no
-    events.  `cpus` (default: this host's CPU count) is split between two
-    sockets for the CPU affinity.  Tests change entries of the returned
-    dict to describe faults.
+    NVLinks to every other GPU (at most 18; a single GPU has none), no
+    faults, no processes, no events.  What an idle GPU says is what the
+    recorded H200 said: 615 MiB kept by the driver, idle clocks (345 MHz)
+    with the idle clock reason.  `cpus` (default: this host's CPU count) is
+    split between two sockets for the CPU affinity.  Tests change entries of
+    the returned dict to describe faults.
     """
     if not 0 <= count <= 64:
         raise ValueError(f"count must be between 0 and 64, not {count}")
@@ -278,11 +298,12 @@ def default_gpus(
                 "pci_device_id": pci_id,
                 "serial": f"165492400{i:04d}",
                 "memory_total": memory,
+                "memory_reserved": MEMORY_RESERVED,
                 "memory_used": 0,
                 "utilization_gpu": 0,
                 "utilization_memory": 0,
-                "temperature": 30,
-                "power_usage": 70_000,
+                "temperature": 37,
+                "power_usage": 78_692,
                 "power_limit": power_limit,
                 "cpu_affinity": _cpu_split(i, count, host_cpus),
                 "nvlink_peers": peers,
@@ -290,7 +311,9 @@ def default_gpus(
                 # listed), so a test only has to add MIG devices.
                 "mig_devices": [],
                 "lost": False,
-                "clocks_event_reasons": 0,
+                "clocks_event_reasons": REASON_IDLE,
+                "clock_sm": IDLE_CLOCK_SM,
+                "clock_mem": CLOCK_MEM,
                 "remapped_rows": {"corrected": 0, "uncorrected": 0, "pending": 0, "failure": 0},
                 "ecc": {
                     "volatile": {"corrected": 0, "uncorrected": 0},
@@ -304,13 +327,285 @@ def default_gpus(
             }
         )
     return {
-        "driver_version": "550.54.15",
-        "nvml_version": "12.550.54.15",
-        "cuda_driver_version": 12040,
+        "driver_version": "580.159.04",
+        "nvml_version": "13.580.159.04",
+        "cuda_driver_version": 13000,
         "init_error": None,
         "gpus": gpus,
         "events": [],
     }
+
+
+# ---------------------------------------------------------------------------
+# A spec and latencies from a recording (slurm_ext.nvmlrecord's format)
+# ---------------------------------------------------------------------------
+
+#: calls whose first argument selects what is asked, so that each one has a time of its own (a threshold, a clock)
+_SELECTED = ("nvmlDeviceGetTemperatureThreshold", "nvmlDeviceGetClockInfo")
+_POINTER_RE = re.compile(r'_nvmlGetFunctionPointer\(\s*"(\w+)"\s*\)')
+_CALLS_RE = re.compile(r"\b(nvml\w+)\(")
+
+
+def _pynvml_pointers() -> dict[str, tuple[list[str], list[str]]]:
+    """pynvml's functions: the entry points each resolves, and the pynvml functions it calls."""
+    spec = importlib.util.find_spec("pynvml")
+    if spec is None or spec.origin is None:
+        return {}
+    found = {}
+    for body in re.split(r"\n(?=def )", Path(spec.origin).read_text(encoding="utf-8")):
+        match = re.match(r"def (\w+)\(", body)
+        if match:
+            found[match.group(1)] = (_POINTER_RE.findall(body), _CALLS_RE.findall(body[match.end():]))
+    return found
+
+
+def _entry_point(call: str, args: list, table: dict, depth: int = 0) -> str | None:
+    """The library entry point pynvml's `call` reaches (the one it resolves, or that of the function it calls):
+    nvmlDeviceGetCount -> nvmlDeviceGetCount_v2, nvmlInit -> nvmlInitWithFlags, nvmlDeviceGetMemoryInfo with
+    a version -> nvmlDeviceGetMemoryInfo_v2."""
+    pointers, calls = table.get(call, ([], []))
+    if len(pointers) > 1:
+        versioned = any(isinstance(a, dict) and "version" in a for a in args)
+        for name in pointers:
+            if name.endswith("_v2") == versioned:
+                return name
+    if pointers:
+        return pointers[0]
+    if depth < 3:
+        for name in calls:
+            if name != call and name in table:
+                found = _entry_point(name, args, table, depth + 1)
+                if found:
+                    return found
+    return None
+
+
+def recorded_latency(recording: dict[str, Any]) -> dict[str, float]:
+    """Each library entry point's time in a recording (slurm_ext.nvmlrecord's format), in ms, as the spec's
+    "latency" takes it: ``{"nvmlDeviceGetUtilizationRates": 3.742, "nvmlDeviceGetTemperatureThreshold#1": 2.79,
+    ...}``. The median of the call's recorded medians; a threshold's or clock's type has a time of its own
+    (``#<type>``). Event waits are left out: their time is the wait."""
+    table = _pynvml_pointers()
+    times: dict[str, list[float]] = {}
+    for entry in recording.get("calls", ()):
+        ms = (entry.get("ms") or {}).get("median")
+        call, args = entry["call"], entry.get("args") or []
+        if ms is None or call.startswith("nvmlEventSetWait"):
+            continue
+        name = _entry_point(call, args, table)
+        if name is None:
+            continue
+        times.setdefault(name, []).append(ms)
+        if call in _SELECTED and args and isinstance(args[0], int):
+            times.setdefault(f"{name}#{args[0]}", []).append(ms)
+    return {name: round(statistics.median(values), 4) for name, values in sorted(times.items())}
+
+
+def latency_header(recording: dict[str, Any], source: str = LATENCY_RECORDING) -> str:
+    """The C table of `recording`'s times behind the spec's "latency": "recorded" (latency_recorded.h)."""
+    lines = [
+        f"/* Generated by slurm_ext.devcluster.fakenvml.latency_header() from {source}",
+        f" * ({recording.get('source', {}).get('gpu', 'a GPU')}, driver "
+        f"{recording.get('source', {}).get('driver', '?')}, {recording.get('source', {}).get('state', '')}):",
+        " * each entry point's time in microseconds, -1 for any selector.  Do not edit:",
+        " * tests/test_fakenvml.py checks that it is what that recording gives. */",
+        "static const struct fake_latency recorded_latency[] = {",
+    ]
+    for key, ms in recorded_latency(recording).items():
+        name, _, selector = key.partition("#")
+        lines.append(f'    {{"{name}", {selector or -1}, {round(ms * 1000)}}},')
+    lines.append("};")
+    return "\n".join(lines) + "\n"
+
+
+def _answer(recording: dict, call: str, gpu: Any, args: list | None = None, ret: int | None = 0) -> Any:
+    """The latest answer of `call` on `gpu` with `args` (any args when None) in `recording`: its value when it
+    answered `ret`, _MISSING when it never did, the return code when it answered something else."""
+    for entry in recording.get("calls", ()):
+        if entry["call"] != call or entry.get("gpu") != gpu or (args is not None and entry.get("args") != args):
+            continue
+        for answer in entry["answers"]:
+            if answer.get("ret") == ret:
+                return answer.get("value")
+        return _Failed(entry["answers"][0].get("ret"))
+    return _MISSING
+
+
+class _Failed(int):
+    """A return code where a value was looked for."""
+
+
+_MISSING = object()
+
+
+def _known(value: Any) -> bool:
+    return value is not _MISSING and not isinstance(value, _Failed) and not (
+        isinstance(value, dict) and "$unrecorded" in value)
+
+
+def spec_from_recording(recording: dict[str, Any], *, latency: bool = False) -> dict[str, Any]:
+    """A spec of the GPUs a recording (slurm_ext.nvmlrecord's format) describes: what they answered where the
+    recording says (name, UUID, bus, memory and its reserve, clocks and reasons, PCIe, thresholds, NVLinks and what
+    a link past the last answers, fabric, processes, ...), the fake's defaults elsewhere. `latency`: each call takes
+    the recorded time (`recorded_latency`).
+
+    The recorded processes' own fields are kept only where the recording has them; a process whose fields were
+    not recorded is a stand-in with pid 1 + its position, holding the memory the GPU used beyond its reserve."""
+    count = _answer(recording, "nvmlDeviceGetCount", None)
+    count = count if _known(count) else 0
+    spec: dict[str, Any] = {"gpus": [_gpu_from_recording(recording, i) for i in range(int(count))], "events": []}
+    for key, call in (("driver_version", "nvmlSystemGetDriverVersion"), ("nvml_version", "nvmlSystemGetNVMLVersion")):
+        value = _answer(recording, call, None)
+        if _known(value):
+            spec[key] = value
+    cuda = _answer(recording, "nvmlSystemGetCudaDriverVersion", None)
+    if _known(cuda):
+        spec["cuda_driver_version"] = cuda
+    if latency:
+        spec["latency"] = recorded_latency(recording)
+    return spec
+
+
+def _gpu_from_recording(rec: dict, i: int) -> dict[str, Any]:
+    gpu: dict[str, Any] = {}
+
+    def take(key: str, call: str, args: list | None = None, convert=lambda v: v) -> None:
+        value = _answer(rec, call, i, args)
+        if _known(value):
+            gpu[key] = convert(value)
+
+    take("name", "nvmlDeviceGetName")
+    take("uuid", "nvmlDeviceGetUUID")
+    take("minor", "nvmlDeviceGetMinorNumber")
+    pci = _answer(rec, "nvmlDeviceGetPciInfo", i)
+    if _known(pci):
+        gpu.update(pci_bus_id=pci["busId"], pci_device_id=pci["pciDeviceId"], pci_subsystem_id=pci["pciSubSystemId"])
+    take("utilization_gpu", "nvmlDeviceGetUtilizationRates", None, lambda v: v["gpu"])
+    take("utilization_memory", "nvmlDeviceGetUtilizationRates", None, lambda v: v["memory"])
+    take("temperature", "nvmlDeviceGetTemperature", [0])
+    take("power_usage", "nvmlDeviceGetPowerUsage")
+    take("energy", "nvmlDeviceGetTotalEnergyConsumption")
+    take("persistence_mode", "nvmlDeviceGetPersistenceMode")
+    take("pcie_replay_counter", "nvmlDeviceGetPcieReplayCounter")
+    take("supported_event_types", "nvmlDeviceGetSupportedEventTypes")
+    take("clocks_event_reasons", "nvmlDeviceGetCurrentClocksEventReasons")
+    for key, clock in (("clock_graphics", 0), ("clock_sm", 1), ("clock_mem", 2), ("clock_video", 3)):
+        take(key, "nvmlDeviceGetClockInfo", [clock])
+    take("mig_mode", "nvmlDeviceGetMigMode", None, lambda v: {"current": v[0], "pending": v[1]})
+    take("remapped_rows", "nvmlDeviceGetRemappedRows", None,
+         lambda v: dict(zip(("corrected", "uncorrected", "pending", "failure"), v)))
+    pcie = {key: value for key, call in (("gen", "nvmlDeviceGetCurrPcieLinkGeneration"),
+                                         ("width", "nvmlDeviceGetCurrPcieLinkWidth"),
+                                         ("max_gen", "nvmlDeviceGetMaxPcieLinkGeneration"),
+                                         ("max_width", "nvmlDeviceGetMaxPcieLinkWidth"),
+                                         ("gpu_max_gen", "nvmlDeviceGetGpuMaxPcieLinkGeneration"))
+            if _known(value := _answer(rec, call, i))}
+    if pcie:
+        gpu["pcie"] = pcie
+    thresholds = {}
+    for key, kind in (("shutdown", 0), ("slowdown", 1), ("mem_max", 2), ("gpu_max", 3)):
+        value = _answer(rec, "nvmlDeviceGetTemperatureThreshold", i, [kind])
+        if _known(value):
+            thresholds[key] = value
+        elif isinstance(value, _Failed):
+            thresholds[key] = -1
+    if thresholds:
+        gpu["temperature_thresholds"] = thresholds
+    ecc = {}
+    for counter, name in ((0, "volatile"), (1, "aggregate")):
+        values = {kind: _answer(rec, "nvmlDeviceGetTotalEccErrors", i, [error, counter])
+                  for error, kind in ((0, "corrected"), (1, "uncorrected"))}
+        if all(_known(v) for v in values.values()):
+            ecc[name] = values
+    if ecc:
+        gpu["ecc"] = ecc
+    fields = _fields_from_recording(rec, i)
+    for key, field in (("memory_temperature", 82), ("gpu_recovery_action", 230)):
+        if field in fields:
+            gpu[key] = fields[field]
+    gpu.update(_links_from_recording(rec, i))
+    gpu.update(_fabric_from_recording(rec, i))
+    gpu.update(_memory_from_recording(rec, i))
+    return gpu
+
+
+def _fields_from_recording(rec: dict, i: int) -> dict[int, int]:
+    fields = {}
+    for entry in rec.get("calls", ()):
+        if entry["call"] == "nvmlDeviceGetFieldValues" and entry.get("gpu") == i:
+            for answer in entry["answers"]:
+                for item in answer.get("value") or ():
+                    if isinstance(item, dict) and item.get("nvmlReturn") == 0 and isinstance(item.get("value"), int):
+                        fields[item["fieldId"]] = item["value"]
+    return fields
+
+
+def _links_from_recording(rec: dict, i: int) -> dict[str, Any]:
+    """NVLinks: the first link that answered an error is past the GPU's last, and says what such a link answers;
+    active links' peers are their remote bus ids."""
+    states = {}
+    for entry in rec.get("calls", ()):
+        if entry["call"] == "nvmlDeviceGetNvLinkState" and entry.get("gpu") == i and entry.get("args"):
+            states[entry["args"][0]] = entry["answers"][-1]
+    if not states:
+        return {}
+    link, out, peers = 0, {}, []
+    while link in states and states[link].get("ret") == 0:
+        if states[link].get("value") == 1:
+            remote = _answer(rec, "nvmlDeviceGetNvLinkRemotePciInfo", i, [link])
+            peers.append(remote["busId"] if _known(remote) else "00000000:FF:00.0")
+        link += 1
+    out["nvlink_count"] = link
+    out["nvlink_peers"] = peers
+    if link in states:
+        out["nvlink_past_last"] = states[link].get("ret")
+    return out
+
+
+def _fabric_from_recording(rec: dict, i: int) -> dict[str, Any]:
+    for call in ("nvmlDeviceGetGpuFabricInfoV", "nvmlDeviceGetGpuFabricInfo"):
+        for entry in rec.get("calls", ()):
+            if entry["call"] != call or entry.get("gpu") != i:
+                continue
+            answer = entry["answers"][-1]
+            if answer.get("ret") != 0:
+                return {"fabric": answer.get("ret")}
+            (info, *_) = answer.get("out") or [{}]
+            if not info.get("state"):  # NVML_GPU_FABRIC_STATE_NOT_SUPPORTED: the default
+                return {}
+            fabric = {"state": info["state"], "status": info.get("status", 0)}
+            if "cliqueId" in info:
+                fabric["clique_id"] = info["cliqueId"]
+            if isinstance(info.get("clusterUuid"), list):
+                fabric["cluster_uuid"] = bytes(info["clusterUuid"]).hex()
+            if "healthMask" in info:
+                fabric["health_mask"] = info["healthMask"]
+            return {"fabric": fabric}
+    return {}
+
+
+def _memory_from_recording(rec: dict, i: int) -> dict[str, Any]:
+    """Memory: the total, the driver's reserve (v2's reserved, or v1's used with no process), what processes hold."""
+    out: dict[str, Any] = {}
+    v1 = _answer(rec, "nvmlDeviceGetMemoryInfo", i, [])
+    v2 = next((a for e in rec.get("calls", ()) if e["call"] == "nvmlDeviceGetMemoryInfo" and e.get("gpu") == i
+               and e.get("args") for a in [_answer(rec, e["call"], i, e["args"])] if _known(a)), _MISSING)
+    processes = _answer(rec, "nvmlDeviceGetComputeRunningProcesses", i)
+    listed = processes if _known(processes) and isinstance(processes, list) else []
+    if _known(v1):
+        out["memory_total"] = v1["total"]
+    if _known(v2):
+        out.update(memory_total=v2["total"], memory_reserved=v2["reserved"])
+    elif _known(v1) and not listed:
+        out["memory_reserved"] = v1["used"]
+    if _known(v1) and listed:
+        held = max(0, v1["used"] - out.get("memory_reserved", MEMORY_RESERVED))
+        out["memory_used"] = held
+        out["processes"] = [
+            {"pid": int(p.get("pid", k + 1)) if isinstance(p, dict) and "pid" in p else k + 1,
+             "used_memory": int(p["usedGpuMemory"]) if isinstance(p, dict) and isinstance(p.get("usedGpuMemory"), int)
+             else held // len(listed)} for k, p in enumerate(listed)]
+    return out
 
 
 def write_spec(path: Path, spec: dict[str, Any]) -> None:

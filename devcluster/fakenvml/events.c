@@ -204,6 +204,7 @@ static nvmlReturn_t wait_loop(nvmlEventSet_t set, long long deadline, int notify
 
 NVML_API nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set)
 {
+    LATENCY(-1);
     struct nvmlEventSet_st *s;
     nvmlReturn_t rc;
 
@@ -225,6 +226,7 @@ NVML_API nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set)
  * set).  Types the device does not support fail with NOT_SUPPORTED. */
 NVML_API nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes, nvmlEventSet_t set)
 {
+    LATENCY(-1);
     const struct fake_gpu *g;
     unsigned gi;
     nvmlReturn_t rc = fake_enter_gpu(device, &g, &gi);
@@ -240,6 +242,7 @@ NVML_API nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned lon
 
 NVML_API nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
 {
+    LATENCY(-1);
     struct fake_event ev = {0}; /* set by wait_for_event on success; quiets -Wmaybe-uninitialized */
     nvmlReturn_t rc;
 
@@ -259,6 +262,7 @@ NVML_API nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *d
 /* The v1 struct is the v2 one without the MIG instance ids. */
 NVML_API nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, fake_event_data_v1_t *data, unsigned int timeoutms)
 {
+    LATENCY(-1);
     nvmlEventData_t full;
     nvmlReturn_t rc;
 
@@ -275,6 +279,7 @@ NVML_API nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, fake_event_data_v1_t 
 
 NVML_API nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set)
 {
+    LATENCY(-1);
     nvmlReturn_t rc = fake_enter();
     if (rc != NVML_SUCCESS)
         return rc;

@@ -162,8 +162,11 @@ _Static_assert(sizeof(unsigned long) == 8, "LP64 expected");
 /* Field ids of nvmlDeviceGetFieldValues the fake answers (nvml.h NVML_FI_*). */
 #define NVML_FI_DEV_MEMORY_TEMP 82
 #define NVML_FI_DEV_PCIE_REPLAY_COUNTER 94
+#define NVML_FI_DEV_REMAPPED_COR 142
+#define NVML_FI_DEV_REMAPPED_UNC 143
 #define NVML_FI_DEV_GET_GPU_RECOVERY_ACTION 230
 #define NVML_VALUE_TYPE_UNSIGNED_INT 1
+#define NVML_VALUE_TYPE_UNSIGNED_LONG_LONG 3
 
 /* A GPU that has MIG enabled can host this many MIG devices (7 on Hopper). */
 #define MIG_MAX_DEVICES_DEFAULT 7
@@ -212,6 +215,12 @@ struct nvmlDevice_st {
 };
 static struct nvmlDevice_st g_gpu_handles[FAKE_MAX_GPUS];
 static struct nvmlDevice_st g_mig_handles[FAKE_MAX_GPUS * FAKE_MAX_MIG];
+
+/* The entry point this thread is in and its selecting argument, set by
+ * LATENCY() at its start and taken by the first fake_enter() of the call,
+ * which sleeps its time in the spec's "latency" (see fake_enter). */
+static __thread const char *t_entry;
+static __thread long t_selector;
 
 /* ---- spec file loading ---------------------------------------------- */
 
@@ -341,16 +350,59 @@ static int refresh_locked(void)
     return 0;
 }
 
+/* ---- latency ------------------------------------------------------------ */
+
+static void sleep_us(unsigned us)
+{
+    struct timespec ts = {(time_t)(us / 1000000), (long)(us % 1000000) * 1000L};
+    while (nanosleep(&ts, &ts) != 0)
+        ; /* EINTR: keep sleeping the remainder */
+}
+
+void fake_latency(const char *name, long selector)
+{
+    t_entry = name;
+    t_selector = selector;
+}
+
+/* Lock held, spec current: the time the spec's "latency" gives the entry
+ * point this thread is in (0: none), taken once per call. */
+static unsigned take_latency_us(void)
+{
+    const char *name = t_entry;
+
+    t_entry = NULL;
+    if (!name || !g_spec || !g_spec->n_latency)
+        return 0;
+    return spec_latency_us(g_spec, name, t_selector);
+}
+
 /* ---- locking and handle resolution ----------------------------------- */
 
+/* A call takes its time in the spec's "latency" here, before it answers and
+ * without the lock, as a driver call blocked in the kernel lets other
+ * threads go on; the answer reflects the spec as it is after the sleep. */
 nvmlReturn_t fake_enter(void)
 {
+    unsigned us;
+
     pthread_mutex_lock(&g_lock);
     if (g_refcount == 0) {
+        t_entry = NULL;
         pthread_mutex_unlock(&g_lock);
         return NVML_ERROR_UNINITIALIZED;
     }
     refresh_locked();
+    if ((us = take_latency_us()) > 0) {
+        pthread_mutex_unlock(&g_lock);
+        sleep_us(us);
+        pthread_mutex_lock(&g_lock);
+        if (g_refcount == 0) {
+            pthread_mutex_unlock(&g_lock);
+            return NVML_ERROR_UNINITIALIZED;
+        }
+        refresh_locked();
+    }
     return NVML_SUCCESS;
 }
 
@@ -597,10 +649,11 @@ static void fill_pci_info_legacy(fake_pci_info_legacy_t *out, const struct fake_
  * Library lifetime
  * ====================================================================== */
 
-static nvmlReturn_t init_library(void)
+static nvmlReturn_t init_library(const char *name)
 {
     const char *path = getenv(SPEC_ENV);
     const char *dev_dir = getenv(DEV_DIR_ENV);
+    unsigned us;
     int printed;
 
     pthread_mutex_lock(&g_lock);
@@ -648,31 +701,37 @@ static nvmlReturn_t init_library(void)
         return rc;
     }
     g_refcount++;
+    /* The spec is loaded only now: the init's latency comes after it. */
+    fake_latency(name, -1);
+    us = take_latency_us();
     pthread_mutex_unlock(&g_lock);
+    if (us)
+        sleep_us(us);
     return NVML_SUCCESS;
 }
 
 NVML_API nvmlReturn_t nvmlInit(void)
 {
-    return init_library();
+    return init_library(__func__);
 }
 
 NVML_API nvmlReturn_t nvmlInit_v2(void)
 {
-    return init_library();
+    return init_library(__func__);
 }
 
 /* Flags (NO_GPUS, NO_ATTACH) change nothing for the fake. */
 NVML_API nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
 {
     (void)flags;
-    return init_library();
+    return init_library(__func__);
 }
 
 /* Reference counted like NVML: only the last shutdown uninitialises.  The
  * spec stays cached so a later nvmlInit is cheap and handles stay mapped. */
 NVML_API nvmlReturn_t nvmlShutdown(void)
 {
+    LATENCY(-1);
     nvmlReturn_t rc = NVML_SUCCESS;
     pthread_mutex_lock(&g_lock);
     if (g_refcount == 0)
@@ -694,6 +753,7 @@ NVML_API const char *nvmlErrorString(nvmlReturn_t result)
 
 NVML_API nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length)
 {
+    LATENCY(-1);
     nvmlReturn_t rc = fake_enter();
     if (rc != NVML_SUCCESS)
         return rc;
@@ -702,6 +762,7 @@ NVML_API nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int len
 
 NVML_API nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length)
 {
+    LATENCY(-1);
     nvmlReturn_t rc = fake_enter();
     if (rc != NVML_SUCCESS)
         return rc;
@@ -710,6 +771,7 @@ NVML_API nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int lengt
 
 NVML_API nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *cudaDriverVersion)
 {
+    LATENCY(-1);
     nvmlReturn_t rc = fake_enter();
     if (rc != NVML_SUCCESS)
         return rc;
@@ -721,6 +783,7 @@ NVML_API nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *cudaDriverVersion)
 
 NVML_API nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *cudaDriverVersion)
 {
+    LATENCY(-1);
     return nvmlSystemGetCudaDriverVersion(cudaDriverVersion);
 }
 
@@ -730,6 +793,7 @@ NVML_API nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *cudaDriverVersion)
 
 NVML_API nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount)
 {
+    LATENCY(-1);
     nvmlReturn_t rc = fake_enter();
     if (rc != NVML_SUCCESS)
         return rc;
@@ -741,6 +805,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount)
 
 NVML_API nvmlReturn_t nvmlDeviceGetCount(unsigned int *deviceCount)
 {
+    LATENCY(-1);
     return nvmlDeviceGetCount_v2(deviceCount);
 }
 
@@ -749,6 +814,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetCount(unsigned int *deviceCount)
  * `index` counts visible GPUs only (g_visible). */
 NVML_API nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device)
 {
+    LATENCY(-1);
     nvmlReturn_t rc = fake_enter();
     if (rc != NVML_SUCCESS)
         return rc;
@@ -760,12 +826,14 @@ NVML_API nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevi
 
 NVML_API nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device)
 {
+    LATENCY(-1);
     return nvmlDeviceGetHandleByIndex_v2(index, device);
 }
 
 /* Accepts GPU and MIG UUIDs, as NVML does. */
 NVML_API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
 {
+    LATENCY(-1);
     nvmlReturn_t rc = fake_enter();
     if (rc != NVML_SUCCESS)
         return rc;
@@ -791,6 +859,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *
 
 NVML_API nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, nvmlDevice_t *device)
 {
+    LATENCY(-1);
     struct fake_pci want;
     nvmlReturn_t rc = fake_enter();
     if (rc != NVML_SUCCESS)
@@ -808,11 +877,13 @@ NVML_API nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, nvm
 
 NVML_API nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *pciBusId, nvmlDevice_t *device)
 {
+    LATENCY(-1);
     return nvmlDeviceGetHandleByPciBusId_v2(pciBusId, device);
 }
 
 NVML_API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
 {
+    LATENCY(-1);
     const struct fake_gpu *g;
     unsigned gi;
     nvmlReturn_t rc = fake_enter_gpu(device, &g, &gi);
@@ -830,6 +901,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *inde
 
 NVML_API nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
 {
+    LATENCY(-1);
     const struct fake_gpu *g;
     const struct fake_mig *m;
     nvmlReturn_t rc = enter_device(device, &g, &m, NULL);
@@ -840,6 +912,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigne
 
 NVML_API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
 {
+    LATENCY(-1);
     const struct fake_gpu *g;
     const struct fake_mig *m;
     nvmlReturn_t rc = enter_device(device, &g, &m, NULL);
@@ -850,6 +923,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigne
 
 NVML_API nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t device, char *serial, unsigned int length)
 {
+    LATENCY(-1);
     const struct fake_gpu *g;
     nvmlReturn_t rc = enter_gpu(device, &g);
     if (rc != NVML_SUCCESS)
@@ -859,21 +933,25 @@ NVML_API nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t device, char *serial, uns
 
 NVML_API nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minorNumber)
 {
+    LATENCY(-1);
     return UINT_FIELD(device, minorNumber, minor);
 }
 
 NVML_API nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t device, unsigned int *type)
 {
+    LATENCY(-1);
     return UINT_FIELD(device, type, brand);
 }
 
 NVML_API nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t device, unsigned int *arch)
 {
+    LATENCY(-1);
     return UINT_FIELD(device, arch, architecture);
 }
 
 NVML_API nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major, int *minor)
 {
+    LATENCY(-1);
     const struct fake_gpu *g;
     nvmlReturn_t rc = enter_gpu(device, &g);
     if (rc != NVML_SUCCESS)
@@ -887,6 +965,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, in
 
 NVML_API nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, unsigned int *mode)
 {
+    LATENCY(-1);
     return UINT_FIELD(device, mode, persistence);
 }
 
@@ -894,6 +973,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, unsigned
 
 NVML_API nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci)
 {
+    LATENCY(-1);
     const struct fake_gpu *g;
     nvmlReturn_t rc = enter_gpu(device, &g);
     if (rc != NVML_SUCCESS)
@@ -908,6 +988,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t
  * 68-byte one would overrun an old caller's buffer. */
 NVML_API nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, fake_pci_info_legacy_t *pci)
 {
+    LATENCY(-1);
     const struct fake_gpu *g;
     nvmlReturn_t rc = enter_gpu(device, &g);
     if (rc != NVML_SUCCESS)
@@ -920,11 +1001,13 @@ NVML_API nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, fake_pci_info
 
 NVML_API nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, fake_pci_info_legacy_t *pci)
 {
+    LATENCY(-1);
     return nvmlDeviceGetPciInfo_v2(device, pci);
 }
 
 NVML_API nvmlReturn_t nvmlDeviceGetPciInfoExt(nvmlDevice_t device, nvmlPciInfoExt_t *pci)
 {
+    LATENCY(-1);
     const struct fake_gpu *g;
     nvmlReturn_t rc = enter_gpu(device, &g);
     if (rc != NVML_SUCCESS)
@@ -946,6 +1029,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetPciInfoExt(nvmlDevice_t device, nvmlPciInfoEx
 
 NVML_API nvmlReturn_t nvmlDeviceGetPcieReplayCounter(nvmlDevice_t device, unsigned int *value)
 {
+    LATENCY(-1);
     return UINT_FIELD(device, value, pcie_replay);
 }
 
@@ -953,26 +1037,31 @@ NVML_API nvmlReturn_t nvmlDeviceGetPcieReplayCounter(nvmlDevice_t device, unsign
  * GPU's own limit (a Gen5 GPU in a Gen4 slot: max 4, GPU max 5). */
 NVML_API nvmlReturn_t nvmlDeviceGetCurrPcieLinkGeneration(nvmlDevice_t device, unsigned int *currLinkGen)
 {
+    LATENCY(-1);
     return UINT_FIELD(device, currLinkGen, pcie_gen);
 }
 
 NVML_API nvmlReturn_t nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t device, unsigned int *maxLinkGen)
 {
+    LATENCY(-1);
     return UINT_FIELD(device, maxLinkGen, pcie_max_gen);
 }
 
 NVML_API nvmlReturn_t nvmlDeviceGetGpuMaxPcieLinkGeneration(nvmlDevice_t device, unsigned int *maxLinkGenDevice)
 {
+    LATENCY(-1);
     return UINT_FIELD(device, maxLinkGenDevice, pcie_gpu_max_gen);
 }
 
 NVML_API nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t device, unsigned int *currLinkWidth)
 {
+    LATENCY(-1);
     return UINT_FIELD(device, currLinkWidth, pcie_width);
 }
 
 NVML_API nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t device, unsigned int *maxLinkWidth)
 {
+    LATENCY(-1);
     return UINT_FIELD(device, maxLinkWidth, pcie_max_width);
 }
 
@@ -1031,16 +1120,25 @@ static int process_listed(const struct fake_process *p, const struct fake_mig *m
     return !p->while_alive || pid_alive(p->pid);
 }
 
-/* Lock held.  Memory used on the device: the spec's memory_used plus the
- * used_memory of each listed, live "while_alive" entry of either process
- * list.  A pid listed more than once (e.g. in both lists, as a process with
- * compute and graphics contexts is) counts once, with its first entry
- * (compute list first).  Capped at the total, as real memory cannot
- * overflow. */
+/* The driver's reserve on the device: the GPU's, none on a MIG device. */
+static unsigned long long memory_reserved(const struct fake_gpu *g, const struct fake_mig *m)
+{
+    return m ? 0 : g->memory_reserved;
+}
+
+/* Lock held.  Memory used on the device beyond the driver's reserve (v2's
+ * "used"): the spec's memory_used plus the used_memory of each listed, live
+ * "while_alive" entry of either process list.  A pid listed more than once
+ * (e.g. in both lists, as a process with compute and graphics contexts is)
+ * counts once, with its first entry (compute list first).  Capped at what
+ * the reserve leaves of the total, as real memory cannot overflow. */
 static unsigned long long memory_used(const struct fake_gpu *g, const struct fake_mig *m)
 {
     unsigned long long used = m ? m->memory_used : g->memory_used;
-    unsigned long long total = m ? m->memory_total : g->memory_total;
+    unsigned long long total = (m ? m->memory_total : g->memory_total) - memory_reserved(g, m);
+
+    if (used > total)
+        used = total;
     size_t count = g->n_procs + g->n_gfx_procs;
 
     for (size_t k = 0; k < count; k++) {
@@ -1065,6 +1163,7 @@ static unsigned long long memory_used(const struct fake_gpu *g, const struct fak
 
 NVML_API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
+    LATENCY(-1);
     const struct fake_gpu *g;
     const struct fake_mig *m;
     nvmlReturn_t rc = enter_device(device, &g, &m, NULL);
@@ -1072,14 +1171,16 @@ NVML_API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t 
         return rc;
     if (!memory)
         return fake_leave(NVML_ERROR_INVALID_ARGUMENT);
+    /* v1 counts the driver's reserve as used: 615 MiB on an idle H200. */
     memory->total = m ? m->memory_total : g->memory_total;
-    memory->used = memory_used(g, m);
+    memory->used = memory_reserved(g, m) + memory_used(g, m);
     memory->free = memory->total - memory->used;
     return fake_leave(NVML_SUCCESS);
 }
 
 NVML_API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
 {
+    LATENCY(-1);
     const struct fake_gpu *g;
     const struct fake_mig *m;
     nvmlReturn_t rc = enter_device(device, &g, &m, NULL);
@@ -1089,15 +1190,17 @@ NVML_API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory
         return fake_leave(NVML_ERROR_INVALID_ARGUMENT);
     if (memory->version != NVML_MEMORY_V2)
         return fake_leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    /* v2 keeps the reserve apart: used is 0 on an idle GPU. */
     memory->total = m ? m->memory_total : g->memory_total;
+    memory->reserved = memory_reserved(g, m);
     memory->used = memory_used(g, m);
-    memory->reserved = 0;
-    memory->free = memory->total - memory->used;
+    memory->free = memory->total - memory->reserved - memory->used;
     return fake_leave(NVML_SUCCESS);
 }
 
 NVML_API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization)
 {
+    LATENCY(-1);
     const struct fake_gpu *g;
     nvmlReturn_t rc = enter_gpu(device, &g);
     if (rc != NVML_SUCCESS)
@@ -1112,6 +1215,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUti
 /* Only NVML_TEMPERATURE_GPU (0) exists as a sensor. */
 NVML_API nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, unsigned int sensorType, unsigned int *temp)
 {
+    LATENCY(-1);
     const struct fake_gpu *g;
     nvmlReturn_t rc = enter_gpu(device, &g);
     if (rc != NVML_SUCCESS)
@@ -1124,6 +1228,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, unsigned int
 
 NVML_API nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemperature_t *temperature)
 {
+    LATENCY(-1);
     const struct fake_gpu *g;
     nvmlReturn_t rc = enter_gpu(device, &g);
     if (rc != NVML_SUCCESS)
@@ -1144,6 +1249,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTempera
  * marks as not reported (-1). */
 NVML_API nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t device, unsigned int thresholdType, unsigned int *temp)
 {
+    LATENCY((long)thresholdType);
     const struct fake_gpu *g;
     nvmlReturn_t rc = enter_gpu(device, &g);
     if (rc != NVML_SUCCESS)
@@ -1159,6 +1265,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t device, uns
 
 NVML_API nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power)
 {
+    LATENCY(-1);
     return UINT_FIELD(device, power, power_usage);
 }
 
@@ -1168,6 +1275,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int 
  * rest so that neither product overflows (4e9 mW * 1e9 ns < 2^64). */
 NVML_API nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, unsigned long long *energy)
 {
+    LATENCY(-1);
     const struct fake_gpu *g;
     long long elapsed;
     unsigned long long sec, nsec;
@@ -1188,22 +1296,26 @@ NVML_API nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, u
 /* The fake has a single power limit: configured == enforced == default. */
 NVML_API nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsigned int *limit)
 {
+    LATENCY(-1);
     return UINT_FIELD(device, limit, power_limit);
 }
 
 NVML_API nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t device, unsigned int *limit)
 {
+    LATENCY(-1);
     return UINT_FIELD(device, limit, power_limit);
 }
 
 NVML_API nvmlReturn_t nvmlDeviceGetPowerManagementDefaultLimit(nvmlDevice_t device, unsigned int *limit)
 {
+    LATENCY(-1);
     return UINT_FIELD(device, limit, power_limit);
 }
 
 /* NVML_CLOCK_GRAPHICS=0, SM=1, MEM=2, VIDEO=3 */
 NVML_API nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, unsigned int type, unsigned int *clock)
 {
+    LATENCY((long)type);
     const struct fake_gpu *g;
     nvmlReturn_t rc = enter_gpu(device, &g);
     if (rc != NVML_SUCCESS)
@@ -1224,11 +1336,13 @@ NVML_API nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, unsigned int t
  * callers use either depending on their pynvml version. */
 NVML_API nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device, unsigned long long *reasons)
 {
+    LATENCY(-1);
     return U64_FIELD(device, reasons, clocks_event_reasons);
 }
 
 NVML_API nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device, unsigned long long *reasons)
 {
+    LATENCY(-1);
     return U64_FIELD(device, reasons, clocks_event_reasons);
 }
 
@@ -1250,6 +1364,7 @@ static nvmlReturn_t fill_cpu_affinity(nvmlDevice_t device, unsigned int cpuSetSi
 
 NVML_API nvmlReturn_t nvmlDeviceGetCpuAffinity(nvmlDevice_t device, unsigned int cpuSetSize, unsigned long *cpuSet)
 {
+    LATENCY(-1);
     return fill_cpu_affinity(device, cpuSetSize, cpuSet);
 }
 
@@ -1257,6 +1372,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetCpuAffinity(nvmlDevice_t device, unsigned int
  * one affinity per GPU. */
 NVML_API nvmlReturn_t nvmlDeviceGetCpuAffinityWithinScope(nvmlDevice_t device, unsigned int cpuSetSize, unsigned long *cpuSet, unsigned int scope)
 {
+    LATENCY(-1);
     if (scope > 1)
         return NVML_ERROR_INVALID_ARGUMENT;
     return fill_cpu_affinity(device, cpuSetSize, cpuSet);
@@ -1266,7 +1382,8 @@ NVML_API nvmlReturn_t nvmlDeviceGetCpuAffinityWithinScope(nvmlDevice_t device, u
  * NVLink
  *
  * link >= NVML_NVLINK_MAX_LINKS (36) -> INVALID_ARGUMENT; links the device
- * does not have (>= nvlink_count) -> NOT_SUPPORTED; links below
+ * does not have (>= nvlink_count) -> "nvlink_past_last" (NOT_SUPPORTED, or
+ * INVALID_ARGUMENT as GB200 drivers answer); links below
  * nvlink_count exist, and the first len(nvlink_peers) of them are active.
  * ====================================================================== */
 
@@ -1275,12 +1392,13 @@ static nvmlReturn_t check_link(const struct fake_gpu *g, unsigned link)
     if (link >= FAKE_NVLINK_MAX_LINKS)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (link >= g->nvlink_count)
-        return NVML_ERROR_NOT_SUPPORTED;
+        return g->nvlink_past_last;
     return NVML_SUCCESS;
 }
 
 NVML_API nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, unsigned int *isActive)
 {
+    LATENCY(-1);
     const struct fake_gpu *g;
     nvmlReturn_t rc = enter_gpu(device, &g);
     if (rc != NVML_SUCCESS)
@@ -1315,11 +1433,13 @@ static nvmlReturn_t remote_pci(nvmlDevice_t device, unsigned link, nvmlPciInfo_t
 
 NVML_API nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link, nvmlPciInfo_t *pci)
 {
+    LATENCY(-1);
     return remote_pci(device, link, pci, NULL);
 }
 
 NVML_API nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo(nvmlDevice_t device, unsigned int link, fake_pci_info_legacy_t *pci)
 {
+    LATENCY(-1);
     return remote_pci(device, link, NULL, pci);
 }
 
@@ -1327,6 +1447,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo(nvmlDevice_t device, unsi
  * CRC_DATA=3, ECC_DATA=4. */
 NVML_API nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t device, unsigned int link, unsigned int counter, unsigned long long *counterValue)
 {
+    LATENCY(-1);
     const struct fake_gpu *g;
     nvmlReturn_t rc = enter_gpu(device, &g);
     if (rc != NVML_SUCCESS)
@@ -1353,6 +1474,7 @@ static unsigned max_mig_devices(const struct fake_gpu *g)
 
 NVML_API nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode, unsigned int *pendingMode)
 {
+    LATENCY(-1);
     const struct fake_gpu *g;
     nvmlReturn_t rc = enter_gpu(device, &g);
     if (rc != NVML_SUCCESS)
@@ -1366,6 +1488,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *cu
 
 NVML_API nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count)
 {
+    LATENCY(-1);
     const struct fake_gpu *g;
     nvmlReturn_t rc = enter_gpu(device, &g);
     if (rc != NVML_SUCCESS)
@@ -1378,6 +1501,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsign
 
 NVML_API nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index, nvmlDevice_t *migDevice)
 {
+    LATENCY(-1);
     const struct fake_gpu *g;
     unsigned gi;
     nvmlReturn_t rc = fake_enter_gpu(device, &g, &gi);
@@ -1393,6 +1517,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, u
 
 NVML_API nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMigDevice)
 {
+    LATENCY(-1);
     const struct fake_gpu *g;
     const struct fake_mig *m;
     nvmlReturn_t rc = enter_device(device, &g, &m, NULL);
@@ -1406,6 +1531,7 @@ NVML_API nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned 
 
 NVML_API nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t migDevice, nvmlDevice_t *device)
 {
+    LATENCY(-1);
     const struct fake_gpu *g;
     const struct fake_mig *m;
     unsigned gi;
@@ -1425,21 +1551,23 @@ static nvmlReturn_t mig_instance_id(nvmlDevice_t device, unsigned *out, int comp
     nvmlReturn_t rc = enter_device(device, &g, &m, NULL);
     if (rc != NVML_SUCCESS)
         return rc;
-    if (!out)
+    /* A full GPU has no instance ids: the real driver answers
+     * INVALID_ARGUMENT (the recorded H200, MIG off). */
+    if (!out || !m)
         return fake_leave(NVML_ERROR_INVALID_ARGUMENT);
-    if (!m)
-        return fake_leave(NVML_ERROR_NOT_SUPPORTED);
     *out = compute ? m->compute_instance_id : m->gpu_instance_id;
     return fake_leave(NVML_SUCCESS);
 }
 
 NVML_API nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id)
 {
+    LATENCY(-1);
     return mig_instance_id(device, id, 0);
 }
 
 NVML_API nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id)
 {
+    LATENCY(-1);
     return mig_instance_id(device, id, 1);
 }
 
@@ -1449,6 +1577,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsign
 
 NVML_API nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending)
 {
+    LATENCY(-1);
     const struct fake_gpu *g;
     nvmlReturn_t rc = enter_gpu(device, &g);
     if (rc != NVML_SUCCESS)
@@ -1464,6 +1593,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, unsigned int *cu
  * 1 aggregate.  Counters do not exist while ECC is off. */
 NVML_API nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, unsigned int errorType, unsigned int counterType, unsigned long long *eccCounts)
 {
+    LATENCY(-1);
     const struct fake_gpu *g;
     nvmlReturn_t rc = enter_gpu(device, &g);
     if (rc != NVML_SUCCESS)
@@ -1478,6 +1608,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, unsigned 
 
 NVML_API nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corrRows, unsigned int *uncRows, unsigned int *isPending, unsigned int *failureOccurred)
 {
+    LATENCY(-1);
     const struct fake_gpu *g;
     nvmlReturn_t rc = enter_gpu(device, &g);
     if (rc != NVML_SUCCESS)
@@ -1528,16 +1659,19 @@ static nvmlReturn_t retired_pages(nvmlDevice_t device, unsigned cause, unsigned 
 
 NVML_API nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t device, unsigned int cause, unsigned int *pageCount, unsigned long long *addresses)
 {
+    LATENCY(-1);
     return retired_pages(device, cause, pageCount, addresses, NULL);
 }
 
 NVML_API nvmlReturn_t nvmlDeviceGetRetiredPages_v2(nvmlDevice_t device, unsigned int cause, unsigned int *pageCount, unsigned long long *addresses, unsigned long long *timestamps)
 {
+    LATENCY(-1);
     return retired_pages(device, cause, pageCount, addresses, timestamps);
 }
 
 NVML_API nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device, unsigned int *isPending)
 {
+    LATENCY(-1);
     const struct fake_gpu *g;
     nvmlReturn_t rc = enter_gpu(device, &g);
     if (rc != NVML_SUCCESS)
@@ -1555,13 +1689,16 @@ NVML_API nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device
  * ====================================================================== */
 
 /* Each value carries its own nvmlReturn: the call succeeds, and a field
- * the fake does not model says NOT_SUPPORTED in its slot, as NVML does for
- * fields a GPU lacks.  The fake's fields are all unsigned ints; the whole
- * union is zeroed first, so a reader of ullVal gets the same number.
+ * the fake does not model says NOT_SUPPORTED in its slot (valueType 0), as
+ * NVML does for fields a GPU lacks (the recorded H200: NVLink CRC, id 38).
+ * The fake's fields are unsigned ints but the remapped rows (unsigned long
+ * long, as recorded); the whole union is zeroed first, so a reader of
+ * ullVal gets the same number.
  * scopeId is left as the caller set it (pynvml: 0, or the tuple's second
  * element). */
 NVML_API nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvmlFieldValue_t *values)
 {
+    LATENCY(-1);
     const struct fake_gpu *g;
     struct timespec now;
     long long stamp;
@@ -1582,10 +1719,22 @@ NVML_API nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCo
         switch (v->fieldId) {
         case NVML_FI_DEV_MEMORY_TEMP: v->value.uiVal = g->memory_temperature; break;
         case NVML_FI_DEV_PCIE_REPLAY_COUNTER: v->value.uiVal = g->pcie_replay; break;
+        /* The recorded H200 gives the remapped rows as unsigned long long. */
+        case NVML_FI_DEV_REMAPPED_COR:
+            v->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+            v->value.ullVal = g->remap_corrected;
+            break;
+        case NVML_FI_DEV_REMAPPED_UNC:
+            v->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+            v->value.ullVal = g->remap_uncorrected;
+            break;
         case NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
             v->value.uiVal = g->gpu_recovery_action;
             break;
-        default: v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED; break;
+        default:
+            v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+            v->valueType = 0;
+            break;
         }
     }
     return fake_leave(NVML_SUCCESS);
@@ -1593,18 +1742,23 @@ NVML_API nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCo
 
 /* ======================================================================
  * NVLink fabric (GPUs behind NVSwitches managed by the fabric manager)
+ *
+ * A GPU off a fabric answers SUCCESS with state 0
+ * (NVML_GPU_FABRIC_STATE_NOT_SUPPORTED) and status SUCCESS, as the recorded
+ * H200 on driver 580 did; "fabric": "<error>" makes both calls fail instead.
  * ====================================================================== */
 
 NVML_API nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device, nvmlGpuFabricInfo_t *gpuFabricInfo)
 {
+    LATENCY(-1);
     const struct fake_gpu *g;
     nvmlReturn_t rc = enter_gpu(device, &g);
     if (rc != NVML_SUCCESS)
         return rc;
     if (!gpuFabricInfo)
         return fake_leave(NVML_ERROR_INVALID_ARGUMENT);
-    if (!g->fabric_supported)
-        return fake_leave(NVML_ERROR_NOT_SUPPORTED);
+    if (g->fabric_error)
+        return fake_leave(g->fabric_error);
     memcpy(gpuFabricInfo->clusterUuid, g->fabric_cluster_uuid, FAKE_FABRIC_UUID_LEN);
     gpuFabricInfo->status = g->fabric_status;
     gpuFabricInfo->cliqueId = g->fabric_clique_id;
@@ -1618,6 +1772,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device, nvmlGpuFab
  * the health mask only. */
 NVML_API nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, fake_fabric_info_v2_t *gpuFabricInfo)
 {
+    LATENCY(-1);
     const struct fake_gpu *g;
     nvmlReturn_t rc = enter_gpu(device, &g);
     if (rc != NVML_SUCCESS)
@@ -1627,8 +1782,8 @@ NVML_API nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, fake_fabr
     if (gpuFabricInfo->version != NVML_GPU_FABRIC_INFO_V2 &&
         gpuFabricInfo->version != NVML_GPU_FABRIC_INFO_V3)
         return fake_leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
-    if (!g->fabric_supported)
-        return fake_leave(NVML_ERROR_NOT_SUPPORTED);
+    if (g->fabric_error)
+        return fake_leave(g->fabric_error);
     /* The v2 fields are a prefix of v3, at the same offsets. */
     memcpy(gpuFabricInfo->clusterUuid, g->fabric_cluster_uuid, FAKE_FABRIC_UUID_LEN);
     gpuFabricInfo->status = g->fabric_status;
@@ -1715,31 +1870,37 @@ static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned *infoCount, voi
 
 NVML_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int *infoCount, fake_process_info_v1_t *infos)
 {
+    LATENCY(-1);
     return list_processes(device, infoCount, infos, 0, 1);
 }
 
 NVML_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount, fake_process_info_v2_t *infos)
 {
+    LATENCY(-1);
     return list_processes(device, infoCount, infos, 0, 0);
 }
 
 NVML_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount, fake_process_info_v2_t *infos)
 {
+    LATENCY(-1);
     return list_processes(device, infoCount, infos, 0, 0);
 }
 
 NVML_API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t device, unsigned int *infoCount, fake_process_info_v1_t *infos)
 {
+    LATENCY(-1);
     return list_processes(device, infoCount, infos, 1, 1);
 }
 
 NVML_API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount, fake_process_info_v2_t *infos)
 {
+    LATENCY(-1);
     return list_processes(device, infoCount, infos, 1, 0);
 }
 
 NVML_API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount, fake_process_info_v2_t *infos)
 {
+    LATENCY(-1);
     return list_processes(device, infoCount, infos, 1, 0);
 }
 
@@ -1783,5 +1944,6 @@ int fake_stub_result(const void *first_arg)
 
 NVML_API nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *eventTypes)
 {
+    LATENCY(-1);
     return U64_FIELD(device, eventTypes, supported_events);
 }

@@ -62,6 +62,13 @@ nvmlDevice_t fake_gpu_handle(unsigned index);
  * device file opens, or no dev dir is set)?  Lock held. */
 int fake_gpu_visible(unsigned position);
 
+/* Every entry point starts with LATENCY(selecting argument or -1): the call
+ * is `name`'s, and its first fake_enter() sleeps the time the spec's
+ * "latency" gives it (none without), without the lock.  An entry point that
+ * forwards to another takes the other's time (the innermost name wins). */
+void fake_latency(const char *name, long selector);
+#define LATENCY(selector) fake_latency(__func__, (selector))
+
 /* What a generated stub returns (see fakenvml.c). */
 int fake_stub_result(const void *first_arg);
 

@@ -26,6 +26,12 @@
 
 #define GIB (1024ULL * 1024ULL * 1024ULL)
 
+/* The recorded H200 (tests/data/real-gpu/h200-580-idle.json, driver
+ * 580.159.04): its memory, and what the driver keeps of it with no process
+ * on the GPU (v1's used, v2's reserved). */
+#define H200_MEMORY_TOTAL 150754820096ULL
+#define H200_MEMORY_RESERVED 644939776ULL
+
 /* ---- NVML error codes --------------------------------------------------- */
 
 static const struct {
@@ -140,7 +146,10 @@ int fake_parse_pci(const char *s, struct fake_pci *out)
 /* ---- defaults ----------------------------------------------------------- */
 
 /* Keep in sync with __init__.py:default_gpus so that a spec
- * with only "count" and one written by default_gpus describe the same GPUs. */
+ * with only "count" and one written by default_gpus describe the same GPUs.
+ * Where the recorded H200 (tests/data/real-gpu/h200-580-idle.json) answered
+ * something, these are its answers: idle clocks and clock reasons, memory and
+ * its reserve, thresholds, no NVLink. */
 static void gpu_defaults(struct fake_gpu *g, unsigned index)
 {
     long host_cpus = sysconf(_SC_NPROCESSORS_CONF);
@@ -154,10 +163,11 @@ static void gpu_defaults(struct fake_gpu *g, unsigned index)
     g->pci.domain = index / 30;
     g->pci.bus = 0x10 + 8 * (index % 30);
     g->pci_device_id = 0x233510DE;    /* device 0x2335 (H200), vendor NVIDIA */
-    g->pci_subsystem_id = 0x18BE10DE;
-    g->memory_total = 141 * GIB;
-    g->temperature = 30;
-    g->power_usage = 70000;
+    g->pci_subsystem_id = 0x18BF10DE;
+    g->memory_total = H200_MEMORY_TOTAL;
+    g->memory_reserved = H200_MEMORY_RESERVED;
+    g->temperature = 37;
+    g->power_usage = 78692;
     g->power_limit = 700000;
     /* Without an explicit affinity the GPU is "close" to every host CPU,
      * which is what a process binding itself to the GPU's CPUs can use. */
@@ -167,12 +177,16 @@ static void gpu_defaults(struct fake_gpu *g, unsigned index)
         host_cpus = FAKE_MAX_CPUS;
     for (long c = 0; c < host_cpus; c++)
         g->cpu_mask[c / 64] |= 1ULL << (c % 64);
-    g->nvlink_count = FAKE_NVLINK_DEFAULT_LINKS;
+    /* No NVLink unless the spec lists peers (the recorded H200 had none). */
+    g->nvlink_count = 0;
+    g->nvlink_past_last = 3; /* NVML_ERROR_NOT_SUPPORTED; GB200 drivers: INVALID_ARGUMENT */
     g->ecc_current = g->ecc_pending = 1;
-    g->clock_sm = 1980;
-    g->clock_graphics = 1980;
-    g->clock_mem = 2619;
-    g->clock_video = 1545;
+    /* Idle: NVML_CLOCKS_EVENT_REASON_GPU_IDLE, and the idle clocks. */
+    g->clocks_event_reasons = 0x1;
+    g->clock_sm = 345;
+    g->clock_graphics = 345;
+    g->clock_mem = 3201;
+    g->clock_video = 765;
     g->persistence = 1;
     g->brand = 14;       /* NVML_BRAND_NVIDIA */
     g->architecture = 9; /* NVML_DEVICE_ARCH_HOPPER */
@@ -183,11 +197,11 @@ static void gpu_defaults(struct fake_gpu *g, unsigned index)
     /* H200 SXM: a Gen5 x16 link in a Gen5 slot; its thermal limits. */
     g->pcie_gen = g->pcie_max_gen = g->pcie_gpu_max_gen = 5;
     g->pcie_width = g->pcie_max_width = 16;
-    g->temp_thresholds[0] = 92; /* SHUTDOWN */
-    g->temp_thresholds[1] = 89; /* SLOWDOWN */
-    g->temp_thresholds[2] = 95; /* MEM_MAX */
-    g->temp_thresholds[3] = 87; /* GPU_MAX */
-    g->memory_temperature = 40;
+    g->temp_thresholds[0] = 95;                  /* SHUTDOWN */
+    g->temp_thresholds[1] = 89;                  /* SLOWDOWN */
+    g->temp_thresholds[2] = FAKE_THRESHOLD_NONE; /* MEM_MAX: NOT_SUPPORTED */
+    g->temp_thresholds[3] = 87;                  /* GPU_MAX */
+    g->memory_temperature = 39;
 }
 
 /* ---- typed accessors with error paths ------------------------------- */
@@ -429,8 +443,12 @@ static int parse_nvlink(ctx *c, const char *where, const json_value *gobj,
             return -1;
         if (peers->count > FAKE_NVLINK_MAX_LINKS)
             return errf(c, "%s: more than %d links", buf, FAKE_NVLINK_MAX_LINKS);
-        if (!count_given && peers->count > g->nvlink_count)
-            g->nvlink_count = (unsigned)peers->count;
+        /* Peers make it an NVLink GPU: Hopper's 18 links, or as many as
+         * there are peers. */
+        if (!count_given && peers->count > 0)
+            g->nvlink_count = peers->count > FAKE_NVLINK_DEFAULT_LINKS
+                                  ? (unsigned)peers->count
+                                  : FAKE_NVLINK_DEFAULT_LINKS;
         if (peers->count > g->nvlink_count)
             return errf(c, "%s: %zu peers but nvlink_count is %u", buf,
                         peers->count, g->nvlink_count);
@@ -676,8 +694,10 @@ static int parse_fabric_uuid(const char *s, unsigned char out[FAKE_FABRIC_UUID_L
     return digits == 2 * FAKE_FABRIC_UUID_LEN ? 0 : -1;
 }
 
-/* Present: the GPU is part of an NVLink fabric (nvmlDeviceGetGpuFabricInfo*
- * answer); absent: those calls are NOT_SUPPORTED. */
+/* An object: the GPU is part of an NVLink fabric (nvmlDeviceGetGpuFabricInfo*
+ * answer it); an NVML error: those calls fail with it (an older driver's
+ * NOT_SUPPORTED); absent: they succeed with state NVML_GPU_FABRIC_STATE_NOT_SUPPORTED
+ * and status SUCCESS, as the recorded H200 on driver 580 did. */
 static int parse_fabric(ctx *c, const char *where, const json_value *gobj,
                         struct fake_gpu *g)
 {
@@ -690,6 +710,13 @@ static int parse_fabric(ctx *c, const char *where, const json_value *gobj,
     if (!f)
         return 0;
     join(buf, sizeof(buf), where, "fabric");
+    if (f->type == JSON_STRING || f->type == JSON_NUMBER) {
+        if (opt_error(c, where, gobj, "fabric", &g->fabric_error) < 0)
+            return -1;
+        if (g->fabric_error == 0)
+            return errf(c, "%s: an NVML error the calls fail with, or an object", buf);
+        return 0;
+    }
     g->fabric_supported = 1;
     g->fabric_state = 3; /* NVML_GPU_FABRIC_STATE_COMPLETED */
     if (expect_object(c, buf, f) < 0 || check_keys(c, buf, f, keys) < 0 ||
@@ -762,7 +789,8 @@ static int parse_gpu(ctx *c, const json_value *gobj, unsigned index,
         "clock_video", "persistence_mode", "brand", "architecture",
         "cuda_compute_capability", "supported_event_types", "process_list_delay_ms",
         "temperature_thresholds", "memory_temperature", "gpu_recovery_action", "pcie",
-        "fabric", "energy", "query_error", "query_delay_ms", NULL};
+        "fabric", "energy", "query_error", "query_delay_ms", "memory_reserved",
+        "nvlink_past_last", NULL};
     char where[32], buf[160];
     const json_value *v;
     unsigned long long lost = 0;
@@ -781,6 +809,8 @@ static int parse_gpu(ctx *c, const json_value *gobj, unsigned index,
         opt_uint(c, where, gobj, "pci_subsystem_id", UINT_MAX, &g->pci_subsystem_id) < 0 ||
         opt_u64(c, where, gobj, "memory_total", ULLONG_MAX, &g->memory_total) < 0 ||
         opt_u64(c, where, gobj, "memory_used", g->memory_total, &g->memory_used) < 0 ||
+        opt_u64(c, where, gobj, "memory_reserved", g->memory_total, &g->memory_reserved) < 0 ||
+        opt_error(c, where, gobj, "nvlink_past_last", &g->nvlink_past_last) < 0 ||
         opt_uint(c, where, gobj, "utilization_gpu", 100, &g->util_gpu) < 0 ||
         opt_uint(c, where, gobj, "utilization_memory", 100, &g->util_memory) < 0 ||
         opt_uint(c, where, gobj, "temperature", UINT_MAX, &g->temperature) < 0 ||
@@ -888,6 +918,78 @@ static int parse_events(ctx *c, const json_value *list, struct fake_spec *s)
     return 0;
 }
 
+/* ---- latency -------------------------------------------------------------- */
+
+#include "latency_recorded.h"
+
+/* "recorded": the recorded H200's times (latency_recorded.h); an object
+ * {"<entry point>": ms, "<entry point>#<selector>": ms}: those; absent or
+ * null: none. */
+static int parse_latency(ctx *c, const json_value *v, struct fake_spec *s)
+{
+    size_t n = sizeof(recorded_latency) / sizeof(recorded_latency[0]);
+
+    if (!v)
+        return 0;
+    if (v->type == JSON_STRING) {
+        if (strcmp(v->str, "recorded") != 0)
+            return errf(c, "latency: expected \"recorded\" or an object of entry points and ms");
+        s->latency = calloc(n, sizeof(*s->latency));
+        if (!s->latency)
+            return errf(c, "latency: out of memory");
+        memcpy(s->latency, recorded_latency, sizeof(recorded_latency));
+        s->n_latency = n;
+        return 0;
+    }
+    if (expect_object(c, "latency", v) < 0)
+        return -1;
+    s->latency = calloc(v->count ? v->count : 1, sizeof(*s->latency));
+    if (!s->latency)
+        return errf(c, "latency: out of memory");
+    for (size_t k = 0; k < v->count; k++) {
+        const char *key = v->keys[k];
+        const char *hash = strchr(key, '#');
+        const json_value *ms = &v->items[k];
+        struct fake_latency *l = &s->latency[s->n_latency];
+        size_t len = hash ? (size_t)(hash - key) : strlen(key);
+        char *end;
+
+        if (key[0] == '_')
+            continue;
+        if (len == 0 || len >= sizeof(l->name) || strncmp(key, "nvml", 4) != 0)
+            return errf(c, "latency.%s: expected an NVML entry point, optionally with #<selector>", key);
+        if (ms->type != JSON_NUMBER || ms->is_negative || ms->d > 60000.0)
+            return errf(c, "latency.%s: expected milliseconds from 0 to 60000", key);
+        memcpy(l->name, key, len);
+        l->name[len] = '\0';
+        l->selector = -1;
+        if (hash) {
+            l->selector = strtol(hash + 1, &end, 10);
+            if (end == hash + 1 || *end || l->selector < 0)
+                return errf(c, "latency.%s: the selector after # must be a non-negative integer", key);
+        }
+        l->us = (unsigned)(ms->d * 1000.0 + 0.5);
+        s->n_latency++;
+    }
+    return 0;
+}
+
+unsigned spec_latency_us(const struct fake_spec *spec, const char *name, long selector)
+{
+    unsigned any = 0;
+
+    for (size_t k = 0; k < spec->n_latency; k++) {
+        const struct fake_latency *l = &spec->latency[k];
+        if (strcmp(l->name, name) != 0)
+            continue;
+        if (l->selector == selector && selector >= 0)
+            return l->us;
+        if (l->selector < 0)
+            any = l->us;
+    }
+    return any;
+}
+
 static int parse_init_error(ctx *c, const json_value *root, struct fake_spec *s)
 {
     return opt_error(c, "", root, "init_error", &s->init_error);
@@ -897,13 +999,14 @@ static int parse_root(ctx *c, const json_value *root, struct fake_spec *s)
 {
     static const char *const keys[] = {"driver_version", "nvml_version",
                                        "cuda_driver_version", "init_error", "gpus",
-                                       "count", "events", NULL};
+                                       "count", "events", "latency", NULL};
     const json_value *gpus, *events;
     unsigned count = 0;
 
-    snprintf(s->driver_version, sizeof(s->driver_version), "550.54.15");
-    snprintf(s->nvml_version, sizeof(s->nvml_version), "12.550.54.15");
-    s->cuda_driver_version = 12040;
+    /* The recorded H200's driver (nvidia-smi: CUDA 13.0). */
+    snprintf(s->driver_version, sizeof(s->driver_version), "580.159.04");
+    snprintf(s->nvml_version, sizeof(s->nvml_version), "13.580.159.04");
+    s->cuda_driver_version = 13000;
 
     if (expect_object(c, "top level", root) < 0 || check_keys(c, "", root, keys) < 0 ||
         opt_str(c, "", root, "driver_version", s->driver_version,
@@ -937,7 +1040,7 @@ static int parse_root(ctx *c, const json_value *root, struct fake_spec *s)
     events = member(root, "events");
     if (events && parse_events(c, events, s) < 0)
         return -1;
-    return 0;
+    return parse_latency(c, member(root, "latency"), s);
 }
 
 /* ---- loading -------------------------------------------------------------- */
@@ -1014,5 +1117,6 @@ void spec_free(struct fake_spec *spec)
     }
     free(spec->gpus);
     free(spec->events);
+    free(spec->latency);
     free(spec);
 }

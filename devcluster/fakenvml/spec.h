@@ -66,7 +66,9 @@ struct fake_gpu {
     struct fake_pci pci;
     unsigned pci_device_id, pci_subsystem_id;
 
-    unsigned long long memory_total, memory_used;
+    /* memory_reserved: the driver's own reserve (in v1's "used", v2's
+     * "reserved"); memory_used: in use beyond it, by no listed process. */
+    unsigned long long memory_total, memory_used, memory_reserved;
     unsigned util_gpu, util_memory;
     unsigned temperature;
     unsigned power_usage, power_limit; /* milliwatts */
@@ -74,6 +76,7 @@ struct fake_gpu {
 
     unsigned nvlink_count;  /* links that exist on the device */
     unsigned nvlink_active; /* links 0..nvlink_active-1 are up */
+    int nvlink_past_last;   /* what a link >= nvlink_count answers */
     struct fake_pci nvlink_remote[FAKE_NVLINK_MAX_LINKS];
     unsigned long long nvlink_errors[FAKE_NVLINK_MAX_LINKS]
                                     [FAKE_NVLINK_ERROR_COUNTERS];
@@ -110,7 +113,8 @@ struct fake_gpu {
     unsigned memory_temperature;  /* NVML_FI_DEV_MEMORY_TEMP */
     unsigned gpu_recovery_action; /* NVML_FI_DEV_GET_GPU_RECOVERY_ACTION */
 
-    int fabric_supported; /* "fabric" key present */
+    int fabric_supported; /* "fabric" an object: the GPU is on a fabric */
+    int fabric_error;     /* "fabric" an error: GetGpuFabricInfo(V) fail with it */
     unsigned fabric_state, fabric_clique_id, fabric_health_mask;
     int fabric_status;    /* nvmlReturn_t */
     unsigned char fabric_cluster_uuid[FAKE_FABRIC_UUID_LEN];
@@ -135,6 +139,14 @@ struct fake_event {
     unsigned gpu_instance_id, compute_instance_id;
 };
 
+/* A call's time: `name` is an entry point, `selector` its first selecting
+ * argument (a threshold or clock type) or -1 for any. */
+struct fake_latency {
+    char name[64];
+    long selector;
+    unsigned us;
+};
+
 struct fake_spec {
     char driver_version[FAKE_VERSION_LEN];
     char nvml_version[FAKE_VERSION_LEN];
@@ -144,6 +156,9 @@ struct fake_spec {
     struct fake_gpu *gpus;
     size_t n_events;
     struct fake_event *events;
+    /* "latency": each call sleeps its time (none: no latency) */
+    size_t n_latency;
+    struct fake_latency *latency;
     /* CLOCK_MONOTONIC when this version was loaded: the energy counter
      * grows by power_usage from then on. */
     long long loaded_ns;
@@ -153,6 +168,9 @@ struct fake_spec {
  * one-line reason (including parse position) written into err. */
 struct fake_spec *spec_load(const char *path, char *err, size_t errlen);
 void spec_free(struct fake_spec *spec);
+
+/* Microseconds a call of entry point `name` sleeps in `spec` (0: none). */
+unsigned spec_latency_us(const struct fake_spec *spec, const char *name, long selector);
 
 /* Parse "DDDDDDDD:BB:DD.F" / "DDDD:BB:DD.F" / "BB:DD.F"; 0 on success. */
 int fake_parse_pci(const char *s, struct fake_pci *out);

@@ -39,6 +39,12 @@ GAPS = {
                                           "not recorded",
 }
 
+#: gaps of one state's file only
+STATE_GAPS = {
+    "load": {"nvmlDeviceGetMemoryInfo": "the probe read NVML's v2 memory (version=nvmlMemory_v2) on the idle GPU "
+                                        "only; under load it has v1"},
+}
+
 
 def _value(value):
     """A probe value as a recording's: reprs of objects it did not keep become {"$unrecorded": type}."""
@@ -135,7 +141,8 @@ def convert(probe: dict, name: str, state: str, readme: dict) -> dict:
               "host": "Firecracker VM, kernel 6.18, NVIDIA open kernel module", "driver": "580.159.04",
               "recorded": "2026-12-04", "state": state,
               "by": "a probe script through the real pynvml (nvidia-ml-py 13.x), before slurm-ext had a recorder"}
-    return {"format": "slurm-ext-nvml-recording", "version": 1, "source": source, "calls": calls, "gaps": GAPS}
+    return {"format": "slurm-ext-nvml-recording", "version": 1, "source": source, "calls": calls,
+            "gaps": {**GAPS, **STATE_GAPS.get(state, {})}}
 
 
 def _readme_entries() -> dict:
