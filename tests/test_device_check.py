@@ -75,7 +75,7 @@ def test_the_summary_has_the_monitor_cost_and_where_its_memory_goes(fake_run):
         kinds = cost["breakdown"]["by_kind"]
         assert "libnvidia-ml" in kinds and "python (interpreter, libpython)" in kinds
         assert sum(k["rss_kb"] for k in kinds.values()) == cost["breakdown"]["rss_kb"] > 0
-        assert cost["breakdown"]["largest"] and cost["breakdown"]["anonymous_by_size"]
+        assert cost["breakdown"]["largest"] and cost["breakdown"]["anonymous_by_use"]
         assert (out / f"smaps-{phase}.txt").stat().st_size > 0
     assert {"utilization", "power_w", "clocks_event_reasons"} <= set(monitor["load"]["readings"][0])
     assert monitor["load_kind"].startswith("fake: ")

@@ -208,7 +208,6 @@ def breakdown(pid: int) -> dict:
         exe = ""
     kinds: dict[str, dict] = {}
     by_path: dict[str, dict] = {}
-    anon: dict[str, dict] = {}
     for m in maps:
         kind = kinds.setdefault(_category(m, exe), {"rss_kb": 0, "pss_kb": 0, "mappings": 0})
         kind["rss_kb"] += m.rss_kb
@@ -218,20 +217,47 @@ def breakdown(pid: int) -> dict:
         row["rss_kb"] += m.rss_kb
         row["private_kb"] += m.private_kb
         row["size_kb"] += m.size_kb
-        if (not m.path or m.path.startswith("[anon")) and "w" in m.perms:
-            bucket = ("up to 1 MiB (Python arenas, small mmap)" if m.size_kb <= 1024 else
-                      "1-8 MiB" if m.size_kb < 8192 else
-                      "8 MiB (thread stacks)" if m.size_kb <= 8200 else
-                      "over 8 MiB (malloc arenas of threads, big blocks)")
-            row = anon.setdefault(bucket, {"mappings": 0, "rss_kb": 0, "size_kb": 0})
-            row["mappings"] += 1
-            row["rss_kb"] += m.rss_kb
-            row["size_kb"] += m.size_kb
+    anon: dict[str, dict] = {}
+    for use, m in _anonymous_uses(maps):
+        row = anon.setdefault(use, {"mappings": 0, "rss_kb": 0, "size_kb": 0})
+        row["mappings"] += 1
+        row["rss_kb"] += m.rss_kb
+        row["size_kb"] += m.size_kb
     largest = sorted(by_path.items(), key=lambda item: -item[1]["rss_kb"])[:12]
     return {"rss_kb": sum(m.rss_kb for m in maps), "pss_kb": sum(m.pss_kb for m in maps),
             "by_kind": dict(sorted(kinds.items(), key=lambda item: -item[1]["rss_kb"])),
             "largest": [{"path": path, **row} for path, row in largest],
-            "anonymous_by_size": anon, "mappings": len(maps)}
+            "anonymous_by_use": dict(sorted(anon.items(), key=lambda item: -item[1]["rss_kb"])),
+            "mappings": len(maps)}
+
+
+#: glibc's malloc gives each thread that allocates an arena of its own (up to 8 x cores of them): a heap of
+#: HEAP_MAX_SIZE (64 MiB) reserved, its used start read-write and the rest PROT_NONE
+_ARENA_KB = 64 * 1024
+
+
+def _anonymous_uses(maps: list[Mapping]):
+    """(use, mapping) for each anonymous read-write mapping, told by its neighbours: a thread's malloc arena
+    (read-write then PROT_NONE, 64 MiB together), a thread's stack (a 4 KiB guard then read-write), 1 MiB or
+    256 KiB alone (Python's object arenas), or other: Python's arenas that the kernel merged into one mapping
+    (they are mapped side by side), large malloc blocks, mmap of C libraries. tracemalloc (the imports step)
+    says how much of it is Python's."""
+    def anonymous(m: Mapping) -> bool:
+        return not m.path or m.path.startswith("[anon")
+    for i, m in enumerate(maps):
+        if not anonymous(m) or "w" not in m.perms:
+            continue
+        after = maps[i + 1] if i + 1 < len(maps) else None
+        before = maps[i - 1] if i else None
+        if after is not None and anonymous(after) and after.perms.startswith("---") and \
+                m.size_kb + after.size_kb == _ARENA_KB:
+            yield "malloc arenas of threads (glibc, 64 MiB reserved each)", m
+        elif before is not None and anonymous(before) and before.perms.startswith("---") and before.size_kb <= 64:
+            yield "thread stacks (a guard page before)", m
+        elif m.size_kb in (256, 1024):
+            yield "Python object arenas (obmalloc, 256 KiB or 1 MiB)", m
+        else:
+            yield "other anonymous (merged Python arenas, large malloc blocks, C libraries' mmap)", m
 
 
 # -- the check ------------------------------------------------------------------------------------
@@ -488,7 +514,8 @@ class Check:
         runtime = self.work / "run"
         readings = runtime / "health.json"
         readings.unlink(missing_ok=True)
-        env = {**self.env, "SLURM_EXT_CONFIG": str(self.config)}
+        extra = dict(item.split("=", 1) for item in self.args.monitor_env)
+        env = {**self.env, "SLURM_EXT_CONFIG": str(self.config), **extra}
         log = open(self.out / "monitor.log", "w")
         proc = subprocess.Popen([*self.slurm_ext, "--config", str(self.config), "health", "monitor"], env=env,
                                 stdout=log, stderr=subprocess.STDOUT, cwd=self.work, start_new_session=True)
@@ -505,7 +532,8 @@ class Check:
             time.sleep(1.0)  # the first poll's judging and files
             phase = min(self.args.phase_seconds, max(5.0, (self.left() - 75) / 2))
             costs = self.summary.setdefault("monitor", {"pid": proc.pid, "command": " ".join(
-                [os.path.basename(proc.args[0])] + [a if a != str(self.config) else "CONFIG" for a in proc.args[1:]])})
+                [f"{k}={v}" for k, v in extra.items()] + [os.path.basename(proc.args[0])]
+                + [a if a != str(self.config) else "CONFIG" for a in proc.args[1:]])})
             costs["idle"] = self._phase("idle", proc.pid, phase, readings)
             load = self._start_load()
             if load is None:
@@ -916,8 +944,8 @@ def render(s: dict) -> str:
             if name == "idle":
                 lines.append("    largest: " + "; ".join(f"{os.path.basename(r['path']) or r['path']} {_mb(r['rss_kb'])}"
                                                       for r in b["largest"][:8]))
-                lines.append("    anonymous by size: " + "; ".join(
-                    f"{k}: {v['mappings']} x, {_mb(v['rss_kb'])} MB" for k, v in b["anonymous_by_size"].items()))
+                lines.append("    anonymous by use: " + "; ".join(
+                    f"{k}: {v['mappings']} x, {_mb(v['rss_kb'])} MB" for k, v in b["anonymous_by_use"].items()))
     imports = s.get("imports")
     if imports:
         kinds = ", ".join(f"{k} {v['modules']} ({v['kept_kb'] / 1024:.1f} MB)" for k, v in imports["by_kind"].items())
@@ -976,10 +1004,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load-backend", default="auto", choices=("auto", "torch", "cupy", "cuda"))
     parser.add_argument("--load-gib", type=float, default=8.0, help="GPU memory the load holds (default 8)")
     parser.add_argument("--hold-gib", type=float, default=2.0, help="GPU memory the killed process holds (default 2)")
+    parser.add_argument("--monitor-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="an environment variable for the measured monitor only (e.g. MALLOC_ARENA_MAX=2), to "
+                             "measure what it changes; repeatable")
     parser.add_argument("--work", help="work directory (default: a temporary one, removed at the end)")
     parser.add_argument("--keep-work", action="store_true", help="keep the temporary work directory")
     parser.add_argument("--no-compile", action="store_true", help="install without byte-compiling (faster)")
     args = parser.parse_args(argv)
+    bad = [item for item in args.monitor_env if "=" not in item or not item.split("=", 1)[0]]
+    if bad:
+        parser.error(f"--monitor-env wants NAME=VALUE, not {bad[0]!r}")
     if sys.version_info < (3, 11):
         print(f"gpu-check: Python {sys.version.split()[0]} is too old: slurm-ext needs Python >= 3.11",
               file=sys.stderr)
