@@ -42,7 +42,7 @@ import sys
 import tempfile
 import time
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -57,7 +57,6 @@ TARGET_RSS_MB = 50.0
 H200_BEFORE = {"idle_cpu_percent": 0.36, "load_cpu_percent": 0.30, "rss_mb": 67.5}
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 
 #: exit codes
 RAN, CANNOT_RUN, NO_GPU = 0, 2, 3
@@ -283,7 +282,6 @@ class Check:
         self.spec = self.work / "fake" / "gpus.json"
         self.recordings: list[Path] = []
         self.gpu_slug = "gpu"
-        self.monitor_pid: int | None = None
         self.children: list[subprocess.Popen] = []
 
     # -- output ---------------------------------------------------------------------------------
@@ -520,7 +518,6 @@ class Check:
         proc = subprocess.Popen([*self.slurm_ext, "--config", str(self.config), "health", "monitor"], env=env,
                                 stdout=log, stderr=subprocess.STDOUT, cwd=self.work, start_new_session=True)
         self.children.append(proc)
-        self.monitor_pid = proc.pid
         try:
             first = time.monotonic()
             while not readings.exists() and proc.poll() is None and time.monotonic() - first < 30:
@@ -681,11 +678,16 @@ class Check:
         if not present:
             raise RuntimeError("no recording was written (is slurm_ext.nvmlrecord in this slurm-ext?)")
         merged = self.out / f"recording-{self.gpu_slug}.json"
-        code = ("import sys\nfrom slurm_ext import nvmlrecord\n"
-                "rec = nvmlrecord.merge(*[nvmlrecord.read(p) for p in sys.argv[2:]])\n"
-                "rec['source'] = {**rec.get('source', {}), 'merged_from': [p.rsplit('/', 1)[-1] for p in sys.argv[2:]]}\n"
+        gpu, machine = self.summary.get("gpu") or {}, self.summary.get("machine") or {}
+        source = {"by": "tests/device/gpu-check" + (" --fake" if self.args.fake else ""),
+                  "gpu": ", ".join(sorted({g["name"] for g in gpu.get("gpus", [])})), "driver": gpu.get("driver"),
+                  "host": f"kernel {machine.get('kernel')}, {machine.get('cpus')} CPUs",
+                  "python": machine.get("python"), "merged_from": [p.name for p in present]}
+        code = ("import json, sys\nfrom slurm_ext import nvmlrecord\n"
+                "rec = nvmlrecord.merge(*[nvmlrecord.read(p) for p in sys.argv[3:]])\n"
+                "rec['source'] = {**rec.get('source', {}), **json.loads(sys.argv[2])}\n"
                 "nvmlrecord.write(rec, sys.argv[1])\nprint(len(rec['calls']))\n")
-        done = self.run([self.python, "-c", code, merged, *present], self.limit(30), env=self.env)
+        done = self.run([self.python, "-c", code, merged, json.dumps(source), *present], self.limit(30), env=self.env)
         if done.returncode != 0:
             raise RuntimeError(f"cannot merge the recordings: {done.stderr.strip()[-600:]}")
         for path in present:
@@ -694,7 +696,7 @@ class Check:
                 "part_names": [p.stem[len(f"recording-{self.gpu_slug}-"):] for p in present],
                 "parts_missing": absent, "diffs": []}
         self.summary["recording"] = rows
-        name = ((self.summary.get("gpu") or {}).get("gpus") or [{}])[0].get("name", "")
+        name = (gpu.get("gpus") or [{}])[0].get("name", "")
         pairs = [(old, merged, f"{old.relative_to(REPO)} (committed) -> this run", f"diff-{old.stem}-vs-this-run.txt")
                  for old in _recordings_of(name)]
         fake = Path(self.args.wheels) / "fake-recording.json"
@@ -705,20 +707,17 @@ class Check:
             rows["diffs"].append({"against": f"no committed recording of {name!r} in {COMMITTED_RECORDINGS}",
                                   "differs": None})
         for old, new, label, out_name in pairs:
-            done = self.run([self.python, "-m", "slurm_ext.nvmlrecord", "diff", old, new], self.limit(30), env=self.env)
+            done = self.run([self.python, "-m", "slurm_ext.nvmlrecord", "diff", old, new], self.limit(30),
+                            env=self.env)
             (self.out / out_name).write_text(done.stdout + done.stderr)
             lines = [line for line in done.stdout.splitlines() if line.strip()]
             gaps = [line for line in lines if ": a gap of " in line]
             rows["diffs"].append({"against": label, "old": str(old), "new": str(new), "exit": done.returncode,
                                   "differs": done.returncode == 1, "gaps": len(gaps),
                                   "lines": [line for line in lines if line not in gaps][:40], "file": out_name})
-        differing = [d for d in rows["diffs"] if d.get("differs")]
-        step.detail = (f"{rows['calls']} calls in {merged.name} from {len(present)} process(es); "
-                       + ("; ".join(f"{d['against']}: {'differs' if d.get('differs') else 'same' if d.get('differs') is False else 'n/a'}"
-                                    for d in rows["diffs"])))
+        verdicts = [f"{d['against']}: {_verdict(d)}" for d in rows["diffs"]]
+        step.detail = f"{rows['calls']} calls in {merged.name} from {len(present)} process(es); " + "; ".join(verdicts)
         step.ok = not absent and all(d.get("exit") in (0, 1) for d in rows["diffs"] if "exit" in d)
-        if differing:
-            step.detail += f" ({sum(len(d['lines']) for d in differing)} lines, printed below)"
 
     # -- the whole check --------------------------------------------------------------------------------
 
@@ -866,6 +865,10 @@ def _unpack(wheels: Path, target: Path) -> None:
             archive.extractall(target)
 
 
+def _verdict(diff: dict) -> str:
+    return {None: "n/a", True: "DIFFERS", False: "same"}[diff.get("differs")]
+
+
 def _mb(kb: int) -> str:
     return f"{kb / 1024:.1f}"
 
@@ -877,109 +880,126 @@ def _cost_line(found: dict | None) -> str:
             f"(max {found['rss_max_mb']:.1f}), {found['threads']} threads")
 
 
-def _mark(value: float | None, limit: float) -> str:
-    if value is None:
-        return "n/a"
-    return "ok" if value < limit else "OVER"
+def _mark(values: list[float], limit: float) -> str:
+    return "ok" if max(values) < limit else "OVER"
 
 
-def render(s: dict) -> str:
-    """The summary as text: the last thing the check prints (and summary.txt)."""
-    lines = ["", "=" * 100, f"gpu-check summary ({s['mode']}): {s.get('seconds', 0):.0f}s, exit {s.get('exit')}"]
-    gpu = s.get("gpu") or {}
-    machine = s.get("machine") or {}
-    if gpu:
-        names = sorted({g["name"] for g in gpu.get("gpus", [])})
-        lines.append(f"GPU: {len(gpu.get('gpus', []))} x {', '.join(names)}; driver {gpu.get('driver')}, NVML "
-                     f"{gpu.get('nvml_version')}, CUDA {gpu.get('cuda_driver_version')}; nvidia-ml-py "
-                     f"{gpu.get('pynvml')}")
-    if machine:
-        lines.append(f"machine: Python {machine.get('python')}, {machine.get('cpus')} CPUs, kernel "
-                     f"{machine.get('kernel')}, torch {machine.get('torch')}, cupy {machine.get('cupy')}")
-    installed = s.get("slurm_ext")
-    if installed:
-        lines.append(f"slurm-ext {installed['version']} from {installed['wheel']} ({installed['how']}); "
-                     f"{s.get('wheel_vs_tree')}")
-    lines.append("steps:")
-    for step in s.get("steps") or []:
-        mark = "ok  " if step["ok"] else "FAIL"
-        lines.append(f"  {mark} {step['name']:<30} {step['seconds']:6.1f}s  {step['detail']}"[:400])
+def _row(label: str, idle: dict, load: dict | None, key: str, unit: str) -> str:
+    cells = [f"{phase[key]:.3f}{unit}" if unit else f"{phase[key]:.1f}" for phase in (idle, load) if phase]
+    return f"  {label:<28}" + "".join(f"{cell:>14}" for cell in cells)
+
+
+def _render_monitor(s: dict) -> list[str]:
     mon = s.get("monitor") or {}
     idle, load = mon.get("idle"), mon.get("load")
-    if idle:
-        lines.append(f"monitor at default settings (pid {mon.get('pid')}, {mon.get('command')}):")
-        lines.append(f"  {'':28}{'idle':>14}{'load':>14}{'target':>12}   before, on the H200")
-        lines.append(f"  {'CPU % of one core':28}{idle['cpu_percent']:>13.3f}%"
-                     + (f"{load['cpu_percent']:>13.3f}%" if load else f"{'-':>14}")
-                     + f"{'< 0.2 %':>12}   {_mark(max(idle['cpu_percent'], (load or idle)['cpu_percent']), TARGET_CPU_PERCENT):<5}"
-                     f" (0.36 % idle, 0.30 % load)")
-        if "cpu_percent_schedstat" in idle:
-            lines.append(f"  {'  (schedstat, live threads)':28}{idle['cpu_percent_schedstat']:>13.3f}%"
-                         + (f"{load.get('cpu_percent_schedstat', 0):>13.3f}%" if load else f"{'-':>14}"))
-        lines.append(f"  {'RSS, MB (at the end)':28}{idle['rss_mb']:>14.1f}" + (f"{load['rss_mb']:>14.1f}" if load else f"{'-':>14}")
-                     + f"{'< 50 MB':>12}   {_mark(max(idle['rss_mb'], (load or idle)['rss_mb']), TARGET_RSS_MB):<5} (67.5 MB)")
-        lines.append(f"  {'RSS anon / file, MB':28}{idle['rss_anon_mb']:>7.1f}/{idle['rss_file_mb']:<6.1f}"
-                     + (f"{load['rss_anon_mb']:>7.1f}/{load['rss_file_mb']:<6.1f}" if load else ""))
-        lines.append(f"  {'threads':28}{idle['threads']:>14}" + (f"{load['threads']:>14}" if load else ""))
-        if load:
-            lines.append(f"  load: {mon.get('load_kind')}")
-        elif mon.get("load_error"):
-            lines.append(f"  load: none could start: {mon['load_error'][:300]}")
-        for name, phase in (("idle", idle), ("load", load)):
-            if phase and isinstance(phase.get("readings"), list):
-                lines.append(f"  the monitor's readings ({name}): " + "; ".join(
-                    f"util {r.get('utilization')} %, {r.get('fb_used_mib')} MiB, {r.get('power_w')} W, SM "
-                    f"{r.get('sm_clock')} MHz, reasons {r.get('clocks_event_reasons')}" for r in phase["readings"]))
-        lines.append(f"  findings in the monitor's journal: {len(mon.get('findings') or [])}"
-                     + "".join(f"\n    {f}" for f in (mon.get("findings") or [])[:5]))
-        for name, phase in (("idle", idle), ("load", load)):
-            if not phase:
-                continue
-            b = phase["breakdown"]
-            lines.append(f"  RSS by mapping ({name}, smaps: {_mb(b['rss_kb'])} MB, PSS {_mb(b['pss_kb'])} MB, "
-                         f"{b['mappings']} mappings):")
-            for kind, row in b["by_kind"].items():
-                if row["rss_kb"] >= 100:
-                    lines.append(f"    {_mb(row['rss_kb']):>6} MB  {kind} ({row['mappings']} mappings)")
-            if name == "idle":
-                lines.append("    largest: " + "; ".join(f"{os.path.basename(r['path']) or r['path']} {_mb(r['rss_kb'])}"
-                                                      for r in b["largest"][:8]))
-                lines.append("    anonymous by use: " + "; ".join(
-                    f"{k}: {v['mappings']} x, {_mb(v['rss_kb'])} MB" for k, v in b["anonymous_by_use"].items()))
+    if not idle:
+        return []
+    phases = [p for p in (idle, load) if p]
+    before = H200_BEFORE
+    lines = [f"monitor at default settings (pid {mon.get('pid')}, {mon.get('command')}):",
+             f"  {'':<28}{'idle':>14}{'load':>14}{'target':>12}   before, on the H200 (Python 3.12)",
+             _row("CPU % of one core", idle, load, "cpu_percent", " %")
+             + f"{'< 0.2 %':>12}   {_mark([p['cpu_percent'] for p in phases], TARGET_CPU_PERCENT):<5}"
+             f"({before['idle_cpu_percent']:.2f} % idle, {before['load_cpu_percent']:.2f} % load)"]
+    if all("cpu_percent_schedstat" in p for p in phases):
+        lines.append(_row("  (schedstat, live threads)", idle, load, "cpu_percent_schedstat", " %"))
+    lines += [_row("RSS, MB (at the end)", idle, load, "rss_mb", "")
+              + f"{'< 50 MB':>12}   {_mark([p['rss_mb'] for p in phases], TARGET_RSS_MB):<5}({before['rss_mb']} MB)",
+              _row("RSS, MB (largest sampled)", idle, load, "rss_max_mb", ""),
+              _row("RSS anonymous, MB", idle, load, "rss_anon_mb", ""),
+              _row("RSS of files, MB", idle, load, "rss_file_mb", ""),
+              f"  {'threads':<28}" + "".join(f"{p['threads']:>14}" for p in phases)]
+    if load:
+        lines.append(f"  load: {mon.get('load_kind')}")
+    elif mon.get("load_error"):
+        lines.append(f"  load: none could start: {mon['load_error'][:300]}")
+    for name, phase in (("idle", idle), ("load", load)):
+        if phase and isinstance(phase.get("readings"), list):
+            lines.append(f"  the monitor's readings ({name}): " + "; ".join(
+                f"util {r.get('utilization')} %, {r.get('fb_used_mib')} MiB, {r.get('power_w')} W, SM "
+                f"{r.get('sm_clock')} MHz, reasons {r.get('clocks_event_reasons')}" for r in phase["readings"]))
+    findings = mon.get("findings") or []
+    lines.append(f"  findings in the monitor's journal: {len(findings)}" + "".join(f"\n    {f}" for f in findings[:5]))
+    for name, phase in (("idle", idle), ("load", load)):
+        if not phase:
+            continue
+        b = phase["breakdown"]
+        lines.append(f"  RSS by mapping ({name}, smaps: {_mb(b['rss_kb'])} MB, PSS {_mb(b['pss_kb'])} MB, "
+                     f"{b['mappings']} mappings):")
+        lines += [f"    {_mb(row['rss_kb']):>6} MB  {kind} ({row['mappings']} mappings)"
+                  for kind, row in b["by_kind"].items() if row["rss_kb"] >= 100]
+        lines.append("    anonymous by use: " + "; ".join(
+            f"{k}: {v['mappings']} x, {_mb(v['rss_kb'])} MB" for k, v in b["anonymous_by_use"].items()))
+        if name == "idle":
+            lines.append("    largest: " + "; ".join(
+                f"{os.path.basename(r['path']) or r['path']} {_mb(r['rss_kb'])}" for r in b["largest"][:8]))
     imports = s.get("imports")
     if imports:
         kinds = ", ".join(f"{k} {v['modules']} ({v['kept_kb'] / 1024:.1f} MB)" for k, v in imports["by_kind"].items())
         lines.append(f"  imports: {imports['modules_total']} modules in the process, {imports['modules_loaded']} "
                      f"imported by the monitor: {kinds}; Python memory traced {imports['python_traced_mb']} MB "
-                     "(tracemalloc, a separate run)")
-        top = [f"{n} {g['kept_kb'] / 1024:.2f} MB/{g['modules']}" + (f" (by {g['imported_by']})" if g.get("imported_by") else "")
+                     "(tracemalloc, in a run of its own)")
+        top = [f"{n} {g['kept_kb'] / 1024:.2f} MB/{g['modules']}" + (f" (by {g['imported_by']})"
+                                                                       if g.get("imported_by") else "")
                for n, g in list(imports["by_package"].items())[:10]]
         lines.append("    kept by package: " + "; ".join(top))
-    rel = s.get("release")
-    if rel:
-        lines.append("epilog GPU release: " + (rel.get("error") or (
-            f"{'released' if rel.get('released') else 'NOT released'} {rel.get('release_s')}s after SIGKILL "
-            f"(release_gpus, threshold {rel.get('threshold_mib')} MiB); holder of {rel.get('holder_gib')} GiB "
-            f"{'listed' if rel.get('listed') else 'NOT listed'} by NVML")))
-        for name in ("idle", "held", "after"):
-            mem = rel.get(name)
-            if mem:
-                lines.append(f"  memory {name:>5}: v1 used {mem.get('v1_used_mib')} MiB; v2 used "
-                             f"{mem.get('v2_used_mib', mem.get('v2'))} MiB, reserved {mem.get('v2_reserved_mib', '-')} MiB")
-    rec = s.get("recording")
-    if rec:
-        parts = rec["parts"]
-        lines.append(f"recording: {rec['recording']} ({rec['calls']} calls, merged from {len(parts)} recordings of "
-                     f"{', '.join(rec.get('part_names') or parts)}"
-                     + (f"; MISSING {', '.join(rec['parts_missing'])}" if rec["parts_missing"] else "") + ")")
-        for diff in rec["diffs"]:
-            verdict = "n/a" if diff.get("differs") is None else "DIFFERS" if diff["differs"] else "same"
-            gaps = f", besides {diff['gaps']} gap(s) the recording declares" if diff.get("gaps") else ""
-            lines.append(f"  diff {diff['against']}: {verdict}{gaps}" + (f" ({diff.get('file')})" if diff.get("file") else ""))
-            for line in (diff.get("lines") or [])[:25] if diff.get("differs") else ():
-                lines.append(f"    {line[:220]}")
-    health = s.get("health_check") or {}
-    for name, row in health.items():
+    return lines
+
+
+def _render_release(rel: dict | None) -> list[str]:
+    if not rel:
+        return []
+    if rel.get("error"):
+        return [f"epilog GPU release: {rel['error']}"]
+    lines = [f"epilog GPU release: {'released' if rel.get('released') else 'NOT released'} {rel.get('release_s')}s "
+             f"after SIGKILL (release_gpus, threshold {rel.get('threshold_mib')} MiB); the holder of "
+             f"{rel.get('holder_gib')} GiB {'listed' if rel.get('listed') else 'NOT listed'} by NVML"]
+    for name in ("idle", "held", "after"):
+        mem = rel.get(name)
+        if mem:
+            lines.append(f"  memory {name:>5}: v1 used {mem.get('v1_used_mib')} MiB; v2 used "
+                         f"{mem.get('v2_used_mib', mem.get('v2'))} MiB, reserved {mem.get('v2_reserved_mib', '-')} MiB")
+    return lines
+
+
+def _render_recording(rec: dict | None) -> list[str]:
+    if not rec:
+        return []
+    missing = f"; MISSING {', '.join(rec['parts_missing'])}" if rec["parts_missing"] else ""
+    lines = [f"recording: {rec['recording']} ({rec['calls']} calls, merged from the recordings of "
+             f"{', '.join(rec['part_names'])}{missing})"]
+    for diff in rec["diffs"]:
+        gaps = f", besides {diff['gaps']} gap(s) the recording declares" if diff.get("gaps") else ""
+        where = f" ({diff['file']})" if diff.get("file") else ""
+        lines.append(f"  diff {diff['against']}: {_verdict(diff)}{gaps}{where}")
+        if diff.get("differs"):
+            lines += [f"    {line[:220]}" for line in diff["lines"][:25]]
+    return lines
+
+
+def render(s: dict) -> str:
+    """The summary as text: the last thing the check prints (and summary.txt)."""
+    lines = ["", "=" * 100, f"gpu-check summary ({s['mode']}): {s.get('seconds', 0):.0f}s, exit {s.get('exit')}"]
+    gpu, machine, installed = s.get("gpu") or {}, s.get("machine") or {}, s.get("slurm_ext")
+    if gpu:
+        names = ", ".join(sorted({g["name"] for g in gpu.get("gpus", [])}))
+        lines.append(f"GPU: {len(gpu.get('gpus', []))} x {names}; driver {gpu.get('driver')}, NVML "
+                     f"{gpu.get('nvml_version')}, CUDA {gpu.get('cuda_driver_version')}; nvidia-ml-py "
+                     f"{gpu.get('pynvml')}")
+    if machine:
+        lines.append(f"machine: Python {machine.get('python')}, {machine.get('cpus')} CPUs, kernel "
+                     f"{machine.get('kernel')}, torch {machine.get('torch')}, cupy {machine.get('cupy')}")
+    if installed:
+        lines.append(f"slurm-ext {installed['version']} from {installed['wheel']} ({installed['how']}); "
+                     f"{s.get('wheel_vs_tree')}")
+    lines.append("steps:")
+    for step in s.get("steps") or []:
+        lines.append(f"  {'ok  ' if step['ok'] else 'FAIL'} {step['name']:<30} {step['seconds']:6.1f}s  "
+                     f"{step['detail']}"[:400])
+    lines += _render_monitor(s)
+    lines += _render_release(s.get("release"))
+    lines += _render_recording(s.get("recording"))
+    for name, row in (s.get("health_check") or {}).items():
         if row.get("findings"):
             lines.append(f"{name}: exit {row['exit']}: " + "; ".join(
                 f"{f.get('severity')} {f.get('check')}: {f.get('evidence')}" for f in row["findings"][:5]))

@@ -102,8 +102,8 @@ def _nvml_info() -> dict:
     started = time.monotonic()
     pynvml.nvmlInit()
     init_ms = 1000 * (time.monotonic() - started)
-    info = {"driver": text(pynvml.nvmlSystemGetDriverVersion()), "nvml_version": text(pynvml.nvmlSystemGetNVMLVersion()),
-            "init_ms": round(init_ms, 1), "gpus": []}
+    info = {"driver": text(pynvml.nvmlSystemGetDriverVersion()),
+            "nvml_version": text(pynvml.nvmlSystemGetNVMLVersion()), "init_ms": round(init_ms, 1), "gpus": []}
     try:
         version = pynvml.nvmlSystemGetCudaDriverVersion()
         info["cuda_driver_version"] = f"{version // 1000}.{version % 1000 // 10}"
@@ -154,7 +154,9 @@ def _release(args: argparse.Namespace) -> dict:
     nvml_adapter.init_once(pynvml, lambda err: err)
     result: dict = {"gpu": args.gpu, "threshold_mib": threshold, "holder_gib": args.gib,
                     "idle": _memory(pynvml, args.gpu)}
-    command = [args.holder_python, args.gpuload, "hold", "--gib", str(args.gib)] + (["--fake"] if args.fake_spec else [])
+    command = [args.holder_python, args.gpuload, "hold", "--gib", str(args.gib)]
+    if args.fake_spec:
+        command.append("--fake")
     started = time.monotonic()
     holder = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -271,8 +273,9 @@ def _imports(args: argparse.Namespace) -> dict:
             "modules_total": len(sys.modules), "python_traced_mb": round(traced / 1e6, 2),
             "python_traced_peak_mb": round(peak / 1e6, 2), "rss_with_tracemalloc_mb": round(rss * 1024 / 1e6, 1),
             "by_kind": {k: {"modules": v["modules"], "kept_kb": round(v["kept_kb"], 1)} for k, v in kinds.items()},
-            "by_package": dict(sorted(((n, {**g, "kept_kb": round(g["kept_kb"], 1), "files_kb": round(g["files_kb"], 1)})
-                                       for n, g in groups.items()), key=lambda item: -item[1]["kept_kb"])),
+            "by_package": dict(sorted(((n, {**g, "kept_kb": round(g["kept_kb"], 1),
+                                            "files_kb": round(g["files_kb"], 1)}) for n, g in groups.items()),
+                                      key=lambda item: -item[1]["kept_kb"])),
             "top_modules": [{"module": n, "kept_kb": round(c / 1024, 1)} for n, c in top]}
 
 
