@@ -988,7 +988,8 @@ def render(s: dict) -> str:
                      f"{gpu.get('pynvml')}")
     if machine:
         lines.append(f"machine: Python {machine.get('python')}, {machine.get('cpus')} CPUs, kernel "
-                     f"{machine.get('kernel')}, torch {machine.get('torch')}, cupy {machine.get('cupy')}")
+                     f"{machine.get('kernel')}, torch {machine.get('torch')}, cupy {machine.get('cupy')}"
+                     + ("" if machine.get("user") == 0 else f", NOT root (uid {machine.get('user')})"))
     if installed:
         lines.append(f"slurm-ext {installed['version']} from {installed['wheel']} ({installed['how']}); "
                      f"{s.get('wheel_vs_tree')}")

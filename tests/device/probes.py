@@ -151,30 +151,37 @@ def _release(args: argparse.Namespace) -> dict:
     from slurm_ext import config as config_mod, nvml as nvml_adapter
     from slurm_ext.prolog_epilog import gpus
     threshold = config_mod.load(args.config).prolog_epilog.gpu_memory_threshold
-    nvml_adapter.init_once(pynvml, lambda err: err)
-    result: dict = {"gpu": args.gpu, "threshold_mib": threshold, "holder_gib": args.gib,
-                    "idle": _memory(pynvml, args.gpu)}
-    command = [args.holder_python, args.gpuload, "hold", "--gib", str(args.gib)]
-    if args.fake_spec:
-        command.append("--fake")
-    started = time.monotonic()
-    holder = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    result: dict = {"gpu": args.gpu, "threshold_mib": threshold, "holder_gib": args.gib}
+    holder = None
     try:
+        nvml_adapter.init_once(pynvml, lambda err: gpus.GpuCheckError(f"cannot initialise: {err}"))
+        waited = time.monotonic()
+        while gpus.gpu_usage([args.gpu])[0].processes and time.monotonic() - waited < 5.0:
+            time.sleep(0.05)  # the load of the step before may still be letting go
+        result["idle"] = {**_memory(pynvml, args.gpu), "waited_s": round(time.monotonic() - waited, 2),
+                          "pids": [p.pid for p in gpus.gpu_usage([args.gpu])[0].processes]}
+        command = [args.holder_python, args.gpuload, "hold", "--gib", str(args.gib)]
+        if args.fake_spec:
+            command.append("--fake")
+        started = time.monotonic()
+        holder = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         line = _first_line(holder, args.timeout)
         result["holder"] = line
         if not line.startswith("ready "):
-            result["error"] = f"the holder did not start: {line or holder.stdout.read()[-500:]}"
+            said = line or f"no line within {args.timeout:g}s (exit {holder.poll()})"
+            result["error"] = f"the holder did not start: {said}"
             return result
         result["holder_start_s"] = round(time.monotonic() - started, 2)
         if args.fake_spec:
             _fake_process(args.fake_spec, args.gpu, holder.pid, int(args.gib * GIB))
-        deadline, usage = time.monotonic() + 5.0, None
-        while time.monotonic() < deadline:  # the driver lists a new context within a poll or two
+        deadline = time.monotonic() + 5.0
+        while True:  # the driver lists a new context within a poll or two
             (usage,) = gpus.gpu_usage([args.gpu])
-            if any(p.pid == holder.pid for p in usage.processes):
+            listed = any(p.pid == holder.pid for p in usage.processes)
+            if listed or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
-        result["listed"] = any(p.pid == holder.pid for p in usage.processes)
+        result["listed"] = listed
         result["processes_seen"] = [{"pid": p.pid, "used_mib": p.used_mib} for p in usage.processes]
         result["held"] = {"gpu_usage_used_mib": usage.used_mib,
                           "gpu_usage_reserved_mib": getattr(usage, "reserved_mib", None), **_memory(pynvml, args.gpu)}
@@ -185,6 +192,7 @@ def _release(args: argparse.Namespace) -> dict:
 
         def kill(pid: int) -> None:
             os.kill(pid, signal.SIGKILL)
+        # as the Epilog calls it once the job's processes are killed: the holder is the job's
         held = gpus.release_gpus([args.gpu], lambda pid: pid == holder.pid, kill, threshold_mib=threshold,
                                  timeout=args.timeout)
         answered = time.monotonic()
@@ -197,7 +205,7 @@ def _release(args: argparse.Namespace) -> dict:
         result["error"] = str(err)
         return result
     finally:
-        if holder.poll() is None:
+        if holder is not None and holder.poll() is None:
             holder.kill()
             holder.wait()
         if args.fake_spec:
