@@ -937,8 +937,8 @@ def _render_monitor(s: dict) -> list[str]:
     if imports:
         kinds = ", ".join(f"{k} {v['modules']} ({v['kept_kb'] / 1024:.1f} MB)" for k, v in imports["by_kind"].items())
         lines.append(f"  imports: {imports['modules_total']} modules in the process, {imports['modules_loaded']} "
-                     f"imported by the monitor: {kinds}; Python memory traced {imports['python_traced_mb']} MB "
-                     "(tracemalloc, in a run of its own)")
+                     f"imported by the monitor ({imports.get('module_files_mb')} MB of files): {kinds} kept; "
+                     f"Python memory traced {imports['python_traced_mb']} MB (tracemalloc, in a run of its own)")
         top = [f"{n} {g['kept_kb'] / 1024:.2f} MB/{g['modules']}" + (f" (by {g['imported_by']})"
                                                                        if g.get("imported_by") else "")
                for n, g in list(imports["by_package"].items())[:10]]

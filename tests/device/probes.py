@@ -278,6 +278,7 @@ def _imports(args: argparse.Namespace) -> dict:
     with open(f"/proc/{os.getpid()}/status") as file:
         rss = next(int(line.split()[1]) for line in file if line.startswith("VmRSS:"))
     return {"monitor_exit": code, "seconds": args.seconds, "modules_loaded": len(new),
+            "module_files_mb": round(sum(g["files_kb"] for g in groups.values()) / 1024, 2),
             "modules_total": len(sys.modules), "python_traced_mb": round(traced / 1e6, 2),
             "python_traced_peak_mb": round(peak / 1e6, 2), "rss_with_tracemalloc_mb": round(rss * 1024 / 1e6, 1),
             "by_kind": {k: {"modules": v["modules"], "kept_kb": round(v["kept_kb"], 1)} for k, v in kinds.items()},
