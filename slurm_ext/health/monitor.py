@@ -52,6 +52,12 @@ OWNER = "health"
 _RETRY = 30.0
 #: the most event records and link changes kept for the windows (a storm of lines must not grow memory)
 _MAX_RECENT = 2000
+#: how often the operator is told about kernel-log lines that imitate the driver (see _kernel_log)
+_REFUSED_EVERY = 3600.0
+#: an Xid's echo from the other source comes within 2 s: records further back than this are not looked at
+_ECHO_LOOK_BACK = 10.0
+#: Xid count series kept (per GPU and Xid number, and one per node for Xids of no GPU it has)
+_MAX_XID_SERIES = 512
 #: how long a pushing source blocks in one wait (it wakes at once for a line or an event; this is only how often
 #: an idle one comes up for air)
 _SOURCE_WAIT = 5.0
@@ -282,7 +288,10 @@ class Monitor:
                     close()
 
     def _kernel_log(self) -> None:
+        """Only the kernel's own lines are judged (kmsg.py says how they are told from a user's); lines that imitate
+        the driver are counted and told to the operator in the log at most once every _REFUSED_EVERY."""
         parser = LineParser()
+        told = {"count": 0, "at": -_REFUSED_EVERY}
 
         def open_log():
             source = KernelLog(self.health.kernel_log)
@@ -290,7 +299,14 @@ class Monitor:
             return source
 
         def read(source):
-            return [r for r in map(parser.parse, source.lines(_SOURCE_WAIT)) if r is not None]
+            records = [r for r in map(parser.parse, source.lines(_SOURCE_WAIT)) if r is not None]
+            if parser.refused > told["count"] and time.monotonic() - told["at"] >= _REFUSED_EVERY:
+                log.warning("health: kernel log %s: %d lines that look like the NVIDIA driver's were not judged: not "
+                            "the kernel's own (written from user space, or another message quoting the driver); the "
+                            "last: %r", self.health.kernel_log, parser.refused - told["count"],
+                            parser.last_refused[:300])
+                told.update(count=parser.refused, at=time.monotonic())
+            return records
         self._source_loop("kernel-log", open_log, read)
 
     def _nvml_events(self) -> None:
@@ -413,6 +429,8 @@ class Monitor:
         one fault), or the driver's "fallen off the bus" line after its Xid 79 line: one Xid, not two."""
         gpu = self._gpu_of(xid)
         for old in reversed(self.recent):
+            if old.time < xid.time - _ECHO_LOOK_BACK:  # newest first: nothing older can be an echo
+                break
             if not isinstance(old, Xid) or xid.time - old.time > 2.0:
                 continue
             if old.xid == xid.xid and self._gpu_of(old) == gpu and (old.source != xid.source or xid.no_xid_line):
@@ -425,14 +443,18 @@ class Monitor:
                     xid.uuid or xid.pci_bus_id)
 
     def _count_xid(self, xid: Xid) -> None:
-        """Count it under its GPU (a kernel line names the bus, an NVML event the UUID: one GPU, one series)."""
+        """Count it under its GPU (a kernel line names the bus, an NVML event the UUID: one GPU, one series); an Xid
+        of no GPU the node has is counted under the node, whatever bus it names, and past _MAX_XID_SERIES series
+        (Xid numbers no catalog has) the rest share one: the counts, kept in the state and the metrics, stay small."""
         gpu = self._gpu_of(xid)
         gpu = gpu if not isinstance(gpu, str) else None
-        key = f"{gpu.uuid if gpu else xid.uuid or xid.pci_bus_id}/{xid.xid}"
-        entry = self.xid_counts.setdefault(key, {"gpu": gpu.index if gpu else "",
-                                                 "uuid": gpu.uuid if gpu else xid.uuid,
-                                                 "pci_bus_id": gpu.pci_bus_id if gpu else xid.pci_bus_id,
-                                                 "xid": xid.xid, "count": 0})
+        key = f"{gpu.uuid if gpu else 'node'}/{xid.xid}"
+        number = xid.xid
+        if key not in self.xid_counts and len(self.xid_counts) >= _MAX_XID_SERIES:
+            key, number = f"{gpu.uuid if gpu else 'node'}/other", "other"
+        entry = self.xid_counts.setdefault(key, {"gpu": gpu.index if gpu else "", "uuid": gpu.uuid if gpu else "",
+                                                 "pci_bus_id": gpu.pci_bus_id if gpu else "", "xid": number,
+                                                 "count": 0})
         entry["count"] += 1
         if gpu is not None:
             self.last_xid[gpu.uuid] = xid.xid
