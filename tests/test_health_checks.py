@@ -580,9 +580,9 @@ def test_a_burst_of_lines_from_one_process_is_one_fault():
 
 @pytest.mark.parametrize("times,pids,faults", [
     ([0.0], [None], 1),
-    ([0.0, 0.001, 9.9], [None, None, None], 1),
-    ([0.0, 10.5], [None, None], 2),
-    ([0.0, 5.0, 9.0, 12.0, 18.0], [None] * 5, 2),  # a burst is counted from its first line
+    ([0.0, 0.001, 4.9], [None, None, None], 1),
+    ([0.0, 5.5], [None, None], 2),
+    ([0.0, 2.5, 4.5, 6.0, 9.0], [None] * 5, 2),  # a burst is counted from its first line, not chained
     ([0.0, 100.0, 200.0], [1, 1, 1], 1),
     ([0.0, 100.0, 200.0], [1, 2, 3], 3),
     ([200.0, 0.0, 100.0], [3, 1, 2], 3),  # order does not matter

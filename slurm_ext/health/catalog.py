@@ -96,117 +96,134 @@ REPEAT_WORKFLOWS = {"WORKFLOW_XID_13": "run DCGM diagnostics (dcgmi diag -r 3), 
                     "WORKFLOW_XID_31": "run DCGM diagnostics (dcgmi diag -r 3), then field diagnostics",
                     "CONTACT_SUPPORT": "contact support", "INVESTIGATE_SW": "investigate the driver and software"}
 
-# Code | mnemonic | NVIDIA's description | immediate bucket | investigatory bucket (NVIDIA's own words, abridged)
+# Code | mnemonic | immediate bucket | investigatory bucket | NVIDIA's description (abridged; an indented line goes on)
 _XIDS = """
-8 | ROBUST_CHANNEL_FIFO_ERROR_IDLE_TIMEOUT | GPU stopped processing | RESTART_APP | CONTACT_SUPPORT
-11 | ROBUST_CHANNEL_GR_ERROR_MISSING_HW | invalid or corrupted push buffer stream | RESTART_APP | CHECK_APP/CUDA
-13 | ROBUST_CHANNEL_GR_EXCEPTION | graphics engine exception (SM warp exception, out-of-range address) | RESTART_APP | WORKFLOW_XID_13
-14 | ROBUST_CHANNEL_FAKE_ERROR | fake or injected error from user space | IGNORE | CONTACT_SUPPORT
-25 | ROBUST_CHANNEL_GR_ILLEGAL_NOTIFY | invalid or illegal push buffer stream | RESTART_APP | CHECK_APP/CUDA
-31 | ROBUST_CHANNEL_FIFO_ERROR_MMU_ERR_FLT | GPU memory page fault (MMU fault) | RESTART_APP | WORKFLOW_XID_31
-32 | ROBUST_CHANNEL_PBDMA_ERROR | invalid or corrupted push buffer stream (DMA, PCIe quality) | RESTART_APP | CHECK_APP/CUDA
-37 | ROBUST_CHANNEL_FECS_ERR_UNIMP_FIRMWARE_METHOD | driver firmware error | IGNORE | CHECK_APP/CUDA
-38 | ROBUST_CHANNEL_FECS_ERR_WATCHDOG_TIMEOUT | driver firmware error | IGNORE | CONTACT_SUPPORT
-39 | ROBUST_CHANNEL_CE0_ERROR | copy engine exception | RESTART_APP | CONTACT_SUPPORT
-40 | ROBUST_CHANNEL_CE1_ERROR | copy engine exception | RESTART_APP | CONTACT_SUPPORT
-41 | ROBUST_CHANNEL_CE2_ERROR | copy engine exception | RESTART_APP | CONTACT_SUPPORT
-43 | ROBUST_CHANNEL_RESETCHANNEL_VERIF_ERROR | GPU stopped processing (the application's fault; the GPU stays healthy) | IGNORE | CONTACT_SUPPORT
-44 | ROBUST_CHANNEL_GR_FAULT_DURING_CTXSW | graphics engine fault during context switch | IGNORE | CONTACT_SUPPORT
-45 | ROBUST_CHANNEL_PREEMPTIVE_REMOVAL | preemptive clean-up after an earlier error or an aborted application | WORKFLOW_XID_45 | WORKFLOW_XID_45
-46 | ROBUST_CHANNEL_GPU_TIMEOUT_ERROR | GPU stopped processing | RESET_GPU | CONTACT_SUPPORT
-48 | ROBUST_CHANNEL_GPU_ECC_DBE | double-bit ECC error | WORKFLOW_XID_48 | WORKFLOW_XID_48
-54 | SILENT_RUNNING_PWR_REDUCED_CLOCKING | auxiliary power is not connected to the GPU board | CHECK_MECHANICALS | CONTACT_SUPPORT
-60 | ROBUST_CHANNEL_SEC2_ERROR | video processor exception | RESTART_APP | INVESTIGATE_SW
-62 | PMU_HALT_ERROR | internal micro-controller halt | RESET_GPU | CONTACT_SUPPORT
-63 | INFOROM_DRAM_RETIREMENT_EVENT | GPU memory remapping event (the row-remap check says when a reset is due) | IGNORE | IGNORE
-64 | INFOROM_DRAM_RETIREMENT_FAILURE | GPU memory remapping failure | RESET_GPU | CONTACT_SUPPORT
-66 | ROBUST_CHANNEL_FECS_ERR_REG_ACCESS_VIOLATION | illegal access by driver | IGNORE | INVESTIGATE_SW
-67 | ROBUST_CHANNEL_FECS_ERR_VERIF_VIOLATION | illegal access by driver | IGNORE | CONTACT_SUPPORT
-68 | ROBUST_CHANNEL_NVDEC0_ERROR | NVDEC0 exception | RESTART_APP | CONTACT_SUPPORT
-69 | ROBUST_CHANNEL_GR_CLASS_ERROR | graphics engine class error | RESTART_APP | CHECK_APP/CUDA
-70 | ROBUST_CHANNEL_CE3_ERROR | copy engine 3 error | RESTART_APP | CONTACT_SUPPORT
-71 | ROBUST_CHANNEL_CE4_ERROR | copy engine 4 error | RESTART_APP | CONTACT_SUPPORT
-72 | ROBUST_CHANNEL_CE5_ERROR | copy engine 5 error | RESTART_APP | CONTACT_SUPPORT
-74 | NVLINK_ERROR | NVLink error (a GPU reset or node reboot clears it) | WORKFLOW_NVLINK_ERR | CONTACT_SUPPORT
-75 | ROBUST_CHANNEL_CE6_ERROR | copy engine 6 error | RESTART_APP | CONTACT_SUPPORT
-76 | ROBUST_CHANNEL_CE7_ERROR | copy engine 7 error | RESTART_APP | CONTACT_SUPPORT
-77 | ROBUST_CHANNEL_CE8_ERROR | copy engine 8 error | RESTART_APP | CONTACT_SUPPORT
-78 | VGPU_START_ERROR | vGPU start error | UPDATE_SWFW | UPDATE_SWFW
-79 | GPU_HAS_FALLEN_OFF_THE_BUS | the GPU has fallen off the bus | RESTART_BM | CONTACT_SUPPORT
-80 | PBDMA_PUSHBUFFER_CRC_MISMATCH | corrupted data sent to GPU | RESTART_APP | CHECK_APP/CUDA
-82 | ROBUST_CHANNEL_NVJPG0_ERROR | NVJPG0 error | RESTART_APP | CONTACT_SUPPORT
-83 | ROBUST_CHANNEL_NVDEC1_ERROR | NVDEC1 error | RESTART_APP | CONTACT_SUPPORT
-84 | ROBUST_CHANNEL_NVDEC2_ERROR | NVDEC2 error | RESTART_APP | CONTACT_SUPPORT
-85 | ROBUST_CHANNEL_CE9_ERROR | copy engine 9 error | RESTART_APP | CONTACT_SUPPORT
-86 | ROBUST_CHANNEL_OFA0_ERROR | OFA exception | RESTART_APP | CONTACT_SUPPORT
-88 | ROBUST_CHANNEL_NVDEC3_ERROR | NVDEC3 error | RESTART_APP | CONTACT_SUPPORT
-89 | ROBUST_CHANNEL_NVDEC4_ERROR | NVDEC4 error | RESTART_APP | CONTACT_SUPPORT
-92 | EXCESSIVE_SBE_INTERRUPTS | high single-bit ECC error rate | IGNORE | CONTACT_SUPPORT
-93 | INFOROM_ERASE_LIMIT_EXCEEDED | non-fatal violation of the provisioned InfoROM wear limit | IGNORE | CONTACT_SUPPORT
-94 | ROBUST_CHANNEL_CONTAINED_ERROR | contained memory error: only the application that touched it is hit (reset the GPU when convenient) | RESTART_APP | IGNORE (sympathetic)
-95 | ROBUST_CHANNEL_UNCONTAINED_ERROR | uncontained memory error: every application on the GPU is hit | RESET_GPU | IGNORE (sympathetic)
-96 | ROBUST_CHANNEL_NVDEC5_ERROR | NVDEC5 error | RESTART_APP | CONTACT_SUPPORT
-97 | ROBUST_CHANNEL_NVDEC6_ERROR | NVDEC6 error | RESTART_APP | CONTACT_SUPPORT
-98 | ROBUST_CHANNEL_NVDEC7_ERROR | NVDEC7 error | RESTART_APP | CONTACT_SUPPORT
-99 | ROBUST_CHANNEL_NVJPG1_ERROR | NVJPG1 error | RESTART_APP | CONTACT_SUPPORT
-100 | ROBUST_CHANNEL_NVJPG2_ERROR | NVJPG2 error | RESTART_APP | CONTACT_SUPPORT
-101 | ROBUST_CHANNEL_NVJPG3_ERROR | NVJPG3 error | RESTART_APP | CONTACT_SUPPORT
-102 | ROBUST_CHANNEL_NVJPG4_ERROR | NVJPG4 error | RESTART_APP | CONTACT_SUPPORT
-103 | ROBUST_CHANNEL_NVJPG5_ERROR | NVJPG5 error | RESTART_APP | CONTACT_SUPPORT
-104 | ROBUST_CHANNEL_NVJPG6_ERROR | NVJPG6 error | RESTART_APP | CONTACT_SUPPORT
-105 | ROBUST_CHANNEL_NVJPG7_ERROR | NVJPG7 error | RESTART_APP | CONTACT_SUPPORT
-106 | SMBPBI_TEST_MESSAGE | SMBPBI test message | IGNORE | IGNORE
-107 | SMBPBI_TEST_MESSAGE_SILENT | SMBPBI test message (silent) | IGNORE | IGNORE
-108 | NVLINK_REMOTE_TRANSLATION_ERROR | NVLink remote translation error | IGNORE | XID_137_FLOW
-109 | ROBUST_CHANNEL_CTXSW_TIMEOUT_ERROR | context switch timeout | RESET_GPU | CONTACT_SUPPORT
-110 | SEC_FAULT_ERROR | security fault (uncommon unless the hardware fails) | RESET_GPU | INVESTIGATE_SW
-119 | GSP_RPC_TIMEOUT | GSP firmware did not answer an RPC in time | RESET_GPU | INVESTIGATE_SW
-120 | GSP_ERROR | GSP firmware error | RESET_GPU | INVESTIGATE_SW
-121 | C2C_ERROR | corrected errors on the C2C link to the Grace CPU (no operational impact; reset at a service window) | IGNORE | CONTACT_SUPPORT
-126 | ROBUST_CHANNEL_CE10_ERROR | copy engine 10 error | RESTART_APP | CONTACT_SUPPORT
-127 | ROBUST_CHANNEL_CE11_ERROR | copy engine 11 error | RESTART_APP | CONTACT_SUPPORT
-128 | ROBUST_CHANNEL_CE12_ERROR | copy engine 12 error | RESTART_APP | CONTACT_SUPPORT
-129 | ROBUST_CHANNEL_CE13_ERROR | copy engine 13 error | RESTART_APP | CONTACT_SUPPORT
-130 | ROBUST_CHANNEL_CE14_ERROR | copy engine 14 error | RESTART_APP | CONTACT_SUPPORT
-131 | ROBUST_CHANNEL_CE15_ERROR | copy engine 15 error | RESTART_APP | CONTACT_SUPPORT
-132 | ROBUST_CHANNEL_CE16_ERROR | copy engine 16 error | RESTART_APP | CONTACT_SUPPORT
-133 | ROBUST_CHANNEL_CE17_ERROR | copy engine 17 error | RESTART_APP | CONTACT_SUPPORT
-134 | ROBUST_CHANNEL_CE18_ERROR | copy engine 18 error | RESTART_APP | CONTACT_SUPPORT
-135 | ROBUST_CHANNEL_CE19_ERROR | copy engine 19 error | RESTART_APP | CONTACT_SUPPORT
-136 | ALI_TRAINING_FAIL | NVLink link training failed | RESET_GPU | INVESTIGATE_LINK_SI
-137 | NVLINK_PRIV_ERR | NVLink privilege error (an illegal peer-to-peer access: usually the application's) | IGNORE | XID_137_FLOW
-139 | ROBUST_CHANNEL_OFA1_ERROR | OFA1 error | RESTART_APP | CONTACT_SUPPORT
-140 | UNRECOVERABLE_ECC_ERROR_ESCAPE | an uncorrectable ECC error escaped page offlining or row remapping | RESET_GPU | CONTACT_SUPPORT
-141 | ROBUST_CHANNEL_FAST_PATH_ERROR | CUDA fast path error | IGNORE | CONTACT_SUPPORT
-142 | ROBUST_CHANNEL_NVENC3_ERROR | NVENC3 error | CONTACT_SUPPORT |
-143 | GPU_INIT_ERROR | GPU initialisation failed | RESET_GPU | CONTACT_SUPPORT
-144 | NVLINK_SAW_ERROR | NVLink5 SAW error | WORKFLOW_NVLINK5_ERR | WORKFLOW_NVLINK5_ERR
-145 | NVLINK_RLW_ERROR | NVLink5 RLW error | WORKFLOW_NVLINK5_ERR | WORKFLOW_NVLINK5_ERR
-146 | NVLINK_TLW_ERROR | NVLink5 TLW error | WORKFLOW_NVLINK5_ERR | WORKFLOW_NVLINK5_ERR
-147 | NVLINK_TREX_ERROR | NVLink5 TREX error | WORKFLOW_NVLINK5_ERR | WORKFLOW_NVLINK5_ERR
-148 | NVLINK_NVLPW_CTRL_ERROR | NVLink5 NVLPW_CTRL error | WORKFLOW_NVLINK5_ERR | WORKFLOW_NVLINK5_ERR
-149 | NVLINK_NETIR_ERROR | NVLink5 NETIR error | WORKFLOW_NVLINK5_ERR | WORKFLOW_NVLINK5_ERR
-150 | NVLINK_MSE_ERROR | NVLink5 MSE error | WORKFLOW_NVLINK5_ERR | WORKFLOW_NVLINK5_ERR
-151 | ROBUST_CHANNEL_KEY_ROTATION_ERROR | key rotation error (confidential computing) | RESTART_VM | CONTACT_SUPPORT
-154 | GPU_RECOVERY_ACTION_CHANGED | the driver states the recovery action of an earlier error | XID_154 | N/A
-155 | NVLINK_SW_DEFINED_ERROR | NVLink link down flagged as intentional (including sleep) | RESET_GPU | INVESTIGATE_SW_USER
-156 | RESOURCE_RETIREMENT_EVENT | resource retirement event | RESET_GPU | IGNORE
-157 | RESOURCE_RETIREMENT_FAILURE | resource retirement failure (no repair possible: workloads may run, the Xid may return) | IGNORE | CONTACT_SUPPORT
-158 | GPU_FATAL_TIMEOUT | GPU fatal timeout | RESET_GPU | CONTACT_SUPPORT
-159 | ROBUST_CHANNEL_CHI_NON_DATA_ERROR | CHI non-data error (C2C-connected GPUs) | CHECK_UVM | SYMPATHETIC_REPORT_SOLO
-160 | CHANNEL_RETIREMENT_EVENT | channel retirement event | IGNORE | INVESTIGATE_SW
-161 | CHANNEL_RETIREMENT_FAILURE | channel retirement failure | IGNORE | INVESTIGATE_SW
-162 | PSHC_REENGAGED | power smoothing circuitry re-engaged | |
-163 | PSHC_DISENGAGED | power smoothing circuitry disengaged (no GPU reset required; resolve the thermal events, or reload the driver after a timeout) | |
-164 | PSHC_LOW_LIFETIME | power smoothing circuitry low lifetime reached | |
-165 | PSHC_ZERO_LIFETIME | power smoothing circuitry lifetime exhausted | |
-166 | NVLINK_SECURE_CRYPTO_ERR | confidential computing traffic before the link was set up for it | |
-167 | PCIE_FATAL_TIMEOUT | PCIe fatal timeout | |
-168 | REDUCED_GPU_MEMORY_CAPACITY | errors found in the write-protected region (ECC off: enable ECC, or boot again) | |
-169 | SEC2_HALT_ERROR | internal micro-controller halt (SEC2) | |
-170 | NVLINK_SECURE_OTHER | interrupt seen in confidential computing mode | |
-171 | UNCORRECTABLE_DRAM_ERROR | details of an Xid 48 (DRAM): the 48 line is the event | |
-172 | UNCORRECTABLE_SRAM_ERROR | details of an Xid 48 (SRAM): the 48 line is the event | |
+8 | ROBUST_CHANNEL_FIFO_ERROR_IDLE_TIMEOUT | RESTART_APP | CONTACT_SUPPORT | GPU stopped processing
+11 | ROBUST_CHANNEL_GR_ERROR_MISSING_HW | RESTART_APP | CHECK_APP/CUDA | invalid or corrupted push buffer stream
+13 | ROBUST_CHANNEL_GR_EXCEPTION | RESTART_APP | WORKFLOW_XID_13 | graphics engine exception (SM warp exception,
+    out-of-range address)
+14 | ROBUST_CHANNEL_FAKE_ERROR | IGNORE | CONTACT_SUPPORT | fake or injected error from user space
+25 | ROBUST_CHANNEL_GR_ILLEGAL_NOTIFY | RESTART_APP | CHECK_APP/CUDA | invalid or illegal push buffer stream
+31 | ROBUST_CHANNEL_FIFO_ERROR_MMU_ERR_FLT | RESTART_APP | WORKFLOW_XID_31 | GPU memory page fault (MMU fault)
+32 | ROBUST_CHANNEL_PBDMA_ERROR | RESTART_APP | CHECK_APP/CUDA | invalid or corrupted push buffer stream (DMA, PCIe
+    quality)
+37 | ROBUST_CHANNEL_FECS_ERR_UNIMP_FIRMWARE_METHOD | IGNORE | CHECK_APP/CUDA | driver firmware error
+38 | ROBUST_CHANNEL_FECS_ERR_WATCHDOG_TIMEOUT | IGNORE | CONTACT_SUPPORT | driver firmware error
+39 | ROBUST_CHANNEL_CE0_ERROR | RESTART_APP | CONTACT_SUPPORT | copy engine exception
+40 | ROBUST_CHANNEL_CE1_ERROR | RESTART_APP | CONTACT_SUPPORT | copy engine exception
+41 | ROBUST_CHANNEL_CE2_ERROR | RESTART_APP | CONTACT_SUPPORT | copy engine exception
+43 | ROBUST_CHANNEL_RESETCHANNEL_VERIF_ERROR | IGNORE | CONTACT_SUPPORT | GPU stopped processing (the application's
+    fault; the GPU stays healthy)
+44 | ROBUST_CHANNEL_GR_FAULT_DURING_CTXSW | IGNORE | CONTACT_SUPPORT | graphics engine fault during context switch
+45 | ROBUST_CHANNEL_PREEMPTIVE_REMOVAL | WORKFLOW_XID_45 | WORKFLOW_XID_45 | preemptive clean-up after an earlier
+    error or an aborted application
+46 | ROBUST_CHANNEL_GPU_TIMEOUT_ERROR | RESET_GPU | CONTACT_SUPPORT | GPU stopped processing
+48 | ROBUST_CHANNEL_GPU_ECC_DBE | WORKFLOW_XID_48 | WORKFLOW_XID_48 | double-bit ECC error
+54 | SILENT_RUNNING_PWR_REDUCED_CLOCKING | CHECK_MECHANICALS | CONTACT_SUPPORT | auxiliary power is not connected to
+    the GPU board
+60 | ROBUST_CHANNEL_SEC2_ERROR | RESTART_APP | INVESTIGATE_SW | video processor exception
+62 | PMU_HALT_ERROR | RESET_GPU | CONTACT_SUPPORT | internal micro-controller halt
+63 | INFOROM_DRAM_RETIREMENT_EVENT | IGNORE | IGNORE | GPU memory remapping event (the row-remap check says when a
+    reset is due)
+64 | INFOROM_DRAM_RETIREMENT_FAILURE | RESET_GPU | CONTACT_SUPPORT | GPU memory remapping failure
+66 | ROBUST_CHANNEL_FECS_ERR_REG_ACCESS_VIOLATION | IGNORE | INVESTIGATE_SW | illegal access by driver
+67 | ROBUST_CHANNEL_FECS_ERR_VERIF_VIOLATION | IGNORE | CONTACT_SUPPORT | illegal access by driver
+68 | ROBUST_CHANNEL_NVDEC0_ERROR | RESTART_APP | CONTACT_SUPPORT | NVDEC0 exception
+69 | ROBUST_CHANNEL_GR_CLASS_ERROR | RESTART_APP | CHECK_APP/CUDA | graphics engine class error
+70 | ROBUST_CHANNEL_CE3_ERROR | RESTART_APP | CONTACT_SUPPORT | copy engine 3 error
+71 | ROBUST_CHANNEL_CE4_ERROR | RESTART_APP | CONTACT_SUPPORT | copy engine 4 error
+72 | ROBUST_CHANNEL_CE5_ERROR | RESTART_APP | CONTACT_SUPPORT | copy engine 5 error
+74 | NVLINK_ERROR | WORKFLOW_NVLINK_ERR | CONTACT_SUPPORT | NVLink error (a GPU reset or node reboot clears it)
+75 | ROBUST_CHANNEL_CE6_ERROR | RESTART_APP | CONTACT_SUPPORT | copy engine 6 error
+76 | ROBUST_CHANNEL_CE7_ERROR | RESTART_APP | CONTACT_SUPPORT | copy engine 7 error
+77 | ROBUST_CHANNEL_CE8_ERROR | RESTART_APP | CONTACT_SUPPORT | copy engine 8 error
+78 | VGPU_START_ERROR | UPDATE_SWFW | UPDATE_SWFW | vGPU start error
+79 | GPU_HAS_FALLEN_OFF_THE_BUS | RESTART_BM | CONTACT_SUPPORT | the GPU has fallen off the bus
+80 | PBDMA_PUSHBUFFER_CRC_MISMATCH | RESTART_APP | CHECK_APP/CUDA | corrupted data sent to GPU
+82 | ROBUST_CHANNEL_NVJPG0_ERROR | RESTART_APP | CONTACT_SUPPORT | NVJPG0 error
+83 | ROBUST_CHANNEL_NVDEC1_ERROR | RESTART_APP | CONTACT_SUPPORT | NVDEC1 error
+84 | ROBUST_CHANNEL_NVDEC2_ERROR | RESTART_APP | CONTACT_SUPPORT | NVDEC2 error
+85 | ROBUST_CHANNEL_CE9_ERROR | RESTART_APP | CONTACT_SUPPORT | copy engine 9 error
+86 | ROBUST_CHANNEL_OFA0_ERROR | RESTART_APP | CONTACT_SUPPORT | OFA exception
+88 | ROBUST_CHANNEL_NVDEC3_ERROR | RESTART_APP | CONTACT_SUPPORT | NVDEC3 error
+89 | ROBUST_CHANNEL_NVDEC4_ERROR | RESTART_APP | CONTACT_SUPPORT | NVDEC4 error
+92 | EXCESSIVE_SBE_INTERRUPTS | IGNORE | CONTACT_SUPPORT | high single-bit ECC error rate
+93 | INFOROM_ERASE_LIMIT_EXCEEDED | IGNORE | CONTACT_SUPPORT | non-fatal violation of the provisioned InfoROM wear
+    limit
+94 | ROBUST_CHANNEL_CONTAINED_ERROR | RESTART_APP | IGNORE (sympathetic) | contained memory error: only the
+    application that touched it is hit (reset the GPU when convenient)
+95 | ROBUST_CHANNEL_UNCONTAINED_ERROR | RESET_GPU | IGNORE (sympathetic) | uncontained memory error: every application
+    on the GPU is hit
+96 | ROBUST_CHANNEL_NVDEC5_ERROR | RESTART_APP | CONTACT_SUPPORT | NVDEC5 error
+97 | ROBUST_CHANNEL_NVDEC6_ERROR | RESTART_APP | CONTACT_SUPPORT | NVDEC6 error
+98 | ROBUST_CHANNEL_NVDEC7_ERROR | RESTART_APP | CONTACT_SUPPORT | NVDEC7 error
+99 | ROBUST_CHANNEL_NVJPG1_ERROR | RESTART_APP | CONTACT_SUPPORT | NVJPG1 error
+100 | ROBUST_CHANNEL_NVJPG2_ERROR | RESTART_APP | CONTACT_SUPPORT | NVJPG2 error
+101 | ROBUST_CHANNEL_NVJPG3_ERROR | RESTART_APP | CONTACT_SUPPORT | NVJPG3 error
+102 | ROBUST_CHANNEL_NVJPG4_ERROR | RESTART_APP | CONTACT_SUPPORT | NVJPG4 error
+103 | ROBUST_CHANNEL_NVJPG5_ERROR | RESTART_APP | CONTACT_SUPPORT | NVJPG5 error
+104 | ROBUST_CHANNEL_NVJPG6_ERROR | RESTART_APP | CONTACT_SUPPORT | NVJPG6 error
+105 | ROBUST_CHANNEL_NVJPG7_ERROR | RESTART_APP | CONTACT_SUPPORT | NVJPG7 error
+106 | SMBPBI_TEST_MESSAGE | IGNORE | IGNORE | SMBPBI test message
+107 | SMBPBI_TEST_MESSAGE_SILENT | IGNORE | IGNORE | SMBPBI test message (silent)
+108 | NVLINK_REMOTE_TRANSLATION_ERROR | IGNORE | XID_137_FLOW | NVLink remote translation error
+109 | ROBUST_CHANNEL_CTXSW_TIMEOUT_ERROR | RESET_GPU | CONTACT_SUPPORT | context switch timeout
+110 | SEC_FAULT_ERROR | RESET_GPU | INVESTIGATE_SW | security fault (uncommon unless the hardware fails)
+119 | GSP_RPC_TIMEOUT | RESET_GPU | INVESTIGATE_SW | GSP firmware did not answer an RPC in time
+120 | GSP_ERROR | RESET_GPU | INVESTIGATE_SW | GSP firmware error
+121 | C2C_ERROR | IGNORE | CONTACT_SUPPORT | corrected errors on the C2C link to the Grace CPU (no operational impact;
+    reset at a service window)
+126 | ROBUST_CHANNEL_CE10_ERROR | RESTART_APP | CONTACT_SUPPORT | copy engine 10 error
+127 | ROBUST_CHANNEL_CE11_ERROR | RESTART_APP | CONTACT_SUPPORT | copy engine 11 error
+128 | ROBUST_CHANNEL_CE12_ERROR | RESTART_APP | CONTACT_SUPPORT | copy engine 12 error
+129 | ROBUST_CHANNEL_CE13_ERROR | RESTART_APP | CONTACT_SUPPORT | copy engine 13 error
+130 | ROBUST_CHANNEL_CE14_ERROR | RESTART_APP | CONTACT_SUPPORT | copy engine 14 error
+131 | ROBUST_CHANNEL_CE15_ERROR | RESTART_APP | CONTACT_SUPPORT | copy engine 15 error
+132 | ROBUST_CHANNEL_CE16_ERROR | RESTART_APP | CONTACT_SUPPORT | copy engine 16 error
+133 | ROBUST_CHANNEL_CE17_ERROR | RESTART_APP | CONTACT_SUPPORT | copy engine 17 error
+134 | ROBUST_CHANNEL_CE18_ERROR | RESTART_APP | CONTACT_SUPPORT | copy engine 18 error
+135 | ROBUST_CHANNEL_CE19_ERROR | RESTART_APP | CONTACT_SUPPORT | copy engine 19 error
+136 | ALI_TRAINING_FAIL | RESET_GPU | INVESTIGATE_LINK_SI | NVLink link training failed
+137 | NVLINK_PRIV_ERR | IGNORE | XID_137_FLOW | NVLink privilege error (an illegal peer-to-peer access: usually the
+    application's)
+139 | ROBUST_CHANNEL_OFA1_ERROR | RESTART_APP | CONTACT_SUPPORT | OFA1 error
+140 | UNRECOVERABLE_ECC_ERROR_ESCAPE | RESET_GPU | CONTACT_SUPPORT | an uncorrectable ECC error escaped page offlining
+    or row remapping
+141 | ROBUST_CHANNEL_FAST_PATH_ERROR | IGNORE | CONTACT_SUPPORT | CUDA fast path error
+142 | ROBUST_CHANNEL_NVENC3_ERROR | CONTACT_SUPPORT |  | NVENC3 error
+143 | GPU_INIT_ERROR | RESET_GPU | CONTACT_SUPPORT | GPU initialisation failed
+144 | NVLINK_SAW_ERROR | WORKFLOW_NVLINK5_ERR | WORKFLOW_NVLINK5_ERR | NVLink5 SAW error
+145 | NVLINK_RLW_ERROR | WORKFLOW_NVLINK5_ERR | WORKFLOW_NVLINK5_ERR | NVLink5 RLW error
+146 | NVLINK_TLW_ERROR | WORKFLOW_NVLINK5_ERR | WORKFLOW_NVLINK5_ERR | NVLink5 TLW error
+147 | NVLINK_TREX_ERROR | WORKFLOW_NVLINK5_ERR | WORKFLOW_NVLINK5_ERR | NVLink5 TREX error
+148 | NVLINK_NVLPW_CTRL_ERROR | WORKFLOW_NVLINK5_ERR | WORKFLOW_NVLINK5_ERR | NVLink5 NVLPW_CTRL error
+149 | NVLINK_NETIR_ERROR | WORKFLOW_NVLINK5_ERR | WORKFLOW_NVLINK5_ERR | NVLink5 NETIR error
+150 | NVLINK_MSE_ERROR | WORKFLOW_NVLINK5_ERR | WORKFLOW_NVLINK5_ERR | NVLink5 MSE error
+151 | ROBUST_CHANNEL_KEY_ROTATION_ERROR | RESTART_VM | CONTACT_SUPPORT | key rotation error (confidential computing)
+154 | GPU_RECOVERY_ACTION_CHANGED | XID_154 | N/A | the driver states the recovery action of an earlier error
+155 | NVLINK_SW_DEFINED_ERROR | RESET_GPU | INVESTIGATE_SW_USER | NVLink link down flagged as intentional (including
+    sleep)
+156 | RESOURCE_RETIREMENT_EVENT | RESET_GPU | IGNORE | resource retirement event
+157 | RESOURCE_RETIREMENT_FAILURE | IGNORE | CONTACT_SUPPORT | resource retirement failure (no repair possible:
+    workloads may run, the Xid may return)
+158 | GPU_FATAL_TIMEOUT | RESET_GPU | CONTACT_SUPPORT | GPU fatal timeout
+159 | ROBUST_CHANNEL_CHI_NON_DATA_ERROR | CHECK_UVM | SYMPATHETIC_REPORT_SOLO | CHI non-data error (C2C-connected
+    GPUs)
+160 | CHANNEL_RETIREMENT_EVENT | IGNORE | INVESTIGATE_SW | channel retirement event
+161 | CHANNEL_RETIREMENT_FAILURE | IGNORE | INVESTIGATE_SW | channel retirement failure
+162 | PSHC_REENGAGED |  |  | power smoothing circuitry re-engaged
+163 | PSHC_DISENGAGED |  |  | power smoothing circuitry disengaged (no GPU reset required; resolve the thermal events,
+    or reload the driver after a timeout)
+164 | PSHC_LOW_LIFETIME |  |  | power smoothing circuitry low lifetime reached
+165 | PSHC_ZERO_LIFETIME |  |  | power smoothing circuitry lifetime exhausted
+166 | NVLINK_SECURE_CRYPTO_ERR |  |  | confidential computing traffic before the link was set up for it
+167 | PCIE_FATAL_TIMEOUT |  |  | PCIe fatal timeout
+168 | REDUCED_GPU_MEMORY_CAPACITY |  |  | errors found in the write-protected region (ECC off: enable ECC, or boot
+    again)
+169 | SEC2_HALT_ERROR |  |  | internal micro-controller halt (SEC2)
+170 | NVLINK_SECURE_OTHER |  |  | interrupt seen in confidential computing mode
+171 | UNCORRECTABLE_DRAM_ERROR |  |  | details of an Xid 48 (DRAM): the 48 line is the event
+172 | UNCORRECTABLE_SRAM_ERROR |  |  | details of an Xid 48 (SRAM): the 48 line is the event
 """
 
 #: where slurm-ext's verdict is not what NVIDIA's immediate bucket maps to, and why: Xid -> (severity, action, why)
@@ -223,7 +240,7 @@ DEPARTURES: dict[int, tuple[str, str, str]] = {
 GENERAL_DEPARTURES = (
     "application Xids (RESTART_APP) are warnings with action restart-job: slurm-ext does not restart jobs, and one "
     "job's crash must never drain a node that runs other users' jobs",
-    "lines of one burst (10s) or of one process on one GPU are one fault; an application Xid whose investigatory "
+    "lines of one burst (5s from its first line) or of one process on one GPU are one fault; an application Xid whose investigatory "
     "bucket asks to look further (WORKFLOW_XID_13/31, CONTACT_SUPPORT, INVESTIGATE_SW) that comes back as "
     "`threshold` faults on one GPU within `window` becomes a warning with action reset-gpu, the evidence naming "
     "NVIDIA's investigatory step (diagnostics): the project has no diagnostics action, and reset-gpu is the one "
@@ -246,8 +263,8 @@ GENERAL_DEPARTURES = (
 
 def _rows() -> tuple[XidEntry, ...]:
     rows = []
-    for line in _XIDS.strip().splitlines():
-        number, mnemonic, meaning, bucket, investigatory = (part.strip() for part in line.split("|"))
+    for line in _XIDS.strip().replace("\n    ", " ").splitlines():
+        number, mnemonic, bucket, investigatory, meaning = (part.strip() for part in line.split("|", 4))
         xid = int(number)
         severity, action = BUCKETS[bucket]
         if xid in DEPARTURES:
@@ -337,7 +354,8 @@ _SXID_LISTS = {
         19062 single-bit ECC error; 19065 single-bit ECC error; 19068 single-bit ECC error;
         19071 single-bit ECC error; 24001 single-bit ECC error; 24002 single-bit ECC error;
         24003 single-bit ECC error; 20001 TX replay error; 12028 egress non-posted PRIV error;
-        19084 AN1 heartbeat timeout error; 20012 broken or inconsistent connection; 22013 Minion link DLREQ interrupt""",
+        19084 AN1 heartbeat timeout error; 20012 broken or inconsistent connection;
+        22013 Minion link DLREQ interrupt""",
     "fatal": """11001 ingress invalid command; 11009 ingress invalid VCSet; 11013 ingress header DBE;
         11018 ingress RID DBE; 11019 ingress RLAN DBE; 11020 ingress control parity; 12001 egress crossbar overflow;
         12002 egress packet route; 12022 egress input ECC DBE error; 12024 egress output ECC DBE error;

@@ -28,7 +28,7 @@ from ..records import Observation, Xid
 from ..settings import Params
 
 #: lines of one Xid on one GPU within this many seconds of the first are one fault (a crash prints a burst)
-BURST = 10.0
+BURST = 5.0
 #: distinct Xid numbers with a finding of their own per GPU within the window; the rest share `<uuid>/xid-other`
 MAX_XIDS_PER_GPU = 8
 #: the one finding of every Xid whose GPU is not known
