@@ -1,7 +1,9 @@
-"""The health monitor on the real dev cluster: the worker agent's `health` worker, the fake NVML, lines written to
-the real /dev/kmsg, and real Slurm drains through the node-state owner.
+"""The health monitor on the real dev cluster: the worker agent's `health` worker, the fake NVML, the kernel's
+records in the node's kernel log, and real Slurm drains through the node-state owner.
 
-The session cluster's monitor reads /dev/kmsg and polls every second (conftest's TEST_CLUSTER). Each test gives
+The session cluster's monitor reads a kernel log of its own (a file of /dev/kmsg records: user space cannot write a
+record of facility kernel into the real one, and the monitor judges no other) and polls every second (conftest's
+TEST_CLUSTER). Each test gives
 it short windows through the config (rewritten, then SIGHUP to the worker agent, which passes it on) and puts the
 cluster back as it was: the GPUs healthy, no finding open, the node idle.
 """
@@ -62,15 +64,6 @@ quiet = "5s"
 """
 
 
-def _kmsg(line: str) -> None:
-    """Write one line into the kernel log, as a driver would."""
-    fd = os.open("/dev/kmsg", os.O_WRONLY)
-    try:
-        os.write(fd, f"<3>{line}\n".encode())
-    finally:
-        os.close(fd)
-
-
 def _agent_pid(layout: Layout) -> int:
     return int(layout.pidfile("supervise-worker").read_text().split()[0])
 
@@ -115,6 +108,13 @@ class Health:
         #: the monitor runs a config of this test's own (restart-only keys): restore() starts one on the cluster's
         #: (a reload keeps poll intervals)
         self.restarted = False
+        self._seq = 0
+
+    def kmsg(self, line: str) -> None:
+        """One kernel record into the node's kernel log, as /dev/kmsg gives the driver's: facility kernel, level err."""
+        self._seq += 1
+        with open(self.layout.kernel_log, "a") as log:
+            log.write(f"3,{self._seq},{time.monotonic_ns() // 1000},-;{line}\n")
 
     def configure(self, extra: str = _FAST, health_keys: str = "", restart: bool = False) -> None:
         """The cluster's config with `health_keys` in its [health] table and `extra` tables after it, reloaded
@@ -208,7 +208,7 @@ def test_xid79_in_the_kernel_log_drains_naming_the_action_within_5s_and_clear_li
     gpu = health.spec["gpus"][1]
     bus = gpu["pci_bus_id"].lower().removeprefix("0000")  # 0000:18:00.0, the kernel's form
     started = time.monotonic()
-    _kmsg(f"NVRM: Xid (PCI:{bus[:-2]}): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.")
+    health.kmsg(f"NVRM: Xid (PCI:{bus[:-2]}): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.")
     reason = health.wait_reason(lambda r: r.startswith("slurm-ext: xid 79 gpu 1"), "the xid 79 drain", timeout=5)
     took = time.monotonic() - started
     assert took < 5 and reason.endswith("action=reboot"), (took, reason)
@@ -224,7 +224,7 @@ def test_xid79_in_the_kernel_log_drains_naming_the_action_within_5s_and_clear_li
 
 
 def test_xid13_once_is_an_event_not_a_drain(health):
-    _kmsg("NVRM: Xid (PCI:0000:10:00): 13, pid=4242, name=python, Graphics SM Warp Exception on (GPC 1, TPC 3, "
+    health.kmsg("NVRM: Xid (PCI:0000:10:00): 13, pid=4242, name=python, Graphics SM Warp Exception on (GPC 1, TPC 3, "
           "SM 0): Out Of Range Address")
     finding = health.wait_event("health-finding", check="xid", xid=13, timeout=5)
     assert finding["finding_severity"] == "warning" and finding["action"] == "restart-job"
@@ -282,7 +282,7 @@ def test_an_admins_drain_is_never_touched(health):
 
 def test_a_restarted_monitor_does_not_judge_an_old_kernel_line_again_and_the_agent_keeps_slurmd(health):
     marker = uuid.uuid4().hex[:8]
-    _kmsg(f"NVRM: Xid (PCI:0000:20:00): 43, pid=1, name=job-{marker}, Ch 00000008")
+    health.kmsg(f"NVRM: Xid (PCI:0000:20:00): 43, pid=1, name=job-{marker}, Ch 00000008")
     health.wait_event("health-finding", check="xid", xid=43)
     health.cli("health", "clear")
     health.wait_event("health-cleared", check="xid", why="operator")
@@ -333,19 +333,19 @@ def test_clearing_the_nvlink_check_accepts_the_links_the_gpu_has_now(health):
 
 @pytest.mark.parametrize("fault, check, severity, action", [
     ("nvidia-nvswitch0: SXid (PCI:0000:0a:00.0): 20034, Fatal, Link 30 LTSSM Fault Up", "sxid", "critical", "reboot"),
-    ("nvidia-nvswitch1: SXid (PCI:0000:0b:00.0): 22013, Non-fatal, Link 57 Minion Link DLREQ interrupt", "sxid",
+    ("nvidia-nvswitch1: SXid (PCI:0000:0b:00.0): 12028, Non-fatal, Link 57 egress non-posted PRIV error", "sxid",
      "warning", "none"),
     ("watchdog: BUG: soft lockup - CPU#1 stuck for 23s! [kworker/1:2:345]", "kernel", "critical", "reboot"),
     ("INFO: task python:4242 blocked for more than 120 seconds.", "kernel", "warning", "none"),
     ("NVRM: Xid (PCI:0000:18:00): 149, NETIR_LINK_EVT  Fatal   XC0 i0 Link 09 (0x025525c6 0x00000000 0x00000000 "
-     "0x00000000 0x00000000 0x00000000)", "xid", "critical", "reboot"),
+     "0x00000000 0x00000000 0x00000000)", "xid", "critical", "reset-gpu"),
     ("NVRM: Xid (PCI:0008:01:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)",
      "xid", "critical", "reset-gpu"),
     ("NVRM: GPU 0000:20:00.0: GPU has fallen off the bus.", "xid", "critical", "reboot"),
     ("NVRM: Xid (0000:10:00): 999, pid=1, name=x, an Xid no catalog has", "xid", "warning", "none"),
 ])
 def test_each_kernel_check_fires_on_its_line(health, fault, check, severity, action):
-    _kmsg(fault)
+    health.kmsg(fault)
     finding = health.wait_event("health-finding", check=check, timeout=5)
     assert (finding["finding_severity"], finding["action"]) == (severity, action), finding
     if severity == "critical":
@@ -373,8 +373,8 @@ def test_a_stopped_slurmd_is_reported_not_responding_without_a_drain_and_cleared
 def test_garbage_kernel_lines_are_ignored_and_the_monitor_keeps_running(health):
     for line in ("NVRM: Xid (PCI:0000:1", "NVRM: Xid (PCI:zz:zz:zz): abc,", "\x01\x02 binary \xff",
                  "NVRM: Xid (PCI:0000:17:00): " + "9" * 40 + ", huge", "x" * 900):
-        _kmsg(line)
-    _kmsg("NVRM: Xid (PCI:0000:10:00): 31, pid=7, name=train, Ch 00000007, intr 00000000.")
+        health.kmsg(line)
+    health.kmsg("NVRM: Xid (PCI:0000:10:00): 31, pid=7, name=train, Ch 00000007, intr 00000000.")
     finding = health.wait_event("health-finding", check="xid", xid=31, timeout=5)
     assert finding["gpu"] == 0 and finding["finding_severity"] == "warning"
     assert health.count("health-check-failed") == 0
@@ -462,7 +462,7 @@ def test_nvml_hanging_is_reported_the_other_checks_go_on_and_it_drains_after_its
     health.gpus(gpu2={"query_delay_ms": 12000})
     hung = health.wait_event("health-check-hung", reader="nvml", timeout=15)
     assert "nvml" in hung["message"]
-    _kmsg("NVRM: Xid (PCI:0000:10:00): 13, pid=9, name=python, Graphics SM Warp Exception")
+    health.kmsg("NVRM: Xid (PCI:0000:10:00): 13, pid=9, name=python, Graphics SM Warp Exception")
     health.wait_event("health-finding", check="xid", xid=13, timeout=5)  # the kernel log is still read
     finding = health.wait_event("health-finding", check="nvml", timeout=15)
     assert "hung" in finding["evidence"] and finding["action"] == "reboot"
@@ -511,7 +511,7 @@ def _nvml_answers(health: Health) -> bool:
 
 
 def test_turning_the_monitor_off_lifts_its_drains_and_on_again_it_keeps_what_it_found(health):
-    _kmsg("NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.")
+    health.kmsg("NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.")
     health.wait_reason(lambda r: r.startswith("slurm-ext: xid "), "the Xid 79 drain", timeout=5)
     started = health.count("health-started")
     own = render.slurm_ext_toml(health.layout)
@@ -528,7 +528,7 @@ def test_turning_the_monitor_off_lifts_its_drains_and_on_again_it_keeps_what_it_
 
 
 def test_an_agent_started_with_the_monitor_off_lifts_the_health_drain_of_its_last_run(health):
-    _kmsg("NVRM: Xid (PCI:0000:10:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.")
+    health.kmsg("NVRM: Xid (PCI:0000:10:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.")
     health.wait_reason(lambda r: r.startswith("slurm-ext: xid 79 gpu 0"), "the Xid 79 drain", timeout=5)
     agent = next(d for d in cluster_daemons(health.layout) if d.name == "supervise-worker")
     own = render.slurm_ext_toml(health.layout)
@@ -560,7 +560,7 @@ def test_a_bad_config_is_refused_on_reload_and_the_monitor_keeps_running(health)
     refused = wait_for("the threshold refused", lambda: [e for e in health.events("reload-failed")
                                                          if "health.checks.throttle.threshold" in e["message"]])[0]
     assert "a share with %" in refused["message"]
-    _kmsg("NVRM: Xid (PCI:0000:10:00): 43, pid=9, name=python, Ch 00000008")
+    health.kmsg("NVRM: Xid (PCI:0000:10:00): 43, pid=9, name=python, Ch 00000008")
     health.wait_event("health-finding", check="xid", xid=43, timeout=5)  # still running, on the old config
 
 
@@ -572,7 +572,7 @@ def test_a_finding_names_the_job_that_held_the_gpu(health):
     record = json.loads(path.read_text())
     gpu = record["gpus"][0]
     bus = health.spec["gpus"][gpu]["pci_bus_id"].lower().removeprefix("0000")[:-2]
-    _kmsg(f"NVRM: Xid (PCI:{bus}): 31, pid=77, name=python, Ch 00000007, intr 00000000.")
+    health.kmsg(f"NVRM: Xid (PCI:{bus}): 31, pid=77, name=python, Ch 00000007, intr 00000000.")
     finding = health.wait_event("health-finding", check="xid", xid=31, timeout=5)
     assert finding["gpu"] == gpu and finding["jobs"] == [job], finding
     cluster.run("scancel", str(job))
@@ -618,7 +618,7 @@ def test_a_drain_by_someone_else_is_reported_and_never_acted_on(health):
 
 def test_a_restarted_agent_does_not_judge_an_old_kernel_line_again(health):
     marker = uuid.uuid4().hex[:8]
-    _kmsg(f"NVRM: Xid (PCI:0000:10:00): 79, pid=1, name=job-{marker}, GPU has fallen off the bus.")
+    health.kmsg(f"NVRM: Xid (PCI:0000:10:00): 79, pid=1, name=job-{marker}, GPU has fallen off the bus.")
     health.wait_reason(lambda r: r.startswith("slurm-ext: xid 79 gpu 0"), "the xid 79 drain", timeout=5)
     health.cli("health", "clear")
     health.wait_event("health-cleared", check="xid", why="operator")
