@@ -437,16 +437,16 @@ class Check:
                        f"CUDA {info.get('cuda_driver_version')}, nvmlInit {info['init_ms']} ms")
         return info
 
-    def write_config(self, state: str = "state") -> Path:
+    def write_config(self, path: Path, state: str = "state", runtime: str = "run") -> Path:
+        """A config of the check's own: no Slurm here, so Slurm's checks are off; every other key its default."""
         gres = f'\n[gres]\ndev_dir = "{self.work / "dev"}"\n' if self.args.fake else ""
         text = (f'# the device check\'s own: no Slurm here, so its checks are off\n[node]\nname = "gpucheck"\n'
-                f'state_dir = "{self.work / state}"\n[supervisor]\nruntime_dir = "{self.work / "run"}"\n'
+                f'state_dir = "{self.work / state}"\n[supervisor]\nruntime_dir = "{self.work / runtime}"\n'
                 f'{gres}\n[health.checks.slurmd]\nenabled = false\n[health.checks.foreign-drain]\nenabled = false\n')
         (self.work / state).mkdir(exist_ok=True)
-        (self.work / "run").mkdir(exist_ok=True)
-        self.config.write_text(text)
-        shutil.copy(self.config, self.out / "slurm-ext.toml")
-        return self.config
+        (self.work / runtime).mkdir(exist_ok=True)
+        path.write_text(text)
+        return path
 
     def recorded(self, name: str) -> dict:
         """The environment of a project command whose NVML calls go to recording-<gpu>-<driver>-<name>.json."""
@@ -494,9 +494,22 @@ class Check:
         return row
 
     def imports(self, step: Step) -> None:
+        """The monitor with tracemalloc (what its imports keep) and, beside it, the monitor with the recorder (its
+        NVML calls): two runs, because the recorder imports modules of its own. Each has a state dir of its own;
+        the first one's is the check's (`health check` reads what a monitor wrote this boot)."""
         seconds = self.args.import_seconds
-        done = self.run([self.python, HERE / "probes.py", "imports", "--config", self.config, "--seconds", seconds],
-                   self.limit(seconds + 30), env=self.recorded("monitor"))
+        config = self.write_config(self.work / "slurm-ext-recorded.toml", "state-recorded", "run-recorded")
+        log = open(self.out / "monitor-recorded.log", "w")
+        recorded = subprocess.Popen([*self.slurm_ext, "--config", str(config), "health", "monitor"],
+                                    env={**self.recorded("monitor"), "SLURM_EXT_CONFIG": str(config)}, stdout=log,
+                                    stderr=subprocess.STDOUT, cwd=self.work, start_new_session=True)
+        self.children.append(recorded)
+        try:
+            done = self.run([self.python, HERE / "probes.py", "imports", "--config", self.config, "--seconds",
+                             seconds], self.limit(seconds + 30), env={**self.env, "SLURM_EXT_CONFIG": str(self.config)})
+        finally:
+            self._stop(recorded)
+            log.close()
         self.keep("imports", done)
         if done.returncode != 0 or not done.stdout.strip():
             raise RuntimeError(f"exit {done.returncode}: {done.stderr.strip()[-600:]}")
@@ -504,7 +517,9 @@ class Check:
         (self.out / "imports.json").write_text(json.dumps(found, indent=1))
         self.summary["imports"] = found
         step.detail = (f"{found['modules_total']} modules in the process ({found['modules_loaded']} imported by the "
-                       f"monitor), Python memory {found['python_traced_mb']} MB traced")
+                       f"monitor), Python memory {found['python_traced_mb']} MB traced; the recorded monitor's exit "
+                       f"{recorded.returncode}")
+        step.ok = recorded.returncode == 0
 
     # -- the monitor's cost -----------------------------------------------------------------------------
 
@@ -730,7 +745,7 @@ class Check:
             self.step("install", self.install)
             if self.args.fake:
                 self.step("fake NVML", self.fake_setup)
-            self.write_config()
+            shutil.copy(self.write_config(self.config), self.out / "slurm-ext.toml")
             info = self.step("NVML", self.nvml_info)
             self.step("gres inventory", self.inventory)
             if info is None:

@@ -13,7 +13,8 @@ Run by tests/device/gpu_check.py with the venv's Python; each prints one JSON ob
 - `imports --config CFG --seconds T`: `slurm-ext health monitor` in this process for T seconds,
   with tracemalloc on, and what its imports cost: the modules loaded, and the Python memory each
   module's import kept (its own, without the modules it imported), by package. tracemalloc makes
-  the process bigger and slower: the monitor whose cost is measured runs without it.
+  the process bigger and slower: the monitor whose cost is measured runs without it. Run it without
+  SLURM_EXT_NVML_RECORD: the recorder imports modules of its own (inspect, statistics, importlib.metadata).
 """
 
 from __future__ import annotations
