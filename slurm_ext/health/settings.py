@@ -67,11 +67,14 @@ CHECKS: dict[str, CheckDefaults] = {
                                    "node runs (gres judges it at start); cleared once they have all been back for "
                                    "`quiet`"),
     "xid": CheckDefaults("critical", "reboot", "count", 3, window=_H, quiet=10 * _M,
-                         doc="an Xid from the kernel log or an NVML event, judged by NVIDIA's catalog (action and "
-                             "severity per Xid, [health.xid.N] overrides); an application Xid is a warning, "
-                             "escalated to critical (action reboot) at `threshold` on one GPU within `window`"),
+                         doc="an Xid from the kernel log (the kernel's own lines only) or an NVML event, judged by "
+                             "NVIDIA's catalog (action and severity per Xid, [health.xid.N] overrides); an "
+                             "application Xid is a warning, and `threshold` faults of it (a burst or one process "
+                             "is one) on one GPU within `window` a warning with action reset-gpu (diagnostics), "
+                             "never a drain"),
     "sxid": CheckDefaults("critical", "reboot", quiet=10 * _M,
-                          doc="an NVSwitch SXid line: Fatal is critical, Non-fatal a warning"),
+                          doc="an NVSwitch SXid line: Fatal (or always fatal in Fabric Manager's guide) is "
+                              "critical, Non-fatal a warning (info where the guide says no impact)"),
     "fabric": CheckDefaults("critical", "reboot", hold=5 * _M, quiet=5 * _M,
                             doc="NVML's GPU fabric state is not completed, or its status an error (NVLink "
                                 "fabric nodes; `hold` covers the fabric's training at boot)"),
