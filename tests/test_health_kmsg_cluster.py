@@ -22,18 +22,9 @@ from slurm_ext.health.kmsg import KernelLog, facility_of
 from slurm_ext.health.monitor import load_state
 
 from conftest import wait_for
-from test_health_cluster import Health, _journal, _monitor_pid
+from test_health_cluster import Health, _journal, health  # noqa: F401 (health: the cluster monitor's fixture)
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture
-def health(running_cluster):
-    wait_for("the health worker", lambda: _monitor_pid(running_cluster.layout), timeout=20)
-    handle = Health(running_cluster)
-    handle.configure()
-    yield handle
-    handle.restore()
 
 
 def _domain() -> str:
