@@ -602,15 +602,19 @@ def _show(path: str) -> int:
                                                              if isinstance(v, (str, int, float))))
     for entry in rec["calls"]:
         ms = entry.get("ms") or {}
-        answers = "; ".join(
-            (f"ok {json.dumps(a.get('value'))[:80]}" if a.get("ret") == 0 else f"error {a.get('ret')} {a.get('text', '')}")
-            + (f" x{a['count']}" if a.get("count", 1) != 1 else "") for a in entry["answers"])
+        answers = "; ".join(_answer_text(a) for a in entry["answers"])
         took = f"{ms['median']:.3f} ms" if ms.get("median") is not None else "-"
         notes = " (derived)" if entry.get("derived") else ""
         print(f"  {key_text(entry['call'], entry.get('gpu'), entry.get('args'))}: {answers} [{took}]{notes}")
     for call, why in (rec.get("gaps") or {}).items():
         print(f"  gap {call}: {why}")
     return 0
+
+
+def _answer_text(answer: dict) -> str:
+    text = (f"ok {json.dumps(answer.get('value'))[:80]}" if answer.get("ret") == 0
+            else f"error {answer.get('ret')} {answer.get('text', '')}")
+    return text + (f" x{answer['count']}" if answer.get("count", 1) != 1 else "")
 
 
 def _diff(old_path: str, new_path: str) -> int:

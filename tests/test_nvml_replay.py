@@ -527,3 +527,40 @@ def test_the_comparison_sees_an_answer_the_driver_did_not_give(fakenvml_lib: Pat
         ('nvmlDeviceGetGpuFabricInfo(gpu 0, {"byref": "c_nvmlGpuFabricInfo_t"})', "ret"),
         ("nvmlDeviceGetNvLinkState(gpu 0, 0)", "ret"),
         ("nvmlDeviceGetTemperatureThreshold(gpu 0, 2)", "ret")}  # a number (the reasons) is no difference
+
+
+#: the health fault tests' faults (tests/test_health_cluster.py), each on the recorded GPU: check, severity, action
+FAULTS = [
+    ({"temperature": 89}, "temperature", "warning", "failover"),
+    ({"persistence_mode": 0}, "persistence", "warning", "none"),
+    ({"pcie": {"width": 8}}, "pcie-link", "warning", "reboot"),
+    ({"remapped_rows": {"pending": 1}}, "row-remap", "critical", "reset-gpu"),
+    ({"remapped_rows": {"failure": 1, "uncorrected": 3}}, "row-remap", "critical", "remove"),
+    ({"ecc": {"volatile": {"corrected": 0, "uncorrected": 2}}}, "ecc", "critical", "reset-gpu"),
+    ({"lost": True}, "gpu-lost", "critical", "reboot"),
+    ({"query_error": "RESET_REQUIRED"}, "gpu-lost", "critical", "reset-gpu"),
+    ({"fabric": {"state": 2}}, "fabric", "critical", "reboot"),
+    ({"retired_pages": [{"address": 4096 * n, "cause": "double_bit", "timestamp": 1700000000 + n}
+                        for n in range(60)]}, "retired-pages", "critical", "remove"),
+    ({"retired_pages": [], "retired_pages_pending": 1}, "retired-pages", "critical", "reset-gpu"),
+    ({"query_error": "UNKNOWN"}, "nvml", "warning", "reboot"),  # one reading: the monitor judges repeats
+]
+
+
+@pytest.mark.parametrize("fault, check, severity, action", FAULTS,
+                         ids=[f"{check}-{'-'.join(map(str, fault))}" for fault, check, *_ in FAULTS])
+def test_each_fault_fires_on_the_recorded_gpus_answers(fakenvml_lib: Path, tmp_path: Path, fault: dict, check: str,
+                                                       severity: str, action: str) -> None:
+    """The fake describing the recorded idle H200, one fault injected: `health check --json` finds it, and only it."""
+    spec = fakenvml.spec_from_recording(nvmlrecord.read(DATA / "h200-580-idle.json"))
+    spec["gpus"][0].update(fault)
+    root = tmp_path / "node"
+    root.mkdir()
+    (root / "run").mkdir()
+    _config(root)
+    fakenvml.write_spec(root / "gpus.json", spec)
+    env = _env(fakenvml_lib, root / "gpus.json", None)
+    env.pop("SLURM_EXT_CONFIG", None)
+    out, err = _slurm_ext(root, env, "health", "check", "--json").communicate(timeout=120)
+    found = [(f["check"], f["severity"], f["action"]) for f in json.loads(out)["findings"]]
+    assert found == [(check, severity, action)], err

@@ -130,7 +130,8 @@ def convert(probe: dict, name: str, state: str, readme: dict) -> dict:
         calls += _gpu_entries(index, gpu)
     calls.append(_entry("nvmlEventSetCreate", None, [], {"ok": _EVENT_SET},
                         derived="the probe registered events (below), which takes an event set"))
-    calls.append(_entry("nvmlDeviceRegisterEvents", 0, [_EVENT_SET], {"ok": None}, params=[probe["register_events"]["ok"]]))
+    calls.append(_entry("nvmlDeviceRegisterEvents", 0, [_EVENT_SET], {"ok": None},
+                        params=[probe["register_events"]["ok"]]))
     wait = probe["event_wait"]
     waited = {"median": round(wait["s"] * 1000, 3), "max": round(wait["s"] * 1000, 3)} if "s" in wait else None
     calls.append(_entry("nvmlEventSetWait_v2", None, [_EVENT_SET], wait, ms=waited))
