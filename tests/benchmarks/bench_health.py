@@ -2,11 +2,13 @@
 """Benchmark: the health monitor's cost on a node, and how fast it catches faults.
 
 1. cost: `slurm-ext health monitor` with 8 fake GPUs at the default settings (10 s polls, NVML events,
-   /dev/kmsg) for T seconds: CPU time (utime+stime) as % of one core, and RSS at the end. Baseline in the same
-   run: an idle node agent alone (`slurm-ext supervise` with no workers) over the same T. Targets: under 0.2 %
-   of a core, under 50 MB.
+   /dev/kmsg) for T seconds: CPU time (utime+stime) as % of one core, and RSS at the end; once with the fake
+   answering at once, once with it taking each call's time on the recorded H200 (the fake's "latency":
+   "recorded"). Baseline in the same run: an idle node agent alone (`slurm-ext supervise` with no workers) over
+   the same T. Targets: under 0.2 % of a core, under 50 MB.
 2. latency, median and max over N injections each, from the injection to the monitor's journal line:
-   - kernel-log Xid (a line written to /dev/kmsg, the default kernel_log) -> health-finding;
+   - kernel-log Xid (a driver line appended to a kernel-log file of the run's own: user space cannot write a record
+     of the kernel's own into /dev/kmsg, and the monitor judges no other) -> health-finding;
    - NVML Xid event (appended to the fake NVML's events) -> health-finding;
    - link down (a veth end set down in a network namespace of the run's own) -> health-finding;
    - polled fault (a GPU lost in the fake NVML) -> health-finding, at the default 10 s interval.
@@ -68,7 +70,8 @@ timeout = "1s"
 paths = ["{root}"]
 """
     if latency:
-        text += f"""interfaces = ["se-v0"]
+        text += f"""kernel_log = "{root}/kmsg"
+interfaces = ["se-v0"]
 network_namespace = "{_NS}"
 [health.checks.link-down]
 hold = "0s"
@@ -121,25 +124,31 @@ def _wait_event(root: Path, start_line: int, name: str, timeout: float, **fields
     return None
 
 
+#: application Xids (warnings, no drain): each (GPU, Xid) is a finding of its own (48 of them, for 2 x 20 injections)
+_APP_XIDS = (13, 31, 69, 68, 32, 8)
+
+
 def _latencies(root: Path, injections: int) -> dict[str, list[float]]:
     results: dict[str, list[float]] = {"kernel-log xid": [], "nvml xid event": [], "link down": [],
                                        "polled (gpu lost)": []}
     spec = fakenvml.default_gpus(8)
-    for i in range(injections):  # an Xid no catalog has: a warning, a new finding each time (another number)
+    for i in range(injections):  # an application's Xid: a warning, a new finding each time (another GPU or number)
         mark = _journal_lines(root)
+        gpu, xid = i % 8, _APP_XIDS[i // 8 % len(_APP_XIDS)]
         start = time.monotonic()
-        fd = os.open("/dev/kmsg", os.O_WRONLY)
-        os.write(fd, f"<3>NVRM: Xid (PCI:0000:10:00): {900 + i}, pid=1, name=bench, injected\n".encode())
-        os.close(fd)
-        seen = _wait_event(root, mark, "health-finding", 5, xid=900 + i)
+        with open(root / "kmsg", "a") as log:
+            log.write(f"NVRM: Xid (PCI:0000:{0x10 + 8 * gpu:02x}:00): {xid}, pid={i + 1}, name=bench, injected\n")
+        seen = _wait_event(root, mark, "health-finding", 5, xid=xid, gpu=gpu)
         results["kernel-log xid"].append(seen - start if seen else float("inf"))
     spec["events"] = []
     for i in range(injections):
         mark = _journal_lines(root)
-        spec["events"].append({"gpu": i % 8, "xid": 950 + i})
+        k = injections + i  # (GPU, Xid) pairs the kernel-log part did not use
+        gpu, xid = k % 8, _APP_XIDS[k // 8 % len(_APP_XIDS)]
+        spec["events"].append({"gpu": gpu, "xid": xid})
         start = time.monotonic()
         fakenvml.write_spec(root / "gpus.json", spec)
-        seen = _wait_event(root, mark, "health-finding", 5, xid=950 + i)
+        seen = _wait_event(root, mark, "health-finding", 5, xid=xid, gpu=gpu)
         results["nvml xid event"].append(seen - start if seen else float("inf"))
     ip = ["ip", "-n", _NS, "link", "set", "se-v1"]
     for i in range(injections):
@@ -227,22 +236,27 @@ def main() -> int:
             agent_cpu, agent_rss = _cost(agent, args.seconds)
             agent.terminate()
             agent.wait(30)
-            monitor = _start(root, _config(root, False), "health", "monitor")
-            procs.append(monitor)
-            cpu, rss = _cost(monitor, args.seconds)
-            monitor.terminate()
-            monitor.wait(30)
-            print(f"  health monitor: {cpu:.3f} % of a core, RSS {rss:.1f} MB")
             print(f"  idle agent alone (baseline): {agent_cpu:.3f} % of a core, RSS {agent_rss:.1f} MB")
-            ratio = f"{cpu / agent_cpu:.1f}x" if agent_cpu else "n/a (the idle agent used less than the clock's 10 ms)"
-            print(f"  ratio monitor/agent: CPU {ratio}, RSS {rss / agent_rss:.2f}x (targets: under 0.2 % and under "
-                  "50 MB)")
+            for latency in (None, "recorded"):
+                fakenvml.write_spec(root / "gpus.json", {**fakenvml.default_gpus(8), "latency": latency})
+                monitor = _start(root, _config(root, False), "health", "monitor")
+                procs.append(monitor)
+                cpu, rss = _cost(monitor, args.seconds)
+                monitor.terminate()
+                monitor.wait(30)
+                ratio = f"{cpu / agent_cpu:.1f}x" if agent_cpu else "n/a (the idle agent used under the clock's 10 ms)"
+                print(f"  health monitor, fake NVML {'at the recorded H200 latencies' if latency else 'answering at once'}"
+                      f": {cpu:.3f} % of a core, RSS {rss:.1f} MB; ratio to the agent: CPU {ratio}, RSS "
+                      f"{rss / agent_rss:.2f}x")
+            fakenvml.write_spec(root / "gpus.json", fakenvml.default_gpus(8))
+            print("  targets: under 0.2 % of a core and under 50 MB")
         if "latency" in parts:
             subprocess.run(["ip", "netns", "add", _NS], check=True)
             subprocess.run(["ip", "-n", _NS, "link", "add", "se-v0", "type", "veth", "peer", "name", "se-v1"],
                            check=True)
             for end in ("se-v0", "se-v1"):
                 subprocess.run(["ip", "-n", _NS, "link", "set", end, "up"], check=True)
+            (root / "kmsg").touch()
             monitor = _start(root, _config(root, True), "health", "monitor")
             procs.append(monitor)
             time.sleep(5)
