@@ -227,7 +227,8 @@ class HealthSection:
     interval: float = setting(10.0, "how often the polled checks read NVML and the node", "duration",
                               minimum=0.1, maximum=3600.0)
     kernel_log: str = setting("/dev/kmsg", "the kernel log: /dev/kmsg, or a file of kernel lines that grows (a "
-                              "simulated node of its own); read from its end at start; empty: no kernel checks",
+                              "simulated node of its own: a file is trusted as a whole, never point it at syslog); "
+                              "read from its end at start; empty: no kernel checks",
                               "path", empty_ok=True)
     nvml_events: bool = setting(True, "wait for NVML events (Xid, ECC, recovery action) besides the kernel log",
                                 "bool")
