@@ -107,6 +107,7 @@ _DCGM = (
     ("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", "memory_utilization"),
     ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", "fb_used_mib"),
     ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", "fb_free_mib"),
+    ("DCGM_FI_DEV_FB_RESERVED", "Framebuffer memory reserved (in MiB).", "fb_reserved_mib"),
     ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", "temperature"),
     ("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).", "memory_temperature"),
     ("DCGM_FI_DEV_SLOWDOWN_TEMP", "GPU slowdown temperature threshold (in C).", "slowdown_temperature"),

@@ -377,5 +377,5 @@ def test_prometheus_scrapes_the_health_metrics_and_every_dashboard_query_returns
         usage.prometheus_usage(base, lambda url: agents.get(url, 5.0))), timeout=30, interval=0.5)
     total_mib = sum(gpu["memory_total"] for gpu in spec["gpus"]) / 2**20
     assert (figures.gpus, figures.gpu_utilization, figures.memory_used_mib, figures.memory_total_mib) == \
-        (GPUS, sum(5 * i for i in range(GPUS)) / GPUS, GPUS * fakenvml.MEMORY_RESERVED / 2**20, total_mib), figures
+        (GPUS, sum(5 * i for i in range(GPUS)) / GPUS, 0.0, total_mib), figures  # idle: nothing beyond the reserve
     assert figures.rx_bps >= 0 and figures.tx_bps >= 0

@@ -123,13 +123,16 @@ def test_node_figures_bandwidth_and_the_cluster_sum():
             total.tx_bps) == (4, 130 / 3, 4096, 16384, 1000.0, 50.0)
     rows = usage.gpu_rows(_answer(1.0))
     assert rows[0].jobs == [7] and rows[1].temperature == 41 and rows[0].memory_total_mib == 4096.0
+    reserved = _answer(1.0)
+    reserved["monitor"]["gpus"][0]["fb_reserved_mib"] = 615.0  # NVML memory v2: the driver's own part, in the total
+    assert usage.gpu_rows(reserved)[0].memory_total_mib == 4096.0 + 615.0
     assert usage.node_usage(None) is None and usage.gpu_rows({"monitor": "junk"}) == []
     assert usage.cluster_usage([], []).gpu_utilization is None
 
 
 def test_prometheus_figures_and_a_prometheus_that_answers_junk():
     answers = {"gpu_utilization": "42.5", "memory_used_mib": "100", "memory_free_mib": "300", "rx_bps": "NaN",
-               "tx_bps": "7", "gpus": "8"}
+               "tx_bps": "7", "gpus": "8", "memory_reserved_mib": "615"}
     by_query = {query: answers[key] for key, query in usage.PROMETHEUS_QUERIES.items()}
 
     def get(url):
@@ -138,7 +141,7 @@ def test_prometheus_figures_and_a_prometheus_that_answers_junk():
         return json.dumps({"status": "success", "data": {"result": [{"value": [1, by_query[query]]}]}}), ""
     found = usage.prometheus_usage("http://127.0.0.1:9090/", get)
     assert (found.gpus, found.gpu_utilization, found.memory_total_mib, found.rx_bps, found.tx_bps) == \
-        (8, 42.5, 400.0, None, 7.0)
+        (8, 42.5, 1015.0, None, 7.0)  # the driver's reserve is in the total, not in what is used
     with pytest.raises(ValueError, match="does not answer: refused"):
         usage.prometheus_usage("http://127.0.0.1:9090", lambda url: (None, "refused"))
     with pytest.raises(ValueError, match="no result for"):
@@ -332,7 +335,7 @@ def test_with_a_prometheus_the_usage_panels_are_its_figures_and_its_silence_is_s
     path.write_text(f'[node]\nstate_dir = "{tmp_path / "state"}"\n[web]\nprometheus_url = "http://127.0.0.1:9/"\n'
                     f'[repair]\nsqlite_file = "{tmp_path / "repair.db"}"\n')
     answers = {"gpu_utilization": "12.5", "memory_used_mib": "10", "memory_free_mib": "30", "rx_bps": "100",
-               "tx_bps": "200", "gpus": "4"}
+               "tx_bps": "200", "gpus": "4", "memory_reserved_mib": "NaN"}  # agents before FB_RESERVED
     by_query = {query: answers[key] for key, query in usage.PROMETHEUS_QUERIES.items()}
     down = []
 

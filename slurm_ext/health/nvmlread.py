@@ -153,14 +153,15 @@ class _Reading:
         self.caught = caught
         self.failed: list[str] = []
 
-    def __call__(self, call, *args, default=None):
+    def __call__(self, call, *args, default=None, absent: tuple[int, ...] = _ABSENT, **kwargs):
+        """`absent`: the codes that mean "this GPU does not have it" for this call."""
         try:
-            return call(*args)
+            return call(*args, **kwargs)
         except self.caught as err:
             code = nvml.error_code(err)
             if code in _LOST:
                 raise
-            if code not in _ABSENT:
+            if code not in absent:
                 self.failed.append(f"{getattr(call, '__name__', 'nvml')}: {err}")
             return default
 
@@ -177,9 +178,7 @@ def _readings(m: Any, h: Any, facts: GpuFacts, read: _Reading) -> dict:
     utilization = read(m.nvmlDeviceGetUtilizationRates, h)
     if utilization is not None:
         out["utilization"], out["memory_utilization"] = utilization.gpu, utilization.memory
-    memory = read(m.nvmlDeviceGetMemoryInfo, h)
-    if memory is not None:
-        out["fb_used_mib"], out["fb_free_mib"] = memory.used / _MIB, memory.free / _MIB
+    out.update(_memory(m, h, read))
     out["temperature"] = read(m.nvmlDeviceGetTemperature, h, m.NVML_TEMPERATURE_GPU)
     power = read(m.nvmlDeviceGetPowerUsage, h)
     out["power_w"] = power / 1000 if power is not None else None
@@ -211,6 +210,23 @@ def _readings(m: Any, h: Any, facts: GpuFacts, read: _Reading) -> dict:
     out.update(_fabric(m, h, read))
     out.update(_fields(m, h, read))
     return out
+
+
+def _memory(m: Any, h: Any, read: _Reading) -> dict:
+    """Memory in use without the driver's reserve (NVML's memory v2; 615 MiB of an idle H200's v1 "used" is the
+    reserve), as DCGM counts FB_USED beside FB_RESERVED; v1 where the driver or pynvml has no v2."""
+    version = getattr(m, "nvmlMemory_v2", None)
+    if version is not None:
+        memory = read(m.nvmlDeviceGetMemoryInfo, h, version=version, absent=_NO_V2)
+        if memory is not None:
+            return {"fb_used_mib": memory.used / _MIB, "fb_free_mib": memory.free / _MIB,
+                    "fb_reserved_mib": memory.reserved / _MIB}
+    memory = read(m.nvmlDeviceGetMemoryInfo, h)
+    return {"fb_used_mib": memory.used / _MIB, "fb_free_mib": memory.free / _MIB} if memory is not None else {}
+
+
+#: what a driver or pynvml without memory v2 answers for it (25: NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+_NO_V2 = (*_ABSENT, 25)
 
 
 def _threshold(m: Any, h: Any, kind: int, read: _Reading) -> int | None:

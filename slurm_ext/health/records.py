@@ -58,8 +58,11 @@ class GpuSample:
     error_text: str = ""
     utilization: int | None = None
     memory_utilization: int | None = None
+    #: memory in use without the driver's reserve (NVML memory v2; v1's, which includes it, on an older driver)
     fb_used_mib: float | None = None
     fb_free_mib: float | None = None
+    #: the driver's own reserve (memory v2), None where unknown
+    fb_reserved_mib: float | None = None
     temperature: int | None = None
     memory_temperature: int | None = None
     slowdown_temperature: int | None = None

@@ -25,6 +25,8 @@ PROMETHEUS_QUERIES = {
     "gpu_utilization": "avg(DCGM_FI_DEV_GPU_UTIL)",
     "memory_used_mib": "sum(DCGM_FI_DEV_FB_USED)",
     "memory_free_mib": "sum(DCGM_FI_DEV_FB_FREE)",
+    # the driver's own part of each GPU (NVML memory v2): in the total, not in what is used
+    "memory_reserved_mib": "sum(DCGM_FI_DEV_FB_RESERVED)",
     "rx_bps": "sum(rate(slurm_ext_network_receive_bytes_total[1m]))",
     "tx_bps": "sum(rate(slurm_ext_network_transmit_bytes_total[1m]))",
     "gpus": "count(DCGM_FI_DEV_GPU_UTIL)",
@@ -92,9 +94,10 @@ def gpu_rows(answer: dict | None) -> list[GpuRow]:
             continue
         gpu = row.get("gpu") if isinstance(row.get("gpu"), dict) else {}
         used, free = _number(row.get("fb_used_mib")), _number(row.get("fb_free_mib"))
+        reserved = _number(row.get("fb_reserved_mib")) or 0.0  # the driver's own part: in the total, not used
         rows.append(GpuRow(int(_number(gpu.get("index")) or 0), str(gpu.get("name") or ""), str(gpu.get("uuid") or ""),
                            None if _number(row.get("utilization")) is None else int(row["utilization"]), used,
-                           used + free if used is not None and free is not None else None,
+                           used + free + reserved if used is not None and free is not None else None,
                            None if _number(row.get("temperature")) is None else int(row["temperature"]),
                            str(row.get("error_text") or ""),
                            [j for j in row.get("jobs") or () if isinstance(j, (int, str))]))
@@ -166,5 +169,5 @@ def prometheus_usage(url: str, get) -> Usage:
             raise ValueError(f"Prometheus {url}: no result for {query!r}: {body[:200]}") from None
         values[key] = value if math.isfinite(value) else None  # NaN of an empty average: no figure
     used, free = values["memory_used_mib"] or 0.0, values["memory_free_mib"] or 0.0
-    return Usage(int(values["gpus"] or 0), values["gpu_utilization"], used, used + free, values["rx_bps"],
-                 values["tx_bps"])
+    return Usage(int(values["gpus"] or 0), values["gpu_utilization"], used,
+                 used + free + (values["memory_reserved_mib"] or 0.0), values["rx_bps"], values["tx_bps"])
