@@ -280,6 +280,28 @@ def test_an_admins_drain_is_never_touched(health):
         cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=resume", check=False)
 
 
+def test_a_fault_behind_an_admins_drain_is_shown_held_and_drained_once_the_admin_resumes(health):
+    """`status`, `repair list` and the page say what waits behind someone else's drain; the admin's resume is
+    followed by our drain (the node-state owner looks twice a second while a want is held)."""
+    cluster = health.cluster
+    cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=drain", "reason=admin: new cables")
+    try:
+        health.gpus(gpu3={"lost": True})
+        health.wait_event("drain-skipped")
+        status = health.cli("status").stdout
+        line = next(row for row in status.splitlines() if row.startswith(cluster.node))
+        assert " paused " in line and "held: gpu-lost nvml GPU_IS_LOST" in line, status
+        listed = json.loads(health.cli("repair", "list", "--json").stdout)["held"]
+        assert [(h["node"], h["reason"]) for h in listed] == [(cluster.node, "admin: new cables")], listed
+        assert listed[0]["findings"][0].startswith("gpu-lost nvml GPU_IS_LOST"), listed
+        cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=resume")
+        health.wait_reason(lambda r: r.startswith("slurm-ext: gpu-lost"), "our drain after the admin's resume",
+                           timeout=5)
+    finally:
+        health.gpus(gpu3=None)
+        cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=resume", check=False)
+
+
 def test_a_restarted_monitor_does_not_judge_an_old_kernel_line_again_and_the_agent_keeps_slurmd(health):
     marker = uuid.uuid4().hex[:8]
     health.kmsg(f"NVRM: Xid (PCI:0000:20:00): 43, pid=1, name=job-{marker}, Ch 00000008")

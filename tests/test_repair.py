@@ -688,3 +688,13 @@ def test_a_history_written_before_steps_said_what_they_did_opens_and_reads(tmp_p
     finally:
         opened.close()
         again.close()
+
+
+def test_held_findings_are_the_critical_ones_as_our_drain_would_state_them():
+    from slurm_ext.repair.status import held
+    findings = [{"check": "xid", "evidence": "48 gpu 3 ROBUST_CHANNEL_GPU_ECC_DBE (expected none)", "action": "reset-gpu",
+                 "severity": "critical"},
+                {"check": "temperature", "evidence": "gpu 1 at 86C (expected under 85C)", "action": "failover",
+                 "severity": "warning"}, "junk"]
+    assert held(findings) == ["xid 48 gpu 3 ROBUST_CHANNEL_GPU_ECC_DBE (expected none) action=reset-gpu"]
+    assert held(None) == []

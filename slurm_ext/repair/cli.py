@@ -27,25 +27,34 @@ def _when(epoch: float | None) -> str:
 
 
 def _list(args: argparse.Namespace) -> int:
+    from slurm_ext.slurm import SlurmClient
     from .decide import paused
-    _, store = _store(args)
+    from .status import held_findings, node_statuses
+    loaded, store = _store(args)
     records = store.records(open_only=True)
     stop = paused(store)
+    nodes = SlurmClient(loaded.slurm).nodes()
+    # a fault behind someone else's drain has no recommendation (that drain is theirs), but must not be unseen
+    held = [s for s in held_findings(node_statuses(nodes, records, []), nodes, loaded.repair) if s.held]
     if args.json:
         print(json.dumps({"paused": {"by": stop[0], "since": stop[1]} if stop else None,
-                          "records": [asdict(r) for r in records]}, indent=1))
+                          "records": [asdict(r) for r in records],
+                          "held": [{"node": s.name, "reason": s.reason, "owner": s.reason_owner, "findings": s.held}
+                                   for s in held]}, indent=1))
         return 0
     if stop:
         print(f"repairs are PAUSED by {stop[0]} since {_when(stop[1])}: `slurm-ext repair unpause` to go on")
     if not records:
         print("no recommendations and no repairs under way")
-        return 0
-    print(f"{'NODE':<14} {'STATE':<12} {'ACTION':<12} {'STEP':<10} {'SINCE':<20} {'BY':<12} WHAT")
+    else:
+        print(f"{'NODE':<14} {'STATE':<12} {'ACTION':<12} {'STEP':<10} {'SINCE':<20} {'BY':<12} WHAT")
     for r in records:
         jobs = f" jobs {','.join(map(str, r.jobs))}" if r.jobs else ""
         note = f" ({r.note})" if r.note else ""
         print(f"{r.node:<14} {r.state:<12} {r.action:<12} {r.step or '-':<10} {_when(r.opened):<20} "
               f"{r.decided_by or '-':<12} {r.signature}: {r.evidence}{jobs}{note}")
+    for s in held:
+        print(f"{s.name:<14} paused, held behind {s.reason!r} (by {s.reason_owner}): {'; '.join(s.held)}")
     return 0
 
 
@@ -87,11 +96,13 @@ def _serve(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     import time
     from slurm_ext.slurm import SlurmClient
-    from .status import counts, node_statuses
+    from .status import counts, held_findings, node_statuses
     loaded, store = _store(args)
+    print(f"{loaded.origin}; slurm.conf {loaded.slurm.conf_path()}", file=sys.stderr)
     nodes = SlurmClient(loaded.slurm).nodes()
     statuses = node_statuses(nodes, store.records(open_only=True), store.events(since=time.time() - 7 * 86400,
                                                                                 limit=5000))
+    statuses = held_findings(statuses, nodes, loaded.repair)
     summary = counts(statuses)
     if args.json:
         print(json.dumps({"counts": summary, "nodes": [asdict(s) for s in statuses]}, indent=1))
@@ -101,6 +112,7 @@ def _status(args: argparse.Namespace) -> int:
     for s in statuses:
         gpus = f"{s.gpus_used}/{s.gpus.rsplit(':', 1)[-1] if s.gpus else 0}"
         said = s.findings[0] if s.findings else (f"{s.reason} (by {s.reason_owner})" if s.reason else "")
+        said += f"; held: {'; '.join(s.held)}" if s.held else ""
         last = f"  [{s.events[-1]}]" if s.events else ""
         print(f"{s.name:<14} {s.state:<10} {s.slurm_state:<24} {gpus:<8} {s.repair or '-':<18} {said}{last}")
     return 0

@@ -4,7 +4,9 @@ From one Slurm query for the whole cluster and one read of the repair
 records, never a query per node:
 - booting: Slurm is rebooting it, or a repair waits for it to come back;
 - paused: drained or down by an admin or another tool (its reason is not
-  ours): slurm-ext leaves it alone;
+  ours): slurm-ext leaves it alone; its agent's critical findings are
+  shown as held behind that drain (`held_findings` asks the paused nodes'
+  agents only: an admin's resume would otherwise put a faulty GPU back);
 - pending: a repair is recommended and awaits an operator;
 - unhealthy: drained with our reason (a health finding, a repair under way
   or failed), or not answering Slurm;
@@ -14,7 +16,7 @@ records, never a query per node:
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from slurm_ext.slurm import Node, is_our_reason
 
@@ -22,7 +24,7 @@ from .flow import REBOOT_FLAGS
 from .recommend import fault_of
 from .store import IN_PROGRESS, Event, Record
 
-__all__ = ["STATES", "NodeStatus", "classify", "node_statuses", "counts"]
+__all__ = ["STATES", "NodeStatus", "classify", "node_statuses", "counts", "held", "held_findings"]
 
 STATES = ("healthy", "booting", "unhealthy", "pending", "paused")
 #: Slurm's flags of a node on its way back (a reboot asked or under way, a node powering up)
@@ -46,6 +48,8 @@ class NodeStatus:
     repair: str = ""
     #: its latest repair events, newest last
     events: list = field(default_factory=list)
+    #: paused: the critical findings its agent holds behind someone else's drain, as our drain would state them
+    held: list = field(default_factory=list)
 
 
 def classify(node: Node, record: Record | None) -> str:
@@ -82,6 +86,35 @@ def node_statuses(nodes: list[Node], records: list[Record], events: list[Event],
             node.gres, node.gpus_used, [f"{fault.signature}: {fault.evidence}"] if fault else [], repair,
             [f"{e.event}: {e.message}" for e in recent.get(node.name, [])[-per_node:]]))
     return statuses
+
+
+def held(findings) -> list[str]:
+    """The critical findings of an agent's answer, as our drain reason would state them."""
+    return [f"{f.get('check')} {f.get('evidence')} action={f.get('action')}" for f in findings or ()
+            if isinstance(f, dict) and f.get("severity") == "critical"]
+
+
+def held_findings(statuses: list[NodeStatus], nodes: list[Node], settings, timeout: float = 3.0
+                  ) -> list[NodeStatus]:
+    """`statuses` with each paused node's held findings, from its agent's /health (asked at once, paused nodes
+    only); an agent that does not answer is said as such."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .agents import address, health
+    addresses = {n.name: address(settings, n.name, n.addr) for n in nodes}
+    paused = [s for s in statuses if s.state == "paused"]
+    if not paused:
+        return statuses
+
+    def ask(status: NodeStatus) -> list[str]:
+        answer, problem = health(addresses[status.name], status.name, timeout)
+        if answer is None:
+            return [f"unknown: {problem}"]
+        monitor = answer.get("monitor") if isinstance(answer.get("monitor"), dict) else {}
+        return held(monitor.get("findings"))
+    with ThreadPoolExecutor(max_workers=min(16, len(paused))) as pool:
+        found = dict(zip((s.name for s in paused), pool.map(ask, paused)))
+    return [replace(s, held=found[s.name]) if s.name in found else s for s in statuses]
 
 
 def counts(statuses: list[NodeStatus]) -> dict[str, int]:

@@ -34,7 +34,7 @@ from datetime import datetime, timezone
 from slurm_ext import events
 from slurm_ext.errors import SlurmExtError
 from slurm_ext.repair import agents
-from slurm_ext.repair.status import counts, node_statuses
+from slurm_ext.repair.status import counts, held, node_statuses
 from slurm_ext.slurm import Node, SlurmClient, is_our_reason
 
 from . import usage
@@ -442,6 +442,7 @@ class Watcher:
                          "gpus_total": sum(gpus_by_type([node]).values()),
                          "gpu_readings": [asdict(g) for g in usage.gpu_rows(answer)],
                          "agent_findings": [f for f in monitor.get("findings") or () if isinstance(f, dict)],
+                         "held": held(monitor.get("findings")) if status.state == "paused" else [],
                          "agent": {"answered": agent.answered or None, "error": agent.error,
                                    "readings_time": monitor.get("readings_time")},
                          "ssh": self.settings.ssh_command.replace("{node}", node.name).replace("{addr}",

@@ -226,7 +226,8 @@ function drawNodes(view) {
     $("node-grid").innerHTML = rows.map((n) => {
       const f = nodeFigures(n);
       return `<div class="cell ${esc(n.state)}" data-node="${esc(n.name)}" title="${esc(n.name)}: ${esc(n.state)}` +
-        `${n.reason ? " - " + esc(n.reason) : ""}">${esc(n.name)}<br>${esc(n.gpus_used)}/${esc(n.gpus_total)} GPUs` +
+        `${n.reason ? " - " + esc(n.reason) : ""}${(n.held || []).length ? "; held: " + esc(n.held.join("; ")) : ""}` +
+        `">${esc(n.name)}<br>${esc(n.gpus_used)}/${esc(n.gpus_total)} GPUs` +
         `${f.utilization == null ? "" : " " + f.utilization.toFixed(0) + "%"}</div>`;
     }).join("");
     return;
@@ -241,7 +242,8 @@ function drawNodes(view) {
       `${gib(g.memory_used_mib)} ${g.temperature ?? "-"}C${g.error ? " " + g.error : ""}`).join("\n");
     return `<tr data-node="${esc(n.name)}" data-state="${esc(n.state)}"><td>${esc(n.name)}</td>` +
       `<td><span class="badge ${esc(n.state)}">${esc(n.state)}</span> <span class="muted">${esc(n.slurm_state)}</span>` +
-      `${n.repair ? `<br><span class="muted">repair: ${esc(n.repair)}</span>` : ""}</td>` +
+      `${n.repair ? `<br><span class="muted">repair: ${esc(n.repair)}</span>` : ""}` +
+      `${(n.held || []).length ? `<br><span class="held">held: ${n.held.map(esc).join("; ")}</span>` : ""}</td>` +
       `<td>${esc(n.gpus_used)} / ${esc(n.gpus_total)}</td>` +
       `<td title="${esc(gpus)}">${f.utilization == null ? "-" : f.utilization.toFixed(0) + " %"}</td>` +
       `<td>${f.total ? gib(f.used) + " / " + gib(f.total) : "-"}</td>` +
