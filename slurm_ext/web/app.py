@@ -21,6 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 from flask import Flask, Response, jsonify, request, send_from_directory
@@ -194,26 +195,25 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
         node, source, limit = asked.get("node"), asked.get("source"), int(asked.get("limit", 300))
         if node is not None:
             known_node(node)
+        from slurm_ext.repair.history import Entry, in_causal_order
         entries = []
         if source in (None, "slurm"):
             for event in view.slurm_events:
                 if node in (None, event.node):
                     who = f" (by {event.user})" if event.user else ""
-                    entries.append({"time": event.start.timestamp(), "node": event.node, "source": "slurm",
-                                    "event": event.state.lower(), "message": f"{event.state}: {event.reason}{who}",
-                                    "user": event.user})
+                    entries.append(Entry(event.start.timestamp(), event.node, "slurm", event.state.lower(),
+                                         f"{event.state}: {event.reason}{who}", event.user))
         if source in (None, "repair"):
-            entries += [{"time": e.time, "node": e.node or "-", "source": "repair", "event": e.event,
-                         "message": e.message, "user": e.user}
+            entries += [Entry(e.time, e.node or "-", "repair", e.event, e.message, e.user, e.acts)
                         for e in view.repair_events if node in (None, e.node)]
         if source in (None, "agent"):
             # the controller's own journal repeats the repair records, which carry the user
-            entries += [{"time": when, "node": name, "source": "agent",
-                         "event": f"{data.get('component', '?')}/{data.get('event', '?')}",
-                         "message": str(data.get("message", "")), "severity": data.get("severity", "")}
+            entries += [Entry(when, name, "agent", f"{data.get('component', '?')}/{data.get('event', '?')}",
+                              str(data.get("message", "")))
                         for when, name, data in watcher.journal(
                             lambda name, data: node in (None, name) and data.get("component") != "repair", limit)]
-        entries.sort(key=lambda e: e["time"], reverse=True)
+        # as `slurm-ext history` orders them: what a repair step caused after it, where clocks are whole seconds
+        entries = [asdict(e) for e in reversed(in_causal_order(entries))]
         return jsonify(entries=entries[:limit])
 
     @app.get("/api/health")
