@@ -486,23 +486,29 @@ def test_an_approval_made_while_a_pass_reads_the_cluster_comes_before_its_first_
     assert [e.time for e in events] == sorted(e.time for e in events), events
 
 
-def test_an_agent_that_answers_for_another_node_is_not_taken_for_this_one():
-    """A dev node only defined in slurm.conf falls back to the default agent port, where another cluster's agent
-    may listen: its answer must not pass for this node's (a repair's verify, the page's GPUs)."""
-    from slurm_ext.repair import agents
-
+def _agent_answering(body: str) -> ThreadingHTTPServer:
+    """An HTTP server on 127.0.0.1 that answers every GET with `body`, as a node agent's route would; shut it down."""
     class Agent(BaseHTTPRequestHandler):
         def do_GET(self):
-            body = json.dumps({"node": "elsewhere1", "monitor": {}}).encode()
+            data = body.encode()
             self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Content-Length", str(len(data)))
             self.end_headers()
-            self.wfile.write(body)
+            self.wfile.write(data)
 
         def log_message(self, *args):
             pass
     server = ThreadingHTTPServer(("127.0.0.1", 0), Agent)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_an_agent_that_answers_for_another_node_is_not_taken_for_this_one():
+    """A dev node only defined in slurm.conf falls back to the default agent port, where another cluster's agent
+    may listen: its answer must not pass for this node's (a repair's verify, the page's GPUs)."""
+    from slurm_ext.repair import agents
+
+    server = _agent_answering(json.dumps({"node": "elsewhere1", "monitor": {}}))
     try:
         address = f"127.0.0.1:{server.server_address[1]}"
         assert agents.health(address, "elsewhere1", 5)[0] == {"node": "elsewhere1", "monitor": {}}
@@ -635,16 +641,6 @@ def test_history_merges_slurm_the_journal_and_the_steps_of_one_pass_in_causal_or
     journal = "".join(json.dumps({"time": start.strftime("%Y-%m-%dT%H:%M:%S%z"), "component": "supervisor",
                                   "event": event, "message": event}) + "\n" for event in ("stop", "started"))
 
-    class Agent(BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = journal.encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
 
     class Slurm:
         def node_events(self, node, since):
@@ -653,8 +649,7 @@ def test_history_merges_slurm_the_journal_and_the_steps_of_one_pass_in_causal_or
 
         def node(self, name):
             return _node(name)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Agent)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = _agent_answering(journal)
     try:
         settings = RepairSection(agents={"n1": f"127.0.0.1:{server.server_address[1]}"})
         timeline = gather(settings, store, Slurm(), 800.0, node="n1")
