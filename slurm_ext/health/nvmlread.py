@@ -6,9 +6,9 @@ thresholds, PCIe maxima, the NVLink count) is read at the GPU's first poll
 only. A reading the GPU does not have is None. A call that fails otherwise
 is None too and is named in the sample's `failed`, so one bad call never
 costs the GPU's other readings; only GPU_IS_LOST or RESET_REQUIRED end the
-sample (the GPU off the bus, or waiting for a reset). `NvmlEvents` waits in nvmlEventSetWait for Xids,
-double-bit ECC errors and recovery-action changes, which the driver pushes
-as they happen.
+sample (the GPU off the bus, or waiting for a reset). `NvmlEvents` waits in
+nvmlEventSetWait for Xids, double-bit ECC errors and recovery-action
+changes, which the driver pushes as they happen.
 """
 
 from __future__ import annotations
