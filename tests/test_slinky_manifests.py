@@ -1,7 +1,7 @@
 """containers/slinky/: every manifest is valid as the API server and the operator would take it (issue 11).
 
 - Slinky's kinds (NodeSet, Controller, Accounting, LoginSet) against the operator's CRD schemas (read
-  from ../shared/slinky/crds, or $SLURM_EXT_SLINKY_CRDS), with unknown fields rejected: the API server
+  from tests/data/slinky/crds, or $SLURM_EXT_SLINKY_CRDS), with unknown fields rejected: the API server
   would prune them, so a typo'd key would silently do nothing.
 - Their container fields (`slurmd`, `slurmctld`, `slurmdbd`, `login`) and `template.spec`, which the
   CRDs leave open (x-kubernetes-preserve-unknown-fields) and the operator decodes as a corev1
@@ -38,7 +38,7 @@ CONTAINER_FIELDS = ("slurmd", "slurmctld", "slurmdbd", "login")
 
 
 def _crd_dir() -> Path:
-    found = Path(os.environ.get("SLURM_EXT_SLINKY_CRDS") or REPO.parent / "shared" / "slinky" / "crds")
+    found = Path(os.environ.get("SLURM_EXT_SLINKY_CRDS") or REPO / "tests" / "data" / "slinky" / "crds")
     assert found.is_dir(), (f"Slinky's CRD schemas are not at {found}: set SLURM_EXT_SLINKY_CRDS to the directory "
                             "of SlinkyProject/slurm-operator's config/crd/bases/*.yaml")
     return found
