@@ -19,8 +19,9 @@ import pytest
 
 from slurm_ext.health.checks.xid import BURST
 from slurm_ext.health.kmsg import KernelLog, facility_of
-from slurm_ext.health.monitor import load_state
+from slurm_ext.health.monitor import load_state, metrics_path
 
+from conftest import wait_for
 from test_health_cluster import Health, _journal, health  # noqa: F401 (health: the cluster monitor's fixture)
 
 pytestmark = pytest.mark.cluster
@@ -59,6 +60,21 @@ def _sentinel(health: Health) -> dict:
     marker = uuid.uuid4().hex[:8]
     health.kmsg(f"NVRM: Xid (PCI:0000:20:00): 43, pid=1, name=sentinel-{marker}, Ch 00000008")
     return health.wait_event("health-finding", check="xid", xid=43, timeout=60)
+
+
+def _xid_lines(health: Health, xid: int, uuid_: str) -> int:
+    """The Xid `xid` lines of GPU `uuid_` the monitor has judged, as its readings (written every poll) count them."""
+    try:
+        data = json.loads(metrics_path(str(health.layout.runtime_dir)).read_text())
+    except (OSError, ValueError):
+        return 0
+    return sum(e.get("count", 0) for e in data.get("xid_counts") or () if e.get("xid") == xid and e.get("uuid") == uuid_)
+
+
+def _judged(health: Health, xid: int, uuid_: str, lines: int) -> int:
+    """Wait until the monitor has judged `lines` lines of Xid `xid` on that GPU; returns the count."""
+    return wait_for(f"the monitor judging {lines} Xid {xid} lines", lambda: (lambda n: n if n >= lines else None)(
+        _xid_lines(health, xid, uuid_)), timeout=30, interval=0.1)
 
 
 def _drains(health: Health) -> list[dict]:
@@ -125,7 +141,10 @@ def test_one_processs_burst_of_xid13_lines_drains_nothing(health):
         return [f"4,{at + i},{at + i * 125},-;NVRM: Xid (PCI:{bus}): 13, pid={pid}, name=python3, Graphics SM Warp "
                 f"Exception on (GPC 1, TPC 3, SM {i % 2}): Out Of Range Address" for i in range(n)]
     mark = len(_journal(health.layout))
+    uuid_ = health.spec["gpus"][0]["uuid"]
+    seen = _xid_lines(health, 13, uuid_)
     _append(health, burst("4242"))
+    seen = _judged(health, 13, uuid_, seen + 16)
     _sentinel(health)
     after = _journal(health.layout)[mark:]
     thirteens = [e for e in after if e.get("check") == "xid" and e.get("xid") == 13]
@@ -133,9 +152,11 @@ def test_one_processs_burst_of_xid13_lines_drains_nothing(health):
         [("health-finding", "warning", "restart-job", 1)], thirteens
     assert not _drains(health) and health.reason() == ""
     # two more processes crash on the same GPU (the driver's '<unknown>' pid: a burst is still one fault), each past
-    # the BURST seconds of the one before (lines within them would be the same fault)
+    # the BURST seconds of the one before (lines within them would be the same fault), counted from when the monitor
+    # judged it: on a loaded machine it may read a burst a while after it was written
     time.sleep(BURST + 0.5)
     _append(health, burst("'<unknown>'"))
+    _judged(health, 13, uuid_, seen + 16)
     time.sleep(BURST + 0.5)
     _append(health, burst("7777"))
     escalated = health.wait_event("health-escalated", check="xid", xid=13, timeout=30)
