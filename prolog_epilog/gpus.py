@@ -202,27 +202,11 @@ def _merge(gpu: int, entries: Iterable[Any]) -> tuple[GpuProcess, ...]:
     return tuple(GpuProcess(gpu, pid, mib) for pid, mib in used.items())
 
 
-#: what a driver or pynvml without memory v2 answers for it (25: NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
-_NO_V2 = (nvml_adapter.NOT_SUPPORTED, nvml_adapter.FUNCTION_NOT_FOUND, 25)
-
-
-def _memory(nvml: Any, handle: Any) -> tuple[int, int]:
-    """(used beyond the driver's reserve, the reserve) in MiB: memory v2 where the driver has it, else v1."""
-    version = getattr(nvml, "nvmlMemory_v2", None)
-    if version is not None:
-        try:
-            memory = nvml.nvmlDeviceGetMemoryInfo(handle, version=version)
-            return int(memory.used) // MIB, int(memory.reserved) // MIB
-        except nvml_adapter.errors(nvml) as err:
-            if nvml_adapter.error_code(err) not in _NO_V2:
-                raise
-    return int(nvml.nvmlDeviceGetMemoryInfo(handle).used) // MIB, 0
-
-
 def _read_gpu(nvml: Any, index: int) -> GpuUsage:
     handle = nvml.nvmlDeviceGetHandleByIndex(index)
     uuid = nvml_adapter.text(nvml.nvmlDeviceGetUUID(handle))
-    used_mib, reserved_mib = _memory(nvml, handle)
+    used, _, reserved = nvml_adapter.memory(nvml, handle)
+    used_mib, reserved_mib = used // MIB, (reserved or 0) // MIB
     entries = _processes(nvml, nvml.nvmlDeviceGetComputeRunningProcesses, handle)
     entries += _processes(nvml, nvml.nvmlDeviceGetGraphicsRunningProcesses, handle)
     return GpuUsage(index, uuid, _merge(index, entries), used_mib, reserved_mib)

@@ -40,7 +40,8 @@ from slurm_ext.errors import SlurmExtError
 
 __all__ = ["INVALID_ARGUMENT", "NOT_SUPPORTED", "NO_PERMISSION", "NOT_FOUND", "DRIVER_NOT_LOADED",
            "LIBRARY_NOT_FOUND", "FUNCTION_NOT_FOUND", "GPU_IS_LOST", "RESET_REQUIRED", "LIB_RM_VERSION_MISMATCH",
-           "NvmlUnavailable", "load", "errors", "error_code", "text", "optional", "init_once", "session",
+           "ARGUMENT_VERSION_MISMATCH", "NvmlUnavailable", "load", "errors", "error_code", "text", "optional",
+           "memory", "init_once", "session",
            "advice", "describe"]
 
 INVALID_ARGUMENT = 2
@@ -53,6 +54,7 @@ FUNCTION_NOT_FOUND = 13
 GPU_IS_LOST = 15
 RESET_REQUIRED = 16
 LIB_RM_VERSION_MISMATCH = 18
+ARGUMENT_VERSION_MISMATCH = 25
 
 _ADVICE = {
     NO_PERMISSION: "run slurm-ext as root",
@@ -140,6 +142,29 @@ def optional(nvml: Any, call: Callable[..., Any], *args: Any, default: Any,
         if error_code(err) in codes:
             return default
         raise
+
+
+#: what a driver or pynvml without memory v2 answers for it
+_NO_MEMORY_V2 = (NOT_SUPPORTED, FUNCTION_NOT_FOUND, ARGUMENT_VERSION_MISMATCH)
+
+
+def memory(nvml: Any, handle: Any) -> tuple[int, int, int | None]:
+    """(used, free, reserved) bytes of a GPU: memory v2 where the driver has it, whose `used` leaves out the
+    driver's own reserve (615 MiB of an idle H200's v1 "used"); v1, and reserved None, where it does not.
+
+    Raises:
+        nvml.NVMLError: any other answer (the caller translates it).
+    """
+    version = getattr(nvml, "nvmlMemory_v2", None)
+    if version is not None:
+        try:
+            info = nvml.nvmlDeviceGetMemoryInfo(handle, version=version)
+            return int(info.used), int(info.free), int(info.reserved)
+        except nvml.NVMLError as err:
+            if error_code(err) not in _NO_MEMORY_V2:
+                raise
+    info = nvml.nvmlDeviceGetMemoryInfo(handle)
+    return int(info.used), int(info.free), None
 
 
 # init_once: modules initialised in this process, by identity (tests pass stand-ins).

@@ -328,7 +328,7 @@ class FakeNvml:
         return f"GPU-{handle}".encode()  # old pynvml: bytes
 
     def nvmlDeviceGetMemoryInfo(self, handle: int) -> SimpleNamespace:
-        return SimpleNamespace(used=self.gpus[handle].get("used", 0))
+        return SimpleNamespace(used=self.gpus[handle].get("used", 0), free=0)  # v1 nvmlMemory_t's fields we read
 
     def _list(self, handle: int, key: str) -> list[SimpleNamespace]:
         value = self.gpus[handle].get(key, [])

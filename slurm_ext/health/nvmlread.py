@@ -153,15 +153,14 @@ class _Reading:
         self.caught = caught
         self.failed: list[str] = []
 
-    def __call__(self, call, *args, default=None, absent: tuple[int, ...] = _ABSENT, **kwargs):
-        """`absent`: the codes that mean "this GPU does not have it" for this call."""
+    def __call__(self, call, *args, default=None):
         try:
-            return call(*args, **kwargs)
+            return call(*args)
         except self.caught as err:
             code = nvml.error_code(err)
             if code in _LOST:
                 raise
-            if code not in absent:
+            if code not in _ABSENT:
                 self.failed.append(f"{getattr(call, '__name__', 'nvml')}: {err}")
             return default
 
@@ -213,20 +212,16 @@ def _readings(m: Any, h: Any, facts: GpuFacts, read: _Reading) -> dict:
 
 
 def _memory(m: Any, h: Any, read: _Reading) -> dict:
-    """Memory in use without the driver's reserve (NVML's memory v2; 615 MiB of an idle H200's v1 "used" is the
-    reserve), as DCGM counts FB_USED beside FB_RESERVED; v1 where the driver or pynvml has no v2."""
-    version = getattr(m, "nvmlMemory_v2", None)
-    if version is not None:
-        memory = read(m.nvmlDeviceGetMemoryInfo, h, version=version, absent=_NO_V2)
-        if memory is not None:
-            return {"fb_used_mib": memory.used / _MIB, "fb_free_mib": memory.free / _MIB,
-                    "fb_reserved_mib": memory.reserved / _MIB}
-    memory = read(m.nvmlDeviceGetMemoryInfo, h)
-    return {"fb_used_mib": memory.used / _MIB, "fb_free_mib": memory.free / _MIB} if memory is not None else {}
-
-
-#: what a driver or pynvml without memory v2 answers for it (25: NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
-_NO_V2 = (*_ABSENT, 25)
+    """Memory in use without the driver's reserve (nvml.memory: v2 where the driver has it), as DCGM counts FB_USED
+    beside FB_RESERVED."""
+    found = read(nvml.memory, m, h)
+    if found is None:
+        return {}
+    used, free, reserved = found
+    out = {"fb_used_mib": used / _MIB, "fb_free_mib": free / _MIB}
+    if reserved is not None:
+        out["fb_reserved_mib"] = reserved / _MIB
+    return out
 
 
 def _threshold(m: Any, h: Any, kind: int, read: _Reading) -> int | None:
