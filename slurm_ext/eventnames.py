@@ -171,7 +171,7 @@ _ENTRIES = (
     EventName("slurmctld-killed-with-records", _SUPERVISOR, "error",
               "slurmctld was SIGKILLed past accounting.stop_deadline with accounting records queued: those not "
               "saved to dbd.messages are lost (reconcile lists them)"),
-    # -- passive health checks (slurm_ext/health/) ---------------------------------------------------
+    # -- passive health checks (health/) ---------------------------------------------------
     EventName("health-started", _HEALTH, "info", "the health monitor started: its checks, sources and the open "
               "findings it kept from before"),
     EventName("health-finding", _HEALTH, "warning",
@@ -205,7 +205,7 @@ _ENTRIES = (
     EventName("reconcile-missing", _ACCOUNTING, "error",
               "jobs the witness (jobcomp log) saw end are missing from sacct, or runaway jobs exist"),
     EventName("reconcile-clean", _ACCOUNTING, "info", "every job the witness saw end is in sacct"),
-    # -- repair (slurm_ext/repair, in the controller agent) ------------------------------------------
+    # -- repair (repair/, in the controller agent) ------------------------------------------
     EventName("repair-started", _REPAIR, "info", "the repair service started; repairs under way carry on from "
               "their records"),
     EventName("repair-recommended", _REPAIR, "info", "a node's health drain became a recommended repair, with its "
@@ -227,7 +227,7 @@ _ENTRIES = (
               "says so"),
     EventName("repair-paused", _REPAIR, "warning", "an operator paused every approval"),
     EventName("repair-unpaused", _REPAIR, "info", "an operator let approvals through again"),
-    # -- web (slurm_ext/web, the cluster page, in the controller agent) ------------------------------------------
+    # -- web (web/, the cluster page, in the controller agent) ------------------------------------------
     EventName("web-started", _WEB, "info", "the cluster page listens; how operators are recognised"),
     EventName("web-operation", _WEB, "info", "an operator ran a node's health checks, or approved or rejected its "
               "repair, from the page (user, how signed in, address)"),

@@ -8,6 +8,7 @@ README's table, so none of the three can drift from the others.
 from __future__ import annotations
 
 import ast
+import configparser
 import json
 import logging
 import multiprocessing
@@ -21,9 +22,17 @@ from slurm_ext import events
 from slurm_ext.eventnames import CATALOGUE, SEVERITIES, markdown_table
 
 REPO = Path(__file__).resolve().parent.parent
-# every folder whose Python is slurm-ext's own code (setup.cfg's package_dir, and the dev cluster)
-SOURCE_DIRS = ("slurm_ext", "supervisor", "prolog_epilog", "gres", "accounting", "devcluster")
 EMITTERS = ("emit", "_emit")
+
+
+def _source_dirs() -> list[str]:
+    """Every folder whose Python is slurm-ext's own code: setup.cfg's package_dir, so a new component is seen."""
+    parser = configparser.ConfigParser()
+    parser.read(REPO / "setup.cfg")
+    return [line.split("=")[1].strip() for line in parser["options"]["package_dir"].strip().splitlines()]
+
+
+SOURCE_DIRS = _source_dirs()
 
 
 def source_files() -> list[Path]:

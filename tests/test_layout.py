@@ -1,4 +1,4 @@
-"""The package layout: the core imports no component, setup.cfg packages every part, and a wheel
+"""The package layout: every top-level folder is a component, imports go down the floors, setup.cfg packages every part, and a wheel
 carries what an installed slurm-ext needs without the checkout (the fake NVML's C sources)."""
 
 from __future__ import annotations
@@ -30,12 +30,6 @@ def _setup_cfg() -> tuple[dict[str, str], list[str]]:
     return package_dir, options["packages"].split()
 
 
-def _components() -> dict[str, str]:
-    """Every component: its import name (slurm_ext.gres) -> its folder (gres)."""
-    package_dir, _ = _setup_cfg()
-    return {name: folder for name, folder in package_dir.items() if name != "slurm_ext"}
-
-
 def _imported_modules(path: Path, package: str) -> list[tuple[int, str]]:
     """(line, absolute module name) of every import in a module of `package`, at any depth
     (the CLI's imports inside functions count as much as those at the top)."""
@@ -55,27 +49,91 @@ def _imported_modules(path: Path, package: str) -> list[tuple[int, str]]:
     return found
 
 
-def _component_imports(path: Path, package: str, components: dict[str, str]) -> list[tuple[int, str]]:
-    """(line, module) of each import of a component, once per statement."""
+#: The floors: a component imports only from floors below its own, never from its own floor's other
+#: components nor from above. The core (the modules directly in slurm_ext/) is floor 0 and imports no
+#: component at all: each component declares its config section in its `settings` module and its
+#: commands in its `cli` module, and the core imports those by name only when a config or the command
+#: line needs them.
+FLOORS = {
+    "slurm_ext": 0,
+    "slurm_ext.nodestate": 1,
+    "slurm_ext.gres": 2, "slurm_ext.accounting": 2, "slurm_ext.prolog_epilog": 2,
+    "slurm_ext.health": 3, "slurm_ext.repair": 3,
+    "slurm_ext.supervisor": 4, "slurm_ext.web": 4, "slurm_ext.devcluster": 4,
+}
+
+#: top-level folders that are not components: docs, tests, and the images and manifests (containers/: a
+#: Dockerfile, Slinky's YAML and the scripts that build and run them from a checkout; nothing imports it)
+NOT_COMPONENTS = {"docs", "tests", "containers"}
+
+
+def _floor_of(module: str) -> str | None:
+    """The part of the floors table a module belongs to: the longest name that is it or its package."""
+    owners = [name for name in FLOORS if module == name or module.startswith(name + ".")]
+    return max(owners, key=len) if owners else None
+
+
+def _floor_violations(path: Path, package: str) -> list[tuple[int, str]]:
+    """(line, module) of each import in `path` (a module of `package`) that does not go down the floors, once
+    per statement (`from slurm_ext.health import nvmlread` is one import of slurm_ext.health.nvmlread)."""
+    importer = _floor_of(package)
     hits: list[tuple[int, str]] = []
     for line, module in sorted(_imported_modules(path, package)):
-        if not any(module == name or module.startswith(name + ".") for name in components):
+        imported = _floor_of(module)
+        if imported is None or imported == importer or FLOORS[imported] < FLOORS[importer]:
             continue
-        if not (hits and hits[-1][0] == line and module.startswith(hits[-1][1] + ".")):
+        if hits and hits[-1][0] == line and module.startswith(hits[-1][1] + "."):
+            hits[-1] = (line, module)
+        else:
             hits.append((line, module))
     return hits
 
 
-def test_the_core_modules_import_no_component():
-    components = _components()
-    assert {"slurm_ext.supervisor", "slurm_ext.prolog_epilog", "slurm_ext.gres", "slurm_ext.accounting",
-            "slurm_ext.devcluster"} <= set(components)
-    core = sorted((REPO / "slurm_ext").glob("*.py"))
-    assert len(core) > 5
-    problems = [f"slurm_ext/{path.name}:{line}: imports {module}"
-                for path in core for line, module in _component_imports(path, "slurm_ext", components)]
-    assert not problems, ("the core must import no component (a component registers its config section "
-                          "and commands with the core instead):\n" + "\n".join(problems))
+def _python_modules() -> list[tuple[Path, str]]:
+    """(path, package) of every module of slurm-ext, in every folder setup.cfg maps."""
+    package_dir, _ = _setup_cfg()
+    modules = []
+    for name, folder in package_dir.items():
+        for path in sorted((REPO / folder).rglob("*.py")):
+            relative = path.parent.relative_to(REPO / folder)
+            modules.append((path, ".".join((name, *relative.parts))))
+    return modules
+
+
+def test_every_top_level_folder_is_a_component_imported_under_slurm_ext():
+    package_dir, _ = _setup_cfg()
+    folders = {path.name for path in REPO.iterdir()
+               if path.is_dir() and not path.name.startswith(".") and not path.name.endswith(".egg-info")
+               and path.name not in ("build", "dist")}
+    components = {folder: name for name, folder in package_dir.items() if name != "slurm_ext"}
+    for folder in sorted(folders - NOT_COMPONENTS - {"slurm_ext"}):
+        assert components.get(folder) == f"slurm_ext.{folder}", \
+            f"{folder}/ is a top-level folder: map it in setup.cfg as slurm_ext.{folder} = {folder}"
+    assert set(package_dir) - {"slurm_ext"} == {f"slurm_ext.{folder}" for folder in components}
+    # the core folder holds the core and the node-state owner, nothing else
+    assert {path.name for path in (REPO / "slurm_ext").iterdir() if (path / "__init__.py").is_file()} == {"nodestate"}
+    assert set(FLOORS) == set(package_dir) | {"slurm_ext.nodestate"}, "give every component its floor"
+
+
+def test_every_cross_component_import_goes_down_the_floors():
+    problems = [f"{path.relative_to(REPO)}:{line}: {_floor_of(package)} (floor {FLOORS[_floor_of(package)]}) imports "
+                f"{module} (floor {FLOORS[_floor_of(module)]})"
+                for path, package in _python_modules() for line, module in _floor_violations(path, package)]
+    assert not problems, "an import that does not go down the floors (FLOORS above):\n" + "\n".join(problems)
+
+
+def test_the_floor_check_fails_on_an_import_that_goes_up_or_sideways(tmp_path):
+    """The check above must not pass by missing an import: one module per way of breaking the floors."""
+    module = tmp_path / "mod.py"
+    cases = {("slurm_ext.gres", "from slurm_ext.health import nvmlread\n"): "slurm_ext.health.nvmlread",
+             ("slurm_ext.health", "from ..repair import store\n"): "slurm_ext.repair.store",
+             ("slurm_ext.nodestate", "def f():\n    from .. import prolog_epilog\n"): "slurm_ext.prolog_epilog",
+             ("slurm_ext", "import slurm_ext.supervisor.agent\n"): "slurm_ext.supervisor.agent"}
+    for (package, source), imported in cases.items():
+        module.write_text(source)
+        assert [module for _, module in _floor_violations(module, package)] == [imported], (package, source)
+    module.write_text("from ..gres import inventory\nfrom .. import nvml\nfrom . import monitor\n")
+    assert _floor_violations(module, "slurm_ext.health") == []
 
 
 def test_the_import_scan_sees_relative_absolute_and_nested_imports(tmp_path):
@@ -87,8 +145,8 @@ def test_the_import_scan_sees_relative_absolute_and_nested_imports(tmp_path):
                       "import slurm_ext.supervisor.agent\n"
                       "from slurm_ext import prolog_epilog\n"
                       "from .slurm import SlurmClient\n")
-    found = _component_imports(module, "slurm_ext", _components())
-    assert found == [(3, "slurm_ext.gres"), (5, "slurm_ext.devcluster"),
+    found = _floor_violations(module, "slurm_ext")
+    assert found == [(3, "slurm_ext.gres.generate"), (5, "slurm_ext.devcluster"),
                      (6, "slurm_ext.supervisor.agent"), (7, "slurm_ext.prolog_epilog")]
 
 
@@ -154,7 +212,7 @@ def test_the_wheel_carries_the_fake_nvml_sources_and_every_component(wheel):
                  "devcluster/fakenvml/__init__"):
         assert f"slurm_ext/{part}.py" in names
     assert "slurm_ext/prolog_epilog/hook.c" in names
-    for asset in sorted((REPO / "slurm_ext" / "web" / "static").iterdir()):  # the cluster page, served from the package
+    for asset in sorted((REPO / "web" / "static").iterdir()):  # the cluster page, served from the package
         assert f"slurm_ext/web/static/{asset.name}" in names
     assert not [name for name in names if name.startswith(("tests/", "slurm_ext/dev/"))]
 
