@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+
+import pytest
 
 HELPERS = Path(__file__).resolve().parent
 
@@ -60,3 +64,46 @@ def test_under_ci_a_module_that_skips_itself_fails_the_run(tmp_path):
     result = _pytest(tmp_path, "true", source)
     assert result.returncode != 0, result.stdout
     assert "skipped under CI=true" in result.stdout and "no systemd tools" in result.stdout
+
+
+def test_wait_for_returns_the_first_true_answer_and_fails_naming_what_it_waited_for():
+    from helpers.wait import wait_for
+    answers = iter([None, 0, [], "ready"])
+    assert wait_for("an answer", lambda: next(answers), timeout=5, interval=0) == "ready"
+    with pytest.raises(AssertionError, match=r"the node drained: not within 0.1s"):
+        wait_for("the node drained", lambda: False, timeout=0.1)
+
+
+def test_temp_dir_and_script_are_owned_and_moded_as_asked():
+    from helpers.files import script, temp_dir
+    directory = temp_dir(owner=65534, mode=0o750)
+    try:
+        assert (directory.stat().st_uid, directory.stat().st_mode & 0o777) == (65534, 0o750)
+        assert directory.parent == Path(tempfile.gettempdir())  # not pytest's tmp_path, which nobody cannot enter
+        made = script(directory / "prolog.d", "10-check", "#!/bin/sh\nexit 0\n", mode=0o700, owner=65534)
+        assert made.read_text() == "#!/bin/sh\nexit 0\n"
+        assert (made.stat().st_uid, made.stat().st_mode & 0o777) == (65534, 0o700)
+    finally:
+        shutil.rmtree(directory)
+
+
+def test_fake_sysfs_is_the_topology_the_gres_reader_reads(tmp_path):
+    from helpers.files import fake_sysfs
+    from slurm_ext.gres.topology import ranges
+    root = fake_sysfs(tmp_path, {0: (0, 0), 1: (0, 1), 2: (1, 0, 0)})
+    cpu = root / "devices/system/cpu"
+    assert (cpu / "online").read_text() == ranges({0: 0, 1: 0, 2: 0}) + "\n"
+    assert (cpu / "cpu2/topology/physical_package_id").read_text() == "1\n"
+    assert (cpu / "cpu2/topology/die_id").read_text() == "0\n"
+    assert not (cpu / "cpu1/topology/die_id").exists()
+
+
+def test_cli_runs_the_real_command_line_as_root_and_as_nobody(tmp_path):
+    from helpers.cli import cli, cli_as_nobody
+    done = cli("--help", timeout=60)
+    assert done.returncode == 0 and "usage: slurm-ext" in done.stdout
+    secret = tmp_path / "slurm-ext.toml"
+    secret.write_text("[node]\nname = 'n1'\n")
+    secret.chmod(0o600)
+    code, stderr = cli_as_nobody("--config", str(secret), "health", "show")
+    assert code != 0 and str(secret) in stderr  # nobody cannot read root's 0600 config, and is told which file

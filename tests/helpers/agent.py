@@ -1,0 +1,93 @@
+"""The node agent (`slurm-ext supervise`) run by a test, with its log, journal and HTTP routes at hand."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+PORT = 19870
+
+
+class AgentProcess:
+    """`slurm-ext supervise` run by a test, with its log and journal at hand."""
+
+    def __init__(self, tmp_path: Path, body: str, role: str = "login", port: int = PORT, prefix: list[str] = (),
+                 slurm: str = ""):
+        self.dir = tmp_path
+        self.slurm = slurm
+        self.config = tmp_path / "slurm-ext.toml"
+        self.port = port
+        self.prefix = list(prefix)
+        self.write_config(body)
+        self.log = tmp_path / "agent.log"
+        self.out = open(self.log, "ab")
+        self.proc = subprocess.Popen([*prefix, sys.executable, "-m", "slurm_ext.cli", "--config", str(self.config),
+                                      "supervise", "--role", role, "--port", str(port)],
+                                     stdout=self.out, stderr=self.out)
+
+    def write_config(self, body: str) -> None:
+        self.config.write_text(textwrap.dedent(f"""\
+            [node]
+            name = "testnode"
+            state_dir = "{self.dir}/state"
+            [slurm]
+            timeout = "2s"
+            {self.slurm}
+            [supervisor]
+            runtime_dir = "{self.dir}/run"
+            """) + textwrap.dedent(body))
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def journal(self) -> list[dict]:
+        path = self.dir / "state" / "journal.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def wait_log(self, pattern: str, timeout: float = 10.0, count: int = 1) -> list[str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = re.findall(pattern, self.text())
+            if len(found) >= count:
+                return found
+            time.sleep(0.05)
+        raise AssertionError(f"{pattern!r} x{count} not in the agent's log:\n{self.text()[-3000:]}")
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as answer:
+                return answer.status, answer.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode()
+
+    def metric(self, name: str, **labels) -> float:
+        _, text = self.get("/metrics")
+        want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        for line in text.splitlines():
+            if line.startswith(f"{name}{{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+                return float(line.rsplit(" ", 1)[1])
+        raise AssertionError(f"no {name}{{{want}}} in /metrics")
+
+    @property
+    def pid(self) -> int:
+        """The agent's PID (under `unshare --fork` it is unshare's child, PID 1 inside)."""
+        if not self.prefix:
+            return self.proc.pid
+        return int(Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()[0])
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            os.kill(self.pid, signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.out.close()

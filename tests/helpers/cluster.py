@@ -1,0 +1,197 @@
+"""The real single-host Slurm cluster the tests run on, made by slurm-ext's own dev code.
+
+The cluster uses its own ports, node name and cluster name, so it never meets a `slurm-ext dev up` cluster or a
+production Slurm on the same host. Its state directory is made with mkdtemp (mode 755: MariaDB runs as mysql and
+must reach its datadir) and removed after `dev down`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from slurm_ext import command, config, devcluster as dev
+from slurm_ext.devcluster.layout import Layout
+from slurm_ext.devcluster.settings import DevSection
+from slurm_ext.slurm import Job, SlurmClient
+
+from .cli import cli
+from .wait import wait_for
+
+TEST_CLUSTER = dict(
+    cluster_name="slurmexttest",
+    node_name="testnode1",
+    slurmctld_port=16817,
+    slurmd_port=16818,
+    slurmdbd_port=16819,
+    mariadb_port=13307,
+    controller_probe_port=19811,
+    worker_probe_port=19810,
+    accounting_probe_port=19812,
+    web_port=19813,
+    gpu_count=4,
+    gpu_type="h200",
+    # the session cluster's health monitor reads a kernel log of its own, <state_dir>/.../kmsg, and polls every
+    # second: tests append the kernel's records to it (user space cannot write a record of facility kernel into
+    # /dev/kmsg, and the monitor judges no other)
+    kernel_log="",
+    health_interval=1.0,
+    # pings a quiet slurmd after 10 s: a stopped one is NOT_RESPONDING within ~20 s (the health slurmd check's test)
+    slurmd_timeout=30,
+    up_timeout=60.0,
+)
+
+
+@dataclass
+class Cluster:
+    """The running test cluster and the few things tests do with it."""
+
+    settings: DevSection
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.settings)
+
+    @property
+    def node(self) -> str:
+        return self.settings.node_name
+
+    @property
+    def env(self) -> dict[str, str]:
+        return self.layout.daemon_environ()
+
+    @property
+    def config_file(self) -> Path:
+        """A slurm-ext.toml whose [dev] section is this cluster, for CLI tests."""
+        path = self.layout.root / "test-cli.toml"
+        if not path.exists():
+            lines = ["[dev]", f'state_dir = "{self.settings.state_dir}"']
+            for key, value in TEST_CLUSTER.items():
+                lines.append(f'{key} = "{value:g}s"' if isinstance(value, float) else
+                             f"{key} = {value}" if isinstance(value, int) else f'{key} = "{value}"')
+            path.write_text("\n".join(lines) + "\n")
+        return path
+
+    def client(self, timeout: float = 10.0, json: str = "auto") -> SlurmClient:
+        return dev.client(self.settings, timeout, json)
+
+    def run(self, *cmd: str, timeout: float = 30.0, check: bool = True) -> command.CommandResult:
+        return command.run(list(cmd), timeout, env=self.env, check=check)
+
+    def sbatch(self, *args: str) -> int:
+        out = self.run("sbatch", "--parsable", f"--output={self.layout.out}/%j.out",
+                       f"--chdir={self.layout.out}", *args).stdout
+        return int(out.strip().split(";")[0])
+
+    def wait_accounted(self, job_id: int, timeout: float = 60.0) -> Job:
+        return self.client().wait_accounted(job_id, timeout)
+
+    def wait_idle(self, timeout: float = 60.0):
+        slurm = self.client()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            node = slurm.node(self.node)
+            if node.idle:
+                return node
+            time.sleep(0.2)
+        raise AssertionError(f"node not idle after {timeout}s: {slurm.node(self.node)}")
+
+
+@contextlib.contextmanager
+def cluster_of_its_own(prefix: str, **settings) -> Iterator[DevSection]:
+    """A dev cluster with its own state directory (and the ports, names and settings given), up for the block."""
+    state_dir = tempfile.mkdtemp(prefix=prefix)
+    os.chmod(state_dir, 0o755)  # MariaDB runs as mysql and must reach its datadir
+    own = DevSection(state_dir=state_dir, **settings)
+    try:
+        dev.up(own)
+        yield own
+    finally:
+        dev.down(own)
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+class RepairCluster(Cluster):
+    """A dev cluster of several nodes with the repair service: faults to inject, recommendations, repairs."""
+
+    def repair_cli(self, *args: str, user: str = "alice", node: str | None = None):
+        conf = self.layout.node(node).slurm_ext_conf if node else self.layout.slurm_ext_conf
+        return cli("--config", str(conf), *args, env={"SUDO_USER": user})
+
+    def records(self) -> list[dict]:
+        done = self.repair_cli("repair", "list", "--json")
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)["records"]
+
+    def record(self, node: str, *states: str, timeout: float = 30.0) -> dict:
+        def found():
+            return next((r for r in self.records() if r["node"] == node and (not states or r["state"] in states)),
+                        None)
+        return wait_for(f"{node}: a record in {states}", found, timeout, interval=0.5)
+
+    def inject_xid(self, node: str, xid: int = 79) -> None:
+        """The kernel line of Xid `xid` on the node's GPU 1, appended to its kernel log."""
+        spec = json.loads(self.layout.node(node).gpu_spec.read_text())
+        bus = spec["gpus"][1]["pci_bus_id"][4:-2]  # 00000000:18:00.0 -> 0000:18:00, as the driver writes it
+        with open(self.layout.node(node).kernel_log, "a") as log:
+            log.write(f"NVRM: Xid (PCI:{bus}): {xid}, pid='<unknown>', name=<unknown>, GPU has fallen off "
+                      "the bus.\n")
+
+    def slurm_node(self, node: str):
+        return self.client().node(node)
+
+    def history(self, node: str) -> list[dict]:
+        done = self.repair_cli("history", "--node", node, "--since", "1h", "--json")
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)["entries"]
+
+    def repair_with_reboot(self, node: str) -> dict:
+        """A fault, its recommendation approved, the repair through to its end."""
+        self.inject_xid(node)
+        record = self.record(node, "recommended")
+        assert self.repair_cli("repair", "approve", node).returncode == 0
+        return wait_for(f"{node}: repair done", lambda: next(
+            (r for r in self.all_records(node) if r["id"] == record["id"] and r["state"] in ("done", "failed")), None),
+            120, interval=1.0)
+
+    def all_records(self, node: str) -> list[dict]:
+        """Every record of `node`, closed ones too, from the store."""
+        with self.store() as store:
+            return [asdict(r) for r in store.records(node=node)]
+
+    @contextlib.contextmanager
+    def store(self):
+        from slurm_ext.repair.store import open_store
+        store = open_store(config.load(self.layout.slurm_ext_conf))
+        try:
+            yield store
+        finally:
+            store.close()
+
+    def settle(self, nodes: list[str]) -> None:
+        """The cluster idle, every fault cleared and nothing open (a test's teardown: one failure does not fail
+        the tests after it)."""
+        slurm = self.client()
+        jobs = [str(j.job_id) for j in slurm.jobs() if not j.finished]
+        if jobs:
+            self.run("scancel", *jobs, check=False)
+        for node in slurm.nodes():
+            if node.name in nodes and node.drained:
+                if node.reason_is_ours:
+                    self.repair_cli("health", "clear", node=node.name)  # lifted by its monitor (a repair's: the flow)
+                else:
+                    self.run("scontrol", "update", f"nodename={node.name}", "state=resume", check=False)
+
+        def settled():
+            if [r for r in self.records() if r["state"] in ("recommended", "approved", "running")]:
+                return False
+            states = {n.name: n for n in slurm.nodes()}
+            return all(states[n].idle for n in nodes)
+        wait_for("the cluster settled", settled, 120, interval=0.5)
