@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_ext import cgroupfs
-from slurm_ext.procfs import PROC, ProcStat, pids, read_stat, real_uid
+from slurm_ext.procfs import PROC, ProcStat, pids, read_stat, read_whole, real_uid
 
 from .jobrecord import JobRecord, cgroup_places
 
@@ -269,7 +269,7 @@ class _Scanner:
 
     def _member(self, pid: int) -> bool:
         """Whether the (pinned) process is in one of the job's cgroups, by its own /proc/PID/cgroup."""
-        data = _read_all(f"{self.proc}/{pid}/cgroup")
+        data = read_whole(pid, "cgroup", self.proc)
         for line in data.decode(errors="surrogateescape").splitlines():
             name = line.split(":", 2)[-1]
             if any(name == own or name.startswith(own + "/") for own in self.cgroup_names):
@@ -526,26 +526,9 @@ def _job_cgroups(job: JobRecord, places: list[str]) -> list[Path]:
     return [Path(p) for p in dict.fromkeys([*job.cgroups, *places]) if os.path.isdir(p)]
 
 
-def _read_all(path: str) -> bytes:
-    """A whole /proc file (environ may be large), b"" when it cannot be read."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return b""
-    try:
-        chunks = []
-        while chunk := os.read(fd, 65536):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    except OSError:
-        return b""
-    finally:
-        os.close(fd)
-
-
 def _environ_job(pid: int, proc: Path | str) -> int | None:
     """The SLURM_JOB_ID in the process's environment, if it has one."""
-    data = b"\0" + _read_all(f"{os.fspath(proc)}/{pid}/environ")
+    data = b"\0" + read_whole(pid, "environ", proc)
     at = data.find(b"\0SLURM_JOB_ID=")
     if at < 0:
         return None
@@ -588,7 +571,7 @@ def _cgroup_name(directory: Path, cgroup_root: Path) -> str:
 
 
 def _in_other_job_cgroup(pid: int, job_id: int, proc: Path | str) -> bool:
-    data = _read_all(f"{os.fspath(proc)}/{pid}/cgroup")
+    data = read_whole(pid, "cgroup", proc)
     return any(int(found) != job_id for found in re.findall(_JOB_IN_CGROUP, data))
 
 

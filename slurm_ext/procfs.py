@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["boot_id", "ProcStat", "read_stat", "pid_alive", "comm", "all_stats", "real_uid", "pids", "Mount", "mounts"]
+__all__ = ["boot_id", "ProcStat", "read_stat", "pid_alive", "comm", "all_stats", "real_uid", "pids", "read_whole",
+           "Mount", "mounts"]
 
 PROC = Path("/proc")
 #: bytes read of /proc/PID/stat: 52 numbers and a name of at most 64 bytes fit with room to spare
@@ -58,10 +59,10 @@ def read_stat(pid: int, proc: Path | str = PROC) -> ProcStat | None:
                     data[data.index(b"(") + 1:end].decode(errors="replace"))
 
 
-def _read(path: str, size: int) -> bytes:
-    """The first `size` bytes of a /proc file, b"" when it cannot be read.
+def _read(path: str, size: int | None) -> bytes:
+    """The first `size` bytes of a /proc file (None: all of it), b"" when it cannot be read.
 
-    os.open and one os.read, not open(): an Epilog's scan reads a few files
+    os.open and os.read, not open(): an Epilog's scan reads a few files
     per process of the node, and the buffered file object costs as much as
     the kernel's work on a small /proc file. /proc files are made whole at
     the first read, so one read of enough bytes sees a consistent text.
@@ -71,11 +72,21 @@ def _read(path: str, size: int) -> bytes:
     except OSError:
         return b""
     try:
-        return os.read(fd, size)
+        if size is not None:
+            return os.read(fd, size)
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
     except OSError:
         return b""
     finally:
         os.close(fd)
+
+
+def read_whole(pid: int, name: str, proc: Path | str = PROC) -> bytes:
+    """The whole of /proc/PID/<name> (environ and cgroup have no size bound), b"" when it cannot be read."""
+    return _read(f"{os.fspath(proc)}/{pid}/{name}", None)
 
 
 def pid_alive(pid: int, proc: Path | str = PROC) -> bool:
