@@ -36,12 +36,14 @@ _FSYNC = ("all", "file", "none")
 _NAME_TRIES = 8
 
 
-def atomic_write(path: str | os.PathLike, data: bytes | str, *, mode: int = 0o644, fsync: str = "all") -> Path:
+def atomic_write(path: str | os.PathLike, data: bytes | str, *, mode: int = 0o644, fsync: str = "all",
+                 mtime_ns: int | None = None) -> Path:
     """Replace `path` with `data` (str is written as UTF-8), atomically; returns the path.
 
     `mode` is the new file's mode exactly (the umask does not apply); the
     owner is the writer. `fsync`: "all", "file" or "none", the guarantees
-    of the module docstring.
+    of the module docstring. `mtime_ns`: the new file's modification time, set
+    before the rename (for readers that notice a rewrite by its mtime).
 
     Raises:
         OSError: the directory is missing or not writable, the disk is full,
@@ -59,6 +61,8 @@ def atomic_write(path: str | os.PathLike, data: bytes | str, *, mode: int = 0o64
             view = memoryview(payload)
             while view:
                 view = view[os.write(fd, view):]
+            if mtime_ns is not None:
+                os.utime(fd, ns=(mtime_ns, mtime_ns))
             if fsync != "none":
                 os.fsync(fd)
         finally:

@@ -91,3 +91,11 @@ def test_concurrent_writers_and_a_reader_never_see_a_mix(tmp_path):
         writer.join(60)
         assert writer.exitcode == 0
     assert len(seen) > 1 and leftovers(tmp_path) == []
+
+
+def test_mtime_is_set_before_the_rename_for_readers_that_watch_it(tmp_path):
+    path = tmp_path / "gpus.json"
+    atomic_write(path, "{}\n", mtime_ns=1_700_000_000_123_456_789)
+    assert path.stat().st_mtime_ns == 1_700_000_000_123_456_789
+    atomic_write(path, "{}\n")
+    assert path.stat().st_mtime_ns > 1_700_000_000_123_456_789  # not given: the time of the write

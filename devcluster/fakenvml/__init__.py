@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from slurm_ext.fileio import atomic_write
+
 __all__ = [
     "source_dir",
     "build",
@@ -164,25 +166,6 @@ def _stub_source(names: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644, mtime_ns: int | None = None) -> None:
-    """Write via a temp file in the same directory plus rename, so readers
-    (a concurrently running build, the fake library) never see a partial
-    file. `mtime_ns`, when given, is set on the file before the rename."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        if mtime_ns is not None:
-            os.utime(tmp, ns=(mtime_ns, mtime_ns))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _ensure_symlink(out_dir: Path) -> None:
     link = out_dir / LINK_NAME
     if link.is_symlink() and os.readlink(link) == LIB_NAME:
@@ -229,7 +212,7 @@ def build(out_dir: Path) -> Path:
         return lib
 
     stub_file = out_dir / STUBS_NAME
-    _atomic_write_bytes(stub_file, stubs.encode())
+    atomic_write(stub_file, stubs, fsync="file")
     fd, tmp_name = tempfile.mkstemp(dir=out_dir, prefix=f".{LIB_NAME}.", suffix=".tmp")
     os.close(fd)
     tmp = Path(tmp_name)
@@ -246,7 +229,7 @@ def build(out_dir: Path) -> Path:
         os.replace(tmp, lib)
     finally:
         tmp.unlink(missing_ok=True)
-    _atomic_write_bytes(stamp, (stamp_value + "\n").encode())
+    atomic_write(stamp, stamp_value + "\n", fsync="file")
     _ensure_symlink(out_dir)
     return lib
 
@@ -628,7 +611,7 @@ def write_spec(path: Path, spec: dict[str, Any]) -> None:
     if previous_ns is not None and mtime <= previous_ns:
         mtime = previous_ns + 1
     # 0644: readable by job processes of other users in the dev cluster
-    _atomic_write_bytes(path, data, 0o644, mtime)
+    atomic_write(path, data, mode=0o644, fsync="file", mtime_ns=mtime)
 
 
 def environ(lib_dir: Path, spec_path: Path, *, dev_dir: Path | None = None) -> dict[str, str]:
