@@ -268,13 +268,14 @@ def test_blocked_nvml_call_is_a_timeout_naming_the_gpu_not_a_wedged_hook(
     got = run_child(fakenvml_lib, spec_path, {"op": "hang", "gpus": [0, 1], "timeout": 0.3})["value"]
     first, again, later = got["first"], got["again"], got["later"]
     assert (first.get("type"), first.get("gpu")) == ("GpuCheckTimeout", 1), first
-    assert first["s"] < 1.5, f"the check waited {first['s']:.1f}s for a blocked NVML call"
+    # the blocked call returns after 2 s: a check that answered before then did not wait for it
+    assert first["s"] < 2.0, f"the check waited {first['s']:.1f}s for a blocked NVML call"
     assert first["error"].startswith(
         "gpu check: GPU 1: NVML did not answer within 0.3s reading processes and memory of GPU 1: ")
     assert "check dmesg for Xid errors" in first["error"] and "drain the node" in first["error"]
     assert (again.get("type"), again.get("gpu")) == ("GpuCheckTimeout", 1), again
-    assert again["s"] < 0.2, "a second check went to the driver that has a call blocked"
-    assert "an earlier NVML call has been blocked for" in again["error"]
+    # not a second timeout: the check never went to the driver that has a call blocked
+    assert "an earlier NVML call has been blocked for" in again["error"], again
     assert [u["gpu"] for u in later.get("value", [])] == [0, 1], later
 
 
