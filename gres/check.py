@@ -61,7 +61,7 @@ def slurmd_counts(slurm_conf: Path | None, gres_text: str, node: str, environ: d
         copy.write_text(text.rstrip("\n") + "\nAuthType=auth/none\nCredType=cred/none\n")
         (Path(directory) / "gres.conf").write_text(gres_text)
         env = {**(environ or {}), "SLURM_CONF": str(copy)}
-        env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+        env.setdefault("PATH", command.CLEAN_PATH)
         result = command.run(["slurmd", "-G", "-N", node], _TIMEOUT, env=env, check=False)
     counts: Counter = Counter()
     for kind, count in _SLURMD_LINE.findall(result.stdout + result.stderr):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from slurm_ext import command
 from slurm_ext.config import Config
 
 __all__ = ["PHASES", "SCRIPT_ROLES", "DEFAULT_SCRIPTS_DIR", "CLEAN_PATH", "scripts_dir", "script_dirs", "phase_dir",
@@ -18,8 +19,8 @@ PHASES = ("node-boot", "job-start", "job-end")
 SCRIPT_ROLES = ("worker", "login", "controller")
 #: where the script directories are when the config names none and was read from no file
 DEFAULT_SCRIPTS_DIR = Path("/etc/slurm-ext")
-#: PATH of every script and hook (nothing of the caller's PATH is kept), and where `#!/usr/bin/env X` finds X
-CLEAN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: PATH of every script and hook (nothing of the caller's PATH is kept)
+CLEAN_PATH = command.CLEAN_PATH
 
 
 def scripts_dir(config: Config) -> Path:

@@ -15,7 +15,11 @@ from dataclasses import dataclass
 
 from .errors import CommandError, CommandTimeout
 
-__all__ = ["CommandResult", "run"]
+__all__ = ["CommandResult", "run", "CLEAN_PATH"]
+
+#: the PATH of what slurm-ext runs with none of its caller's (scripts, hooks, Slurm's tools), and where
+#: `#!/usr/bin/env X` finds X
+CLEAN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 @dataclass(frozen=True, slots=True)
