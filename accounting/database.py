@@ -200,7 +200,7 @@ def _state_dir(config: Config) -> Path:
     return Path(config.accounting.state_save_location or _slurm_values(config)["statesavelocation"])
 
 
-def prepare_storage(config: Config, role: str, allow_ephemeral: bool = False) -> storage.Verdict:
+def prepare_storage(config: Config, role: str, allow_ephemeral: bool = False) -> storage.StorageCheck:
     """The guard for `role`, MariaDB's first initialisation when the datadir is new, then the markers. One at a
     time on a host (a lock in the runtime dir): two roles starting together must not mark the pair twice.
 
@@ -213,7 +213,7 @@ def prepare_storage(config: Config, role: str, allow_ephemeral: bool = False) ->
     allow = allow_ephemeral or settings.allow_ephemeral
     volumes = guarded_volumes(config, role)
     if not volumes:
-        return storage.Verdict(notes=[f"role {role}: no accounting storage on this host to guard (the database "
+        return storage.StorageCheck(notes=[f"role {role}: no accounting storage on this host to guard (the database "
                                       f"runs elsewhere: accounting.run_database is off)"])
     with _storage_lock(config):
         if role == "controller":
@@ -249,7 +249,7 @@ def _make_state_dir(config: Config) -> None:
     os.chown(state_dir, uid, gid)
 
 
-def _check_database_knows_cluster(config: Config, volumes: list[storage.Volume], verdict: storage.Verdict) -> None:
+def _check_database_knows_cluster(config: Config, volumes: list[storage.Volume], verdict: storage.StorageCheck) -> None:
     """From the controller, which cannot see the database's volume in a pod of its own: a StateSaveLocation
     with slurmctld's state in it belongs to a cluster that slurmdbd's database knows. One that does not know
     it is a database re-created empty (or another one): slurmctld would register into it and carry on

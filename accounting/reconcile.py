@@ -28,7 +28,7 @@ from slurm_ext.slurm import SlurmClient
 
 from . import slurmconf
 
-__all__ = ["WitnessJob", "Findings", "read_witness", "reconcile", "witness_path", "last_result", "RESULT_FILE"]
+__all__ = ["WitnessJob", "ReconcileFindings", "read_witness", "reconcile", "witness_path", "last_result", "RESULT_FILE"]
 
 #: the last reconcile's counts, in node.state_dir: the controller agent exports them as metrics
 RESULT_FILE = "accounting-reconcile.json"
@@ -52,7 +52,7 @@ class WitnessJob:
 
 
 @dataclass
-class Findings:
+class ReconcileFindings:
     witness: Path
     since: datetime | None
     #: jobs the witness saw end
@@ -74,7 +74,7 @@ class Findings:
                 "checked": self.checked, "missing": [dataclasses.asdict(j) for j in self.missing], "runaway": self.runaway}
 
 
-def _record(config: Config, findings: Findings) -> None:
+def _record(config: Config, findings: ReconcileFindings) -> None:
     """Keep the counts for the agent's /metrics; a node without its state dir only loses the metric."""
     counts = {"time": time.time(), "checked": findings.checked, "missing": len(findings.missing),
               "runaway": len(findings.runaway)}
@@ -132,7 +132,7 @@ def read_witness(path: Path, since: datetime | None = None) -> list[WitnessJob]:
 
 
 def reconcile(config: Config, since: datetime | None = None, witness: Path | None = None,
-              slurm: SlurmClient | None = None, emit: Callable[..., dict] = lambda *a, **k: {}) -> Findings:
+              slurm: SlurmClient | None = None, emit: Callable[..., dict] = lambda *a, **k: {}) -> ReconcileFindings:
     """Compare the witness with sacct (and list runaway jobs).
 
     Raises:
@@ -146,7 +146,7 @@ def reconcile(config: Config, since: datetime | None = None, witness: Path | Non
         raise ConfigError(path, f"cannot read the job-end witness: {err.strerror}") from None
     slurm = slurm or SlurmClient(config.slurm)
     recorded = slurm.accounted_states([job.job_id for job in seen])
-    findings = Findings(path, since, checked=len(seen))
+    findings = ReconcileFindings(path, since, checked=len(seen))
     findings.missing = [job for job in seen if recorded.get(job.job_id, "PENDING") in _UNFINISHED]
     findings.runaway = slurm.runaway_jobs()
     _record(config, findings)

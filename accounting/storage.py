@@ -40,7 +40,7 @@ from slurm_ext.errors import SlurmExtError
 
 log = logging.getLogger("accounting")
 
-__all__ = ["MARKER_NAME", "MEMORY_FS", "EPHEMERAL_NOTE", "Volume", "Identity", "Verdict", "StorageRefused", "check",
+__all__ = ["MARKER_NAME", "MEMORY_FS", "EPHEMERAL_NOTE", "Volume", "Identity", "StorageCheck", "StorageRefused", "check",
            "commit", "filesystem_of", "free_mib", "SpaceWatch"]
 
 #: the identity marker's file name, at the top of each guarded volume
@@ -96,7 +96,7 @@ class Volume:
 
 
 @dataclass
-class Verdict:
+class StorageCheck:
     """What check() found: notes to log, and the markers commit() writes once the start goes ahead."""
 
     notes: list[str] = field(default_factory=list)
@@ -107,7 +107,7 @@ class Verdict:
 
 
 def check(volumes: list[Volume], cluster: str, min_free_mib: int, allow_ephemeral: bool = False,
-          mountinfo: Path = Path("/proc/self/mountinfo")) -> Verdict:
+          mountinfo: Path = Path("/proc/self/mountinfo")) -> StorageCheck:
     """Check every volume in `volumes` (those this host has), and their markers against each other.
 
     Writes nothing but a probe file (removed again) and the directories themselves when missing.
@@ -115,7 +115,7 @@ def check(volumes: list[Volume], cluster: str, min_free_mib: int, allow_ephemera
     Raises:
         StorageRefused: the first thing found wrong, with what to do about it.
     """
-    verdict = Verdict()
+    verdict = StorageCheck()
     prefix = f"{EPHEMERAL_NOTE}: " if allow_ephemeral else ""
     for volume in volumes:
         _check_filesystem(volume, allow_ephemeral, mountinfo, verdict, prefix)
@@ -155,7 +155,7 @@ def _check_marker(volume: Volume, found: Identity | None, cluster: str) -> None:
             f"purpose, remove {volume.marker}")
 
 
-def _plan_markers(volumes: list[Volume], markers: dict[str, Identity | None], cluster: str, verdict: Verdict,
+def _plan_markers(volumes: list[Volume], markers: dict[str, Identity | None], cluster: str, verdict: StorageCheck,
                   prefix: str) -> None:
     """The markers to write: a new one takes the pair's id (its partner's, or one made for both now), and is
     paired when this host sees both volumes; a partner marked alone becomes paired too."""
@@ -185,7 +185,7 @@ def _plan_markers(volumes: list[Volume], markers: dict[str, Identity | None], cl
                              + identity.describe())
 
 
-def commit(verdict: Verdict) -> None:
+def commit(verdict: StorageCheck) -> None:
     """Write the markers check() decided on (after the database's first initialisation succeeded).
 
     Raises:
@@ -242,7 +242,7 @@ def filesystem_of(path: Path, mountinfo: Path = Path("/proc/self/mountinfo")) ->
     return fstype
 
 
-def _check_filesystem(volume: Volume, allow_ephemeral: bool, mountinfo: Path, verdict: Verdict, prefix: str) -> None:
+def _check_filesystem(volume: Volume, allow_ephemeral: bool, mountinfo: Path, verdict: StorageCheck, prefix: str) -> None:
     try:
         volume.path.mkdir(parents=True, exist_ok=True)
     except OSError as err:

@@ -54,7 +54,7 @@ from .topology import CpuTopology, TopologyError, core_indexes, cpus_from_masks,
 
 __all__ = [
     "MigDevice",
-    "Gpu",
+    "InventoryGpu",
     "Inventory",
     "GresError",
     "slurm_type",
@@ -98,7 +98,7 @@ class MigDevice:
 
 
 @dataclass(frozen=True, slots=True)
-class Gpu:
+class InventoryGpu:
     """One GPU as gres.conf needs it."""
 
     #: NVML's index (may differ from the position in the inventory when NVML does not order by bus)
@@ -134,7 +134,7 @@ class Inventory:
     #: NVIDIA driver version, e.g. "550.54.15"
     driver_version: str
     #: the GPUs that could be read, by PCI bus id
-    gpus: tuple[Gpu, ...]
+    gpus: tuple[InventoryGpu, ...]
     #: GPUs NVML could not read (lost, reset required, ...), one line each naming what is known of them
     lost: tuple[str, ...] = ()
     #: things that make gres.conf wrong or incomplete without hiding a GPU, one line each
@@ -256,7 +256,7 @@ def _translate(err: BaseException, doing: str) -> GresError:
 class _Read:
     """One GPU as read, before ordering: its NVLinks are still by remote bus."""
 
-    gpu: Gpu
+    gpu: InventoryGpu
     #: numeric PCI key of the GPU (None: NVML's bus id did not parse)
     key: tuple[int, int, int, int] | None
     #: remote PCI key -> active NVLinks to it
@@ -333,7 +333,7 @@ def _read_gpu(nvml, handle, index: int, dev_dir: Path, topology: CpuTopology | N
 
     mode = nvml_adapter.optional(nvml, nvml.nvmlDeviceGetMigMode, handle, default=[0, 0])
     kind, _ = slurm_type(name, types)
-    gpu = Gpu(index, minor, name, kind, uuid, bus_id, str(dev_dir / f"nvidia{minor}"), cpus, cores, ())
+    gpu = InventoryGpu(index, minor, name, kind, uuid, bus_id, str(dev_dir / f"nvidia{minor}"), cpus, cores, ())
     return _Read(gpu, _pci_key(bus_id), _nvlink_peers(nvml, handle)), int(mode[0]) == 1
 
 
@@ -420,7 +420,7 @@ def _read_mig_minors(proc_root: Path, problems: list[str]) -> dict[str, int] | N
     return minors
 
 
-def _device_problems(gpu: Gpu) -> list[str]:
+def _device_problems(gpu: InventoryGpu) -> list[str]:
     """Slurm rejects a job whose gres file does not exist or is no character device."""
     try:
         mode = os.stat(gpu.device).st_mode
@@ -492,13 +492,13 @@ def _ints(values: Any) -> tuple[int, ...]:
     return tuple(_int(v) for v in values)
 
 
-def _gpu_from_dict(data: dict[str, Any]) -> Gpu:
+def _gpu_from_dict(data: dict[str, Any]) -> InventoryGpu:
     mig = tuple(
         MigDevice(_int(m["gpu_instance"]), _int(m["compute_instance"]), _str(m["uuid"]), _str(m["profile"]),
                   tuple(_str(f) for f in m["files"]))
         for m in data["mig"]
     )
-    return Gpu(
+    return InventoryGpu(
         nvml_index=_int(data["nvml_index"]),
         minor=_int(data["minor"]),
         name=_str(data["name"]),

@@ -25,7 +25,6 @@ time line says when the content last changed. The time lives in the text
 
 from __future__ import annotations
 
-import os
 import time
 from collections import Counter
 from datetime import datetime, timezone
@@ -33,7 +32,7 @@ from pathlib import Path
 
 from slurm_ext.fileio import atomic_write
 
-from .inventory import Gpu, Inventory
+from .inventory import Inventory, InventoryGpu
 from .topology import ranges
 
 __all__ = [
@@ -154,7 +153,7 @@ def _without_time(text: str) -> list[str]:
     return [line for line in text.split("\n") if not line.startswith(TIME_PREFIX)]
 
 
-def gres_types(gpu: Gpu) -> list[str]:
+def gres_types(gpu: InventoryGpu) -> list[str]:
     """The gres types `gpu` is counted under, one entry per GRES: its own
     type, or in MIG mode "<type>_<profile>" per MIG device (none when MIG
     mode is on without MIG devices: such a GPU runs no CUDA job whole)."""
@@ -163,7 +162,7 @@ def gres_types(gpu: Gpu) -> list[str]:
     return [gpu.type]
 
 
-def _cores(gpu: Gpu, core_count: int, sockets: int = 0) -> str:
+def _cores(gpu: InventoryGpu, core_count: int, sockets: int = 0) -> str:
     """" Cores=..." or "" (unknown, or every core of the node).
 
     With the sockets known, the cores are widened to the one socket that holds

@@ -24,7 +24,7 @@ from conftest import fake_sysfs
 from slurm_ext.devcluster import fakenvml
 from slurm_ext.errors import SlurmExtError
 from slurm_ext.gres import render
-from slurm_ext.gres.inventory import Gpu, GresError, Inventory, MigDevice, from_json, slurm_type, to_json
+from slurm_ext.gres.inventory import GresError, Inventory, InventoryGpu, MigDevice, from_json, slurm_type, to_json
 
 # Runs in the child: argv[1] is a JSON request of read_inventory's path
 # arguments and types; prints {"inventory": <to_json>} or {"error": ...} for
@@ -340,7 +340,7 @@ def test_slurm_type_mapping_then_autodetect_rule():
 def test_json_round_trip_of_a_literal_inventory_with_mig():
     mig = MigDevice(1, 0, "MIG-1", "1g.18gb", ("/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap12"))
     inv = Inventory("550.54.15", (
-        Gpu(0, 0, "NVIDIA H200", "h200", "GPU-0", "00000000:18:00.0", "/dev/nvidia0", (0, 1), (0,), (-1,),
+        InventoryGpu(0, 0, "NVIDIA H200", "h200", "GPU-0", "00000000:18:00.0", "/dev/nvidia0", (0, 1), (0,), (-1,),
             (mig,), True),
     ), ("NVIDIA GPU 1: GPU is lost",), ("a problem",), 4)
     assert from_json(to_json(inv)) == inv

@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 
 from slurm_ext.gres import render
-from slurm_ext.gres.inventory import Gpu, Inventory, MigDevice
+from slurm_ext.gres.inventory import Inventory, InventoryGpu, MigDevice
 from slurm_ext.gres.render import dynamic_node_conf, gres_conf, gres_string, write_if_changed
 
 NOW = 1_700_000_000  # 2023-11-14T22:13:20Z
 
 
 def gpu(i: int, *, kind: str = "h200", name: str = "NVIDIA H200", cores=(0, 1, 2, 3), links=(), mig=(),
-        mig_mode: bool = False) -> Gpu:
-    return Gpu(nvml_index=i, minor=2 * i, name=name, type=kind, uuid=f"GPU-{i}",
+        mig_mode: bool = False) -> InventoryGpu:
+    return InventoryGpu(nvml_index=i, minor=2 * i, name=name, type=kind, uuid=f"GPU-{i}",
                pci_bus_id=f"00000000:{16 + i:02X}:00.0", device=f"/dev/nvidia{2 * i}", cpus=tuple(range(8)),
                cores=tuple(cores), links=tuple(links),
                mig=tuple(mig), mig_mode=mig_mode)
