@@ -207,7 +207,7 @@ def test_a_failed_rename_keeps_the_old_file_and_leaves_no_temp(tmp_path, monkeyp
     def refuse(src, dst):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(render.os, "replace", refuse)
+    monkeypatch.setattr(os, "replace", refuse)  # the rename fileio.atomic_write does
     with pytest.raises(OSError, match="No space left"):
         write_if_changed(path, "new\n")
     assert path.read_text() == "old\n" and leftovers(tmp_path) == []
