@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from slurm_ext import cgroupfs, command, config, nodestate
+from slurm_ext import agentapi, cgroupfs, command, config, nodestate
 from slurm_ext.config import SlurmSection
 from slurm_ext.errors import CommandError, DevClusterError, SlurmError, SlurmExtError
 from slurm_ext.slurm import Job, Node, SlurmClient
@@ -175,6 +175,7 @@ def _write_files(layout: Layout) -> set[Path]:
     _prepare_munge(layout)
     if not layout.db_password.exists():  # the accounting agent writes it into slurmdbd.conf and MariaDB
         _write(layout.db_password, secrets.token_hex(16) + "\n", 0o600)
+    agentapi.create_credential(layout.agent_credential)  # the agents and the controller prove it to each other
     fakenvml.build(layout.lib)
     hooks = {node.name: _node_files(layout, node) for node in layout.nodes}
     hook = next(iter(hooks.values()))

@@ -90,6 +90,12 @@ class Layout:
         return self.etc / "db-password"
 
     @property
+    def agent_credential(self) -> Path:
+        """The cluster's agent credential (node.agent_credential): the same file for every node and the controller,
+        as a real cluster installs one secret everywhere."""
+        return self.etc / "agent-credential"
+
+    @property
     def web_tokens(self) -> Path:
         """The cluster page's operator tokens ([web] token_file; `slurm-ext web add-token USER` adds one)."""
         return self.etc / "web-tokens"

@@ -130,6 +130,7 @@ def slurm_ext_toml(layout: Layout, node: NodeLayout | None = None) -> str:
 name = "{node.name}"
 state_dir = "{node.node_state}"
 boot_id_file = "{node.boot_id}"
+agent_credential = "{layout.agent_credential}"
 # the fake NVML as the node's agent sees it: `slurm-ext health check` or `gres inventory` with this config see it too
 environment = {{{_fake_nvml_environment(node)}}}
 

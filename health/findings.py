@@ -16,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from slurm_ext.nodestate.catalogue import HEALTH
+
 from .records import Observation
 from .settings import ACTIONS, SEVERITIES, Params
 
@@ -55,8 +57,8 @@ class Finding:
 
     @property
     def reason(self) -> str:
-        """The drain reason (after "slurm-ext: "): check, evidence, action."""
-        return f"{self.check} {self.evidence} action={self.action}"
+        """The drain reason (after "slurm-ext: "): check, evidence, action, in the catalogue's one template."""
+        return HEALTH.format(check=self.check, evidence=self.evidence, action=self.action)
 
     def rank(self) -> tuple[int, int]:
         return (SEVERITIES.index(self.severity), ACTIONS.index(self.action))

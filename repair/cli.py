@@ -29,13 +29,14 @@ def _when(epoch: float | None) -> str:
 def _list(args: argparse.Namespace) -> int:
     from slurm_ext.slurm import SlurmClient
     from .decide import paused
+    from slurm_ext.agentapi import AgentClient
     from .status import held_findings, node_statuses
     loaded, store = _store(args)
     records = store.records(open_only=True)
     stop = paused(store)
     nodes = SlurmClient(loaded.slurm).nodes()
     # a fault behind someone else's drain has no recommendation (that drain is theirs), but must not be unseen
-    held = [s for s in held_findings(node_statuses(nodes, records, []), nodes, loaded.repair) if s.held]
+    held = [s for s in held_findings(node_statuses(nodes, records, []), nodes, AgentClient.of(loaded)) if s.held]
     if args.json:
         print(json.dumps({"paused": {"by": stop[0], "since": stop[1]} if stop else None,
                           "records": [asdict(r) for r in records],
@@ -96,13 +97,14 @@ def _serve(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     import time
     from slurm_ext.slurm import SlurmClient
+    from slurm_ext.agentapi import AgentClient
     from .status import counts, held_findings, node_statuses
     loaded, store = _store(args)
     print(f"{loaded.origin}; slurm.conf {loaded.slurm.conf_path()}", file=sys.stderr)
     nodes = SlurmClient(loaded.slurm).nodes()
     statuses = node_statuses(nodes, store.records(open_only=True), store.events(since=time.time() - 7 * 86400,
                                                                                 limit=5000))
-    statuses = held_findings(statuses, nodes, loaded.repair)
+    statuses = held_findings(statuses, nodes, AgentClient.of(loaded))
     summary = counts(statuses)
     if args.json:
         print(json.dumps({"counts": summary, "nodes": [asdict(s) for s in statuses]}, indent=1))
@@ -122,6 +124,7 @@ def _history(args: argparse.Namespace) -> int:
     import time
     from slurm_ext.journal import parse_since
     from slurm_ext.slurm import SlurmClient
+    from slurm_ext.agentapi import AgentClient
     from .history import gather
     try:
         since = parse_since(args.since).timestamp() if args.since else time.time() - 7 * 86400
@@ -129,7 +132,7 @@ def _history(args: argparse.Namespace) -> int:
         print(f"slurm-ext: error: {err}", file=sys.stderr)
         return 2
     loaded, store = _store(args)
-    timeline = gather(loaded.repair, store, SlurmClient(loaded.slurm), since, node=args.node)
+    timeline = gather(AgentClient.of(loaded), store, SlurmClient(loaded.slurm), since, node=args.node)
     if args.json:
         print(json.dumps({"entries": [asdict(e) for e in timeline.entries], "unreachable": timeline.unreachable},
                          indent=1))

@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from slurm_ext import nodestate
+from slurm_ext.agentapi import HealthAnswer
 from slurm_ext.errors import SlurmExtError
 from slurm_ext.slurm import Job, Node, SlurmClient
 
@@ -58,8 +59,8 @@ class Seen:
     nodes: dict[str, Node]
     #: node -> the jobs on it, from one squeue
     jobs: dict[str, list[Job]]
-    #: node -> its agent's /health answer, or None when it does not answer
-    health: Callable[[str], dict | None]
+    #: node -> its agent's /health answer, or None when it gives none to believe
+    health: Callable[[str], HealthAnswer | None]
     #: start an executor's action on a thread: (action, node) -> Future of its Outcome
     start_action: Callable[[str, str], Future]
     #: record id -> the executor action running for it (this process's)
@@ -240,17 +241,18 @@ def _verify(record: Record, seen: Seen) -> None:
     answer = seen.health(record.node)
     now = seen.clock()
     back_at = record.detail.get("back_at", now)
-    monitor = answer.get("monitor") if isinstance(answer, dict) else None
-    monitor = monitor if isinstance(monitor, dict) else {}
-    # a reading newer than the first one seen in this step, both on the node's own clock: taken after it came back
-    reading = monitor.get("readings_time") if isinstance(monitor.get("readings_time"), (int, float)) else 0
-    if "first_reading" not in record.detail:
-        record.detail["first_reading"] = reading
+    monitor = answer.monitor if answer is not None else None
+    # a reading newer than the first one seen in this step, both on the node's own clock and of the same boot:
+    # taken after it came back (a node that booted again meanwhile starts the comparison over)
+    reading = monitor.readings_time if monitor is not None else 0.0
+    boot = answer.boot if answer is not None else record.detail.get("verify_boot", "")
+    if "first_reading" not in record.detail or boot != record.detail.get("verify_boot", boot):
+        record.detail["first_reading"], record.detail["verify_boot"] = reading, boot
         _save(record, seen, now)
         return
     fresh = reading > record.detail["first_reading"]
     if fresh:
-        critical = [f for f in monitor.get("findings") or () if isinstance(f, dict) and f.get("severity") == "critical"]
+        critical = monitor.critical()
         if critical:
             _fail(record, seen, "its health checks fail after the repair: " + "; ".join(
                 f"{f.get('check')} {f.get('evidence')}" for f in critical))

@@ -27,14 +27,13 @@ earliest moment it can have happened.
 from __future__ import annotations
 
 import bisect
-import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
-from slurm_ext.slurm import SlurmClient
+from slurm_ext.agentapi import AgentAnswerError, AgentClient
+from slurm_ext.slurm import Node, SlurmClient
 
-from . import agents
 from .store import ACTS, Store
 
 __all__ = ["Entry", "Timeline", "gather", "in_causal_order"]
@@ -78,7 +77,8 @@ class Timeline:
     unreachable: dict[str, str] = field(default_factory=dict)
 
 
-def gather(settings, store: Store, slurm: SlurmClient, since: float, node: str | None = None) -> Timeline:
+def gather(agents: AgentClient, store: Store, slurm: SlurmClient, since: float, node: str | None = None
+           ) -> Timeline:
     """The merged timeline since `since` (epoch seconds), of `node` or of every node slurmctld knows.
 
     The event table and the node table are asked at once (each is one Slurm query for the whole cluster), and the
@@ -89,7 +89,7 @@ def gather(settings, store: Store, slurm: SlurmClient, since: float, node: str |
     with ThreadPoolExecutor(max_workers=_PARALLEL) as pool:
         slurm_events = pool.submit(slurm.node_events, node, moment)
         listed = [slurm.node(node)] if node else slurm.nodes()
-        journals = pool.map(lambda n: (n.name, _journal(agents.address(settings, n.name, n.addr), since)), listed)
+        journals = pool.map(lambda n: (n.name, _journal(agents, n, since)), listed)
         for event in slurm_events.result():
             who = f" (by {event.user})" if event.user else ""
             timeline.entries.append(Entry(event.start.timestamp(), event.node, "slurm", event.state.lower(),
@@ -153,18 +153,13 @@ def _causes(entry: Entry) -> frozenset[str]:
     return frozenset().union(*named) if named else _DOWN
 
 
-def _journal(address: str, since: float) -> tuple[list[dict], str]:
-    """A node's journal events since `since`, or ([], why) when its agent does not answer."""
-    body, problem = agents.get(f"http://{address}/events?since={since:.0f}", _AGENT_TIMEOUT)
-    lines = []
-    for line in (body or "").splitlines():
-        try:
-            data = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(data, dict):  # one odd line does not cost the node its timeline
-            lines.append(data)
-    return lines, problem
+def _journal(agents: AgentClient, node: Node, since: float) -> tuple[list[dict], str]:
+    """A node's journal events since `since`, or ([], why) when its agent gives no answer to believe."""
+    try:
+        page = agents.events(node.name, node.addr, since, timeout=_AGENT_TIMEOUT)
+    except AgentAnswerError as err:
+        return [], err.problem
+    return [line.data for line in page.events], ""
 
 
 def _epoch(text: str) -> float:

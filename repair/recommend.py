@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from slurm_ext.nodestate.catalogue import kind_of, split_more
+from slurm_ext.nodestate.catalogue import HEALTH, split_more
 from slurm_ext.slurm import REASON_PREFIX, Node
 
 from .settings import ACTIONS, RepairSection
@@ -55,11 +55,10 @@ def fault_of(node: Node) -> Fault | None:
     if not (node.drained or node.state == "DOWN") or not node.reason.startswith(REASON_PREFIX):
         return None
     text, _ = split_more(node.reason.removeprefix(REASON_PREFIX).strip())
-    kind = kind_of(text)
-    if kind is None or kind.owner != "health":
+    found = HEALTH.parse(text)
+    if found is None:
         return None
-    found = kind.pattern.match(text)
-    check, evidence, action = found.group("check"), found.group("evidence"), found.group("action")
+    check, evidence, action = found["check"], found["evidence"], found["action"]
     code = evidence.split(maxsplit=1)[0] if check in _CODED and evidence else ""
     signature = f"{check}/{code}" if code.isdigit() else check
     return Fault(node.name, signature, action.split()[0], evidence)

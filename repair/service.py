@@ -17,10 +17,11 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from slurm_ext import config as config_mod, events
+from slurm_ext.agentapi import AgentAnswerError, AgentClient, HealthAnswer
 from slurm_ext.errors import SlurmExtError
 from slurm_ext.slurm import Job, Node, SlurmClient, expand_hostlist
 
-from . import agents, decide, executors, flow, recommend
+from . import decide, executors, flow, recommend
 from .store import IN_PROGRESS, Store, StoreError, open_store
 
 __all__ = ["Service", "serve", "jobs_by_node"]
@@ -50,6 +51,7 @@ class Service:
         self.config_path = config_path
         self.store = store or open_store(config)
         self.slurm = SlurmClient(config.slurm)
+        self.agents = AgentClient.of(config, _AGENT_TIMEOUT)
         self.emit = events.emitter(config.node.state_dir, "repair")
         self.stopping = threading.Event()
         self._reload_wanted = threading.Event()
@@ -88,6 +90,7 @@ class Service:
         needs a restart of the worker)."""
         try:
             self.config = config_mod.load(self.config_path)
+            self.agents = AgentClient.of(self.config, _AGENT_TIMEOUT)
             self.emit("reload", "repair service reloaded its config")
         except SlurmExtError as err:
             self.emit("reload-failed", f"the config is invalid, the running one is kept: {err}", "error")
@@ -165,16 +168,19 @@ class Service:
             self.emit("repair-approved", f"node {record.node}: {record.action} auto-approved ({record.signature})",
                       node=record.node, action=record.action)
 
-    def _health_of(self, names: list[str]) -> dict[str, dict | None]:
+    def _health_of(self, names: list[str]) -> dict[str, HealthAnswer | None]:
         """The /health answers of the agents of nodes coming back from a repair, asked at once (an agent that does
         not answer costs the pass _AGENT_TIMEOUT once, not once per node)."""
         if not names:
             return {}
 
-        def ask(name: str) -> dict | None:
+        def ask(name: str) -> HealthAnswer | None:
             known = self._nodes.get(name)
-            return agents.health(agents.address(self.settings, name, known.addr if known else ""), name,
-                                 _AGENT_TIMEOUT)[0]
+            try:
+                return self.agents.health(name, known.addr if known else "")
+            except AgentAnswerError as err:  # an answer came and is not believed: said; none at all is the flow's
+                (log.warning if err.status else log.debug)("repair: %s", err)
+                return None
         with ThreadPoolExecutor(max_workers=min(16, len(names))) as pool:
             return dict(zip(names, pool.map(ask, names)))
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
+from slurm_ext.agentapi import AgentAnswerError, AgentClient
+from slurm_ext.nodestate.catalogue import HEALTH
 from slurm_ext.slurm import Node, is_our_reason
 
 from .flow import REBOOT_FLAGS
@@ -90,28 +92,27 @@ def node_statuses(nodes: list[Node], records: list[Record], events: list[Event],
 
 def held(findings) -> list[str]:
     """The critical findings of an agent's answer, as our drain reason would state them."""
-    return [f"{f.get('check')} {f.get('evidence')} action={f.get('action')}" for f in findings or ()
-            if isinstance(f, dict) and f.get("severity") == "critical"]
+    return [HEALTH.format(check=str(f.get("check")), evidence=str(f.get("evidence")), action=str(f.get("action")))
+            for f in findings or () if isinstance(f, dict) and f.get("severity") == "critical"]
 
 
-def held_findings(statuses: list[NodeStatus], nodes: list[Node], settings, timeout: float = 3.0
+def held_findings(statuses: list[NodeStatus], nodes: list[Node], agents: AgentClient, timeout: float = 3.0
                   ) -> list[NodeStatus]:
     """`statuses` with each paused node's held findings, from its agent's /health (asked at once, paused nodes
     only); an agent that does not answer is said as such."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from .agents import address, health
-    addresses = {n.name: address(settings, n.name, n.addr) for n in nodes}
+    addrs = {n.name: n.addr for n in nodes}
     paused = [s for s in statuses if s.state == "paused"]
     if not paused:
         return statuses
 
     def ask(status: NodeStatus) -> list[str]:
-        answer, problem = health(addresses[status.name], status.name, timeout)
-        if answer is None:
-            return [f"unknown: {problem}"]
-        monitor = answer.get("monitor") if isinstance(answer.get("monitor"), dict) else {}
-        return held(monitor.get("findings"))
+        try:
+            answer = agents.health(status.name, addrs[status.name], timeout)
+        except AgentAnswerError as err:
+            return [f"unknown: {err}"]
+        return held(answer.monitor.findings if answer.monitor else ())
     with ThreadPoolExecutor(max_workers=min(16, len(paused))) as pool:
         found = dict(zip((s.name for s in paused), pool.map(ask, paused)))
     return [replace(s, held=found[s.name]) if s.name in found else s for s in statuses]

@@ -94,6 +94,11 @@ class NodeSection:
                                 "the node's daemons have them (the dev cluster's fake NVML: LD_LIBRARY_PATH and its "
                                 "spec), so an operator's command sees the GPUs the agents see", "table",
                                 item={"kind": "str"})
+    agent_credential: str = setting("/etc/slurm-ext/agent-credential", "the cluster's agent credential: a secret in a "
+                                    "root-only file (mode 0600), the same on every node and the controller; the "
+                                    "agents' /events, /health and POST /health/check answer only who proves it, and "
+                                    "the controller believes only answers signed with it (in Slinky: the "
+                                    "agent-credential Secret)", "path")
 
     @property
     def slurm_name(self) -> str:

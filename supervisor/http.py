@@ -3,6 +3,12 @@
 service and the cluster page). One POST: /health/check asks the health monitor to read the node now (the cluster
 page's "run the health checks"); it changes nothing but the time of the next poll, at most once a second.
 
+/events, /health and POST /health/check answer only an asker that proves it holds the cluster's agent credential
+(node.agent_credential; `slurm_ext.agentapi`), and sign their answer with it, bound to this node, this boot and the
+asker's nonce: the journal holds other users' job details, and the controller resumes a repaired node on what
+/health says. Without the proof they answer 401; without a usable credential file here, 503 naming the file.
+/livez and /readyz stay open (the kubelet's probes), and /metrics too unless supervisor.open_metrics is false.
+
 `serve(agent, host, port)` starts a `ProbeServer` in a thread of its own;
 handlers only read the agent's state, and metrics are collected at scrape
 time from that state, so the loop never updates them.
@@ -42,6 +48,7 @@ from collections import deque
 from datetime import datetime, timezone
 from typing import Callable
 
+from slurm_ext import agentapi
 from slurm_ext.errors import AgentError
 
 
@@ -68,16 +75,64 @@ _TEXT = "text/plain; charset=utf-8"
 #: most events one GET /events returns (the newest)
 EVENTS_LIMIT = 20000
 
-#: (status code, body, content type)
-Answer = tuple[int, bytes, str]
+#: (status code, body, content type), and optionally a dict of more headers
+Answer = tuple
 
 
-def agent_routes(agent) -> Callable[[str], Answer]:
-    """The answer to a GET of each path (with its query), from the agent's state."""
+class Guard:
+    """The agent credential's side of this listener: who may ask, and the proof that signs each answer."""
+
+    def __init__(self, agent):
+        self.agent = agent
+        self._file: agentapi.CredentialFile | None = None
+        self._said = ""
+
+    def credential(self) -> agentapi.Credential:
+        """Raises CredentialError (logged once per problem)."""
+        path = self.agent.config.node.agent_credential
+        if self._file is None or self._file.path != path:
+            self._file = agentapi.CredentialFile(path)
+        try:
+            found = self._file.get()
+        except agentapi.CredentialError as err:
+            if str(err) != self._said:
+                self._said = str(err)
+                log.error("http: /events, /health and POST /health/check refused: %s", err)
+            raise
+        self._said = ""
+        return found
+
+    def guarded(self, method: str, target: str, headers: dict, route: Callable[[], Answer]) -> Answer:
+        """`route()`'s answer, signed, when the request proves the credential; else 401 (or 503: none here)."""
+        try:
+            secret = self.credential().secret
+        except agentapi.CredentialError as err:
+            return 503, f"{err}\n".encode(), _TEXT
+        if not agentapi.request_allowed(secret, method, target, headers):
+            said = (f"{method} {target.partition('?')[0]} needs the cluster's agent credential "
+                    f"(Authorization: {agentapi.AUTH_SCHEME}, see docs/operator/agent-credential.md)\n")
+            return 401, said.encode(), _TEXT
+        from slurm_ext.procfs import boot_id
+        code, body, content_type, *_ = route()
+        node, boot = self.agent.config.node.slurm_name, boot_id(self.agent.config.node.boot_id_file)
+        nonce = headers.get(agentapi.NONCE_HEADER.lower(), "")
+        return code, body, content_type, {
+            agentapi.NODE_HEADER: node, agentapi.BOOT_HEADER: boot,
+            agentapi.SIGNATURE_HEADER: agentapi.answer_signature(secret, node, boot, nonce, code, body)}
+
+
+def agent_routes(agent, guard: Guard | None = None) -> Callable[[str, dict], Answer]:
+    """The answer to a GET of each path (with its query) and the request's headers, from the agent's state."""
     exposition = []
+    guard = guard or Guard(agent)
 
-    def answer(target: str) -> Answer:
+    def answer(target: str, headers: dict) -> Answer:
         path, _, query = target.partition("?")
+        if path in ("/events", "/health") or path == "/metrics" and not agent.config.supervisor.open_metrics:
+            return guard.guarded("GET", target, headers, lambda: answer_of(path, query))
+        return answer_of(path, query)
+
+    def answer_of(path: str, query: str) -> Answer:
         if path == "/livez":
             ok = agent.live()
             return (200, b"ok\n", _TEXT) if ok else (503, b"agent loop stalled\n", _TEXT)
@@ -103,13 +158,17 @@ def agent_routes(agent) -> Callable[[str], Answer]:
 _CHECK_SPACING = 1.0
 
 
-def agent_posts(agent) -> Callable[[str], Answer]:
+def agent_posts(agent, guard: Guard | None = None) -> Callable[[str, dict], Answer]:
     """The answer to a POST of each path: only /health/check, which has the health monitor read the node now."""
     last = [0.0]
+    guard = guard or Guard(agent)
 
-    def answer(target: str) -> Answer:
+    def answer(target: str, headers: dict) -> Answer:
         if target.partition("?")[0] != "/health/check":
             return 405, b"POST only to /health/check\n", _TEXT
+        return guard.guarded("POST", target, headers, check_now)
+
+    def check_now() -> Answer:
         now = time.monotonic()
         if now - last[0] < _CHECK_SPACING:
             return 429, b"a check was asked less than a second ago: its readings come within the second\n", _TEXT
@@ -151,11 +210,11 @@ def _health(agent) -> Answer:
     and the node's facts (OS, kernel, interfaces and their byte counters): what the repair service asks after a
     repair, before it resumes the node, and what the cluster page shows of the node."""
     from dataclasses import asdict
-    from slurm_ext.health import metrics_path
     from slurm_ext.nodefacts import read_facts
     from slurm_ext.procfs import boot_id
+    from .plugins import health_readings_path
     try:
-        readings = json.loads(metrics_path(agent.config.supervisor.runtime_dir).read_text())
+        readings = json.loads(health_readings_path(agent.config.supervisor.runtime_dir).read_text())
     except (OSError, ValueError):
         readings = None
     body = {"node": agent.config.node.slurm_name, "boot": boot_id(agent.config.node.boot_id_file),
@@ -189,16 +248,17 @@ class _Connection:
 class ProbeServer:
     """HTTP/1.1 server of one thread: each connection one request, then closed.
 
-    `answer(target)` answers a GET, `post(target)` a POST (its body, if any, is not read: no route takes one);
-    both must be quick and must not block (they run on this thread). Start it with `start()`; `close()` stops
-    the thread and closes every socket.
+    `answer(target, headers)` answers a GET, `post(target, headers)` a POST (its body, if any, is not read: no
+    route takes one; `headers`: the request's, names in lower case); both must be quick and must not block (they
+    run on this thread). An answer is (status, body, content type) or that and a dict of more headers.
+    Start it with `start()`; `close()` stops the thread and closes every socket.
     """
 
-    def __init__(self, host: str, port: int, answer: Callable[[str], Answer],
+    def __init__(self, host: str, port: int, answer: Callable[[str, dict], Answer],
                  max_connections: int | None = None, timeout: float = HEAD_TIMEOUT,
-                 post: Callable[[str], Answer] | None = None):
+                 post: Callable[[str, dict], Answer] | None = None):
         self.answer = answer
-        self.post = post or (lambda target: (405, b"only GET\n", _TEXT))
+        self.post = post or (lambda target, headers: (405, b"only GET\n", _TEXT))
         self.timeout = timeout
         self.max_connections = max_connections or connection_cap()
         self.listener = socket.create_server((host, port), backlog=_BACKLOG)
@@ -348,24 +408,30 @@ class ProbeServer:
 
     def _respond(self, head: bytes) -> Answer:
         """The answer to one request head (request line and headers)."""
-        line = head.split(b"\n", 1)[0].decode("latin-1").strip()
-        parts = line.split()
+        line, *header_lines = head.decode("latin-1").split("\n")
+        parts = line.strip().split()
         if len(parts) != 3 or not parts[2].startswith("HTTP/"):
             return 400, b"expected: GET /livez HTTP/1.1\n", _TEXT
         method, target, _ = parts
         handler = {"GET": self.answer, "POST": self.post}.get(method)
         if handler is None:
             return 405, b"only GET, and POST where a route takes it\n", _TEXT
+        headers = {}
+        for header in header_lines:
+            name, sep, value = header.partition(":")
+            if sep:
+                headers[name.strip().lower()] = value.strip()
         try:
-            return handler(target)
+            return handler(target, headers)
         except Exception:  # a bug in a handler answers 500; the server goes on
             log.exception("http: %s %s failed", method, target[:100])
             return 500, b"internal error: see the agent's log\n", _TEXT
 
-    def _reply(self, conn: _Connection, code: int, body: bytes, content_type: str) -> None:
+    def _reply(self, conn: _Connection, code: int, body: bytes, content_type: str, more: dict | None = None) -> None:
         reason = http.HTTPStatus(code).phrase
+        extra = "".join(f"{name}: {value}\r\n" for name, value in (more or {}).items())
         head = (f"HTTP/1.1 {code} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
-                "Connection: close\r\n\r\n").encode()
+                f"{extra}Connection: close\r\n\r\n").encode("latin-1", "replace")
         conn.outgoing = head + body
         self._selector.modify(conn.sock, selectors.EVENT_WRITE, "conn")
         self._write(conn)
@@ -416,7 +482,8 @@ def serve(agent, host: str, port: int) -> ProbeServer:
         AgentError: the address cannot be listened on (port taken, address not local).
     """
     try:
-        server = ProbeServer(host, port, agent_routes(agent), post=agent_posts(agent))
+        guard = Guard(agent)
+        server = ProbeServer(host, port, agent_routes(agent, guard), post=agent_posts(agent, guard))
     except OSError as err:
         raise AgentError(f"cannot listen on {host}:{port} for probes and metrics: {err.strerror} "
                          "(another agent of this role running? set supervisor.ports or --port)") from err

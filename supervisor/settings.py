@@ -53,6 +53,9 @@ class SupervisorSection:
     ports: dict = setting(_DEFAULT_PORTS,
                           "HTTP port of each role's agent (0: no listener); a role left out keeps its default",
                           "table", keys=ROLES, item={"kind": "int", "minimum": 0, "maximum": 65535})
+    open_metrics: bool = setting(True, "serve /metrics without the agent credential (a Prometheus scrapes it); "
+                                 "false: /metrics, like /events and /health, answers only who proves "
+                                 "node.agent_credential", "bool")
     runtime_dir: str = setting("/run/slurm-ext", "notify sockets and boot markers", "path")
     backoff_initial: float = setting(0.01, "delay before restarting a worker that died after it had got ready "
                                      "(READY=1, registered, or up stable_after), and before the first restart of "

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from slurm_ext import config
+from slurm_ext.agentapi import HealthAnswer, Readings
 from slurm_ext.repair import decide, executors, recommend
 from slurm_ext.repair.settings import RepairSection
 from slurm_ext.repair.status import classify, counts, node_statuses
@@ -333,6 +334,29 @@ class _Slurm:
         return ""
 
 
+def _health(readings_time: float, findings=(), boot: str = "boot-1") -> HealthAnswer:
+    """A node agent's /health as the boundary hands it to the flow."""
+    return HealthAnswer("n1", boot, readings_time, Readings(readings_time, tuple(findings), {}, "", ()), {})
+
+
+def test_a_node_that_boots_again_during_verify_starts_its_comparison_over(store):
+    """A reading newer than the first one counts only within the same boot: a node that rebooted again in between
+    (its clock may have jumped) is compared from its new boot's first reading."""
+    from slurm_ext.repair.flow import advance
+    record = _approved(store)
+    record.state, record.step = "running", "verify"
+    record.detail = {"reason": "slurm-ext: repair reboot: x (approved by alice)", "back_at": 1.0}
+    readings = iter([_health(50.0), _health(60.0, boot="boot-2"), _health(61.0, boot="boot-2")])
+    seen = _seen(store, [_drained("n1", record.detail["reason"])], health=lambda node: next(readings), now=2.0)
+    advance(record, seen)
+    assert record.step == "verify" and record.detail["verify_boot"] == "boot-1"
+    advance(record, seen)
+    assert record.step == "verify" and record.detail["verify_boot"] == "boot-2" and \
+        record.detail["first_reading"] == 60.0
+    advance(record, seen)
+    assert record.step == "resume"
+
+
 def _seen(store, nodes, settings=RepairSection(), jobs=None, health=None, actions=None, started=None, now=2000.0):
     from slurm_ext.repair.flow import Seen
     emitted = []
@@ -366,8 +390,7 @@ def test_a_reboot_repair_drains_reboots_waits_verifies_and_resumes(store):
     assert (record.state, record.step) == ("running", "wait-boot")
     booted = replace(_node("n1", flags={"DRAIN"}, reason=seen.slurm.calls[0][2] + " : reboot issued"),
                      boot_time=datetime(2026, 6, 1, tzinfo=timezone.utc))
-    readings = iter([{"monitor": {"readings_time": 50.0, "findings": []}},
-                     {"monitor": {"readings_time": 51.0, "findings": []}}])
+    readings = iter([_health(50.0), _health(51.0)])
     seen = _seen(store, [booted], health=lambda node: next(readings), now=2010.0)
     advance(record, seen)
     assert record.step == "verify" and seen.slurm.calls == []  # the first reading seen is the baseline
@@ -436,8 +459,9 @@ def test_checks_that_still_fail_after_the_reboot_fail_the_repair(store):
     record = _approved(store)
     record.state, record.step = "running", "verify"
     record.detail = {"reason": "slurm-ext: repair reboot: x (approved by alice)", "back_at": 1.0, "first_reading": 5.0}
-    bad = {"monitor": {"readings_time": 6.0, "findings": [{"check": "xid", "evidence": "79 gpu 1",
-                                                            "severity": "critical"}, "not a finding"]}}
+    record.detail["verify_boot"] = "boot-1"
+    bad = _health(6.0, [{"check": "xid", "evidence": "79 gpu 1", "severity": "critical"},
+                        {"check": "temperature", "evidence": "90C (expected 85C)", "severity": "warning"}])
     seen = _seen(store, [_drained("n1", record.detail["reason"])], health=lambda node: bad)
     advance(record, seen)
     assert record.state == "failed" and "health checks fail after the repair: xid 79 gpu 1" in record.note
@@ -486,41 +510,6 @@ def test_an_approval_made_while_a_pass_reads_the_cluster_comes_before_its_first_
     assert [e.time for e in events] == sorted(e.time for e in events), events
 
 
-def _agent_answering(body: str) -> ThreadingHTTPServer:
-    """An HTTP server on 127.0.0.1 that answers every GET with `body`, as a node agent's route would; shut it down."""
-    class Agent(BaseHTTPRequestHandler):
-        def do_GET(self):
-            data = body.encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args):
-            pass
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Agent)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
-
-
-def test_an_agent_that_answers_for_another_node_is_not_taken_for_this_one():
-    """A dev node only defined in slurm.conf falls back to the default agent port, where another cluster's agent
-    may listen: its answer must not pass for this node's (a repair's verify, the page's GPUs)."""
-    from slurm_ext.repair import agents
-
-    server = _agent_answering(json.dumps({"node": "elsewhere1", "monitor": {}}))
-    try:
-        address = f"127.0.0.1:{server.server_address[1]}"
-        assert agents.health(address, "elsewhere1", 5)[0] == {"node": "elsewhere1", "monitor": {}}
-        answer, why = agents.health(address, "n5", 5)
-        assert answer is None and why == f"the agent at {address} is node 'elsewhere1''s, not 'n5''s"
-    finally:
-        server.shutdown()
-        server.server_close()
-    answer, why = agents.health(address, "n5", 5)
-    assert answer is None and why.startswith(f"agent at {address} does not answer")
-
-
 # -- the history in the order things happened ----------------------------------------------------------------------
 
 class _Ticking:
@@ -556,8 +545,7 @@ def test_each_step_is_stamped_when_it_happens_and_an_action_before_it_runs(store
     seen.slurm = Slurm()
     advance(record, seen)
     booted = replace(_drained("n1", record.detail["reason"]), boot_time=datetime(2026, 6, 1, tzinfo=timezone.utc))
-    readings = iter([{"monitor": {"readings_time": 50.0, "findings": []}},
-                     {"monitor": {"readings_time": 51.0, "findings": []}}])
+    readings = iter([_health(50.0), _health(51.0)])
     later = _seen(store, [booted], health=lambda node: next(readings), now=clock)
     later.slurm = seen.slurm
     advance(record, later)
@@ -626,7 +614,24 @@ def test_a_drain_of_an_idle_node_comes_before_slurms_drain_and_old_rows_move_not
     assert _said(in_causal_order(old)) == ["slurm boot^ BOOT^", "repair repair-step scontrol reboot"]
 
 
-def test_history_merges_slurm_the_journal_and_the_steps_of_one_pass_in_causal_order(store):
+def _agent_answering(tmp_path: Path, node: str, body: str):
+    """The agents' own HTTP server (supervisor.http, with its credential guard) on 127.0.0.1, answering every GET of
+    a guarded route with `body` as the node's agent `node`; returns (server, its AgentClient). Close the server."""
+    from types import SimpleNamespace
+    from slurm_ext.agentapi import AgentClient, create_credential
+    from slurm_ext.supervisor.http import Guard, ProbeServer
+    credential, boot = tmp_path / "agent-credential", tmp_path / "boot_id"
+    create_credential(credential)
+    boot.write_text("boot-1\n")
+    agent = SimpleNamespace(config=SimpleNamespace(node=SimpleNamespace(
+        agent_credential=str(credential), slurm_name=node, boot_id_file=str(boot))))
+    guard = Guard(agent)
+    server = ProbeServer("127.0.0.1", 0, lambda target, headers: guard.guarded(
+        "GET", target, headers, lambda: (200, body.encode(), "application/x-ndjson"))).start()
+    return server, AgentClient(str(credential), 9810, {node: f"127.0.0.1:{server.address[1]}"}, 5.0)
+
+
+def test_history_merges_slurm_the_journal_and_the_steps_of_one_pass_in_causal_order(store, tmp_path):
     """The issue's case end to end on literal sources: the flow's pass on a real store, Slurm's event table as
     sacctmgr gives it, the node's journal over HTTP, merged by `history`."""
     from datetime import datetime, timezone
@@ -649,13 +654,11 @@ def test_history_merges_slurm_the_journal_and_the_steps_of_one_pass_in_causal_or
 
         def node(self, name):
             return _node(name)
-    server = _agent_answering(journal)
+    server, agents = _agent_answering(tmp_path, "n1", journal)
     try:
-        settings = RepairSection(agents={"n1": f"127.0.0.1:{server.server_address[1]}"})
-        timeline = gather(settings, store, Slurm(), 800.0, node="n1")
+        timeline = gather(agents, store, Slurm(), 800.0, node="n1")
     finally:
-        server.shutdown()
-        server.server_close()
+        server.close()
     assert timeline.unreachable == {}
     assert [(e.source, e.event, e.message.split(":")[0]) for e in timeline.entries] == [
         ("slurm", "drain", "DRAIN"), ("repair", "repair-step", "the node's jobs have ended"),

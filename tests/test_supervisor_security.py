@@ -216,7 +216,7 @@ def _exchange(port: int, data: bytes, timeout: float = 5.0) -> bytes:
 
 def test_probe_server_answers_bad_requests_sheds_the_oldest_and_times_out_idle_ones():
     from slurm_ext.supervisor.http import MAX_HEAD, ProbeServer
-    server = ProbeServer("127.0.0.1", 0, lambda path: (200, path.encode(), "text/plain"), max_connections=3,
+    server = ProbeServer("127.0.0.1", 0, lambda path, headers: (200, path.encode(), "text/plain"), max_connections=3,
                          timeout=0.5).start()
     port = server.address[1]
     try:

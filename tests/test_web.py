@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from slurm_ext import config
+from slurm_ext.agentapi import AgentAnswerError, EventsPage, HealthAnswer
 from slurm_ext.errors import SlurmUnreachable
 from slurm_ext.repair.store import Record, open_sqlite
 from slurm_ext.slurm import Node, NodeEvent
@@ -154,20 +155,45 @@ def test_the_session_names_a_token_file_that_cannot_be_used(page, tmp_path):
     assert "readable by no one else" in page.get("/api/session").get_json()["problem"]
 
 
+class _Agents:
+    """The agents as the boundary (agentapi.AgentClient) hands them to the page: its records, or its one error for
+    an answer that is not one (the boundary itself, over HTTP: test_agentapi.py)."""
+
+    def __init__(self, answer: dict, journals: dict | None = None):
+        self.answer, self.journals, self.asked = answer, journals or {}, []
+
+    def health(self, node, addr="", timeout=None):
+        self.asked.append(("health", node))
+        try:
+            return HealthAnswer.of({"node": node, **self.answer})
+        except ValueError as err:
+            raise AgentAnswerError(node, "127.0.0.1:1", f"its /health is not a health answer: {err}") from None
+
+    def events(self, node, addr="", since=0.0, limit=None, timeout=None):
+        self.asked.append(("events", node))
+        return EventsPage.of(node, "boot-1", self.journals.get(node, ""))
+
+
 def test_an_agent_answering_junk_costs_its_figures_never_the_refresh(tmp_path):
     path = tmp_path / "slurm-ext.toml"
     path.write_text(f'[node]\nstate_dir = "{tmp_path / "state"}"\n[repair]\nsqlite_file = "{tmp_path / "r.db"}"\n')
-    odd = {"time": 5.0, "monitor": {"driver": {"a": 1}, "findings": "no", "gpus": [
-        {"gpu": {"index": 0}, "utilization": float("nan"), "fb_used_mib": float("inf"), "temperature": "hot"},
-        "not a gpu"]}, "facts": {"os": ["x"], "interfaces": [{"name": "ib0", "speed_mbps": {"x": 1},
-                                                            "rx_bytes": "many", "tx_bytes": 1}, 7]}}
+    odd_values = {"time": 5.0, "monitor": {"driver": "", "gpus": [
+        {"gpu": {"index": 0}, "utilization": float("nan"), "fb_used_mib": float("inf"), "temperature": "hot"}]},
+        "facts": {"os": ["x"], "interfaces": [{"name": "ib0", "speed_mbps": {"x": 1}, "rx_bytes": "many",
+                                               "tx_bytes": 1}, 7]}}
     store = open_sqlite(str(tmp_path / "r.db"))
-    watcher = Watcher(config.load(path), _Slurm(), store, lambda url, timeout: ("{]", ""),
-                      health=lambda address, node, timeout: (odd, ""))
+    watcher = Watcher(config.load(path), _Slurm(), store, lambda url, timeout: ("{]", ""), _Agents(odd_values))
     data = json.loads(watcher.refresh().body)
-    assert data["cluster"]["drivers"] == {"{'a': 1}": 2} and data["cluster"]["interfaces"] == \
+    assert data["cluster"]["os_images"] == {"['x']": 2} and data["cluster"]["interfaces"] == \
         {"ib0": {"nodes": 2, "speeds_mbps": []}}
     assert data["nodes"][0]["gpu_readings"][0]["utilization"] is None and data["usage"]["now"]["gpus"] == 2
+    # an answer that is not a health answer at all is refused at the boundary: the node's agent is said not to answer
+    odd = {"time": 5.0, "monitor": {"driver": {"a": 1}, "findings": "no", "gpus": ["not a gpu"]}}
+    watcher.agents = _Agents(odd)
+    data = json.loads(watcher.refresh().body)
+    assert data["agents"]["answering"] == 0 and data["nodes"][0]["gpu_readings"][0]["utilization"] is None
+    assert all("not a health answer: findings: expected a list of objects" in why
+               for why in data["agents"]["not_answering"].values()), data["agents"]
     store.close()
 
 
@@ -226,12 +252,9 @@ def page(tmp_path):
                                     "check": "xid", "finding_severity": "critical", "gpu": 1})
                         for i in range(3))
 
-    def get(url, timeout):
-        if "/events" in url:
-            return (journal, "") if ":2/" in url else ("", "")
-        return None, "refused"
     slurm = _Slurm()
-    watcher = Watcher(loaded, slurm, store, get, health=lambda address, node, timeout: (_answer(100.0), ""))
+    watcher = Watcher(loaded, slurm, store, lambda url, timeout: (None, "refused"),
+                      _Agents(_answer(100.0), {"n2": journal}))
     app = create_app(loaded, watcher, store_opener=lambda: open_sqlite(str(tmp_path / "repair.db")))
     watcher.refresh()
     client = app.test_client()
@@ -348,7 +371,7 @@ def test_with_a_prometheus_the_usage_panels_are_its_figures_and_its_silence_is_s
             return json.dumps({"status": "success", "data": {"result": [{"value": [1, by_query[query]]}]}}), ""
         return "", ""
     store = open_sqlite(str(tmp_path / "repair.db"))
-    watcher = Watcher(config.load(path), _Slurm(), store, get, health=lambda a, n, t: (_answer(1.0), ""))
+    watcher = Watcher(config.load(path), _Slurm(), store, get, _Agents(_answer(1.0)))
     data = watcher.refresh().data
     assert data["usage"]["source"] == "prometheus" and data["sources"]["prometheus"]["ok"]
     assert data["usage"]["now"] == {"gpus": 4, "gpu_utilization": 12.5, "memory_used_mib": 10.0,

@@ -28,9 +28,9 @@ from flask import Flask, Response, jsonify, request, send_from_directory
 from werkzeug.exceptions import HTTPException
 
 from slurm_ext import events
+from slurm_ext.agentapi import AgentAnswerError, AgentClient, Readings
 from slurm_ext.errors import SlurmExtError
 from slurm_ext.health.settings import CHECKS, SEVERITIES
-from slurm_ext.repair import agents
 from slurm_ext.repair.settings import ACTIONS
 
 from .auth import Csrf, Operator, Refused, Tokens, operator_of
@@ -346,31 +346,30 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
             checks_running.release()
 
     def run_check(who: Operator, row: dict):
-        address = agents.address(config.repair, row["name"], row["addr"])
-        before, problem = agents.health(address, row["name"], settings.agent_timeout)
-        if before is None:
-            raise BadRequest(502, f"node {row['name']}: {problem}")
-        baseline = _reading_time(before)
+        agents, name, addr = watcher.agents, row["name"], row["addr"]
+        try:
+            before = agents.health(name, addr, settings.agent_timeout)
+        except AgentAnswerError as err:
+            raise BadRequest(502, str(err)) from None
+        baseline = before.monitor.readings_time if before.monitor else 0.0
         # recorded before anything is asked of the node: no operation without its user
-        decision(lambda store: _event(store, row["name"], "health-check-run", f"health checks asked from the page "
-                                                                             f"by {who.user}", who.user))
-        status, text = agents.post(f"http://{address}/health/check", settings.agent_timeout)
-        if status == 409:
-            raise BadRequest(409, f"node {row['name']}: {text.strip()}")
-        if status not in (202, 429):  # 429: someone asked within the second: that reading is ours too
-            raise BadRequest(502, f"the agent of node {row['name']} at {address} does not answer: "
-                                  f"{text.strip()[:200] or status}")
-        monitor = _fresh_reading(address, row["name"], baseline, settings.agent_timeout)
+        decision(lambda store: _event(store, name, "health-check-run", f"health checks asked from the page "
+                                                                       f"by {who.user}", who.user))
+        try:
+            agents.check_now(name, addr, settings.agent_timeout)  # asked within the second: that reading is ours too
+        except AgentAnswerError as err:
+            raise BadRequest(409 if err.status == 409 else 502, str(err)) from None
+        monitor = _fresh_reading(agents, name, addr, before.boot, baseline, settings.agent_timeout)
         if monitor is None:
             raise BadRequest(504, f"node {row['name']}: no new reading of its health monitor within "
                                   f"{_CHECK_WAIT:g}s (NVML hanging, or no GPU readings on this node? see "
                                   "`slurm-ext health show` there)")
-        findings = [f for f in monitor.get("findings") or () if isinstance(f, dict)]
+        findings = list(monitor.findings)
         verdict = ("healthy" if not findings else
                    "; ".join(f"{f.get('severity')}: {f.get('check')} {f.get('evidence')}" for f in findings[:5]))
         record(who, row["name"], "check", f"ran the health checks of node {row['name']}: {verdict}")
-        return jsonify(node=row["name"], verdict=verdict, findings=findings, checks=monitor.get("checks") or {},
-                       readings_time=monitor.get("readings_time"), user=who.user)
+        return jsonify(node=row["name"], verdict=verdict, findings=findings, checks=monitor.checks,
+                       readings_time=monitor.readings_time, user=who.user)
 
     return app
 
@@ -399,13 +398,6 @@ def _event(store, node: str, event: str, message: str, user: str) -> None:
         store.event(node, event, message, user)
 
 
-def _reading_time(answer: dict | None) -> float:
-    """When the health monitor of an agent's /health answer last read the node (the node's clock), 0 if never."""
-    monitor = (answer or {}).get("monitor")
-    value = monitor.get("readings_time") if isinstance(monitor, dict) else None
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
-
-
 def _opened(opener):
     try:
         return opener()
@@ -413,12 +405,17 @@ def _opened(opener):
         raise BadRequest(503, f"the repair database does not answer: {err}") from None
 
 
-def _fresh_reading(address: str, node: str, baseline: float, timeout: float) -> dict | None:
-    """The node's health monitor's readings once newer than `baseline` (both on the node's clock), or None."""
+def _fresh_reading(agents: AgentClient, node: str, addr: str, boot: str, baseline: float, timeout: float
+                   ) -> Readings | None:
+    """The node's health monitor's readings once newer than `baseline` (both on the node's clock, in boot `boot`),
+    or None."""
     deadline = time.monotonic() + _CHECK_WAIT
     while time.monotonic() < deadline:
-        answer, _ = agents.health(address, node, timeout)
-        if _reading_time(answer) > baseline:
-            return answer["monitor"]
+        try:
+            answer = agents.health(node, addr, timeout)
+        except AgentAnswerError:
+            answer = None
+        if answer is not None and answer.boot == boot and answer.monitor and answer.monitor.readings_time > baseline:
+            return answer.monitor
         time.sleep(0.2)
     return None

@@ -32,8 +32,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
 from slurm_ext import events
+from slurm_ext.agentapi import AgentAnswerError, AgentClient, JournalLine, get_text
 from slurm_ext.errors import SlurmExtError
-from slurm_ext.repair import agents
 from slurm_ext.repair.status import counts, held, node_statuses
 from slurm_ext.slurm import Node, SlurmClient, is_our_reason
 
@@ -83,6 +83,7 @@ class Source:
 class _Agent:
     """What the page knows of one node's agent."""
 
+    #: its last /health answer (agentapi.HealthAnswer.as_dict())
     answer: dict | None = None
     answered: float = 0.0
     error: str = ""
@@ -107,19 +108,6 @@ class View:
     #: the repair records still open, and those that changed within web.timeline
     open_records: list = field(default_factory=list)
     records: list = field(default_factory=list)
-
-
-def _journal_lines(body: str) -> list[tuple[float, str, dict]]:
-    """(epoch, line, event) of each journal line of an agent's /events answer; lines that are not events are
-    skipped."""
-    found = []
-    for line in body.splitlines():
-        try:
-            data = json.loads(line)
-            found.append((datetime.fromisoformat(data["time"]).timestamp(), line, data))
-        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
-            continue
-    return found
 
 
 def _finite(value):
@@ -162,14 +150,15 @@ def gpus_by_type(nodes: list[Node]) -> dict[str, int]:
 class Watcher:
     """The shared view and the thread that refreshes it while someone looks."""
 
-    def __init__(self, config, slurm: SlurmClient | None = None, store=None, get=agents.get, health=agents.health,
-                 clock=time.time):
+    def __init__(self, config, slurm: SlurmClient | None = None, store=None, get=get_text,
+                 agents: AgentClient | None = None, clock=time.time):
         self.config = config
         self.settings = config.web
         self.slurm = slurm or SlurmClient(config.slurm)
         self._store = store
+        #: a plain bounded GET (the Prometheus); the agents are asked through `agents` only
         self._get = get
-        self._health = health
+        self.agents = agents or AgentClient.of(config, self.settings.agent_timeout)
         self._clock = clock
         self.emit = events.emitter(config.node.state_dir, "web")
         self.sources = {name: Source(name) for name in ("slurm", "slurm-events", "repair", "prometheus")}
@@ -359,16 +348,20 @@ class Watcher:
 
     def _ask_agent(self, node: Node, agent: _Agent, now: float) -> None:
         try:
-            address = agents.address(self.config.repair, node.name, node.addr)
-            answer, problem = self._health(address, node.name, self.settings.agent_timeout)
-            if answer is None:
+            timeout = self.settings.agent_timeout
+            try:
+                health = self.agents.health(node.name, node.addr, timeout)
+            except AgentAnswerError as err:
                 with self._lock:
-                    agent.error = problem
+                    agent.error = err.problem
                 return
+            answer = health.as_dict()
             since = agent.cursor or now - min(self.settings.timeline, _FIRST_JOURNAL)
-            journal, _ = self._get(f"http://{address}/events?since={int(since)}&limit={_JOURNAL_KEPT}",
-                                   self.settings.agent_timeout)
-            lines = _journal_lines(journal or "")
+            try:
+                lines = self.agents.events(node.name, node.addr, int(since), _JOURNAL_KEPT, timeout).events
+            except AgentAnswerError as err:  # its health stands; its journal is asked again next refresh
+                log.info("web: %s", err)
+                lines = ()
             figures = usage.node_usage(answer)
             with self._lock:
                 previous = agent.usage
@@ -383,10 +376,10 @@ class Watcher:
             agent.busy = False
 
     @staticmethod
-    def _take_journal(agent: _Agent, lines: list[tuple[float, str, dict]]) -> None:
+    def _take_journal(agent: _Agent, lines: tuple[JournalLine, ...]) -> None:
         """Append the journal lines not seen yet (the agent answers from the cursor's second on, inclusive)."""
         newest, at_newest = agent.cursor, set(agent.cursor_lines)
-        for when, line, data in lines:
+        for when, line, data in ((j.time, j.line, j.data) for j in lines):
             if when < agent.cursor or when == agent.cursor and line in agent.cursor_lines:
                 continue
             agent.journal.append((when, data))

@@ -13,7 +13,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["DrainKind", "CATALOGUE", "kind_of", "split_more", "supersedes", "stale_at_start"]
+__all__ = ["DrainKind", "CATALOGUE", "HEALTH", "kind_named", "kind_of", "split_more", "supersedes",
+           "stale_at_start"]
 
 #: the resume rules
 WHEN_CLEARED = "when-cleared"
@@ -46,6 +47,15 @@ class DrainKind:
 
     def matches(self, reason: str) -> bool:
         return self.pattern.match(reason) is not None
+
+    def format(self, **fields: str) -> str:
+        """The reason of this kind (after "slurm-ext: ") with `fields` in its template: what `parse` reads back."""
+        return self.template.format(**fields)
+
+    def parse(self, reason: str) -> dict[str, str] | None:
+        """The fields of a reason of this kind (without the prefix and the (+N more) tail), or None: not one."""
+        found = self.pattern.match(reason)
+        return found.groupdict() if found else None
 
     def owner_of(self, reason: str) -> str:
         """The full owner name of a reason of this kind: crash-loop/slurmd for a crash loop of slurmd, health/xid for
@@ -97,6 +107,18 @@ CATALOGUE: tuple[DrainKind, ...] = (
               "stopping slurmd, so that no job lands on it; the node's next start lifts it once its slurmd has "
               "registered", stale_at_start=True),
 )
+
+
+def kind_named(name: str) -> DrainKind:
+    """The kind of that name (a KeyError for a name the catalogue lacks: a bug, found by the first test)."""
+    for kind in CATALOGUE:
+        if kind.name == name:
+            return kind
+    raise KeyError(name)
+
+
+#: a health check's drain: written by health (Finding.reason), read back by repair (recommend.fault_of)
+HEALTH = kind_named("health")
 
 #: Slurm's own drain for the very thing gres reports: a node that registers fewer GPUs than slurmctld has for
 #: it (a dynamic node's record outlives its pod, so a pod recreated with a GPU fewer registers INVALID_REG)

@@ -1,0 +1,480 @@
+"""The one boundary between the node agents and the controller: what crosses it, who may cross it, and how much.
+
+The controller's readers (the repair service after a repair, `slurm-ext
+history`, the cluster page) ask a node's agent for its health (`HealthAnswer`,
+with the health monitor's `Readings`), for a page of its journal
+(`EventsPage`) and to read the node now (`AgentClient.check_now`). Every one
+of them goes through `AgentClient`, which:
+
+- proves it holds the cluster's agent credential (a secret in a root-only
+  file, `node.agent_credential`): without it the agent answers 401, so a job's
+  user cannot read other users' job details from an agent's journal;
+- believes an answer only when the agent proved the same: the agent signs its
+  answer with the credential over the node it is, its boot id, the nonce the
+  asker sent, the status and the body (`answer_signature`), so a process that
+  binds the agent's port before the agent starts, or a replay of an older
+  answer, is not believed, and neither is the agent of another node;
+- reads every answer with a size cap and a time cap, in one place
+  (`_exchange`), whatever the other side sends;
+- turns anything odd (no answer, too big, too slow, unsigned, not the record it
+  should be) into one `AgentAnswerError` that says which node, where, and why.
+
+The agent's side (supervisor/http.py) checks a request with `request_allowed`
+and signs its answer with `answer_signature`; both read the credential through
+`CredentialFile`, which rereads the file when it changes (a rotation needs no
+restart).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import http.client
+import json
+import math
+import os
+import secrets
+import stat
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from .errors import SlurmExtError
+
+__all__ = ["DEFAULT_CREDENTIAL", "Credential", "CredentialError", "CredentialFile", "create_credential",
+           "AgentAnswerError", "Readings", "HealthAnswer", "JournalLine", "EventsPage", "AgentClient",
+           "request_signature", "answer_signature", "request_allowed", "get_text", "NONCE_HEADER",
+           "SIGNATURE_HEADER", "BOOT_HEADER", "NODE_HEADER", "AUTH_SCHEME", "MAX_HEALTH", "MAX_EVENTS"]
+
+#: where the agent credential lives unless node.agent_credential says otherwise
+DEFAULT_CREDENTIAL = "/etc/slurm-ext/agent-credential"
+#: the shortest secret taken (bytes of the file's text): a guessable one is worse than none
+_MIN_SECRET = 16
+#: most bytes of a credential file read
+_MAX_SECRET = 4096
+
+#: the request's proof: "Authorization: SlurmExt <hex HMAC>"
+AUTH_SCHEME = "SlurmExt"
+NONCE_HEADER = "X-Slurm-Ext-Nonce"
+#: the answer's proof, and the node and boot it is bound to
+SIGNATURE_HEADER = "X-Slurm-Ext-Signature"
+NODE_HEADER = "X-Slurm-Ext-Node"
+BOOT_HEADER = "X-Slurm-Ext-Boot"
+
+#: most bytes of a /health answer (a node of 8 GPUs answers about 20 KiB)
+MAX_HEALTH = 4 * 2**20
+#: most bytes of an /events page (20,000 journal lines of about 400 bytes)
+MAX_EVENTS = 32 * 2**20
+#: most bytes of the answer to a POST or of any other GET through `get_text`
+MAX_OTHER = 4 * 2**20
+_CHUNK = 65536
+
+
+# -- the credential ----------------------------------------------------------------------------------
+
+class CredentialError(SlurmExtError):
+    """The agent credential cannot be used: missing, unreadable, too short, or readable by others."""
+
+    def __init__(self, path: str, problem: str):
+        self.path = str(path)
+        self.problem = problem
+        super().__init__(f"agent credential {self.path}: {problem}")
+
+
+@dataclass(frozen=True, slots=True)
+class Credential:
+    #: the file it was read from (named in every error)
+    path: str
+    secret: bytes = field(repr=False)
+
+
+def _read_credential(path: str) -> tuple[Credential, tuple]:
+    """The credential of `path` and the file's identity (device, inode, size, mtime) it was read at."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise CredentialError(path, "no such file: create it on every node and on the controller (`slurm-ext dev "
+                                    "up` does for the dev cluster; in Slinky, the agent-credential Secret mounted "
+                                    "into every pod), see docs/operator/agent-credential.md") from None
+    except OSError as err:
+        raise CredentialError(path, f"cannot be read: {err.strerror} (it is root's: read it as root)") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise CredentialError(path, "not a regular file")
+        if info.st_mode & 0o077:
+            raise CredentialError(path, f"mode {stat.S_IMODE(info.st_mode):04o} lets others read it "
+                                        "(expected 0600 or 0400, owned by root: chmod 600)")
+        text = os.read(fd, _MAX_SECRET + 1)
+    finally:
+        os.close(fd)
+    secret = text.strip()
+    if len(text) > _MAX_SECRET:
+        raise CredentialError(path, f"longer than {_MAX_SECRET} bytes: not a credential")
+    if len(secret) < _MIN_SECRET:
+        raise CredentialError(path, f"{len(secret)} bytes (expected at least {_MIN_SECRET}: "
+                                    "`openssl rand -hex 32`)")
+    return Credential(path, secret), (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+
+
+class CredentialFile:
+    """The credential of one file, read again whenever the file changed (a rotation takes effect at once).
+
+    `get()` raises CredentialError for the file as it is now; a file that later becomes usable is taken then."""
+
+    def __init__(self, path: str):
+        self.path = str(path)
+        self._seen: tuple | None = None
+        self._credential: Credential | None = None
+
+    def get(self) -> Credential:
+        try:
+            info = os.stat(self.path)
+            identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+        except OSError:
+            identity = None
+        if identity is None or identity != self._seen or self._credential is None:
+            self._credential = None
+            self._credential, self._seen = _read_credential(self.path)
+        return self._credential
+
+
+def create_credential(path: str | os.PathLike) -> bool:
+    """Write a new random credential to `path` (mode 0600) unless the file exists; True when written.
+
+    For the dev cluster and the container cluster; a real cluster's comes from its secret store."""
+    path = Path(path)
+    if path.exists():
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as file:
+        file.write(secrets.token_hex(32) + "\n")
+    return True
+
+
+def request_signature(secret: bytes, method: str, target: str, nonce: str) -> str:
+    """The asker's proof that it holds the credential, bound to this one request."""
+    message = f"slurm-ext agent request\n{method}\n{target}\n{nonce}".encode()
+    return hmac.new(secret, message, hashlib.sha256).hexdigest()
+
+
+def answer_signature(secret: bytes, node: str, boot: str, nonce: str, status: int, body: bytes) -> str:
+    """The agent's proof that it holds the credential, bound to the node it is, its boot, the asker's nonce and
+    the answer itself."""
+    head = f"slurm-ext agent answer\n{node}\n{boot}\n{nonce}\n{status}\n".encode()
+    return hmac.new(secret, head + body, hashlib.sha256).hexdigest()
+
+
+def request_allowed(secret: bytes, method: str, target: str, headers: dict[str, str]) -> bool:
+    """Whether a request's headers (names in lower case) prove the asker holds `secret`."""
+    nonce = headers.get(NONCE_HEADER.lower(), "")
+    scheme, _, proof = headers.get("authorization", "").partition(" ")
+    if scheme != AUTH_SCHEME or not 16 <= len(nonce) <= 128:
+        return False
+    return hmac.compare_digest(proof.strip(), request_signature(secret, method, target, nonce))
+
+
+# -- the records -------------------------------------------------------------------------------------
+
+class AgentAnswerError(SlurmExtError):
+    """A node's agent gave no answer that can be believed: it did not answer, answered too much or too slowly,
+    refused the credential, did not prove its own, or answered something that is not the record asked for."""
+
+    def __init__(self, node: str, address: str, problem: str, status: int = 0):
+        self.node = node
+        self.address = address
+        self.problem = problem
+        #: the HTTP status of the answer, 0 when there was none
+        self.status = status
+        super().__init__(f"node {node}'s agent at {address}: {problem}")
+
+
+class _Odd(ValueError):
+    """An answer's field is not what it should be (turned into AgentAnswerError by the client)."""
+
+
+def _number(data: dict, key: str, default: float | None = None) -> float:
+    value = data.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _Odd(f"{key}: expected a number, got {str(value)[:40]!r}")
+    return float(value)
+
+
+def _text(data: dict, key: str, default: str | None = None) -> str:
+    value = data.get(key, default)
+    if not isinstance(value, str):
+        raise _Odd(f"{key}: expected text, got {str(value)[:40]!r}")
+    return value
+
+
+def _table(data: dict, key: str) -> dict:
+    value = data.get(key, {})
+    if not isinstance(value, dict):
+        raise _Odd(f"{key}: expected an object, got {str(value)[:40]!r}")
+    return value
+
+
+def _objects(data: dict, key: str) -> tuple:
+    value = data.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        raise _Odd(f"{key}: expected a list of objects")
+    return tuple(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Readings:
+    """The health monitor's latest readings, as the node's agent answers them."""
+
+    #: when the monitor last read the GPUs (the node's clock, epoch seconds; 0: never)
+    readings_time: float
+    #: the open findings, each as health.findings.Finding writes it
+    findings: tuple
+    #: check -> ok, failing, disabled, ...
+    checks: dict
+    #: the NVIDIA driver's version, empty when unknown
+    driver: str
+    #: one object per GPU (its identity, utilization, memory, temperature, jobs)
+    gpus: tuple
+    #: everything the monitor wrote, for the page's JSON (the fields above are its checked part)
+    data: dict = field(repr=False, compare=False, default_factory=dict)
+
+    @classmethod
+    def of(cls, data: dict) -> Readings:
+        return cls(_number(data, "readings_time", 0.0), _objects(data, "findings"), _table(data, "checks"),
+                   _text(data, "driver", ""), _objects(data, "gpus"), data)
+
+    def critical(self) -> list[dict]:
+        return [f for f in self.findings if f.get("severity") == "critical"]
+
+
+@dataclass(frozen=True, slots=True)
+class HealthAnswer:
+    """A node agent's /health: who answers, and what its health monitor last saw."""
+
+    node: str
+    #: the node's boot id (the content of node.boot_id_file)
+    boot: str
+    #: the agent's clock when it answered (epoch seconds)
+    time: float
+    #: None when no health monitor has written readings on the node
+    monitor: Readings | None
+    #: the node's facts (OS image, kernel, interfaces and their byte counters)
+    facts: dict
+
+    @classmethod
+    def of(cls, data) -> HealthAnswer:
+        if not isinstance(data, dict):
+            raise _Odd("expected a JSON object")
+        monitor = data.get("monitor")
+        if monitor is not None and not isinstance(monitor, dict):
+            raise _Odd("monitor: expected an object or null")
+        return cls(_text(data, "node"), _text(data, "boot", ""), _number(data, "time"),
+                   Readings.of(monitor) if monitor is not None else None, _table(data, "facts"))
+
+    def as_dict(self) -> dict:
+        """The answer as JSON objects, as the agent sent it (the page's usage figures read this form)."""
+        return {"node": self.node, "boot": self.boot, "time": self.time,
+                "monitor": self.monitor.data if self.monitor else None, "facts": self.facts}
+
+
+@dataclass(frozen=True, slots=True)
+class JournalLine:
+    #: epoch seconds
+    time: float
+    #: the line as the journal holds it (tells two events of one second apart)
+    line: str
+    data: dict
+
+
+@dataclass(frozen=True, slots=True)
+class EventsPage:
+    """A node agent's /events: its journal's events since the time asked, oldest first."""
+
+    node: str
+    boot: str
+    events: tuple
+
+    @classmethod
+    def of(cls, node: str, boot: str, body: str) -> EventsPage:
+        found = []
+        for number, line in enumerate(body.splitlines(), 1):
+            try:
+                data = json.loads(line)
+                when = datetime.fromisoformat(data["time"]).timestamp()
+            except (ValueError, KeyError, TypeError, RecursionError):
+                raise _Odd(f"line {number} is not a journal event") from None
+            found.append(JournalLine(when, line, data))
+        return cls(node, boot, tuple(found))
+
+
+# -- the client ----------------------------------------------------------------------------------------
+
+class _Failed(Exception):
+    def __init__(self, problem: str, status: int = 0):
+        super().__init__(problem)
+        self.problem, self.status = problem, status
+
+
+def _exchange(address: str, method: str, target: str, headers: dict[str, str], timeout: float,
+              limit: int) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP request and its whole answer, within `timeout` seconds in all and `limit` bytes of body.
+
+    Raises _Failed: no answer, an answer larger than `limit` (refused from its Content-Length, or once `limit` bytes
+    came), or one still coming at the deadline."""
+    host, _, port = address.rpartition(":")
+    try:
+        port_number = int(port)
+    except ValueError:
+        raise _Failed(f"{address!r} is not host:port") from None
+    deadline = time.monotonic() + timeout
+    connection = http.client.HTTPConnection(host.strip("[]"), port_number, timeout=timeout)
+    try:
+        connection.request(method, target, body=b"" if method == "POST" else None,
+                           headers={**headers, "Connection": "close"})
+        answer = connection.getresponse()
+        length = answer.getheader("Content-Length")
+        if length is not None and length.strip().isdigit() and int(length) > limit:
+            raise _Failed(f"answer of {int(length)} bytes refused (at most {limit})", answer.status)
+        body = bytearray()
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _Failed(f"answer not complete within {timeout:g}s", answer.status)
+            if connection.sock is not None:
+                connection.sock.settimeout(left)
+            chunk = answer.read1(_CHUNK) if hasattr(answer, "read1") else answer.read(_CHUNK)
+            if not chunk:
+                break
+            body += chunk
+            if len(body) > limit:
+                raise _Failed(f"answer longer than {limit} bytes refused", answer.status)
+        return answer.status, {k.lower(): v for k, v in answer.getheaders()}, bytes(body)
+    except _Failed:
+        raise
+    except TimeoutError:
+        raise _Failed(f"no answer within {timeout:g}s") from None
+    except (OSError, http.client.HTTPException) as err:
+        raise _Failed(str(getattr(err, "strerror", None) or err) or type(err).__name__) from None
+    finally:
+        connection.close()
+
+
+def get_text(url: str, timeout: float, limit: int = MAX_OTHER) -> tuple[str | None, str]:
+    """(the body, "") of a plain GET of `url`, or (None, why): for what is not an agent (a Prometheus), with the
+    same caps."""
+    parts = urllib.parse.urlsplit(url)
+    target = parts.path or "/"
+    if parts.query:
+        target += "?" + parts.query
+    try:
+        status, _, body = _exchange(parts.netloc, "GET", target, {}, timeout, limit)
+    except _Failed as err:
+        return None, err.problem
+    if status != 200:
+        return None, f"HTTP {status}: {body[:200].decode('utf-8', 'replace').strip()}"
+    return body.decode("utf-8", "replace"), ""
+
+
+class AgentClient:
+    """The controller's side of the boundary: every question to a node's agent.
+
+    `port` and `addresses` say where an agent listens (repair.agent_port, and repair.agents for a node whose
+    agent is not at its NodeAddr); `credential` is the agent credential's file (node.agent_credential)."""
+
+    def __init__(self, credential: str, port: int, addresses: dict | None = None, timeout: float = 5.0):
+        self.credential = CredentialFile(credential)
+        self.port = port
+        self.addresses = dict(addresses or {})
+        self.timeout = timeout
+
+    @classmethod
+    def of(cls, config, timeout: float = 5.0) -> AgentClient:
+        """The client a loaded config describes."""
+        return cls(config.node.agent_credential, config.repair.agent_port, config.repair.agents, timeout)
+
+    def address(self, node: str, addr: str = "") -> str:
+        """host:port of a node's worker agent: repair.agents' entry, else its NodeAddr (else its name) and the
+        agents' port."""
+        return self.addresses.get(node) or f"{addr or node}:{self.port}"
+
+    def health(self, node: str, addr: str = "", timeout: float | None = None) -> HealthAnswer:
+        """The node's agent's health answer.
+
+        Raises:
+            AgentAnswerError: no answer that can be believed, or one that names another node."""
+        address = self.address(node, addr)
+        boot, body = self._ask(node, address, "GET", "/health", MAX_HEALTH, timeout)
+        try:
+            answer = HealthAnswer.of(json.loads(body))
+        except (ValueError, RecursionError) as err:
+            raise AgentAnswerError(node, address, f"its /health is not a health answer: {err}") from None
+        if answer.node != node or answer.boot != boot:
+            raise AgentAnswerError(node, address, f"its /health names node {answer.node[:60]!r} boot "
+                                                  f"{answer.boot[:40]!r}, not the {node!r} boot {boot[:40]!r} "
+                                                  "it signed")
+        return answer
+
+    def events(self, node: str, addr: str = "", since: float = 0.0, limit: int | None = None,
+               timeout: float | None = None) -> EventsPage:
+        """The node's journal events since `since` (epoch seconds), at most `limit` (the newest).
+
+        Raises:
+            AgentAnswerError: as `health`, or a line that is not a journal event."""
+        address = self.address(node, addr)
+        target = f"/events?since={since:.0f}" + (f"&limit={limit}" if limit else "")
+        boot, body = self._ask(node, address, "GET", target, MAX_EVENTS, timeout)
+        try:
+            return EventsPage.of(node, boot, body.decode("utf-8", "replace"))
+        except _Odd as err:
+            raise AgentAnswerError(node, address, f"its /events: {err}") from None
+
+    def check_now(self, node: str, addr: str = "", timeout: float | None = None) -> bool:
+        """Ask the node's health monitor to read the node now. True when asked, False when it was asked less than a
+        second ago (that reading comes within the second: it is as good).
+
+        Raises:
+            AgentAnswerError: as `health`; status 409 when no health monitor runs there."""
+        address = self.address(node, addr)
+        try:
+            self._ask(node, address, "POST", "/health/check", MAX_OTHER, timeout, expect=(202,))
+        except AgentAnswerError as err:
+            if err.status == 429:
+                return False
+            raise
+        return True
+
+    def _ask(self, node: str, address: str, method: str, target: str, limit: int, timeout: float | None,
+             expect: tuple[int, ...] = (200,)) -> tuple[str, bytes]:
+        """(the boot id the answer is bound to, its body) once the answer is proven the node's agent's."""
+        try:
+            credential = self.credential.get()
+        except CredentialError as err:
+            raise AgentAnswerError(node, address, str(err)) from None
+        nonce = secrets.token_hex(16)
+        headers = {NONCE_HEADER: nonce,
+                   "Authorization": f"{AUTH_SCHEME} {request_signature(credential.secret, method, target, nonce)}"}
+        try:
+            status, answer_headers, body = _exchange(address, method, target, headers, timeout or self.timeout,
+                                                     limit)
+        except _Failed as err:
+            raise AgentAnswerError(node, address, f"no answer taken: {err.problem}", err.status) from None
+        said = body[:300].decode("utf-8", "replace").strip()
+        if status == 401:
+            raise AgentAnswerError(node, address, f"refused our agent credential ({credential.path}): {said} (is "
+                                                  "the same credential installed on the node?)", status)
+        boot = answer_headers.get(BOOT_HEADER.lower(), "")
+        proof = answer_headers.get(SIGNATURE_HEADER.lower(), "")
+        expected = answer_signature(credential.secret, node, boot, nonce, status, body)
+        if not hmac.compare_digest(proof, expected):
+            named = answer_headers.get(NODE_HEADER.lower(), "")
+            why = (f"it says it is node {named[:60]!r}" if named and named != node else
+                   f"not signed with the agent credential (it said HTTP {status}: {said[:120]!r})" if not proof else
+                   f"its signature does not match the agent credential {credential.path} (another credential there?)")
+            raise AgentAnswerError(node, address, f"answer not believed: {why}; not slurm-ext's agent of "
+                                                  f"{node}, or its credential differs", status)
+        if status not in expect:
+            raise AgentAnswerError(node, address, f"HTTP {status}: {said or '(no text)'}", status)
+        return boot, body
