@@ -15,6 +15,7 @@ cgroup2 mount at /sys/fs/cgroup/unified (this project's CI has them all).
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -596,24 +597,50 @@ def test_two_hundred_processes(lab):
 
 # -- attacks from the security review (issue 9) ---------------------------------------
 
-#: forks and lets its parent exit, as fast as it can: its pid is never the same for long
-HOPPER = "import os\nwhile True:\n    if os.fork():\n        os._exit(0)\n"
+#: says it started, then forks and lets its parent exit, as fast as it can: its pid is never the same for long.
+#: Every generation holds its stdout, a pipe's write end: a scan of /proc can miss a process that lives
+#: microseconds, but the pipe reads end-of-file only once the last generation is gone.
+HOPPER = "import os\nos.write(1, b'h')\nwhile True:\n    if os.fork():\n        os._exit(0)\n"
 
 
 def _live_of_uid(uid: int) -> list[int]:
     return [pid for pid in pids() if real_uid(pid) == uid and (s := read_stat(pid)) and s.state not in ("Z", "X")]
 
 
+class _HopperPipe:
+    """The read end of the hoppers' stdout: `started()` once one wrote, `all_gone()` at end-of-file."""
+
+    def __init__(self) -> None:
+        self.read_end, self.write_end = os.pipe()
+
+    def child_side(self) -> int:
+        """The write end, for the hopper's stdout; closed here once the hopper has it."""
+        return self.write_end
+
+    def started(self, timeout: float = 10.0) -> bool:
+        os.close(self.write_end)
+        ready, _, _ = select.select([self.read_end], [], [], timeout)
+        return bool(ready) and os.read(self.read_end, 1) == b"h"
+
+    def all_gone(self, timeout: float = 10.0) -> bool:
+        try:
+            ready, _, _ = select.select([self.read_end], [], [], timeout)
+            return bool(ready) and os.read(self.read_end, 1) == b""
+        finally:
+            os.close(self.read_end)
+
+
 def test_a_pid_hopping_fork_loop_cannot_outrun_the_uid_sweep(lab):
     job = lab.job()
-    lab.popen("env", "-i", SYSTEM_PYTHON, "-c", HOPPER, uid=lab.uid, setsid=True)
+    pipe = _HopperPipe()
+    lab.popen("env", "-i", SYSTEM_PYTHON, "-c", HOPPER, uid=lab.uid, setsid=True, stdout=pipe.child_side())
     try:
-        _wait("the hopper hops", lambda: _live_of_uid(lab.uid))
+        assert pipe.started(), "the hopper did not start"
         time.sleep(0.2)
         cleanup = _kill(job, sweep=True, helper=lab.hook_client, timeout=5)
         assert cleanup.found and {p.tie for p in cleanup.found} == {"uid"}
         assert cleanup.survivors == ()
-        time.sleep(0.2)
+        assert pipe.all_gone(), "a hopper outran the uid sweep"
         assert _live_of_uid(lab.uid) == []
     finally:
         signal_uid(lab.uid, signal.SIGKILL)
@@ -623,15 +650,17 @@ def test_a_pid_hopper_in_the_job_cgroup_is_frozen_and_killed_without_any_other_t
     job = lab.job()
     cgroup = lab.mkcgroup(FREEZER / f"slurm_{job.node}" / f"uid_{job.uid}" / f"job_{job.job_id}" / "step_0")
     join = f"echo $$ > {cgroup}/cgroup.procs && exec setpriv --reuid={lab.uid} --regid={lab.uid} --clear-groups"
-    lab.popen("sh", "-c", f"{join} env -i {SYSTEM_PYTHON} -c '{HOPPER}'", setsid=True)
+    pipe = _HopperPipe()
+    lab.popen("sh", "-c", f"{join} env -i {SYSTEM_PYTHON} -c \"{HOPPER}\"", setsid=True, stdout=pipe.child_side())
     try:
+        assert pipe.started(), "the hopper did not start"
         _wait("the hopper hops in the job cgroup", lambda: (cgroup / "cgroup.procs").read_text().split())
         time.sleep(0.2)
         cleanup = _kill(job, sweep=False, timeout=5)  # no uid sweep: only the cgroup says it is the job's
         assert cleanup.found and {p.tie for p in cleanup.found} == {"cgroup"}
         assert cleanup.survivors == ()
         assert not cgroup.exists()  # emptied and removed
-        assert _live_of_uid(lab.uid) == []
+        assert pipe.all_gone(), "a hopper outran the cgroup's kill"
     finally:
         if cgroup.exists():
             (cgroup / "freezer.state").write_text("FROZEN")
