@@ -162,11 +162,15 @@ def images(engine) -> dict[str, str]:
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the xdist_group marks
 def pytest_collection_modifyitems(items):
-    """Every test that needs the real cluster carries the `cluster` marker, however it reaches the fixture
-    (`-m "not cluster"` runs the rest, with no Slurm at all); each test is in one of the two halves that
-    `-n 2 --dist loadgroup` runs side by side (SIDE_MODULES)."""
+    """Every test that needs a real Slurm cluster carries the `cluster` marker, whether it reaches the session's
+    fixture or its module brings up clusters of its own (`*_cluster.py`), and every test that needs the images
+    the `containers` marker: `-m "not cluster and not containers"` runs the unit tests, with no Slurm and no
+    Docker. Each test is in one of the two halves that `-n 2 --dist loadgroup` runs side by side (SIDE_MODULES)."""
     for item in items:
-        if "cluster" in getattr(item, "fixturenames", ()):
+        fixtures = getattr(item, "fixturenames", ())
+        if "cluster" in fixtures or item.module.__name__.endswith("_cluster"):
             item.add_marker(pytest.mark.cluster)
+        if "images" in fixtures or "engine" in fixtures:
+            item.add_marker(pytest.mark.containers)
         item.add_marker(pytest.mark.xdist_group("side" if item.module.__name__ in SIDE_MODULES else "main"))
 
