@@ -45,7 +45,8 @@ class DevSection:
     mariadb_port: int = setting(3307, "MariaDB's TCP port on 127.0.0.1 (not 3306: leaves a system MariaDB alone)",
                                 "int", minimum=1, maximum=65535)
     proctrack: str = setting("cgroup", "Slurm's ProctrackType: cgroup, or linuxproc to watch the Epilog clean up "
-                             "where Slurm's own cgroup tracking is unavailable (as in pods)", "choice",
+                             "where Slurm's own cgroup tracking is unavailable (as in pods); `dev up --proctrack` "
+                             "overrides it", "choice",
                              choices=("cgroup", "linuxproc"))
     min_job_age: int = setting(300, "Slurm's MinJobAge: seconds a finished job stays in slurmctld's memory and state "
                                "files (a lower value shows sooner what a slurmctld killed during a database outage "

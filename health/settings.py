@@ -1,7 +1,7 @@
 """The health monitor's config: [health], its [health.checks.<id>] and [health.xid.<number>] tables.
 
 Every check's defaults are in `CHECKS` below, one row per check, so that
-`slurm-ext config show`, the README and the checks themselves read one
+`slurm-ext config show`, docs/operator/health.md and the checks themselves read one
 table. A [health.checks.<id>] table changes only the keys it gives. A
 threshold is a string with its unit ("60%", "5C", "100/s", "1GiB") or an
 integer count; a threshold without its unit, or for a check that has
@@ -222,21 +222,25 @@ def parse_threshold(unit: str, value: str | int) -> tuple[float, bool]:
 class HealthSection:
     """Passive GPU and node checks: the node agent's `health` worker (`slurm-ext health monitor`)."""
 
-    enabled: bool = setting(True, "run the health monitor in the worker role's agent (false also lifts its "
-                                   "drains; true again drains anew for the findings it kept this boot)", "bool")
+    enabled: bool = setting(True, "run the health monitor as the worker agent's `health` worker (false "
+                                   "also lifts its drains, which nothing would clear otherwise; true again drains anew "
+                                   "for the findings it kept this boot)", "bool")
     interval: float = setting(10.0, "how often the polled checks read NVML and the node", "duration",
                               minimum=0.1, maximum=3600.0)
     kernel_log: str = setting("/dev/kmsg", "the kernel log: /dev/kmsg, or a file of kernel lines that grows (a "
-                              "simulated node of its own: a file is trusted as a whole, never point it at syslog); "
-                              "read from its end at start; empty: no kernel checks",
+                              "simulated node of its own: a file is trusted as a whole, never point it at syslog, "
+                              "which any user writes to with `logger -t kernel`); "
+                              "read from its end at start (never replayed); empty: no kernel checks",
                               "path", empty_ok=True)
-    nvml_events: bool = setting(True, "wait for NVML events (Xid, ECC, recovery action) besides the kernel log",
+    nvml_events: bool = setting(True, "wait in nvmlEventSetWait for NVML events (Xid, double-bit ECC, recovery "
+                                "action) besides the kernel log",
                                 "bool")
-    call_timeout: float = setting(30.0, "an NVML or node read running longer than this counts as hung (`health "
-                                  "check` then reports NVML failing now)", "duration",
+    call_timeout: float = setting(30.0, "an NVML, file-system or Slurm read running longer than this counts as "
+                                  "hung (an NVML hang counts as a failed poll; `health check` then reports NVML "
+                                  "failing now)", "duration",
                                   minimum=0.1, maximum=3600.0)
-    interfaces: tuple = setting((), "network interfaces whose link state and flaps are watched (e.g. the "
-                                "InfiniBand or RoCE ports)", "list", item={"kind": "str",
+    interfaces: tuple = setting((), "network interfaces whose link state and flaps are watched through "
+                                "netlink (e.g. the InfiniBand or RoCE ports)", "list", item={"kind": "str",
                                                                            "pattern": r"^[A-Za-z0-9._@:-]+$"})
     network_namespace: str = setting("", "the network namespace (a name under /run/netns) of `interfaces`; empty: "
                                      "the monitor's own", "str", pattern=r"^[A-Za-z0-9._-]*$")

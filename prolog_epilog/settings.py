@@ -22,7 +22,8 @@ class PrologEpilogSection:
                                "job-end.d); empty means the config file's directory", "path", empty_ok=True)
     script_timeout: float = setting(60.0, "longest run of one lifecycle script or user hook; then its process group "
                                     "is killed and it counts as failed", "duration", minimum=0.1, maximum=86400.0)
-    script_timeouts: dict = setting({}, "per-script timeout by file name, e.g. { \"10-mounts\" = \"5m\" }",
+    script_timeouts: dict = setting({}, "per-script timeout by file name, e.g. { \"10-mounts\" = \"5m\" } (admin "
+                                    "scripts only)",
                                     "table", item={"kind": "duration", "minimum": 0.1, "maximum": 86400.0})
     on_failure: dict = setting({"job-start": "drain", "job-end": "ignore"},
                                "per phase: drain (non-zero exit to Slurm, which drains the node and requeues a "

@@ -9,8 +9,11 @@ that is half applied is worse than one that is refused.
 Keys are declared once, with `setting()`, in the section dataclasses with
 their doc text: the core's sections ([node], [log], [slurm]) below, each
 component's in its own `settings` module, which registers it here
-(`register_section`). `render()` (``slurm-ext config show``) and the README
-reference are both made from these declarations.
+(`register_section`). `render()` (``slurm-ext config show``), the
+configuration reference docs/reference/configuration.md and the commented
+example slurm-ext.toml.example are all made from these declarations (the
+last two by `python -m slurm_ext.configdoc`; a test fails when either is
+not what the declarations make now).
 
 The core knows its components' sections by name only (`_SECTION_OWNERS`, a
 fixed table) and imports a component's `settings` on demand: when a file has
@@ -38,7 +41,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 __all__ = ["Config", "ROLES", "DEFAULT_PATH", "ENV_VAR", "load", "from_dict", "render", "render_section", "parse_duration",
-           "format_duration", "sections",
+           "format_duration", "toml_value", "sections",
            "section_names", "section_class", "register_section", "setting", "NodeSection", "LogSection",
            "SlurmSection"]
 
@@ -92,7 +95,8 @@ class NodeSection:
                                 "is done once per boot, and what a reboot clears, go by it", "path")
     environment: dict = setting({}, "environment variables every slurm-ext command run with this config gets, as "
                                 "the node's daemons have them (the dev cluster's fake NVML: LD_LIBRARY_PATH and its "
-                                "spec), so an operator's command sees the GPUs the agents see", "table",
+                                "spec), so an operator's command sees the GPUs the agents see; a command started "
+                                "without them runs itself again with them", "table",
                                 item={"kind": "str"})
     agent_credential: str = setting("/etc/slurm-ext/agent-credential", "the cluster's agent credential: a secret in a "
                                     "root-only file (mode 0600), the same on every node and the controller; the "
@@ -526,19 +530,20 @@ def _render_section(out: list[str], name: str, section: Any) -> None:
         if value is None:
             continue
         out.append(f"# {f.metadata['doc']}")
-        out.append(f"{f.name} = {_toml_value(value, f.metadata)}")
+        out.append(f"{f.name} = {toml_value(value, f.metadata)}")
     for sub_name, sub_section in later:
         _render_section(out, sub_name, sub_section)
 
 
-def _toml_value(value: Any, rules: dict) -> str:
+def toml_value(value: Any, rules: dict) -> str:
+    """A value as the config file writes it, by its key's rules (`config show`, the example config)."""
     kind = rules["kind"]
     if kind == "duration":
         return f'"{format_duration(value)}"'
     if kind == "list":
-        return "[" + ", ".join(_toml_value(v, rules["item"]) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v, rules["item"]) for v in value) + "]"
     if kind == "table":
-        return "{" + ", ".join(f"{_toml_string(k)} = {_toml_value(v, rules['item'])}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{_toml_string(k)} = {toml_value(v, rules['item'])}" for k, v in value.items()) + "}"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):

@@ -84,7 +84,8 @@ class SupervisorSection:
                                       "slurmd can enable controllers", "bool")
     cgroup_writable: bool = setting(True, "as PID 1 of a worker container, remount its read-only cgroup file systems "
                                     "read-write (Docker's default; needs CAP_SYS_ADMIN) so slurmd's cgroup plugins "
-                                    "can make job cgroups", "bool")
+                                    "can make job cgroups; set false where Slurm runs with CgroupPlugin=disabled, to "
+                                    "silence the warning", "bool")
     workers: dict = setting({}, "per-worker settings, [supervisor.workers.<name>]", "sections", section=WorkerSection)
 
     def port(self, role: str) -> int:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import cli, cli_as_nobody
-from slurm_ext import config
+from slurm_ext import config, configdoc
 from slurm_ext.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -138,11 +138,79 @@ def test_render_round_trips_every_default():
     assert config.from_dict(tomllib.loads(text)) == dataclasses.replace(config.Config(), source="<config>")
 
 
-def test_readme_documents_every_key():
-    readme = (REPO / "README.md").read_text()
+def every_key() -> list[tuple[str, tuple[str, ...]]]:
+    """Every declared key as the reference names it, with the lines of the example that may show it."""
+    keys = []
     for name, section in config.sections().items():
         for field in dataclasses.fields(section):
-            assert f"`{name}.{field.name}`" in readme, f"README lacks {name}.{field.name}"
+            if field.metadata["kind"] != "sections":
+                keys.append((f"{name}.{field.name}", (f"\n# {field.name} = ",)))
+                continue
+            keys.append((f"{name}.{field.name}", (f"\n# [{name}.{field.name}.NAME]\n",)))
+            keys += [(f"{name}.{field.name}.<name>.{sub.name}", (f"\n# {sub.name} = ", f"\n### {sub.name}: "))
+                     for sub in dataclasses.fields(field.metadata["section"])]
+    return keys
+
+
+def test_the_configuration_reference_and_the_example_config_are_made_from_the_declarations():
+    """A key added, renamed or re-documented without running the generator fails here."""
+    for relative, text in configdoc.outputs().items():
+        committed = (REPO / relative).read_text() if (REPO / relative).exists() else ""
+        assert committed == text, f"{relative} is not what the config declarations make: run `{configdoc.REGENERATE}`"
+
+
+def test_the_reference_and_the_example_name_every_key_with_its_doc():
+    reference = (REPO / configdoc.REFERENCE).read_text()
+    example = (REPO / configdoc.EXAMPLE).read_text()
+    for dotted, shown in every_key():
+        assert f"| `{dotted}` |" in reference, f"{configdoc.REFERENCE} lacks {dotted}"
+        assert any(line in example for line in shown), f"{configdoc.EXAMPLE} lacks {dotted}"
+    for name in config.section_names():
+        assert f"\n# [{name}]\n" in example, f"{configdoc.EXAMPLE} lacks the header of [{name}]"
+
+
+def test_the_example_config_with_every_setting_uncommented_is_the_defaults(tmp_path):
+    """The example's values are the defaults, as the file would write them: uncommenting one changes nothing."""
+    settings, in_table = [], False
+    for line in (REPO / configdoc.EXAMPLE).read_text().splitlines():
+        if line.startswith("# ["):
+            in_table = line.endswith(".NAME]")  # [x.y.NAME]: an example of a table, none by default
+            if not in_table:
+                settings.append(line[2:])
+        elif line.startswith("# "):
+            assert not in_table, f"a key of a table that no default has: {line}"
+            settings.append(line[2:])
+    path = write(tmp_path, "\n".join(settings) + "\n")
+    loaded = config.load(path)
+    assert set(tomllib.loads(path.read_text())) == set(config.section_names())
+    assert dataclasses.replace(loaded, source=None) == config.Config()
+
+
+def test_a_key_declared_without_running_the_generator_leaves_both_files_stale(monkeypatch):
+    dev = config.section_class("dev")
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Grown(dev):
+        __doc__ = dev.__doc__
+        brand_new: int = config.setting(1, "a key no file documents yet", "int")
+
+    monkeypatch.setitem(config._registered, "dev", Grown)
+    stale = [relative for relative, text in configdoc.outputs().items() if (REPO / relative).read_text() != text]
+    assert stale == list(configdoc.outputs())
+    assert "`dev.brand_new`" in configdoc.reference() and "# brand_new = 1" in configdoc.example()
+
+
+def test_the_generator_check_mode_names_a_stale_file(tmp_path):
+    for relative in configdoc.outputs():
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+    assert configdoc.main([str(tmp_path)]) == 0
+    assert configdoc.main(["--check", str(tmp_path)]) == 0
+    stale = tmp_path / configdoc.EXAMPLE
+    stale.write_text(stale.read_text().replace("# timeout = ", "# timeout_old = ", 1))
+    result = subprocess.run([sys.executable, "-m", "slurm_ext.configdoc", "--check", str(tmp_path)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert f"{configdoc.EXAMPLE}: out of date; run `{configdoc.REGENERATE}`" in result.stderr
 
 
 def test_every_section_in_file_order_each_declared_by_its_owner():
