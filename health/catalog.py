@@ -13,7 +13,7 @@ RESTART_BM, IGNORE, ...) and an investigatory one (what to look into when it com
 immediate bucket onto this project's severities and its closed list of actions (settings.ACTIONS): RESET_GPU is
 reset-gpu, RESTART_BM reboot, RESTART_APP restart-job (a warning: the job's fault, never a drain), IGNORE no
 action (info). Xids whose fix is a reset or a reboot are sticky: a quiet hour does not make the GPU good again.
-Where slurm-ext departs from NVIDIA it says so in `DEPARTURES`, with the reason (the README's health section lists
+Where slurm-ext departs from NVIDIA it says so in `DEPARTURES`, with the reason (docs/operator/health.md lists
 them too). An Xid missing here is a warning naming NVIDIA's catalog, never a crash; [health.xid.N] overrides any
 entry per site.
 """
@@ -236,7 +236,7 @@ DEPARTURES: dict[int, tuple[str, str, str]] = {
     172: ("info", "none", "NVIDIA gives no bucket: a detail line of an Xid 48, which is judged itself"),
 }
 
-#: the departures that are not per Xid (listed in the README with the ones above)
+#: the departures that are not per Xid (listed in docs/operator/health.md with the ones above)
 GENERAL_DEPARTURES = (
     "application Xids (RESTART_APP) are warnings with action restart-job: slurm-ext does not restart jobs, and one "
     "job's crash must never drain a node that runs other users' jobs",
@@ -254,7 +254,7 @@ GENERAL_DEPARTURES = (
     "Xid 45 (WORKFLOW_XID_45) is a warning without action that never escalates: NVIDIA's solo case (restart Fabric "
     "Manager) cannot be told from the usual one (an aborted application) line by line",
     "Xid 79 keeps the short mnemonic GPU_HAS_FALLEN_OFF_THE_BUS (NVIDIA: ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS) "
-    "that drain reasons and the README have always shown",
+    "that drain reasons and the docs have always shown",
     "SXid lines that say Fatal are critical with action reboot (the guide: reset every GPU and NVSwitch, or "
     "restart the host; on a node that is one reboot); Non-fatal ones are warnings, and those the guide says have "
     "no impact (single-bit ECC, 22013) info",

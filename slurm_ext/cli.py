@@ -55,8 +55,8 @@ def _events(args: argparse.Namespace) -> int:
         return 2
     for name in args.event or ():
         if name not in CATALOGUE:
-            print(f"slurm-ext: warning: --event {name}: not an event of this slurm-ext (the README lists them); "
-                  "only older journals can have it", file=sys.stderr)
+            print(f"slurm-ext: warning: --event {name}: not an event of this slurm-ext (docs/reference/events.md "
+                  "lists them); only older journals can have it", file=sys.stderr)
     if not args.follow and not any(path.exists() for path in journal_files(state_dir)):
         # nothing to show is not "nothing happened": no agent or monitor of this config ever wrote here
         hint = "" if args.state_dir else "; is this the node's config (--config, $SLURM_EXT_CONFIG)?"
@@ -104,7 +104,7 @@ def _parser() -> argparse.ArgumentParser:
     evs = commands.add_parser(
         "events", help="the node journal: what slurm-ext did on this node, and why",
         description="Print the events of <node.state_dir>/journal.jsonl and its rotated files (.3 .2 .1), oldest "
-                    "first, as `time severity component: event: message`. The README's table of events says what "
+                    "first, as `time severity component: event: message`. docs/reference/events.md says what "
                     "each one means. Lines that are not events are skipped with a warning.")
     evs.add_argument("--since", metavar="T", help="only events from T on: a duration back from now (30s, 10m, 2h, 1d) "
                      "or an ISO time (2025-01-31T14:00, local time without an offset)")

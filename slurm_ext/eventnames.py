@@ -5,10 +5,10 @@ its default severity and one line of what it means. `events.emit` refuses a
 name that is not here (ValueError), and a unit test scans the source for
 every literal name passed to an emitter, so a typo or a new name without an
 entry fails the tests instead of reaching an operator's journal unexplained.
-The README's table of events is `markdown_table()`; a test keeps the two the
-same.
+The table of events in docs/reference/events.md is `markdown_table()`; a
+test keeps the two the same.
 
-Add an entry when adding an event; change the entry (and the README table)
+Add an entry when adding an event; change the entry (and the docs' table)
 when changing what an event means. An operator greps the journal for these
 names, so a name is renamed only with a note in the changelog.
 
@@ -243,7 +243,7 @@ CATALOGUE: dict[str, EventName] = {entry.name: entry for entry in _ENTRIES}
 
 
 def markdown_table() -> str:
-    """The README's table of events (name, component, severity, meaning), one row per entry."""
+    """docs/reference/events.md's table of events (name, component, severity, meaning), one row per entry."""
     rows = ["| event | component | severity | meaning |", "|---|---|---|---|"]
     rows += [f"| `{e.name}` | {', '.join(e.components)} | {e.severity} | {e.meaning} |" for e in _ENTRIES]
     return "\n".join(rows) + "\n"

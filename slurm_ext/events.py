@@ -80,7 +80,7 @@ def emit(state_dir: str | None, component: str, event: str, message: str, severi
     problem = ""
     if entry is None:
         problem = (f"event {event!r} is not in the catalogue (slurm_ext/eventnames.py): add it there and to the "
-                   "README's table of events")
+                   "table of events in docs/reference/events.md")
     elif component not in entry.components:
         problem = (f"event {event!r}: component {component!r} is not one of its components in the catalogue "
                    f"({', '.join(entry.components)}; slurm_ext/eventnames.py)")
