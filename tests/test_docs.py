@@ -18,7 +18,7 @@ from slurm_ext import clidoc
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 #: pages another step of the same change writes (issue 27's typed agent API): linked already, so that the
-#: map is whole; take a page off this list once it is committed (the test then checks it like the rest)
+#: map is whole, and checked like the rest once they exist; take a page off this list once it is committed
 NOT_WRITTEN_YET = {DOCS / "operator" / "agent-credential.md"}
 #: the component folders whose code may serve metrics
 SOURCES = ("slurm_ext", "supervisor", "gres", "accounting", "prolog_epilog", "health", "repair", "web", "devcluster")
@@ -69,7 +69,7 @@ def test_every_link_and_anchor_in_the_readme_and_docs_resolves():
     for page in pages():
         for target, anchor in links(page):
             path = (page.parent / target).resolve() if target else page
-            if path in NOT_WRITTEN_YET:
+            if path in NOT_WRITTEN_YET and not path.exists():
                 continue
             if not path.exists():
                 broken.append(f"{page.relative_to(REPO)}: {target}: no such file")
