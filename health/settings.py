@@ -93,8 +93,8 @@ CHECKS: dict[str, CheckDefaults] = {
                                        "retired (remove: RMA)"),
     "nvlink": CheckDefaults("critical", "reboot", "count", 0, hold=30.0, quiet=5 * _M,
                             doc="fewer active NVLinks than expected: `threshold` links per GPU, or 0 for the most "
-                                "each GPU has shown this boot (`health clear --check nvlink` accepts the count "
-                                "it has now)"),
+                                "each GPU has shown this boot (kept across the monitor's restarts; `health clear "
+                                "--check nvlink` accepts the count it has now)"),
     "nvlink-errors": CheckDefaults("warning", "none", "rate", "100/s", window=_M, quiet=10 * _M,
                                    doc="NVLink CRC and replay errors faster than `threshold` over `window`"),
     "pcie-link": CheckDefaults("warning", "reboot", hold=_M, quiet=5 * _M,

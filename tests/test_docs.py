@@ -154,3 +154,24 @@ def test_the_metrics_reference_names_every_metric_in_the_code_and_no_other():
             f"docs/reference/metrics.md: no metric named like {pattern.pattern}"
     stale = sorted(name for name in documented - names if not any(p.fullmatch(name) for p in patterns))
     assert not stale, f"docs/reference/metrics.md names metrics no code serves: {stale}"
+
+
+def test_the_health_checks_table_is_made_from_the_checks_defaults():
+    """docs/operator/health.md's table of defaults after its marker is the one the code makes: a default changed
+    in health/settings.py, or a check added, fails here until the page says it."""
+    from slurm_ext.health.checks import markdown_table
+    page = (DOCS / "operator" / "health.md").read_text()
+    marker = page.index("<!-- health-checks:")
+    start = page.index("\n", marker) + 1
+    table = page[start:page.index("\n\n", start) + 1]
+    assert table == markdown_table(), ("docs/operator/health.md's table of checks differs from the code; paste "
+                                       "this after its <!-- health-checks --> marker:\n" + markdown_table())
+
+
+def test_the_health_checks_table_changes_with_a_default(monkeypatch):
+    """The table above must not pass by ignoring the settings: a changed default makes another table."""
+    import dataclasses
+    from slurm_ext.health import checks, settings
+    before = checks.markdown_table()
+    monkeypatch.setitem(settings.CHECKS, "ecc", dataclasses.replace(settings.CHECKS["ecc"], threshold=2))
+    assert checks.markdown_table() != before and "| `ecc` | nvml | critical | reset-gpu | `2` |" in checks.markdown_table()
