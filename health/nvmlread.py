@@ -380,5 +380,5 @@ class NvmlEvents:
 
 
 def _recovery_words(code: int) -> str:
-    from .catalog import recovery_entry
+    from .xids import recovery_entry
     return recovery_entry(code)[0]

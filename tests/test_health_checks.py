@@ -10,7 +10,7 @@ import re
 import pytest
 
 from slurm_ext import nvml
-from slurm_ext.health import catalog
+from slurm_ext.health import xids
 from slurm_ext.health.check import View
 from slurm_ext.health.checks import REGISTRY
 from slurm_ext.health.records import (FsSample, Gpu, GpuSample, KernelHang, LinkChange, NodeSample, Observation,
@@ -102,11 +102,11 @@ def test_defaults_are_valid(check):
 
 
 def test_catalog_entries_are_valid():
-    for number, entry in catalog.KNOWN.items():
+    for number, entry in xids.KNOWN.items():
         assert entry.xid == number
         assert entry.severity in SEVERITIES and entry.action in ACTIONS, entry
         assert not (entry.application and entry.sticky), entry
-    for severity, action in catalog.RECOVERY_ACTIONS.values():
+    for severity, action in xids.RECOVERY_ACTIONS.values():
         assert severity in SEVERITIES and action in ACTIONS
 
 
@@ -532,7 +532,7 @@ def test_application_xids_are_warnings(number):
     found = one(event("xid", xid(number), GPUS_VIEW))
     assert (found.severity, found.action, found.sticky) == ("warning", "restart-job", False)
     assert found.subject == f"{GPU0.uuid}/xid{number}" and found.gpu == GPU0
-    assert found.evidence == f"{number} gpu 0 {catalog.KNOWN[number].mnemonic} (expected none)"
+    assert found.evidence == f"{number} gpu 0 {xids.KNOWN[number].mnemonic} (expected none)"
     assert found.fields["repeats"] == 1 and found.fields["xid"] == number
     assert found.fields["bucket"] == "RESTART_APP"
 
@@ -544,7 +544,7 @@ def test_xids_nvidia_says_to_ignore_are_no_action(number, severity):
     recent = tuple(xid(number, time=float(t * 100), pid=t) for t in range(10))
     found = one(event("xid", xid(number, time=1000.0, pid=99), dataclasses.replace(GPUS_VIEW, recent=recent)))
     assert (found.severity, found.action, found.sticky) == (severity, "none", False)
-    assert found.evidence == f"{number} gpu 0 {catalog.KNOWN[number].mnemonic} (expected none)"
+    assert found.evidence == f"{number} gpu 0 {xids.KNOWN[number].mnemonic} (expected none)"
 
 
 @pytest.mark.parametrize("number", [13, 31])
@@ -553,7 +553,7 @@ def test_application_xid_repeating_across_faults_on_one_gpu_asks_for_diagnostics
     found = one(event("xid", xid(number, time=3000.0, pid=3), dataclasses.replace(GPUS_VIEW, recent=recent)))
     assert (found.severity, found.action, found.sticky) == ("warning", "reset-gpu", False)
     assert found.fields["repeats"] == 3
-    assert found.evidence.startswith(f"{number} gpu 0 {catalog.KNOWN[number].mnemonic}, 3 faults in 1h (limit 2): "
+    assert found.evidence.startswith(f"{number} gpu 0 {xids.KNOWN[number].mnemonic}, 3 faults in 1h (limit 2): "
                                      "run DCGM diagnostics")
     assert found.evidence.endswith(f"(NVIDIA WORKFLOW_XID_{number})")
     # the second is still a plain warning
@@ -661,7 +661,7 @@ def test_nvlink5_follows_nvidia_decode(number, unit, fatal, intrinfo, status, se
     record = xid(number, fatal=fatal, unit=unit, intrinfo=intrinfo, error_status=status)
     found = one(event("xid", record, GPUS_VIEW))
     assert (found.severity, found.action, found.sticky) == (severity, action, severity == "critical")
-    assert found.evidence == f"{number} gpu 0 {catalog.KNOWN[number].mnemonic} (expected none)"
+    assert found.evidence == f"{number} gpu 0 {xids.KNOWN[number].mnemonic} (expected none)"
 
 
 @pytest.mark.parametrize("recovery,severity,action", [("GPU Reset Required", "critical", "reset-gpu"),
@@ -695,12 +695,12 @@ def test_catalog_follows_nvidia_where_the_old_one_did_not():
     """Issue 26: the catalog against NVIDIA's table (46, 110, 155, 156, 158 reset; 109 reset, not the application's;
     38, 121 ignore; 119/120 reset; 43 ignore; NVLink5 Fatal reset)."""
     for number in (46, 109, 110, 119, 120, 155, 156, 158):
-        assert (catalog.KNOWN[number].bucket, catalog.KNOWN[number].action) == ("RESET_GPU", "reset-gpu"), number
+        assert (xids.KNOWN[number].bucket, xids.KNOWN[number].action) == ("RESET_GPU", "reset-gpu"), number
     for number in (38, 43, 121):
-        entry = catalog.KNOWN[number]
+        entry = xids.KNOWN[number]
         assert (entry.bucket, entry.severity, entry.action, entry.sticky) == ("IGNORE", "info", "none", False)
-    assert not catalog.KNOWN[109].application
-    assert catalog.CATALOG_REVISION.startswith("NVIDIA Xid Catalog")
+    assert not xids.KNOWN[109].application
+    assert xids.CATALOG_REVISION.startswith("NVIDIA Xid Catalog")
 
 
 def test_xids_of_bus_ids_no_gpu_has_are_one_node_finding():
@@ -721,7 +721,7 @@ def test_xids_of_bus_ids_no_gpu_has_are_one_node_finding():
 
 def test_a_gpu_has_findings_for_a_bounded_number_of_xids_within_the_window():
     from slurm_ext.health.checks.xid import MAX_XIDS_PER_GPU
-    numbers = sorted(n for n in catalog.KNOWN if n not in (144, 145, 146, 147, 148, 149, 150, 154))
+    numbers = sorted(n for n in xids.KNOWN if n not in (144, 145, 146, 147, 148, 149, 150, 154))
     recent = tuple(xid(n, time=float(i)) for i, n in enumerate(numbers[:MAX_XIDS_PER_GPU]))
     view = dataclasses.replace(GPUS_VIEW, recent=recent)
     extra = numbers[MAX_XIDS_PER_GPU]
@@ -806,7 +806,7 @@ def test_sxid_without_severity_and_always_fatal_ones():
 def test_sxids_are_bounded_per_switch_and_in_switches():
     from slurm_ext.health.checks.sxid import MAX_SWITCHES, MAX_SXIDS_PER_SWITCH
     bus = "00000000:0A:00.0"
-    numbers = sorted(catalog.SXIDS)[:MAX_SXIDS_PER_SWITCH + 1]
+    numbers = sorted(xids.SXIDS)[:MAX_SXIDS_PER_SWITCH + 1]
     view = View(recent=tuple(SXid(n, bus, False, "", float(i)) for i, n in enumerate(numbers[:-1])))
     assert one(event("sxid", SXid(numbers[-1], bus, False, "", 50.0), view)).subject == f"{bus}/sxid-other"
     assert one(event("sxid", SXid(numbers[0], bus, False, "", 50.0), view)).subject == f"{bus}/sxid{numbers[0]}"

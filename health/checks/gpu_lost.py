@@ -3,7 +3,7 @@ the driver's recovery-action field asks for a reset or a reboot (no other tool r
 
 from slurm_ext import nvml
 
-from ..catalog import recovery_entry
+from ..xids import recovery_entry
 from ..check import Check, View, gpu_observation
 from ..settings import Params
 

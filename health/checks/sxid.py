@@ -13,7 +13,7 @@ rest share `<bus>/sxid-other`); the window is the check's, or an hour.
 
 from __future__ import annotations
 
-from .. import catalog
+from .. import xids
 from ..check import Check, View
 from ..records import Observation, SXid
 from ..settings import Params
@@ -27,7 +27,7 @@ BOUND_WINDOW = 3600.0
 
 
 def judge(sxid: SXid, view: View, params: Params) -> list:
-    entry = catalog.sxid_entry(sxid.sxid)
+    entry = xids.sxid_entry(sxid.sxid)
     if sxid.fatal or entry.kind == "always-fatal":
         severity, action = params.severity, params.action
     else:

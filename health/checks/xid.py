@@ -1,4 +1,4 @@
-"""Xid: from the kernel log or an NVML event, judged by NVIDIA's catalog (catalog.py).
+"""Xid: from the kernel log or an NVML event, judged by NVIDIA's catalog (xids.py).
 
 Faults are counted, not lines: a crash prints a burst of Xid lines (16 Xid 13
 lines in 2 ms from one process, in a real log), so the lines of one burst
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from slurm_ext.config import format_duration
 
-from .. import catalog
+from .. import xids
 from ..check import Check, View
 from ..records import Observation, Xid
 from ..settings import Params
@@ -36,19 +36,19 @@ NODE_SUBJECT = "node/xid"
 
 
 def judge(xid: Xid, view: View, params: Params) -> list:
-    entry = catalog.entry(xid.xid)
+    entry = xids.entry(xid.xid)
     gpu = view.gpu(xid.pci_bus_id, xid.uuid)
     severity, action, meaning, bucket = entry.severity, entry.action, entry.meaning, entry.bucket
     if 144 <= xid.xid <= 150:
-        bucket = catalog.nvlink5_bucket(xid.xid, xid.unit, xid.fatal, xid.intrinfo, xid.error_status)
-        severity, action = catalog.bucket_verdict(bucket)
+        bucket = xids.nvlink5_bucket(xid.xid, xid.unit, xid.fatal, xid.intrinfo, xid.error_status)
+        severity, action = xids.bucket_verdict(bucket)
     if xid.xid == 154 and xid.recovery:
-        meaning, severity, action = catalog.recovery_entry(xid.recovery)
+        meaning, severity, action = xids.recovery_entry(xid.recovery)
     sticky = severity == "critical"
     names = _gpu_names(view)
     mine = _same_xid_same_gpu(xid, names, view.recent, params.window)
     faults = count_faults([*mine, xid])
-    step = catalog.REPEAT_WORKFLOWS.get(entry.investigatory) if entry.application else None
+    step = xids.REPEAT_WORKFLOWS.get(entry.investigatory) if entry.application else None
     escalated = step is not None and params.threshold is not None and faults >= params.threshold
     if escalated:
         severity, action, sticky = "warning", "reset-gpu", False
@@ -81,11 +81,11 @@ def subject_of(xid: Xid, gpu, names: dict[str, str], recent, window: float) -> s
     has its bus id (a line can name any bus: one finding, however many it names)."""
     if gpu is None:
         return NODE_SUBJECT
-    if xid.xid not in catalog.KNOWN:
+    if xid.xid not in xids.KNOWN:
         return f"{gpu.uuid}/xid-other"
     seen = []
     for old in recent:
-        if isinstance(old, Xid) and xid.time - old.time <= window and old.xid in catalog.KNOWN \
+        if isinstance(old, Xid) and xid.time - old.time <= window and old.xid in xids.KNOWN \
                 and old.xid not in seen and _gpu_key(old, names) == gpu.uuid:
             seen.append(old.xid)
     if xid.xid in seen[:MAX_XIDS_PER_GPU] or len(seen) < MAX_XIDS_PER_GPU:
