@@ -34,6 +34,7 @@ from pathlib import Path
 
 import docker
 
+from slurm_ext.agentapi import create_credential
 from slurm_ext.devcluster import fakenvml
 from slurm_ext.devcluster.daemons import wait_for
 
@@ -167,7 +168,12 @@ class ContainerCluster:
                 if (directory / name).exists():
                     os.chown(directory / name, SLURM_UID, SLURM_UID)
                     (directory / name).chmod(0o600)
-        self._agent_config("controller", f"[supervisor.ports]\ncontroller = {AGENT_PORTS['controller']}\n")
+        # the cluster's agent credential, one secret in every container (Slinky: one Secret mounted into every pod)
+        create_credential(self.root / "agent-credential")
+        # the repair service and `slurm-ext history` find each worker's agent on its own port
+        agents = ", ".join(f'{self.node_name(i)} = "127.0.0.1:{WORKER_AGENT_PORT + i}"' for i in range(1, 10))
+        self._agent_config("controller", f"[supervisor.ports]\ncontroller = {AGENT_PORTS['controller']}\n"
+                                         f"[repair]\nagents = {{{agents}}}\n")
         self._agent_config("accounting", f"[supervisor.ports]\naccounting = {AGENT_PORTS['accounting']}\n")
         self._agent_config("mariadb", (HERE / "mariadb" / "slurm-ext.toml").read_text()
                            .replace("accounting = 9814", f"accounting = {AGENT_PORTS['mariadb']}")
@@ -177,7 +183,14 @@ class ContainerCluster:
         directory = self.root / f"ext-{name}"
         directory.mkdir(exist_ok=True)
         (directory / "slurm-ext.toml").write_text(text)
+        credential = directory / "agent-credential"  # node.agent_credential's default path, root's only
+        credential.write_bytes((self.root / "agent-credential").read_bytes())
+        credential.chmod(0o600)
         return directory
+
+    def node_name(self, index: int) -> str:
+        """The Slurm name of worker `index`."""
+        return f"c{self.mode[0]}n{index}"
 
     # -- containers ------------------------------------------------------------------------
 
@@ -237,7 +250,7 @@ class ContainerCluster:
         For bad-input runs: `devices` False passes no GPU device, `key` False no slurm.key; `environment`
         is merged over the fake NVML's (a None value removes a variable); `options` go to the engine
         (cap_add=[] takes SYS_ADMIN away)."""
-        node = f"c{self.mode[0]}n{index}"
+        node = self.node_name(index)
         ext = self._agent_config(f"n{index}", f"[supervisor.ports]\nworker = {WORKER_AGENT_PORT + index}\n"
                                  f'[gres]\ntypes = {{"{GPU_NAME}" = "{GPU_TYPE}"}}\n')
         spec = fakenvml.default_gpus(gpus, GPU_NAME, cpus=os.cpu_count())

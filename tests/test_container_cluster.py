@@ -120,6 +120,45 @@ def test_jobs_see_only_their_gpus_and_the_epilog_kills_an_escaped_daemon(ccluste
     wait_for("every job COMPLETED in sacct", accounted, timeout=30, interval=0.5)
 
 
+_ASK_AS_NOBODY = """import json, sys, urllib.error, urllib.request
+found = []
+for method, url in json.loads(sys.argv[1]):
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=b"" if method == "POST" else None,
+                                                           method=method), timeout=5) as answer:
+            found.append(answer.status)
+    except urllib.error.HTTPError as err:
+        found.append(err.code)
+print(json.dumps(found))
+"""
+
+
+def test_the_agents_answer_only_the_cluster_credential_and_history_reads_them_with_it(ccluster):
+    """Issue 27 in the images: a job's user (nobody, in the worker's container) gets 401 from its agent's journal,
+    health and check; the controller's `slurm-ext history` (Slurm 26.05) and the page's client read every worker's
+    agent with the credential; a forged answer is not believed."""
+    import json
+    from slurm_ext.agentapi import AgentAnswerError, AgentClient
+    worker = next(iter(ccluster.workers.values()))
+    base = f"http://127.0.0.1:{worker.agent_port}"
+    asked = [["GET", f"{base}/events?since=0"], ["GET", f"{base}/health"], ["POST", f"{base}/health/check"],
+             ["GET", f"{base}/livez"]]
+    _, said = ccluster.exec(_worker_name(worker), "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                            "/opt/slurm-ext/bin/python", "-c", _ASK_AS_NOBODY, json.dumps(asked))
+    assert json.loads(said.strip().splitlines()[-1]) == [401, 401, 401, 200], said
+    _, text = ccluster.exec("controller", "slurm-ext", "history", "--json", "--since", "1h")
+    timeline = json.loads(text)
+    assert timeline["unreachable"] == {}, timeline["unreachable"]
+    seen = {e["node"] for e in timeline["entries"] if e["source"] == "agent"}
+    assert seen >= set(ccluster.workers), (seen, timeline["entries"][-5:])
+    client = AgentClient(str(ccluster.root / "agent-credential"), 0,
+                         {w.node: f"127.0.0.1:{w.agent_port}" for w in ccluster.workers.values()}, 10.0)
+    for node in ccluster.workers:
+        assert client.health(node).node == node
+    with pytest.raises(AgentAnswerError, match="it says it is node"):  # another node's agent is not this one's
+        AgentClient(client.credential.path, 0, {"cxn9": client.address(worker.node)}).health("cxn9")
+
+
 def test_the_accounting_pair_recreated_on_its_volume_keeps_the_history(ccluster):
     """MariaDB's and slurmdbd's containers removed and made anew on the same Docker volume: every job is
     still in sacct, and the storage guard found the volume it had marked (no first initialisation)."""

@@ -371,10 +371,10 @@ def test_prometheus_scrapes_the_health_metrics_and_every_dashboard_query_returns
 
     # the cluster page's usage panels, asked of this Prometheus (web.prometheus_url): the fake GPUs' numbers and the
     # agent's interface counters (lo, watched) as a rate
-    from slurm_ext.repair import agents
+    from slurm_ext.agentapi import get_text
     from slurm_ext.web import usage
     figures = wait_for("the page's figures from Prometheus", lambda: (lambda u: u if u.tx_bps is not None else None)(
-        usage.prometheus_usage(base, lambda url: agents.get(url, 5.0))), timeout=30, interval=0.5)
+        usage.prometheus_usage(base, lambda url: get_text(url, 5.0))), timeout=30, interval=0.5)
     total_mib = sum(gpu["memory_total"] for gpu in spec["gpus"]) / 2**20
     assert (figures.gpus, figures.gpu_utilization, figures.memory_used_mib, figures.memory_total_mib) == \
         (GPUS, sum(5 * i for i in range(GPUS)) / GPUS, 0.0, total_mib), figures  # idle: nothing beyond the reserve

@@ -221,7 +221,9 @@ def _agent_config(pod: dict, container: dict) -> config.Config:
     [path] = [e["value"] for e in container.get("env", []) if e["name"] == config.ENV_VAR]
     mount, volume = _volume_at(pod, container, str(Path(path).parent))
     assert mount.get("readOnly") is True
-    configmap = _doc("ConfigMap", volume["configMap"]["name"])
+    [source] = ([volume["configMap"]] if "configMap" in volume else
+                [s["configMap"] for s in volume["projected"]["sources"] if "configMap" in s])
+    configmap = _doc("ConfigMap", source["name"])
     return config.from_dict(tomllib.loads(configmap["data"][Path(path).name]),
                             f"ConfigMap {configmap['metadata']['name']}")
 
@@ -325,6 +327,52 @@ def test_every_agent_listens_where_the_kubelet_probes():
             assert loaded.supervisor.listen not in LOOPBACK, container["name"]
             probed += 1
     assert probed == 6  # the NodeSet's and mariadb's three each
+
+
+#: the workloads that run a slurm-ext agent (kind, name, its container field or container name)
+_AGENTS = (("NodeSet", "gpu", "slurmd"), ("Controller", "slurm", "slurmctld"), ("Accounting", "slurm", "slurmdbd"),
+           ("LoginSet", "login", "login"), ("StatefulSet", "mariadb", "mariadb"))
+
+
+def _agent_pod(kind: str, name: str, field: str) -> tuple[dict, dict]:
+    """(pod spec, container) of a workload that runs an agent: a Slinky kind's container field and template."""
+    doc = _doc(kind, name)
+    if kind == "StatefulSet":
+        pod = doc["spec"]["template"]["spec"]
+        return pod, _container(pod, field)
+    return doc["spec"].get("template", {}).get("spec", {}), doc["spec"][field]
+
+
+@pytest.mark.parametrize("kind, name, field", _AGENTS)
+def test_every_agent_has_the_agent_credential_as_a_root_only_file_from_one_secret(kind, name, field):
+    """The agents' journal and health answer only the credential, and the controller believes only answers signed
+    with it: every pod with an agent has it where its config says (the default, /etc/slurm-ext/agent-credential),
+    0400, from the one Secret (issue 27)."""
+    pod, container = _agent_pod(kind, name, field)
+    env = {e["name"]: e["value"] for e in container.get("env", [])}
+    loaded = _agent_config(pod, container) if config.ENV_VAR in env else config.from_dict({})
+    path = Path(loaded.node.agent_credential)
+    assert str(path) == "/etc/slurm-ext/agent-credential"
+    mount, volume = _volume_at(pod, container, str(path.parent))
+    assert mount["readOnly"] is True
+    if "secret" in volume:
+        assert volume["secret"]["secretName"] == "slurm-ext-agent-credential"
+        assert volume["secret"]["defaultMode"] == 0o400 and "items" not in volume["secret"]
+    else:
+        [secret] = [s["secret"] for s in volume["projected"]["sources"] if "secret" in s]
+        assert secret["name"] == "slurm-ext-agent-credential"
+        assert secret["items"] == [{"key": "agent-credential", "path": path.name, "mode": 0o400}]
+    stored = _doc("Secret", "slurm-ext-agent-credential")["stringData"]
+    assert list(stored) == [path.name]
+
+
+def test_the_agent_credentials_placeholder_is_refused_until_replaced(tmp_path):
+    from slurm_ext.agentapi import CredentialError, CredentialFile
+    placeholder = tmp_path / "agent-credential"
+    placeholder.write_text(_doc("Secret", "slurm-ext-agent-credential")["stringData"]["agent-credential"])
+    placeholder.chmod(0o400)
+    with pytest.raises(CredentialError, match="expected at least 16"):
+        CredentialFile(str(placeholder)).get()
 
 
 def _password_secret() -> tuple[str, str]:
