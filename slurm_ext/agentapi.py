@@ -334,6 +334,7 @@ def _exchange(address: str, method: str, target: str, headers: dict[str, str], t
     try:
         connection.request(method, target, body=b"" if method == "POST" else None,
                            headers={**headers, "Connection": "close"})
+        sock = connection.sock  # the answer keeps reading it after the connection lets it go
         answer = connection.getresponse()
         length = answer.getheader("Content-Length")
         if length is not None and length.strip().isdigit() and int(length) > limit:
@@ -342,10 +343,9 @@ def _exchange(address: str, method: str, target: str, headers: dict[str, str], t
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise _Failed(f"answer not complete within {timeout:g}s", answer.status)
-            if connection.sock is not None:
-                connection.sock.settimeout(left)
-            chunk = answer.read1(_CHUNK) if hasattr(answer, "read1") else answer.read(_CHUNK)
+                raise _Failed(f"no complete answer within {timeout:g}s", answer.status)
+            sock.settimeout(left)
+            chunk = answer.read1(_CHUNK)
             if not chunk:
                 break
             body += chunk
@@ -355,7 +355,7 @@ def _exchange(address: str, method: str, target: str, headers: dict[str, str], t
     except _Failed:
         raise
     except TimeoutError:
-        raise _Failed(f"no answer within {timeout:g}s") from None
+        raise _Failed(f"no complete answer within {timeout:g}s") from None
     except (OSError, http.client.HTTPException) as err:
         raise _Failed(str(getattr(err, "strerror", None) or err) or type(err).__name__) from None
     finally:

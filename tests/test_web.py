@@ -189,7 +189,7 @@ def test_an_agent_answering_junk_costs_its_figures_never_the_refresh(tmp_path):
     assert data["nodes"][0]["gpu_readings"][0]["utilization"] is None and data["usage"]["now"]["gpus"] == 2
     # an answer that is not a health answer at all is refused at the boundary: the node's agent is said not to answer
     odd = {"time": 5.0, "monitor": {"driver": {"a": 1}, "findings": "no", "gpus": ["not a gpu"]}}
-    watcher.agents = _Agents(odd)
+    watcher.agent_client = _Agents(odd)
     data = json.loads(watcher.refresh().body)
     assert data["agents"]["answering"] == 0 and data["nodes"][0]["gpu_readings"][0]["utilization"] is None
     assert all("not a health answer: findings: expected a list of objects" in why

@@ -346,7 +346,7 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
             checks_running.release()
 
     def run_check(who: Operator, row: dict):
-        agents, name, addr = watcher.agents, row["name"], row["addr"]
+        agents, name, addr = watcher.agent_client, row["name"], row["addr"]
         try:
             before = agents.health(name, addr, settings.agent_timeout)
         except AgentAnswerError as err:

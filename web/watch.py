@@ -158,7 +158,7 @@ class Watcher:
         self._store = store
         #: a plain bounded GET (the Prometheus); the agents are asked through `agents` only
         self._get = get
-        self.agents = agents or AgentClient.of(config, self.settings.agent_timeout)
+        self.agent_client = agents or AgentClient.of(config, self.settings.agent_timeout)
         self._clock = clock
         self.emit = events.emitter(config.node.state_dir, "web")
         self.sources = {name: Source(name) for name in ("slurm", "slurm-events", "repair", "prometheus")}
@@ -350,15 +350,15 @@ class Watcher:
         try:
             timeout = self.settings.agent_timeout
             try:
-                health = self.agents.health(node.name, node.addr, timeout)
+                health = self.agent_client.health(node.name, node.addr, timeout)
             except AgentAnswerError as err:
                 with self._lock:
-                    agent.error = err.problem
+                    agent.error = f"agent at {err.address}: {err.problem}"
                 return
             answer = health.as_dict()
             since = agent.cursor or now - min(self.settings.timeline, _FIRST_JOURNAL)
             try:
-                lines = self.agents.events(node.name, node.addr, int(since), _JOURNAL_KEPT, timeout).events
+                lines = self.agent_client.events(node.name, node.addr, int(since), _JOURNAL_KEPT, timeout).events
             except AgentAnswerError as err:  # its health stands; its journal is asked again next refresh
                 log.info("web: %s", err)
                 lines = ()
