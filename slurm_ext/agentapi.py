@@ -35,6 +35,7 @@ import math
 import os
 import secrets
 import stat
+import threading
 import time
 import urllib.parse
 from dataclasses import dataclass, field
@@ -128,6 +129,8 @@ class CredentialFile:
         self.path = str(path)
         self._seen: tuple | None = None
         self._credential: Credential | None = None
+        #: the page asks its agents on many threads at once
+        self._lock = threading.Lock()
 
     def get(self) -> Credential:
         try:
@@ -135,10 +138,11 @@ class CredentialFile:
             identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
         except OSError:
             identity = None
-        if identity is None or identity != self._seen or self._credential is None:
-            self._credential = None
-            self._credential, self._seen = _read_credential(self.path)
-        return self._credential
+        with self._lock:
+            if identity is None or identity != self._seen or self._credential is None:
+                self._credential = self._seen = None
+                self._credential, self._seen = _read_credential(self.path)
+            return self._credential
 
 
 def create_credential(path: str | os.PathLike) -> bool:
@@ -319,7 +323,7 @@ class _Failed(Exception):
 
 
 def _exchange(address: str, method: str, target: str, headers: dict[str, str], timeout: float,
-              limit: int) -> tuple[int, dict[str, str], bytes]:
+              limit: int, scheme: str = "http") -> tuple[int, dict[str, str], bytes]:
     """One HTTP request and its whole answer, within `timeout` seconds in all and `limit` bytes of body.
 
     Raises _Failed: no answer, an answer larger than `limit` (refused from its Content-Length, or once `limit` bytes
@@ -330,11 +334,13 @@ def _exchange(address: str, method: str, target: str, headers: dict[str, str], t
     except ValueError:
         raise _Failed(f"{address!r} is not host:port") from None
     deadline = time.monotonic() + timeout
-    connection = http.client.HTTPConnection(host.strip("[]"), port_number, timeout=timeout)
+    kind = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
+    connection = kind(host.strip("[]"), port_number, timeout=timeout)
     try:
         connection.request(method, target, body=b"" if method == "POST" else None,
                            headers={**headers, "Connection": "close"})
         sock = connection.sock  # the answer keeps reading it after the connection lets it go
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
         answer = connection.getresponse()
         length = answer.getheader("Content-Length")
         if length is not None and length.strip().isdigit() and int(length) > limit:
@@ -369,8 +375,9 @@ def get_text(url: str, timeout: float, limit: int = MAX_OTHER) -> tuple[str | No
     target = parts.path or "/"
     if parts.query:
         target += "?" + parts.query
+    netloc = parts.netloc if parts.port else f"{parts.netloc}:{443 if parts.scheme == 'https' else 80}"
     try:
-        status, _, body = _exchange(parts.netloc, "GET", target, {}, timeout, limit)
+        status, _, body = _exchange(netloc, "GET", target, {}, timeout, limit, parts.scheme)
     except _Failed as err:
         return None, err.problem
     if status != 200:

@@ -436,3 +436,24 @@ def test_the_health_drain_reason_reads_back_as_it_was_written():
         fault = fault_of(Node("n1", "IDLE", frozenset({"DRAIN"}), f"{REASON_PREFIX} {finding.reason} (+2 more)"))
         assert (fault.evidence, fault.action) == (evidence, action)
     assert HEALTH.parse("gpu missing: GPU-1") is None
+
+
+def test_a_plain_get_has_the_same_caps_and_says_why_it_failed():
+    """What the page asks that is not an agent (a Prometheus) goes through the same reader: no credential, the
+    same size and time caps."""
+    class Prometheus(_Forged):
+        @staticmethod
+        def answer(handler):
+            if handler.path.startswith("/api/v1/query?query="):
+                return 200, {}, b'{"status": "success"}'
+            return (404, {}, b"not found") if handler.path != "/big" else (200, {}, lambda out: out.write(b"x" * 5000))
+    server = _serve(Prometheus)
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert agentapi.get_text(f"{base}/api/v1/query?query=up", 5.0) == ('{"status": "success"}', "")
+        assert agentapi.get_text(f"{base}/other", 5.0) == (None, "HTTP 404: not found")
+        assert agentapi.get_text(f"{base}/big", 5.0, limit=4096) == (None, "answer longer than 4096 bytes refused")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert agentapi.get_text(f"{base}/api/v1/query?query=up", 5.0)[1] == "Connection refused"
