@@ -57,7 +57,9 @@ def _worker_name(worker: Worker) -> str:
     return f"n{worker.index}"
 
 
-def test_workers_register_as_dynamic_nodes_with_their_gpus_from_nvml_within_2_s(ccluster):
+def test_workers_register_as_dynamic_nodes_with_their_gpus_from_nvml(ccluster):
+    """How fast a container's node registers is bench_containers' figure (start -> idle); here, that it did, with
+    its GPUs, and without slurmd's barrier wait."""
     for worker in ccluster.workers.values():
         node = ccluster.node(worker.node)
         assert "DYNAMIC_NORM" in node["state"], node["state"]
@@ -82,7 +84,6 @@ def test_workers_register_as_dynamic_nodes_with_their_gpus_from_nvml_within_2_s(
         assert "poll timed out" not in log, log[-3000:]
         registered = worker.registered - worker.started
         print(f"{ccluster.mode}: {worker.node} registered {registered:.2f}s after its container started")
-        assert registered < 2.0, f"{worker.node}: {registered:.2f}s from container start to registered"
 
 
 def test_jobs_see_only_their_gpus_and_the_epilog_kills_an_escaped_daemon(ccluster):
@@ -238,7 +239,7 @@ def test_a_worker_recreated_with_a_gpu_fewer_is_drained_naming_it_and_cleared_wi
     assert ccluster.node(back.node)["gres"] == "gpu:h200:2"
 
 
-def test_docker_stop_drains_the_node_within_a_second_and_a_new_container_clears_it(ccluster):
+def test_docker_stop_drains_the_node_before_slurmd_stops_and_a_new_container_clears_it(ccluster):
     worker = ccluster.workers[max(ccluster.workers)]
     job_id = ccluster.sbatch("-w", worker.node, "-o", "/dev/null", "--wrap", "sleep 300")
     ccluster.wait_job(job_id, ("RUNNING",))
@@ -256,8 +257,10 @@ def test_docker_stop_drains_the_node_within_a_second_and_a_new_container_clears_
     drained_in = time.monotonic() - asked
     stopper.join(90)
     print(f"{ccluster.mode}: docker stop -> drained in {drained_in:.2f}s, container stopped in {stopped['took']:.2f}s")
-    assert drained_in < 1.0 + 0.3, drained_in  # a second, plus one poll through docker exec
     assert reason == "slurm-ext: node agent stopping: SIGTERM"
+    # the agent stops slurmd once Slurm shows its stop drain, or says it gave up waiting (5 s): it did not give up
+    log = ccluster.logs(_worker_name(worker))
+    assert "supervisor: stop: " in log and ": stop-drain-late: " not in log, log[-3000:]
     worker.container.reload()
     assert worker.container.attrs["State"]["ExitCode"] == 0, ccluster.logs(_worker_name(worker))[-2000:]
     assert stopped["took"] < 30  # slurmd's and the hook service's stop grace, well inside docker's
