@@ -112,6 +112,47 @@ def test_a_gpu_fault_is_recommended_approved_and_repaired_through_slurms_reboot(
     assert steps[2]["user"] == "alice"
 
 
+def test_a_job_cannot_read_its_nodes_agent_and_a_forger_on_an_agents_port_is_not_believed(repair, tmp_path):
+    """Issue 27 on the dev cluster: a job of nobody's asks its node's agent for the journal, the health and a
+    check without the agent credential and gets 401 each time; the controller's `history` reads every agent with
+    it; and with rnode3's agent stopped, a process of nobody's that took its port and answers "healthy" is named
+    as not believed, never taken for the node."""
+    node = next(n for n in repair.layout.nodes if n.name == "rnode1")
+    base = f"http://127.0.0.1:{node.probe_port}"
+    out = repair.layout.out / "agent-asked-by-nobody.txt"
+    job = repair.sbatch("--uid=65534", "--gid=65534", "-w", "rnode1", "--wrap", " ; ".join(
+        f"curl -s -o /dev/null -w '%{{http_code}} ' {method} {base}{path} >> {out}"
+        for method, path in (("", "/events?since=0"), ("", "/health"), ("-X POST", "/health/check"))))
+    wait_for(f"job {job}'s three answers", lambda: out.exists() and len(out.read_text().split()) == 3, 60,
+             interval=0.3)
+    assert out.read_text().split() == ["401", "401", "401"]
+    timeline = json.loads(repair.repair_cli("history", "--json", "--since", "1h").stdout)
+    assert not set(timeline["unreachable"]) & set(NODES), timeline["unreachable"]  # rnode5 is only in slurm.conf
+    assert {e["node"] for e in timeline["entries"] if e["source"] == "agent"} >= set(NODES)
+
+    third = next(n for n in repair.layout.nodes if n.name == "rnode3")
+    agent = next(d for d in cluster_daemons(repair.layout) if d.name == third.agent)
+    daemons.stop(agent)
+    forger = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
+                               "-c", "import http.server, json, sys\n"
+                               "class H(http.server.BaseHTTPRequestHandler):\n"
+                               "    def do_GET(self):\n"
+                               "        body = json.dumps({'node': 'rnode3', 'boot': '', 'time': 1, 'facts': {},"
+                               " 'monitor': {'readings_time': 9e9, 'findings': []}}).encode()\n"
+                               "        self.send_response(200); self.end_headers(); self.wfile.write(body)\n"
+                               f"http.server.HTTPServer(('127.0.0.1', {third.probe_port}), H).serve_forever()\n"])
+    try:
+        wait_for("the forger listens", lambda: subprocess.run(["curl", "-s", "-o", "/dev/null", f"http://127.0.0.1:"
+                                                                f"{third.probe_port}/health"]).returncode == 0, 15,
+                 interval=0.1)
+        timeline = json.loads(repair.repair_cli("history", "--json", "--since", "1h", "--node", "rnode3").stdout)
+        assert "answer not believed: not signed with the agent credential" in timeline["unreachable"]["rnode3"]
+    finally:
+        forger.kill()
+        forger.wait(10)
+        dev.up(repair.settings)  # the agent comes back on its port
+
+
 def test_a_rejected_recommendation_is_recorded_and_nothing_runs(repair):
     boot_before = repair.slurm_node("rnode3").boot_time
     repair.inject_xid("rnode3")
