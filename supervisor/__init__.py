@@ -2,8 +2,9 @@
 
 `supervise(config, role)` runs the agent until SIGTERM; `probe(config, kind,
 role)` asks a running agent's /livez or /readyz (for Kubernetes exec probes
-and scripts). Other components plug start steps in through
-`slurm_ext.supervisor.pipeline.StartStep`.
+and scripts). Other components plug in through a `plugin.py` of their own
+(`slurm_ext.plugin`: workers, start steps, watches, metrics, stop holds,
+config reactions), listed in `plugins.PLUGINS`.
 """
 
 from __future__ import annotations

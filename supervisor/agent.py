@@ -44,19 +44,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurm_ext import command, config as config_mod, events, fileio
-from slurm_ext.accounting.settings import PASSWORD_ENV
 from slurm_ext.config import Config
 from slurm_ext.errors import CommandError, ConfigError, SlurmExtError
 from slurm_ext.procfs import all_stats, boot_id, read_stat
 from slurm_ext.slurm import SlurmClient
 
 from . import pipeline, slurmd_args
+from .plugins import plugins
 from .liaison import SlurmLiaison
 from .notify import NotifySocket, SystemdLink, is_descendant
 from .lifecycle import CrashLoopOver, GiveUp, Life, Policy, Restart
 from .restart import backoff_delay
 from .states import WorkerState
-from .workers import WorkerSpec, local_database, speaks_notify, workers_for
+from .workers import WorkerSpec, speaks_notify, workers_for
 
 __all__ = ["Agent", "Worker", "session_members", "kill_session"]
 
@@ -104,9 +104,8 @@ class Worker:
     awaiting_steps: bool = False
     #: waits for the workers of its spec's `after` to be ready: started by the loop once they are
     awaiting_after: bool = False
-    #: monotonic time of the last stop request, and the accounting records queued then (slurmctld)
-    stop_requested: float = 0.0
-    queued_at_stop: int = 0
+    #: a plug-in's hold on SIGKILL past the stop grace, asked at the last stop request (slurmctld's records)
+    kill_hold: object = None
     #: dropped by a reloaded config: kept only until it has stopped
     removed: bool = False
 
@@ -152,9 +151,9 @@ class Agent:
         if config_path:  # workers of slurm-ext itself (the hook service) read the same file
             environ[config_mod.ENV_VAR] = self.config_path
         self._systemd_socket = environ.pop("NOTIFY_SOCKET", None)
-        # the database password is for the accounting step (which reads this process's own environment), not
-        # for any worker
-        environ.pop(PASSWORD_ENV, None)
+        for plugin in plugins():  # e.g. the database password, for a start step (which reads os.environ)
+            for name in plugin.private_env:
+                environ.pop(name, None)
         self.base_env = environ
         self.port = port
         #: what slurmd's command line says (worker role): its node name, dynamic, configless (_fit_to_slurmd)
@@ -184,10 +183,10 @@ class Agent:
         self._systemd: SystemdLink | None = None
         #: at SIGTERM: the drain slurmd waits for before it is stopped, and until when
         self._stop_drain: tuple[object, float] | None = None
-        #: the controller's watch on slurmctld's queue of accounting records (accounting.QueueWatch)
-        self.queue_watch = None
-        #: the accounting and controller roles' watch on their volumes' free space (accounting.SpaceWatch)
-        self.space_watch = None
+        #: the Slurm client of the agent's own thread (the liaison's), for the plug-ins' watches
+        self.slurm: SlurmClient | None = None
+        #: the plug-ins' live parts (slurm_ext.plugin.Live): watches, metrics, stop holds, config reactions
+        self.live_plugins: list = []
         self._apply_config(self._fit_to_slurmd(config), first=True)
         self.node = self.config.node.slurm_name
 
@@ -200,13 +199,11 @@ class Agent:
         self.emit = events.emitter(config.node.state_dir, "supervisor", role=self.role)
         s = config.supervisor
         try:
-            specs = workers_for(self.role, s, self.daemon_args, self.slurmd_notify, _database(config, self.role))
+            specs = workers_for(self.role, s, self.daemon_args, self.slurmd_notify, _spec_changes(config, self.role))
         except ValueError as err:
             raise ConfigError(config.source or "<defaults>", str(err)) from None
-        switched_off = {"health": self.role == "worker" and not config.health.enabled,
-                        "repair": self.role == "controller" and not config.repair.enabled,
-                        "web": self.role == "controller" and not config.web.enabled}
-        specs = [spec for spec in specs if not switched_off.get(spec.name)]
+        switched_off = _switched_off(config, self.role)
+        specs = [spec for spec in specs if spec.name not in switched_off]
         if first:
             self.workers = [self._new_worker(spec) for spec in specs]
             return
@@ -271,15 +268,15 @@ class Agent:
         return Worker(spec=spec, life=Life(_policy(self.config.supervisor, spec)))
 
     def _forget(self, worker: Worker) -> None:
-        """A removed worker has stopped: out of the list (readiness, metrics) and its notify socket closed.
-        The removed monitor's drains are lifted once more: it may have posted one while it was stopping."""
+        """A removed worker has stopped: out of the list (readiness, metrics) and its notify socket closed;
+        the plug-ins are told (a removed health monitor may have posted a drain while it was stopping)."""
         self.workers = [w for w in self.workers if w is not worker]
         if worker.notify is not None:
             self._selector.unregister(worker.notify)
             worker.notify.close()
             worker.notify = None
-        if worker.spec.name == "health" and self.role == "worker" and not self.config.health.enabled:
-            self._lift_health_drains()
+        for live in self.live_plugins:
+            live.worker_gone(worker.spec.name)
 
     def _respec(self, worker: Worker, spec: WorkerSpec) -> None:
         """A worker's definition changed: run the new one."""
@@ -329,43 +326,16 @@ class Agent:
         if port:
             from .http import serve
             self.http = serve(self, self.config.supervisor.listen, port)
-        slurm = SlurmClient(self.config.slurm, environ=self.base_env)
+        slurm = self.slurm = SlurmClient(self.config.slurm, environ=self.base_env)
         s = self.config.supervisor
         self.liaison = SlurmLiaison(slurm, self.node, s.ready_interval,
                                     events.emitter(self.config.node.state_dir, "nodestate", role=self.role),
                                     Path(s.runtime_dir), s.stale_drain_reasons,
                                     on_change=functools.partial(_poke, self._wakeup_w),
                                     runs_slurmd=any(w.spec.ready == "slurm-node" for w in self.workers))
-        if self.role == "worker" and not self.config.health.enabled:
-            self._lift_health_drains()  # before the liaison's first look: a drain of an earlier run is then lifted
+        # before the liaison's first look: a drain a plug-in lifts at start is lifted, not adopted
+        self.live_plugins = [live for plugin in plugins() if (live := plugin.attach(self)) is not None]
         self.liaison.start()
-        if self.role in ("controller", "accounting"):
-            self._watch_accounting(slurm)
-
-    def _lift_health_drains(self) -> None:
-        """health.enabled = false: no monitor runs to clear its drains when their conditions go, so the
-        operator's switch ends them (a drain of an earlier run found in Slurm is lifted, not adopted)."""
-        from slurm_ext.health import OWNER
-        from slurm_ext.health.settings import CHECKS
-        for check in CHECKS:
-            self.liaison.clear(f"{OWNER}/{check}")
-
-    def _watch_accounting(self, slurm: SlurmClient) -> None:
-        """The controller reads slurmctld's queue of accounting records; both roles watch their volumes' space."""
-        from slurm_ext import accounting
-        a = self.config.accounting
-        emit = events.emitter(self.config.node.state_dir, "accounting", role=self.role)
-        if self.role == "controller":
-            self.queue_watch = accounting.QueueWatch(slurm, a.queue_interval, a.queue_alert_after, emit)
-            self.queue_watch.start()
-        try:
-            volumes = accounting.guarded_volumes(self.config, self.role)
-        except SlurmExtError as err:
-            log.warning("accounting: not watching the volumes' free space: %s", err)
-            return
-        if volumes:
-            self.space_watch = accounting.SpaceWatch(volumes, a.min_free, emit)
-            self.space_watch.start()
 
     # -- the loop -----------------------------------------------------------------
 
@@ -423,24 +393,23 @@ class Agent:
                 self._drain_before_stop(signal.Signals(signum).name)
             elif signum == signal.SIGHUP:
                 self._reload()
-            elif signum == signal.SIGUSR1 and self._health_started():  # POST /health/check, or kill -USR1
-                for worker in self.workers:
-                    if worker.spec.name == "health" and worker.state == WorkerState.RUNNING:
-                        _signal(worker, signal.SIGUSR1)
+            elif signum == signal.SIGUSR1:  # POST /health/check, or kill -USR1
+                for worker in self._usr1_takers():
+                    _signal(worker, signal.SIGUSR1)
 
     def _reload(self) -> None:
         try:
             new = self._fit_to_slurmd(config_mod.load(self.config_path))
-            workers_for(self.role, new.supervisor, self.daemon_args, self.slurmd_notify, _database(new, self.role))
+            workers_for(self.role, new.supervisor, self.daemon_args, self.slurmd_notify, _spec_changes(new, self.role))
         except (ConfigError, ValueError) as err:
             self.emit("reload-failed", f"SIGHUP: config not reloaded, keeping the running one: {err}",
                       severity="error")
             return
         self.emit("reload", f"SIGHUP: config reloaded from {new.source or 'defaults'}")
-        health_turned_off = self.config.health.enabled and not new.health.enabled
+        old = self.config
         self._apply_config(new)
-        if self.role == "worker" and health_turned_off:
-            self._lift_health_drains()
+        for live in self.live_plugins:
+            live.reloaded(old, new)
         for worker in self.workers:
             if worker.spec.reload_signal and worker.state == WorkerState.RUNNING:
                 _signal(worker, getattr(signal, f"SIG{worker.spec.reload_signal}"))
@@ -511,6 +480,7 @@ class Agent:
         """Run `steps` on the step thread, for `worker`'s restart (None: the role's start)."""
         context = pipeline.StepContext(self.role, self.config, self.node, self.emit, self.liaison,
                                        configless=bool(self.layout and self.layout.configless),
+                                       workers=tuple(w.spec.name for w in self.workers if not w.removed),
                                        gpus_found=self._gpus_found)
         self._steps.start(steps, context, Path(self.config.supervisor.runtime_dir), boot_id(self.config.node.boot_id_file), worker)
 
@@ -754,9 +724,10 @@ class Agent:
         if worker.state == WorkerState.RUNNING and worker.pid:
             _set_state(worker, WorkerState.STOPPING, f"sending SIG{worker.spec.stop_signal} to pid "
                        f"{worker.pid}; SIGKILL after {worker.spec.stop_grace:g}s")
-            worker.stop_deadline = time.monotonic() + worker.spec.stop_grace
-            worker.stop_requested = time.monotonic()
-            worker.queued_at_stop = self._queued_records(worker)
+            now = time.monotonic()
+            worker.stop_deadline = now + worker.spec.stop_grace
+            worker.kill_hold = next((hold for live in self.live_plugins
+                                     if (hold := live.stop_hold(worker.spec, worker.pid, now)) is not None), None)
             _signal(worker, worker.spec.signal)
         elif worker.state == WorkerState.BACKOFF:
             _set_state(worker, WorkerState.STOPPED, "stopped while waiting to restart")
@@ -796,35 +767,9 @@ class Agent:
                 return
             self._stop_queue.pop(0)
 
-    def _kill_held(self, worker: Worker) -> bool:
-        """A slurmctld that held accounting records when asked to stop writes them to dbd.messages on its way
-        out: it gets until accounting.stop_deadline before SIGKILL, and a SIGKILL past that is said loudly."""
-        queued, deadline = worker.queued_at_stop, worker.stop_requested + self.config.accounting.stop_deadline
-        if not queued or not worker.pid:
-            return False
-        if time.monotonic() < deadline:
-            if worker.stop_deadline < deadline:
-                self.emit("slurmctld-stop-held", f"{worker.spec.name} (pid {worker.pid}) still running "
-                          f"{worker.spec.stop_grace:g}s after SIG{worker.spec.stop_signal} with {queued} accounting "
-                          f"records queued for slurmdbd: not sending SIGKILL before accounting.stop_deadline "
-                          f"({self.config.accounting.stop_deadline:g}s), so that it can save them to dbd.messages",
-                          worker=worker.spec.name, queued=queued)
-            worker.stop_deadline = deadline
-            return True
-        self.emit("slurmctld-killed-with-records", f"SIGKILL {worker.spec.name} (pid {worker.pid}) "
-                  f"{self.config.accounting.stop_deadline:g}s after SIG{worker.spec.stop_signal} with {queued} "
-                  f"accounting records queued: those it did not save to dbd.messages are LOST; run `slurm-ext "
-                  f"accounting reconcile` once slurmdbd is back", worker=worker.spec.name, queued=queued)
-        return False
-
-    def _queued_records(self, worker: Worker) -> int:
-        """Accounting records slurmctld held at the last read of sdiag (0 for every other worker)."""
-        if worker.spec.name != "slurmctld" or self.queue_watch is None:
-            return 0
-        return self.queue_watch.size or 0
-
     def _kill(self, worker: Worker) -> None:
-        if self._kill_held(worker):
+        if worker.kill_hold is not None and worker.pid and (until := worker.kill_hold(time.monotonic())) is not None:
+            worker.stop_deadline = until  # a plug-in holds SIGKILL back (slurmctld saving accounting records)
             return
         if worker.pid:
             self.emit("kill", f"worker {worker.spec.name} (pid {worker.pid}) still running "
@@ -837,9 +782,8 @@ class Agent:
     def _teardown(self) -> None:
         if self.liaison:
             self.liaison.stop()
-        for watch in (self.queue_watch, self.space_watch):
-            if watch:
-                watch.stop()
+        for live in self.live_plugins:
+            live.close()
         if self.http:
             self.http.close()
         for worker in self.workers:
@@ -879,24 +823,17 @@ class Agent:
                 return False, f"worker {worker.spec.name}: {why}"
         return True, "ready"
 
-    def _health_started(self) -> bool:
-        """The health monitor runs and has written its readings since its start: it takes SIGUSR1 from then on,
-        while before its handler is set the signal's default action would end it (and a client posting
-        /health/check in a loop could keep it from ever starting)."""
-        from slurm_ext.health import metrics_path
-        monitor = next((w for w in self.workers if w.spec.name == "health" and w.state == WorkerState.RUNNING), None)
-        if monitor is None:
-            return False
-        try:
-            written = os.stat(metrics_path(self.config.supervisor.runtime_dir)).st_mtime
-        except OSError:
-            return False
-        return written >= time.time() - (time.monotonic() - monitor.started)
+    def _usr1_takers(self) -> list[Worker]:
+        """The running workers that take the agent's SIGUSR1 now, as their plug-ins say (the health monitor, once
+        it has set its handler)."""
+        now = time.monotonic()
+        return [w for w in self.workers if w.state == WorkerState.RUNNING
+                and any(live.takes_usr1(w.spec.name, now - w.started) for live in self.live_plugins)]
 
     def poll_health_now(self) -> bool:
         """From the HTTP thread: have the health monitor read the node now (the loop signals it, SIGUSR1, as
         for an operator's `kill -USR1` of the agent); False when no monitor runs, or it is still starting."""
-        if not self._health_started():
+        if not self._usr1_takers():
             return False
         _poke(self._wakeup_w, signal.SIGUSR1)
         return True
@@ -1062,13 +999,14 @@ def _uid(user: str) -> int | None:
         return None
 
 
-def _database(config: Config, role: str) -> dict | None:
-    """The built-in mariadbd of an accounting role that runs its database (accounting.run_database)."""
-    if role != "accounting" or not config.accounting.run_database:
-        return None
-    from slurm_ext.accounting import places_of
-    where = places_of(config)
-    return local_database(str(where.etc / "my.cnf"), str(where.etc / "init.sql"))
+def _spec_changes(config: Config, role: str) -> dict[str, dict]:
+    """The plug-ins' changes of built-in workers for `config` and `role` (accounting's own database)."""
+    return {name: change for plugin in plugins() for name, change in plugin.spec_changes(config, role).items()}
+
+
+def _switched_off(config: Config, role: str) -> set[str]:
+    """The plug-ins' workers the config switches off (health.enabled, repair.enabled, web.enabled)."""
+    return {worker.spec.name for plugin in plugins() if not plugin.enabled(config, role) for worker in plugin.workers}
 
 
 def _slurmd_speaks_notify(environ: dict[str, str]) -> bool:

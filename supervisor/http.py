@@ -212,9 +212,9 @@ def _health(agent) -> Answer:
     from dataclasses import asdict
     from slurm_ext.nodefacts import read_facts
     from slurm_ext.procfs import boot_id
-    from slurm_ext.health import metrics_path
+    from .plugins import health_readings_path
     try:
-        readings = json.loads(metrics_path(agent.config.supervisor.runtime_dir).read_text())
+        readings = json.loads(health_readings_path(agent.config.supervisor.runtime_dir).read_text())
     except (OSError, ValueError):
         readings = None
     body = {"node": agent.config.node.slurm_name, "boot": boot_id(agent.config.node.boot_id_file),

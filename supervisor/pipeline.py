@@ -1,7 +1,8 @@
 """The start pipeline: named steps that run before the workers start.
 
-Other components plug in a `StartStep` (GRES regeneration, node-boot scripts);
-the agent runs the steps in order before it starts slurmd. A step signals
+The agent has two steps of its own; the components give theirs through their
+plug-ins (slurm_ext.plugin: GRES regeneration, the storage guard, node-boot
+scripts); the agent runs the steps in order before it starts the workers. A step signals
 failure by raising; the failure is an event, and then, per step (config
 `supervisor.step_failure`, else the step's own default), the start either
 blocks (retried with backoff) or continues. Steps marked `once_per_boot` run
@@ -17,44 +18,16 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
 
-from slurm_ext import events, fileio, gres, prolog_epilog
-from slurm_ext.config import Config
+from slurm_ext import fileio
+from slurm_ext.plugin import StartStep, StepContext
+
+from .plugins import plugins
 
 __all__ = ["StepContext", "StartStep", "StepRunner", "steps_for", "run_steps"]
 
 log = logging.getLogger("supervisor")
-
-
-@dataclass(frozen=True)
-class StepContext:
-    role: str
-    config: Config
-    node: str
-    #: emit(event, message, severity="info", **fields): record a node event
-    emit: Callable[..., dict]
-    #: the node-state owner (the agent's Slurm thread): want(owner, reason), clear(owner), look() -> Ticket
-    node_state: Any = None
-    #: slurmd gets its config from slurmctld (--conf-server)
-    configless: bool = False
-    #: told the node's gpu GRES ("gpu:h200:2", "" for none) once NVML has been read: a dynamic
-    #: slurmd's --conf carries it
-    gpus_found: Callable[[str], None] = lambda gres: None
-
-
-@dataclass(frozen=True, slots=True)
-class StartStep:
-    name: str
-    #: does the work; raises on failure (the message is the event's text)
-    run: Callable[[StepContext], None]
-    once_per_boot: bool = False
-    #: block or continue, unless supervisor.step_failure names this step
-    on_failure: str = "continue"
-    #: also run before every restart of this worker (e.g. slurmd), not only at the agent's start
-    before_restart_of: str | None = None
 
 
 def clear_stale_drains(context: StepContext) -> None:
@@ -82,95 +55,30 @@ def clear_stale_drains(context: StepContext) -> None:
     raise RuntimeError(f"node {context.node}: cannot read its state: {ticket.outcome}")
 
 
-def validate_scripts(context: StepContext) -> None:
-    """Check the role's lifecycle scripts now, so a bad one is reported at start, not at the first job."""
-    top = prolog_epilog.scripts_dir(context.config) / context.role
-    errors = [problem for phase in prolog_epilog.PHASES
-              for problems in prolog_epilog.validate_dir(top / f"{phase}.d", shellcheck=False).values()
-              for problem in problems if problem.severity == "error"]
-    if errors:
-        shown = "; ".join(map(str, errors[:5])) + (f"; and {len(errors) - 5} more" if len(errors) > 5 else "")
-        raise ValueError(f"{len(errors)} problem(s) in lifecycle scripts, which the hooks will refuse to run "
-                         f"(`slurm-ext scripts validate` lists them): {shown}")
-
-
-def node_boot_scripts(context: StepContext) -> None:
-    """Run <role>/node-boot.d/ once per boot, before the workers (each script's result is an event)."""
-    outcome = prolog_epilog.run_scripts("node-boot", context.config, role=context.role)
-    failed = [result.path for result in outcome.results if not result.ok]
-    if failed:
-        raise RuntimeError(f"node-boot script(s) failed: {', '.join(failed)} (see their events for output)")
-
-
-def regenerate_gres(context: StepContext) -> None:
-    """gres.conf from NVML, checked by slurmd -G, and the node's GPU drain made right (gres.regenerate)."""
-    emit = events.emitter(context.config.node.state_dir, "gres", role=context.role)
-    generation = gres.regenerate(context.config, context.node, emit, context.node_state, context.configless)
-    if generation.inventory is not None:
-        context.gpus_found(generation.gres)
-
-
 def preflight(context: StepContext) -> None:
     """Say what the role's Slurm daemon lacks to authenticate (preflight.problems): an event each, never a
     block. Not for a role whose daemon the config took out (the mariadb image's accounting role)."""
     from .preflight import problems
-    from .workers import ROLE_DAEMON, workers_for
+    from .workers import ROLE_DAEMON
     daemon = ROLE_DAEMON[context.role]
-    running = {spec.name for spec in workers_for(context.role, context.config.supervisor)}
-    if daemon not in running:
+    if daemon not in context.workers:
         return
-    for problem in problems(daemon=daemon, munged_here="munged" in running):
+    for problem in problems(daemon=daemon, munged_here="munged" in context.workers):
         context.emit("preflight-problem", problem, severity="warning")
 
 
-def accounting_config(context: StepContext) -> None:
-    """slurmdbd.conf and, with accounting.run_database, MariaDB's files, from [accounting] and the password
-    (`slurm-ext accounting config`): at every start, so a rotated password reaches both sides."""
-    from slurm_ext import accounting
-    if not accounting.configured(context.config):
-        log.info("accounting: no database password given (accounting.password_file, $%s) and no database to "
-                 "run: slurmdbd.conf is left as it is", accounting.PASSWORD_ENV)
-        return
-    from .workers import workers_for
-    runs_slurmdbd = "slurmdbd" in {spec.name for spec in workers_for(context.role, context.config.supervisor)}
-    written = accounting.write_config(context.config, slurmdbd=runs_slurmdbd)
-    log.info("accounting: wrote %s", ", ".join(str(p) for p in (written.slurmdbd_conf, written.my_cnf) if p))
-
-
-def check_storage(context: StepContext) -> None:
-    """The durability guard before mariadbd or slurmctld (`slurm-ext accounting check-storage`): refuses
-    ephemeral, read-only, full or replaced volumes; initialises a new database and marks its volume."""
-    from slurm_ext import accounting
-    verdict = accounting.prepare_storage(context.config, context.role)
-    for note in verdict.notes:
-        ephemeral = note.startswith(accounting.EPHEMERAL_NOTE)
-        context.emit("storage-checked", note, severity="warning" if ephemeral else "info")
-
-
 def steps_for(role: str) -> list[StartStep]:
-    """The steps `role` runs before its workers, in order.
+    """The steps `role` runs before its workers, in order: the agent's own (what the role's daemon lacks to
+    authenticate; the worker's stale drains), then each plug-in's, in plugins.PLUGINS' order (accounting's
+    storage guard, gres.conf from NVML, the lifecycle scripts).
 
-    gres.conf is regenerated before every slurmd start, restarts included: a
-    GPU lost since the last start must not be registered. A failed node-boot
-    script blocks the start (retried with backoff, all node-boot scripts
-    again): a node whose boot set-up failed must not take jobs.
-    `supervisor.step_failure = {node-boot-scripts = "continue"}` starts the
-    workers anyway. The accounting and controller roles guard their storage
-    first (check-storage blocks: a replaced volume must not be initialised
-    over), the accounting role after writing slurmdbd's and MariaDB's files.
+    A step with `before_restart_of` also runs before every restart of that worker (gres.conf before slurmd).
     """
     steps = [StartStep("preflight", preflight)] if role in ("worker", "controller", "accounting") else []
-    if role == "accounting":
-        steps.append(StartStep("accounting-config", accounting_config, on_failure="block"))
-    if role in ("accounting", "controller"):  # also before the restart of what writes to the volume
-        steps.append(StartStep("check-storage", check_storage, on_failure="block",
-                               before_restart_of="mariadbd" if role == "accounting" else "slurmctld"))
     if role == "worker":
         steps.append(StartStep("clear-stale-drains", clear_stale_drains))
-        steps.append(StartStep("gres-regenerate", regenerate_gres, on_failure="block", before_restart_of="slurmd"))
-    if role in prolog_epilog.SCRIPT_ROLES:
-        steps += [StartStep("validate-scripts", validate_scripts),
-                  StartStep("node-boot-scripts", node_boot_scripts, once_per_boot=True, on_failure="block")]
+    for plugin in plugins():
+        steps += plugin.steps(role)
     return steps
 
 

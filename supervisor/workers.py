@@ -1,75 +1,32 @@
-"""What each role runs: built-in worker definitions merged with [supervisor.workers.*].
+"""What each role runs: the agent's own daemons and the plug-ins' workers, merged with [supervisor.workers.*].
 
-Workers are started in the order listed here (munge and the database before
-the Slurm daemons that need them), then any worker only the config names.
+Workers are started in the built-in order (the agent's DAEMONS with the
+plug-ins' workers in their places: plugins.builtin_workers), then any worker
+only the config names.
 """
 
 import dataclasses
 import re
-import signal
-import sys
-from dataclasses import dataclass
 
+from slurm_ext.plugin import WorkerSpec
+
+from .plugins import builtin_workers
 from .settings import SupervisorSection, WorkerSection
 
-__all__ = ["WorkerSpec", "BUILTIN", "ROLE_DAEMON", "ROLE_DAEMON_OPTIONS", "NOTIFY_SLURMD", "workers_for",
-           "speaks_notify", "local_database"]
+__all__ = ["WorkerSpec", "DAEMONS", "ROLE_DAEMON", "ROLE_DAEMON_OPTIONS", "NOTIFY_SLURMD", "workers_for",
+           "speaks_notify"]
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerSpec:
-    name: str
-    roles: tuple[str, ...]
-    command: tuple[str, ...]
-    environment: dict = dataclasses.field(default_factory=dict)
-    #: always, on-failure, never
-    restart: str = "always"
-    stop_signal: str = "TERM"
-    #: seconds between stop_signal and SIGKILL
-    stop_grace: float = 10.0
-    notify: bool = False
-    #: running, notify, slurm-node
-    ready: str = "running"
-    drain_on_crash_loop: bool = False
-    #: workers that must be ready before this one starts (slurmdbd after its database)
-    after: tuple[str, ...] = ()
-    #: the user it speaks sd_notify as, when it drops root before it is ready (mariadbd: mysql)
-    notify_user: str = ""
-    #: sent to it after the agent reloaded its config (the health monitor rereads the same file)
-    reload_signal: str = ""
-    #: the role is ready only while it runs: false for a helper whose failure must not take the node out of
-    #: service (a health monitor that crash-loops is its own problem, reported, not the node's)
-    gates_ready: bool = True
-
-    @property
-    def signal(self) -> int:
-        return getattr(signal, f"SIG{self.stop_signal}")
-
-
-#: slurmd's readiness is its node answering in Slurm. Slurm 22.05 has no `--systemd`; from 23.11 on
-#: the agent runs NOTIFY_SLURMD instead (workers_for's slurmd_notify), unless the config names a command.
-BUILTIN = (
+#: the agent's own workers, Slurm's daemons and munge, in start order; the plug-ins add theirs
+#: (plugins.builtin_workers: the hook service before slurmd, the health monitor, repair and web after).
+#: slurmd's readiness is its node answering in Slurm. Slurm 22.05 has no `--systemd`; from 23.11 on the agent
+#: runs NOTIFY_SLURMD instead (workers_for's slurmd_notify), unless the config names a command.
+DAEMONS = (
     WorkerSpec("munged", (), ("munged", "--foreground")),
-    WorkerSpec("mariadbd", (), ("mariadbd",), stop_grace=60.0),
     WorkerSpec("sshd", ("login",), ("/usr/sbin/sshd", "-D", "-e")),
     WorkerSpec("slurmdbd", ("accounting",), ("slurmdbd", "-D"), stop_grace=30.0),
     WorkerSpec("slurmctld", ("controller",), ("slurmctld", "-D"), stop_grace=30.0),
-    # the Prolog/Epilog's warm side (prolog_epilog.service), up before slurmd runs the first hook;
-    # -I: isolated, so neither the cwd (sys.path[0] of `-m`) nor PYTHON* variables choose what root imports
-    WorkerSpec("hooks", ("worker",), (sys.executable, "-I", "-m", "slurm_ext.cli", "hooks", "serve")),
     WorkerSpec("slurmd", ("worker",), ("slurmd", "-D"), ready="slurm-node", drain_on_crash_loop=True),
-    # the passive health checks (slurm_ext.health), in a process of their own: a check that hangs or crashes is
-    # restarted and reported, never the agent's or slurmd's problem; SIGHUP after the agent's reload
-    WorkerSpec("health", ("worker",), (sys.executable, "-I", "-m", "slurm_ext.cli", "health", "monitor"),
-               reload_signal="HUP", gates_ready=False),
-    # the repair service (slurm_ext.repair): recommendations, approved repairs step by step; its record is durable,
-    # so a restart carries on; never the controller's readiness
-    WorkerSpec("repair", ("controller",), (sys.executable, "-I", "-m", "slurm_ext.cli", "repair", "serve"),
-               reload_signal="HUP", gates_ready=False, after=("slurmctld",)),
-    # the cluster page (slurm_ext.web), with web.enabled: reads Slurm only while someone looks; never the
-    # controller's readiness
-    WorkerSpec("web", ("controller",), (sys.executable, "-I", "-m", "slurm_ext.cli", "web"), gates_ready=False,
-               after=("slurmctld",)),
 )
 
 
@@ -88,36 +45,28 @@ ROLE_DAEMON_OPTIONS = {"worker": "SLURMD_OPTIONS", "controller": "SLURMCTLD_OPTI
                        "accounting": "SLURMDBD_OPTIONS", "login": "SSHD_OPTS"}
 
 
-def local_database(my_cnf: str, init_sql: str) -> dict:
-    """The built-in mariadbd of an accounting role that runs its own database (accounting.run_database): on a
-    NOTIFY_SOCKET (Debian's mariadbd says READY=1 once it takes connections), and slurmdbd after it, so that
-    slurmdbd's first connection finds it (slurmdbd would otherwise retry every 5 s)."""
-    return {"roles": ("accounting",), "command": ("mariadbd", f"--defaults-file={my_cnf}", f"--init-file={init_sql}"),
-            "notify": True, "ready": "notify", "notify_user": "mysql"}
-
-
 def workers_for(role: str, settings: SupervisorSection, daemon_args: tuple[str, ...] = (),
-                slurmd_notify: bool = False, database: dict | None = None) -> list[WorkerSpec]:
+                slurmd_notify: bool = False, changes: dict[str, dict] | None = None) -> list[WorkerSpec]:
     """The workers `role` runs, in start order, with the config's keys applied.
 
     `daemon_args` are appended to the command of the role's daemon (ROLE_DAEMON), after the config's.
     `slurmd_notify` (the installed slurmd has --systemd: speaks_notify) makes the built-in slurmd
     NOTIFY_SLURMD, unless the config gives slurmd a command or a notify of its own, or the arguments
-    hold -D (slurmd refuses it beside --systemd). `database` (local_database) puts the built-in mariadbd in the
-    accounting role, before slurmdbd; the config's [supervisor.workers.mariadbd] still wins.
+    hold -D (slurmd refuses it beside --systemd). `changes` are the plug-ins' field changes of built-in workers,
+    by name (Plugin.spec_changes: accounting's own mariadbd, before slurmdbd); the config's
+    [supervisor.workers.*] still wins.
 
     Raises:
         ValueError: a worker of the role without a command, or `daemon_args` for a daemon the role
             does not run (the config took it out).
     """
-    specs = {spec.name: spec for spec in BUILTIN}
+    specs = {spec.name: spec for spec in builtin_workers(DAEMONS)}
     own = settings.workers.get("slurmd")
     # slurmd refuses --systemd with -D ("mutually exclusive") and without a NOTIFY_SOCKET: keep -D then
     if slurmd_notify and (own is None or (own.command is None and own.notify is None)) and "-D" not in daemon_args:
         specs["slurmd"] = dataclasses.replace(specs["slurmd"], **NOTIFY_SLURMD)
-    if database:
-        specs["mariadbd"] = dataclasses.replace(specs["mariadbd"], **database)
-        specs["slurmdbd"] = dataclasses.replace(specs["slurmdbd"], after=("mariadbd",))
+    for name, change in (changes or {}).items():
+        specs[name] = dataclasses.replace(specs[name], **change)
     for name, section in settings.workers.items():
         specs[name] = _apply(specs.get(name) or WorkerSpec(name, (), ()), section)
     chosen = [spec for spec in specs.values() if role in spec.roles]

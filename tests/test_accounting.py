@@ -19,7 +19,8 @@ from slurm_ext.accounting.queue import QueueAlarm
 from slurm_ext.accounting.reconcile import read_witness
 from slurm_ext.accounting.settings import AccountingSection
 from slurm_ext.errors import ConfigError
-from slurm_ext.supervisor.workers import local_database, workers_for
+from slurm_ext.accounting.plugin import local_database
+from slurm_ext.supervisor.workers import workers_for
 
 
 def _volumes(root: Path) -> tuple[storage.Volume, storage.Volume]:
@@ -212,7 +213,7 @@ def test_the_witness_keeps_each_jobs_last_end_since_a_time_and_a_job_name_cannot
 
 def test_slurmdbd_starts_after_its_database_when_the_agent_runs_one():
     supervisor = config.Config().supervisor
-    specs = {s.name: s for s in workers_for("accounting", supervisor, database=local_database("/c", "/i"))}
+    specs = {s.name: s for s in workers_for("accounting", supervisor, changes=local_database("/c", "/i"))}
     assert list(specs) == ["mariadbd", "slurmdbd"]
     assert specs["slurmdbd"].after == ("mariadbd",) and specs["mariadbd"].ready == "notify"
     assert specs["mariadbd"].command == ("mariadbd", "--defaults-file=/c", "--init-file=/i")

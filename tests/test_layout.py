@@ -232,3 +232,78 @@ def test_the_installed_wheel_builds_the_fake_nvml_from_its_own_files(wheel, tmp_
     source, lib = result.stdout.split()
     assert Path(source) == site / "slurm_ext" / "devcluster" / "fakenvml"
     assert Path(lib).is_file() and Path(lib).name == "libnvidia-ml.so.1"
+
+
+#: the node agent's one module that names other components: its list of plug-ins (as gpud's components/all)
+PLUGIN_LIST = REPO / "supervisor" / "plugins.py"
+#: what the node agent may import besides itself: the core and the node-state owner inside it
+_AGENT_MAY_IMPORT = {"slurm_ext", "slurm_ext.nodestate", "slurm_ext.supervisor"}
+
+
+def _components_imported(path: Path, package: str) -> list[tuple[int, str]]:
+    """(line, module) of each import in `path` (a module of `package`) of a component the node agent may reach
+    only through its plug-in list: any part of the floors table but the core, the node-state owner and itself."""
+    hits: list[tuple[int, str]] = []
+    for line, module in sorted(_imported_modules(path, package)):
+        owner = _floor_of(module)
+        if owner is None or owner in _AGENT_MAY_IMPORT:
+            continue
+        if hits and hits[-1][0] == line and module.startswith(hits[-1][1] + "."):
+            hits[-1] = (line, module)
+        else:
+            hits.append((line, module))
+    return hits
+
+
+def test_the_node_agent_reaches_components_only_through_its_plugin_list():
+    problems = [f"{path.relative_to(REPO)}:{line}: imports {module}"
+                for path, package in _python_modules() if package.startswith("slurm_ext.supervisor")
+                and path != PLUGIN_LIST for line, module in _components_imported(path, package)]
+    assert not problems, ("the node agent names a component outside supervisor/plugins.py: give the component a "
+                          "plugin.py (slurm_ext.plugin) and list it there\n" + "\n".join(problems))
+    tree = ast.parse(PLUGIN_LIST.read_text())
+    listed = next(ast.literal_eval(node.value) for node in tree.body
+                  if isinstance(node, ast.Assign) and [t.id for t in node.targets] == ["PLUGINS"])
+    package_dir, _ = _setup_cfg()
+    with_plugin = {f"{name}.plugin" for name, folder in package_dir.items()
+                   if name != "slurm_ext" and (REPO / folder / "plugin.py").is_file()}
+    assert set(listed) == with_plugin, "supervisor/plugins.py lists every component's plugin.py, and only those"
+    assert len(listed) == len(set(listed))
+
+
+def test_the_plugin_list_check_fails_on_a_component_imported_elsewhere_in_the_agent(tmp_path):
+    """The check above must not pass by missing an import: each way a module of supervisor/ may name one."""
+    module = tmp_path / "agent.py"
+    cases = {"from slurm_ext.health import metrics_path\n": [(1, "slurm_ext.health.metrics_path")],
+             "from .. import gres\n": [(1, "slurm_ext.gres")],
+             "def f():\n    from ..accounting.settings import PASSWORD_ENV\n":
+                 [(2, "slurm_ext.accounting.settings.PASSWORD_ENV")],
+             "import slurm_ext.web.app\n": [(1, "slurm_ext.web.app")],
+             "from slurm_ext import prolog_epilog, repair\n": [(1, "slurm_ext.prolog_epilog"), (1, "slurm_ext.repair")]}
+    for source, found in cases.items():
+        module.write_text(source)
+        assert _components_imported(module, "slurm_ext.supervisor") == found, source
+    module.write_text("from slurm_ext import events, nodestate\nfrom slurm_ext.plugin import Plugin\n"
+                      "from . import pipeline\nfrom .plugins import plugins\nimport os\n")
+    assert _components_imported(module, "slurm_ext.supervisor") == []
+
+
+def test_every_plugin_gives_the_agent_a_plugin_of_its_own_name_and_the_start_order_stays():
+    from slurm_ext import config
+    from slurm_ext.plugin import Plugin
+    from slurm_ext.supervisor import pipeline, plugins, workers
+    loaded = plugins.plugins()
+    assert [p.name for p in loaded] == [name.split(".")[1] for name in plugins.PLUGINS]
+    assert all(isinstance(p, Plugin) for p in loaded)
+    defaults = config.Config().supervisor
+    assert [s.name for s in plugins.builtin_workers(workers.DAEMONS)] == [
+        "munged", "mariadbd", "sshd", "slurmdbd", "slurmctld", "hooks", "slurmd", "health", "repair", "web"]
+    orders = {role: ([s.name for s in workers.workers_for(role, defaults)], [s.name for s in pipeline.steps_for(role)])
+              for role in config.ROLES}
+    assert orders == {
+        "worker": (["hooks", "slurmd", "health"],
+                   ["preflight", "clear-stale-drains", "gres-regenerate", "validate-scripts", "node-boot-scripts"]),
+        "controller": (["slurmctld", "repair", "web"],
+                       ["preflight", "check-storage", "validate-scripts", "node-boot-scripts"]),
+        "accounting": (["slurmdbd"], ["preflight", "accounting-config", "check-storage"]),
+        "login": (["sshd"], ["validate-scripts", "node-boot-scripts"])}

@@ -289,10 +289,11 @@ def test_the_mariadb_agent_runs_only_the_database_and_the_kubelet_can_probe_it()
     assert mariadb["image"] == "slurm-ext-mariadb:sid" and "command" not in mariadb  # the agent, as built
     loaded = _agent_config(pod, mariadb)
     from slurm_ext.accounting import places_of
-    from slurm_ext.supervisor.workers import local_database, workers_for
+    from slurm_ext.accounting.plugin import local_database
+    from slurm_ext.supervisor.workers import workers_for
     where = places_of(loaded)
     workers = workers_for("accounting", loaded.supervisor,
-                          database=local_database(str(where.etc / "my.cnf"), str(where.etc / "init.sql")))
+                          changes=local_database(str(where.etc / "my.cnf"), str(where.etc / "init.sql")))
     assert [w.name for w in workers] == ["mariadbd"]  # slurmdbd is the Accounting resource's pod
     # InnoDB's clean shutdown gets its stop_grace before the kubelet's SIGKILL
     assert pod["terminationGracePeriodSeconds"] > sum(w.stop_grace for w in workers)

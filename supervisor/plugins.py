@@ -1,0 +1,49 @@
+"""The plug-ins the node agent loads: the one place in `supervisor/` that names other components.
+
+Each name is a component's `plugin` module (`slurm_ext.plugin.Plugin`), imported by name as the
+core CLI imports the components' commands: the agent sits on the top floor beside web/, whose
+plug-in it still runs. Their order is the order of their start steps (after the agent's own) and of
+the workers they add after the agent's own daemons. Adding a component to the agent is one line here.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+
+from slurm_ext.plugin import Plugin, WorkerSpec
+
+__all__ = ["PLUGINS", "plugins", "builtin_workers", "health_readings_path"]
+
+PLUGINS = (
+    "slurm_ext.accounting.plugin",
+    "slurm_ext.gres.plugin",
+    "slurm_ext.prolog_epilog.plugin",
+    "slurm_ext.health.plugin",
+    "slurm_ext.repair.plugin",
+    "slurm_ext.web.plugin",
+)
+
+
+@functools.cache
+def plugins() -> tuple[Plugin, ...]:
+    """Every plug-in, in PLUGINS' order."""
+    return tuple(importlib.import_module(name).PLUGIN for name in PLUGINS)
+
+
+def builtin_workers(own: tuple[WorkerSpec, ...]) -> tuple[WorkerSpec, ...]:
+    """The agent's `own` workers with each plug-in's in its place: before the one it names, else at the end."""
+    before: dict[str, list[WorkerSpec]] = {}
+    last: list[WorkerSpec] = []
+    for plugin in plugins():
+        for worker in plugin.workers:
+            (before.setdefault(worker.before, []) if worker.before else last).append(worker.spec)
+    unknown = sorted(set(before) - {spec.name for spec in own})
+    if unknown:
+        raise RuntimeError(f"a plug-in's worker starts before {', '.join(unknown)}, which is none of the agent's own")
+    return tuple(spec for own_spec in own for spec in (*before.get(own_spec.name, ()), own_spec)) + tuple(last)
+
+
+def health_readings_path(runtime_dir: str):
+    """Where the health monitor writes its readings each poll, which the agent's /health serves as they are."""
+    return importlib.import_module("slurm_ext.health").metrics_path(runtime_dir)
