@@ -346,7 +346,7 @@ def _exchange(address: str, method: str, target: str, headers: dict[str, str], t
         if length is not None and length.strip().isdigit() and int(length) > limit:
             raise _Failed(f"answer of {int(length)} bytes refused (at most {limit})", answer.status)
         body = bytearray()
-        while True:
+        while not answer.isclosed():  # closed: its whole length came (and its socket is gone, Python 3.13)
             left = deadline - time.monotonic()
             if left <= 0:
                 raise _Failed(f"no complete answer within {timeout:g}s", answer.status)
