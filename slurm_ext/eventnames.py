@@ -46,6 +46,8 @@ _WEB = ("web",)
 _ENTRIES = (
     # -- the node agent (supervisor/) ---------------------------------------------------------------
     EventName("started", _SUPERVISOR, "info", "the node agent started supervising its role's workers"),
+    EventName("running", _SUPERVISOR, "info",
+              "the start steps succeeded: the agent starts its workers (its state goes from starting to running)"),
     EventName("stop", _SUPERVISOR, "info", "SIGTERM or SIGINT: the agent stops every worker, last started first"),
     EventName("exited", _SUPERVISOR, "info",
               "the agent stopped with every worker down (warning: a worker needed SIGKILL)"),

@@ -75,6 +75,10 @@ class Life:
     restarts: int = 0
     crash_loop: bool = False
     next_start: float = 0.0
+    #: gate: its start steps (before_restart_of) run now or are queued: started when they succeed
+    awaiting_steps: bool = False
+    #: gate: it waits for the workers of its spec's `after` to be ready: started by the loop once they are
+    awaiting_after: bool = False
     window: CrashWindow = field(init=False)
 
     def __post_init__(self):

@@ -14,6 +14,7 @@ from typing import Callable
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily
 
+from .agentstate import AgentState
 from .states import WorkerState
 
 __all__ = ["AgentCollector", "exposition_of"]
@@ -52,6 +53,11 @@ class AgentCollector:
                                   labels=["role"])
         ready.add_metric([agent.role], 1 if agent.ready()[0] else 0)
         yield ready
+        state = GaugeMetricFamily("slurm_ext_supervisor_state", "1 for the agent's own state (starting, running, "
+                                  "stopping, stopped), 0 for the others", labels=["role", "state"])
+        for each in AgentState:
+            state.add_metric([agent.role, each.value], 1 if agent.life.state == each else 0)
+        yield state
         if agent.role == "worker":
             yield from _network_metrics(agent)
         for live in agent.live_plugins:  # each plug-in's (health's readings, accounting's queue)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["WORKER", "CONFIGLESS_GRES", "SlurmdLayout", "layout_of", "with_gpus"]
+__all__ = ["WORKER", "CONFIGLESS_GRES", "SlurmdLayout", "layout_of", "with_gpus", "runs_slurmd", "argv_of"]
 
 #: the worker these are the arguments of
 WORKER = "slurmd"
@@ -99,3 +99,15 @@ def _set_gpus(conf: str, gres: str) -> str:
     if items:
         words.append("Gres=" + ",".join(items))
     return " ".join(words)
+
+
+def runs_slurmd(role: str) -> bool:
+    """The role's Slurm daemon is slurmd (the worker role): the one slurm-ext fits to its node and GPUs."""
+    from .workers import ROLE_DAEMON
+    return ROLE_DAEMON.get(role) == WORKER
+
+
+def argv_of(name: str, command: tuple[str, ...], gpus: str | None) -> tuple[str, ...]:
+    """The command worker `name` is started with: slurmd's with the GPUs NVML found last (a dynamic node's
+    Gres= in --conf; None: not read), every other worker's as it is."""
+    return with_gpus(command, gpus) if name == WORKER and gpus is not None else command

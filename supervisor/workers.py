@@ -14,7 +14,7 @@ from .plugins import builtin_workers
 from .settings import SupervisorSection, WorkerSection
 
 __all__ = ["WorkerSpec", "DAEMONS", "ROLE_DAEMON", "ROLE_DAEMON_OPTIONS", "NOTIFY_SLURMD", "workers_for",
-           "speaks_notify"]
+           "speaks_notify", "slurmd_speaks_notify"]
 
 
 #: the agent's own workers, Slurm's daemons and munge, in start order; the plug-ins add theirs
@@ -108,6 +108,17 @@ def speaks_notify(version_line: str) -> bool:
     """Whether `slurmd -V`'s answer ("slurm 26.05.5", "slurm-wlm 22.05.8") is a Slurm with --systemd."""
     found = re.search(r"(\d+)\.(\d+)", version_line)
     return found is not None and (int(found.group(1)), int(found.group(2))) >= _NOTIFY_SINCE
+
+
+def slurmd_speaks_notify(environ: dict[str, str]) -> bool:
+    """Whether the slurmd in PATH has --systemd (`slurmd -V`: Slurm >= 23.11); False when there is none."""
+    from slurm_ext import command
+    from slurm_ext.errors import CommandError
+    try:
+        answer = command.run(["slurmd", "-V"], 10.0, env=environ, check=True)
+    except CommandError:  # CommandTimeout is one too
+        return False
+    return speaks_notify(answer.stdout + answer.stderr)
 
 
 def _apply(spec: WorkerSpec, section: WorkerSection) -> WorkerSpec:

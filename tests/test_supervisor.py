@@ -537,3 +537,15 @@ def test_preflight_names_a_missing_or_loose_slurm_key_and_the_mount_that_provide
     assert "mode 0644" in loose and "defaultMode: 0600" in loose
     key.chmod(0o600)
     assert problems(tmp_path) == []
+
+
+def test_each_change_of_the_agents_own_state_is_one_event_and_its_metric(agents):
+    agent = agents('[supervisor.workers.sshd]\nroles = []\n[supervisor.workers.a]\nroles = ["login"]\n'
+                   'command = ["sleep", "300"]\n')
+    agent.wait_log(r"worker a: stopped -> running")
+    assert agent.metric("slurm_ext_supervisor_state", role="login", state="running") == 1
+    assert agent.metric("slurm_ext_supervisor_state", role="login", state="starting") == 0
+    assert agent.stop() == 0
+    states = [(e["event"], e.get("state")) for e in agent.journal() if e["component"] == "supervisor"
+              and e["event"] in ("started", "running", "stop", "exited")]
+    assert states == [("started", "starting"), ("running", "running"), ("stop", "stopping"), ("exited", "stopped")]
