@@ -307,3 +307,12 @@ def test_every_plugin_gives_the_agent_a_plugin_of_its_own_name_and_the_start_ord
                        ["preflight", "check-storage", "validate-scripts", "node-boot-scripts"]),
         "accounting": (["slurmdbd"], ["preflight", "accounting-config", "check-storage"]),
         "login": (["sshd"], ["validate-scripts", "node-boot-scripts"])}
+
+
+def test_the_agents_loop_stays_small_and_names_no_role_or_worker():
+    """supervisor/agent.py is the loop only (processes, reload, stopping, readiness are modules of their own), and a
+    rule for one role or one worker belongs to its plug-in or to slurmd_args, not to a test in the loop."""
+    import re
+    source = (REPO / "supervisor" / "agent.py").read_text()
+    assert len(source.splitlines()) < 400
+    assert not re.findall(r"\brole\s*[!=]=|[!=]=\s*self\.role\b|spec\.name\s*[!=]=", source)
