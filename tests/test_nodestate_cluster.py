@@ -17,7 +17,7 @@ import time
 import psutil
 
 from conftest import wait_for
-from slurm_ext import devcluster as dev, drainmark, nodestate
+from slurm_ext import config, devcluster as dev, drainmark, nodestate
 from slurm_ext.nodestate import channel
 
 CRASH = "slurmd crash loop: 5 exits in 10s (last: died (killed by SIGKILL))"
@@ -56,7 +56,10 @@ def _ask(cluster, message: dict, timeout: float = 30.0) -> dict:
     return channel.request(nodestate.socket_path(cluster.layout.hook_socket.parent), message, timeout)
 
 
-def test_five_fast_kills_of_a_registered_slurmd_each_see_a_new_one_within_a_second(running_cluster):
+def test_five_fast_kills_of_a_registered_slurmd_each_restart_it_at_once_then_drain_the_crash_loop(running_cluster):
+    """Each kill of a slurmd that got ready is restarted after backoff_initial, not a backoff that grows (the
+    agent's decision, in its journal: how fast that is, is bench_supervisor's figure), and the fifth is a crash
+    loop that drains the node."""
     cluster = running_cluster
     first_line = _journal_length(cluster)
     release, started = cluster.layout.out / "release-five", cluster.layout.out / "started-five"
@@ -64,7 +67,7 @@ def test_five_fast_kills_of_a_registered_slurmd_each_see_a_new_one_within_a_seco
     started.unlink(missing_ok=True)
     job_id = cluster.sbatch(f"--wrap=touch {started}; while [ ! -e {release} ]; do sleep 0.2; done; echo survived")
     wait_for("the job's script to start", started.exists, timeout=30)
-    killed_at, last_kill, comebacks = 0.0, 0.0, []
+    killed_at, last_kill = 0.0, 0.0
     for round_ in range(5):
         # the slurmd that is there registered: its death is that of a worker that worked. It started
         # after the last kill, so its SlurmdStartTime (whole seconds) is at least that second; the time
@@ -78,12 +81,12 @@ def test_five_fast_kills_of_a_registered_slurmd_each_see_a_new_one_within_a_seco
         last_kill = time.monotonic()
         wait_for(f"round {round_}: a new slurmd", lambda: _slurmd(cluster) not in (None, old), timeout=30,
                  interval=0.01)
-        comebacks.append(time.monotonic() - last_kill)
-    assert max(comebacks) < 1.0, f"seconds from each kill to a new slurmd: {comebacks}"
 
     events = _journal(cluster, first_line)
     deaths = [e for e in events if e["event"] == "worker-exited" and e["worker"] == "slurmd"]
     assert len(deaths) == 5 and all(e["signal"] == "SIGKILL" and e["uptime"] > 1.0 for e in deaths), deaths
+    backoff_initial = config.load(cluster.layout.slurm_ext_conf).supervisor.backoff_initial
+    assert [(e["delay"], e["was_ready"]) for e in deaths] == [(backoff_initial, True)] * 5, deaths
     assert any(e["event"] == "crash-loop" for e in events)
     node = wait_for("the crash-loop drain", lambda: (n := cluster.client().node(cluster.node)).drained and n)
     assert node.reason.startswith("slurm-ext: slurmd crash loop: 5 exits in 10s"), node.reason
