@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import http.client
 import json
 import math
 import os
@@ -328,6 +327,8 @@ def _exchange(address: str, method: str, target: str, headers: dict[str, str], t
 
     Raises _Failed: no answer, an answer larger than `limit` (refused from its Content-Length, or once `limit` bytes
     came), or one still coming at the deadline."""
+    import http.client  # here, not at the top: with its email and ssl it is 6 MB the node agent, which only
+    # checks requests, never pays
     host, _, port = address.rpartition(":")
     try:
         port_number = int(port)
