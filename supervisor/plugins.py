@@ -46,4 +46,5 @@ def builtin_workers(own: tuple[WorkerSpec, ...]) -> tuple[WorkerSpec, ...]:
 
 def health_readings_path(runtime_dir: str):
     """Where the health monitor writes its readings each poll, which the agent's /health serves as they are."""
-    return importlib.import_module("slurm_ext.health").metrics_path(runtime_dir)
+    from slurm_ext.health import metrics_path  # a floor below the agent's: imported, not named
+    return metrics_path(runtime_dir)
