@@ -267,6 +267,7 @@ def test_the_view_counts_nodes_and_says_where_each_journal_line_comes_from(page)
     data = page.get("/api/cluster").get_json()
     assert data["counts"] == {"healthy": 1, "booting": 0, "unhealthy": 0, "pending": 1, "paused": 0}
     assert data["cluster"]["name"] == "unit" and data["cluster"]["gpus_by_type"] == {"h200": 4}
+    assert data["cluster"]["drivers"] == {"560.35.03": 2}  # the tally of what each answering agent says
     assert data["usage"]["now"]["gpus"] == 4 and data["usage"]["now"]["gpu_utilization"] == 60.0
     health = page.get("/api/health?node=n2&check=xid&severity=critical").get_json()["entries"]
     assert [e["message"] for e in health] == ["critical 2", "critical 1", "critical 0"] and health[0]["node"] == "n2"
