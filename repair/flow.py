@@ -245,11 +245,14 @@ def _verify(record: Record, seen: Seen) -> None:
     # a reading newer than the first one seen in this step, both on the node's own clock and of the same boot:
     # taken after it came back (a node that booted again meanwhile starts the comparison over)
     reading = monitor.readings_time if monitor is not None else 0.0
-    boot = answer.boot if answer is not None else record.detail.get("verify_boot", "")
-    if "first_reading" not in record.detail or boot != record.detail.get("verify_boot", boot):
+    boot = answer.boot if answer is not None else ""
+    known_boot = record.detail.get("verify_boot", "")
+    if "first_reading" not in record.detail or (boot and known_boot and boot != known_boot):
         record.detail["first_reading"], record.detail["verify_boot"] = reading, boot
         _save(record, seen, now)
         return
+    if boot and not known_boot:  # the agent's first answer of this step: its boot is the one compared from now on
+        record.detail["verify_boot"] = boot
     fresh = reading > record.detail["first_reading"]
     if fresh:
         critical = monitor.critical()

@@ -357,6 +357,21 @@ def test_a_node_that_boots_again_during_verify_starts_its_comparison_over(store)
     assert record.step == "resume"
 
 
+def test_a_first_verify_pass_without_an_answer_costs_no_extra_pass(store):
+    """An agent silent at the step's first pass is no boot to start over from: its first answer with a newer
+    reading than none passes the verify at once, as before boots were compared."""
+    from slurm_ext.repair.flow import advance
+    record = _approved(store)
+    record.state, record.step = "running", "verify"
+    record.detail = {"reason": "slurm-ext: repair reboot: x (approved by alice)", "back_at": 1.0}
+    readings = iter([None, _health(60.0)])
+    seen = _seen(store, [_drained("n1", record.detail["reason"])], health=lambda node: next(readings), now=2.0)
+    advance(record, seen)
+    assert record.step == "verify" and record.detail["verify_boot"] == ""
+    advance(record, seen)
+    assert record.step == "resume"
+
+
 def _seen(store, nodes, settings=RepairSection(), jobs=None, health=None, actions=None, started=None, now=2000.0):
     from slurm_ext.repair.flow import Seen
     emitted = []
