@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from . import cli
-from .configdoc import markdown_text
+from .configdoc import markdown_text, write_generated
 
 __all__ = ["REFERENCE", "reference", "main"]
 
@@ -81,21 +81,7 @@ def reference() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=REGENERATE, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when the file differs")
-    parser.add_argument("repo", nargs="?", type=Path, default=Path(__file__).resolve().parent.parent,
-                        help="the repository root (default: this checkout)")
-    args = parser.parse_args(argv)
-    path, text = args.repo / REFERENCE, reference()
-    if path.exists() and path.read_text() == text:
-        return 0
-    if args.check:
-        print(f"{REFERENCE}: out of date; run `{REGENERATE}`", file=sys.stderr)
-        return 1
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    print(f"wrote {REFERENCE}")
-    return 0
+    return write_generated({REFERENCE: reference()}, REGENERATE, __doc__.split("\n\n")[0], argv)
 
 
 if __name__ == "__main__":

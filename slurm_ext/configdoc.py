@@ -198,13 +198,19 @@ def outputs() -> dict[Path, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=REGENERATE, description=__doc__.split("\n\n")[0])
+    return write_generated(outputs(), REGENERATE, __doc__.split("\n\n")[0], argv)
+
+
+def write_generated(made: dict[Path, str], regenerate: str, description: str, argv: list[str] | None) -> int:
+    """The command line of a generator of committed files (`made`: path in the repository -> its text): write
+    those that differ, or with --check write nothing and exit 1 naming them and the command `regenerate`."""
+    parser = argparse.ArgumentParser(prog=regenerate, description=description)
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when a file differs")
     parser.add_argument("repo", nargs="?", type=Path, default=Path(__file__).resolve().parent.parent,
                         help="the repository root (default: this checkout)")
     args = parser.parse_args(argv)
     stale = []
-    for relative, text in outputs().items():
+    for relative, text in made.items():
         path = args.repo / relative
         current = path.read_text() if path.exists() else None
         if current == text:
@@ -214,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
     if args.check and stale:
-        print(f"{', '.join(stale)}: out of date; run `{REGENERATE}`", file=sys.stderr)
+        print(f"{', '.join(stale)}: out of date; run `{regenerate}`", file=sys.stderr)
         return 1
     for relative in stale:
         print(f"wrote {relative}")
