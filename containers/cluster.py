@@ -37,6 +37,7 @@ import docker
 from slurm_ext.agentapi import create_credential
 from slurm_ext.devcluster import fakenvml
 from slurm_ext.devcluster.daemons import wait_for
+from slurm_ext.fileio import atomic_write
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -184,8 +185,8 @@ class ContainerCluster:
         directory.mkdir(exist_ok=True)
         (directory / "slurm-ext.toml").write_text(text)
         credential = directory / "agent-credential"  # node.agent_credential's default path, root's only
-        credential.write_bytes((self.root / "agent-credential").read_bytes())
-        credential.chmod(0o600)
+        # 0600 from its first byte, never readable by others for a moment
+        atomic_write(credential, (self.root / "agent-credential").read_bytes(), mode=0o600)
         return directory
 
     def node_name(self, index: int) -> str:
