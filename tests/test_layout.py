@@ -73,20 +73,26 @@ def _floor_of(module: str) -> str | None:
     return max(owners, key=len) if owners else None
 
 
-def _floor_violations(path: Path, package: str) -> list[tuple[int, str]]:
-    """(line, module) of each import in `path` (a module of `package`) that does not go down the floors, once
-    per statement (`from slurm_ext.health import nvmlread` is one import of slurm_ext.health.nvmlread)."""
-    importer = _floor_of(package)
+def _imports_where(path: Path, package: str, wanted) -> list[tuple[int, str]]:
+    """(line, module) of each import in `path` (a module of `package`) of a part of the floors table that
+    `wanted(part)` picks, once per statement (`from slurm_ext.health import nvmlread` is one import of
+    slurm_ext.health.nvmlread)."""
     hits: list[tuple[int, str]] = []
     for line, module in sorted(_imported_modules(path, package)):
-        imported = _floor_of(module)
-        if imported is None or imported == importer or FLOORS[imported] < FLOORS[importer]:
+        part = _floor_of(module)
+        if part is None or not wanted(part):
             continue
         if hits and hits[-1][0] == line and module.startswith(hits[-1][1] + "."):
             hits[-1] = (line, module)
         else:
             hits.append((line, module))
     return hits
+
+
+def _floor_violations(path: Path, package: str) -> list[tuple[int, str]]:
+    """Each import in `path` that does not go down the floors."""
+    importer = _floor_of(package)
+    return _imports_where(path, package, lambda part: part != importer and FLOORS[part] >= FLOORS[importer])
 
 
 def _python_modules() -> list[tuple[Path, str]]:
@@ -243,16 +249,7 @@ _AGENT_MAY_IMPORT = {"slurm_ext", "slurm_ext.nodestate", "slurm_ext.supervisor"}
 def _components_imported(path: Path, package: str) -> list[tuple[int, str]]:
     """(line, module) of each import in `path` (a module of `package`) of a component the node agent may reach
     only through its plug-in list: any part of the floors table but the core, the node-state owner and itself."""
-    hits: list[tuple[int, str]] = []
-    for line, module in sorted(_imported_modules(path, package)):
-        owner = _floor_of(module)
-        if owner is None or owner in _AGENT_MAY_IMPORT:
-            continue
-        if hits and hits[-1][0] == line and module.startswith(hits[-1][1] + "."):
-            hits[-1] = (line, module)
-        else:
-            hits.append((line, module))
-    return hits
+    return _imports_where(path, package, lambda part: part not in _AGENT_MAY_IMPORT)
 
 
 def test_the_node_agent_reaches_components_only_through_its_plugin_list():
