@@ -20,12 +20,12 @@ from slurm_ext.errors import SlurmExtError
 from .settings import ACTIONS, KEEPS_DATA, RepairSection
 from .store import IN_PROGRESS, Record, Store
 
-__all__ = ["Refused", "operator", "guard_limit", "approve", "reject", "pause", "unpause", "paused"]
+__all__ = ["DecisionRefused", "operator", "guard_limit", "approve", "reject", "pause", "unpause", "paused"]
 
 _PAUSE = "paused"
 
 
-class Refused(SlurmExtError):
+class DecisionRefused(SlurmExtError):
     """A decision the service will not take; the message says why."""
 
     exit_code = 1
@@ -63,35 +63,35 @@ def approve(store: Store, node: str, user: str, settings: RepairSection, cluster
     was done. `dry_run`: every check, nothing written. `auto`: the service's auto-approve (reboot only).
 
     Raises:
-        Refused: no recommendation, decided already, an unknown action, paused, in cooldown, or past the guard.
+        DecisionRefused: no recommendation, decided already, an unknown action, paused, in cooldown, or past the guard.
     """
     now = now or time.time()
     if action is not None and action not in ACTIONS:
-        raise Refused(f"unknown action {action!r}: one of {', '.join(ACTIONS)}")
+        raise DecisionRefused(f"unknown action {action!r}: one of {', '.join(ACTIONS)}")
     with store.locked():
         record = _recommendation(store, node)
         chosen = action or record.action
         if auto and chosen not in KEEPS_DATA:
-            raise Refused(f"node {node}: auto-approve takes only {', '.join(KEEPS_DATA)}, not {chosen}")
+            raise DecisionRefused(f"node {node}: auto-approve takes only {', '.join(KEEPS_DATA)}, not {chosen}")
         stop = paused(store)
         if stop:
-            raise Refused(f"repairs are paused (by {stop[0]} at {_when(stop[1])}): nothing is approved until "
-                          "`slurm-ext repair unpause`")
+            raise DecisionRefused(f"repairs are paused (by {stop[0]} at {_when(stop[1])}): nothing is approved until "
+                                  "`slurm-ext repair unpause`")
         _check_cooldown(store, node, settings, now)
         under_way = [r.node for r in store.records(open_only=True, states=IN_PROGRESS)]
         limit = guard_limit(settings, cluster_nodes)
         if len(under_way) + 1 > limit:
-            raise Refused(f"node {node}: refused by the guard: {len(under_way)} node(s) under repair now "
-                          f"({', '.join(sorted(under_way))}), and at most {limit} may be at once (max(guard_nodes "
-                          f"{settings.guard_nodes}, guard_percent {settings.guard_percent}% of {cluster_nodes} "
-                          "nodes)); approve again once one has finished")
+            raise DecisionRefused(f"node {node}: refused by the guard: {len(under_way)} node(s) under repair now "
+                                  f"({', '.join(sorted(under_way))}), and at most {limit} may be at once "
+                                  f"(max(guard_nodes {settings.guard_nodes}, guard_percent {settings.guard_percent}% "
+                                  f"of {cluster_nodes} nodes)); approve again once one has finished")
         if dry_run:
             return record, f"would approve {chosen} of node {node} ({record.signature}: {record.evidence}); nothing done"
         changed = f" (recommended: {record.action})" if chosen != record.action else ""
         record.state, record.action, record.decided_by, record.decided_at = "approved", chosen, user, now
         record.updated = now
         if not store.save(record, expect_state="recommended"):
-            raise Refused(f"node {node}: decided by someone else meanwhile; see `slurm-ext repair list`")
+            raise DecisionRefused(f"node {node}: decided by someone else meanwhile; see `slurm-ext repair list`")
         how = "auto-approved" if auto else f"approved by {user}"
         store.event(node, "repair-approved", f"{chosen}{changed} {how}: {record.signature} {record.evidence}",
                     user, record, now)
@@ -103,17 +103,17 @@ def reject(store: Store, node: str, user: str, why: str, now: float | None = Non
     until its fault clears, and nothing runs.
 
     Raises:
-        Refused: no recommendation to reject, or an empty reason.
+        DecisionRefused: no recommendation to reject, or an empty reason.
     """
     now = now or time.time()
     if not why.strip():
-        raise Refused("a rejection needs its reason: --why TEXT")
+        raise DecisionRefused("a rejection needs its reason: --why TEXT")
     with store.locked():
         record = _recommendation(store, node)
         record.state, record.decided_by, record.decided_at, record.note = "rejected", user, now, why.strip()
         record.updated = now
         if not store.save(record, expect_state="recommended"):
-            raise Refused(f"node {node}: decided by someone else meanwhile; see `slurm-ext repair list`")
+            raise DecisionRefused(f"node {node}: decided by someone else meanwhile; see `slurm-ext repair list`")
         store.event(node, "repair-rejected", f"{record.action} rejected by {user}: {why.strip()}", user, record, now)
     return record
 
@@ -139,15 +139,15 @@ def _recommendation(store: Store, node: str) -> Record:
         return found
     busy = next((r for r in records if r.state in IN_PROGRESS), None)
     if busy:
-        raise Refused(f"node {node}: its {busy.action} was already approved by {busy.decided_by} at "
-                      f"{_when(busy.decided_at or busy.updated)} and is {busy.state}"
-                      + (f" (step {busy.step})" if busy.step else ""))
+        raise DecisionRefused(f"node {node}: its {busy.action} was already approved by {busy.decided_by} at "
+                              f"{_when(busy.decided_at or busy.updated)} and is {busy.state}"
+                              + (f" (step {busy.step})" if busy.step else ""))
     rejected = next((r for r in records if r.state == "rejected"), None)
     if rejected:
-        raise Refused(f"node {node}: its {rejected.action} was rejected by {rejected.decided_by} at "
-                      f"{_when(rejected.decided_at or rejected.updated)}: {rejected.note}")
-    raise Refused(f"node {node}: no recommendation to decide on (`slurm-ext repair list` shows them; a node gets "
-                  "one when a health check drains it)")
+        raise DecisionRefused(f"node {node}: its {rejected.action} was rejected by {rejected.decided_by} at "
+                              f"{_when(rejected.decided_at or rejected.updated)}: {rejected.note}")
+    raise DecisionRefused(f"node {node}: no recommendation to decide on (`slurm-ext repair list` shows them; a node "
+                          "gets one when a health check drains it)")
 
 
 def _check_cooldown(store: Store, node: str, settings: RepairSection, now: float) -> None:
@@ -155,5 +155,6 @@ def _check_cooldown(store: Store, node: str, settings: RepairSection, now: float
                 if r.closed and now - r.closed < settings.cooldown and not r.detail.get("dry_run")]
     if finished:
         last = max(finished, key=lambda r: r.closed)
-        raise Refused(f"node {node}: in its cooldown: its {last.action} ended {last.state} at {_when(last.closed)}; "
-                      f"no new repair before {_when(last.closed + settings.cooldown)} (repair.cooldown)")
+        raise DecisionRefused(f"node {node}: in its cooldown: its {last.action} ended {last.state} at "
+                              f"{_when(last.closed)}; no new repair before {_when(last.closed + settings.cooldown)} "
+                              "(repair.cooldown)")

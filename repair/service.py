@@ -155,7 +155,7 @@ class Service:
             try:
                 decide.approve(self.store, record.node, "slurm-ext (auto-approve)", self.settings, cluster_nodes,
                                auto=True, now=now)
-            except decide.Refused as err:
+            except decide.DecisionRefused as err:
                 if record.detail.get("auto_refused") != str(err):  # said once, not every pass
                     record.detail["auto_refused"] = str(err)
                     with self.store.locked():

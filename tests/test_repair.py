@@ -98,7 +98,7 @@ def test_approve_records_the_user_and_a_second_approval_is_refused_with_who(stor
     _recommend(store, "n1")
     record, said = decide.approve(store, "n1", "alice", RepairSection(), 10)
     assert (record.state, record.decided_by) == ("approved", "alice") and "approved reboot" in said
-    with pytest.raises(decide.Refused, match="already approved by alice"):
+    with pytest.raises(decide.DecisionRefused, match="already approved by alice"):
         decide.approve(store, "n1", "bob", RepairSection(), 10)
     events = store.events(node="n1")
     assert [(e.event, e.user) for e in events] == [("repair-approved", "alice")]
@@ -114,7 +114,7 @@ def test_two_operators_approving_at_once_one_wins(tmp_path):
         try:
             decide.approve(store, "n1", user, RepairSection(), 10)
             results.append(("ok", user))
-        except decide.Refused as err:
+        except decide.DecisionRefused as err:
             results.append(("refused", str(err)))
 
     threads = [threading.Thread(target=approve, args=(s, u)) for s, u in ((first, "alice"), (second, "bob"))]
@@ -127,16 +127,16 @@ def test_two_operators_approving_at_once_one_wins(tmp_path):
 
 
 def test_no_recommendation_an_unknown_action_and_an_empty_rejection_are_refused(store):
-    with pytest.raises(decide.Refused, match="no recommendation"):
+    with pytest.raises(decide.DecisionRefused, match="no recommendation"):
         decide.approve(store, "n9", "alice", RepairSection(), 10)
     _recommend(store, "n1")
-    with pytest.raises(decide.Refused, match="unknown action 'explode'"):
+    with pytest.raises(decide.DecisionRefused, match="unknown action 'explode'"):
         decide.approve(store, "n1", "alice", RepairSection(), 10, action="explode")
-    with pytest.raises(decide.Refused, match="needs its reason"):
+    with pytest.raises(decide.DecisionRefused, match="needs its reason"):
         decide.reject(store, "n1", "alice", "  ")
     rejected = decide.reject(store, "n1", "alice", "vendor on site tomorrow")
     assert (rejected.state, rejected.note) == ("rejected", "vendor on site tomorrow")
-    with pytest.raises(decide.Refused, match="rejected by alice.*vendor on site tomorrow"):
+    with pytest.raises(decide.DecisionRefused, match="rejected by alice.*vendor on site tomorrow"):
         decide.approve(store, "n1", "bob", RepairSection(), 10)
 
 
@@ -146,8 +146,8 @@ def test_the_guard_refuses_beyond_max_of_nodes_and_percent_and_says_why(store):
         _recommend(store, name)
     decide.approve(store, "n1", "a", settings, 4)
     decide.approve(store, "n2", "a", settings, 4)
-    with pytest.raises(decide.Refused, match=r"refused by the guard: 2 node\(s\) under repair now \(n1, n2\), and at "
-                                             r"most 2 may be at once"):
+    guard = r"refused by the guard: 2 node\(s\) under repair now \(n1, n2\), and at most 2 may be at once"
+    with pytest.raises(decide.DecisionRefused, match=guard):
         decide.approve(store, "n3", "a", settings, 4)
     assert decide.guard_limit(RepairSection(guard_nodes=3, guard_percent=10), 10) == 3
     assert decide.guard_limit(RepairSection(guard_nodes=1, guard_percent=10), 1000) == 100
@@ -157,19 +157,19 @@ def test_pause_cooldown_dry_run_and_auto_approve_rules(store):
     settings = RepairSection(cooldown=600)
     _recommend(store, "n1")
     decide.pause(store, "carol")
-    with pytest.raises(decide.Refused, match="paused \\(by carol"):
+    with pytest.raises(decide.DecisionRefused, match="paused \\(by carol"):
         decide.approve(store, "n1", "a", settings, 10)
     decide.unpause(store, "carol")
     _, said = decide.approve(store, "n1", "a", settings, 10, dry_run=True)
     assert "would approve" in said and store.records(node="n1")[0].state == "recommended"
-    with pytest.raises(decide.Refused, match="auto-approve takes only reboot"):
+    with pytest.raises(decide.DecisionRefused, match="auto-approve takes only reboot"):
         decide.approve(store, "n1", "auto", settings, 10, action="remove", auto=True)
     done = store.records(node="n1")[0]
     done.state, done.closed = "done", time.time() - 60
     with store.locked():
         store.save(done)
     _recommend(store, "n1")
-    with pytest.raises(decide.Refused, match="in its cooldown"):
+    with pytest.raises(decide.DecisionRefused, match="in its cooldown"):
         decide.approve(store, "n1", "a", settings, 10)
     decide.approve(store, "n1", "a", replace(settings, cooldown=30), 10)
 

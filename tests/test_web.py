@@ -18,7 +18,7 @@ from slurm_ext.repair.store import Record, open_sqlite
 from slurm_ext.slurm import Node, NodeEvent
 from slurm_ext.web import usage
 from slurm_ext.web.app import create_app
-from slurm_ext.web.auth import Csrf, Refused, Tokens, operator_of
+from slurm_ext.web.auth import Csrf, RequestRefused, Tokens, operator_of
 from slurm_ext.web.settings import WebSection
 from slurm_ext.web.watch import Watcher, drain_owner, gpus_by_type
 
@@ -56,17 +56,17 @@ def test_the_proxy_header_is_believed_only_from_a_trusted_proxy_and_a_bearer_tok
     proxied = WebSection(proxy_user_header="X-Forwarded-User", trusted_proxies=("127.0.0.1",))
     found = operator_of({"X-Forwarded-User": "dana@example.org"}, "127.0.0.1", proxied, tokens)
     assert (found.user, found.via) == ("dana@example.org", "proxy")
-    with pytest.raises(Refused, match="not in web.trusted_proxies") as refused:
+    with pytest.raises(RequestRefused, match="not in web.trusted_proxies") as refused:
         operator_of({"X-Forwarded-User": "dana", "Authorization": f"Bearer {TOKEN}"}, "127.0.0.2", proxied, tokens)
     assert refused.value.status == 403  # a forged name is never taken for a missing one, even beside a token
-    with pytest.raises(Refused, match="names no valid user"):
+    with pytest.raises(RequestRefused, match="names no valid user"):
         operator_of({"X-Forwarded-User": "bad user; rm"}, "127.0.0.1", proxied, tokens)
     plain = WebSection()  # the header is not configured: it means nothing, the token decides
     assert operator_of({"X-Forwarded-User": "mallory", "Authorization": f"Bearer {TOKEN}"}, "127.0.0.2", plain,
                        tokens).user == "alice"
-    with pytest.raises(Refused, match="not known") as unknown:
+    with pytest.raises(RequestRefused, match="not known") as unknown:
         operator_of({"Authorization": "Bearer " + "z" * 24}, "127.0.0.1", plain, tokens)
-    with pytest.raises(Refused, match="needs an authenticated operator") as nobody:
+    with pytest.raises(RequestRefused, match="needs an authenticated operator") as nobody:
         operator_of({}, "127.0.0.1", plain, tokens)
     assert unknown.value.status == nobody.value.status == 401
 
@@ -79,11 +79,11 @@ def test_a_csrf_token_is_refused_when_missing_forged_from_another_server_or_stal
     for bad, why in ((None, "carries no CSRF token"), ("", "carries no CSRF token"),
                      (token[:-1] + ("0" if token[-1] != "0" else "1"), "not issued by this server"),
                      ("x.y", "not issued by this server"), (Csrf().issue(), "not issued by this server")):
-        with pytest.raises(Refused, match=why) as refused:
+        with pytest.raises(RequestRefused, match=why) as refused:
             csrf.check(bad)
         assert refused.value.status == 403
     now[0] += 3601
-    with pytest.raises(Refused, match="stale"):
+    with pytest.raises(RequestRefused, match="stale"):
         csrf.check(token)
 
 

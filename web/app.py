@@ -33,7 +33,7 @@ from slurm_ext.errors import SlurmExtError
 from slurm_ext.health.settings import CHECKS, SEVERITIES
 from slurm_ext.repair.settings import ACTIONS
 
-from .auth import Csrf, Operator, Refused, Tokens, operator_of
+from .auth import Csrf, Operator, RequestRefused, Tokens, operator_of
 from .watch import Watcher
 
 __all__ = ["create_app", "STATIC"]
@@ -148,8 +148,8 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
     def bad_request(err: BadRequest):
         return jsonify(error=err.message), err.status
 
-    @app.errorhandler(Refused)
-    def refused(err: Refused):
+    @app.errorhandler(RequestRefused)
+    def refused(err: RequestRefused):
         now, address = time.monotonic(), request.remote_addr or "?"
         if now - refused_last.get(address, -_REFUSED_EVERY) >= _REFUSED_EVERY:
             if len(refused_last) > 10000:
@@ -264,7 +264,7 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
             if settings.proxy_user_header and request.headers.get(settings.proxy_user_header) is not None:
                 found = operator_of(request.headers, request.remote_addr, settings, tokens)
                 user, via = found.user, found.via
-        except Refused as err:
+        except RequestRefused as err:
             problem = str(err)
         return jsonify(csrf=csrf.issue(), user=user, via=via, tokens=bool(settings.token_file),
                        proxy=settings.proxy_user_header or None, problem=problem, checks=list(CHECKS))
@@ -301,7 +301,7 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
         store = _opened(open_store)
         try:
             return decide_it(store)
-        except decide.Refused as err:
+        except decide.DecisionRefused as err:
             raise BadRequest(409, str(err)) from None
         except SlurmExtError as err:
             raise BadRequest(503, f"the repair database does not answer: {err}") from None

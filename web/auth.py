@@ -32,7 +32,7 @@ from pathlib import Path
 
 from slurm_ext.errors import SlurmExtError
 
-__all__ = ["Refused", "Operator", "Tokens", "Csrf", "operator_of", "MIN_TOKEN"]
+__all__ = ["RequestRefused", "Operator", "Tokens", "Csrf", "operator_of", "MIN_TOKEN"]
 
 #: shortest token accepted: a guessable token is a shared password
 MIN_TOKEN = 20
@@ -40,7 +40,7 @@ MIN_TOKEN = 20
 _USER = re.compile(r"^[A-Za-z0-9._@+-]{1,128}$")
 
 
-class Refused(SlurmExtError):
+class RequestRefused(SlurmExtError):
     """An operation the page will not do for this request; `status` is the HTTP answer (401, 403)."""
 
     def __init__(self, status: int, message: str):
@@ -127,30 +127,31 @@ def operator_of(headers, remote_addr: str, settings, tokens: Tokens) -> Operator
     """The operator a request comes from.
 
     Raises:
-        Refused: no credentials (401), a token no one has (401), or a proxy header from an address that is not a
+        RequestRefused: no credentials (401), a token no one has (401), or a proxy header from an address that is not a
             trusted proxy (403); the message says which and what to do.
     """
     header = settings.proxy_user_header
     if header and headers.get(header) is not None:
         if remote_addr not in settings.trusted_proxies:
-            raise Refused(403, f"the {header} header came from {remote_addr}, which is not in web.trusted_proxies: "
-                               "refused (sign in through the proxy, or use an operator token)")
+            raise RequestRefused(403, f"the {header} header came from {remote_addr}, which is not in "
+                                      "web.trusted_proxies: refused (sign in through the proxy, or use an operator "
+                                      "token)")
         user = headers.get(header, "").strip()
         if not _USER.match(user):
-            raise Refused(403, f"the proxy's {header} names no valid user ({user[:40]!r})")
+            raise RequestRefused(403, f"the proxy's {header} names no valid user ({user[:40]!r})")
         return Operator(user, "proxy")
     authorization = headers.get("Authorization", "")
     if authorization.startswith("Bearer "):
         user = tokens.user_of(authorization.removeprefix("Bearer ").strip())
         if user is None:
-            raise Refused(401, "this operator token is not known (revoked, or mistyped)"
-                               + (f"; {tokens.problem}" if tokens.problem else ""))
+            raise RequestRefused(401, "this operator token is not known (revoked, or mistyped)"
+                                      + (f"; {tokens.problem}" if tokens.problem else ""))
         return Operator(user, "token")
     how = ["an operator token (Authorization: Bearer, from web.token_file)"]
     if header:
         how.append(f"sign-in through the trusted proxy ({header})")
-    raise Refused(401, "an operation needs an authenticated operator: " + " or ".join(how)
-                       + (f"; {tokens.problem}" if tokens.problem and not header else ""))
+    raise RequestRefused(401, "an operation needs an authenticated operator: " + " or ".join(how)
+                              + (f"; {tokens.problem}" if tokens.problem and not header else ""))
 
 
 class Csrf:
@@ -170,14 +171,15 @@ class Csrf:
         return f"{issued}.{self._mac(issued)}"
 
     def check(self, token: str | None) -> None:
-        """Raises Refused (403): missing, not issued by this server (forged, or from before a restart), or
+        """Raises RequestRefused (403): missing, not issued by this server (forged, or from before a restart), or
         stale; the message says to reload the page."""
         if not token:
-            raise Refused(403, "the request carries no CSRF token (X-CSRF-Token): reload the page")
+            raise RequestRefused(403, "the request carries no CSRF token (X-CSRF-Token): reload the page")
         issued, _, mac = token.partition(".")
         if not (issued.isascii() and issued.isdigit()) or not hmac.compare_digest(self._mac(issued).encode(),
                                                                                   mac.encode(errors="replace")):
-            raise Refused(403, "the CSRF token was not issued by this server (forged, or the server restarted "
-                               "since): reload the page")
+            raise RequestRefused(403, "the CSRF token was not issued by this server (forged, or the server restarted "
+                                      "since): reload the page")
         if self._clock() - int(issued) > self.max_age:
-            raise Refused(403, f"the CSRF token is stale (older than {self.max_age / 3600:g} h): reload the page")
+            raise RequestRefused(403, f"the CSRF token is stale (older than {self.max_age / 3600:g} h): "
+                                      "reload the page")
