@@ -21,7 +21,7 @@ from slurm_ext.nodestate.catalogue import HEALTH
 from .records import Observation
 from .settings import ACTIONS, SEVERITIES, Params
 
-__all__ = ["Finding", "Change", "Findings", "finding_of"]
+__all__ = ["Finding", "FindingChange", "Findings", "finding_of"]
 
 
 @dataclass
@@ -65,7 +65,7 @@ class Finding:
 
 
 @dataclass(frozen=True, slots=True)
-class Change:
+class FindingChange:
     #: opened, escalated or cleared
     kind: str
     finding: Finding
@@ -80,7 +80,7 @@ class Findings:
     def open(self) -> list[Finding]:
         return sorted((f for f in self.by_key.values() if f.open), key=lambda f: (f.opened, f.check, f.subject))
 
-    def polled(self, params: Params, observations: list[Observation], now: float, jobs) -> list[Change]:
+    def polled(self, params: Params, observations: list[Observation], now: float, jobs) -> list[FindingChange]:
         """A polled check's verdict now: `observations` hold, the check's other findings do not.
 
         `jobs(observation)` names the jobs that held its GPU (asked only when a finding opens)."""
@@ -104,10 +104,10 @@ class Findings:
                 del self.by_key[key]  # gone before its hold: never a finding
             elif now - found.last_seen >= params.quiet:
                 del self.by_key[key]
-                changes.append(Change("cleared", found, "quiet"))
+                changes.append(FindingChange("cleared", found, "quiet"))
         return changes
 
-    def event(self, params: Params, obs: Observation, now: float, jobs) -> list[Change]:
+    def event(self, params: Params, obs: Observation, now: float, jobs) -> list[FindingChange]:
         """An event's verdict: a new finding, or a repeat of an open one (counted; escalated when worse)."""
         found = self.by_key.get(obs.key)
         if found is None:
@@ -117,31 +117,31 @@ class Findings:
         found.last_seen = now
         return self._worse(found, obs)
 
-    def expire(self, quiet_of, now: float) -> list[Change]:
+    def expire(self, quiet_of, now: float) -> list[FindingChange]:
         """Event findings whose quiet window passed without a repeat; `quiet_of(check)` is its window."""
         changes = []
         for key, found in list(self.by_key.items()):
             if not found.polled and not found.sticky and now - found.last_seen >= quiet_of(found.check):
                 del self.by_key[key]
-                changes.append(Change("cleared", found, "quiet"))
+                changes.append(FindingChange("cleared", found, "quiet"))
         return changes
 
-    def drop(self, keep, why: str) -> list[Change]:
+    def drop(self, keep, why: str) -> list[FindingChange]:
         """Clear every finding for which `keep(finding)` is false (an operator's clear, a disabled check)."""
         changes = []
         for key, found in list(self.by_key.items()):
             if not keep(found):
                 del self.by_key[key]
                 if found.open:
-                    changes.append(Change("cleared", found, why))
+                    changes.append(FindingChange("cleared", found, why))
         return changes
 
-    def _open(self, found: Finding, obs: Observation, now: float, jobs) -> Change:
+    def _open(self, found: Finding, obs: Observation, now: float, jobs) -> FindingChange:
         found.opened = now
         found.jobs = sorted(jobs(obs))
-        return Change("opened", found)
+        return FindingChange("opened", found)
 
-    def _worse(self, found: Finding, obs: Observation) -> list[Change]:
+    def _worse(self, found: Finding, obs: Observation) -> list[FindingChange]:
         worse = (SEVERITIES.index(obs.severity), ACTIONS.index(obs.action)) > found.rank()
         if not worse:
             return []
@@ -150,7 +150,7 @@ class Findings:
         found.sticky = found.sticky or obs.sticky
         found.detail = obs.detail or found.detail
         found.fields = {**found.fields, **obs.fields}
-        return [Change("escalated", found, was)]
+        return [FindingChange("escalated", found, was)]
 
     def to_json(self) -> list[dict]:
         return [dataclasses.asdict(f) for f in self.by_key.values()]

@@ -37,7 +37,7 @@ from slurm_ext.slurm import SlurmClient
 
 from .check import View
 from .checks import REGISTRY
-from .findings import Change, Finding, Findings
+from .findings import FindingChange, Finding, Findings
 from .kmsg import KernelLog, LineParser
 from .records import LinkChange, Snapshot, Xid
 from .settings import CHECKS, HealthSection
@@ -538,13 +538,13 @@ class Monitor:
 
     # -- findings to the journal, the drains and the files ---------------------------------
 
-    def _apply(self, changes: list[Change]) -> None:
+    def _apply(self, changes: list[FindingChange]) -> None:
         for change in changes:
             self._report(change)
         if changes:
             self._save()
 
-    def _report(self, change: Change) -> None:
+    def _report(self, change: FindingChange) -> None:
         f = change.finding
         where = {"gpu": f.gpu, "uuid": f.uuid, "pci_bus_id": f.pci_bus_id} if f.gpu is not None or f.pci_bus_id \
             else {}

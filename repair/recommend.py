@@ -21,7 +21,7 @@ from slurm_ext.slurm import REASON_PREFIX, Node
 from .settings import ACTIONS, RepairSection
 from .store import Record
 
-__all__ = ["Fault", "Change", "fault_of", "action_for", "plan"]
+__all__ = ["Fault", "RecordChange", "fault_of", "action_for", "plan"]
 
 #: health's actions that a repair carries out as one of ours (a GPU reset needs the node's jobs gone: a reboot)
 _AS_REPAIR = {"reset-gpu": "reboot", "reboot": "reboot", "reprovision": "reprovision", "failover": "failover",
@@ -42,7 +42,7 @@ class Fault:
 
 
 @dataclass(frozen=True, slots=True)
-class Change:
+class RecordChange:
     #: new, escalated, updated (jobs or evidence), gone (fault cleared, record closed), closed (a rejected record's
     #: fault is over)
     kind: str
@@ -72,7 +72,7 @@ def action_for(fault: Fault, settings: RepairSection) -> str | None:
 
 
 def plan(records: list[Record], nodes: list[Node], jobs: dict[str, list[int]], settings: RepairSection,
-         reboots: dict[tuple[str, str], int], now: float) -> list[Change]:
+         reboots: dict[tuple[str, str], int], now: float) -> list[RecordChange]:
     """The changes to the open records that the cluster as seen now calls for.
 
     `records`: the open ones; `jobs`: node -> ids of its jobs; `reboots`: (node, signature) -> reboots done for it
@@ -83,7 +83,7 @@ def plan(records: list[Record], nodes: list[Node], jobs: dict[str, list[int]], s
     for record in records:
         if record.state in _UNDECIDED:
             by_node.setdefault(record.node, []).append(record)
-    changes: list[Change] = []
+    changes: list[RecordChange] = []
     for node in nodes:
         mine = by_node.pop(node.name, [])
         if node.name in under_repair:
@@ -106,26 +106,26 @@ def plan(records: list[Record], nodes: list[Node], jobs: dict[str, list[int]], s
             evidence += f" (back after {count} reboots for it: escalated to remove)"
         node_jobs = sorted(jobs.get(node.name, []))
         if current is None:
-            changes.append(Change("new", Record(node.name, fault.signature, action, evidence, node_jobs,
+            changes.append(RecordChange("new", Record(node.name, fault.signature, action, evidence, node_jobs,
                                                 opened=now, updated=now),
                                   f"{action} recommended for {fault.signature}: {evidence}"))
         elif current.state == "recommended" and ACTIONS.index(action) > ACTIONS.index(current.action):
             was = current.action
             current.action, current.evidence, current.jobs, current.updated = action, evidence, node_jobs, now
-            changes.append(Change("escalated", current, f"escalated from {was} to {action}: {evidence}"))
+            changes.append(RecordChange("escalated", current, f"escalated from {was} to {action}: {evidence}"))
         elif current.state == "recommended" and (current.jobs != node_jobs or current.evidence != evidence):
             current.jobs, current.evidence, current.updated = node_jobs, evidence, now
-            changes.append(Change("updated", current))
+            changes.append(RecordChange("updated", current))
     for leftover in by_node.values():  # nodes Slurm no longer lists
         changes += [_closed(record, now, "the node is no longer in Slurm") for record in leftover]
     return changes
 
 
-def _closed(record: Record, now: float, why: str) -> Change:
+def _closed(record: Record, now: float, why: str) -> RecordChange:
     kind = "gone" if record.state == "recommended" else "closed"
     if kind == "gone":
         record.state = "gone"
     record.closed, record.updated = now, now
     outcome = "no longer recommended" if kind == "gone" else "closed"
-    return Change(kind, record, f"{record.action} for {record.signature} {outcome}: {why}")
+    return RecordChange(kind, record, f"{record.action} for {record.signature} {outcome}: {why}")
 

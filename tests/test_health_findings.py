@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from slurm_ext.health.findings import Change, Finding, Findings
+from slurm_ext.health.findings import FindingChange, Finding, Findings
 from slurm_ext.health.records import Gpu, Observation
 from slurm_ext.health.settings import HealthSection
 
@@ -28,7 +28,7 @@ def no_jobs(_obs) -> list:
     return []
 
 
-def kinds(changes: list[Change]) -> list[str]:
+def kinds(changes: list[FindingChange]) -> list[str]:
     return [c.kind for c in changes]
 
 
