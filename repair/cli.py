@@ -134,7 +134,8 @@ def _history(args: argparse.Namespace) -> int:
     loaded, store = _store(args)
     timeline = gather(AgentClient.of(loaded), store, SlurmClient(loaded.slurm), since, node=args.node)
     if args.json:
-        print(json.dumps({"entries": [asdict(e) for e in timeline.entries], "unreachable": timeline.unreachable},
+        print(json.dumps({"entries": [asdict(e) for e in timeline.entries], "unreachable": timeline.unreachable,
+                          "incomplete": timeline.incomplete},
                          indent=1))
         return 0
     for e in timeline.entries:
@@ -144,6 +145,8 @@ def _history(args: argparse.Namespace) -> int:
         print(f"slurm-ext: warning: no journal from {len(timeline.unreachable)} node agent(s): "
               + ", ".join(f"{n} ({why})" for n, why in sorted(timeline.unreachable.items())[:10])
               + (" ..." if len(timeline.unreachable) > 10 else ""), file=sys.stderr)
+    for name, shortfall in sorted(timeline.incomplete.items()):
+        print(f"slurm-ext: warning: node {name}'s journal is incomplete: {shortfall}", file=sys.stderr)
     return 0
 
 

@@ -75,6 +75,8 @@ class Timeline:
     entries: list[Entry] = field(default_factory=list)
     #: nodes whose agent did not answer (their journal is missing), with why
     unreachable: dict[str, str] = field(default_factory=dict)
+    #: nodes whose journal came incomplete (older events cut by the agent, odd lines skipped), with what is missing
+    incomplete: dict[str, str] = field(default_factory=dict)
 
 
 def gather(agents: AgentClient, store: Store, slurm: SlurmClient, since: float, node: str | None = None
@@ -100,9 +102,11 @@ def gather(agents: AgentClient, store: Store, slurm: SlurmClient, since: float, 
         for entry in store.events(node=node, since=since):
             timeline.entries.append(Entry(entry.time, entry.node or "-", "repair", entry.event, entry.message,
                                           entry.user, entry.acts))
-        for name, (lines, problem) in journals:
+        for name, (lines, problem, shortfall) in journals:
             if problem:
                 timeline.unreachable[name] = problem
+            if shortfall:
+                timeline.incomplete[name] = shortfall
             for data in lines:
                 if data.get("component") == "repair":
                     continue  # the controller's journal: the same as the repair records, which hold the user
@@ -153,13 +157,14 @@ def _causes(entry: Entry) -> frozenset[str]:
     return frozenset().union(*named) if named else _DOWN
 
 
-def _journal(agents: AgentClient, node: Node, since: float) -> tuple[list[dict], str]:
-    """A node's journal events since `since`, or ([], why) when its agent gives no answer to believe."""
+def _journal(agents: AgentClient, node: Node, since: float) -> tuple[list[dict], str, str]:
+    """(a node's journal events since `since`, "", what the page lacks), or ([], why, "") when its agent gives no
+    answer to believe."""
     try:
         page = agents.events(node.name, node.addr, since, timeout=_AGENT_TIMEOUT)
     except AgentAnswerError as err:
-        return [], err.problem
-    return [line.data for line in page.events], ""
+        return [], err.problem, ""
+    return [line.data for line in page.events], "", page.shortfall()
 
 
 def _epoch(text: str) -> float:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import io
 import json
 import math
 import os
@@ -36,6 +37,7 @@ import secrets
 import stat
 import threading
 import time
+from collections import OrderedDict
 import urllib.parse
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -45,8 +47,9 @@ from .errors import SlurmExtError
 
 __all__ = ["DEFAULT_CREDENTIAL", "Credential", "CredentialError", "CredentialFile", "create_credential",
            "AgentAnswerError", "Readings", "HealthAnswer", "JournalLine", "EventsPage", "AgentClient",
-           "request_signature", "answer_signature", "request_allowed", "get_text", "NONCE_HEADER",
-           "SIGNATURE_HEADER", "BOOT_HEADER", "NODE_HEADER", "AUTH_SCHEME", "MAX_HEALTH", "MAX_EVENTS"]
+           "request_signature", "answer_signature", "request_refusal", "NonceMemory", "FetchError", "fetch",
+           "get_text", "NONCE_HEADER", "TIME_HEADER", "SIGNATURE_HEADER", "BOOT_HEADER", "NODE_HEADER", "AUTH_SCHEME",
+           "REQUEST_WINDOW", "MAX_HEALTH", "MAX_EVENTS", "EVENTS_SENT", "CUT_KEY"]
 
 #: where the agent credential lives unless node.agent_credential says otherwise
 DEFAULT_CREDENTIAL = "/etc/slurm-ext/agent-credential"
@@ -58,15 +61,30 @@ _MAX_SECRET = 4096
 #: the request's proof: "Authorization: SlurmExt <hex HMAC>"
 AUTH_SCHEME = "SlurmExt"
 NONCE_HEADER = "X-Slurm-Ext-Nonce"
+#: the request's time (the asker's clock, epoch seconds), signed into its proof
+TIME_HEADER = "X-Slurm-Ext-Time"
 #: the answer's proof, and the node and boot it is bound to
 SIGNATURE_HEADER = "X-Slurm-Ext-Signature"
+#: in a request: the node the asker means (signed into its proof); in an answer: the node that answers
 NODE_HEADER = "X-Slurm-Ext-Node"
 BOOT_HEADER = "X-Slurm-Ext-Boot"
+#: seconds a request's time may be off the agent's clock, either way; the agent remembers the nonces it took
+#: for as long, so a request is taken once
+REQUEST_WINDOW = 60.0
+#: most nonces an agent remembers; past it, the oldest is forgotten and no request older than it is taken
+_MAX_NONCES = 65536
 
 #: most bytes of a /health answer (a node of 8 GPUs answers about 20 KiB)
 MAX_HEALTH = 4 * 2**20
-#: most bytes of an /events page (20,000 journal lines of about 400 bytes)
+#: most bytes of an /events page the client takes (20,000 journal lines of about 400 bytes; a Prolog/Epilog
+#: script's event carries up to 8 KiB of its output, so the agent cuts its answer at EVENTS_SENT)
 MAX_EVENTS = 32 * 2**20
+#: most bytes of journal lines an agent sends in one /events answer: the newest that fit, under MAX_EVENTS with
+#: room for the line that says where it cut
+EVENTS_SENT = MAX_EVENTS - 2**16
+#: the key of an /events answer's first line when the agent cut it: {"cut": <older events not sent>,
+#: "from": <the time of the first event sent>}; a journal event has no such key
+CUT_KEY = "cut"
 #: most bytes of the answer to a POST or of any other GET through `get_text`
 MAX_OTHER = 4 * 2**20
 _CHUNK = 65536
@@ -107,6 +125,10 @@ def _read_credential(path: str) -> tuple[Credential, tuple]:
         if info.st_mode & 0o077:
             raise CredentialError(path, f"mode {stat.S_IMODE(info.st_mode):04o} lets others read it "
                                         "(expected 0600 or 0400, owned by root: chmod 600)")
+        if info.st_uid not in (0, os.geteuid()):
+            raise CredentialError(path, f"owned by uid {info.st_uid} (expected root, uid 0: chown root:root "
+                                        f"{path}): whoever owns it can change it, and pass for an agent")
+        _check_directories(path)
         text = os.read(fd, _MAX_SECRET + 1)
     finally:
         os.close(fd)
@@ -117,6 +139,26 @@ def _read_credential(path: str) -> tuple[Credential, tuple]:
         raise CredentialError(path, f"{len(secret)} bytes (expected at least {_MIN_SECRET}: "
                                     "`openssl rand -hex 32`)")
     return Credential(path, secret), (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+
+
+def _check_directories(path: str) -> None:
+    """Refuse a credential whose folder (the one named, and the real one behind a link) others can change: who can
+    write a folder can put a file of their own in the credential's place.
+
+    A sticky folder owned by root (Kubernetes mounts a Secret's tmpfs 1777) is taken: there only a file's owner can
+    replace it, and the file itself must be root's."""
+    for directory in dict.fromkeys((os.path.dirname(os.path.abspath(path)),
+                                    os.path.dirname(os.path.realpath(path)))):
+        try:
+            info = os.stat(directory)
+        except OSError as err:
+            raise CredentialError(path, f"its folder {directory} cannot be read: {err.strerror}") from None
+        sticky_roots = info.st_mode & stat.S_ISVTX and info.st_uid == 0
+        if info.st_uid not in (0, os.geteuid()) or info.st_mode & 0o022 and not sticky_roots:
+            raise CredentialError(path, f"its folder {directory} (mode {stat.S_IMODE(info.st_mode):04o}, uid "
+                                        f"{info.st_uid}) can be changed by others, who could put their own file in "
+                                        f"its place (expected a folder of root's that only root writes: chown root "
+                                        f"{directory}; chmod go-w {directory})")
 
 
 class CredentialFile:
@@ -158,9 +200,10 @@ def create_credential(path: str | os.PathLike) -> bool:
     return True
 
 
-def request_signature(secret: bytes, method: str, target: str, nonce: str) -> str:
-    """The asker's proof that it holds the credential, bound to this one request."""
-    message = f"slurm-ext agent request\n{method}\n{target}\n{nonce}".encode()
+def request_signature(secret: bytes, method: str, target: str, nonce: str, node: str = "", when: str = "") -> str:
+    """The asker's proof that it holds the credential, bound to this one request: its method and target, its nonce,
+    the node it is meant for and its time (`when`, as sent in TIME_HEADER)."""
+    message = f"slurm-ext agent request\n{method}\n{target}\n{nonce}\n{node}\n{when}".encode()
     return hmac.new(secret, message, hashlib.sha256).hexdigest()
 
 
@@ -171,13 +214,80 @@ def answer_signature(secret: bytes, node: str, boot: str, nonce: str, status: in
     return hmac.new(secret, head + body, hashlib.sha256).hexdigest()
 
 
-def request_allowed(secret: bytes, method: str, target: str, headers: dict[str, str]) -> bool:
-    """Whether a request's headers (names in lower case) prove the asker holds `secret`."""
-    nonce = headers.get(NONCE_HEADER.lower(), "")
-    scheme, _, proof = headers.get("authorization", "").partition(" ")
-    if scheme != AUTH_SCHEME or not 16 <= len(nonce) <= 128:
+def _same_proof(given: str, expected: str) -> bool:
+    """Whether a proof read from a header (latin-1 text, anything a peer sent) is the expected hex digest.
+
+    Compared as bytes: compare_digest refuses a str with a character beyond ASCII (TypeError), and any header is
+    a refusal, never an error."""
+    if not isinstance(given, str) or not given.isascii():
         return False
-    return hmac.compare_digest(proof.strip(), request_signature(secret, method, target, nonce))
+    return hmac.compare_digest(given.encode("ascii"), expected.encode("ascii"))
+
+
+class NonceMemory:
+    """The nonces an agent took within REQUEST_WINDOW, so that a request is taken once.
+
+    Bounded: at most `limit` nonces; past it the oldest is forgotten and from then on no request at least as old
+    as the forgotten one is taken (a request is refused rather than possibly taken twice)."""
+
+    def __init__(self, window: float = REQUEST_WINDOW, limit: int = _MAX_NONCES):
+        self.window = window
+        self.limit = limit
+        #: nonce -> the request's time, in the order taken
+        self._seen: OrderedDict[str, float] = OrderedDict()
+        #: requests at or before this time are refused: a nonce of theirs may have been forgotten
+        self._floor = 0.0
+        self._lock = threading.Lock()
+
+    def take(self, nonce: str, when: float, now: float) -> str:
+        """"" when `nonce` of a request at `when` is new (it is remembered), else why it is refused."""
+        with self._lock:
+            while self._seen:
+                oldest, at = next(iter(self._seen.items()))
+                if at >= now - self.window:
+                    break
+                del self._seen[oldest]
+            if nonce in self._seen:
+                return "its nonce was taken before: a replayed request"
+            if when <= self._floor:
+                return "older than the nonces this agent still remembers (more than " \
+                       f"{self.limit} requests within {self.window:g}s): ask again"
+            if len(self._seen) >= self.limit:
+                _, at = self._seen.popitem(last=False)
+                self._floor = max(self._floor, at)
+            self._seen[nonce] = when
+            return ""
+
+
+def request_refusal(secret: bytes, method: str, target: str, headers: dict[str, str], node: str,
+                    nonces: NonceMemory, now: float | None = None) -> tuple[str, bool]:
+    """Why the agent of `node` refuses a request whose headers (names in lower case) are these: ("", True) when
+    it is taken.
+
+    The second value says whether the asker proved the credential: only then is the reason told (the node asked, the
+    time, a replay); without the proof it is just "no proof". A taken request's nonce is remembered in `nonces`."""
+    now = time.time() if now is None else now
+    nonce = headers.get(NONCE_HEADER.lower(), "")
+    when = headers.get(TIME_HEADER.lower(), "")
+    asked = headers.get(NODE_HEADER.lower(), "")
+    scheme, _, proof = headers.get("authorization", "").partition(" ")
+    if scheme != AUTH_SCHEME or not 16 <= len(nonce) <= 128 or not nonce.isascii() or not nonce.isalnum():
+        return "no proof of the agent credential", False
+    if not _same_proof(proof.strip(), request_signature(secret, method, target, nonce, asked, when)):
+        return "no proof of the agent credential", False
+    try:
+        moment = float(when)
+        if not math.isfinite(moment):
+            raise ValueError
+    except ValueError:
+        return f"its time {when[:40]!r} is not epoch seconds", True
+    if asked != node:
+        return f"it was meant for node {asked[:60]!r}, and this is node {node!r}", True
+    if abs(moment - now) > nonces.window:
+        return (f"its time is {moment - now:+.0f}s off this agent's clock (expected within {nonces.window:g}s: "
+                "a replayed request, or a clock not synchronized)"), True
+    replayed = nonces.take(nonce, moment, now)
+    return (replayed, True) if replayed else ("", True)
 
 
 # -- the records -------------------------------------------------------------------------------------
@@ -193,6 +303,10 @@ class AgentAnswerError(SlurmExtError):
         #: the HTTP status of the answer, 0 when there was none
         self.status = status
         super().__init__(f"node {node}'s agent at {address}: {problem}")
+
+
+#: how an agent's 401 begins when the asker proved the credential and the request is refused all the same
+_REFUSED = "request refused: "
 
 
 class _Odd(ValueError):
@@ -299,18 +413,42 @@ class EventsPage:
     node: str
     boot: str
     events: tuple
+    #: lines that are not journal events, skipped (one odd line does not cost the node its timeline)
+    skipped: int = 0
+    #: older events the agent did not send, to keep its answer under MAX_EVENTS (0: none cut)
+    cut: int = 0
+    #: when cut: the time of the first event it sent (epoch seconds; the page holds nothing older)
+    cut_from: float = 0.0
 
     @classmethod
     def of(cls, node: str, boot: str, body: str) -> EventsPage:
-        found = []
+        found, skipped, cut, cut_from = [], 0, 0, 0.0
         for number, line in enumerate(body.splitlines(), 1):
             try:
                 data = json.loads(line)
+                if not isinstance(data, dict):
+                    raise TypeError
+                if number == 1 and CUT_KEY in data and "time" not in data:
+                    cut = int(_number(data, CUT_KEY))
+                    cut_from = datetime.fromisoformat(_text(data, "from")).timestamp()
+                    continue
                 when = datetime.fromisoformat(data["time"]).timestamp()
-            except (ValueError, KeyError, TypeError, RecursionError):
-                raise _Odd(f"line {number} is not a journal event") from None
+            except (ValueError, KeyError, TypeError, RecursionError, OverflowError, OSError):
+                skipped += 1
+                continue
             found.append(JournalLine(when, line, data))
-        return cls(node, boot, tuple(found))
+        return cls(node, boot, tuple(found), skipped, cut, cut_from)
+
+    def shortfall(self) -> str:
+        """What the page lacks, in words ("" when nothing): events cut by the agent, lines skipped."""
+        said = []
+        if self.cut:
+            since = datetime.fromtimestamp(self.cut_from).astimezone().isoformat(timespec="seconds")
+            said.append(f"{self.cut} older event(s) not sent by the agent (its answer's byte cap): its journal "
+                        f"from {since} only")
+        if self.skipped:
+            said.append(f"{self.skipped} line(s) that are not journal events skipped")
+        return "; ".join(said)
 
 
 # -- the client ----------------------------------------------------------------------------------------
@@ -321,12 +459,57 @@ class _Failed(Exception):
         self.problem, self.status = problem, status
 
 
+class _DeadlineSocket:
+    """A connected socket whose every send and receive ends by one deadline: http.client reads the status line and
+    each header with a recv of its own, and a socket timeout would give each of them the whole time again."""
+
+    def __init__(self, sock, deadline: float, timeout: float):
+        self._sock, self._deadline, self._timeout = sock, deadline, timeout
+
+    def _left(self) -> float:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"no complete answer within {self._timeout:g}s")
+        self._sock.settimeout(left)
+        return left
+
+    def sendall(self, data) -> None:
+        self._left()
+        self._sock.sendall(data)
+
+    def recv_into(self, buffer, size: int = 0) -> int:
+        self._left()
+        return self._sock.recv_into(buffer, size)
+
+    def makefile(self, mode: str = "rb", *args, **kwargs):
+        return io.BufferedReader(_DeadlineReader(self))
+
+    def settimeout(self, value) -> None:
+        pass  # the deadline decides
+
+    def close(self) -> None:
+        pass  # http.client closes the connection as it passes the socket to the answer: _exchange closes it
+
+
+class _DeadlineReader(io.RawIOBase):
+    def __init__(self, sock: _DeadlineSocket):
+        super().__init__()
+        self._sock = sock
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        return self._sock.recv_into(buffer)
+
+
 def _exchange(address: str, method: str, target: str, headers: dict[str, str], timeout: float,
               limit: int, scheme: str = "http") -> tuple[int, dict[str, str], bytes]:
-    """One HTTP request and its whole answer, within `timeout` seconds in all and `limit` bytes of body.
+    """One HTTP request and its whole answer, within `timeout` seconds in all (connecting, sending, the answer's
+    head and its body: every read ends by the one deadline) and `limit` bytes of body.
 
     Raises _Failed: no answer, an answer larger than `limit` (refused from its Content-Length, or once `limit` bytes
-    came), or one still coming at the deadline."""
+    came), one still coming at the deadline, or one that is not HTTP."""
     import http.client  # here, not at the top: with its email and ssl it is 6 MB the node agent, which only
     # checks requests, never pays
     host, _, port = address.rpartition(":")
@@ -337,49 +520,97 @@ def _exchange(address: str, method: str, target: str, headers: dict[str, str], t
     deadline = time.monotonic() + timeout
     kind = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
     connection = kind(host.strip("[]"), port_number, timeout=timeout)
+    status = 0
+    sock = None
     try:
+        connection.connect()
+        sock = connection.sock
+        connection.sock = _DeadlineSocket(sock, deadline, timeout)
         connection.request(method, target, body=b"" if method == "POST" else None,
                            headers={**headers, "Connection": "close"})
-        sock = connection.sock  # the answer keeps reading it after the connection lets it go
-        sock.settimeout(max(0.001, deadline - time.monotonic()))
         answer = connection.getresponse()
+        status = answer.status
         length = answer.getheader("Content-Length")
-        if length is not None and length.strip().isdigit() and int(length) > limit:
-            raise _Failed(f"answer of {int(length)} bytes refused (at most {limit})", answer.status)
+        if length is not None and length.strip().isascii() and length.strip().isdigit() and int(length) > limit:
+            raise _Failed(f"answer of {int(length)} bytes refused (at most {limit})", status)
         body = bytearray()
         while not answer.isclosed():  # closed: its whole length came (and its socket is gone, Python 3.13)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise _Failed(f"no complete answer within {timeout:g}s", answer.status)
-            sock.settimeout(left)
             chunk = answer.read1(_CHUNK)
             if not chunk:
                 break
             body += chunk
             if len(body) > limit:
-                raise _Failed(f"answer longer than {limit} bytes refused", answer.status)
-        return answer.status, {k.lower(): v for k, v in answer.getheaders()}, bytes(body)
+                raise _Failed(f"answer longer than {limit} bytes refused", status)
+        return status, {k.lower(): v for k, v in answer.getheaders()}, bytes(body)
     except _Failed:
         raise
     except TimeoutError:
-        raise _Failed(f"no complete answer within {timeout:g}s") from None
+        raise _Failed(f"no complete answer within {timeout:g}s", status) from None
     except (OSError, http.client.HTTPException) as err:
-        raise _Failed(str(getattr(err, "strerror", None) or err) or type(err).__name__) from None
+        raise _Failed(str(getattr(err, "strerror", None) or err) or type(err).__name__, status) from None
+    except (ValueError, LookupError) as err:  # http.client's own parsing of a hostile answer (a chunk size, ...)
+        raise _Failed(f"not an HTTP answer ({type(err).__name__}: {str(err)[:80]})", status) from None
     finally:
         connection.close()
+        if sock is not None:
+            sock.close()
+
+
+class FetchError(SlurmExtError):
+    """A plain GET (not of an agent) gave no answer: why, and the URL asked."""
+
+    def __init__(self, url: str, problem: str, status: int = 0):
+        self.url, self.problem, self.status = url, problem, status
+        super().__init__(f"{url}: {problem}")
+
+
+#: most redirects a plain GET follows
+_REDIRECTS = 3
+
+
+def fetch(url: str, timeout: float, limit: int = MAX_OTHER, redirects: int = _REDIRECTS) -> tuple[int, bytes]:
+    """(status, body) of a plain GET of `url` (http or https), following up to `redirects` redirects to http or
+    https URLs, all within one `timeout` and `limit` bytes of each body: for what is not an agent (a Prometheus,
+    the agent's own /livez for the kubelet's exec probe).
+
+    Raises:
+        FetchError: no answer, one over a cap, a redirect too many or to elsewhere than http(s)."""
+    deadline = time.monotonic() + timeout
+    for hop in range(redirects + 1):
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise FetchError(url, "not an http or https URL")
+        target = parts.path or "/"
+        if parts.query:
+            target += "?" + parts.query
+        try:
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:
+            raise FetchError(url, "its port is not a number") from None
+        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise FetchError(url, f"no complete answer within {timeout:g}s")
+        try:
+            status, headers, body = _exchange(f"{host}:{port}", "GET", target, {"Host": parts.netloc}, left, limit,
+                                              parts.scheme)
+        except _Failed as err:
+            problem = f"no complete answer within {timeout:g}s" if err.problem.startswith("no complete") else \
+                err.problem
+            raise FetchError(url, problem, err.status) from None
+        if status not in (301, 302, 303, 307, 308) or "location" not in headers:
+            return status, body
+        if hop == redirects:
+            raise FetchError(url, f"more than {redirects} redirects", status)
+        url = urllib.parse.urljoin(url, headers["location"].strip())
+    raise AssertionError("unreachable")
 
 
 def get_text(url: str, timeout: float, limit: int = MAX_OTHER) -> tuple[str | None, str]:
-    """(the body, "") of a plain GET of `url`, or (None, why): for what is not an agent (a Prometheus), with the
-    same caps."""
-    parts = urllib.parse.urlsplit(url)
-    target = parts.path or "/"
-    if parts.query:
-        target += "?" + parts.query
-    netloc = parts.netloc if parts.port else f"{parts.netloc}:{443 if parts.scheme == 'https' else 80}"
+    """(the body, "") of a plain GET of `url` (`fetch`: redirects followed, the same caps), or (None, why)."""
     try:
-        status, _, body = _exchange(netloc, "GET", target, {}, timeout, limit, parts.scheme)
-    except _Failed as err:
+        status, body = fetch(url, timeout, limit)
+    except FetchError as err:
         return None, err.problem
     if status != 200:
         return None, f"HTTP {status}: {body[:200].decode('utf-8', 'replace').strip()}"
@@ -430,14 +661,12 @@ class AgentClient:
         """The node's journal events since `since` (epoch seconds), at most `limit` (the newest).
 
         Raises:
-            AgentAnswerError: as `health`, or a line that is not a journal event."""
+            AgentAnswerError: as `health`. A line that is not a journal event is skipped and counted (`skipped`);
+            an agent that cut its answer to fit says so (`cut`)."""
         address = self.address(node, addr)
         target = f"/events?since={since:.0f}" + (f"&limit={limit}" if limit else "")
         boot, body = self._ask(node, address, "GET", target, MAX_EVENTS, timeout)
-        try:
-            return EventsPage.of(node, boot, body.decode("utf-8", "replace"))
-        except _Odd as err:
-            raise AgentAnswerError(node, address, f"its /events: {err}") from None
+        return EventsPage.of(node, boot, body.decode("utf-8", "replace"))
 
     def check_now(self, node: str, addr: str = "", timeout: float | None = None) -> bool:
         """Ask the node's health monitor to read the node now. True when asked, False when it was asked less than a
@@ -462,21 +691,24 @@ class AgentClient:
         except CredentialError as err:
             raise AgentAnswerError(node, address, str(err)) from None
         nonce = secrets.token_hex(16)
-        headers = {NONCE_HEADER: nonce,
-                   "Authorization": f"{AUTH_SCHEME} {request_signature(credential.secret, method, target, nonce)}"}
+        when = f"{time.time():.3f}"
+        proof = request_signature(credential.secret, method, target, nonce, node, when)
+        headers = {NONCE_HEADER: nonce, TIME_HEADER: when, NODE_HEADER: node, "Authorization": f"{AUTH_SCHEME} {proof}"}
         try:
             status, answer_headers, body = _exchange(address, method, target, headers, timeout or self.timeout,
                                                      limit)
         except _Failed as err:
             raise AgentAnswerError(node, address, f"no answer taken: {err.problem}", err.status) from None
         said = body[:300].decode("utf-8", "replace").strip()
+        if status == 401 and said.startswith(_REFUSED):
+            raise AgentAnswerError(node, address, said, status)  # it took our proof: it says what else it refused
         if status == 401:
             raise AgentAnswerError(node, address, f"refused our agent credential ({credential.path}): {said} (is "
                                                   "the same credential installed on the node?)", status)
         boot = answer_headers.get(BOOT_HEADER.lower(), "")
         proof = answer_headers.get(SIGNATURE_HEADER.lower(), "")
         expected = answer_signature(credential.secret, node, boot, nonce, status, body)
-        if not hmac.compare_digest(proof, expected):
+        if not _same_proof(proof, expected):
             named = answer_headers.get(NODE_HEADER.lower(), "")
             why = (f"it says it is node {named[:60]!r}" if named and named != node else
                    f"not signed with the agent credential (it said HTTP {status}: {said[:120]!r})" if not proof else

@@ -13,7 +13,7 @@ from slurm_ext.config import Config
 
 __all__ = ["supervise", "probe"]
 
-# The agent and urllib are imported where they are used: the core imports this package (for
+# The agent and the HTTP client are imported where they are used: the core imports this package (for
 # `settings`, its config section) whenever a config names [supervisor], the hook fallback too.
 
 
@@ -29,18 +29,22 @@ def supervise(config: Config, role: str, config_path: str | None = None, port: i
 
 def probe(config: Config, kind: str, role: str = "worker", port: int | None = None,
           timeout: float = 5.0) -> tuple[bool, str]:
-    """(ok, text) from the agent's /livez or /readyz."""
-    import urllib.error
-    import urllib.request
+    """(ok, text) from the agent's /livez or /readyz, read with agentapi's caps (`timeout` for the whole answer,
+    at most 64 KiB): a process on the port that trickles or floods cannot hold the kubelet's probe."""
+    from slurm_ext.agentapi import FetchError, fetch
     settings = config.supervisor
     if port is None:
         port = settings.port(role)
     url = f"http://{settings.listen}:{port}/{'livez' if kind == 'live' else 'readyz'}"
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as answer:
-            return True, answer.read().decode().strip()
-    except urllib.error.HTTPError as err:
-        return False, err.read().decode().strip() or f"HTTP {err.code}"
-    except (urllib.error.URLError, OSError) as err:
-        reason = getattr(err, "reason", err)
-        return False, f"no agent answers at {url}: {reason}"
+        status, body = fetch(url, timeout, _PROBE_LIMIT)
+    except FetchError as err:
+        return False, f"no agent answers at {url}: {err.problem}"
+    text = body.decode("utf-8", "replace").strip()
+    if status != 200:
+        return False, text or f"HTTP {status}"
+    return True, text
+
+
+#: most bytes of a probe's answer read
+_PROBE_LIMIT = 65536

@@ -82,10 +82,15 @@ Answer = tuple
 class Guard:
     """The agent credential's side of this listener: who may ask, and the proof that signs each answer."""
 
-    def __init__(self, agent):
+    def __init__(self, agent, clock: Callable[[], float] = time.time):
         self.agent = agent
+        self.clock = clock
         self._file: agentapi.CredentialFile | None = None
         self._said = ""
+        #: the nonces taken within the request window: a request is taken once
+        self.nonces = agentapi.NonceMemory()
+        #: refusals logged in the current minute, and those not logged
+        self._refusals_logged, self._refusals_quiet, self._refusals_minute = 0, 0, 0.0
 
     def credential(self) -> agentapi.Credential:
         """Raises CredentialError (logged once per problem)."""
@@ -108,17 +113,40 @@ class Guard:
             secret = self.credential().secret
         except agentapi.CredentialError as err:
             return 503, f"{err}\n".encode(), _TEXT
-        if not agentapi.request_allowed(secret, method, target, headers):
-            said = (f"{method} {target.partition('?')[0]} needs the cluster's agent credential "
-                    f"(Authorization: {agentapi.AUTH_SCHEME}, see docs/operator/agent-credential.md)\n")
+        node = self.agent.config.node.slurm_name
+        why, proven = agentapi.request_refusal(secret, method, target, headers, node, self.nonces, self.clock())
+        if why:
+            self._log_refusal(method, target, why)
+            if proven:  # the asker holds the credential: it may know why
+                said = f"{agentapi._REFUSED}{method} {target.partition('?')[0]}: {why}\n"
+            else:
+                said = (f"{method} {target.partition('?')[0]} needs the cluster's agent credential "
+                        f"(Authorization: {agentapi.AUTH_SCHEME}, see docs/operator/agent-credential.md)\n")
             return 401, said.encode(), _TEXT
         from slurm_ext.procfs import boot_id
         code, body, content_type, *_ = route()
-        node, boot = self.agent.config.node.slurm_name, boot_id(self.agent.config.node.boot_id_file)
+        boot = boot_id(self.agent.config.node.boot_id_file)
         nonce = headers.get(agentapi.NONCE_HEADER.lower(), "")
         return code, body, content_type, {
             agentapi.NODE_HEADER: node, agentapi.BOOT_HEADER: boot,
             agentapi.SIGNATURE_HEADER: agentapi.answer_signature(secret, node, boot, nonce, code, body)}
+
+
+    #: refusals logged a minute at most: a flood of bad requests must not flood the log
+    LOG_PER_MINUTE = 10
+
+    def _log_refusal(self, method: str, target: str, why: str) -> None:
+        now = time.monotonic()
+        if now - self._refusals_minute >= 60:
+            if self._refusals_quiet:
+                log.warning("http: %d more request(s) refused in the last minute, not logged one by one",
+                            self._refusals_quiet)
+            self._refusals_logged, self._refusals_quiet, self._refusals_minute = 0, 0, now
+        if self._refusals_logged >= self.LOG_PER_MINUTE:
+            self._refusals_quiet += 1
+            return
+        self._refusals_logged += 1
+        log.warning("http: %s %s refused (401): %s", method, target.partition("?")[0][:100], why)
 
 
 def agent_routes(agent, guard: Guard | None = None) -> Callable[[str, dict], Answer]:
@@ -202,7 +230,33 @@ def _events(agent, query: str) -> Answer:
     selection = EventFilter(start, (), (), "")
     lines = deque((event.line for event in read_events(agent.config.node.state_dir, selection, lambda *_: None,
                                                        skip_to_since=start is not None)), maxlen=limit)
-    return 200, "".join(f"{line}\n" for line in lines).encode(), "application/x-ndjson"
+    return 200, events_body(lines), "application/x-ndjson"
+
+
+def events_body(lines, cap: int = agentapi.EVENTS_SENT) -> bytes:
+    """The newest of `lines` (oldest first) whose bytes fit under `cap`, one a line, oldest first; when older ones
+    do not fit, a first line says how many were cut and the time of the first sent (agentapi.CUT_KEY): a busy node's
+    journal (a script's event carries up to 8 KiB of its output) must not pass the client's cap and cost the node
+    its whole timeline."""
+    kept: list[bytes] = []
+    size = 0
+    for line in reversed(lines):
+        data = f"{line}\n".encode()
+        if size + len(data) > cap:
+            break
+        kept.append(data)
+        size += len(data)
+    cut = len(lines) - len(kept)
+    if not cut:
+        return b"".join(reversed(kept))
+    first = ""
+    if kept:
+        try:
+            first = str(json.loads(kept[-1]).get("time", ""))
+        except (ValueError, AttributeError):
+            first = ""
+    head = json.dumps({agentapi.CUT_KEY: cut, "from": first}).encode() + b"\n"
+    return head + b"".join(reversed(kept))
 
 
 def _health(agent) -> Answer:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.client
 import http.server
 import json
+import logging
 import os
 import signal
 import socket
@@ -154,7 +155,8 @@ def test_another_nodes_agent_is_not_taken_for_the_node_asked(tmp_path):
     credential = _credential(tmp_path)
     server = _guarded_agent(tmp_path, "elsewhere1", credential)
     try:
-        with pytest.raises(AgentAnswerError, match="it says it is node 'elsewhere1'"):
+        with pytest.raises(AgentAnswerError, match="request refused: GET /health: it was meant for node 'n5', and "
+                                                   "this is node 'elsewhere1'"):
             _client(credential, "n5", server.address[1]).health("n5")
     finally:
         server.close()
@@ -457,3 +459,360 @@ def test_a_plain_get_has_the_same_caps_and_says_why_it_failed():
         server.shutdown()
         server.server_close()
     assert agentapi.get_text(f"{base}/api/v1/query?query=up", 5.0)[1] == "Connection refused"
+
+
+# -- review: hostile bytes, a trickling head, replays, the file's owner, a busy node's journal ------------------------
+
+class _Raw:
+    """A TCP server on 127.0.0.1 that reads a request head and answers with `respond(head)`'s bytes as they are
+    (any bytes: no HTTP library between it and the client); an iterable of bytes is sent piece by piece, a
+    float in it is a pause. Close it with close()."""
+
+    def __init__(self, respond):
+        self.respond = respond
+        self.heads: list[bytes] = []
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.stop = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn):
+        with conn:
+            head = b""
+            conn.settimeout(5)
+            try:
+                while b"\r\n\r\n" not in head:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    head += data
+                self.heads.append(head)
+                answer = self.respond(head)
+                for piece in [answer] if isinstance(answer, bytes) else answer:
+                    if self.stop.is_set():
+                        return
+                    if isinstance(piece, float):
+                        time.sleep(piece)
+                    else:
+                        conn.sendall(piece)
+            except OSError:
+                return
+
+    def close(self):
+        self.stop.set()
+        self.listener.close()
+
+
+def _headers_of(head: bytes) -> dict[str, str]:
+    return {name.strip().lower(): value.strip() for name, _, value in
+            (line.partition(":") for line in head.decode("latin-1").split("\r\n")[1:] if ":" in line)}
+
+
+def _signed(secret: bytes, head: bytes, status: int, body: bytes, node: str = "n1", boot: str = "boot-1",
+            extra: bytes = b"") -> bytes:
+    """The real agent's answer to `head`, signed with `secret` (a forger that had it would send this)."""
+    nonce = _headers_of(head).get(agentapi.NONCE_HEADER.lower(), "")
+    proof = agentapi.answer_signature(secret, node, boot, nonce, status, body)
+    return (f"HTTP/1.1 {status} X\r\nContent-Length: {len(body)}\r\n{agentapi.NODE_HEADER}: {node}\r\n"
+            f"{agentapi.BOOT_HEADER}: {boot}\r\n{agentapi.SIGNATURE_HEADER}: {proof}\r\n").encode() + extra + \
+        b"\r\n" + body
+
+
+def test_a_proof_of_odd_bytes_is_a_refusal_on_the_agent_not_a_500(tmp_path, caplog):
+    """compare_digest raises TypeError on a str beyond ASCII: any local user made a 500 and a traceback per
+    request with `Authorization: SlurmExt \\xe9`."""
+    credential = _credential(tmp_path)
+    server = _guarded_agent(tmp_path, "n1", credential)
+    try:
+        for proof, nonce in ((b"\xe9", b"a" * 32), (b"\xe9" * 64, b"a" * 32), (b"0" * 64, b"\xe9" * 32),
+                             (b"\xff\xfe", b"\xe9"), (b"", b"")):
+            with socket.create_connection(("127.0.0.1", server.address[1]), timeout=5) as sock:
+                sock.sendall(b"GET /health HTTP/1.1\r\nAuthorization: SlurmExt " + proof + b"\r\nX-Slurm-Ext-Nonce: "
+                             + nonce + b"\r\nX-Slurm-Ext-Time: \xe9\r\nX-Slurm-Ext-Node: n\xe91\r\n\r\n")
+                answer = b""
+                while data := sock.recv(65536):
+                    answer += data
+            assert answer.startswith(b"HTTP/1.1 401 "), (proof, answer[:200])
+    finally:
+        server.close()
+    assert not [r for r in caplog.records if r.exc_info], "a refusal logged a traceback"
+
+
+def test_a_hostile_answer_raises_only_agent_answer_error(tmp_path):
+    """Whatever a process on the agent's port answers (odd status lines, odd headers, bytes beyond ASCII in the
+    proof, a broken chunked body, invalid JSON, JSON of the wrong types, even signed with the credential), every
+    question of the client ends in AgentAnswerError: the repair service's pass, history and status catch that."""
+    credential = _credential(tmp_path)
+    secret = CredentialFile(str(credential)).get().secret
+    ok = b"HTTP/1.1 200 OK\r\n"
+    unsigned = [
+        b"", b"\r\n\r\n", b"SSH-2.0-OpenSSH_9.6\r\n", b"HTTP/1.1 abc OK\r\n\r\n", b"HTTP/1.1 99999 OK\r\n\r\n",
+        b"HTTP/9 200 OK\r\n\r\n", b"\xff\xfe\xe9\r\n\r\n",
+        ok + b"X-Slurm-Ext-Signature: \xe9\r\nContent-Length: 2\r\n\r\n{}",
+        ok + b"X-Slurm-Ext-Signature: " + b"\xe9" * 64 + b"\r\nX-Slurm-Ext-Node: \xe9\r\n\r\n{}",
+        ok + b"Content-Length: \xb2\r\n\r\n{}", ok + b"Content-Length: -5\r\n\r\n{}",
+        ok + b"Content-Length: 99999999999999999999999\r\n\r\n{}",
+        ok + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+        ok + b"Transfer-Encoding: chunked\r\n\r\n\xe9\xe9\r\n",
+        ok + b"".join(b"X-%d: y\r\n" % n for n in range(200)) + b"\r\n",
+        ok + b"X-Long: " + b"y" * 100000 + b"\r\n\r\n",
+        ok + b"no colon here\r\n\xff\r\n\r\n{}",
+    ]
+    bodies = [b"not json", b"\xff\xfe", b"[", b"[]", b"null", b'"text"', b"1e999", b"[" * 100000 + b"]" * 100000,
+              b'{"node": 5}', b'{"node": "n1", "boot": "boot-1", "time": "x"}',
+              b'{"node": "n1", "boot": "boot-1", "time": NaN}',
+              b'{"node": "n1", "boot": "boot-1", "time": 1, "monitor": []}',
+              b'{"node": "n1", "boot": "boot-1", "time": 1, "monitor": {"findings": [1]}}',
+              b'{"node": "n1", "boot": "boot-1", "time": 1, "monitor": {"readings_time": true}}',
+              b'{"node": "n1", "boot": "boot-1", "time": 1, "facts": []}',
+              b'{"node": "n1", "boot": "boot-2", "time": 1}', b'{"node": "n2", "boot": "boot-1", "time": 1}',
+              b'{"node": "n1", "boot": "boot-1", "time": ' + b"9" * 5000 + b"}"]
+    answers = [lambda head, a=a: a for a in unsigned] + \
+        [lambda head, b=b: _signed(secret, head, 200, b) for b in bodies] + \
+        [lambda head: _signed(secret, head, 200, b"{}", extra=b"X-Odd: \xe9\xff\r\n"),
+         lambda head: _signed(secret, head, 404, b"\xff" * 300), lambda head: _signed(secret, head, 401, b"\xe9"),
+         lambda head: _signed(secret, head, 200, b"{}", boot="\xe9")]
+    for number, respond in enumerate(answers):
+        server = _Raw(lambda head, respond=respond: respond(head))
+        client = _client(credential, "n1", server.port, timeout=2.0)
+        try:
+            for ask in (lambda: client.health("n1"), lambda: client.check_now("n1")):
+                try:
+                    ask()
+                except AgentAnswerError:
+                    pass
+                else:
+                    raise AssertionError(f"answer {number} was believed")
+            try:  # a page of /events keeps its good lines: it may be taken, or refused, never another error
+                client.events("n1")
+            except AgentAnswerError:
+                pass
+        finally:
+            server.close()
+
+
+def test_an_answer_head_that_trickles_is_cut_at_the_time_cap(tmp_path):
+    """One header line every 0.2 s: each recv comes within a socket timeout, and the answer's head held a
+    timeout=1.0 client for 8 s. Every read ends by the one deadline now."""
+    credential = _credential(tmp_path)
+
+    def trickle(head):
+        yield b"HTTP/1.1 200 OK\r\n"
+        for number in range(100):
+            yield 0.2
+            yield b"X-Slow-%d: y\r\n" % number
+    server = _Raw(trickle)
+    try:
+        started = time.monotonic()
+        with pytest.raises(AgentAnswerError, match="no complete answer within 1s"):
+            _client(credential, "n1", server.port, timeout=1.0).health("n1")
+        took = time.monotonic() - started
+        assert took < 2.0, f"the head held the client {took:.1f}s"
+        started = time.monotonic()
+        assert agentapi.get_text(f"http://127.0.0.1:{server.port}/", 1.0) == (None, "no complete answer within 1s")
+        assert time.monotonic() - started < 2.0
+    finally:
+        server.close()
+
+
+def test_a_captured_request_is_taken_once_and_by_the_node_it_was_meant_for(tmp_path, caplog):
+    """A request seen on the network (here: captured by a process that took node A's port for a moment) was good
+    forever and on every node. It is bound to the node meant and its time, and the agent remembers its nonce."""
+    credential = _credential(tmp_path)
+    capture = _Raw(lambda head: b"HTTP/1.1 503 X\r\nContent-Length: 0\r\n\r\n")
+    try:
+        with pytest.raises(AgentAnswerError):
+            _client(credential, "a1", capture.port).health("a1")
+    finally:
+        capture.close()
+    (captured,) = capture.heads
+    node_a, node_b = (_guarded_agent(tmp_path, name, credential) for name in ("a1", "b1"))
+
+    def replay(server, head=captured) -> bytes:
+        with socket.create_connection(("127.0.0.1", server.address[1]), timeout=5) as sock:
+            sock.sendall(head)
+            answer = b""
+            while data := sock.recv(65536):
+                answer += data
+        return answer
+    try:
+        to_b = replay(node_b)
+        assert to_b.startswith(b"HTTP/1.1 401 ") and b"it was meant for node 'a1', and this is node 'b1'" in to_b
+        assert replay(node_a).startswith(b"HTTP/1.1 200 ")  # not used yet: the capture answered in A's place
+        again = replay(node_a)
+        assert again.startswith(b"HTTP/1.1 401 ") and b"its nonce was taken before: a replayed request" in again
+        # a request of two minutes ago, properly signed, is refused for its time
+        secret = CredentialFile(str(credential)).get().secret
+        when, nonce = f"{time.time() - 120:.3f}", "b" * 32
+        proof = agentapi.request_signature(secret, "GET", "/health", nonce, "a1", when)
+        old = (f"GET /health HTTP/1.1\r\nAuthorization: SlurmExt {proof}\r\nX-Slurm-Ext-Nonce: {nonce}\r\n"
+               f"X-Slurm-Ext-Time: {when}\r\nX-Slurm-Ext-Node: a1\r\n\r\n").encode()
+        late = replay(node_a, old)
+        assert late.startswith(b"HTTP/1.1 401 ") and b"s off this agent's clock (expected within 60s" in late
+        # a flood of refusals is logged a few times a minute, then counted
+        caplog.clear()
+        for _ in range(40):
+            assert replay(node_a).startswith(b"HTTP/1.1 401 ")
+        refused = [r for r in caplog.records if "refused (401)" in r.getMessage()]
+        assert 1 <= len(refused) <= Guard.LOG_PER_MINUTE, len(refused)
+        # and the client, asking as it does, is still answered by both
+        assert _client(credential, "a1", node_a.address[1]).health("a1").node == "a1"
+        assert _client(credential, "b1", node_b.address[1]).health("b1").node == "b1"
+    finally:
+        node_a.close()
+        node_b.close()
+
+
+def test_the_nonce_memory_is_bounded_and_refuses_rather_than_forgets():
+    memory = agentapi.NonceMemory(window=60, limit=3)
+    assert [memory.take(f"n{i}", 100.0 + i, 110.0) for i in range(4)] == ["", "", "", ""]
+    assert "taken before" in memory.take("n3", 103.0, 110.0)
+    assert "older than the nonces this agent still remembers" in memory.take("new", 100.0, 110.0)
+    assert memory.take("later", 200.0, 200.0) == ""  # past the window, the old ones are gone
+    assert len(memory._seen) <= 3
+
+
+def test_the_credential_files_owner_and_folder_are_checked(tmp_path):
+    """Mode 0600 alone is not enough: a file owned by nobody (or in a folder nobody can write) can be replaced by
+    nobody with a secret of their own, who then passes for an agent."""
+    folder = tmp_path / "etc"
+    folder.mkdir(mode=0o755)
+    credential = _credential(folder)
+    assert CredentialFile(str(credential)).get().secret
+    os.chown(credential, 65534, 65534)
+    with pytest.raises(CredentialError, match=f"agent credential {credential}: owned by uid 65534 "
+                                              rf"\(expected root, uid 0: chown root:root {credential}\)"):
+        CredentialFile(str(credential)).get()
+    os.chown(credential, 0, 0)
+    for mode in (0o775, 0o757, 0o777):
+        folder.chmod(mode)
+        with pytest.raises(CredentialError, match=f"its folder {folder} \\(mode {mode:04o}, uid 0\\) can be changed by "
+                                                  "others.*chmod go-w"):
+            CredentialFile(str(credential)).get()
+    folder.chmod(0o1777)  # a Secret's tmpfs in Kubernetes: sticky, so only root replaces root's file
+    assert CredentialFile(str(credential)).get().secret
+    folder.chmod(0o755)
+    os.chown(folder, 65534, 65534)
+    with pytest.raises(CredentialError, match="uid 65534\\) can be changed by others"):
+        CredentialFile(str(credential)).get()
+    os.chown(folder, 0, 0)
+    # behind a link, the real file's folder counts too
+    loose = tmp_path / "loose"
+    loose.mkdir(mode=0o777)
+    loose.chmod(0o777)
+    (loose / "real").write_bytes(credential.read_bytes())
+    (loose / "real").chmod(0o600)
+    link = folder / "linked"
+    link.symlink_to(loose / "real")
+    with pytest.raises(CredentialError, match=f"its folder {loose} "):
+        CredentialFile(str(link)).get()
+
+
+def _journal_lines(count: int, size: int, start: float = 1767225600.0) -> list[str]:
+    from datetime import datetime, timezone
+    return [json.dumps({"time": datetime.fromtimestamp(start + n, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S%z"),
+                        "component": "prolog_epilog", "event": "script-failed", "message": f"{n} " + "o" * size})
+            for n in range(count)]
+
+
+def test_a_busy_nodes_journal_is_cut_by_the_agent_to_what_the_client_takes(tmp_path, caplog):
+    """5,000 script events of 8 KiB (a busy node): 40 MiB, over the client's 32 MiB, and the node's whole journal
+    was lost to history. The agent sends the newest that fit and says from where."""
+    from slurm_ext import events as events_mod
+    caplog.set_level(logging.CRITICAL, logger="events")  # 40 MiB of events echoed to the log help no one
+    credential = _credential(tmp_path)
+    state = tmp_path / "state"
+    emit = events_mod.emitter(str(state), "prolog_epilog")
+    for n in range(5000):
+        emit("script-failed", f"{n} " + "o" * 8000)
+    boot = tmp_path / "boot"
+    boot.write_text("boot-1\n")
+    from slurm_ext.supervisor.http import agent_routes
+    agent = SimpleNamespace(config=SimpleNamespace(
+        node=SimpleNamespace(agent_credential=str(credential), slurm_name="n1", boot_id_file=str(boot),
+                             state_dir=str(state)),
+        supervisor=SimpleNamespace(open_metrics=True)))
+    server = ProbeServer("127.0.0.1", 0, agent_routes(agent)).start()
+    try:
+        page = _client(credential, "n1", server.address[1], timeout=30).events("n1")
+    finally:
+        server.close()
+    assert page.cut > 0 and page.skipped == 0
+    assert page.cut + len(page.events) == 5000 + 0, (page.cut, len(page.events))  # every event: sent, or counted
+    assert page.events[-1].data["message"].startswith("4999 ")
+    assert page.cut_from == page.events[0].time
+    assert sum(len(line.line) + 1 for line in page.events) <= agentapi.EVENTS_SENT
+    assert "older event(s) not sent by the agent" in page.shortfall()
+
+
+def test_odd_lines_of_a_journal_page_are_skipped_and_counted(tmp_path):
+    """One odd line refused the whole page, and the node lost its timeline; its good lines are kept now."""
+    credential = _credential(tmp_path)
+    secret = CredentialFile(str(credential)).get().secret
+    good = _journal_lines(3, 10)
+    body = "\n".join([good[0], "not json", '["a list"]', good[1], '{"time": "yesterday"}', '{"time": 5}',
+                      good[2], '{"cut": "x"}']).encode() + b"\n\xff\xfe\n"
+    server = _Raw(lambda head: _signed(secret, head, 200, body))
+    try:
+        page = _client(credential, "n1", server.port).events("n1")
+    finally:
+        server.close()
+    assert [line.line for line in page.events] == good
+    assert (page.skipped, page.cut) == (6, 0)
+    assert page.shortfall() == "6 line(s) that are not journal events skipped"
+
+
+def test_a_plain_get_follows_three_redirects_and_no_more(tmp_path):
+    class Redirects(_Forged):
+        @staticmethod
+        def answer(handler):
+            if handler.path == "/loop":
+                return 302, {"Location": "/loop"}, b""
+            if handler.path == "/ftp":
+                return 301, {"Location": "ftp://127.0.0.1/x"}, b""
+            hop = int(handler.path.strip("/"))
+            if hop < 3:
+                return 307, {"Location": f"/{hop + 1}" if hop % 2 else
+                             f"http://127.0.0.1:{handler.server.server_address[1]}/{hop + 1}"}, b""
+            return 200, {}, b"arrived"
+    server = _serve(Redirects)
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert agentapi.get_text(f"{base}/0", 5.0) == ("arrived", "")
+        assert agentapi.get_text(f"{base}/loop", 5.0) == (None, "more than 3 redirects")
+        assert agentapi.get_text(f"{base}/ftp", 5.0) == (None, "not an http or https URL")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_kubelets_exec_probe_is_read_with_the_same_caps(tmp_path):
+    """`slurm-ext probe` read whatever answered on the agent's port with urlopen: no size, no total time."""
+    from slurm_ext.config import load
+    from slurm_ext.supervisor import probe
+
+    def flood(head):
+        yield b"HTTP/1.1 200 OK\r\n\r\n"
+        for _ in range(200):
+            yield b"x" * 2**20
+    for respond, said in ((flood, "answer longer than 65536 bytes refused"),
+                          (lambda head: (b"HTTP/1.1 200 OK\r\n", *[0.2, b"X: y\r\n"] * 50),
+                           "no complete answer within 1s")):
+        server = _Raw(respond)
+        config = tmp_path / "slurm-ext.toml"
+        config.write_text(f'[supervisor]\nlisten = "127.0.0.1"\n')
+        try:
+            started = time.monotonic()
+            ok, text = probe(load(str(config)), "live", port=server.port, timeout=1.0)
+            assert time.monotonic() - started < 2.0
+        finally:
+            server.close()
+        assert (ok, text) == (False, f"no agent answers at http://127.0.0.1:{server.port}/livez: {said}")

@@ -93,6 +93,8 @@ class _Agent:
     cursor: float = 0.0
     cursor_lines: set = field(default_factory=set)
     journal: deque = field(default_factory=lambda: deque(maxlen=_JOURNAL_KEPT))
+    #: what its last journal page lacked (agentapi.EventsPage.shortfall: events the agent cut, odd lines skipped)
+    journal_note: str = ""
     busy: bool = False
 
 
@@ -357,8 +359,12 @@ class Watcher:
                 return
             answer = health.as_dict()
             since = agent.cursor or now - min(self.settings.timeline, _FIRST_JOURNAL)
+            note = None
             try:
-                lines = self.agent_client.events(node.name, node.addr, int(since), _JOURNAL_KEPT, timeout).events
+                page = self.agent_client.events(node.name, node.addr, int(since), _JOURNAL_KEPT, timeout)
+                lines, note = page.events, page.shortfall()
+                if note:
+                    log.info("web: node %s's journal: %s", node.name, note)
             except AgentAnswerError as err:  # its health stands; its journal is asked again next refresh
                 log.info("web: %s", err)
                 lines = ()
@@ -369,6 +375,8 @@ class Watcher:
                 agent.usage = figures
                 agent.rate = usage.bandwidth(previous, figures)
                 self._take_journal(agent, lines)
+                if note is not None:
+                    agent.journal_note = note
         except Exception:  # an answer no one foresaw: this agent's, logged; the others and the page go on
             log.exception("web: the answer of node %s's agent could not be taken", node.name)
             agent.error = "its agent's answer could not be read (see the page's log)"
@@ -437,7 +445,7 @@ class Watcher:
                          "agent_findings": [f for f in monitor.get("findings") or () if isinstance(f, dict)],
                          "held": held(monitor.get("findings")) if status.state == "paused" else [],
                          "agent": {"answered": agent.answered or None, "error": agent.error,
-                                   "readings_time": monitor.get("readings_time")},
+                                   "readings_time": monitor.get("readings_time"), "journal": agent.journal_note},
                          "ssh": self.settings.ssh_command.replace("{node}", node.name).replace("{addr}",
                                                                                                node.addr or node.name),
                          "grafana": self.settings.grafana_url.replace("{node}", node.name)})
