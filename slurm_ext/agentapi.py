@@ -8,18 +8,23 @@ of them goes through `AgentClient`, which:
 
 - proves it holds the cluster's agent credential (a secret in a root-only
   file, `node.agent_credential`): without it the agent answers 401, so a job's
-  user cannot read other users' job details from an agent's journal;
+  user cannot read other users' job details from an agent's journal. The proof
+  is bound to the request, the node meant and the asker's clock
+  (`request_signature`); the agent takes it once, on that node, within
+  REQUEST_WINDOW of its own clock (`request_refusal`, `NonceMemory`), so a
+  captured request is good neither later nor elsewhere;
 - believes an answer only when the agent proved the same: the agent signs its
   answer with the credential over the node it is, its boot id, the nonce the
   asker sent, the status and the body (`answer_signature`), so a process that
   binds the agent's port before the agent starts, or a replay of an older
   answer, is not believed, and neither is the agent of another node;
-- reads every answer with a size cap and a time cap, in one place
-  (`_exchange`), whatever the other side sends;
+- reads every answer with a size cap and a time cap (every read, the answer's
+  head included, ends by one deadline), in one place (`_exchange`), whatever
+  the other side sends;
 - turns anything odd (no answer, too big, too slow, unsigned, not the record it
   should be) into one `AgentAnswerError` that says which node, where, and why.
 
-The agent's side (supervisor/http.py) checks a request with `request_allowed`
+The agent's side (supervisor/http.py) checks a request with `request_refusal`
 and signs its answer with `answer_signature`; both read the credential through
 `CredentialFile`, which rereads the file when it changes (a rotation needs no
 restart).
@@ -49,7 +54,7 @@ __all__ = ["DEFAULT_CREDENTIAL", "Credential", "CredentialError", "CredentialFil
            "AgentAnswerError", "Readings", "HealthAnswer", "JournalLine", "EventsPage", "AgentClient",
            "request_signature", "answer_signature", "request_refusal", "NonceMemory", "FetchError", "fetch",
            "get_text", "NONCE_HEADER", "TIME_HEADER", "SIGNATURE_HEADER", "BOOT_HEADER", "NODE_HEADER", "AUTH_SCHEME",
-           "REQUEST_WINDOW", "MAX_HEALTH", "MAX_EVENTS", "EVENTS_SENT", "CUT_KEY"]
+           "REQUEST_WINDOW", "REFUSED", "MAX_HEALTH", "MAX_EVENTS", "EVENTS_SENT", "CUT_KEY"]
 
 #: where the agent credential lives unless node.agent_credential says otherwise
 DEFAULT_CREDENTIAL = "/etc/slurm-ext/agent-credential"
@@ -306,7 +311,7 @@ class AgentAnswerError(SlurmExtError):
 
 
 #: how an agent's 401 begins when the asker proved the credential and the request is refused all the same
-_REFUSED = "request refused: "
+REFUSED = "request refused: "
 
 
 class _Odd(ValueError):
@@ -700,7 +705,7 @@ class AgentClient:
         except _Failed as err:
             raise AgentAnswerError(node, address, f"no answer taken: {err.problem}", err.status) from None
         said = body[:300].decode("utf-8", "replace").strip()
-        if status == 401 and said.startswith(_REFUSED):
+        if status == 401 and said.startswith(REFUSED):
             raise AgentAnswerError(node, address, said, status)  # it took our proof: it says what else it refused
         if status == 401:
             raise AgentAnswerError(node, address, f"refused our agent credential ({credential.path}): {said} (is "

@@ -4,9 +4,10 @@ service and the cluster page). One POST: /health/check asks the health monitor t
 page's "run the health checks"); it changes nothing but the time of the next poll, at most once a second.
 
 /events, /health and POST /health/check answer only an asker that proves it holds the cluster's agent credential
-(node.agent_credential; `slurm_ext.agentapi`), and sign their answer with it, bound to this node, this boot and the
-asker's nonce: the journal holds other users' job details, and the controller resumes a repaired node on what
-/health says. Without the proof they answer 401; without a usable credential file here, 503 naming the file.
+(node.agent_credential; `slurm_ext.agentapi`) in a request meant for this node, within a minute of this clock, and
+taken once (`Guard`); they sign their answer with it, bound to this node, this boot and the asker's nonce: the
+journal holds other users' job details, and the controller resumes a repaired node on what /health says. /events
+sends the newest lines that fit under the client's cap (`events_body`). Without the proof they answer 401; without a usable credential file here, 503 naming the file.
 /livez and /readyz stay open (the kubelet's probes), and /metrics too unless supervisor.open_metrics is false.
 
 `serve(agent, host, port)` starts a `ProbeServer` in a thread of its own;
@@ -118,7 +119,7 @@ class Guard:
         if why:
             self._log_refusal(method, target, why)
             if proven:  # the asker holds the credential: it may know why
-                said = f"{agentapi._REFUSED}{method} {target.partition('?')[0]}: {why}\n"
+                said = f"{agentapi.REFUSED}{method} {target.partition('?')[0]}: {why}\n"
             else:
                 said = (f"{method} {target.partition('?')[0]} needs the cluster's agent credential "
                         f"(Authorization: {agentapi.AUTH_SCHEME}, see docs/operator/agent-credential.md)\n")

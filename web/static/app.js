@@ -250,7 +250,8 @@ function drawNodes(view) {
       `<td>${f.temperature == null ? "-" : esc(f.temperature) + " C"}</td>` +
       `<td>${esc(n.reason) || "-"}${n.owner ? ` <span class="muted">(${esc(n.owner)})</span>` : ""}` +
       `${n.agent.error ? `<br><span class="muted">agent: ${esc(n.agent.error)}` +
-        `${n.agent.answered ? `; its figures are ${age(view.refreshed - n.agent.answered)} old` : ""}</span>` : ""}</td>` +
+        `${n.agent.answered ? `; its figures are ${age(view.refreshed - n.agent.answered)} old` : ""}</span>` : ""}` +
+      `${n.agent.journal ? `<br><span class="muted">journal: ${esc(n.agent.journal)}</span>` : ""}</td>` +
       `<td>${findings.map(esc).join("<br>") || "-"}</td><td>${opsOf(n)}</td></tr>`;
   }).join("");
 }
