@@ -180,15 +180,25 @@ class CredentialFile:
 
     def get(self) -> Credential:
         try:
-            info = os.stat(self.path)
-            identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+            identity = _identity(self.path)
         except OSError:
             identity = None
         with self._lock:
             if identity is None or identity != self._seen or self._credential is None:
                 self._credential = self._seen = None
-                self._credential, self._seen = _read_credential(self.path)
+                self._credential, _ = _read_credential(self.path)
+                self._seen = identity
             return self._credential
+
+
+def _identity(path: str) -> tuple:
+    """What must stay the same for a credential read before to be taken again: the file (its content, and its mode
+    and owner: a chmod or chown changes its ctime) and the mode and owner of its folders."""
+    info = os.stat(path)
+    folders = tuple((folder.st_mode, folder.st_uid) for folder in (
+        os.stat(os.path.dirname(os.path.abspath(path))), os.stat(os.path.dirname(os.path.realpath(path)))))
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_mode,
+            info.st_uid) + folders
 
 
 def create_credential(path: str | os.PathLike) -> bool:

@@ -698,7 +698,11 @@ def test_the_credential_files_owner_and_folder_are_checked(tmp_path):
                                                   "others.*chmod go-w"):
             CredentialFile(str(credential)).get()
     folder.chmod(0o1777)  # a Secret's tmpfs in Kubernetes: sticky, so only root replaces root's file
-    assert CredentialFile(str(credential)).get().secret
+    kept = CredentialFile(str(credential))
+    assert kept.get().secret
+    folder.chmod(0o777)  # a file read before is checked again when its folder changes
+    with pytest.raises(CredentialError, match="can be changed by others"):
+        kept.get()
     folder.chmod(0o755)
     os.chown(folder, 65534, 65534)
     with pytest.raises(CredentialError, match="uid 65534\\) can be changed by others"):
