@@ -615,10 +615,10 @@ def test_an_answer_head_that_trickles_is_cut_at_the_time_cap(tmp_path):
         with pytest.raises(AgentAnswerError, match="no complete answer within 1s"):
             _client(credential, "n1", server.port, timeout=1.0).health("n1")
         took = time.monotonic() - started
-        assert took < 2.0, f"the head held the client {took:.1f}s"
+        assert took < 5.0, f"the head held the client {took:.1f}s (its trickle lasts 20s)"
         started = time.monotonic()
         assert agentapi.get_text(f"http://127.0.0.1:{server.port}/", 1.0) == (None, "no complete answer within 1s")
-        assert time.monotonic() - started < 2.0
+        assert time.monotonic() - started < 5.0
     finally:
         server.close()
 
@@ -816,7 +816,7 @@ def test_the_kubelets_exec_probe_is_read_with_the_same_caps(tmp_path):
         try:
             started = time.monotonic()
             ok, text = probe(load(str(config)), "live", port=server.port, timeout=1.0)
-            assert time.monotonic() - started < 2.0
+            assert time.monotonic() - started < 5.0  # the trickle lasts 10s, the flood 200 MiB
         finally:
             server.close()
         assert (ok, text) == (False, f"no agent answers at http://127.0.0.1:{server.port}/livez: {said}")
