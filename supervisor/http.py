@@ -83,6 +83,9 @@ Answer = tuple
 class Guard:
     """The agent credential's side of this listener: who may ask, and the proof that signs each answer."""
 
+    #: refusals logged a minute at most: a flood of bad requests must not flood the log
+    LOG_PER_MINUTE = 10
+
     def __init__(self, agent, clock: Callable[[], float] = time.time):
         self.agent = agent
         self.clock = clock
@@ -132,15 +135,12 @@ class Guard:
             agentapi.NODE_HEADER: node, agentapi.BOOT_HEADER: boot,
             agentapi.SIGNATURE_HEADER: agentapi.answer_signature(secret, node, boot, nonce, code, body)}
 
-
-    #: refusals logged a minute at most: a flood of bad requests must not flood the log
-    LOG_PER_MINUTE = 10
-
     def _log_refusal(self, method: str, target: str, why: str) -> None:
+        """One warning per refusal, LOG_PER_MINUTE a minute at most; the first of the next minute counts the rest."""
         now = time.monotonic()
         if now - self._refusals_minute >= 60:
             if self._refusals_quiet:
-                log.warning("http: %d more request(s) refused in the last minute, not logged one by one",
+                log.warning("http: %d more request(s) refused in the minute before, not logged one by one",
                             self._refusals_quiet)
             self._refusals_logged, self._refusals_quiet, self._refusals_minute = 0, 0, now
         if self._refusals_logged >= self.LOG_PER_MINUTE:
