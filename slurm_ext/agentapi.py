@@ -32,13 +32,10 @@ restart).
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import io
 import json
 import math
 import os
-import secrets
 import stat
 import threading
 import time
@@ -209,6 +206,7 @@ def create_credential(path: str | os.PathLike) -> bool:
     if path.exists():
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
+    import secrets
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "w") as file:
         file.write(secrets.token_hex(32) + "\n")
@@ -219,14 +217,22 @@ def request_signature(secret: bytes, method: str, target: str, nonce: str, node:
     """The asker's proof that it holds the credential, bound to this one request: its method and target, its nonce,
     the node it is meant for and its time (`when`, as sent in TIME_HEADER)."""
     message = f"slurm-ext agent request\n{method}\n{target}\n{nonce}\n{node}\n{when}".encode()
-    return hmac.new(secret, message, hashlib.sha256).hexdigest()
+    return _hmac_sha256(secret, message)
 
 
 def answer_signature(secret: bytes, node: str, boot: str, nonce: str, status: int, body: bytes) -> str:
     """The agent's proof that it holds the credential, bound to the node it is, its boot, the asker's nonce and
     the answer itself."""
     head = f"slurm-ext agent answer\n{node}\n{boot}\n{nonce}\n{status}\n".encode()
-    return hmac.new(secret, head + body, hashlib.sha256).hexdigest()
+    return _hmac_sha256(secret, head + body)
+
+
+def _hmac_sha256(secret: bytes, message: bytes) -> str:
+    # hmac and hashlib imported at the first proof, not with the module: they load OpenSSL (4 MB) into every node
+    # agent, most of which are asked nothing for hours
+    import hashlib
+    import hmac
+    return hmac.new(secret, message, hashlib.sha256).hexdigest()
 
 
 def _same_proof(given: str, expected: str) -> bool:
@@ -236,6 +242,7 @@ def _same_proof(given: str, expected: str) -> bool:
     a refusal, never an error."""
     if not isinstance(given, str) or not given.isascii():
         return False
+    import hmac
     return hmac.compare_digest(given.encode("ascii"), expected.encode("ascii"))
 
 
@@ -705,6 +712,7 @@ class AgentClient:
             credential = self.credential.get()
         except CredentialError as err:
             raise AgentAnswerError(node, address, str(err)) from None
+        import secrets
         nonce = secrets.token_hex(16)
         when = f"{time.time():.3f}"
         proof = request_signature(credential.secret, method, target, nonce, node, when)
