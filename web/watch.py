@@ -4,7 +4,7 @@ One refresh asks Slurm once per table (the node table: `sinfo --json` or
 `scontrol show node`; the event table: `sacctmgr show event`), reads the
 repair records once, and asks each node's agent for its /health and for
 the journal events written since its last answer, every agent at once.
-The result is one `View`, which every request of every browser reads: ten
+The result is one `PageView`, which every request of every browser reads: ten
 open tabs cost slurmctld what one costs, and when nobody looks nothing is
 asked. Slurm's configuration (cluster name, version) is read at the first
 refresh and every `_CONFIG_EVERY` after.
@@ -39,7 +39,7 @@ from slurm_ext.slurm import Node, SlurmClient, is_our_reason
 
 from . import usage
 
-__all__ = ["Source", "View", "Watcher", "gpus_by_type", "drain_owner"]
+__all__ = ["Source", "PageView", "Watcher", "gpus_by_type", "drain_owner"]
 
 log = logging.getLogger("web")
 
@@ -99,7 +99,7 @@ class _Agent:
 
 
 @dataclass
-class View:
+class PageView:
     """One refresh's answer, as the API serves it (JSON-ready), and its serialised form."""
 
     data: dict
@@ -175,7 +175,7 @@ class Watcher:
         self._config_read = 0.0
         self._prometheus: usage.Usage | None = None
         self.history: deque = deque(maxlen=_HISTORY)
-        self.view: View | None = None
+        self.view: PageView | None = None
         self.refreshes = 0
         self._looked = 0.0
         #: held while an agent's answer is taken in, and while the view or a journal query reads the agents
@@ -220,7 +220,7 @@ class Watcher:
             with self._refreshed:
                 self._refreshed.notify_all()
 
-    def current(self, wait: float = 30.0) -> View | None:
+    def current(self, wait: float = 30.0) -> PageView | None:
         """The latest view (a request's), waking the thread when a refresh is due. A request that finds no view,
         or one from before nobody looked (the page idle for a while), waits for the refresh it asked for, up to
         `wait` seconds, rather than show the cluster as it was minutes ago."""
@@ -235,7 +235,7 @@ class Watcher:
 
     # -- one refresh -------------------------------------------------------------------------
 
-    def refresh(self) -> View:
+    def refresh(self) -> PageView:
         """Read the cluster once (one query per Slurm table) and make the view every browser gets."""
         now = self._clock()
         self.refreshes += 1
@@ -409,11 +409,11 @@ class Watcher:
 
     # -- the view --------------------------------------------------------------------------------------
 
-    def _make_view(self, now: float) -> View:
+    def _make_view(self, now: float) -> PageView:
         with self._lock:
             return self._view_of(now)
 
-    def _view_of(self, now: float) -> View:
+    def _view_of(self, now: float) -> PageView:
         statuses = node_statuses(self._nodes, self._open, self._repair_events)
         by_name = {n.name: n for n in self._nodes}
         rows, node_usages, rates = [], [], []
@@ -479,7 +479,7 @@ class Watcher:
                       "history": list(self.history), "grafana": self.settings.grafana_url.replace("{node}", "")},
             "nodes": rows,
         }
-        view = View(data, slurm_events=list(self._slurm_events),
+        view = PageView(data, slurm_events=list(self._slurm_events),
                     repair_events=list(self._repair_events), open_records=list(self._open),
                     records=list(self._records))
         try:
