@@ -21,13 +21,10 @@ from slurm_ext.devcluster.settings import DevSection
 
 # hooks: under CI=true a skipped test fails the run
 from helpers.ci_skips import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401
-# what the test modules import from here (`from conftest import wait_for`) lives in tests/helpers/
-from helpers.agent import PORT, AgentProcess  # noqa: F401
-from helpers.cli import cli, cli_as_nobody  # noqa: F401
-from helpers.cluster import TEST_CLUSTER, Cluster, RepairCluster, cluster_of_its_own  # noqa: F401
-from helpers.files import fake_sysfs, script, temp_dir  # noqa: F401
+from helpers.agent import AgentProcess
+from helpers.cluster import TEST_CLUSTER, Cluster
+from helpers.files import temp_dir
 from helpers.images import ImageBuild
-from helpers.wait import wait_for  # noqa: F401
 
 
 @pytest.fixture(scope="session")

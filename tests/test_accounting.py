@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_for
+from helpers.wait import wait_for
 from slurm_ext import config
 from slurm_ext.accounting import render, slurmconf, storage
 from slurm_ext.accounting.database import guarded_volumes, memory_mib, password

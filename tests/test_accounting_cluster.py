@@ -24,7 +24,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import TEST_CLUSTER, Cluster, cli, cluster_of_its_own, temp_dir, wait_for
+from helpers.cli import cli
+from helpers.cluster import TEST_CLUSTER, Cluster, cluster_of_its_own
+from helpers.files import temp_dir
+from helpers.wait import wait_for
 from slurm_ext import config as config_mod, devcluster as dev
 from slurm_ext.accounting import dumpfile, reconcile as reconciling
 from slurm_ext.devcluster import daemons

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli, cli_as_nobody
+from helpers.cli import cli, cli_as_nobody
 from slurm_ext import config, configdoc
 from slurm_ext.errors import ConfigError
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_for
+from helpers.wait import wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "containers"))
 from cluster import MODES, ContainerCluster, Worker  # noqa: E402 (containers/cluster.py, not a package)

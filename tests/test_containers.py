@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import temp_dir, wait_for
+from helpers.files import temp_dir
+from helpers.wait import wait_for
 from slurm_ext.config import Config
 
 pytestmark = pytest.mark.containers

@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import cli, cli_as_nobody
+from helpers.cli import cli, cli_as_nobody
 from slurm_ext import devcluster as dev
 from slurm_ext.devcluster import daemons, deps, fakenvml
 from slurm_ext.devcluster.cluster import demo_script

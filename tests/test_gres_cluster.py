@@ -16,7 +16,9 @@ import sys
 import psutil
 import pytest
 
-from conftest import Cluster, cli, wait_for
+from helpers.cli import cli
+from helpers.cluster import Cluster
+from helpers.wait import wait_for
 from slurm_ext import devcluster as dev
 from slurm_ext.devcluster import fakenvml
 

@@ -27,7 +27,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from conftest import fake_sysfs
+from helpers.files import fake_sysfs
 from slurm_ext.devcluster import fakenvml
 from slurm_ext.gres import Generation
 from slurm_ext.gres.drift import Drift, Missing

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from conftest import fake_sysfs
+from helpers.files import fake_sysfs
 from slurm_ext.devcluster import fakenvml
 from slurm_ext.errors import SlurmExtError
 from slurm_ext.gres import render

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import fake_sysfs
+from helpers.files import fake_sysfs
 from slurm_ext.errors import SlurmExtError
 from slurm_ext.gres.topology import (
     CpuTopology,

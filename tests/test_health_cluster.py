@@ -27,7 +27,7 @@ from slurm_ext.devcluster import daemons, fakenvml, render
 from slurm_ext.devcluster.cluster import cluster_daemons
 from slurm_ext.devcluster.layout import Layout
 
-from conftest import wait_for
+from helpers.wait import wait_for
 
 pytestmark = pytest.mark.cluster
 

@@ -21,7 +21,7 @@ from slurm_ext.health.checks.xid import BURST
 from slurm_ext.health.kmsg import KernelLog, facility_of
 from slurm_ext.health.monitor import load_state, metrics_path
 
-from conftest import wait_for
+from helpers.wait import wait_for
 from test_health_cluster import Health, _journal, health  # noqa: F401 (health: the cluster monitor's fixture)
 
 pytestmark = pytest.mark.cluster

@@ -28,7 +28,7 @@ import pytest
 
 from slurm_ext.devcluster import fakenvml
 
-from conftest import wait_for
+from helpers.wait import wait_for
 
 PROMETHEUS = Path("/usr/bin/prometheus")
 DASHBOARD = Path(__file__).resolve().parents[1] / "docs" / "grafana" / "slurm-ext-health.json"

@@ -24,7 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli, script, temp_dir, wait_for
+from helpers.cli import cli
+from helpers.files import script, temp_dir
+from helpers.wait import wait_for
 from slurm_ext.prolog_epilog.service import build_hook
 
 SYSTEMD_ANALYZE = "/usr/bin/systemd-analyze"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli
+from helpers.cli import cli
 from slurm_ext import events
 from slurm_ext.journal import EventFilter, JournalEvent, follow_events, format_event, parse_since, read_events
 

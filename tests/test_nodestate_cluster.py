@@ -16,7 +16,7 @@ import time
 
 import psutil
 
-from conftest import wait_for
+from helpers.wait import wait_for
 from slurm_ext import config, devcluster as dev, drainmark, nodestate
 from slurm_ext.nodestate import channel
 

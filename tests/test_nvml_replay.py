@@ -22,7 +22,7 @@ import pytest
 from slurm_ext import nvmlrecord
 from slurm_ext.devcluster import fakenvml
 
-from conftest import wait_for
+from helpers.wait import wait_for
 
 DATA = Path(__file__).parent / "data" / "real-gpu"
 

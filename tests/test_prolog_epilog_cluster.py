@@ -21,7 +21,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import Cluster, wait_for
+from helpers.cluster import Cluster
+from helpers.wait import wait_for
 from slurm_ext import devcluster as dev
 from slurm_ext.devcluster import fakenvml
 

@@ -18,7 +18,8 @@ from slurm_ext import devcluster as dev
 from slurm_ext.devcluster import daemons
 from slurm_ext.devcluster.cluster import cluster_daemons
 
-from conftest import TEST_CLUSTER, RepairCluster, cluster_of_its_own, wait_for
+from helpers.cluster import TEST_CLUSTER, RepairCluster, cluster_of_its_own
+from helpers.wait import wait_for
 
 REPAIR_CLUSTER = {**TEST_CLUSTER, "cluster_name": "slurmextrepair", "node_name": "rnode1", "nodes": 4,
                   "defined_nodes": 5, "slurmctld_port": 18817, "slurmd_port": 18818, "slurmdbd_port": 18819,

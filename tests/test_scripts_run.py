@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import script, temp_dir
+from helpers.files import script, temp_dir
 from slurm_ext import procfs
 from slurm_ext.config import Config, from_dict
 from slurm_ext.prolog_epilog.scripts import CLEAN_PATH, DEFAULT_SCRIPTS_DIR, OUTPUT_LIMIT, run_scripts, scripts_dir

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli, script, temp_dir
+from helpers.cli import cli
+from helpers.files import script, temp_dir
 from slurm_ext import procfs
 from slurm_ext.config import from_dict
 from slurm_ext.prolog_epilog import validate

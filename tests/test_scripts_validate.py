@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli, script
+from helpers.cli import cli
+from helpers.files import script
 from slurm_ext.prolog_epilog import script_dirs, validate_dir, validate_script
 from slurm_ext.prolog_epilog.validate import VerdictCache, script_names
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_for
+from helpers.wait import wait_for
 from slurm_ext import config
 from slurm_ext.procfs import all_stats, pid_alive
 from slurm_ext.supervisor.agent import session_members

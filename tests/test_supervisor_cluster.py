@@ -9,10 +9,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import cli, wait_for
+from helpers.cli import cli
+from helpers.wait import wait_for
 from slurm_ext import devcluster as dev
 from slurm_ext.slurm import REASON_PREFIX
-from conftest import AgentProcess
+from helpers.agent import AgentProcess
 
 
 def _agent_pid(cluster, role: str) -> int:

@@ -29,7 +29,9 @@ from slurm_ext import devcluster as dev
 from slurm_ext.devcluster import daemons, fakenvml
 from slurm_ext.devcluster.cluster import cluster_daemons
 
-from conftest import TEST_CLUSTER, RepairCluster, cli, cluster_of_its_own, wait_for
+from helpers.cli import cli
+from helpers.cluster import TEST_CLUSTER, RepairCluster, cluster_of_its_own
+from helpers.wait import wait_for
 
 pytestmark = pytest.mark.cluster
 

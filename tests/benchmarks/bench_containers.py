@@ -31,7 +31,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parents[1]))
 sys.path.insert(0, str(HERE.parents[2] / "containers"))
-from conftest import TEST_CLUSTER  # noqa: E402  the test cluster's ports and names
+from helpers.cluster import TEST_CLUSTER  # noqa: E402  the test cluster's ports and names
 from docker_engine import Engine  # noqa: E402
 from cluster import IMAGE_NAMES, SLURMD_PORT, ContainerCluster  # noqa: E402  containers/cluster.py
 

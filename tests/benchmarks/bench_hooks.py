@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from conftest import TEST_CLUSTER  # noqa: E402  the test cluster's ports and names
+from helpers.cluster import TEST_CLUSTER  # noqa: E402  the test cluster's ports and names
 
 from slurm_ext import devcluster as dev  # noqa: E402
 from slurm_ext.devcluster.settings import DevSection  # noqa: E402
