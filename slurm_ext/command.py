@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 from dataclasses import dataclass
 
 from .errors import CommandError, CommandTimeout
@@ -47,6 +46,7 @@ def run(
         CommandError: the command exited non-zero and `check` is true, or the
             program does not exist.
     """
+    import subprocess  # here: the Python hooks import this module for CLEAN_PATH, and a Prolog runs no command
     try:
         proc = subprocess.Popen(
             cmd,
