@@ -156,7 +156,8 @@ def test_the_agents_answer_only_the_cluster_credential_and_history_reads_them_wi
                          {w.node: f"127.0.0.1:{w.agent_port}" for w in ccluster.workers.values()}, 10.0)
     for node in ccluster.workers:
         assert client.health(node).node == node
-    with pytest.raises(AgentAnswerError, match="it says it is node"):  # another node's agent is not this one's
+    # a request for another node is refused by the agent it reached (the proof names the node meant)
+    with pytest.raises(AgentAnswerError, match="request refused: GET /health: it was meant for node 'cxn9'"):
         AgentClient(client.credential.path, 0, {"cxn9": client.address(worker.node)}).health("cxn9")
 
 
