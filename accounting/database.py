@@ -62,7 +62,7 @@ def cluster_name(config: Config) -> str:
 
 
 def places_of(config: Config) -> render.Places:
-    return render.places(config.accounting, Path(config.supervisor.runtime_dir))
+    return render.places(config.accounting, Path(config.node.runtime_dir))
 
 
 def password(settings: AccountingSection, environ: dict[str, str], source: str = "<defaults>") -> str:
@@ -145,7 +145,7 @@ def write_config(config: Config, environ: dict[str, str] | None = None, slurmdbd
         conf.parent.mkdir(parents=True, exist_ok=True)
         # slurmdbd SIGTERMs whatever PID its PidFile names: Slurm's default (/var/run/slurmdbd.pid) would let a
         # second slurmdbd on the host (another cluster's) stop this one
-        pidfile = Path(config.supervisor.runtime_dir) / "slurmdbd.pid"
+        pidfile = Path(config.node.runtime_dir) / "slurmdbd.pid"
         pidfile.parent.mkdir(parents=True, exist_ok=True)
         _write(conf, render.slurmdbd_conf(settings, secret, slurm_user, values["authtype"], pidfile=pidfile),
                0o600, uid, gid)
@@ -232,7 +232,7 @@ def prepare_storage(config: Config, role: str, allow_ephemeral: bool = False) ->
 
 @contextlib.contextmanager
 def _storage_lock(config: Config):
-    path = Path(config.supervisor.runtime_dir) / "accounting-storage.lock"
+    path = Path(config.node.runtime_dir) / "accounting-storage.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -251,7 +251,7 @@ class NodeLayout:
 
     @property
     def runtime_dir(self) -> Path:
-        """The agent's [supervisor] runtime_dir: notify sockets, the hook service's socket (and on the first node,
+        """This node's node.runtime_dir: notify sockets, the hook service's socket (and on the first node,
         MariaDB's files)."""
         return self.base / "slurm-ext-run"
 

@@ -129,6 +129,7 @@ def slurm_ext_toml(layout: Layout, node: NodeLayout | None = None) -> str:
 [node]
 name = "{node.name}"
 state_dir = "{node.node_state}"
+runtime_dir = "{node.runtime_dir}"
 boot_id_file = "{node.boot_id}"
 agent_credential = "{layout.agent_credential}"
 # the fake NVML as the node's agent sees it: `slurm-ext health check` or `gres inventory` with this config see it too
@@ -139,9 +140,6 @@ file = "{layout.log}/{log_name}"
 
 [slurm]
 conf = "{node.slurm_conf}"
-
-[supervisor]
-runtime_dir = "{node.runtime_dir}"
 
 [supervisor.ports]
 worker = {node.probe_port}

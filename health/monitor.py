@@ -10,7 +10,7 @@ and the metrics file, and tells the node-state owner what to drain.
 
 Files: `<node.state_dir>/health/findings.json` keeps the findings across
 restarts (with the boot they belong to: a new boot starts clean);
-`<supervisor.runtime_dir>/health.json` is the latest readings for the
+`<node.runtime_dir>/health.json` is the latest readings for the
 agent's /metrics and `slurm-ext health show`; `<node.state_dir>/health/
 clear.json` is an operator's `slurm-ext health clear`, taken up within a second.
 """
@@ -134,7 +134,7 @@ class Monitor:
         self.config_path = config_path
         self.node = config.node.slurm_name
         self.state_dir = config.node.state_dir
-        self.runtime_dir = config.supervisor.runtime_dir
+        self.runtime_dir = config.node.runtime_dir
         self.emit = events.emitter(self.state_dir, "health")
         self.queue: queue.Queue = queue.Queue()
         self.stopping = threading.Event()

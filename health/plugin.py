@@ -54,7 +54,7 @@ class _Monitor(Live):
             return False
         from .monitor import metrics_path
         try:
-            written = os.stat(metrics_path(self.host.config.supervisor.runtime_dir)).st_mtime
+            written = os.stat(metrics_path(self.host.config.node.runtime_dir)).st_mtime
         except OSError:
             return False
         return written >= time.time() - running_since
@@ -63,7 +63,7 @@ class _Monitor(Live):
         if self.host.role != "worker":
             return ()
         from .metrics import families
-        return families(self.host.config.supervisor.runtime_dir)
+        return families(self.host.config.node.runtime_dir)
 
 
 def _attach(host) -> Live | None:

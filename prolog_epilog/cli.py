@@ -88,7 +88,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                     "to the hook service, which the worker role's agent runs, and falls back to "
                     "slurm-ext-prolog / slurm-ext-epilog when no service answers.")
     hooks_commands = hooks.add_subparsers(dest="action", metavar="ACTION", required=True)
-    serve = hooks_commands.add_parser("serve", help="answer hook clients on <supervisor.runtime_dir>/hooks.sock "
+    serve = hooks_commands.add_parser("serve", help="answer hook clients on <node.runtime_dir>/hooks.sock "
                                       "(run by the worker agent)")
     serve.set_defaults(func=_hooks_serve)
     build = hooks_commands.add_parser("build", help="compile slurm-ext-hook for this node's config (needs cc)")
@@ -102,7 +102,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         "install-units", help="write systemd units that start the hook service on the first Prolog "
                               "(bare metal without the agent)",
         description="Write slurm-ext-hooks.socket and slurm-ext-hooks.service for this node's config: systemd "
-                    "listens on <supervisor.runtime_dir>/hooks.sock (root only, mode 0600) and starts "
+                    "listens on <node.runtime_dir>/hooks.sock (root only, mode 0600) and starts "
                     "`slurm-ext hooks serve` on the first connection. Unchanged files are left as they are; "
                     "nothing is enabled or started. Not for nodes whose worker agent runs the service.")
     units.add_argument("--prefix", default="/etc/systemd/system", metavar="DIR",

@@ -92,7 +92,7 @@ def handle(phase: str, env: dict[str, str], config: Config, protect: tuple[int, 
 def prolog(env: dict[str, str], config: Config) -> Verdict:
     record = jobrecord.from_environ(env)
     state_dir = config.node.state_dir
-    if unshown := drainmark.unshown_drain(config.supervisor.runtime_dir):
+    if unshown := drainmark.unshown_drain(config.node.runtime_dir):
         return _refuse(config, record, unshown)
     with jobrecord.uid_lock(state_dir, record.uid, _lock_timeout(config)) as held:
         if not held:
@@ -122,7 +122,7 @@ def _refuse(config: Config, record: jobrecord.JobRecord, unshown: str) -> Verdic
     failure reaches slurmctld, which would otherwise drain the node with its bare "Prolog error"."""
     from slurm_ext import nodestate
     try:
-        shown = nodestate.look_now(config.supervisor.runtime_dir, timeout=config.slurm.timeout)
+        shown = nodestate.look_now(config.node.runtime_dir, timeout=config.slurm.timeout)
     except SlurmExtError as err:
         shown = f"not known: {err}"
     _emit(config, "job-refused", f"job {record.job_id}: node {record.node or config.node.slurm_name} is to be "
@@ -340,7 +340,7 @@ def _drain(config: Config, record: jobrecord.JobRecord, reason: str) -> None:
     from slurm_ext import nodestate
     from slurm_ext.slurm import SlurmClient
     try:
-        outcome = nodestate.post(config.supervisor.runtime_dir, OWNER, reason, node=node,
+        outcome = nodestate.post(config.node.runtime_dir, OWNER, reason, node=node,
                                  slurm=lambda: SlurmClient(config.slurm),
                                  emit=events.emitter(config.node.state_dir, "nodestate"),
                                  timeout=config.slurm.timeout + 2.0, job=record.job_id)

@@ -114,7 +114,7 @@ class PassedSocketError(SlurmExtError):
 
 
 def socket_path(config: Config) -> Path:
-    return Path(config.supervisor.runtime_dir) / "hooks.sock"
+    return Path(config.node.runtime_dir) / "hooks.sock"
 
 
 def serve(config_path: str | None = None) -> int:
@@ -260,7 +260,7 @@ def _check_passed(listener: socket.socket, path: Path) -> None:
         raise PassedSocketError(path, f"fd {fd} is bound to {'no path' if not address else 'an abstract address'}")
     if os.path.abspath(address) != os.path.abspath(path):
         raise PassedSocketError(path, f"fd {fd} is bound to {address}, but slurm-ext-hook connects to {path} "
-                                "(supervisor.runtime_dir)")
+                                "(node.runtime_dir)")
     try:
         info = path.lstat()
     except FileNotFoundError:
@@ -310,7 +310,7 @@ def _check_ancestor(path: Path, directory: Path) -> None:
     info = path.lstat()
     if stat.S_ISLNK(info.st_mode):
         return  # only who can write the directory holding it can change a link: that directory is checked too
-    fix = f"set supervisor.runtime_dir to a directory under a root-owned one such as /run (not under {path})"
+    fix = f"set node.runtime_dir to a directory under a root-owned one such as /run (not under {path})"
     if info.st_uid != 0:
         raise UnsafeRuntimeDir(path, f"(above runtime dir {directory}) is owned by uid {info.st_uid}, not root",
                                f"chown root {path}, or {fix}")
@@ -322,7 +322,7 @@ def _check_ancestor(path: Path, directory: Path) -> None:
 def _check_own_dir(directory: Path) -> None:
     """The runtime dir itself (a link to it is followed: its holder is checked above) must be root's alone."""
     info = directory.stat()
-    fix = "or set supervisor.runtime_dir to another directory"
+    fix = "or set node.runtime_dir to another directory"
     if not stat.S_ISDIR(info.st_mode):
         raise NotADirectoryError(errno.ENOTDIR, f"{directory} is not a directory")
     if info.st_uid != 0:
@@ -460,7 +460,7 @@ def build_hook(output: Path, socket_file: str, prolog_fallback: str, epilog_fall
             raise HookBuildError(f"{what} path {value!r}: quotes, backslashes and newlines are not allowed")
     if len(os.fsencode(socket_file)) > 107:
         raise HookBuildError(f"socket path {socket_file} is longer than a Unix socket address allows (107 bytes): "
-                             "choose a shorter supervisor.runtime_dir")
+                             "choose a shorter node.runtime_dir")
     defines = [f'-DHOOK_SOCKET="{socket_file}"', f'-DPROLOG_FALLBACK="{prolog_fallback}"',
                f'-DEPILOG_FALLBACK="{epilog_fallback}"', f"-DHOOK_DEADLINE={deadline}"]
     flags = ["-O2", "-Wall", "-Wextra", "-Werror", *defines]

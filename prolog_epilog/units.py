@@ -82,7 +82,7 @@ def render_units(config: Config, program: Path) -> dict[str, str]:
         UnitInstallError: a path a unit file would expand or split (spaces,
             %, $, quotes, backslashes), or a relative one.
     """
-    listen = _plain("the hook socket (supervisor.runtime_dir)", str(socket_path(config)))
+    listen = _plain("the hook socket (node.runtime_dir)", str(socket_path(config)))
     argv = [_plain("the slurm-ext program", str(program))]
     if config.source:
         argv += ["--config", _plain("the config file", os.path.abspath(config.source))]

@@ -91,6 +91,9 @@ class NodeSection:
     name: str = setting("", "Slurm node name of this host; empty means the short host name", "str",
                         pattern=r"^[A-Za-z0-9._-]*$")
     state_dir: str = setting("/var/lib/slurm-ext", "node-local state: job records, the node journal", "path")
+    runtime_dir: str = setting("/run/slurm-ext", "node-local run files: the node agent's notify sockets, the hook "
+                               "and node-state sockets, the health monitor's readings, drain marks, boot markers, "
+                               "accounting's run files", "path")
     boot_id_file: str = setting("/proc/sys/kernel/random/boot_id", "a file whose content changes at every boot: what "
                                 "is done once per boot, and what a reboot clears, go by it", "path")
     environment: dict = setting({}, "environment variables every slurm-ext command run with this config gets, as "
@@ -160,6 +163,13 @@ _SECTION_OWNERS = {
 }
 _CORE_SECTIONS = {"node": NodeSection, "log": LogSection, "slurm": SlurmSection}
 _registered: dict[str, type] = {}
+
+#: Keys that moved to another section: [section] key -> where it is now and why, for the error
+#: that refuses the old place (a key renamed in silence would be a default in silence)
+_MOVED_KEYS = {
+    ("supervisor", "runtime_dir"): "moved to [node] runtime_dir (the same value; read by every component, "
+                                   "not only the agent)",
+}
 
 
 def register_section(name: str, cls: type) -> None:
@@ -369,6 +379,8 @@ def _build_section(name: str, cls: type, table: dict, source, text: str):
         dotted = f"{name}.{key}"
         line = _line_of(text, name, key)
         if key not in fields:
+            if (name, key) in _MOVED_KEYS:
+                raise ConfigError(source, _MOVED_KEYS[name, key], key=dotted, line=line)
             allowed = ", ".join(fields) or "(none yet)"
             raise ConfigError(source, f"unknown key; allowed keys in [{name}]: {allowed}", key=dotted, line=line)
         rules = fields[key].metadata

@@ -269,7 +269,7 @@ def _health(agent) -> Answer:
     from slurm_ext.procfs import boot_id
     from .plugins import health_readings_path
     try:
-        readings = json.loads(health_readings_path(agent.config.supervisor.runtime_dir).read_text())
+        readings = json.loads(health_readings_path(agent.config.node.runtime_dir).read_text())
     except (OSError, ValueError):
         readings = None
     body = {"node": agent.config.node.slurm_name, "boot": boot_id(agent.config.node.boot_id_file),

@@ -56,7 +56,6 @@ class SupervisorSection:
     open_metrics: bool = setting(True, "serve /metrics without the agent credential (a Prometheus scrapes it); "
                                  "false: /metrics, like /events and /health, answers only who proves "
                                  "node.agent_credential", "bool")
-    runtime_dir: str = setting("/run/slurm-ext", "notify sockets and boot markers", "path")
     backoff_initial: float = setting(0.01, "delay before restarting a worker that died after it had got ready "
                                      "(READY=1, registered, or up stable_after), and before the first restart of "
                                      "one that had not", "duration", minimum=0.0, maximum=60.0)

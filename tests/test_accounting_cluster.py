@@ -390,7 +390,7 @@ def test_a_controller_alone_refuses_a_database_that_does_not_know_its_cluster(ac
         def check(cluster: str) -> subprocess.CompletedProcess:
             marker.write_text(json.dumps({**json.loads(marker.read_text()), "cluster": cluster}))
             conf = work / "slurm-ext.toml"
-            conf.write_text(f'[slurm]\nconf = "{acct.layout.slurm_conf}"\n[supervisor]\nruntime_dir = "{work}/run"\n'
+            conf.write_text(f'[slurm]\nconf = "{acct.layout.slurm_conf}"\n[node]\nruntime_dir = "{work}/run"\n'
                             f'[accounting]\ncluster = "{cluster}"\nstate_save_location = "{state}"\n'
                             f'volume = "{work}/acct"\nmin_free = 1\n')
             return cli("--config", str(conf), "accounting", "check-storage", "--role", "controller")

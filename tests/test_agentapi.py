@@ -318,11 +318,11 @@ def agent(tmp_path):
         [node]
         name = "n1"
         state_dir = "{tmp_path}/state"
+        runtime_dir = "{tmp_path}/run"
         agent_credential = "{credential}"
         [slurm]
         timeout = "2s"
         [supervisor]
-        runtime_dir = "{tmp_path}/run"
         [supervisor.workers.sshd]
         roles = []
         """))

@@ -69,6 +69,8 @@ BAD = {
     "bad name": ('[dev]\nnode_name = "node 1"\n', "dev.node_name", ["'node 1'", "matching"]),
     "section not a table": ('node = "x"\n', "node", ["must be a table"]),
     "syntax error": ('[slurm]\ntimeout = "5s"\nbroken = = 1\n', "TOML syntax error", ["line 3"]),
+    "moved key": ('[supervisor]\nlisten = "127.0.0.1"\nruntime_dir = "/run/x"\n', "supervisor.runtime_dir",
+                  ["moved to [node] runtime_dir", "line 3"]),
 }
 
 
@@ -91,6 +93,16 @@ def test_bad_file_raises_config_error(tmp_path, case):
     with pytest.raises(ConfigError) as caught:
         config.load(write(tmp_path, text))
     assert key in str(caught.value)
+
+
+def test_a_key_that_moved_is_refused_with_its_new_place_and_read_there(tmp_path):
+    old = write(tmp_path, '[node]\nname = "n1"\n\n[supervisor]\nruntime_dir = "/run/x"\n', name="old.toml")
+    with pytest.raises(ConfigError) as caught:
+        config.load(old)
+    assert str(caught.value) == (f"{old}, line 5: supervisor.runtime_dir: moved to [node] runtime_dir "
+                                 "(the same value; read by every component, not only the agent)")
+    new = write(tmp_path, '[node]\nname = "n1"\nruntime_dir = "/run/x"\n', name="new.toml")
+    assert config.load(new).node.runtime_dir == "/run/x"
 
 
 def test_unreadable_file_as_a_plain_user(tmp_path):

@@ -103,8 +103,8 @@ class Node:
 
     def write_config(self, extra: str = "", runtime_dir: Path | None = None) -> None:
         self.config_file.write_text(
-            f'[node]\nstate_dir = "{self.state}"\n\n[log]\nlevel = "debug"\n\n'
-            f'[supervisor]\nruntime_dir = "{runtime_dir or self.run_dir}"\n\n'
+            f'[node]\nstate_dir = "{self.state}"\nruntime_dir = "{runtime_dir or self.run_dir}"\n\n'
+            f'[log]\nlevel = "debug"\n\n'
             f'[prolog_epilog]\nscripts_dir = "{self.scripts}"\n{extra}\n'
             f'[slurm]\nconf = "{self.root / "no-slurm.conf"}"\n')
 
@@ -390,7 +390,7 @@ def test_cli_hooks_build_names_the_config_socket():
     root = temp_dir()
     try:
         config = root / "slurm-ext.toml"
-        config.write_text(f'[supervisor]\nruntime_dir = "{root / "rt"}"\n')
+        config.write_text(f'[node]\nruntime_dir = "{root / "rt"}"\n')
         output = root / "out" / "slurm-ext-hook"
         done = subprocess.run([sys.executable, "-m", "slurm_ext.cli", "--config", str(config), "hooks", "build",
                                "--output", str(output)], capture_output=True, text=True, timeout=120)
@@ -796,7 +796,7 @@ def test_service_refuses_a_runtime_dir_someone_else_can_change(node, case):
         os.chown(at_fault, OTHER_UID, OTHER_UID)
         node.write_config(runtime_dir=at_fault / "run")
         said = f"(above runtime dir {at_fault / 'run'}) is owned by uid {OTHER_UID}, not root"
-        fix = "set supervisor.runtime_dir to a directory under a root-owned one"
+        fix = "set node.runtime_dir to a directory under a root-owned one"
     runtime_dir = at_fault if case != "missing-under-another-uids-dir" else at_fault / "run"
     service = node.start_service(wait=False)
     assert service.wait(timeout=WAIT) == 1

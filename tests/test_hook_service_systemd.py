@@ -80,8 +80,8 @@ class Node:
         self.hook = build_hook(self.root / "bin" / "slurm-ext-hook", str(self.socket), *fallbacks)
         self.config_file = self.root / "slurm-ext.toml"
         self.config_file.write_text(
-            f'[node]\nstate_dir = "{self.state}"\n\n[log]\nlevel = "debug"\n\n'
-            f'[supervisor]\nruntime_dir = "{self.run_dir}"\n\n'
+            f'[node]\nstate_dir = "{self.state}"\nruntime_dir = "{self.run_dir}"\n\n'
+            f'[log]\nlevel = "debug"\n\n'
             f'[prolog_epilog]\nscripts_dir = "{self.scripts}"\n\n'
             f'[slurm]\nconf = "{self.root / "no-slurm.conf"}"\n')
         self.log_file = self.root / "service.log"
@@ -233,7 +233,7 @@ def test_install_units_refuses_a_path_a_unit_file_would_expand_or_split(node, ru
     unit_dir = node.root / "units"
     done = install_units(node, unit_dir)
     assert done.returncode == 1
-    assert "cannot install the hook service's systemd units: the hook socket (supervisor.runtime_dir)" in done.stderr
+    assert "cannot install the hook service's systemd units: the hook socket (node.runtime_dir)" in done.stderr
     assert "must be an absolute path of letters, digits" in done.stderr
     assert "Traceback" not in done.stderr
     assert not unit_dir.exists() or list(unit_dir.iterdir()) == []

@@ -262,10 +262,9 @@ def _config(root: Path) -> Path:
 [node]
 name = "replaynode"
 state_dir = "{root}/state"
+runtime_dir = "{root}/run"
 [log]
 file = "{root}/slurm-ext.log"
-[supervisor]
-runtime_dir = "{root}/run"
 [slurm]
 conf = "{root}/no-slurm.conf"
 timeout = "1s"

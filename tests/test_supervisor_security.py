@@ -397,7 +397,6 @@ def test_the_hook_service_ignores_a_slurm_ext_package_planted_in_the_agents_cwd(
             [node]
             name = "testnode"
             state_dir = "{tmp_path}/state"
-            [supervisor]
             runtime_dir = "{tmp_path}/run"
             [supervisor.workers.sshd]
             roles = []

@@ -56,10 +56,10 @@ def _config(root: Path, latency: bool) -> Path:
 [node]
 name = "benchnode"
 state_dir = "{root}/state"
+runtime_dir = "{root}/run"
 [log]
 file = "{root}/monitor.log"
 [supervisor]
-runtime_dir = "{root}/run"
 ports = {{login = 0}}
 [supervisor.workers.sshd]
 roles = []

@@ -41,7 +41,6 @@ def start_agent(work: Path, port: int) -> subprocess.Popen:
         [node]
         name = "benchlivez"
         state_dir = "{work}/state"
-        [supervisor]
         runtime_dir = "{work}/run"
         [supervisor.workers.sshd]
         roles = []

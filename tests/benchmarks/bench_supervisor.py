@@ -425,10 +425,9 @@ def reap_part(work: Path, orphans: int, baselines: Baselines) -> dict[str, Reap]
         [node]
         name = "benchreap"
         state_dir = {json.dumps(str(agent_dir / "state"))}
+        runtime_dir = {json.dumps(str(agent_dir / "run"))}
         [slurm]
         timeout = "2s"
-        [supervisor]
-        runtime_dir = {json.dumps(str(agent_dir / "run"))}
         [supervisor.workers.sshd]
         roles = []
         [supervisor.workers.burst]

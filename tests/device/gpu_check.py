@@ -441,7 +441,7 @@ class Check:
         """A config of the check's own: no Slurm here, so Slurm's checks are off; every other key its default."""
         gres = f'\n[gres]\ndev_dir = "{self.work / "dev"}"\n' if self.args.fake else ""
         text = (f'# the device check\'s own: no Slurm here, so its checks are off\n[node]\nname = "gpucheck"\n'
-                f'state_dir = "{self.work / state}"\n[supervisor]\nruntime_dir = "{self.work / runtime}"\n'
+                f'state_dir = "{self.work / state}"\nruntime_dir = "{self.work / runtime}"\n'
                 f'{gres}\n[health.checks.slurmd]\nenabled = false\n[health.checks.foreign-drain]\nenabled = false\n')
         (self.work / state).mkdir(exist_ok=True)
         (self.work / runtime).mkdir(exist_ok=True)

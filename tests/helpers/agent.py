@@ -39,11 +39,11 @@ class AgentProcess:
             [node]
             name = "testnode"
             state_dir = "{self.dir}/state"
+            runtime_dir = "{self.dir}/run"
             [slurm]
             timeout = "2s"
             {self.slurm}
             [supervisor]
-            runtime_dir = "{self.dir}/run"
             """) + textwrap.dedent(body))
 
     def text(self) -> str:
