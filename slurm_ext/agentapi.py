@@ -1,10 +1,11 @@
 """The one boundary between the node agents and the controller: what crosses it, who may cross it, and how much.
 
 The controller's readers (the repair service after a repair, `slurm-ext
-history`, the cluster page) ask a node's agent for its health (`HealthAnswer`,
-with the health monitor's `Readings`), for a page of its journal
-(`EventsPage`) and to read the node now (`AgentClient.check_now`). Every one
-of them goes through `AgentClient`, which:
+history`, the cluster page) ask a node's agent for its health (`HealthAnswer`:
+the health monitor's `Readings`, a `GpuReading` per GPU, and the node's
+`NodeFacts`), for a page of its journal (`EventsPage`) and to read the node
+now (`AgentClient.check_now`). Every one of them goes through `AgentClient`,
+which:
 
 - proves it holds the cluster's agent credential (a secret in a root-only
   file, `node.agent_credential`): without it the agent answers 401, so a job's
@@ -22,7 +23,9 @@ of them goes through `AgentClient`, which:
   head included, ends by one deadline), in one place (`_exchange`), whatever
   the other side sends;
 - turns anything odd (no answer, too big, too slow, unsigned, not the record it
-  should be) into one `AgentAnswerError` that says which node, where, and why.
+  should be) into one `AgentAnswerError` that says which node, where, and why;
+  in an answer of the right shape, one GPU's or interface's odd figure is None
+  for that field alone.
 
 The agent's side (supervisor/http.py) checks a request with `request_refusal`
 and signs its answer with `answer_signature`; both read the credential through
@@ -48,7 +51,8 @@ from pathlib import Path
 from .errors import SlurmExtError
 
 __all__ = ["DEFAULT_CREDENTIAL", "Credential", "CredentialError", "CredentialFile", "create_credential",
-           "AgentAnswerError", "Readings", "HealthAnswer", "JournalLine", "EventsPage", "AgentClient",
+           "AgentAnswerError", "GpuReading", "InterfaceReading", "NodeFacts", "Readings", "HealthAnswer",
+           "JournalLine", "EventsPage", "AgentClient",
            "request_signature", "answer_signature", "request_refusal", "NonceMemory", "FetchError", "fetch",
            "get_text", "NONCE_HEADER", "TIME_HEADER", "SIGNATURE_HEADER", "BOOT_HEADER", "NODE_HEADER", "AUTH_SCHEME",
            "REQUEST_WINDOW", "REFUSED", "MAX_HEALTH", "MAX_EVENTS", "EVENTS_SENT", "CUT_KEY"]
@@ -335,11 +339,40 @@ class _Odd(ValueError):
     """An answer's field is not what it should be (turned into AgentAnswerError by the client)."""
 
 
+#: most characters kept of a text an agent sends for the page to show (a GPU's name, the OS image, the driver)
+_MAX_TEXT = 200
+#: most characters kept of an interface's name (Linux allows 15)
+_MAX_INTERFACE = 64
+
+
+def _figure(value) -> float | None:
+    """A finite number of an answer, else None: NaN, infinity, an integer past float's range, text, and JSON's true
+    and false (bool is an int to Python, not a figure to the page) are none."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        figure = float(value)
+    except OverflowError:
+        return None
+    return figure if math.isfinite(figure) else None
+
+
+def _whole(value) -> int | None:
+    """`_figure` as a whole number (cut toward zero, as int() does), else None."""
+    figure = _figure(value)
+    return None if figure is None else int(figure)
+
+
+def _words(value, most: int = _MAX_TEXT) -> str | None:
+    """A text of an answer cut to `most` characters, else None."""
+    return value[:most] if isinstance(value, str) else None
+
+
 def _number(data: dict, key: str, default: float | None = None) -> float:
-    value = data.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise _Odd(f"{key}: expected a number, got {str(value)[:40]!r}")
-    return float(value)
+    value = _figure(data.get(key, default))
+    if value is None:
+        raise _Odd(f"{key}: expected a number, got {str(data.get(key))[:40]!r}")
+    return value
 
 
 def _text(data: dict, key: str, default: str | None = None) -> str:
@@ -363,6 +396,85 @@ def _objects(data: dict, key: str) -> tuple:
     return tuple(value)
 
 
+# An answer is refused whole (AgentAnswerError) when its shape is wrong: not an object, a monitor or facts that are
+# not objects, findings, gpus or interfaces that are not lists of objects, a node, boot or time that is not one.
+# Such an answer is not a health answer, and nothing in it can be placed. Within one GPU row or one interface, a
+# figure or a name that is missing, of the wrong type or not finite is None for that field alone: the page shows
+# "-" for it, and one odd figure costs neither the GPU's other figures nor the node.
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """One GPU as the node's health monitor last read it: a row of "gpus" in its readings, which the monitor writes
+    from health.records.GpuSample (with its Gpu under "gpu") and the jobs that hold the GPU; named as there.
+
+    Only what the page shows is read; each field is None when the row's is missing, of the wrong type or not a
+    finite number (see above), and texts are cut to _MAX_TEXT characters."""
+
+    #: NVML's index of the GPU on its node
+    index: int | None
+    name: str | None
+    uuid: str | None
+    #: percent of the last sample period the GPU was busy
+    utilization: int | None
+    #: memory in use without the driver's reserve, free memory, and the driver's reserve (MiB, NVML memory v2)
+    fb_used_mib: float | None
+    fb_free_mib: float | None
+    fb_reserved_mib: float | None
+    #: degrees Celsius
+    temperature: int | None
+    #: NVML's error for a GPU that does not answer (lost, reset required), "" when it answered
+    error_text: str | None
+    #: the jobs recorded on the node that hold the GPU (job ids; anything else in the list is left out)
+    jobs: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, row: dict) -> GpuReading:
+        gpu = row.get("gpu") if isinstance(row.get("gpu"), dict) else {}
+        jobs = row.get("jobs")
+        return cls(_whole(gpu.get("index")), _words(gpu.get("name")), _words(gpu.get("uuid")),
+                   _whole(row.get("utilization")), _figure(row.get("fb_used_mib")), _figure(row.get("fb_free_mib")),
+                   _figure(row.get("fb_reserved_mib")), _whole(row.get("temperature")), _words(row.get("error_text")),
+                   tuple(job for job in jobs if type(job) is int) if isinstance(jobs, list) else ())
+
+
+@dataclass(frozen=True, slots=True)
+class InterfaceReading:
+    """One network interface of a node's facts, as its agent read it (slurm_ext.nodefacts.Interface); a field is
+    None when the answer's is missing or odd (see above)."""
+
+    #: the interface's name, cut to _MAX_INTERFACE characters
+    name: str | None
+    #: link speed in Mbit/s, a positive whole number; None when unknown (a virtual link, a link that is down)
+    speed_mbps: int | None
+    #: bytes received and sent since the interface came up (the page's bandwidth is their rate)
+    rx_bytes: float | None
+    tx_bytes: float | None
+
+    @classmethod
+    def of(cls, item: dict) -> InterfaceReading:
+        speed = item.get("speed_mbps")
+        return cls(_words(item.get("name"), _MAX_INTERFACE), speed if type(speed) is int and speed > 0 else None,
+                   _figure(item.get("rx_bytes")), _figure(item.get("tx_bytes")))
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFacts:
+    """What a node is, as its agent tells it (the answer's "facts": slurm_ext.nodefacts.NodeFacts as the agent read
+    them); a text is None when the answer's is missing or not text, and is cut to _MAX_TEXT characters."""
+
+    #: /etc/os-release's PRETTY_NAME (the image), "" when the agent does not know it
+    os: str | None = None
+    #: the running kernel's release
+    kernel: str | None = None
+    interfaces: tuple[InterfaceReading, ...] = ()
+
+    @classmethod
+    def of(cls, data: dict) -> NodeFacts:
+        """Raises _Odd: its interfaces are not a list of objects."""
+        return cls(_words(data.get("os")), _words(data.get("kernel")),
+                   tuple(InterfaceReading.of(item) for item in _objects(data, "interfaces")))
+
+
 @dataclass(frozen=True, slots=True)
 class Readings:
     """The health monitor's latest readings, as the node's agent answers them."""
@@ -373,17 +485,15 @@ class Readings:
     findings: tuple
     #: check -> ok, failing, disabled, ...
     checks: dict
-    #: the NVIDIA driver's version, empty when unknown
+    #: the NVIDIA driver's version, empty when unknown (cut to _MAX_TEXT characters)
     driver: str
-    #: one object per GPU (its identity, utilization, memory, temperature, jobs)
-    gpus: tuple
-    #: everything the monitor wrote, for the page's JSON (the fields above are its checked part)
-    data: dict = field(repr=False, compare=False, default_factory=dict)
+    gpus: tuple[GpuReading, ...]
 
     @classmethod
     def of(cls, data: dict) -> Readings:
+        """Raises _Odd: a field of the wrong shape (see above)."""
         return cls(_number(data, "readings_time", 0.0), _objects(data, "findings"), _table(data, "checks"),
-                   _text(data, "driver", ""), _objects(data, "gpus"), data)
+                   _text(data, "driver", "")[:_MAX_TEXT], tuple(GpuReading.of(row) for row in _objects(data, "gpus")))
 
     def critical(self) -> list[dict]:
         return [f for f in self.findings if f.get("severity") == "critical"]
@@ -400,23 +510,19 @@ class HealthAnswer:
     time: float
     #: None when no health monitor has written readings on the node
     monitor: Readings | None
-    #: the node's facts (OS image, kernel, interfaces and their byte counters)
-    facts: dict
+    #: the node's OS image, kernel, interfaces and their byte counters
+    facts: NodeFacts
 
     @classmethod
     def of(cls, data) -> HealthAnswer:
+        """Raises _Odd: not a health answer (see above)."""
         if not isinstance(data, dict):
             raise _Odd("expected a JSON object")
         monitor = data.get("monitor")
         if monitor is not None and not isinstance(monitor, dict):
             raise _Odd("monitor: expected an object or null")
         return cls(_text(data, "node"), _text(data, "boot", ""), _number(data, "time"),
-                   Readings.of(monitor) if monitor is not None else None, _table(data, "facts"))
-
-    def as_dict(self) -> dict:
-        """The answer as JSON objects, as the agent sent it (the page's usage figures read this form)."""
-        return {"node": self.node, "boot": self.boot, "time": self.time,
-                "monitor": self.monitor.data if self.monitor else None, "facts": self.facts}
+                   Readings.of(monitor) if monitor is not None else None, NodeFacts.of(_table(data, "facts")))
 
 
 @dataclass(frozen=True, slots=True)

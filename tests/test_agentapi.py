@@ -574,7 +574,8 @@ def test_a_hostile_answer_raises_only_agent_answer_error(tmp_path):
               b'{"node": "n1", "boot": "boot-1", "time": 1, "monitor": {"readings_time": true}}',
               b'{"node": "n1", "boot": "boot-1", "time": 1, "facts": []}',
               b'{"node": "n1", "boot": "boot-2", "time": 1}', b'{"node": "n2", "boot": "boot-1", "time": 1}',
-              b'{"node": "n1", "boot": "boot-1", "time": ' + b"9" * 5000 + b"}"]
+              b'{"node": "n1", "boot": "boot-1", "time": ' + b"9" * 5000 + b"}",
+              b'{"node": "n1", "boot": "boot-1", "time": 1' + b"0" * 400 + b"}"]
     answers = [lambda head, a=a: a for a in unsigned] + \
         [lambda head, b=b: _signed(secret, head, 200, b) for b in bodies] + \
         [lambda head: _signed(secret, head, 200, b"{}", extra=b"X-Odd: \xe9\xff\r\n"),
@@ -597,6 +598,62 @@ def test_a_hostile_answer_raises_only_agent_answer_error(tmp_path):
                 pass
         finally:
             server.close()
+
+
+def _health_of(tmp_path: Path, answer: dict) -> agentapi.HealthAnswer:
+    """`answer` as the client takes it from the real agent's server (as JSON: NaN and Infinity as Python writes
+    them, numbers past float's range as their digits)."""
+    credential = _credential(tmp_path)
+    server = _guarded_agent(tmp_path, "n1", credential, json.dumps(answer).encode())
+    try:
+        return _client(credential, "n1", server.address[1]).health("n1")
+    finally:
+        server.close()
+
+
+def test_an_odd_field_of_one_gpu_or_interface_is_none_and_costs_nothing_else(tmp_path):
+    """One GPU's NaN, a bool where a number goes, a text for a number, a name that is not text: that field is None
+    (the page shows "-" there), the GPU's other fields and the node stand; texts are cut to a length a page shows."""
+    good = {"gpu": {"index": 3, "uuid": "GPU-3", "name": "NVIDIA H200", "pci_bus_id": "00000000:17:00.0"},
+            "utilization": 42, "fb_used_mib": 1024.5, "fb_free_mib": 3000, "fb_reserved_mib": 615, "temperature": 51,
+            "error_text": "", "jobs": [7, 8], "power_w": 300.0}
+    odd = {"gpu": "not an object", "utilization": float("nan"), "fb_used_mib": float("inf"), "fb_free_mib": "3000",
+           "fb_reserved_mib": None, "temperature": True, "error_text": 5, "jobs": "7"}
+    odder = {"gpu": {"index": 1.9, "name": "N" * 300, "uuid": ["GPU-1"]}, "utilization": False,
+             "fb_used_mib": 10**400, "fb_free_mib": -float("inf"), "jobs": [1, "2", True, 3.0, None]}
+    facts = {"os": "Debian GNU/Linux 13 (trixie)", "kernel": 6, "interfaces": [
+        {"name": "ib0", "state": "up", "speed_mbps": 400000, "rx_bytes": 10, "tx_bytes": 20},
+        {"name": "x" * 100, "speed_mbps": -1, "rx_bytes": float("nan"), "tx_bytes": "1"},
+        {"speed_mbps": True, "rx_bytes": 1.5, "tx_bytes": False}]}
+    answer = _health_of(tmp_path, {**HEALTHY, "facts": facts, "monitor": {
+        **HEALTHY["monitor"], "driver": "5" * 300, "gpus": [good, odd, odder]}})
+    assert answer.monitor.gpus == (
+        agentapi.GpuReading(3, "NVIDIA H200", "GPU-3", 42, 1024.5, 3000.0, 615.0, 51, "", (7, 8)),
+        agentapi.GpuReading(None, None, None, None, None, None, None, None, None, ()),
+        agentapi.GpuReading(1, "N" * 200, None, None, None, None, None, None, None, (1,)))
+    assert answer.monitor.driver == "5" * 200
+    assert answer.facts == agentapi.NodeFacts("Debian GNU/Linux 13 (trixie)", None, (
+        agentapi.InterfaceReading("ib0", 400000, 10.0, 20.0), agentapi.InterfaceReading("x" * 64, None, None, None),
+        agentapi.InterfaceReading(None, None, 1.5, None)))
+    assert _health_of(tmp_path / "bare", {**HEALTHY, "monitor": None}).facts == agentapi.NodeFacts(None, None, ())
+
+
+@pytest.mark.parametrize("odd, why", [
+    ({"monitor": {"gpus": {"0": {}}}}, "gpus: expected a list of objects"),
+    ({"monitor": {"gpus": [{"gpu": {"index": 0}}, 7]}}, "gpus: expected a list of objects"),
+    ({"monitor": {"gpus": "none"}}, "gpus: expected a list of objects"),
+    ({"facts": {"interfaces": {"ib0": {}}}}, "interfaces: expected a list of objects"),
+    ({"facts": {"interfaces": [{"name": "ib0"}, "eth0"]}}, "interfaces: expected a list of objects"),
+    ({"facts": "Debian"}, "facts: expected an object"),
+    ({"time": 10**400}, "time: expected a number"),  # an integer past float's range was an OverflowError
+    ({"time": float("nan")}, "time: expected a number"),
+    ({"time": True}, "time: expected a number"),
+])
+def test_an_answer_of_the_wrong_shape_is_refused_whole_with_one_error(tmp_path, odd, why):
+    """What is not a health answer (its GPUs or interfaces not a list of objects, no time) is refused at the
+    boundary with the one AgentAnswerError every reader catches: nothing in it can be placed."""
+    with pytest.raises(AgentAnswerError, match=f"its /health is not a health answer: {why}"):
+        _health_of(tmp_path, {**HEALTHY, **odd})
 
 
 def test_an_answer_head_that_trickles_is_cut_at_the_time_cap(tmp_path):

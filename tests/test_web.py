@@ -103,13 +103,19 @@ def test_the_page_fetches_nothing_from_elsewhere_and_no_other_site_may_frame_or_
 
 # -- usage ---------------------------------------------------------------------------------------------------------
 
-def _answer(time_: float, utilization=(50, 70), used=(1024.0, 3072.0), rx=1000, tx=2000) -> dict:
+def _sent(time_: float, utilization=(50, 70), used=(1024.0, 3072.0), rx=1000, tx=2000) -> dict:
+    """An agent's /health as it sends it (its health monitor's readings and nodefacts' facts, as JSON)."""
     gpus = [{"gpu": {"index": i, "uuid": f"GPU-{i}", "name": "NVIDIA H200"}, "utilization": u, "fb_used_mib": m,
              "fb_free_mib": 4096.0 - m, "temperature": 40 + i, "jobs": [7] if i == 0 else []}
             for i, (u, m) in enumerate(zip(utilization, used))]
-    return {"time": time_, "monitor": {"gpus": gpus, "driver": "560.35.03"},
+    return {"node": "n1", "boot": "boot-1", "time": time_, "monitor": {"gpus": gpus, "driver": "560.35.03"},
             "facts": {"os": "Debian GNU/Linux 13 (trixie)", "interfaces": [
                 {"name": "ib0", "state": "up", "speed_mbps": 400000, "rx_bytes": rx, "tx_bytes": tx}]}}
+
+
+def _answer(time_: float, **figures) -> HealthAnswer:
+    """That answer as the boundary hands it to the page."""
+    return HealthAnswer.of(_sent(time_, **figures))
 
 
 def test_node_figures_bandwidth_and_the_cluster_sum():
@@ -124,10 +130,11 @@ def test_node_figures_bandwidth_and_the_cluster_sum():
             total.tx_bps) == (4, 130 / 3, 4096, 16384, 1000.0, 50.0)
     rows = usage.gpu_rows(_answer(1.0))
     assert rows[0].jobs == [7] and rows[1].temperature == 41 and rows[0].memory_total_mib == 4096.0
-    reserved = _answer(1.0)
+    reserved = _sent(1.0)
     reserved["monitor"]["gpus"][0]["fb_reserved_mib"] = 615.0  # NVML memory v2: the driver's own part, in the total
-    assert usage.gpu_rows(reserved)[0].memory_total_mib == 4096.0 + 615.0
-    assert usage.node_usage(None) is None and usage.gpu_rows({"monitor": "junk"}) == []
+    assert usage.gpu_rows(HealthAnswer.of(reserved))[0].memory_total_mib == 4096.0 + 615.0
+    quiet = HealthAnswer.of({**_sent(1.0), "monitor": None})  # no health monitor on the node: no GPU, no figure
+    assert usage.node_usage(None) is None and usage.gpu_rows(quiet) == [] and usage.node_usage(quiet).gpus == 0
     assert usage.cluster_usage([], []).gpu_utilization is None
 
 
@@ -165,7 +172,7 @@ class _Agents:
     def health(self, node, addr="", timeout=None):
         self.asked.append(("health", node))
         try:
-            return HealthAnswer.of({"node": node, **self.answer})
+            return HealthAnswer.of({**self.answer, "node": node})
         except ValueError as err:
             raise AgentAnswerError(node, "127.0.0.1:1", f"its /health is not a health answer: {err}") from None
 
@@ -178,22 +185,33 @@ def test_an_agent_answering_junk_costs_its_figures_never_the_refresh(tmp_path):
     path = tmp_path / "slurm-ext.toml"
     path.write_text(f'[node]\nstate_dir = "{tmp_path / "state"}"\n[repair]\nsqlite_file = "{tmp_path / "r.db"}"\n')
     odd_values = {"time": 5.0, "monitor": {"driver": "", "gpus": [
-        {"gpu": {"index": 0}, "utilization": float("nan"), "fb_used_mib": float("inf"), "temperature": "hot"}]},
+        {"gpu": {"index": 0, "name": 5}, "utilization": float("nan"), "fb_used_mib": float("inf"), "temperature": "hot",
+         "fb_free_mib": 10, "jobs": "7"},
+        {"gpu": {"index": 1, "name": "N" * 300}, "utilization": True, "fb_used_mib": 1.0, "fb_free_mib": 3.0,
+         "temperature": 10**400, "jobs": [7, "8", True]}]},
         "facts": {"os": ["x"], "interfaces": [{"name": "ib0", "speed_mbps": {"x": 1}, "rx_bytes": "many",
-                                               "tx_bytes": 1}, 7]}}
+                                               "tx_bytes": 1}, {"speed_mbps": 100, "rx_bytes": 1, "tx_bytes": 1}]}}
     store = open_sqlite(str(tmp_path / "r.db"))
     watcher = Watcher(config.load(path), _Slurm(), store, lambda url, timeout: ("{]", ""), _Agents(odd_values))
     data = json.loads(watcher.refresh().body)
-    assert data["cluster"]["os_images"] == {"['x']": 2} and data["cluster"]["interfaces"] == \
-        {"ib0": {"nodes": 2, "speeds_mbps": []}}
-    assert data["nodes"][0]["gpu_readings"][0]["utilization"] is None and data["usage"]["now"]["gpus"] == 2
+    # each odd figure is "-" alone: the GPU's other figures, the node and the refresh stand
+    assert data["cluster"]["os_images"] == {} and data["cluster"]["interfaces"] == \
+        {"ib0": {"nodes": 2, "speeds_mbps": []}}  # the interface without a name cannot be told from another
+    assert data["nodes"][0]["gpu_readings"] == [
+        {"index": 0, "name": "", "uuid": "", "utilization": None, "memory_used_mib": None, "memory_total_mib": None,
+         "temperature": None, "error": "", "jobs": []},
+        {"index": 1, "name": "N" * 200, "uuid": "", "utilization": None, "memory_used_mib": 1.0,
+         "memory_total_mib": 4.0, "temperature": None, "error": "", "jobs": [7]}]
+    assert data["usage"]["now"]["gpus"] == 4 and data["agents"]["answering"] == 2
     # an answer that is not a health answer at all is refused at the boundary: the node's agent is said not to answer
-    odd = {"time": 5.0, "monitor": {"driver": {"a": 1}, "findings": "no", "gpus": ["not a gpu"]}}
-    watcher.agent_client = _Agents(odd)
-    data = json.loads(watcher.refresh().body)
-    assert data["agents"]["answering"] == 0 and data["nodes"][0]["gpu_readings"][0]["utilization"] is None
-    assert all("not a health answer: findings: expected a list of objects" in why
-               for why in data["agents"]["not_answering"].values()), data["agents"]
+    for odd, why in (({"time": 5.0, "monitor": {"driver": {"a": 1}, "findings": "no", "gpus": ["not a gpu"]}},
+                      "findings: expected a list of objects"),
+                     ({"time": 5.0, "facts": {"interfaces": [7]}}, "interfaces: expected a list of objects")):
+        watcher.agent_client = _Agents(odd)
+        data = json.loads(watcher.refresh().body)
+        assert data["agents"]["answering"] == 0 and data["nodes"][0]["gpu_readings"][1]["memory_used_mib"] == 1.0
+        assert all(f"not a health answer: {why}" in said for said in data["agents"]["not_answering"].values()), \
+            data["agents"]
     store.close()
 
 
@@ -254,7 +272,7 @@ def page(tmp_path):
 
     slurm = _Slurm()
     watcher = Watcher(loaded, slurm, store, lambda url, timeout: (None, "refused"),
-                      _Agents(_answer(100.0), {"n2": journal}))
+                      _Agents(_sent(100.0), {"n2": journal}))
     app = create_app(loaded, watcher, store_opener=lambda: open_sqlite(str(tmp_path / "repair.db")))
     watcher.refresh()
     client = app.test_client()
@@ -372,7 +390,7 @@ def test_with_a_prometheus_the_usage_panels_are_its_figures_and_its_silence_is_s
             return json.dumps({"status": "success", "data": {"result": [{"value": [1, by_query[query]]}]}}), ""
         return "", ""
     store = open_sqlite(str(tmp_path / "repair.db"))
-    watcher = Watcher(config.load(path), _Slurm(), store, get, _Agents(_answer(1.0)))
+    watcher = Watcher(config.load(path), _Slurm(), store, get, _Agents(_sent(1.0)))
     data = watcher.refresh().data
     assert data["usage"]["source"] == "prometheus" and data["sources"]["prometheus"]["ok"]
     assert data["usage"]["now"] == {"gpus": 4, "gpu_utilization": 12.5, "memory_used_mib": 10.0,

@@ -16,6 +16,8 @@ import math
 import urllib.parse
 from dataclasses import dataclass, field
 
+from slurm_ext.agentapi import HealthAnswer
+
 __all__ = ["GpuRow", "NodeUsage", "Usage", "gpu_rows", "node_usage", "bandwidth", "cluster_usage",
            "prometheus_usage", "PROMETHEUS_QUERIES"]
 
@@ -78,45 +80,29 @@ class Usage:
     tx_bps: float | None
 
 
-def _number(value) -> float | None:
-    """A finite number of an agent's answer, else None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
-def gpu_rows(answer: dict | None) -> list[GpuRow]:
+def gpu_rows(answer: HealthAnswer | None) -> list[GpuRow]:
     """Each GPU of an agent's /health answer (none when its monitor wrote no readings)."""
-    monitor = (answer or {}).get("monitor")
+    if answer is None or answer.monitor is None:
+        return []
     rows = []
-    for row in (monitor.get("gpus") if isinstance(monitor, dict) else None) or ():
-        if not isinstance(row, dict):
-            continue
-        gpu = row.get("gpu") if isinstance(row.get("gpu"), dict) else {}
-        used, free = _number(row.get("fb_used_mib")), _number(row.get("fb_free_mib"))
-        reserved = _number(row.get("fb_reserved_mib")) or 0.0  # the driver's own part: in the total, not used
-        rows.append(GpuRow(int(_number(gpu.get("index")) or 0), str(gpu.get("name") or ""), str(gpu.get("uuid") or ""),
-                           None if _number(row.get("utilization")) is None else int(row["utilization"]), used,
+    for gpu in answer.monitor.gpus:
+        used, free = gpu.fb_used_mib, gpu.fb_free_mib
+        reserved = gpu.fb_reserved_mib or 0.0  # the driver's own part: in the total, not used
+        rows.append(GpuRow(gpu.index or 0, gpu.name or "", gpu.uuid or "", gpu.utilization, used,
                            used + free + reserved if used is not None and free is not None else None,
-                           None if _number(row.get("temperature")) is None else int(row["temperature"]),
-                           str(row.get("error_text") or ""),
-                           [j for j in row.get("jobs") or () if isinstance(j, (int, str))]))
+                           gpu.temperature, gpu.error_text or "", list(gpu.jobs)))
     return rows
 
 
-def node_usage(answer: dict | None) -> NodeUsage | None:
+def node_usage(answer: HealthAnswer | None) -> NodeUsage | None:
     """A node's figures from its agent's /health answer, or None when there is none."""
-    if not isinstance(answer, dict) or _number(answer.get("time")) is None:
+    if answer is None:
         return None
     rows = gpu_rows(answer)
     utilization = [r.utilization for r in rows if r.utilization is not None]
-    facts = answer.get("facts") if isinstance(answer.get("facts"), dict) else {}
-    counters = {}
-    for item in facts.get("interfaces") or ():
-        if isinstance(item, dict) and _number(item.get("rx_bytes")) is not None \
-                and _number(item.get("tx_bytes")) is not None:
-            counters[str(item.get("name"))] = (float(item["rx_bytes"]), float(item["tx_bytes"]))
-    return NodeUsage(float(answer["time"]), len(rows), float(sum(utilization)), len(utilization),
+    counters = {i.name: (i.rx_bytes, i.tx_bytes) for i in answer.facts.interfaces
+                if i.name is not None and i.rx_bytes is not None and i.tx_bytes is not None}
+    return NodeUsage(answer.time, len(rows), float(sum(utilization)), len(utilization),
                      sum(r.memory_used_mib or 0.0 for r in rows),
                      sum(r.memory_total_mib or 0.0 for r in rows), counters)
 

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
 from slurm_ext import events
-from slurm_ext.agentapi import AgentAnswerError, AgentClient, JournalLine, get_text
+from slurm_ext.agentapi import AgentAnswerError, AgentClient, HealthAnswer, JournalLine, NodeFacts, get_text
 from slurm_ext.errors import SlurmExtError
 from slurm_ext.repair.status import counts, held, node_statuses
 from slurm_ext.slurm import Node, SlurmClient, is_our_reason
@@ -83,8 +83,8 @@ class Source:
 class _Agent:
     """What the page knows of one node's agent."""
 
-    #: its last /health answer (agentapi.HealthAnswer.as_dict())
-    answer: dict | None = None
+    #: its last /health answer
+    answer: HealthAnswer | None = None
     answered: float = 0.0
     error: str = ""
     usage: usage.NodeUsage | None = None
@@ -357,7 +357,6 @@ class Watcher:
                 with self._lock:
                     agent.error = f"agent at {err.address}: {err.problem}"
                 return
-            answer = health.as_dict()
             since = agent.cursor or now - min(self.settings.timeline, _FIRST_JOURNAL)
             note = None
             try:
@@ -368,10 +367,10 @@ class Watcher:
             except AgentAnswerError as err:  # its health stands; its journal is asked again next refresh
                 log.info("web: %s", err)
                 lines = ()
-            figures = usage.node_usage(answer)
+            figures = usage.node_usage(health)
             with self._lock:
                 previous = agent.usage
-                agent.answer, agent.answered, agent.error = answer, now, ""
+                agent.answer, agent.answered, agent.error = health, now, ""
                 agent.usage = figures
                 agent.rate = usage.bandwidth(previous, figures)
                 self._take_journal(agent, lines)
@@ -421,31 +420,33 @@ class Watcher:
         for status in statuses:
             node = by_name[status.name]
             agent = self._agents.get(node.name, _Agent())
-            answer = agent.answer or {}
-            monitor = answer.get("monitor") if isinstance(answer.get("monitor"), dict) else {}
-            facts = answer.get("facts") if isinstance(answer.get("facts"), dict) else {}
+            answer = agent.answer
+            monitor = answer.monitor if answer is not None else None
+            facts = answer.facts if answer is not None else NodeFacts()
+            findings = list(monitor.findings) if monitor is not None else []
             if agent.usage is not None and not agent.error:
                 node_usages.append(agent.usage)
                 if agent.rate is not None:
                     rates.append(agent.rate)
-            # what an agent says is counted as text: an odd answer is a strange name, never a failed refresh
-            for found, value in ((drivers, monitor.get("driver")), (images, facts.get("os"))):
+            for found, value in ((drivers, monitor.driver if monitor is not None else ""), (images, facts.os)):
                 if value:
-                    found[str(value)[:200]] = found.get(str(value)[:200], 0) + 1
-            for item in facts.get("interfaces") if isinstance(facts.get("interfaces"), list) else ():
-                if isinstance(item, dict):
-                    seen = interfaces.setdefault(str(item.get("name"))[:64], {"nodes": 0, "speeds_mbps": set()})
-                    seen["nodes"] += 1
-                    if isinstance(item.get("speed_mbps"), int) and item["speed_mbps"] > 0:
-                        seen["speeds_mbps"].add(item["speed_mbps"])
+                    found[value] = found.get(value, 0) + 1
+            for interface in facts.interfaces:
+                if interface.name is None:
+                    continue  # an interface that does not say its name cannot be told from another
+                seen = interfaces.setdefault(interface.name, {"nodes": 0, "speeds_mbps": set()})
+                seen["nodes"] += 1
+                if interface.speed_mbps is not None:
+                    seen["speeds_mbps"].add(interface.speed_mbps)
             rows.append({**asdict(status), "owner": drain_owner(node), "addr": node.addr, "version": node.version,
                          "os": node.os,
                          "gpus_total": sum(gpus_by_type([node]).values()),
                          "gpu_readings": [asdict(g) for g in usage.gpu_rows(answer)],
-                         "agent_findings": [f for f in monitor.get("findings") or () if isinstance(f, dict)],
-                         "held": held(monitor.get("findings")) if status.state == "paused" else [],
+                         "agent_findings": findings,
+                         "held": held(findings) if status.state == "paused" else [],
                          "agent": {"answered": agent.answered or None, "error": agent.error,
-                                   "readings_time": monitor.get("readings_time"), "journal": agent.journal_note},
+                                   "readings_time": monitor.readings_time if monitor is not None else None,
+                                   "journal": agent.journal_note},
                          "ssh": self.settings.ssh_command.replace("{node}", node.name).replace("{addr}",
                                                                                                node.addr or node.name),
                          "grafana": self.settings.grafana_url.replace("{node}", node.name)})
