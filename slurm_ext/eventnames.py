@@ -83,6 +83,12 @@ _ENTRIES = (
     EventName("worker-exited", _SUPERVISOR, "warning",
               "a worker's main process ended: exit status or signal, core dump, uptime, restarts, the delay "
               "before the next start (info when it was asked to stop)"),
+    EventName("worker-state", _SUPERVISOR, "info",
+              "a worker's state changed (stopped, running, backoff, stopping; `was` and `state`), and why: started "
+              "with its pid, the restart and its delay, a stop (warning: backoff or stopping)"),
+    EventName("worker-ready", _SUPERVISOR, "info",
+              "a running worker met its readiness condition (READY=1, or slurmd registered in Slurm): from now on "
+              "its exit is restarted after backoff_initial"),
     EventName("mainpid", _SUPERVISOR, "info", "a notify worker named a new main process (MAINPID=), now followed"),
     EventName("kill", _SUPERVISOR, "warning", "a worker outlived its stop grace and was sent SIGKILL"),
     EventName("stop-drain-late", _SUPERVISOR, "warning",
@@ -100,6 +106,9 @@ _ENTRIES = (
               "ours waits behind it"),
     EventName("resume-skipped", _NODESTATE, "info",
               "an owner cleared its drain, but the node stays drained: its current reason is not slurm-ext's"),
+    EventName("resume-waiting", _NODESTATE, "info",
+              "no owner wants the node drained, but its resume waits for slurmd to register (this run's slurmd, "
+              "for a drain a previous run left)"),
     EventName("drain-overridden", _NODESTATE, "warning",
               "someone resumed or re-reasoned a drain of ours while it was wanted: an operator's decision, "
               "kept; not drained again until its owner asks anew"),

@@ -42,13 +42,13 @@ from slurm_ext.slurm import SlurmClient
 
 from . import pipeline, readiness, slurmd_args
 from .agentstate import AgentLife, AgentState
-from .crashloop import backed_off, crash_loop_over
+from .crashloop import restart_planned, crash_loop_over
 from .liaison import SlurmLiaison
 from .lifecycle import CrashLoopOver, GiveUp
 from .notify import SystemdLink
 from .plugins import plugins
-from .processes import (NEVER, Worker, become_reaper, how_it_ended, kill_session, log_state, poke, reap,
-                        send_signal, session_members, set_state, spawn, unwatch)
+from .processes import (NEVER, Worker, become_reaper, how_it_ended, kill_session, poke, reap,
+                        send_signal, session_members, set_state, spawn, state_changed, unwatch)
 from .readiness import after_ready, worker_ready
 from .reload import apply_config, fit_to_slurmd, forget, reload
 from .states import WorkerState
@@ -145,7 +145,7 @@ class Agent:
         s = self.config.supervisor
         self.liaison = SlurmLiaison(slurm, self.node, s.ready_interval,
                                     events.emitter(self.config.node.state_dir, "nodestate", role=self.role),
-                                    Path(s.runtime_dir), s.stale_drain_reasons,
+                                    Path(self.config.node.runtime_dir), s.stale_drain_reasons,
                                     on_change=functools.partial(poke, self._wakeup_w),
                                     runs_slurmd=any(w.spec.ready == "slurm-node" for w in self.workers))
         # before the liaison's first look: a drain a plug-in lifts at start is lifted, not adopted
@@ -209,7 +209,7 @@ class Agent:
             elif signum == signal.SIGHUP:
                 reload(self)
             elif signum == signal.SIGUSR1:  # POST /health/check, or kill -USR1
-                for worker in readiness.usr1_takers(self):
+                for worker in readiness.workers_taking_usr1(self):
                     send_signal(worker, signal.SIGUSR1)
 
     def _tick(self, now: float) -> None:
@@ -226,6 +226,8 @@ class Agent:
             elif worker.state == WorkerState.RUNNING:
                 if not worker.life.ready and worker.spec.ready != "running" and worker_ready(self, worker):
                     worker.life.on_ready()
+                    self.emit("worker-ready", f"worker {worker.spec.name} is ready ({worker.spec.ready})",
+                              worker=worker.spec.name, ready=worker.spec.ready)
                 if isinstance(over := worker.life.tick(now), CrashLoopOver):
                     crash_loop_over(self, worker, over)
         if self.life.stopping:
@@ -247,7 +249,7 @@ class Agent:
                                        configless=bool(self.layout and self.layout.configless),
                                        workers=tuple(w.spec.name for w in self.workers if not w.removed),
                                        gpus_found=self._gpus_found)
-        self.steps.start(steps, context, Path(self.config.supervisor.runtime_dir),
+        self.steps.start(steps, context, Path(self.config.node.runtime_dir),
                          boot_id(self.config.node.boot_id_file), worker)
 
     def _on_steps_done(self) -> None:
@@ -275,8 +277,9 @@ class Agent:
             self._spawn(worker)
         else:
             decision = worker.life.on_steps_failed(time.monotonic())
-            log_state(worker, WorkerState.BACKOFF, f"a start step before its restart failed; next try in "
-                      f"{decision.delay:.3g}s (not counted as an exit of {worker.spec.name})")
+            state_changed(self.emit, worker, WorkerState.BACKOFF, f"a start step before its restart failed; next "
+                          f"try in {decision.delay:.3g}s (not counted as an exit of {worker.spec.name})",
+                          delay=decision.delay)
 
     def _gpus_found(self, gres: str) -> None:
         """From the step thread: NVML's answer, for the next slurmd start (read by the loop after the step)."""
@@ -301,7 +304,7 @@ class Agent:
         worker.life.awaiting_steps = True
         worker.life.next_start = NEVER  # started by _restart_steps_done
         if worker.state != WorkerState.BACKOFF:
-            set_state(worker, WorkerState.BACKOFF, "start steps run before its restart")
+            set_state(self.emit, worker, WorkerState.BACKOFF, "start steps run before its restart")
         if self.steps.busy:
             self.steps_queue.append(worker)
         else:
@@ -312,11 +315,11 @@ class Agent:
             pid, argv = spawn(self, worker)
         except OSError as err:
             old = worker.state
-            backed_off(self, worker, worker.life.on_start_failed(time.monotonic()), f"cannot start: {err}", old)
+            restart_planned(self, worker, worker.life.on_start_failed(time.monotonic()), f"cannot start: {err}", old)
             return
         old = worker.state
         worker.life.on_start(time.monotonic())
-        log_state(worker, old, f"started pid {pid}: {' '.join(argv)}")
+        state_changed(self.emit, worker, old, f"started pid {pid}: {' '.join(argv)}", pid=pid)
         if worker.spec.ready == "slurm-node":
             self.liaison.slurmd_started()
 
@@ -336,7 +339,7 @@ class Agent:
                                    uptime=round(now - worker.started, 3), **exit_fields)
         said = f"worker {worker.spec.name} (pid {pid}) {how} after {now - worker.started:.3g}s"
         if worker.state == WorkerState.STOPPING or self.life.stopping:
-            set_state(worker, WorkerState.STOPPED, f"stopped ({how})")
+            set_state(self.emit, worker, WorkerState.STOPPED, f"stopped ({how})")
             exited(f"{said}; it was asked to stop", severity="info", restarts=worker.restarts)
             if worker.restart_after_stop and not self.life.stopping:
                 worker.restart_after_stop = False
@@ -346,13 +349,13 @@ class Agent:
             return
         decision = worker.life.on_exit(now, code, worker.announced_stop)
         if isinstance(decision, GiveUp):
-            log_state(worker, WorkerState.RUNNING, f"exited ({how}); {decision.why}")
+            state_changed(self.emit, worker, WorkerState.RUNNING, f"exited ({how}); {decision.why}")
             exited(f"{said}; {decision.why}", restarts=worker.restarts)
             return
         exited(f"{said}; starting it again in {decision.delay:.3g}s", restarts=worker.restarts,
                delay=decision.delay, was_ready=decision.was_ready)
         what = f"exited ({how}) after STOPPING=1" if worker.announced_stop else f"died ({how})"
-        backed_off(self, worker, decision, what, old=WorkerState.RUNNING)
+        restart_planned(self, worker, decision, what, old=WorkerState.RUNNING)
 
     def _teardown(self) -> None:
         if self.liaison:
@@ -383,7 +386,7 @@ class Agent:
     def poll_health_now(self) -> bool:
         """From the HTTP thread: have the health monitor read the node now (the loop signals it, SIGUSR1, as
         for an operator's `kill -USR1` of the agent); False when no monitor runs, or it is still starting."""
-        if not readiness.usr1_takers(self):
+        if not readiness.workers_taking_usr1(self):
             return False
         poke(self._wakeup_w, signal.SIGUSR1)
         return True

@@ -29,7 +29,7 @@ from pathlib import Path
 from slurm_ext import cgroupfs, procfs
 from slurm_ext.errors import SlurmExtError
 
-__all__ = ["CgroupError", "leave_root_cgroup", "make_writable"]
+__all__ = ["CgroupError", "leave_root_cgroup", "make_writable", "fix_container_cgroups"]
 
 log = logging.getLogger("supervisor")
 
@@ -207,3 +207,22 @@ def make_writable(cgroup_root: Path = Path("/sys/fs/cgroup"),
     if remounted:
         log.info("remounted read-write for slurmd's cgroup plugins: %s", " ".join(remounted))
     return remounted
+
+
+def fix_container_cgroups(emit, writable: bool, leave_root: bool) -> None:
+    """As PID 1 of a container: make its read-only cgroups writable (`writable`) and leave the root cgroup
+    (`leave_root`), each failure an event. Read-only cgroups are a warning, not an error: with
+    CgroupPlugin=disabled slurmd needs none (and says nothing of it)."""
+    if writable:
+        try:
+            make_writable()
+        except (OSError, CgroupError) as err:
+            emit("cgroup-failed", str(err), severity="warning")
+    if leave_root:
+        try:
+            leaf = leave_root_cgroup()
+        except (OSError, RuntimeError) as err:
+            emit("cgroup-failed", str(err), severity="error")
+        else:
+            if leaf:
+                emit("cgroup-leaf", f"moved out of the root cgroup into {leaf}")

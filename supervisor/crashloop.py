@@ -1,19 +1,21 @@
-"""What a worker's restart and crash loop mean outside it: a log line per restart; a crash loop is an event and,
+"""What a worker's restart and crash loop mean outside it: an event per restart; a crash loop is an event and,
 for a worker that drains on it (slurmd), an owned drain of the node, lifted once it has run the crash window."""
 
 from __future__ import annotations
 
 from .lifecycle import CrashLoopOver, Restart
-from .processes import Worker, log_state
+from .processes import Worker, state_changed
 from .states import WorkerState
 
-__all__ = ["backed_off", "crash_loop_over"]
+__all__ = ["restart_planned", "crash_loop_over"]
 
 
-def backed_off(agent, worker: Worker, decision: Restart, what: str, old: WorkerState | None = None) -> None:
-    """Log the restart the worker's life decided on; a crash loop it began is an event and maybe a drain."""
+def restart_planned(agent, worker: Worker, decision: Restart, what: str, old: WorkerState | None = None) -> None:
+    """The restart the worker's life decided on is an event; a crash loop it began is an event and maybe a drain."""
     s = agent.config.supervisor
-    log_state(worker, old or WorkerState.BACKOFF, f"{what}; restart {worker.restarts} in {decision.delay:.3g}s")
+    state_changed(agent.emit, worker, old or WorkerState.BACKOFF,
+                  f"{what}; restart {worker.restarts} in {decision.delay:.3g}s",
+                  restarts=worker.restarts, delay=decision.delay)
     if not decision.crash_loop_began:
         return
     agent.emit("crash-loop", f"worker {worker.spec.name} is crash-looping: {decision.exits_in_window} exits "

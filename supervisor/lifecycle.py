@@ -34,6 +34,12 @@ class Policy:
     crash_loop_count: int = 5
     crash_loop_window: float = 10.0
 
+    @classmethod
+    def of(cls, settings, restart: str) -> Policy:
+        """A worker's policy: [supervisor]'s delays and crash loop, its spec's `restart`."""
+        return cls(restart, settings.backoff_initial, settings.backoff_max, settings.stable_after,
+                   settings.crash_loop_count, settings.crash_loop_window)
+
 
 @dataclass(frozen=True, slots=True)
 class Restart:

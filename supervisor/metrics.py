@@ -45,6 +45,12 @@ class AgentCollector:
             uptime.add_metric(key, now - worker.started if running else 0)
             loop.add_metric(key, 1 if worker.crash_loop else 0)
         yield from (restarts, up, uptime, loop)
+        states = GaugeMetricFamily("slurm_ext_supervisor_worker_state", "1 for the worker's state (stopped, "
+                                   "running, backoff, stopping), 0 for the others", labels=["role", "worker", "state"])
+        for worker in list(agent.workers):
+            for each in WorkerState:
+                states.add_metric([agent.role, worker.spec.name, each.value], 1 if worker.state == each else 0)
+        yield states
         orphans = CounterMetricFamily("slurm_ext_supervisor_orphans_reaped", "Exited processes reaped that "
                                       "were not workers (orphans re-parented to the agent)", labels=["role"])
         orphans.add_metric([agent.role], agent.orphans_reaped)

@@ -25,13 +25,13 @@ from slurm_ext.plugin import KillHold, WorkerSpec
 from slurm_ext.procfs import all_stats, read_stat
 
 from . import slurmd_args
-from .lifecycle import Life, Policy
+from .lifecycle import Life
 from .notify import NotifySocket, is_descendant
 from .states import WorkerState
 
 __all__ = ["Worker", "session_members", "kill_session", "exited_child", "reap_pid", "pidfd_open", "pidfd_alive",
-           "pidfd_exited", "policy", "set_state", "log_state", "send_signal", "kill_leftovers", "notify_uid", "poke",
-           "how_it_ended", "make_cgroups_writable", "leave_root_cgroup", "on_notify", "follow_mainpid",
+           "pidfd_exited", "set_state", "state_changed", "send_signal", "kill_leftovers", "notify_uid", "poke",
+           "how_it_ended", "on_notify", "follow_mainpid",
            "become_reaper", "spawn", "watch", "unwatch", "reap", "NEVER"]
 
 log = logging.getLogger("supervisor")
@@ -170,24 +170,19 @@ def pidfd_exited(pidfd: int) -> bool:
     return bool(poller.poll(0))
 
 
-def policy(settings, spec: WorkerSpec) -> Policy:
-    """A worker's restart policy from [supervisor] and its spec."""
-    return Policy(restart=spec.restart, backoff_initial=settings.backoff_initial, backoff_max=settings.backoff_max,
-                  stable_after=settings.stable_after, crash_loop_count=settings.crash_loop_count,
-                  crash_loop_window=settings.crash_loop_window)
-
-
-def set_state(worker: Worker, new: WorkerState, why: str) -> None:
+def set_state(emit, worker: Worker, new: WorkerState, why: str, **fields) -> None:
     old = worker.state
     worker.life.move(new)
-    log_state(worker, old, why)
+    state_changed(emit, worker, old, why, **fields)
 
 
-def log_state(worker: Worker, old: WorkerState, why: str) -> None:
-    """One line per transition (the worker's life has made it already)."""
-    new = worker.state
-    level = logging.INFO if new in (WorkerState.RUNNING, WorkerState.STOPPED) else logging.WARNING
-    log.log(level, "worker %s: %s -> %s: %s", worker.spec.name, old.value, new.value, why)
+def state_changed(emit, worker: Worker, old: WorkerState, why: str, **fields) -> None:
+    """One `worker-state` event per decision of the worker's life (made already): what an operator reads in the
+    journal and a test waits for, where the log line alone was a regex to match."""
+    new, name = worker.state, worker.spec.name
+    emit("worker-state", f"worker {name}: {old.value} -> {new.value}: {why}",
+         severity="info" if new in (WorkerState.RUNNING, WorkerState.STOPPED) else "warning",
+         worker=name, was=old.value, state=new.value, **fields)
 
 
 def send_signal(worker: Worker, signum: int) -> None:
@@ -206,26 +201,6 @@ def kill_leftovers(worker: Worker) -> None:
     forked). slurmstepd and jobs run in sessions of their own: untouched."""
     for pid in kill_session(worker.session, signal.SIGKILL):
         log.warning("worker %s: pid %d of its session outlived it: SIGKILL", worker.spec.name, pid)
-
-
-def make_cgroups_writable(emit) -> None:
-    """A warning, not an error: with CgroupPlugin=disabled slurmd needs no cgroups (and says nothing of it)."""
-    from .cgroup import CgroupError, make_writable
-    try:
-        make_writable()
-    except (OSError, CgroupError) as err:
-        emit("cgroup-failed", str(err), severity="warning")
-
-
-def leave_root_cgroup(emit) -> None:
-    from .cgroup import leave_root_cgroup
-    try:
-        leaf = leave_root_cgroup()
-    except (OSError, RuntimeError) as err:
-        emit("cgroup-failed", str(err), severity="error")
-    else:
-        if leaf:
-            emit("cgroup-leaf", f"moved out of the root cgroup into {leaf}")
 
 
 def notify_uid(user: str) -> int | None:
@@ -317,10 +292,9 @@ def become_reaper(agent) -> None:
     settings = agent.config.supervisor
     if os.getpid() == 1:
         log.info("running as PID 1: reaping every orphan of this PID namespace")
-        if settings.cgroup_writable and slurmd_args.runs_slurmd(agent.role):  # only slurmd makes cgroups
-            make_cgroups_writable(agent.emit)
-        if settings.leave_root_cgroup:
-            leave_root_cgroup(agent.emit)
+        from .cgroup import fix_container_cgroups
+        fix_container_cgroups(agent.emit, writable=settings.cgroup_writable and slurmd_args.runs_slurmd(agent.role),
+                              leave_root=settings.leave_root_cgroup)  # only slurmd makes cgroups
         return
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
@@ -342,7 +316,7 @@ def spawn(agent, worker: Worker) -> tuple[int, tuple[str, ...]]:
     env = {**agent.base_env, **spec.environment}
     if spec.notify:
         if worker.notify is None:
-            worker.notify = NotifySocket(Path(agent.config.supervisor.runtime_dir)
+            worker.notify = NotifySocket(Path(agent.config.node.runtime_dir)
                                          / f"notify-{agent.role}-{spec.name}.sock", notify_uid(spec.notify_user))
             agent.selector.register(worker.notify, selectors.EVENT_READ, functools.partial(on_notify, agent, worker))
         env["NOTIFY_SOCKET"] = str(worker.notify.path)

@@ -11,7 +11,7 @@ from .agentstate import AgentState
 from .processes import Worker
 from .states import WorkerState
 
-__all__ = ["worker_ready", "ready", "after_ready", "usr1_takers", "live"]
+__all__ = ["worker_ready", "ready", "after_ready", "workers_taking_usr1", "live"]
 
 
 def worker_ready(agent, worker: Worker) -> bool:
@@ -46,7 +46,7 @@ def after_ready(agent, worker: Worker) -> bool:
     return all(worker_ready(agent, w) for w in agent.workers if w.spec.name in worker.spec.after)
 
 
-def usr1_takers(agent) -> list[Worker]:
+def workers_taking_usr1(agent) -> list[Worker]:
     """The running workers that take the agent's SIGUSR1 now, as their plug-ins say (the health monitor, once
     it has set its handler)."""
     now = time.monotonic()

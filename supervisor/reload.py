@@ -17,9 +17,9 @@ from slurm_ext.errors import ConfigError
 from slurm_ext.plugin import WorkerSpec
 
 from . import slurmd_args
-from .lifecycle import Life
+from .lifecycle import Life, Policy
 from .plugins import plugins
-from .processes import Worker, policy, send_signal
+from .processes import Worker, send_signal
 from .states import WorkerState
 from .stopping import request_stop
 from .workers import workers_for
@@ -60,7 +60,7 @@ def apply_config(agent, config: Config, first: bool = False) -> None:
                        "stop is over", worker=spec.name)
         elif spec != worker.spec:
             respec(agent, worker, spec)
-        worker.life.adopt(policy(s, spec))
+        worker.life.adopt(Policy.of(s, spec.restart))
         updated.append(worker)
     for worker in old.values():
         # a restart an earlier reload asked for (a changed spec, an add-back) is off: the worker goes
@@ -103,7 +103,7 @@ def fit_to_slurmd(agent, config: Config) -> Config:
 
 
 def new_worker(agent, spec: WorkerSpec) -> Worker:
-    return Worker(spec=spec, life=Life(policy(agent.config.supervisor, spec)))
+    return Worker(spec=spec, life=Life(Policy.of(agent.config.supervisor, spec.restart)))
 
 
 def forget(agent, worker: Worker) -> None:

@@ -2,7 +2,7 @@
 
 A worker is STOPPED (not running, not to be started), BACKOFF (dead, to be
 started at a deadline), RUNNING, or STOPPING (asked to stop, grace running).
-The agent announces every transition as one log line; a transition not
+The agent announces every transition as one `worker-state` event (journal and log); a transition not
 listed here is a bug and raises.
 """
 

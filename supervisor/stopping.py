@@ -21,7 +21,7 @@ _ABANDON_WAIT = 3.0
 def request_stop(agent, worker: Worker) -> None:
     """Send a running worker its stop signal (SIGKILL after its grace); a worker waiting to restart just stops."""
     if worker.state == WorkerState.RUNNING and worker.pid:
-        set_state(worker, WorkerState.STOPPING, f"sending SIG{worker.spec.stop_signal} to pid "
+        set_state(agent.emit, worker, WorkerState.STOPPING, f"sending SIG{worker.spec.stop_signal} to pid "
                   f"{worker.pid}; SIGKILL after {worker.spec.stop_grace:g}s")
         now = time.monotonic()
         worker.stop_deadline = now + worker.spec.stop_grace
@@ -29,7 +29,7 @@ def request_stop(agent, worker: Worker) -> None:
                                  if (hold := live.stop_hold(worker.spec, worker.pid, now)) is not None), None)
         send_signal(worker, worker.spec.signal)
     elif worker.state == WorkerState.BACKOFF:
-        set_state(worker, WorkerState.STOPPED, "stopped while waiting to restart")
+        set_state(agent.emit, worker, WorkerState.STOPPED, "stopped while waiting to restart")
 
 
 def drain_before_stop(agent, why: str) -> None:

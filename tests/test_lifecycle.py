@@ -109,3 +109,11 @@ def test_deadlines_for_the_loop():
     assert life.deadline() == decision.at + 2.0  # when its failure is forgotten
     with pytest.raises(RuntimeError, match="not allowed"):
         life.move(WorkerState.STOPPING) or life.move(WorkerState.BACKOFF)
+
+
+def test_a_workers_policy_is_the_supervisor_section_and_its_restart():
+    from slurm_ext import config
+    settings = config.from_dict({"supervisor": {"backoff_max": "3s", "crash_loop_count": 7}}).supervisor
+    policy = Policy.of(settings, "on-failure")
+    assert (policy.restart, policy.backoff_max, policy.crash_loop_count) == ("on-failure", 3.0, 7)
+    assert (policy.backoff_initial, policy.stable_after) == (settings.backoff_initial, settings.stable_after)

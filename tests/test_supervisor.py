@@ -171,7 +171,7 @@ CRASHY = """\
 
 def test_crash_loop_backs_off_to_the_cap_and_a_reload_fixes_it(agents):
     agent = agents(CRASHY)
-    delays = [float(d) for d in agent.wait_log(r"restart \d+ in ([0-9.]+)s", count=9)]
+    delays = [e["delay"] for e in agent.wait_event("worker-state", count=9, worker="flaky", state="backoff")]
     assert delays[:6] == [0.02, 0.04, 0.08, 0.16, 0.32, 0.32], delays
     assert set(delays[5:]) == {0.32}
     crash = [e for e in agent.journal() if e["event"] == "crash-loop"]
@@ -181,14 +181,14 @@ def test_crash_loop_backs_off_to_the_cap_and_a_reload_fixes_it(agents):
     assert status == 503 and "worker flaky: backoff" in why
 
     # a worker that keeps dying is retried at the capped delay: no tight loop
-    starts_before = agent.text().count("started pid")
+    starts_before = len(agent.events("worker-state", state="running"))
     time.sleep(1.0)
-    assert agent.text().count("started pid") - starts_before <= 1.0 / 0.32 + 1
+    assert len(agent.events("worker-state", state="running")) - starts_before <= 1.0 / 0.32 + 1
 
     agent.write_config(CRASHY.replace('command = ["sh", "-c", "exit 3"]', 'command = ["sleep", "300"]'))
     agent.proc.send_signal(signal.SIGHUP)
-    agent.wait_log(r"worker flaky: backoff -> running: started pid \d+: sleep 300")
-    agent.wait_log(r"crash loop over", timeout=5)
+    agent.wait_event("worker-state", worker="flaky", was="backoff", state="running", message=re.compile("sleep 300"))
+    agent.wait_event("recovered", worker="flaky")
     assert agent.metric("slurm_ext_supervisor_crash_loop", worker="flaky") == 0
     assert agent.get("/readyz") == (200, "ready\n")
     assert agent.stop() == 0
@@ -206,41 +206,41 @@ def test_a_worker_removed_by_a_reload_and_added_back_runs_again(agents):
         agent.proc.send_signal(signal.SIGHUP)
 
     agent = agents(slow)
-    agent.wait_log(r"worker a: stopped -> running", count=1)
+    agent.wait_event("worker-state", worker="a", was="stopped", state="running")
     for round_, wait_stopped in ((1, False), (2, True)):
         reload(removed)
-        agent.wait_log(r"worker a: running -> stopping", count=round_)
+        agent.wait_event("worker-state", count=round_, worker="a", was="running", state="stopping")
         if wait_stopped:
-            agent.wait_log(r"worker a: stopping -> stopped", count=round_, timeout=10)
+            agent.wait_event("worker-state", count=round_, worker="a", was="stopping", state="stopped")
             # a removed worker that has stopped is not waited for
             wait_for("ready without it", lambda: agent.get("/readyz") == (200, "ready\n"), timeout=3)
         reload(slow)
-        agent.wait_log(r"worker a: stopped -> running", count=round_ + 1, timeout=10)
+        agent.wait_event("worker-state", count=round_ + 1, worker="a", was="stopped", state="running")
     added = [e for e in agent.journal() if e["event"] == "worker-added"]
     assert len(added) == 2 and "once its stop is over" in added[0]["message"], added
     # started again on a pidfd of the number the old one had: not taken for an exit (a second, untracked `a`)
-    assert "not this agent's child" not in agent.text()
+    assert not agent.events("worker-exited", message=re.compile("not this agent's child"))
 
     # removed, added back and removed again, all before it has stopped: it stays stopped
     reload(removed)
-    agent.wait_log(r"worker a: running -> stopping", count=3)
+    agent.wait_event("worker-state", count=3, worker="a", was="running", state="stopping")
     reload(slow)
-    agent.wait_log(r"added by the reloaded config: started once its stop is over", count=2)
+    agent.wait_event("worker-added", count=2, worker="a", message=re.compile("started once its stop is over"))
     reload(removed)
-    agent.wait_log(r"worker a: stopping -> stopped", count=3, timeout=10)
+    agent.wait_event("worker-state", count=3, worker="a", was="stopping", state="stopped")
     wait_for("ready without it", lambda: agent.get("/readyz") == (200, "ready\n"), timeout=3)
     time.sleep(1)
-    assert len(re.findall(r"worker a: stopped -> running", agent.text())) == 3
+    assert len(agent.events("worker-state", worker="a", state="running")) == 3
     assert agent.stop() == 0
 
 
 def test_reload_with_a_bad_config_keeps_the_running_one(agents):
     agent = agents('[supervisor.workers.sshd]\nroles = []\n[supervisor.workers.a]\nroles = ["login"]\n'
                    'command = ["sleep", "300"]\n')
-    agent.wait_log(r"worker a: stopped -> running")
+    agent.wait_event("worker-state", worker="a", state="running")
     agent.config.write_text(agent.config.read_text() + "stop_grace = 5\n")
     agent.proc.send_signal(signal.SIGHUP)
-    agent.wait_log(r"config not reloaded, keeping the running one: .*stop_grace")
+    agent.wait_event("reload-failed", message=re.compile("config not reloaded, keeping the running one: .*stop_grace"))
     assert agent.proc.poll() is None and agent.get("/livez")[0] == 200
     assert agent.stop() == 0
 
@@ -248,8 +248,9 @@ def test_reload_with_a_bad_config_keeps_the_running_one(agents):
 def test_missing_binary_is_an_event_and_a_backoff_not_a_crash(agents):
     agent = agents('backoff_initial = "50ms"\nbackoff_max = "200ms"\n[supervisor.workers.sshd]\nroles = []\n'
                    '[supervisor.workers.ghost]\nroles = ["login"]\ncommand = ["slurm-ext-no-such-program"]\n')
-    agent.wait_log(r"worker ghost: stopped -> backoff: cannot start: slurm-ext-no-such-program: not found in PATH")
-    agent.wait_log(r"cannot start", count=4)
+    [first, *_] = agent.wait_event("worker-state", count=4, worker="ghost", state="backoff",
+                                   message=re.compile("cannot start: slurm-ext-no-such-program: not found in PATH"))
+    assert first["was"] == "stopped" and not agent.events("crash-loop") and not agent.events("worker-exited")
     assert agent.proc.poll() is None and agent.get("/livez")[0] == 200
     assert agent.stop() == 0
 
@@ -266,7 +267,7 @@ def test_sigterm_stops_in_reverse_order_and_sigkills_a_worker_that_ignores_it(ag
         command = ["sh", "-c", "trap '' TERM; sleep 300 & wait; sleep 300"]
         stop_grace = "700ms"
         """)
-    pids = [int(p) for p in agent.wait_log(r"stopped -> running: started pid (\d+)", count=2)]
+    pids = [e["pid"] for e in agent.wait_event("worker-state", count=2, was="stopped", state="running")]
     time.sleep(0.3)
     session = session_members(pids[1])
     assert len(session) >= 2, "the stubborn worker's shell and its sleep"
@@ -275,9 +276,10 @@ def test_sigterm_stops_in_reverse_order_and_sigkills_a_worker_that_ignores_it(ag
     elapsed = time.monotonic() - started
     assert code == 1, "a stop that needed SIGKILL is not clean"
     assert 0.6 < elapsed < 10
-    text = agent.text()
-    assert text.index("worker stubborn: running -> stopping") < text.index("worker first: running -> stopping")
-    assert "still running 0.7s after SIGTERM: SIGKILL" in text
+    stops = [e["worker"] for e in agent.events("worker-state", state="stopping")]
+    assert stops == ["stubborn", "first"], stops
+    [killed] = agent.events("kill")
+    assert killed["worker"] == "stubborn" and "still running 0.7s after SIGTERM: SIGKILL" in killed["message"]
     leftovers = [p for p in session + pids if pid_alive(p)]
     assert not leftovers, f"still running after the agent stopped: {leftovers}"
 
@@ -392,27 +394,28 @@ def test_notify_worker_re_exec_is_followed_through_mainpid(agents, tmp_path):
         ready = "notify"
         environment = {{ BARRIER_FILE = "{tmp_path / 'barriers'}" }}
         """)
-    first = int(agent.wait_log(r"worker notifier: stopped -> running: started pid (\d+)")[0])
-    agent.wait_log(r"notify notifier: READY=1")
+    first = agent.wait_event("worker-state", worker="notifier", was="stopped", state="running")[0]["pid"]
+    agent.wait_event("worker-ready", worker="notifier", ready="notify")
     assert agent.get("/readyz") == (200, "ready\n")
     agent.wait_log(r"not sd_notify KEY=VALUE")
     agent.wait_log(r"MAINPID=1 is not a descendant of this agent: ignored")
-    second = int(agent.wait_log(r"main process is now pid (\d+)", timeout=10)[0])
+    second = agent.wait_event("mainpid", worker="notifier")[0]["pid"]
     assert second != first
     deadline = time.monotonic() + 5
     while pid_alive(first) and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(0.3)
     assert agent.metric("slurm_ext_supervisor_restarts_total", worker="notifier") == 0, "the hand-over was a crash"
-    assert "worker notifier: running -> backoff" not in agent.text()
+    assert not agent.events("worker-state", worker="notifier", state="backoff")
     # both generations' barriers were answered at once: the agent closed the descriptor each passed
     barriers = (tmp_path / "barriers").read_text().split("\n")[:-1]
     assert len(barriers) == 2 and all(b.startswith("answered ") and float(b.split()[1]) < 1.0
                                       for b in barriers), barriers
 
     os.kill(second, signal.SIGKILL)  # the new main process dying is the worker dying
-    agent.wait_log(r"worker notifier: running -> backoff: died \(killed by SIGKILL\)")
-    agent.wait_log(r"worker notifier: backoff -> running: started pid \d+")
+    agent.wait_event("worker-state", worker="notifier", was="running", state="backoff",
+                     message=re.compile(r"died \(killed by SIGKILL\)"))
+    agent.wait_event("worker-state", worker="notifier", was="backoff", state="running")
     assert agent.metric("slurm_ext_supervisor_restarts_total", worker="notifier") == 1
     assert agent.stop() == 0
 
@@ -420,13 +423,15 @@ def test_notify_worker_re_exec_is_followed_through_mainpid(agents, tmp_path):
 def test_probe_command_and_metrics(agents):
     agent = agents('[supervisor.workers.sshd]\nroles = []\n[supervisor.workers.a]\nroles = ["login"]\n'
                    'command = ["sleep", "300"]\n')
-    agent.wait_log(r"worker a: stopped -> running")
+    agent.wait_event("worker-state", worker="a", state="running")
     base = [sys.executable, "-m", "slurm_ext.cli", "--config", str(agent.config), "probe"]
     for kind in ("live", "ready"):
         result = subprocess.run([*base, kind, "--role", "login", "--port", str(agent.port)], capture_output=True,
                                 text=True, timeout=30)
         assert result.returncode == 0, result.stderr
     assert agent.metric("slurm_ext_supervisor_worker_up", worker="a") == 1
+    assert agent.metric("slurm_ext_supervisor_worker_state", worker="a", state="running") == 1
+    assert agent.metric("slurm_ext_supervisor_worker_state", worker="a", state="backoff") == 0
     assert agent.metric("slurm_ext_supervisor_worker_uptime_seconds", worker="a") > 0
     assert agent.metric("slurm_ext_supervisor_ready", role="login") == 1
     assert agent.stop() == 0
@@ -510,9 +515,10 @@ def test_a_blocking_start_step_keeps_workers_down_and_is_retried_with_backoff(ag
         [supervisor.workers.slurmd]
         command = ["sleep", "300"]
         """, role="worker", slurm=f'conf = "{tmp_path}/no-such-slurm.conf"')
-    agent.wait_log(r"start step clear-stale-drains failed: .*workers are not started until it succeeds", count=2,
-                   timeout=15)
-    assert "worker slurmd: stopped -> running" not in agent.text()
+    agent.wait_event("start-step-failed", count=2, timeout=15,
+                     message=re.compile("start step clear-stale-drains failed: .*workers are not started until it "
+                                        "succeeds"))
+    assert not agent.events("worker-state", worker="slurmd")
     status, why = agent.get("/readyz")
     assert status == 503 and "start steps have not succeeded" in why
     started = time.monotonic()
@@ -542,7 +548,7 @@ def test_preflight_names_a_missing_or_loose_slurm_key_and_the_mount_that_provide
 def test_each_change_of_the_agents_own_state_is_one_event_and_its_metric(agents):
     agent = agents('[supervisor.workers.sshd]\nroles = []\n[supervisor.workers.a]\nroles = ["login"]\n'
                    'command = ["sleep", "300"]\n')
-    agent.wait_log(r"worker a: stopped -> running")
+    agent.wait_event("worker-state", worker="a", state="running")
     assert agent.metric("slurm_ext_supervisor_state", role="login", state="running") == 1
     assert agent.metric("slurm_ext_supervisor_state", role="login", state="starting") == 0
     assert agent.stop() == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 from pathlib import Path
@@ -138,12 +139,12 @@ def test_crash_loop_drains_the_node_and_a_fix_clears_only_our_drain(running_clus
     assert node.reason.startswith(f"{REASON_PREFIX} slurmd crash loop: 3 exits in 3s"), node.reason
     assert any(e["event"] == "crash-loop" for e in agent.journal())
     assert agent.metric("slurm_ext_supervisor_crash_loop", worker="slurmd") == 1
-    delays = [float(d) for d in agent.wait_log(r"restart \d+ in ([0-9.]+)s", count=6)]
+    delays = [e["delay"] for e in agent.wait_event("worker-state", count=6, worker="slurmd", state="backoff")]
     assert delays[:5] == [0.02, 0.04, 0.2, 0.2, 0.2], delays  # doubling; in a crash loop, the cap
 
     agent.write_config(CRASHING_SLURMD.replace('["sh", "-c", "exit 1"]', '["sleep", "300"]'))
     agent.proc.send_signal(signal.SIGHUP)
-    agent.wait_log(r"worker slurmd: backoff -> running: started pid \d+: sleep 300")
+    agent.wait_event("worker-state", worker="slurmd", was="backoff", state="running", message=re.compile("sleep 300"))
     wait_for("our drain cleared", lambda: not slurm.node(cluster.node).drained, timeout=20, interval=0.2)
     assert any(e["event"] == "resume" for e in agent.journal())
 
@@ -154,8 +155,8 @@ def test_crash_loop_drains_the_node_and_a_fix_clears_only_our_drain(running_clus
     cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=drain", "reason=maintenance")
     agent.write_config(CRASHING_SLURMD.replace('["sh", "-c", "exit 1"]', '["sleep", "300"]'))
     agent.proc.send_signal(signal.SIGHUP)
-    agent.wait_log(r"crash loop over", count=2, timeout=20)
-    agent.wait_log(r"stays drained: its reason 'maintenance' is not this agent's", timeout=20)
+    agent.wait_event("recovered", count=2, timeout=20, worker="slurmd")
+    agent.wait_event("resume-skipped", timeout=20, message=re.compile("its reason 'maintenance' is not this agent's"))
     node = slurm.node(cluster.node)
     assert node.drained and node.reason == "maintenance"
     assert agent.stop() == 0
@@ -179,10 +180,9 @@ def test_the_cluster_agents_probes_and_metrics(running_cluster):
                                              (f"{REASON_PREFIX} gpu 3 lost", False)])
 def test_start_clears_only_a_stale_crash_loop_drain(running_cluster, cluster_agent, reason, cleared):
     cluster = running_cluster
-    slurm = cluster.client()
     cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=drain", f"reason={reason}")
     agent = cluster_agent('[supervisor.workers.slurmd]\ncommand = ["sleep", "300"]\n')
-    agent.wait_log(r"worker slurmd: stopped -> running")
+    agent.wait_event("worker-state", worker="slurmd", state="running")
     _restart_the_real_slurmd_and_check_the_lift(cluster, agent, reason, cleared)
     assert agent.stop() == 0
 
@@ -226,19 +226,19 @@ def test_sigterm_drains_the_node_before_slurmd_stops_and_the_next_start_keeps_it
     stand_in.write_text(f"trap 'SLURM_CONF={cluster.layout.slurm_conf} scontrol show node {cluster.node} "
                         f"| grep -o \"Reason=.*\" > {marker}; exit 0' TERM\nwhile :; do sleep 0.1; done\n")
     agent = cluster_agent(f'[supervisor.workers.slurmd]\ncommand = ["sh", "{stand_in}"]\n')
-    agent.wait_log(r"worker slurmd: stopped -> running")
+    agent.wait_event("worker-state", worker="slurmd", state="running")
     asked = time.monotonic()
     assert agent.stop() == 0
     assert marker.read_text().startswith(f"Reason={REASON_PREFIX} node agent stopping: SIGTERM"), marker.read_text()
-    assert agent.wait_log(r"drained node \S+: slurm-ext: node agent stopping: SIGTERM")
+    assert agent.events("drain", reason=f"{REASON_PREFIX} node agent stopping: SIGTERM")
     assert time.monotonic() - asked < 5
     assert slurm.node(cluster.node).reason == f"{REASON_PREFIX} node agent stopping: SIGTERM"
     # the next agent keeps it while only the slurmd before it shows as registered; lifted once its own has
     # registered: seen on a real new slurmd in test_container_cluster.py (docker stop, then a new container)
     again = cluster_agent('[supervisor.workers.slurmd]\ncommand = ["sleep", "300"]\n')
-    again.wait_log(r"worker slurmd: stopped -> running")
+    again.wait_event("worker-state", worker="slurmd", state="running")
     _restart_the_real_slurmd_and_check_the_lift(cluster, again, f"{REASON_PREFIX} node agent stopping: SIGTERM",
                                                 cleared=False)
-    assert again.wait_log(r"resume from 'slurm-ext: node agent stopping: SIGTERM' waits for slurmd to register")
+    again.wait_event("resume-waiting", reason=f"{REASON_PREFIX} node agent stopping: SIGTERM")
     assert again.stop() == 0
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -171,7 +172,7 @@ def probe_many(port: int, count: int, every: float = 0.1) -> list[tuple[int, flo
 def test_livez_answers_while_a_job_holds_500_idle_and_slow_loris_connections(agents, attackers):
     port = free_port()
     agent = agents(SLEEPER, port=port)
-    agent.wait_log(r"worker a: stopped -> running")
+    agent.wait_event("worker-state", worker="a", state="running")
     attack_seconds = CLOSED_WITHIN + 3.5
     attacker = attackers(port, 500, 20, attack_seconds)
     assert attacker.started == {"held": 520, "uid": NOBODY}
@@ -188,7 +189,7 @@ def test_livez_answers_while_a_job_holds_500_idle_and_slow_loris_connections(age
 def test_at_a_low_descriptor_limit_a_connection_flood_does_not_stop_livez(agents, attackers):
     port = free_port()
     agent = agents(SLEEPER, port=port)
-    agent.wait_log(r"worker a: stopped -> running")
+    agent.wait_event("worker-state", worker="a", state="running")
     resource.prlimit(agent.proc.pid, resource.RLIMIT_NOFILE, (64, 64))
     attacker = attackers(port, 300, 0, 6)
     answers = probe_many(port, 30)
@@ -224,9 +225,8 @@ def test_probe_server_answers_bad_requests_sheds_the_oldest_and_times_out_idle_o
         assert _exchange(port, b"GET /readyz HTTP/1.1\r\n\r\n").endswith(b"/readyz"), "the cap blocked a probe"
         idle[0].settimeout(1.0)
         assert idle[0].recv(1) == b"", "the oldest connection was not shed for the new one"
-        started = time.monotonic()
-        idle[2].settimeout(3.0)
-        assert idle[2].recv(1) == b"" and time.monotonic() - started < 1.0, "an idle connection outlived the timeout"
+        idle[2].settimeout(2.0)  # four times the server's timeout: a recv that times out fails the test
+        assert idle[2].recv(1) == b"", "an idle connection outlived the timeout"
         for conn in idle:
             conn.close()
     finally:
@@ -265,13 +265,13 @@ def test_a_slow_node_boot_script_leaves_the_loop_reaping_and_answering(agents, t
         time.sleep(0.05)
     assert started.exists(), agent.text()[-3000:]
     time.sleep(1.0)  # the script's 40 orphans have exited
-    assert "worker a: stopped -> running" not in agent.text(), "a worker started before the node-boot script ended"
+    assert not agent.events("worker-state", worker="a"), "a worker started before the node-boot script ended"
     assert _zombies_of(agent.pid) == 0, "orphans left as zombies while a start step runs"
     assert agent.metric("slurm_ext_supervisor_orphans_reaped_total", role="login") >= 40
     answers = probe_many(port, 10, every=0.2)
     # each answered within its 2 s while the script still had seconds to run: the loop is not waiting for it
     assert [code for code, _ in answers] == [200] * 10 and not [e for e in agent.journal() if e["event"] == "script-ok"]
-    agent.wait_log(r"worker a: stopped -> running", timeout=15)
+    agent.wait_event("worker-state", worker="a", state="running", timeout=15)
     assert [e["exit_code"] for e in agent.journal() if e["event"] == "script-ok"] == [0]
     assert agent.stop() == 0
 
@@ -312,11 +312,12 @@ def test_a_node_boot_scripts_exit_status_is_its_own_under_the_agent(agents, tmp_
             exit 3
             """, name=f"{number}0-boot")
     agent = agents(SLEEPER, port=free_port())
-    agent.wait_log(r"start step node-boot-scripts failed: .*workers are not started until it succeeds", count=2,
-                   timeout=30)
+    agent.wait_event("start-step-failed", count=2, timeout=30,
+                     message=re.compile("start step node-boot-scripts failed: .*workers are not started until it "
+                                        "succeeds"))
     results = [(e["event"], e["exit_code"]) for e in agent.journal() if e["event"].startswith("script-")]
     assert results[:10] == [("script-failed", 3)] * 10, results
-    assert "worker a: stopped -> running" not in agent.text()
+    assert not agent.events("worker-state", worker="a")
     assert agent.stop() == 0
 
 
@@ -368,14 +369,15 @@ def test_a_recycled_main_pid_is_neither_taken_for_the_worker_nor_signalled(agent
         notify = true
         ready = "notify"
         """, prefix=["unshare", "--pid", "--fork", "--mount-proc"], port=free_port())
-    child = int(agent.wait_log(r"worker w: main process is now pid (\d+)")[0])
+    child = agent.wait_event("mainpid", worker="w")[0]["pid"]
     (state / "go").touch()
     deadline = time.monotonic() + 10
     while not (state / "innocent-pid").exists() and time.monotonic() < deadline:
         time.sleep(0.02)
     assert int((state / "innocent-pid").read_text()) == child, "the kernel did not reuse the pid (test set-up)"
-    agent.wait_log(rf"worker w: running -> backoff: died \(exit status unknown: main pid {child} was not")
-    agent.wait_log(r"worker w: backoff -> running: started pid \d+")
+    agent.wait_event("worker-state", worker="w", was="running", state="backoff",
+                     message=re.compile(rf"died \(exit status unknown: main pid {child} was not"))
+    agent.wait_event("worker-state", worker="w", was="backoff", state="running")
     assert agent.stop() == 0
     assert not (state / "innocent-signalled").exists(), "the agent signalled the process that got the old pid"
 

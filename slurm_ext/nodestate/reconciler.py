@@ -169,7 +169,8 @@ class Reconciler:
                 break
             if isinstance(action, Wait):
                 if not self._waiting:
-                    log.info("node %s: resume from %r waits for slurmd to register", self.node, action.reason)
+                    self.emit("resume-waiting", f"node {self.node}: resume from {action.reason!r} waits for slurmd to "
+                              "register", node=self.node, reason=action.reason)
                 break
             self._write(action, node)
             node = self.slurm.node(self.node)

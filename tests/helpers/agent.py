@@ -53,7 +53,27 @@ class AgentProcess:
         path = self.dir / "state" / "journal.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
+    def events(self, event: str, **want) -> list[dict]:
+        """The journal's `event`s whose fields are `want`: a value equal, or a compiled pattern found in it."""
+        def matches(record: dict) -> bool:
+            return all(value.search(str(record.get(key, ""))) if isinstance(value, re.Pattern)
+                       else record.get(key) == value for key, value in want.items())
+        return [record for record in self.journal() if record["event"] == event and matches(record)]
+
+    def wait_event(self, event: str, count: int = 1, timeout: float = 10.0, **want) -> list[dict]:
+        """Wait until the journal holds `count` such events (see `events`), and return them all."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = self.events(event, **want)
+            if len(found) >= count:
+                return found
+            time.sleep(0.05)
+        raise AssertionError(f"{event} {want} x{count} not in the agent's journal; its log ends:\n"
+                             f"{self.text()[-3000:]}")
+
     def wait_log(self, pattern: str, timeout: float = 10.0, count: int = 1) -> list[str]:
+        """For what only the log says (a warning about a worker's sd_notify message); the agent's decisions are
+        events: `wait_event`."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             found = re.findall(pattern, self.text())
