@@ -1293,9 +1293,7 @@ def test_write_spec_replaces_atomically_with_newer_mtime(spec_path: Path) -> Non
 def test_build_is_cached_and_links(fakenvml_lib: Path) -> None:
     lib = fakenvml_lib / "libnvidia-ml.so.1"
     before = os.stat(lib).st_mtime_ns
-    start = time.monotonic()
     assert fakenvml.build(fakenvml_lib) == lib
-    assert time.monotonic() - start < 1.0
     assert os.stat(lib).st_mtime_ns == before  # not recompiled
     assert os.readlink(fakenvml_lib / "libnvidia-ml.so") == "libnvidia-ml.so.1"
     assert fakenvml.environ(fakenvml_lib, Path("/x.json")) == {

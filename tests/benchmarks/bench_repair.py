@@ -19,13 +19,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
-from slurm_ext import command, config, devcluster as dev
-from slurm_ext.devcluster.layout import Layout
-from slurm_ext.repair.history import gather
-from slurm_ext.repair.status import node_statuses
-from slurm_ext.repair.store import open_store
-from slurm_ext.slurm import SlurmClient
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from helpers.wait import wait_for  # noqa: E402  what the tests wait with
+from slurm_ext import command, config, devcluster as dev  # noqa: E402
+from slurm_ext.devcluster.layout import Layout  # noqa: E402
+from slurm_ext.repair.history import gather  # noqa: E402
+from slurm_ext.repair.status import node_statuses  # noqa: E402
+from slurm_ext.repair.store import open_store  # noqa: E402
+from slurm_ext.slurm import SlurmClient  # noqa: E402
 
 BENCH_CLUSTER = dict(cluster_name="slurmextbenchrepair", node_name="bnode1", nodes=4, slurmctld_port=28817,
                      slurmd_port=28818, slurmdbd_port=28819, mariadb_port=23310, controller_probe_port=29831, web_port=29833,
@@ -52,16 +55,6 @@ def timed(what, rounds: int = 5) -> tuple[float, object]:
         result = what()
         times.append(time.perf_counter() - started)
     return statistics.median(times), result
-
-
-def wait(what: str, test, timeout: float, interval: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = test()
-        if value:
-            return value
-        time.sleep(interval)
-    raise SystemExit(f"{what}: not within {timeout}s")
 
 
 def main() -> int:
@@ -109,21 +102,22 @@ def main() -> int:
             with open(node.kernel_log, "a") as log:
                 log.write(f"NVRM: Xid (PCI:{spec['gpus'][1]['pci_bus_id'][4:-2]}): 79, pid='<unknown>', "
                           "name=<unknown>, GPU has fallen off the bus.\n")
-            wait("a recommendation", lambda: any(r.node == node.name and r.state == "recommended"
-                                                 for r in store.records(open_only=True)), 30)
+            wait_for("a recommendation", lambda: any(r.node == node.name and r.state == "recommended"
+                                                     for r in store.records(open_only=True)), 30)
             slurm = dev.client(settings)
             before = slurm.node(node.name).boot_time
             done = subprocess.run([*cli, "repair", "approve", node.name], capture_output=True, text=True)
             approved = time.perf_counter()
             assert done.returncode == 0, done.stderr
-            wait("the repair drain", lambda: slurm.node(node.name).reason.startswith("slurm-ext: repair"), 30)
+            wait_for("the repair drain", lambda: slurm.node(node.name).reason.startswith("slurm-ext: repair"), 30)
             drained.append(time.perf_counter() - approved)
-            booted = wait("the reboot's end", lambda: (n := slurm.node(node.name)).boot_time and n.boot_time > before
-                          and not n.flags & {"REBOOT_ISSUED", "REBOOT_REQUESTED"} and time.perf_counter(), 120)
-            wait("resumed", lambda: not slurm.node(node.name).drained, 120)
+            booted = wait_for("the reboot's end",
+                              lambda: (n := slurm.node(node.name)).boot_time and n.boot_time > before
+                              and not n.flags & {"REBOOT_ISSUED", "REBOOT_REQUESTED"} and time.perf_counter(), 120)
+            wait_for("resumed", lambda: not slurm.node(node.name).drained, 120)
             resumed.append(time.perf_counter() - booted)
-            wait("the repair closed", lambda: not [r for r in store.records(open_only=True) if r.node == node.name],
-                 60)
+            wait_for("the repair closed",
+                     lambda: not [r for r in store.records(open_only=True) if r.node == node.name], 60)
         print(f"approve -> drained: median {statistics.median(drained) * 1000:.0f} ms, max {max(drained) * 1000:.0f} "
               f"ms over {len(drained)} repairs (repair.interval 1s)")
         print(f"reboot's end -> resumed: median {statistics.median(resumed):.2f} s, max {max(resumed):.2f} s "
