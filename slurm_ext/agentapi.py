@@ -3,7 +3,7 @@
 The controller's readers (the repair service after a repair, `slurm-ext
 history`, the cluster page) ask a node's agent for its health (`HealthAnswer`:
 the health monitor's `Readings`, a `GpuReading` per GPU, and the node's
-`NodeFacts`), for a page of its journal (`EventsPage`) and to read the node
+`FactsReading`), for a page of its journal (`EventsPage`) and to read the node
 now (`AgentClient.check_now`). Every one of them goes through `AgentClient`,
 which:
 
@@ -51,7 +51,7 @@ from pathlib import Path
 from .errors import SlurmExtError
 
 __all__ = ["DEFAULT_CREDENTIAL", "Credential", "CredentialError", "CredentialFile", "create_credential",
-           "AgentAnswerError", "GpuReading", "InterfaceReading", "NodeFacts", "Readings", "HealthAnswer",
+           "AgentAnswerError", "GpuReading", "InterfaceReading", "FactsReading", "Readings", "HealthAnswer",
            "JournalLine", "EventsPage", "AgentClient",
            "request_signature", "answer_signature", "request_refusal", "NonceMemory", "FetchError", "fetch",
            "get_text", "NONCE_HEADER", "TIME_HEADER", "SIGNATURE_HEADER", "BOOT_HEADER", "NODE_HEADER", "AUTH_SCHEME",
@@ -458,7 +458,7 @@ class InterfaceReading:
 
 
 @dataclass(frozen=True, slots=True)
-class NodeFacts:
+class FactsReading:
     """What a node is, as its agent tells it (the answer's "facts": slurm_ext.nodefacts.NodeFacts as the agent read
     them); a text is None when the answer's is missing or not text, and is cut to _MAX_TEXT characters."""
 
@@ -469,7 +469,7 @@ class NodeFacts:
     interfaces: tuple[InterfaceReading, ...] = ()
 
     @classmethod
-    def of(cls, data: dict) -> NodeFacts:
+    def of(cls, data: dict) -> FactsReading:
         """Raises _Odd: its interfaces are not a list of objects."""
         return cls(_words(data.get("os")), _words(data.get("kernel")),
                    tuple(InterfaceReading.of(item) for item in _objects(data, "interfaces")))
@@ -511,7 +511,7 @@ class HealthAnswer:
     #: None when no health monitor has written readings on the node
     monitor: Readings | None
     #: the node's OS image, kernel, interfaces and their byte counters
-    facts: NodeFacts
+    facts: FactsReading
 
     @classmethod
     def of(cls, data) -> HealthAnswer:
@@ -522,7 +522,7 @@ class HealthAnswer:
         if monitor is not None and not isinstance(monitor, dict):
             raise _Odd("monitor: expected an object or null")
         return cls(_text(data, "node"), _text(data, "boot", ""), _number(data, "time"),
-                   Readings.of(monitor) if monitor is not None else None, NodeFacts.of(_table(data, "facts")))
+                   Readings.of(monitor) if monitor is not None else None, FactsReading.of(_table(data, "facts")))
 
 
 @dataclass(frozen=True, slots=True)

@@ -632,10 +632,10 @@ def test_an_odd_field_of_one_gpu_or_interface_is_none_and_costs_nothing_else(tmp
         agentapi.GpuReading(None, None, None, None, None, None, None, None, None, ()),
         agentapi.GpuReading(1, "N" * 200, None, None, None, None, None, None, None, (1,)))
     assert answer.monitor.driver == "5" * 200
-    assert answer.facts == agentapi.NodeFacts("Debian GNU/Linux 13 (trixie)", None, (
+    assert answer.facts == agentapi.FactsReading("Debian GNU/Linux 13 (trixie)", None, (
         agentapi.InterfaceReading("ib0", 400000, 10.0, 20.0), agentapi.InterfaceReading("x" * 64, None, None, None),
         agentapi.InterfaceReading(None, None, 1.5, None)))
-    assert _health_of(tmp_path / "bare", {**HEALTHY, "monitor": None}).facts == agentapi.NodeFacts(None, None, ())
+    assert _health_of(tmp_path / "bare", {**HEALTHY, "monitor": None}).facts == agentapi.FactsReading(None, None, ())
 
 
 @pytest.mark.parametrize("odd, why", [

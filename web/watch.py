@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
 from slurm_ext import events
-from slurm_ext.agentapi import AgentAnswerError, AgentClient, HealthAnswer, JournalLine, NodeFacts, get_text
+from slurm_ext.agentapi import AgentAnswerError, AgentClient, HealthAnswer, JournalLine, FactsReading, get_text
 from slurm_ext.errors import SlurmExtError
 from slurm_ext.repair.status import counts, held, node_statuses
 from slurm_ext.slurm import Node, SlurmClient, is_our_reason
@@ -422,7 +422,7 @@ class Watcher:
             agent = self._agents.get(node.name, _Agent())
             answer = agent.answer
             monitor = answer.monitor if answer is not None else None
-            facts = answer.facts if answer is not None else NodeFacts()
+            facts = answer.facts if answer is not None else FactsReading()
             findings = list(monitor.findings) if monitor is not None else []
             if agent.usage is not None and not agent.error:
                 node_usages.append(agent.usage)
