@@ -42,7 +42,7 @@ from slurm_ext.slurm import SlurmClient
 
 from . import pipeline, readiness, slurmd_args
 from .agentstate import AgentLife, AgentState
-from .crashloop import restart_planned, crash_loop_over
+from .crashloop import crash_loop_over, restart_planned
 from .liaison import SlurmLiaison
 from .lifecycle import CrashLoopOver, GiveUp
 from .notify import SystemdLink

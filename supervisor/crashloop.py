@@ -7,7 +7,7 @@ from .lifecycle import CrashLoopOver, Restart
 from .processes import Worker, state_changed
 from .states import WorkerState
 
-__all__ = ["restart_planned", "crash_loop_over"]
+__all__ = ["crash_loop_over", "restart_planned"]
 
 
 def restart_planned(agent, worker: Worker, decision: Restart, what: str, old: WorkerState | None = None) -> None:
