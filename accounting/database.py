@@ -24,8 +24,9 @@ from slurm_ext import command, fileio
 from slurm_ext.config import Config
 from slurm_ext.errors import CommandError, ConfigError, SlurmExtError
 from slurm_ext.slurm import SlurmClient
+from slurm_ext.weaksecret import weakness
 
-from . import render, slurmconf, storage
+from . import accounts, render, slurmconf, storage
 from .settings import PASSWORD_ENV, AccountingSection
 
 __all__ = ["Written", "configured", "password", "cluster_name", "write_config", "guarded_volumes", "prepare_storage",
@@ -34,6 +35,8 @@ __all__ = ["Written", "configured", "password", "cluster_name", "write_config", 
 #: what a StoragePass may hold: slurmdbd.conf has no quoting, '#' starts a comment, and a backslash means
 #: two things in SQL depending on sql_mode (NO_BACKSLASH_ESCAPES)
 _PASSWORD = re.compile(r"^[!-\[\]-~]+$")
+#: the shortest database password taken at start
+MIN_PASSWORD = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +139,13 @@ def write_config(config: Config, environ: dict[str, str] | None = None, slurmdbd
     settings = config.accounting
     environ = dict(os.environ if environ is None else environ)
     secret = password(settings, environ, config.source or "<defaults>")
+    _refuse_weak(secret, settings.password_file or f"${PASSWORD_ENV}")
+    own = {}  # the password of each role with an account of its own, checked before anything is written
+    if settings.run_database:
+        for account in accounts.accounts(settings)[1:]:
+            [role] = account.roles
+            _, own[role] = accounts.login(settings, role, environ, config.source or "<defaults>")
+            _refuse_weak(own[role], account.password_file)
     conf = None
     if slurmdbd:
         values = _slurm_values(config)
@@ -163,8 +173,21 @@ def write_config(config: Config, environ: dict[str, str] | None = None, slurmdbd
     cnf = where.etc / "my.cnf"
     _write(cnf, render.my_cnf(settings, where, memory_mib(settings)), 0o640, 0, mysql.pw_gid)
     sql = where.etc / "init.sql"
-    _write(sql, render.init_sql(settings, secret), 0o640, 0, mysql.pw_gid)
+    _write(sql, render.init_sql(settings, secret, own), 0o640, 0, mysql.pw_gid)
     return Written(conf, cnf, sql)
+
+
+def _refuse_weak(secret: str, where: str) -> None:
+    """A database password that a reader of the examples knows, or a short one, is refused at start: it would
+    open slurmdbd's records (or slurm-ext's repair decisions) to anyone who can reach the database.
+
+    Raises:
+        ConfigError: naming `where` (the file, or the environment variable) and why.
+    """
+    why = weakness(secret.encode(), MIN_PASSWORD)
+    if why:
+        raise ConfigError(where, f"the database password {why}: make one with `openssl rand -hex 24` (Slinky: "
+                                 f"containers/slinky/create-secrets.sh)")
 
 
 def _write(path: Path, text: str, mode: int, uid: int, gid: int) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from .accounts import OWN_USERS, init_statements
 from .settings import AccountingSection
 from .storage import MARKER_NAME
 
@@ -119,18 +120,12 @@ def sql_string(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def init_sql(settings: AccountingSection, password: str) -> str:
-    """What mariadbd runs at every start (--init-file): the database, slurmdbd's user with the password of now
-    (a rotated Secret takes effect at the next start, Slinky issue 44), its grants; all idempotent."""
-    db, user, secret = settings.database, settings.db_user, sql_string(password)
-    statements = [f"CREATE DATABASE IF NOT EXISTS `{name}`" for name in (db, settings.own_database)]
-    for host in ("%", "localhost"):
-        statements += [f"CREATE USER IF NOT EXISTS '{user}'@'{host}' IDENTIFIED BY {secret}",
-                       f"ALTER USER '{user}'@'{host}' IDENTIFIED BY {secret}",
-                       f"GRANT ALL ON `{db}`.* TO '{user}'@'{host}'",
-                       f"GRANT ALL ON `{settings.own_database}`.* TO '{user}'@'{host}'",
-                       # backups as this user: routines' bodies; and restore must see slurmdbd's connections
-                       # (PROCESS: every session in PROCESSLIST) to refuse loading under a running slurmdbd
-                       f"GRANT SELECT ON mysql.proc TO '{user}'@'{host}'",
-                       f"GRANT PROCESS ON *.* TO '{user}'@'{host}'"]
-    return "".join(f"{s};\n" for s in statements)
+def init_sql(settings: AccountingSection, password: str, own_passwords: dict[str, str] | None = None) -> str:
+    """What mariadbd runs at every start (--init-file): the databases, and each account (accounts.py: slurmdbd's,
+    and the repair store's, the page's and backups' where they have their own) with the password of now (a
+    rotated Secret takes effect at the next start, Slinky issue 44) and only its grants; all idempotent.
+
+    `own_passwords`: role -> password of each role whose own account accounts.accounts lists."""
+    passwords = {settings.db_user: password}
+    passwords.update({OWN_USERS[role]: secret for role, secret in (own_passwords or {}).items()})
+    return "".join(f"{s};\n" for s in init_statements(settings, passwords, sql_string))

@@ -306,24 +306,28 @@ def open_sqlite(path: str, create: bool = True) -> Store:
     return store
 
 
-def open_mariadb(host: str, port: int, user: str, password: str, database: str, timeout: float = 10.0) -> Store:
-    """The store in MariaDB database `database` (its tables made on first use)."""
+def open_mariadb(host: str, port: int, user: str, password: str, database: str, timeout: float = 10.0,
+                 make_tables: bool = True) -> Store:
+    """The store in MariaDB database `database`, its tables made on first use unless `make_tables` is false (the
+    page's account may not make or change tables: it finds those the repair service made)."""
     import pymysql  # only where a cluster keeps the history in MariaDB
     where = f"{database} on {host}:{port}"
     try:
         connection = pymysql.connect(host=host, port=port, user=user, password=password, connect_timeout=timeout,
                                      read_timeout=max(timeout, _LOCK_TIMEOUT + 5), write_timeout=timeout,
                                      autocommit=True, charset="utf8mb4")
-        connection.cursor().execute(f"CREATE DATABASE IF NOT EXISTS `{database}`")
+        if make_tables:
+            connection.cursor().execute(f"CREATE DATABASE IF NOT EXISTS `{database}`")
         connection.select_db(database)
     except pymysql.MySQLError as err:
         raise StoreError(f"repair database {where}: {err.args[-1] if err.args else err}") from err
     store = Store(connection, where, "%s", ("SELECT GET_LOCK('slurm_ext_repair', %s)",
                                             "SELECT RELEASE_LOCK('slurm_ext_repair')"),
                   ping=lambda: connection.ping(reconnect=True))
-    for statement in _schema("BIGINT AUTO_INCREMENT PRIMARY KEY", "TEXT"):
-        store._execute(statement)
-    _upgrade(store)
+    if make_tables:
+        for statement in _schema("BIGINT AUTO_INCREMENT PRIMARY KEY", "TEXT"):
+            store._execute(statement)
+        _upgrade(store)
     return store
 
 
@@ -363,10 +367,12 @@ class _Autocommit:
         self._connection.close()
 
 
-def open_store(config, environ: dict[str, str] | None = None, create: bool = True) -> Store:
+def open_store(config, environ: dict[str, str] | None = None, create: bool = True, role: str = "repair") -> Store:
     """The store the config names ([repair] database; auto: MariaDB where the config gives slurm-ext the accounting
     database (run_database, or a password_file), else SQLite: decided from the file alone, so the service and an
-    operator's shell pick the same). `create` false: an SQLite file that is not there is an error.
+    operator's shell pick the same). `create` false: an SQLite file that is not there is an error. `role`: who
+    connects, repair (the service, an operator's shell) or page, each as its own database account where it has one
+    (accounting.accounts); the page makes no MariaDB table (its account may not).
 
     Raises:
         StoreError: it cannot be opened (the message names it and why).
@@ -379,6 +385,9 @@ def open_store(config, environ: dict[str, str] | None = None, create: bool = Tru
         kind = "mariadb" if accounting_db.configured(config, {}) else "sqlite"
     if kind == "sqlite":
         return open_sqlite(repair.sqlite_file, create)
+    from slurm_ext.accounting import accounts
     settings = config.accounting
-    secret = accounting_db.password(settings, os.environ if environ is None else environ, config.source or "<defaults>")
-    return open_mariadb(settings.db_host, settings.db_port, settings.db_user, secret, settings.own_database)
+    user, secret = accounts.login(settings, role, os.environ if environ is None else environ,
+                                  config.source or "<defaults>")
+    return open_mariadb(settings.db_host, settings.db_port, user, secret, settings.own_database,
+                        make_tables=role != "page")

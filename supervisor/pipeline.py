@@ -56,15 +56,19 @@ def clear_stale_drains(context: StepContext) -> None:
 
 
 def preflight(context: StepContext) -> None:
-    """Say what the role's Slurm daemon lacks to authenticate (preflight.problems): an event each, never a
-    block. Not for a role whose daemon the config took out (the mariadb image's accounting role)."""
-    from .preflight import problems
+    """Say what the role's Slurm daemon lacks to authenticate (preflight.problems): an event each, no block;
+    but refuse a guessable slurm.key (preflight.key_refusal): the step fails and blocks the start until the
+    key is replaced. Not for a role whose daemon the config took out (the mariadb image's accounting role)."""
+    from .preflight import key_refusal, problems
     from .workers import ROLE_DAEMON
     daemon = ROLE_DAEMON[context.role]
     if daemon not in context.workers:
         return
     for problem in problems(daemon=daemon, munged_here="munged" in context.workers):
         context.emit("preflight-problem", problem, severity="warning")
+    refused = key_refusal(daemon=daemon)
+    if refused:
+        raise RuntimeError(refused)
 
 
 def steps_for(role: str) -> list[StartStep]:
@@ -74,7 +78,9 @@ def steps_for(role: str) -> list[StartStep]:
 
     A step with `before_restart_of` also runs before every restart of that worker (gres.conf before slurmd).
     """
-    steps = [StartStep("preflight", preflight)] if role in ("worker", "controller", "accounting") else []
+    # preflight blocks only when it raises: a guessable slurm.key (its missing key is a warning)
+    daemon_roles = ("worker", "controller", "accounting")
+    steps = [StartStep("preflight", preflight, on_failure="block")] if role in daemon_roles else []
     if role == "worker":
         steps.append(StartStep("clear-stale-drains", clear_stale_drains))
     for plugin in plugins():

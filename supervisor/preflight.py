@@ -4,6 +4,10 @@ slurmd itself says `fatal: auth/slurm: cannot stat '/etc/slurm/slurm.key'` and e
 supervisor that restarts it the container's log fills with the same line. The agent says once, as an
 event, what is missing and which mount or flag provides it; it still starts slurmd (whose own words
 follow) and keeps retrying, so a key mounted late is picked up without a new pod.
+
+A key that is there but guessable (`key_refusal`: shorter than 32 bytes, or an example's placeholder
+such as the REPLACE-ME... once shipped in the Slinky manifests) is refused instead: with it anyone can
+forge Slurm credentials as root on every node, so the daemon is not started until the key is replaced.
 """
 
 from __future__ import annotations
@@ -11,11 +15,17 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
-__all__ = ["problems"]
+from slurm_ext.weaksecret import weakness
+
+__all__ = ["problems", "key_refusal", "MIN_KEY_BYTES"]
 
 #: auth/slurm's key (Slurm >= 23.11) and munged's socket: slurmd needs one of them to say anything
 SLURM_KEY = Path("/etc/slurm/slurm.key")
 MUNGE_SOCKET = Path("/run/munge/munge.socket.2")
+#: the shortest slurm.key taken: 256 bits (Slurm's docs make 1 KiB of random bytes)
+MIN_KEY_BYTES = 32
+#: more than any key: what is read of the file to judge it
+_READ_AT_MOST = 1 << 20
 
 
 def problems(root: Path = Path("/"), daemon: str = "slurmd", munged_here: bool = False) -> list[str]:
@@ -42,3 +52,22 @@ def problems(root: Path = Path("/"), daemon: str = "slurmd", munged_here: bool =
         return [f"{SLURM_KEY} has mode {stat.S_IMODE(info.st_mode):04o}: Slurm refuses a key others can read; "
                 "make it 0600 (a Kubernetes Secret volume: defaultMode: 0600)"]
     return []
+
+
+def key_refusal(root: Path = Path("/"), daemon: str = "slurmd") -> str | None:
+    """Why `daemon` must not start with the slurm.key there (too short, or a placeholder); None when it may, or
+    when there is no key to judge (`problems` says what is missing)."""
+    key = root / SLURM_KEY.relative_to("/")
+    try:
+        if not key.is_file():  # missing, or not a file: problems() says so
+            return None
+        with open(key, "rb") as f:
+            text = f.read(_READ_AT_MOST)
+    except OSError:  # unreadable: problems() says so, and slurmd will too
+        return None
+    why = weakness(text, MIN_KEY_BYTES)
+    if why is None:
+        return None
+    return (f"{SLURM_KEY} {why}: anyone who knows it can forge Slurm credentials as root on every node; {daemon} "
+            f"is not started with it. Make a new key (`head -c 1024 /dev/urandom > slurm.key`; Slinky: the "
+            f"slurm-key Secret, containers/slinky/create-secrets.sh) and give it to every node and the controller")

@@ -119,7 +119,7 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
         if store_opener is not None:
             return store_opener()
         from slurm_ext.repair.store import open_store as opener
-        return opener(config, create=False)
+        return opener(config, create=False, role="page")
 
     def current():
         view = watcher.current()

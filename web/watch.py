@@ -304,7 +304,7 @@ class Watcher:
     def _repair_store(self):
         if self._store is None:
             from slurm_ext.repair.store import open_store
-            self._store = open_store(self.config, create=False)
+            self._store = open_store(self.config, create=False, role="page")
         return self._store
 
     def _read_prometheus(self, now: float) -> None:
