@@ -13,13 +13,23 @@
   password only as a mounted Secret file that a reinstall keeps, slurmdbd pointed at the database's
   Service, StateSaveLocation and the job-end witness on the Controller's claim, daily backups on a claim
   of their own.
+- No secret value in any manifest; create-secrets.sh, run for real with a kubectl stand-in, makes every
+  Secret they name with values slurm-ext's checks take, and the agents refuse guessable ones at start
+  (issue 28, item 3).
+- The NetworkPolicies, judged by label matching as a NetworkPolicy implementation does: agents' ports
+  from the controller (and the pod's node) only, MariaDB from slurmdbd, the controller and the backup
+  Job only (item 7).
+- The repair executor's RBAC is what it calls, and the ValidatingAdmissionPolicy's CEL, run by
+  cel-python on real Node objects, admits only a cordon and the RMA label (item 21).
 """
 
 from __future__ import annotations
 
 import copy
+import ipaddress
 import os
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 
 import jsonschema
@@ -112,8 +122,10 @@ def _doc(kind: str, name: str | None = None) -> dict:
 
 def test_the_manifests_hold_every_kind_a_deployment_needs():
     kinds = sorted({doc["kind"] for _, doc in _documents()})
-    assert kinds == ["Accounting", "ConfigMap", "Controller", "CronJob", "LoginSet", "NodeSet",
-                     "PersistentVolumeClaim", "Secret", "Service", "StatefulSet", "StorageClass"], kinds
+    assert kinds == ["Accounting", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Controller", "CronJob",
+                     "LoginSet", "NetworkPolicy", "NodeSet", "PersistentVolumeClaim", "Role", "RoleBinding", "Service",
+                     "ServiceAccount", "StatefulSet", "StorageClass", "ValidatingAdmissionPolicy",
+                     "ValidatingAdmissionPolicyBinding"], kinds
 
 
 @pytest.mark.parametrize("name, doc", _documents(), ids=[name for name, _ in _documents()])
@@ -345,7 +357,7 @@ def _agent_pod(kind: str, name: str, field: str) -> tuple[dict, dict]:
 
 
 @pytest.mark.parametrize("kind, name, field", _AGENTS)
-def test_every_agent_has_the_agent_credential_as_a_root_only_file_from_one_secret(kind, name, field):
+def test_every_agent_has_the_agent_credential_as_a_root_only_file_from_one_secret(kind, name, field, created):
     """The agents' journal and health answer only the credential, and the controller believes only answers signed
     with it: every pod with an agent has it where its config says (the default, /etc/slurm-ext/agent-credential),
     0400, from the one Secret (issue 27)."""
@@ -363,17 +375,7 @@ def test_every_agent_has_the_agent_credential_as_a_root_only_file_from_one_secre
         [secret] = [s["secret"] for s in volume["projected"]["sources"] if "secret" in s]
         assert secret["name"] == "slurm-ext-agent-credential"
         assert secret["items"] == [{"key": "agent-credential", "path": path.name, "mode": 0o400}]
-    stored = _doc("Secret", "slurm-ext-agent-credential")["stringData"]
-    assert list(stored) == [path.name]
-
-
-def test_the_agent_credentials_placeholder_is_refused_until_replaced(tmp_path):
-    from slurm_ext.agentapi import CredentialError, CredentialFile
-    placeholder = tmp_path / "agent-credential"
-    placeholder.write_text(_doc("Secret", "slurm-ext-agent-credential")["stringData"]["agent-credential"])
-    placeholder.chmod(0o400)
-    with pytest.raises(CredentialError, match="expected at least 16"):
-        CredentialFile(str(placeholder)).get()
+    assert path.name in created.secrets["slurm-ext-agent-credential"]
 
 
 def _password_secret() -> tuple[str, str]:
@@ -381,40 +383,77 @@ def _password_secret() -> tuple[str, str]:
     return ref["name"], ref["key"]
 
 
-@pytest.mark.parametrize("workload, container_name", [("mariadb", "mariadb"), ("slurm-accounting-backup", "backup")])
-def test_the_database_password_is_only_a_mounted_secret_file(workload, container_name):
-    [pod] = [pod for name, pod in _pod_specs() if name.endswith(f"/{workload}")]
-    container = _container(pod, container_name)
-    loaded = _agent_config(pod, container)
-    password_file = Path(loaded.accounting.password_file)
-    mount, volume = _volume_at(pod, container, str(password_file.parent))
-    secret_name, key = _password_secret()
+#: the password files of each workload's agent config, and the Secret's key each is: slurmdbd's own password
+#: (`password`) only in the database's pod; the others only in the pods of the part that connects with them
+_PASSWORD_FILES = {
+    ("StatefulSet", "mariadb", "mariadb"): {"password_file": "password", "repair_password_file": "repair-password",
+                                            "page_password_file": "page-password",
+                                            "backup_password_file": "backup-password"},
+    ("CronJob", "slurm-accounting-backup", "backup"): {"password_file": "backup-password"},
+    ("Controller", "slurm", "slurmctld"): {"repair_password_file": "repair-password",
+                                           "page_password_file": "page-password"},
+}
+
+
+def _workload_pod(kind: str, name: str, field: str) -> tuple[dict, dict]:
+    if kind == "CronJob":
+        pod = _doc(kind, name)["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        return pod, _container(pod, field)
+    return _agent_pod(kind, name, field)
+
+
+def _secret_keys_at(volume: dict, secret_name: str) -> set[str]:
+    """The keys of Secret `secret_name` a secret volume shows (all of them, when it lists no items)."""
     assert volume["secret"]["secretName"] == secret_name
-    assert password_file.name == key and "items" not in volume["secret"]
-    assert mount["readOnly"] is True and volume["secret"]["defaultMode"] == 0o400
+    items = volume["secret"].get("items")
+    if items is None:
+        return {"password", "repair-password", "page-password", "backup-password"}
+    assert all(item["key"] == item["path"] for item in items), items
+    return {item["key"] for item in items}
+
+
+@pytest.mark.parametrize("kind, name, field", _PASSWORD_FILES, ids=[name for _, name, _ in _PASSWORD_FILES])
+def test_each_database_password_is_only_a_mounted_secret_file_where_its_part_runs(kind, name, field):
+    """Each part connects as its own account (accounting.accounts), with its password as a root-only file of the
+    one Secret: the backup Job and the controller never see slurmdbd's password (issue 28, item 7)."""
+    pod, container = _workload_pod(kind, name, field)
+    loaded = _agent_config(pod, container)
+    secret_name, slurmdbd_key = _password_secret()
+    wanted = _PASSWORD_FILES[(kind, name, field)]
+    for setting in ("password_file", "repair_password_file", "page_password_file", "backup_password_file"):
+        path = getattr(loaded.accounting, setting)
+        assert bool(path) == (setting in wanted), (name, setting, path)
+        if not path:
+            continue
+        mount, volume = _volume_at(pod, container, str(Path(path).parent))
+        assert Path(path).name == wanted[setting] in _secret_keys_at(volume, secret_name)
+        assert mount["readOnly"] is True and volume["secret"]["defaultMode"] == 0o400
+    shown = {key for v in pod["volumes"] if v.get("secret", {}).get("secretName") == secret_name
+             for key in _secret_keys_at(v, secret_name)}
+    assert shown == set(wanted.values()), (name, shown)
+    assert (slurmdbd_key in shown) == (name == "mariadb")
+    if name == "slurm-accounting-backup":  # it connects as backups' read-only account
+        assert loaded.accounting.db_user == "slurm_ext_backup"
 
 
 @pytest.mark.parametrize("name, pod", _pod_specs(), ids=[name for name, _ in _pod_specs()])
 def test_no_pod_holds_the_password_in_its_environment_or_command_line(name, pod):
     from slurm_ext.accounting import PASSWORD_ENV
-    secret_name, key = _password_secret()
-    value = _doc("Secret", secret_name)["stringData"][key]
     for container in _containers(pod):
         assert "envFrom" not in container, name
         for env in container.get("env", []):
             assert "valueFrom" not in env and env["name"] != PASSWORD_ENV, (name, env)
         words = " ".join(container.get("command", []) + container.get("args", []))
-        assert "password" not in words.lower() and value not in words, (name, words)
+        assert "password" not in words.lower(), (name, words)
 
 
-def test_the_password_secret_survives_reinstalls():
-    """Slinky issue 44: a password regenerated at reinstall no longer opens the database kept on the volume."""
+def test_the_password_secret_survives_reinstalls(created):
+    """Slinky issue 44: a password regenerated at reinstall no longer opens the database kept on the volume. No
+    manifest holds it (a re-applied one would set it back), and create-secrets.sh marks it to be kept."""
     secret_name, key = _password_secret()
-    secret = _doc("Secret", secret_name)
-    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
-    assert key in secret["stringData"]
-    text = (MANIFESTS / "secrets.yaml").read_text()
-    assert f"kubectl create secret generic {secret_name} --from-literal={key}=" in text
+    assert key in created.secrets[secret_name]
+    assert created.annotations[secret_name] == {"helm.sh/resource-policy": "keep"}
+    assert not [name for name, doc in _documents() if doc["kind"] == "Secret"]
 
 
 def test_the_accounting_resource_points_at_the_mariadb_service():
@@ -487,3 +526,514 @@ def test_the_backup_cronjob_writes_to_its_own_claim():
     assert verify["image"] == backup["image"]
     assert "slurm-ext accounting verify" in " ".join(verify["command"])
     assert _volume_at(pod, verify, target)[0]["readOnly"] is True
+
+
+# -- no secret values shipped, and guessable ones refused at start (issue 28, item 3) ------------------------
+
+#: the slurm.key the manifests once shipped (37 bytes): a deployment applied as it was ran on it
+SHIPPED_KEY = b"REPLACE-ME-with-1-KiB-of-random-bytes"
+CREATE_SECRETS = MANIFESTS / "create-secrets.sh"
+
+#: a stand-in for kubectl, which needs a cluster: it keeps what `create secret generic NAME --from-file=KEY=FILE`
+#: and `annotate secret NAME K=V` would store, under $KUBECTL_RECORD, and every command line it was given
+_KUBECTL = r'''#!{python}
+import json, os, shutil, sys
+record = os.environ["KUBECTL_RECORD"]
+with open(os.path.join(record, "argv"), "a") as log:
+    log.write(json.dumps(sys.argv[1:]) + "\n")
+args = sys.argv[1:]
+assert args[0] == "-n", args
+namespace, verb = args[1], args[2:]
+if verb[:3] == ["create", "secret", "generic"]:
+    target = os.path.join(record, namespace, "secrets", verb[3])
+    os.makedirs(target)  # exists already: kubectl refuses to create a Secret twice
+    for option in verb[4:]:
+        key, source = option.removeprefix("--from-file=").split("=", 1)
+        shutil.copyfile(source, os.path.join(target, key))
+elif verb[:2] == ["annotate", "secret"]:
+    with open(os.path.join(record, namespace, "annotations-" + verb[2]), "a") as out:
+        out.write(verb[3] + "\n")
+else:
+    sys.exit("kubectl stand-in: unexpected command " + " ".join(args))
+'''
+
+
+class CreatedSecrets:
+    """What create-secrets.sh made: Secret -> {key: value}, Secret -> annotations, and every kubectl command line."""
+
+    def __init__(self, record: Path, namespace: str):
+        root = record / namespace
+        self.secrets = {d.name: {f.name: f.read_bytes() for f in d.iterdir()} for d in (root / "secrets").iterdir()}
+        self.annotations = {p.name.removeprefix("annotations-"): dict(line.split("=", 1) for line in
+                                                                      p.read_text().splitlines())
+                            for p in root.glob("annotations-*")}
+        self.argv = (record / "argv").read_text()
+
+
+@pytest.fixture(scope="module")
+def created(tmp_path_factory) -> CreatedSecrets:
+    """create-secrets.sh, run for real (sh, od, head, mktemp) with the kubectl stand-in."""
+    import subprocess
+    import sys
+    work = tmp_path_factory.mktemp("create-secrets")
+    bin_dir, record = work / "bin", work / "record"
+    bin_dir.mkdir()
+    record.mkdir()
+    (bin_dir / "kubectl").write_text(_KUBECTL.replace("{python}", sys.executable))
+    (bin_dir / "kubectl").chmod(0o755)
+    sssd = work / "sssd.conf"
+    sssd.write_text("[sssd]\nservices = nss, pam\ndomains = example.org\n")
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "KUBECTL_RECORD": str(record)}
+    done = subprocess.run(["sh", str(CREATE_SECRETS), "slurm", str(sssd)], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    # a second run must not replace what the first made (a database keeps its password)
+    again = subprocess.run(["sh", str(CREATE_SECRETS), "slurm", str(sssd)], env=env, capture_output=True, text=True,
+                           timeout=60)
+    assert again.returncode != 0
+    return CreatedSecrets(record, "slurm")
+
+
+def _manifest_files() -> list[Path]:
+    return sorted(path for pattern in ("*.yaml", "*.yml", "*.json") for path in (REPO / "containers").rglob(pattern))
+
+
+def test_no_manifest_in_containers_ships_a_secret_value():
+    """A value in a shipped file is a value everybody knows: applied unchanged, the old slurm.key let anyone forge
+    Slurm credentials as root on every node. No Secret anywhere under containers/ may carry data or stringData."""
+    secrets = []
+    for path in _manifest_files():
+        for doc in yaml.safe_load_all(path.read_text()):
+            if isinstance(doc, dict) and doc.get("kind") == "Secret":
+                secrets.append(path.name)
+                assert not doc.get("data") and not doc.get("stringData"), f"{path}: Secret with values"
+    assert secrets == []
+    import base64
+    for path in (REPO / "containers").rglob("*"):
+        if path.is_file() and path.suffix != ".whl":
+            text = path.read_bytes()
+            assert SHIPPED_KEY not in text and base64.b64encode(SHIPPED_KEY) not in text, path
+
+
+#: the keys a pod reads of a Secret it mounts whole (no items): the files its config names there
+_WHOLE_SECRETS = {"slurm-ext-agent-credential": ["agent-credential"], "slurm-accounting-backup-key": ["key"],
+                  "slurm-db-password": list(_PASSWORD_FILES[("StatefulSet", "mariadb", "mariadb")].values())}
+
+
+def _referenced_secrets() -> set[tuple[str, str]]:
+    """(Secret, key) of every secret a manifest names: the Slinky kinds' refs and the pods' secret volumes (a
+    volume without items: the keys its pod's config reads from it)."""
+    found = set()
+    for _, doc in _documents():
+        spec = doc.get("spec", {})
+        for ref in ("slurmKeyRef", "sssdConfRef"):
+            if ref in spec:
+                found.add((spec[ref]["name"], spec[ref]["key"]))
+        if "storageConfig" in spec:
+            found.add((spec["storageConfig"]["passwordKeyRef"]["name"], spec["storageConfig"]["passwordKeyRef"]["key"]))
+    pods = [pod for _, pod in _pod_specs()] + [_agent_pod(kind, name, field)[0] for kind, name, field in _AGENTS]
+    for pod in pods:
+        for volume in pod.get("volumes", []):
+            sources = volume.get("projected", {}).get("sources", [])
+            for secret in [s["secret"] for s in sources if "secret" in s]:
+                found |= {(secret["name"], item["key"]) for item in secret["items"]}
+            if "secret" in volume:
+                name = volume["secret"]["secretName"]
+                keys = ([item["key"] for item in volume["secret"]["items"]] if "items" in volume["secret"] else
+                        _WHOLE_SECRETS[name])
+                found |= {(name, key) for key in keys}
+    return found
+
+
+def test_create_secrets_makes_every_secret_the_manifests_name_with_values_every_check_accepts(created, tmp_path):
+    from slurm_ext.accounting.database import password
+    from slurm_ext.accounting.settings import AccountingSection
+    from slurm_ext.agentapi import CredentialFile
+    from slurm_ext.supervisor.preflight import key_refusal
+    from slurm_ext.weaksecret import weakness
+    made = {(secret, key) for secret, keys in created.secrets.items() for key in keys}
+    assert _referenced_secrets() <= made, _referenced_secrets() - made
+    assert ("slurm-db-password", "password") in made and ("slurm-key", "slurm.key") in made
+    # the key: 1 KiB of random bytes, which the agents' preflight takes
+    key = created.secrets["slurm-key"]["slurm.key"]
+    assert len(key) == 1024 and len(set(key)) > 200
+    (tmp_path / "etc/slurm").mkdir(parents=True)
+    (tmp_path / "etc/slurm/slurm.key").write_bytes(key)
+    assert key_refusal(tmp_path) is None
+    # the passwords: each different, each taken by slurm-ext's checks (slurmdbd.conf has no quoting)
+    passwords = created.secrets["slurm-db-password"]
+    assert len(set(passwords.values())) == len(passwords) == 4
+    for name, value in passwords.items():
+        path = tmp_path / name
+        path.write_bytes(value)
+        path.chmod(0o400)
+        assert password(AccountingSection(password_file=str(path)), {}) == value.decode()
+        assert weakness(value, 16) is None and len(value) == 48
+    # the agent credential, which the agents and the controller take
+    credential = tmp_path / "agent-credential"
+    credential.write_bytes(created.secrets["slurm-ext-agent-credential"]["agent-credential"])
+    credential.chmod(0o400)
+    assert CredentialFile(str(credential)).get().secret
+    assert created.secrets["sssd-conf"]["sssd.conf"].startswith(b"[sssd]")
+    # no value was on a command line, where every user of the host can read it (/proc/PID/cmdline)
+    for value in [key, *passwords.values(), credential.read_bytes()]:
+        assert value.decode(errors="replace") not in created.argv
+
+
+@pytest.mark.parametrize("text", [SHIPPED_KEY, b"changeme" * 128, b"k" * 31 + b"\n"],
+                         ids=["the key once shipped", "a placeholder", "31 bytes"])
+def test_the_preflight_refuses_a_guessable_slurm_key_and_blocks_the_start(tmp_path, text):
+    from slurm_ext.supervisor.pipeline import steps_for
+    from slurm_ext.supervisor.preflight import key_refusal, problems
+    key = tmp_path / "etc/slurm/slurm.key"
+    key.parent.mkdir(parents=True)
+    key.write_bytes(text)
+    key.chmod(0o600)
+    assert problems(tmp_path) == []  # present and private: not what the warnings are about
+    refused = key_refusal(tmp_path, daemon="slurmctld")
+    assert refused is not None and "/etc/slurm/slurm.key" in refused and "slurmctld is not started" in refused
+    assert ("placeholder" in refused) == (text != b"k" * 31 + b"\n")
+    key.write_bytes(os.urandom(1024))
+    assert key_refusal(tmp_path) is None
+    for role in ("worker", "controller", "accounting"):
+        [preflight] = [step for step in steps_for(role) if step.name == "preflight"]
+        assert preflight.on_failure == "block", role  # a refusal keeps the daemon from starting
+
+
+@pytest.mark.parametrize("which", ["password_file", "repair_password_file"])
+@pytest.mark.parametrize("value", ["replace-me", "short-but-real1", "REPLACE-ME-0123456789abcdef"])
+def test_the_database_password_is_refused_at_start_when_guessable(tmp_path, which, value):
+    """`slurm-ext accounting config` (the accounting role's first start step) refuses a placeholder or short
+    password, naming the file, before it writes anything."""
+    from helpers.cli import cli
+    strong = tmp_path / "strong"
+    strong.write_text(os.urandom(24).hex())
+    weak = tmp_path / "weak"
+    weak.write_text(value + "\n")
+    for path in (strong, weak):
+        path.chmod(0o600)
+    files = {"password_file": strong, "repair_password_file": strong, which: weak}
+    conf = tmp_path / "slurm-ext.toml"
+    volume = tmp_path / "volume"
+    conf.write_text(f'[node]\nruntime_dir = "{tmp_path / "run"}"\n[accounting]\nrun_database = true\n'
+                    f'volume = "{volume}"\nslurmdbd_conf = "{tmp_path / "slurmdbd.conf"}"\nslurm_user = "root"\n'
+                    + "".join(f'{key} = "{path}"\n' for key, path in files.items()))
+    done = cli("--config", str(conf), "accounting", "config", "--no-slurmdbd")
+    assert done.returncode != 0
+    assert str(weak) in done.stderr, done.stderr
+    assert ("placeholder" in done.stderr) == ("replace" in value.lower()), done.stderr
+    assert not volume.exists() and not (tmp_path / "slurmdbd.conf").exists()
+
+
+# -- who may reach what (issue 28, item 7) ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A source of traffic: a pod (its labels), an address outside the cluster, or a pod's own node (the kubelet)."""
+
+    name: str
+    labels: dict | None = None
+    address: str = ""
+    own_node: bool = False
+
+
+def _selects(selector: dict, labels: dict) -> bool:
+    """A label selector (matchLabels, matchExpressions: In, NotIn, Exists, DoesNotExist) against `labels`."""
+    if not all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for rule in selector.get("matchExpressions", []):
+        key, op, values = rule["key"], rule["operator"], rule.get("values", [])
+        if not {"In": key in labels and labels[key] in values, "NotIn": labels.get(key) not in values,
+                "Exists": key in labels, "DoesNotExist": key not in labels}[op]:
+            return False
+    return True
+
+
+def _peer_allowed(peer_rule: dict, source: Peer) -> bool:
+    if "ipBlock" in peer_rule:
+        if not source.address:
+            return False
+        address = ipaddress.ip_address(source.address)
+        block = peer_rule["ipBlock"]
+        return address in ipaddress.ip_network(block["cidr"]) and not any(
+            address in ipaddress.ip_network(cidr) for cidr in block.get("except", []))
+    assert "namespaceSelector" not in peer_rule  # every rule here is about this namespace's pods
+    return source.labels is not None and _selects(peer_rule["podSelector"], source.labels)
+
+
+def _port_allowed(port_rule: dict, port: int, protocol: str, named: dict[str, int]) -> bool:
+    if port_rule.get("protocol", "TCP") != protocol:
+        return False
+    if "port" not in port_rule:
+        return True
+    first = named.get(port_rule["port"]) if isinstance(port_rule["port"], str) else port_rule["port"]
+    return first is not None and first <= port <= port_rule.get("endPort", first)
+
+
+def reachable(policies: list[dict], target_labels: dict, named_ports: dict[str, int], source: Peer, port: int,
+              protocol: str = "TCP") -> bool:
+    """Whether `source` may open `port` on a pod with `target_labels` under `policies`, as a NetworkPolicy
+    implementation decides: a pod no policy selects takes everything; a selected one what some rule of some
+    policy selecting it allows; its own node always (the kubelet's probes)."""
+    selecting = [p["spec"] for p in policies if _selects(p["spec"]["podSelector"], target_labels)
+                 and "Ingress" in p["spec"].get("policyTypes", ["Ingress"])]
+    if not selecting or source.own_node:
+        return True
+    return any((not rule.get("from") or any(_peer_allowed(peer, source) for peer in rule["from"]))
+               and (not rule.get("ports") or any(_port_allowed(p, port, protocol, named_ports) for p in rule["ports"]))
+               for spec in selecting for rule in spec.get("ingress", []))
+
+
+def _pod_labels(kind: str, name: str) -> dict:
+    doc = _doc(kind, name)
+    if kind == "CronJob":
+        return doc["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"]
+    return doc["spec"]["template"]["metadata"]["labels"]
+
+
+#: every pod the manifests make: (kind, name, its container field or name)
+_PODS = {"slurmd": ("NodeSet", "gpu", "slurmd"), "slurmctld": ("Controller", "slurm", "slurmctld"),
+         "slurmdbd": ("Accounting", "slurm", "slurmdbd"), "login": ("LoginSet", "login", "login"),
+         "mariadb": ("StatefulSet", "mariadb", "mariadb"),
+         "accounting-backup": ("CronJob", "slurm-accounting-backup", "backup")}
+#: the roles of the agents in those pods (the accounting role: slurmdbd's, and mariadb's)
+_ROLES = {"slurmd": "worker", "slurmctld": "controller", "slurmdbd": "accounting", "login": "login",
+          "mariadb": "accounting"}
+
+
+def _agent_port(pod_name: str) -> int:
+    kind, name, field = _PODS[pod_name]
+    pod, container = _agent_pod(kind, name, field)
+    env = {e["name"] for e in container.get("env", [])}
+    loaded = _agent_config(pod, container) if config.ENV_VAR in env else config.from_dict({})
+    return loaded.supervisor.port(_ROLES[pod_name])
+
+
+def _sources() -> list[Peer]:
+    pods = [Peer(name, _pod_labels(*_PODS[name][:2])) for name in _PODS]
+    return pods + [Peer("a user's pod", {"app": "notebook"}), Peer("an unlabelled pod", {}),
+                   Peer("an address outside", address="203.0.113.7"), Peer("the pod's own node", own_node=True)]
+
+
+def test_every_pod_carries_the_label_the_policies_select_on():
+    for pod_name, (kind, name, _) in _PODS.items():
+        assert _pod_labels(kind, name)["slurm-ext.io/pod"] == pod_name
+
+
+@pytest.mark.parametrize("target", ["slurmd", "slurmctld", "slurmdbd", "login", "mariadb"])
+def test_an_agents_port_is_reachable_from_the_controller_and_the_kubelet_only(target):
+    policies = [doc for _, doc in _documents() if doc["kind"] == "NetworkPolicy"]
+    kind, name, field = _PODS[target]
+    _, container = _agent_pod(kind, name, field)
+    named = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+    port = _agent_port(target)
+    labels = _pod_labels(kind, name)
+    allowed = {source.name for source in _sources() if reachable(policies, labels, named, source, port)}
+    assert allowed == {"slurmctld", "the pod's own node"} | ({target} if target == "slurmctld" else set()), allowed
+
+
+@pytest.mark.parametrize("target, port, protocol", [("slurmd", 6818, "TCP"), ("slurmd", 40000, "TCP"),
+                                                    ("slurmd", 9814, "TCP"), ("slurmd", 5353, "UDP"),
+                                                    ("slurmctld", 6817, "TCP"), ("slurmdbd", 6819, "TCP"),
+                                                    ("login", 22, "TCP"), ("slurmd", 9809, "TCP")])
+def test_slurms_own_ports_and_the_jobs_stay_open_as_before(target, port, protocol):
+    """slurmd, slurmctld, slurmdbd, sshd, srun's and the jobs' ports (MPI, NCCL) are not what the policies are for."""
+    policies = [doc for _, doc in _documents() if doc["kind"] == "NetworkPolicy"]
+    labels = _pod_labels(*_PODS[target][:2])
+    assert all(reachable(policies, labels, {}, source, port, protocol) for source in _sources())
+
+
+def test_mariadb_is_reachable_from_slurmdbd_the_controller_and_the_backup_job_only():
+    policies = [doc for _, doc in _documents() if doc["kind"] == "NetworkPolicy"]
+    _, pod, mariadb = _mariadb()
+    named = {p["name"]: p["containerPort"] for p in mariadb["ports"]}
+    labels = _pod_labels("StatefulSet", "mariadb")
+    allowed = {source.name for source in _sources() if reachable(policies, labels, named, source, named["mysql"])}
+    assert allowed == {"slurmdbd", "slurmctld", "accounting-backup", "the pod's own node"}, allowed
+    # and nothing else of that pod from anywhere but its node
+    for port in (22, 4444, 4567, 33060):
+        assert {s.name for s in _sources() if reachable(policies, labels, named, s, port)} == {"the pod's own node"}
+    # the policy's rule names the port the database listens on
+    loaded = _agent_config(pod, mariadb)
+    assert named["mysql"] == loaded.accounting.db_port
+
+
+def test_the_selector_logic_itself():
+    """The evaluator the tests above rely on, on NetworkPolicy's own documented cases."""
+    deny_all = {"spec": {"podSelector": {}, "policyTypes": ["Ingress"]}}
+    anyone = Peer("x", {"a": "b"})
+    assert reachable([], {"app": "db"}, {}, anyone, 1) is True  # no policy: open
+    assert reachable([deny_all], {"app": "db"}, {}, anyone, 1) is False
+    assert reachable([deny_all], {"app": "db"}, {}, Peer("node", own_node=True), 1) is True
+    egress_only = {"spec": {"podSelector": {}, "policyTypes": ["Egress"]}}
+    assert reachable([egress_only], {}, {}, anyone, 1) is True
+    block = {"spec": {"podSelector": {"matchExpressions": [{"key": "app", "operator": "NotIn", "values": ["web"]}]},
+                      "ingress": [{"from": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}}],
+                                   "ports": [{"port": "db"}]}]}}
+    assert reachable([block], {"app": "db"}, {"db": 5432}, Peer("in", address="10.2.3.4"), 5432) is True
+    assert reachable([block], {"app": "db"}, {"db": 5432}, Peer("except", address="10.1.3.4"), 5432) is False
+    assert reachable([block], {"app": "db"}, {"db": 5432}, Peer("in", address="10.2.3.4"), 5433) is False
+    assert reachable([block], {"app": "web"}, {}, Peer("out", address="1.2.3.4"), 1) is True  # not selected
+
+
+# -- the repair executor's rights (issue 28, item 21) ----------------------------------------------------------
+
+def _repair_account() -> tuple[str, str]:
+    """(namespace, service account) of the controller pod, whose repair executor talks to the Kubernetes API."""
+    controller = _doc("Controller")["spec"]
+    pod, container = controller["template"]["spec"], controller["slurmctld"]
+    loaded = _agent_config(pod, container)
+    return loaded.repair.kubernetes_namespace, pod["serviceAccountName"]
+
+
+def test_the_repair_executor_has_exactly_the_rights_it_uses():
+    namespace, account = _repair_account()
+    assert _doc("ServiceAccount", account)["automountServiceAccountToken"] is False
+    subject = [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]
+    role, binding = _doc("Role", "slurm-ext-repair"), _doc("RoleBinding", "slurm-ext-repair")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "delete"]}]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "slurm-ext-repair"}
+    assert binding["subjects"] == subject
+    nodes, node_binding = _doc("ClusterRole"), _doc("ClusterRoleBinding")
+    assert nodes["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    assert node_binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                       "name": nodes["metadata"]["name"]}
+    assert node_binding["subjects"] == subject
+    # no other role or binding in the manifests
+    assert sorted(doc["kind"] for _, doc in _documents() if "Role" in doc["kind"]) == [
+        "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]
+    # and the executor calls nothing else of the API: each call it makes is one of those rights
+    rights = {"read_namespaced_pod": ("pods", "get"), "delete_namespaced_pod": ("pods", "delete"),
+              "patch_node": ("nodes", "patch"), "read_node": ("nodes", "get")}
+    import inspect
+    import re
+    from slurm_ext.repair import executors
+    source = inspect.getsource(executors._kubernetes)  # where the executor holds its CoreV1Api as `api`
+    assert "api = client.CoreV1Api(" in source
+    calls = set(re.findall(r"\bapi\.(\w+)\(", source))
+    assert calls and calls <= set(rights), calls
+    granted = {(rule["resources"][0], verb) for doc in (role, nodes) for rule in doc["rules"] for verb in rule["verbs"]}
+    assert {rights[call] for call in calls} <= granted
+
+
+def _node_patch_policy() -> dict:
+    return _doc("ValidatingAdmissionPolicy", "slurm-ext-repair-node-patch")
+
+
+def test_the_node_patch_policy_is_bound_and_matches_the_repair_account_only():
+    namespace, account = _repair_account()
+    policy = _node_patch_policy()["spec"]
+    assert policy["failurePolicy"] == "Fail"
+    assert policy["matchConstraints"]["resourceRules"] == [
+        {"apiGroups": [""], "apiVersions": ["*"], "operations": ["UPDATE"], "resources": ["nodes"]}]
+    [condition] = policy["matchConditions"]
+    assert condition["expression"] == f"request.userInfo.username == 'system:serviceaccount:{namespace}:{account}'"
+    binding = _doc("ValidatingAdmissionPolicyBinding")["spec"]
+    assert binding == {"policyName": _node_patch_policy()["metadata"]["name"], "validationActions": ["Deny"]}
+
+
+def _node_field_names(definition: str) -> list[str]:
+    """The fields of a Kubernetes type, from kubernetes-validate's schemas of KUBERNETES."""
+    import json
+    schemas = Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema" / f"v{KUBERNETES}-local-strict"
+    return sorted(json.loads((schemas / definition).read_text())["properties"])
+
+
+def test_the_node_patch_policy_keeps_every_field_but_unschedulable_and_the_rma_label():
+    """By structure: one validation per field of the Node's spec (as Kubernetes KUBERNETES defines it) other than
+    unschedulable, and per changeable field of its metadata, each saying it stays as it was."""
+    expressions = [" ".join(v["expression"].split()) for v in _node_patch_policy()["spec"]["validations"]]
+    kept = {"spec": [f for f in _node_field_names("nodespec-v1.json") if f != "unschedulable"],
+            # labels have their own rules below; the rest of metadata is the API server's own or immutable
+            "metadata": ["annotations", "finalizers", "ownerReferences"]}
+    for part, fields in kept.items():
+        for name in fields:
+            field = f"{part}.{name}"
+            assert (f"has(object.{field}) == has(oldObject.{field}) && (!has(object.{field}) || "
+                    f"object.{field} == oldObject.{field})") in expressions, field
+    assert len(expressions) == sum(map(len, kept.values())) + 3  # and unschedulable, labels changed, labels kept
+    rma = config.from_dict({}).repair.kubernetes_rma_label
+    assert any(f"k == '{rma}' ? object.metadata.labels[k] == 'true'" in e for e in expressions)
+    assert _node_field_names("objectmeta-meta-v1.json") == [
+        "annotations", "creationTimestamp", "deletionGracePeriodSeconds", "deletionTimestamp", "finalizers",
+        "generateName", "generation", "labels", "managedFields", "name", "namespace", "ownerReferences",
+        "resourceVersion", "selfLink", "uid"]  # a new field of metadata: decide whether the policy keeps it
+
+
+NODE = {"apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "gpu-node-7", "labels": {"kubernetes.io/hostname": "gpu-node-7",
+                                                      "nvidia.com/gpu.present": "true", "pool": "training"},
+                     "annotations": {"node.alpha.kubernetes.io/ttl": "0"}, "finalizers": []},
+        "spec": {"podCIDR": "10.244.7.0/24", "podCIDRs": ["10.244.7.0/24"], "providerID": "aws:///eu-west-1a/i-0abc",
+                 "taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]}}
+
+
+def _merge(base, patch):
+    """A JSON merge patch (RFC 7386), as the API server applies a map patch: what the policy sees as `object`."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    merged = copy.deepcopy(base) if isinstance(base, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = _merge(merged.get(key), value)
+    return merged
+
+
+def _admitted(old: dict, patch: dict, user: str | None = None) -> list[str]:
+    """The messages of the policy's validations that fail for `patch` on `old` (CEL, run by cel-python); [] when
+    the API server would admit it. A user the matchCondition does not match is not judged at all."""
+    import celpy
+    policy = _node_patch_policy()["spec"]
+    env = celpy.Environment()
+    new = _merge(old, patch)
+    namespace, account = _repair_account()
+    activation = {"object": celpy.json_to_cel(new), "oldObject": celpy.json_to_cel(old),
+                  "request": celpy.json_to_cel({"userInfo": {"username": user or
+                                                             f"system:serviceaccount:{namespace}:{account}"}})}
+    [condition] = policy["matchConditions"]
+    if not env.program(env.compile(condition["expression"])).evaluate(activation):
+        return []
+    return [v["message"] for v in policy["validations"]
+            if not env.program(env.compile(v["expression"])).evaluate(activation)]
+
+
+def test_the_node_patch_policy_admits_the_executors_own_patches():
+    rma = config.from_dict({}).repair.kubernetes_rma_label
+    # what repair/executors.py sends: failover cordons, remove cordons and labels
+    assert _admitted(NODE, {"spec": {"unschedulable": True}}) == []
+    assert _admitted(NODE, {"spec": {"unschedulable": True}, "metadata": {"labels": {rma: "true"}}}) == []
+    cordoned = _merge(NODE, {"spec": {"unschedulable": True}, "metadata": {"labels": {rma: "true"}}})
+    assert _admitted(cordoned, {"spec": {"unschedulable": True}, "metadata": {"labels": {rma: "true"}}}) == []
+    bare = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n"}, "spec": {}}
+    assert _admitted(bare, {"spec": {"unschedulable": True}, "metadata": {"labels": {rma: "true"}}}) == []
+
+
+@pytest.mark.parametrize("patch, refused", [
+    ({"metadata": {"labels": {"node-role.kubernetes.io/control-plane": ""}}}, "may add no label"),
+    ({"metadata": {"labels": {"pool": "inference"}}}, "may add no label"),
+    ({"metadata": {"labels": {"pool": None}}}, "may remove no label"),
+    ({"metadata": {"labels": {"slurm-ext.io/rma": "false"}}}, "may add no label"),
+    ({"metadata": {"annotations": {"node.alpha.kubernetes.io/ttl": "30"}}}, "may change no annotation"),
+    ({"metadata": {"finalizers": ["example.com/hold"]}}, "may change no finalizer"),
+    ({"spec": {"taints": None}}, "may change no taint"),
+    ({"spec": {"taints": [{"key": "x", "effect": "NoExecute"}]}}, "may change no taint"),
+    ({"spec": {"podCIDR": "10.244.8.0/24"}}, "may change no podCIDR"),
+    ({"spec": {"providerID": "aws:///eu-west-1a/i-0def"}}, "may change no providerID"),
+], ids=["add a label", "change a label", "remove a label", "rma false", "annotation", "finalizer",
+        "remove the taints", "add a taint", "podCIDR", "providerID"])
+def test_the_node_patch_policy_refuses_every_other_change(patch, refused):
+    [message] = _admitted(NODE, {"spec": {"unschedulable": True}, **{k: v for k, v in patch.items() if k != "spec"},
+                                 **({"spec": {"unschedulable": True, **patch["spec"]}} if "spec" in patch else {})})
+    assert refused in message
+    # the same change by someone else is not this policy's business
+    assert _admitted(NODE, patch, user="system:serviceaccount:kube-system:node-controller") == []
+
+
+def test_the_node_patch_policy_refuses_an_uncordon():
+    cordoned = _merge(NODE, {"spec": {"unschedulable": True}})
+    assert _admitted(cordoned, {"spec": {"unschedulable": False}}) == ["the repair executor may cordon a node, "
+                                                                      "never uncordon it"]
+    assert _admitted(cordoned, {"spec": {"unschedulable": None}}) != []
