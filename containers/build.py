@@ -3,18 +3,26 @@
 
 Steps, each skipped when its result is there already:
   1. wheels of the checkout and its dependencies into containers/dist/ (what the images install:
-     what users get);
+     what users get), each dependency's sha256 checked against containers/requirements.lock, and
+     dist/requirements.txt, from which the images install with pip --require-hashes;
   2. the base image `slurm-ext-base:<suite>`: a `debootstrap --variant=minbase` root file system
-     imported into the engine (no registry is needed), unless --base names a registry image;
+     imported into the engine (no registry is needed), unless --base names a registry image, which
+     must be pinned by its digest (NAME@sha256:...; --allow-unpinned: a tag, for development only);
   3. one image per role from containers/Dockerfile, and MariaDB's: slurm-ext-<role>:<suite>.
 The engine is the one DOCKER_HOST names (the Docker SDK's default otherwise). Needs root for
 debootstrap, and the `docker` Python package (pip install docker).
+
+`--lock` writes containers/requirements.lock from the wheels fetched now: after a dependency changed
+(a new version in setup.cfg), review what came, then commit the lock. A wheel whose hash the lock does
+not hold is refused: a changed file on an index or a mirror, or a new version nobody reviewed.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -31,6 +39,10 @@ IMAGES = ("worker", "controller", "accounting", "login", "mariadb")
 #: Slurm in each suite Debian has (Slinky 1.2 needs 26.05, 1.0/1.1 need 25.11: sid is the default)
 SUITES = {"sid": "26.05", "trixie": "24.11"}
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
+#: the images' third-party wheels, each by its sha256 (`--lock` writes it)
+LOCK = HERE / "requirements.lock"
+#: a registry image pinned by its content: NAME[:TAG]@sha256:<64 hex digits>
+PINNED_IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:-]*@sha256:[0-9a-f]{64}$")
 
 
 def log(message: str) -> None:
@@ -68,6 +80,79 @@ def build_wheels(dist: Path) -> Path:
     return wheel
 
 
+def _wheel_hashes(dist: Path) -> dict[tuple[str, str], list[tuple[str, str]]]:
+    """(project, version) -> [(wheel file, sha256)] of the wheels in `dist` (project names normalised as pip's)."""
+    found: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for wheel in sorted(dist.glob("*.whl")):
+        name, version = wheel.name.split("-")[:2]
+        key = (re.sub(r"[-_.]+", "-", name).lower(), version)
+        found.setdefault(key, []).append((wheel.name, hashlib.sha256(wheel.read_bytes()).hexdigest()))
+    return found
+
+
+def _requirement(name: str, version: str, hashes: list[str]) -> str:
+    return f"{name}=={version}" + "".join(f" \\\n    --hash=sha256:{h}" for h in hashes) + "\n"
+
+
+def lock_text(dist: Path) -> str:
+    """containers/requirements.lock for the third-party wheels in `dist`: each version with the sha256 of each of
+    its wheels (one per Python for a compiled one)."""
+    lines = ["# The images' Python dependencies, each wheel by its sha256: containers/build.py refuses any other\n",
+             "# wheel, and the images install with pip --require-hashes. Written by `containers/build.py --lock`\n",
+             "# after a dependency changed: review what came, then commit it.\n"]
+    for (name, version), wheels in _wheel_hashes(dist).items():
+        if name != "slurm-ext":
+            lines.append(_requirement(name, version, sorted(h for _, h in wheels)))
+    return "".join(lines)
+
+
+def _locked(text: str) -> dict[tuple[str, str], set[str]]:
+    """(project, version) -> its sha256s, from a lock's text."""
+    locked: dict[tuple[str, str], set[str]] = {}
+    for requirement in text.replace("\\\n", " ").splitlines():
+        words = requirement.split("#", 1)[0].split()
+        if words:
+            name, version = words[0].split("==")
+            locked[(name, version)] = {w.removeprefix("--hash=sha256:") for w in words[1:]}
+    return locked
+
+
+def check_locked(dist: Path, lock: Path = LOCK) -> None:
+    """Refuse (SystemExit, naming the wheel) a third-party wheel in `dist` whose version or sha256 `lock` lacks."""
+    try:
+        locked = _locked(lock.read_text())
+    except OSError as err:
+        raise SystemExit(f"containers/build.py: cannot read {lock}: {err.strerror}") from None
+    for (name, version), wheels in _wheel_hashes(dist).items():
+        if name == "slurm-ext":
+            continue
+        for wheel, digest in wheels:
+            if digest not in locked.get((name, version), ()):
+                raise SystemExit(f"containers/build.py: {dist / wheel} (sha256 {digest}) is not in {lock}: "
+                                 f"{'that version is not' if (name, version) not in locked else 'its hash is not'} "
+                                 f"the reviewed one. If the dependency changed on purpose, review it and run "
+                                 f"`containers/build.py --lock`; otherwise the index or mirror served another file")
+
+
+def write_requirements(dist: Path, lock: Path = LOCK) -> Path:
+    """dist/requirements.txt, what the images install with pip --require-hashes: the lock, and the wheel of the
+    checkout by the hash it has now."""
+    [(key, wheels)] = [(key, wheels) for key, wheels in _wheel_hashes(dist).items() if key[0] == "slurm-ext"]
+    target = dist / "requirements.txt"
+    target.write_text(lock.read_text() + _requirement(key[0], key[1], [h for _, h in wheels]))
+    return target
+
+
+def check_base(base: str | None, allow_unpinned: bool) -> None:
+    """Refuse a registry base image named by a tag alone: a tag is whatever the registry (or whoever answers for
+    it) serves today. Our own debootstrap base (None) is made here from signed Debian packages."""
+    if base is None or PINNED_IMAGE.match(base) or allow_unpinned:
+        return
+    raise SystemExit(f"containers/build.py: --base {base} is not pinned by digest: give NAME@sha256:DIGEST (`docker "
+                     f"pull {base}` then `docker inspect --format '{{{{index .RepoDigests 0}}}}' {base}`), or "
+                     f"--allow-unpinned for a development build")
+
+
 def has_image(client: docker.DockerClient, name: str) -> bool:
     try:
         client.images.get(name)
@@ -102,10 +187,11 @@ def build_base(client: docker.DockerClient, suite: str, mirror: str) -> str:
     return name
 
 
-def build_role(client: docker.DockerClient, role: str, base: str, tag: str) -> None:
+def build_role(client: docker.DockerClient, role: str, base: str, tag: str, apt_release_max_age: int = 0) -> None:
     started = time.monotonic()
     try:
-        client.images.build(path=str(HERE), dockerfile="Dockerfile", target=role, tag=tag, buildargs={"BASE": base},
+        client.images.build(path=str(HERE), dockerfile="Dockerfile", target=role, tag=tag,
+                            buildargs={"BASE": base, "APT_RELEASE_MAX_AGE": str(apt_release_max_age)},
                             network_mode="host", rm=True, forcerm=True)
     except docker.errors.BuildError as err:
         lines = [chunk.get("stream", chunk.get("error", "")) for chunk in err.build_log]
@@ -117,16 +203,34 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suite", choices=sorted(SUITES), default="sid",
                         help="Debian suite, and so the Slurm in the images (sid: 26.05, trixie: 24.11)")
-    parser.add_argument("--base", help="a registry base image (e.g. debian:sid) instead of a debootstrap one")
+    parser.add_argument("--base", help="a registry base image pinned by digest (debian@sha256:...) instead of a "
+                        "debootstrap one")
+    parser.add_argument("--allow-unpinned", action="store_true",
+                        help="take a --base named by a tag alone (debian:sid): development builds only")
     parser.add_argument("--mirror", default=DEFAULT_MIRROR, help="Debian mirror for debootstrap")
+    parser.add_argument("--apt-release-max-age", type=int, default=0, metavar="DAYS",
+                        help="take the mirror's Release files up to DAYS after their Date even past their Valid-Until "
+                             "(a mirror snapshot: sid's Valid-Until is a week); default 0: apt's own check")
     parser.add_argument("--image", action="append", choices=IMAGES, help="build only these images (default: all)")
+    parser.add_argument("--lock", action="store_true",
+                        help=f"write {LOCK.name} from the wheels fetched now (after a reviewed dependency change)")
     args = parser.parse_args(argv)
-    client = docker.from_env(timeout=600)
-    wheel = build_wheels(HERE / "dist")
+    check_base(args.base, args.allow_unpinned)
+    if not 0 <= args.apt_release_max_age <= 3650:
+        parser.error("--apt-release-max-age: expected 0 to 3650 days")
+    dist = HERE / "dist"
+    wheel = build_wheels(dist)
     log(f"wheel {wheel.name}")
+    if args.lock:
+        LOCK.write_text(lock_text(dist))
+        log(f"wrote {LOCK}: review `git diff {LOCK}` before committing it")
+        return 0
+    check_locked(dist)
+    write_requirements(dist)
+    client = docker.from_env(timeout=600)
     base = args.base or build_base(client, args.suite, args.mirror)
     for role in args.image or IMAGES:
-        build_role(client, role, base, f"slurm-ext-{role}:{args.suite}")
+        build_role(client, role, base, f"slurm-ext-{role}:{args.suite}", args.apt_release_max_age * 86400)
     return 0
 
 

@@ -2,14 +2,22 @@
 
 The suite starts an engine of its own (tests/docker_engine.py) and builds every image with
 containers/build.py from a debootstrap base, as a user without a registry would (conftest's `engine`
-and `images`). Containers run on `--network host` only. The cluster made of them:
-test_container_cluster.py.
+and `images`, which mark a test `containers`). Containers run on `--network host` only. The cluster made
+of them: test_container_cluster.py.
+
+What the build trusts (issue 28, item 18), without an engine or a network: every dependency's wheel is
+pinned by its sha256 (containers/requirements.lock), checked by build.py and again by pip's own
+--require-hashes in the image; a registry base image must be named by its digest; apt keeps checking
+that the mirror's Release files are current, within a bound given for a snapshot.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -18,8 +26,6 @@ import pytest
 from helpers.files import temp_dir
 from helpers.wait import wait_for
 from slurm_ext.config import Config
-
-pytestmark = pytest.mark.containers
 
 REPO = Path(__file__).resolve().parents[1]
 #: image -> (the role its agent runs, the agent's port with the image's own config)
@@ -103,3 +109,96 @@ def test_orphans_made_inside_a_container_are_reaped_by_pid_1(engine, images):
             container.remove(force=True, v=True)
     finally:
         shutil.rmtree(etc)
+
+
+# -- what the build trusts (issue 28, item 18) -----------------------------------------------------------------
+
+sys.path.insert(0, str(REPO / "containers"))
+import build  # noqa: E402  (containers/build.py)
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory) -> Path:
+    """The wheels build.py makes for the images (the checkout's, and its dependencies' from the package index
+    this host's pip is configured with: no network needed here), in a directory of the test's own."""
+    dist = tmp_path_factory.mktemp("dist")
+    build.build_wheels(dist)
+    return dist
+
+
+def _pip_install_dry_run(dist: Path, requirements: Path) -> subprocess.CompletedProcess:
+    """What the Dockerfile runs, without installing: pip resolves every requirement from `dist` only and checks
+    each wheel's sha256."""
+    return subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-cache-dir",
+                           "--disable-pip-version-check", "--no-index", "--only-binary=:all:", "--find-links",
+                           str(dist), "--require-hashes", "-r", str(requirements)],
+                          capture_output=True, text=True, timeout=300, env={"PIP_CONFIG_FILE": "/dev/null",
+                                                                            "PATH": "/usr/bin:/bin"})
+
+
+def test_the_lock_pins_every_dependency_and_pip_installs_them_by_hash(wheels):
+    build.check_locked(wheels)  # every third-party wheel fetched now is the reviewed one
+    assert build.lock_text(wheels) == build.LOCK.read_text(), "the lock is stale: containers/build.py --lock"
+    requirements = build.write_requirements(wheels)
+    text = requirements.read_text()
+    assert text.startswith(build.LOCK.read_text()) and re.search(r"^slurm-ext==\S+ \\$", text, re.M)
+    done = _pip_install_dry_run(wheels, requirements)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Would install" in done.stdout and "slurm-ext" in done.stdout
+
+
+def test_a_wheel_changed_on_its_way_is_refused_by_the_build_and_by_pip(wheels, tmp_path):
+    """A wheel with one byte more (a mirror's, an index's, a proxy's) under the same name: build.py says which and
+    stops; the image's pip refuses it too."""
+    dist = tmp_path / "dist"
+    shutil.copytree(wheels, dist)
+    requirements = build.write_requirements(dist)
+    [victim] = dist.glob("click-*.whl")
+    victim.write_bytes(victim.read_bytes() + b"\0")
+    with pytest.raises(SystemExit, match=rf"{victim.name} \(sha256 [0-9a-f]{{64}}\) is not in .*its hash is not"):
+        build.check_locked(dist)
+    done = _pip_install_dry_run(dist, requirements)
+    assert done.returncode != 0 and "DO NOT MATCH THE HASHES" in done.stdout + done.stderr, done.stdout + done.stderr
+    victim.unlink()  # and one the lock never named
+    (dist / "click-9.9.9-py3-none-any.whl").write_bytes(b"PK\5\6" + b"\0" * 18)
+    with pytest.raises(SystemExit, match="that version is not the reviewed one"):
+        build.check_locked(dist)
+
+
+@pytest.mark.parametrize("base", ["debian:sid", "debian", "registry.example.com/debian:trixie",
+                                  "debian@sha256:abc", "debian:sid@sha512:" + "a" * 128])
+def test_the_build_refuses_a_base_image_without_a_digest_before_it_builds_anything(base, tmp_path):
+    """Refused before the wheels, the engine or the base: the command exits with the reason and builds nothing."""
+    done = subprocess.run([sys.executable, str(REPO / "containers" / "build.py"), "--base", base],
+                          capture_output=True, text=True, timeout=120, env={"DOCKER_HOST": "unix:///nonexistent",
+                                                                            "PATH": "/usr/bin:/bin"}, cwd=tmp_path)
+    assert done.returncode != 0 and f"--base {base} is not pinned by digest" in done.stderr, done.stderr
+    build.check_base(base, allow_unpinned=True)  # a development build may
+    build.check_base("debian@sha256:" + "0" * 64, allow_unpinned=False)
+    build.check_base("registry.example.com:5000/debian:sid@sha256:" + "f" * 64, allow_unpinned=False)
+    build.check_base(None, allow_unpinned=False)  # the debootstrap base, made here from signed packages
+
+
+def _run_lines(dockerfile: str) -> list[str]:
+    """The Dockerfile's RUN instructions, continuation lines joined."""
+    joined = re.sub(r"\\\n\s*", " ", dockerfile)
+    return [line for line in joined.splitlines() if line.startswith("RUN ")]
+
+
+def test_the_dockerfile_installs_by_hash_and_keeps_apts_release_check():
+    dockerfile = (REPO / "containers" / "Dockerfile").read_text()
+    runs = _run_lines(dockerfile)
+    [pip] = [run for run in runs if "pip install" in run]
+    for option in ("--require-hashes", "--no-index", "--only-binary=:all:",
+                   "-r /tmp/slurm-ext-dist/requirements.txt"):
+        assert option in pip, option
+    assert "Check-Valid-Until \"false\"" not in dockerfile and "Check-Valid-Until \"true\"" in dockerfile
+    # the snapshot's allowance is a bound, and only where the build is told one
+    assert "ARG APT_RELEASE_MAX_AGE=0" in dockerfile
+    [apt] = [run for run in runs if "Min-ValidTime" in run]
+    assert '[ "$APT_RELEASE_MAX_AGE" -gt 0 ]' in apt
+    from helpers.images import APT_RELEASE_MAX_AGE_DAYS
+    assert 0 < APT_RELEASE_MAX_AGE_DAYS <= 400
+    # every stage starts from the base the build checked
+    assert re.findall(r"^FROM (\S+)", dockerfile, re.M) == ["${BASE}"] + ["base"] * (len(
+        re.findall(r"^FROM ", dockerfile, re.M)) - 1)

@@ -15,6 +15,9 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 #: the Debian suite the container tests build on (sid: Slurm 26.05, what Slinky 1.2 needs); trixie
 #: (Slurm 24.11) with SLURM_EXT_TEST_IMAGE_SUITE=trixie
 IMAGE_SUITE = os.environ.get("SLURM_EXT_TEST_IMAGE_SUITE", "sid")
+#: the suite's mirror is a snapshot (sid's Release of 2026-10-30, whose Valid-Until is a week later): apt takes it
+#: up to this many days after its Date, and nothing older (containers/Dockerfile's APT_RELEASE_MAX_AGE)
+APT_RELEASE_MAX_AGE_DAYS = 365
 
 
 class ImageBuild:
@@ -48,7 +51,8 @@ class ImageBuild:
             self.output = tempfile.TemporaryFile()
             self.started = time.monotonic()
             self.process = subprocess.Popen(
-                [sys.executable, str(CHECKOUT / "containers" / "build.py"), "--suite", IMAGE_SUITE],
+                [sys.executable, str(CHECKOUT / "containers" / "build.py"), "--suite", IMAGE_SUITE,
+                 "--apt-release-max-age", str(APT_RELEASE_MAX_AGE_DAYS)],
                 env=engine.environ(), stdout=self.output, stderr=subprocess.STDOUT, start_new_session=True)
 
     def images(self) -> dict[str, str]:
