@@ -9,6 +9,7 @@ from dataclasses import asdict
 from datetime import datetime
 
 from slurm_ext import config
+from slurm_ext.log import printable
 
 from .settings import ACTIONS
 
@@ -20,6 +21,12 @@ def _store(args: argparse.Namespace):
     from .store import open_store
     loaded = config.load(args.config)
     return loaded, open_store(loaded, create=False)
+
+
+def _say(line: str, stream=None) -> None:
+    """Print one line for the operator's terminal, control characters escaped as `slurm-ext events` does: journal
+    messages hold what scripts printed, and an escape sequence in them would act on the terminal."""
+    print(printable(line), file=stream or sys.stdout)
 
 
 def _when(epoch: float | None) -> str:
@@ -52,10 +59,10 @@ def _list(args: argparse.Namespace) -> int:
     for r in records:
         jobs = f" jobs {','.join(map(str, r.jobs))}" if r.jobs else ""
         note = f" ({r.note})" if r.note else ""
-        print(f"{r.node:<14} {r.state:<12} {r.action:<12} {r.step or '-':<10} {_when(r.opened):<20} "
-              f"{r.decided_by or '-':<12} {r.signature}: {r.evidence}{jobs}{note}")
+        _say(f"{r.node:<14} {r.state:<12} {r.action:<12} {r.step or '-':<10} {_when(r.opened):<20} "
+             f"{r.decided_by or '-':<12} {r.signature}: {r.evidence}{jobs}{note}")
     for s in held:
-        print(f"{s.name:<14} paused, held behind {s.reason!r} (by {s.reason_owner}): {'; '.join(s.held)}")
+        _say(f"{s.name:<14} paused, held behind {s.reason!r} (by {s.reason_owner}): {'; '.join(s.held)}")
     return 0
 
 
@@ -116,7 +123,7 @@ def _status(args: argparse.Namespace) -> int:
         said = s.findings[0] if s.findings else (f"{s.reason} (by {s.reason_owner})" if s.reason else "")
         said += f"; held: {'; '.join(s.held)}" if s.held else ""
         last = f"  [{s.events[-1]}]" if s.events else ""
-        print(f"{s.name:<14} {s.state:<10} {s.slurm_state:<24} {gpus:<8} {s.repair or '-':<18} {said}{last}")
+        _say(f"{s.name:<14} {s.state:<10} {s.slurm_state:<24} {gpus:<8} {s.repair or '-':<18} {said}{last}")
     return 0
 
 
@@ -140,13 +147,13 @@ def _history(args: argparse.Namespace) -> int:
         return 0
     for e in timeline.entries:
         who = f" [{e.user}]" if e.user and e.source == "repair" else ""
-        print(f"{_when(e.time)}  {e.node:<12} {e.source:<6} {e.event}: {e.message}{who}")
+        _say(f"{_when(e.time)}  {e.node:<12} {e.source:<6} {e.event}: {e.message}{who}")
     if timeline.unreachable:
-        print(f"slurm-ext: warning: no journal from {len(timeline.unreachable)} node agent(s): "
-              + ", ".join(f"{n} ({why})" for n, why in sorted(timeline.unreachable.items())[:10])
-              + (" ..." if len(timeline.unreachable) > 10 else ""), file=sys.stderr)
+        _say(f"slurm-ext: warning: no journal from {len(timeline.unreachable)} node agent(s): "
+             + ", ".join(f"{n} ({why})" for n, why in sorted(timeline.unreachable.items())[:10])
+             + (" ..." if len(timeline.unreachable) > 10 else ""), sys.stderr)
     for name, shortfall in sorted(timeline.incomplete.items()):
-        print(f"slurm-ext: warning: node {name}'s journal is incomplete: {shortfall}", file=sys.stderr)
+        _say(f"slurm-ext: warning: node {name}'s journal is incomplete: {shortfall}", sys.stderr)
     return 0
 
 

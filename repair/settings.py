@@ -61,7 +61,8 @@ class RepairSection:
     executor: str = setting("command", "how reprovision, failover and remove run: command (`commands`, bare metal) or "
                             "kubernetes (the kubernetes_* keys: delete the node's pod, cordon or label its "
                             "Kubernetes node)", "choice", choices=("command", "kubernetes"))
-    commands: dict = setting({}, "the command of each executed action, as a list; {node} is the node's name: "
+    commands: dict = setting({}, "the command of each executed action, as a list: a program and its arguments, "
+                             "never `sh -c`; {node} is the node's name, as one argument: "
                              "{ remove = [\"/usr/local/sbin/rma\", \"{node}\"] }", "table",
                              item={"kind": "list", "item": {"kind": "str"}, "min_items": 1})
     command_timeout: float = setting(1800.0, "longest an executor command may run before it is killed and the "
@@ -77,8 +78,12 @@ class RepairSection:
     kubernetes_token_file: str = setting("/var/run/secrets/kubernetes.io/serviceaccount/token",
                                          "the bearer token's file (root-owned)", "path", empty_ok=True)
     kubernetes_ca_file: str = setting("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
-                                      "the API server's CA; empty: not verified (a test server only)", "path",
+                                      "the CA that verifies repair.kubernetes_api's certificate; empty: the "
+                                      "executor refuses to send its token, unless kubernetes_insecure", "path",
                                       empty_ok=True)
+    kubernetes_insecure: bool = setting(False, "let the executor send its bearer token to repair.kubernetes_api "
+                                        "unverified (plain http, or no kubernetes_ca_file): a test server only",
+                                        "bool")
     kubernetes_namespace: str = setting("slurm", "the namespace of the NodeSet's worker pods", "str",
                                         pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     kubernetes_pod: str = setting("{node}", "the worker pod of a Slurm node ({node}: its name; Slinky names a "

@@ -1,9 +1,12 @@
 """The repair component's logic: recommendations from literal nodes, decisions on a real SQLite store, the
-executors for real (a command; the Kubernetes client against a recording HTTP server), the status classes."""
+executors for real (a command; the Kubernetes client against a recording HTTP(S) server), the status classes, and
+`history` from the real CLI on the session cluster."""
 
 from __future__ import annotations
 
 import json
+import ssl
+import subprocess
 import threading
 import time
 from dataclasses import replace
@@ -12,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from helpers.cli import cli
+from helpers.files import script
+from helpers.wait import wait_for
 from slurm_ext import config
 from slurm_ext.agentapi import HealthAnswer, Readings
 from slurm_ext.repair import decide, executors, recommend
@@ -178,12 +184,14 @@ def test_pause_cooldown_dry_run_and_auto_approve_rules(store):
 
 def test_the_command_executor_runs_the_template_and_reports_failure_and_timeout(tmp_path):
     out = tmp_path / "rma.log"
-    settings = RepairSection(commands={"remove": ["/bin/sh", "-c", f"echo RMA {{node}} >> {out}; echo ticket 42"],
-                                       "reprovision": ["/bin/sh", "-c", "echo no image >&2; exit 3"],
+    # each a program that takes the node as its argument, as the docs say (never `sh -c` with {node} in its text)
+    rma = script(tmp_path, "rma", f'#!/bin/sh\necho "RMA $1" >> {out}\necho ticket 42\n')
+    reimage = script(tmp_path, "reimage", "#!/bin/sh\necho no image >&2\nexit 3\n")
+    settings = RepairSection(commands={"remove": [str(rma), "{node}"], "reprovision": [str(reimage), "{node}"],
                                        "failover": ["/bin/sleep", "5"]}, command_timeout=1.0)
     outcome = executors.run_action(settings, "remove", "gpu-7")
     assert out.read_text() == "RMA gpu-7\n" and "ticket 42" in outcome.output
-    with pytest.raises(executors.ExecutorFailed, match="exit status 3.*no image|no image"):
+    with pytest.raises(executors.ExecutorFailed, match="reimage gpu-7 exited with status 3: no image"):
         executors.run_action(settings, "reprovision", "gpu-7")
     started = time.monotonic()
     with pytest.raises(executors.ExecutorFailed, match="did not finish within 1s and was killed"):
@@ -191,6 +199,43 @@ def test_the_command_executor_runs_the_template_and_reports_failure_and_timeout(
     assert time.monotonic() - started < 4
     with pytest.raises(executors.ExecutorFailed, match="no command for remove"):
         executors.run_action(RepairSection(), "remove", "gpu-7")
+
+
+def test_a_node_name_that_the_sites_tool_would_take_for_an_option_is_refused_and_nothing_runs(tmp_path):
+    """Issue 28.15: a node named `-oProxyCommand=...` in an ssh template is an option of ssh, which runs the command
+    in it (seen: the marker made, as root). Every name outside [A-Za-z0-9][A-Za-z0-9._-]* is refused before
+    anything runs."""
+    marker = tmp_path / "proxy-command-ran"
+    ssh = RepairSection(commands={"remove": ["/usr/bin/ssh", "-F", "/dev/null", "-o", "BatchMode=yes", "{node}",
+                                             "true"]})
+    with pytest.raises(executors.ExecutorFailed, match=r"node name '-oProxyCommand=touch .*' refused.*nothing was run"):
+        executors.run_action(ssh, "remove", f"-oProxyCommand=touch {marker}")
+    assert not marker.exists()
+    ran = tmp_path / "ran"
+    record = RepairSection(commands={"remove": [str(script(tmp_path, "record", f'#!/bin/sh\necho "$1" >> {ran}\n')),
+                                                "{node}"]})
+    for node in ("-rf", "--help", "gpu 1", "gpu1\n", "gpu;id", "$(id)", "../gpu1", ".hidden", "_gpu1", "", "gpü1",
+                 "gpu1\x1b[2J"):
+        with pytest.raises(executors.ExecutorFailed, match="refused"):
+            executors.run_action(record, "remove", node)
+    assert not ran.exists()
+    executors.run_action(record, "remove", "gpu-07.rack_2")
+    assert ran.read_text() == "gpu-07.rack_2\n"
+
+
+def test_what_the_command_prints_is_kept_to_its_tail_with_control_characters_escaped(tmp_path):
+    """Issue 28.15: an executor's output goes into the repair's history and onto the page (its outcome, or the
+    failure's message): the last executors.OUTPUT_LIMIT characters, escape sequences escaped."""
+    noisy = "#!/bin/sh\n{ head -c 100000 /dev/zero | tr '\\0' x; printf '\\033]0;pwned\\007\\033[2J done\\n'; } >&2\n"
+    settings = RepairSection(commands={"remove": [str(script(tmp_path, "ok", noisy)), "{node}"],
+                                       "reprovision": [str(script(tmp_path, "fails", noisy + "exit 4\n")), "{node}"]})
+    outcome = executors.run_action(settings, "remove", "gpu-7")
+    with pytest.raises(executors.ExecutorFailed) as failed:
+        executors.run_action(settings, "reprovision", "gpu-7")
+    said = str(failed.value)
+    assert "\x1b" not in said + outcome.output and outcome.output.endswith("x\\x1b]0;pwned\\x07\\x1b[2J done")
+    assert "exited with status 4: x" in said and said.endswith("x\\x1b]0;pwned\\x07\\x1b[2J done")
+    assert len(outcome.output) <= executors.OUTPUT_LIMIT and len(said) < executors.OUTPUT_LIMIT + 200
 
 
 class _Recorder(BaseHTTPRequestHandler):
@@ -246,11 +291,78 @@ def recorder(tmp_path):
     token = tmp_path / "token"
     token.write_text("s3cret\n")
     settings = RepairSection(executor="kubernetes", kubernetes_api=f"http://127.0.0.1:{server.server_port}",
-                             kubernetes_token_file=str(token), kubernetes_ca_file="", kubernetes_namespace="slurm",
-                             kubernetes_pod="gpu-{node}")
+                             kubernetes_token_file=str(token), kubernetes_ca_file="", kubernetes_insecure=True,
+                             kubernetes_namespace="slurm", kubernetes_pod="gpu-{node}")
     yield settings, _Recorder.requests
     server.shutdown()
     server.server_close()
+
+
+def _self_signed(directory: Path, name: str) -> tuple[Path, Path]:
+    """(certificate, key) for 127.0.0.1, made by the openssl command line."""
+    cert, key = directory / f"{name}.crt", directory / f"{name}.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True, timeout=60)
+    return cert, key
+
+
+class _CountingServer(ThreadingHTTPServer):
+    """Counts every connection it is offered, before the TLS handshake: a client that sends nothing is seen too."""
+
+    offered = 0
+
+    def get_request(self):
+        self.offered += 1
+        return super().get_request()
+
+
+@pytest.fixture
+def https_recorder(tmp_path):
+    """The recording server behind TLS on 127.0.0.1, its certificate self-signed: (settings that verify it with that
+    certificate as the CA, the server, the requests it records)."""
+    cert, key = _self_signed(tmp_path, "api")
+    _Recorder.requests = []
+    server = _CountingServer(("127.0.0.1", 0), _Recorder)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    settings = RepairSection(executor="kubernetes", kubernetes_api=f"https://127.0.0.1:{server.server_port}",
+                             kubernetes_token_file=str(token), kubernetes_ca_file=str(cert),
+                             kubernetes_namespace="slurm", kubernetes_pod="gpu-{node}")
+    yield settings, server, _Recorder.requests
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_kubernetes_executor_sends_its_token_only_to_an_api_server_it_verified(https_recorder, tmp_path):
+    """Issue 28.14: without a CA file the executor turned TLS verification off and sent its bearer token to whoever
+    answered. Now it refuses before connecting, naming repair.kubernetes_ca_file, unless repair.kubernetes_insecure
+    says so; with the CA it verifies (a server with another certificate gets no request)."""
+    settings, server, requests = https_recorder
+    unverified = replace(settings, kubernetes_ca_file="")
+    with pytest.raises(executors.ExecutorFailed, match="repair.kubernetes_ca_file is empty.*nothing was sent"):
+        executors.run_action(unverified, "reprovision", "n1")
+    plain = replace(unverified, kubernetes_api=settings.kubernetes_api.replace("https:", "http:"))
+    with pytest.raises(executors.ExecutorFailed, match="plain http.*repair.kubernetes_insecure = true"):
+        executors.run_action(plain, "reprovision", "n1")
+    assert server.offered == 0 and requests == []
+
+    other, _ = _self_signed(tmp_path, "other")
+    with pytest.raises(executors.ExecutorFailed, match="no answer from the Kubernetes API for reprovision.*CERTIFICATE"):
+        executors.run_action(replace(settings, kubernetes_ca_file=str(other)), "reprovision", "n1")
+    assert requests == []  # its handshake failed: nothing sent
+
+    executors.run_action(settings, "reprovision", "n1")
+    assert [(r["method"], r["auth"]) for r in requests] == [("GET", "Bearer s3cret"), ("DELETE", "Bearer s3cret")]
+    requests.clear()
+    executors.run_action(replace(unverified, kubernetes_insecure=True), "reprovision", "n2")  # the site said so
+    assert [(r["method"], r["path"]) for r in requests] == [("GET", "/api/v1/namespaces/slurm/pods/gpu-n2"),
+                                                           ("DELETE", "/api/v1/namespaces/slurm/pods/gpu-n2")]
 
 
 def test_the_kubernetes_executor_sends_the_expected_requests(recorder):
@@ -276,7 +388,7 @@ def test_the_kubernetes_executor_sends_the_expected_requests(recorder):
 
 def test_the_kubernetes_executor_names_an_api_that_does_not_answer(tmp_path):
     settings = RepairSection(executor="kubernetes", kubernetes_api="http://127.0.0.1:9", kubernetes_token_file="",
-                             kubernetes_ca_file="")
+                             kubernetes_ca_file="", kubernetes_insecure=True)
     with pytest.raises(executors.ExecutorFailed, match="no answer from the Kubernetes API for remove"):
         executors.run_action(settings, "remove", "n1")
 
@@ -681,6 +793,29 @@ def test_history_merges_slurm_the_journal_and_the_steps_of_one_pass_in_causal_or
         ("agent", "supervisor/stop", "stop"), ("agent", "supervisor/started", "started")]
     assert [e.time for e in timeline.entries] == sorted(e.time for e in timeline.entries)
     assert timeline.entries[2].acts == "reboot"
+
+
+def test_history_shows_the_escape_sequences_a_script_printed_escaped(running_cluster):
+    """Issue 28.9: a job-end script's last line of output is in its script-failed event, in the node's journal;
+    `slurm-ext history` printed it raw, so its escape sequences retitled and cleared the operator's terminal. The
+    real CLI now escapes them as `slurm-ext events` does."""
+    cluster = running_cluster
+    hook = script(cluster.layout.etc / "worker" / "job-end.d", "50-escapes",
+                  "#!/bin/sh\nprintf 'scratch check \\033]0;pwned\\007\\033[2J failed\\n'\nexit 1\n")
+    try:
+        job = cluster.sbatch("--wrap", "true")
+
+        def history():
+            done = cli("--config", str(cluster.layout.slurm_ext_conf), "history", "--node", cluster.node, "--since",
+                       "10m")
+            assert done.returncode == 0, done.stderr
+            return done.stdout if f"job-end script {hook}" in done.stdout else None
+        shown = wait_for(f"job {job}'s job-end script in the history", history, 120, interval=1.0)
+    finally:
+        hook.unlink()
+    line = next(line for line in shown.splitlines() if f"job-end script {hook}" in line)
+    assert "scratch check \\x1b]0;pwned\\x07\\x1b[2J failed" in line, line
+    assert not set(shown) & {"\x1b", "\x07"}, shown
 
 
 def test_a_history_written_before_steps_said_what_they_did_opens_and_reads(tmp_path):
