@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable, Iterator
 
 from slurm_ext import fileio
 from slurm_ext.config import Config
@@ -33,10 +33,15 @@ __all__ = ["WitnessJob", "ReconcileFindings", "read_witness", "reconcile", "witn
 #: the last reconcile's counts, in node.state_dir: the controller agent exports them as metrics
 RESULT_FILE = "accounting-reconcile.json"
 
-#: jobcomp/filetxt's line: JobId and UserId lead it, before the job's name (the user's text, which may hold
-#: anything, " JobId=7" too); JobState..EndTime are the first such run after it
-_HEAD = re.compile(r"^JobId=(\d+) UserId=(\S*) ")
-_END = re.compile(r" JobState=(\S*) Partition=\S* TimeLimit=\S* StartTime=\S* EndTime=(\S*) ")
+#: jobcomp/filetxt's line, as slurmctld writes it: JobId, UserId and GroupId lead it, then Name (the user's text,
+#: which may hold anything: "JobId=9", or a whole run of the fields that follow it), then Slurm's run of JobState to
+#: ProcCnt, then WorkDir (the user's text again: a directory's name) and Slurm's fields to the end
+_HEAD = re.compile(r"^JobId=(\d+) UserId=(\S*) GroupId=\S* Name=")
+_RUN = re.compile(r" JobState=([A-Z_]+) Partition=\S* TimeLimit=\S+ StartTime=\S+ EndTime=(\S+) NodeList=\S* "
+                  r"NodeCnt=\d+ ProcCnt=\d+ WorkDir=")
+#: the longest record read (a job's name and work dir with their newlines): a log in a format of another Slurm,
+#: whose lines never hold the run, is not read into memory whole
+_LONGEST_RECORD = 16 * 2**20
 #: sacct states of a job that has not ended
 _UNFINISHED = {"PENDING", "RUNNING", "REQUEUED", "RESIZING", "SUSPENDED", "REQUEUE_HOLD", "REQUEUE_FED"}
 
@@ -112,23 +117,63 @@ def witness_path(config: Config) -> Path:
 def read_witness(path: Path, since: datetime | None = None) -> list[WitnessJob]:
     """The jobs of a jobcomp/filetxt log that ended at or after `since` (a requeued job: its last end).
 
+    The window starts at the first line that ended at or after `since`, and every line after it counts, whatever
+    its EndTime says: slurmctld appends a line at each job's end, so a line's place in the file is when its job
+    ended, and a job whose name forged an earlier EndTime (or a whole line, after a newline) is still checked. (A
+    forged line can still pose as ending before `since` when it is the very first job to end after it.)
+
     Raises:
         OSError: the file cannot be read (the caller names it).
     """
     jobs: dict[int, WitnessJob] = {}
     # the log's times are local and have no offset: compared as text in the same form
     cutoff = since.astimezone().strftime("%Y-%m-%dT%H:%M:%S") if since else ""
+    in_window = not cutoff
     with open(path, errors="replace") as lines:
-        for number, line in enumerate(lines, 1):
-            head, end = _HEAD.match(line), _END.search(line)
+        for number, record in _records(lines):
+            head, end = _HEAD.match(record), _end(record)
             if head is None or end is None:
                 continue
-            state, ended = end.groups()
-            if cutoff and ended < cutoff:
+            state, ended = end
+            in_window = in_window or ended >= cutoff
+            if not in_window:
                 continue
             job_id = int(head.group(1))
             jobs[job_id] = WitnessJob(job_id, state, ended, re.sub(r"\(\d+\)$", "", head.group(2)), number)
     return sorted(jobs.values(), key=lambda j: j.job_id)
+
+
+def _records(lines: Iterable[str]) -> Iterator[tuple[int, str]]:
+    """(first line number, text) of each job's record: slurmctld writes a job's name and work dir as they are,
+    newlines too, so a record whose JobId line has no run of Slurm's fields goes on over the lines after it until
+    one has (a name's "\nJobId=9 UserId=..." stays the name's, not a line of job 9's). Lines of no record are left
+    out; so is a record that the file's end cuts (slurmctld still writing it), or one past _LONGEST_RECORD."""
+    pending: list[str] = []  # the record's lines so far
+    first = size = 0
+    for number, line in enumerate(lines, 1):
+        if pending and size < _LONGEST_RECORD:
+            pending.append(line)
+            size += len(line)
+        elif _HEAD.match(line):
+            pending, first, size = [line], number, len(line)
+        else:
+            pending = []
+            continue
+        if _RUN.search(line):  # the run holds no newline: it is on one line
+            yield first, "".join(pending)
+            pending = []
+
+
+def _end(record: str) -> tuple[str, str] | None:
+    """(state, end time) of a witness record, from Slurm's run of fields between the job's name and its work dir.
+
+    Both are the user's text, on either side of that run, and either can hold a run of its own: the text cannot say
+    which one is Slurm's (a forged run ends at its own WorkDir=, before Slurm's starts, or starts after it). Of
+    several, the latest end is taken (with its state): a forged run can only make its job's end later (it is then
+    checked in later windows too, and sacct still decides whether it is missing), never earlier.
+    """
+    runs = [run.groups() for run in _RUN.finditer(record)]
+    return max(runs, key=lambda run: run[1]) if runs else None
 
 
 def reconcile(config: Config, since: datetime | None = None, witness: Path | None = None,

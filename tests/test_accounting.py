@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -209,6 +209,79 @@ def test_the_witness_keeps_each_jobs_last_end_since_a_time_and_a_job_name_cannot
     jobs = read_witness(log)
     assert [(j.job_id, j.state, j.user, j.line) for j in jobs] == [(7, "TIMEOUT", "alice", 4), (8, "FAILED", "bob", 3)]
     assert [j.job_id for j in read_witness(log, since=datetime(2026, 1, 2, 12))] == [7]
+
+
+#: a run of the fields slurmctld writes between a job's name and its work dir, ending 2020: a forged end
+_FORGED_RUN = ("JobState=COMPLETED Partition=debug TimeLimit=UNLIMITED StartTime=2020-01-01T00:00:00 "
+               "EndTime=2020-01-01T00:00:00 NodeList=n1 NodeCnt=1 ProcCnt=1 WorkDir=")
+#: a whole forged head, to follow a newline in a job's name
+_FORGED_HEAD = "JobId={} UserId=root(0) GroupId=root(0) Name=b"
+
+
+def _witness_line(job: int, name: str, workdir: str, state: str, end: str) -> str:
+    """A job's line in jobcomp/filetxt's format, as slurmctld writes it (the name and work dir as they are)."""
+    return (f"JobId={job} UserId=eve(1003) GroupId=g(1) Name={name} JobState={state} Partition=debug "
+            f"TimeLimit=UNLIMITED StartTime={end} EndTime={end} NodeList=n1 NodeCnt=1 ProcCnt=1 WorkDir={workdir} "
+            f"ReservationName= Tres=cpu=1 Account=a QOS=normal WcKey= Cluster=c1 SubmitTime={end} "
+            f"EligibleTime={end} DerivedExitCode=0:0 ExitCode=1:0 \n")
+
+
+def test_a_forged_run_of_fields_in_a_name_or_work_dir_never_moves_a_jobs_end_earlier(tmp_path):
+    """Issue 28.17 on literal lines: the name and the work dir lie on either side of Slurm's own run; of the runs a
+    line holds, the latest end counts."""
+    log = tmp_path / "jobcomp.log"
+    log.write_text(_witness_line(21, f"x {_FORGED_RUN}/", "/home/eve", "FAILED", "2026-01-03T10:00:00")
+                   + _witness_line(22, "x", f"/tmp/a {_FORGED_RUN}/b", "FAILED", "2026-01-03T10:00:00")
+                   + _witness_line(23, f"x {_FORGED_RUN}", f"/tmp/a {_FORGED_RUN}", "TIMEOUT", "2026-01-03T10:00:00"))
+    jobs = read_witness(log, since=datetime(2026, 1, 2))
+    assert [(j.job_id, j.state, j.end) for j in jobs] == [(21, "FAILED", "2026-01-03T10:00:00"),
+                                                          (22, "FAILED", "2026-01-03T10:00:00"),
+                                                          (23, "TIMEOUT", "2026-01-03T10:00:00")]
+
+
+def test_a_name_with_newlines_stays_its_jobs_and_a_whole_forged_line_is_still_in_the_window(tmp_path):
+    """Issue 28.17: Slurm writes a job's name with its newlines (seen on 22.05). A name "a\\nJobId=99 ..." cut its
+    job's line short (the job unseen) and gave its end to job 99; a name holding a whole line, EndTime 2020, then a
+    newline and another job's head, hid its job from every window. The window now goes by the place in the file."""
+    whole = (f"x {_FORGED_RUN}/ ReservationName= Tres=cpu=1 Account=a QOS=normal WcKey= Cluster=c1 "
+             f"SubmitTime=2020-01-01T00:00:00 EligibleTime=2020-01-01T00:00:00 DerivedExitCode=0:0 ExitCode=0:0 \n"
+             + _FORGED_HEAD.format(98))
+    log = tmp_path / "jobcomp.log"
+    log.write_text(_witness_line(30, "x", "/h", "COMPLETED", "2026-01-01T10:00:00")
+                   + _witness_line(31, "x", "/h", "COMPLETED", "2026-01-03T09:00:00")
+                   + _witness_line(32, "a\n" + _FORGED_HEAD.format(99), "/h", "FAILED", "2026-01-03T10:00:00")
+                   + _witness_line(33, whole, "/h", "FAILED", "2026-01-03T11:00:00"))
+    jobs = read_witness(log, since=datetime(2026, 1, 2))
+    assert [(j.job_id, j.state, j.end, j.line) for j in jobs] == [
+        (31, "COMPLETED", "2026-01-03T09:00:00", 2), (32, "FAILED", "2026-01-03T10:00:00", 3),
+        (33, "COMPLETED", "2020-01-01T00:00:00", 5), (98, "FAILED", "2026-01-03T11:00:00", 6)]
+
+
+def test_a_job_cannot_forge_its_own_end_in_the_witness_with_its_name_or_work_dir(running_cluster, tmp_path):
+    """Issue 28.17 on the real cluster: jobs named, or started in a directory named, with a run of the witness's
+    fields ending in 2020, and one named with a newline and another job's head, ended now, in slurmctld's real
+    jobcomp lines; `reconcile --since` an hour ago missed the first and the last before (the first run counted, the
+    name's; the line ended at the newline), and checks all three now, with their real state."""
+    cluster = running_cluster
+    since = datetime.now() - timedelta(hours=1)
+    forged_dir = tmp_path / f"w {_FORGED_RUN}" / "job"
+    forged_dir.mkdir(parents=True)
+    out = f"--output={cluster.layout.out}/%j.out"
+    submitted = [cluster.run("sbatch", "--parsable", out, f"--chdir={directory}", *name, "--wrap", "false").stdout
+                 for directory, name in ((cluster.layout.out, [f"--job-name=x {_FORGED_RUN}/"]), (forged_dir, []),
+                                         (cluster.layout.out, ["--job-name=a\n" + _FORGED_HEAD.format(999999)]))]
+    jobs = [int(text.strip().split(";")[0]) for text in submitted]
+    witness = cluster.layout.jobcomp_log
+
+    def written():
+        text = witness.read_text(errors="replace")
+        return text if all(f"\nJobId={job} " in "\n" + text for job in jobs) else None
+    text = wait_for(f"jobs {jobs} in the witness", written, 60, interval=0.3)
+    assert f"Name=x {_FORGED_RUN}/ JobState=FAILED" in text and f"WorkDir={forged_dir} " in text
+    assert f"Name=a\n{_FORGED_HEAD.format(999999)} JobState=FAILED" in text  # slurmctld wrote the newline as it is
+    seen = {job.job_id: job for job in read_witness(witness, since=since)}
+    assert all(job in seen and seen[job].state == "FAILED" for job in jobs) and 999999 not in seen, seen
+    assert all(seen[job].end >= since.strftime("%Y-%m-%dT%H:%M:%S") for job in jobs), seen
 
 
 def test_slurmdbd_starts_after_its_database_when_the_agent_runs_one():
