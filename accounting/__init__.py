@@ -12,7 +12,7 @@ clean stop. This component closes them:
   controller roles);
 - `QueueWatch`: the controller agent's reading of sdiag's DBD agent queue
   (metric, events, and no SIGKILL of slurmctld while it holds records);
-- `backup`, `restore`, `verify`: consistent dumps with a manifest;
+- `backup`, `restore`, `verify`: consistent dumps with a manifest authenticated by the backup key;
 - `reconcile(config)`: every job end a witness saw that sacct lacks.
 
 Its config is [accounting] (`settings`); its commands `slurm-ext accounting ...` (`cli`).

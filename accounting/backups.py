@@ -1,20 +1,25 @@
 """Backups of the accounting database that can be trusted: `backup`, `restore`, `verify`.
 
 A dump that nobody has restored is a hope, not a backup. Each backup is one consistent
-`mariadb-dump --single-transaction` of accounting.database with a manifest beside it (`dumpfile`), and
-the manifest is what the other two check against:
+`mariadb-dump --single-transaction` of accounting.database with a manifest beside it (`dumpfile`),
+authenticated by an HMAC under the backup key (`backupkey`, accounting.backup_key), and the manifest is
+what the other two check against:
 
 - `backup(config, to, keep)`: the dump streams through `RowCounter` while the same bytes are compressed,
   hashed and written, so the counts describe exactly the snapshot in the file (a `SELECT COUNT(*)`
   beside the dump would race slurmdbd's inserts). An incomplete dump is not kept; the newest `keep`
-  backups of this cluster stay.
-- `restore(config, source)`: only a file that matches its manifest, only into a database nobody uses
-  (slurmdbd stopped) that is new or empty; the rows after loading must be the manifest's.
-- `verify(source)`: the file against its manifest, then loaded into a scratch MariaDB (`scratch`)
-  whose `SELECT COUNT(*)` of every table must be the manifest's.
+  backups of this cluster stay, newest by their manifests' times, and never without the new one.
+- `restore(config, source)`: only a file that matches its authenticated manifest, only into a database
+  nobody uses (slurmdbd stopped) that is new or empty, and only through an account that can write
+  nothing else (the backup's SQL runs with its rights); the rows after loading must be the manifest's.
+- `verify(source, key)`: the file against its authenticated manifest, then loaded into a scratch MariaDB
+  (`scratch`, which reaches no file of the host) whose `SELECT COUNT(*)` of every table must be the
+  manifest's.
 
-The password reaches mariadb-dump and mariadb only through a temporary 0600 option file, never a
-command line (which every user can read in /proc).
+The dump's text is SQL for the server only: every mariadb client runs with `sqlclient.CLIENT_SAFETY`,
+and a dump that holds a command of the client is refused before it is loaded. The password reaches
+mariadb-dump and mariadb only through a temporary 0600 option file, never a command line (which every
+user can read in /proc).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from slurm_ext.config import Config
 from slurm_ext.errors import CommandError, ConfigError, SlurmExtError
 
 from . import database, sqlclient
+from .backupkey import BackupKey, ensure_key, read_key
 from .dumpfile import (CHUNK, BackupError, Manifest, RowCounter, free_name, manifest_path_for, read_manifest,
                        retain, rows_text, scan)
 from .render import sql_string
@@ -130,8 +136,9 @@ def backup(config: Config, to: Path | None = None, keep: int | None = None, *, e
 
     Raises:
         BackupError: the database refused or could not be reached (the message names the setting), the
-            directory cannot take the backup (read-only, full), or the dump is incomplete. Nothing of this
-            backup is left behind then.
+            directory cannot take the backup (read-only, full), the dump is incomplete, or the backup key cannot
+            be made or is refused (in the backup directory, readable by others). Nothing of this backup is
+            left behind then.
         ConfigError: no password.
     """
     settings = config.accounting
@@ -139,11 +146,12 @@ def backup(config: Config, to: Path | None = None, keep: int | None = None, *, e
     keep = settings.backup_keep if keep is None else keep
     environ = dict(os.environ if environ is None else environ)
     try:
-        result = _backup(config, directory, keep, environ, emit)
+        key = ensure_key(settings.backup_key, directory)
+        result = _backup(config, directory, keep, key, environ, emit)
         if _exists(config, settings.own_database, environ):  # the repair history: same server, same backups
             own = dataclasses.replace(settings, database=settings.own_database)
             result = dataclasses.replace(result, own=_backup(dataclasses.replace(config, accounting=own), directory,
-                                                             keep, environ, emit, suffix=f"-{own.database}"))
+                                                             keep, key, environ, emit, suffix=f"-{own.database}"))
         return result
     except SlurmExtError as err:
         emit("backup-failed", f"backup into {directory} failed: {err}", directory=str(directory))
@@ -166,7 +174,7 @@ def _exists(config: Config, name: str, environ: dict[str, str]) -> bool:
     return any(row and row[0] == name for row in found)
 
 
-def _backup(config: Config, directory: Path, keep: int, environ: dict[str, str], emit: Callable,
+def _backup(config: Config, directory: Path, keep: int, key: BackupKey, environ: dict[str, str], emit: Callable,
             suffix: str = "") -> BackupResult:
     started = time.monotonic()
     settings = config.accounting
@@ -198,7 +206,8 @@ def _backup(config: Config, directory: Path, keep: int, environ: dict[str, str],
             os.close(fd)
         manifest = Manifest(created=now.isoformat(timespec="seconds"), cluster=cluster, database=settings.database,
                             identity=_identity(config), tables=dict(counter.tables), sha256=digest, size=size,
-                            file=final.name, server_version=counter.server_version)
+                            file=final.name, server_version=counter.server_version,
+                            text_size=counter.size).signed(key)
         os.rename(tmp, final)
         try:
             fileio.atomic_write(manifest_path, json.dumps(manifest.as_dict(), indent=1) + "\n", mode=0o644)
@@ -209,7 +218,7 @@ def _backup(config: Config, directory: Path, keep: int, environ: dict[str, str],
         raise BackupError(directory, _why(err)) from None
     finally:
         tmp.unlink(missing_ok=True)
-    removed, problems = retain(directory, prefix, keep)
+    removed, problems = retain(directory, prefix, keep, key, final)
     result = BackupResult(path=final, manifest_path=manifest_path, manifest=manifest, removed=removed,
                           seconds=time.monotonic() - started)
     emit("backup-done", f"backup {final}: {len(manifest.tables)} tables, {manifest.rows} rows, {size} bytes in "
@@ -342,10 +351,13 @@ def restore(config: Config, source: Path, *, environ: dict[str, str] | None = No
             emit: Callable = _ignore) -> RestoreResult:
     """Load the backup `source` into accounting.database, which must be new or empty and unused.
 
-    Before anything changes: the file must match its manifest (size, sha256, a whole gzip stream, the
-    completion line, the rows), be of this cluster, and no other client (slurmdbd) may be connected to
-    the database, nor may it hold rows. After loading, every table's rows must be the manifest's.
-    Emits restore-done or restore-failed.
+    Before anything changes: the manifest must be authenticated by accounting.backup_key, the file must
+    match it (size, sha256, a whole gzip stream holding no command of the mariadb client, the completion
+    line, the rows), be of this cluster; the connection (accounting.db_user) may write nothing but the
+    database (the backup's SQL runs with its rights: with slurm-ext's own database beside, it could approve
+    a repair) and must be the account the backup's routines are defined by; no other client (slurmdbd) may
+    be connected to the database, nor may it hold rows. After loading, every table's rows must be the
+    manifest's. Emits restore-done or restore-failed.
 
     Raises:
         BackupError: refused (nothing was changed), or the load failed (the message says what is left).
@@ -368,11 +380,11 @@ def _restore(config: Config, source: Path, environ: dict[str, str]) -> RestoreRe
     started = time.monotonic()
     settings = config.accounting
     manifest_path = manifest_path_for(source)
-    manifest = read_manifest(manifest_path)
+    manifest = read_manifest(manifest_path, read_key(settings.backup_key), source)
     if manifest.database == settings.own_database != settings.database:  # a backup of the repair history
         settings = dataclasses.replace(settings, database=settings.own_database)
     db = settings.database
-    found = scan(source)
+    found = scan(source, manifest.text_size)
     problems = found.against(manifest, manifest_path)
     if problems:
         raise BackupError(source, "refusing to restore a damaged backup (nothing was changed): "
@@ -386,9 +398,10 @@ def _restore(config: Config, source: Path, environ: dict[str, str]) -> RestoreRe
     with sqlclient.option_file(settings, secret) as options:
         client = ["mariadb", f"--defaults-file={options}"]
         try:
+            current = _refuse_wide_grants(client, settings)
+            _refuse_definers(current, settings, found.definers)
             _refuse_in_use(client, settings)
             _refuse_data(client, settings)
-            _refuse_definers(client, settings, found.definers)
             sqlclient.query(client, f"CREATE DATABASE IF NOT EXISTS {ident(db)};")
         except CommandError as err:
             raise sqlclient.server_error(err.stderr or str(err), settings,
@@ -442,41 +455,88 @@ def _quote_account(part: str) -> str:
     return "'" + part.replace("'", "''") + "'"
 
 
-def _refuse_definers(client: list[str], settings: AccountingSection, definers: frozenset[str]) -> None:
-    """Stored programs defined by another user than this connection's fail to load half-way (after the
-    data) unless it may act for others: refuse up front instead."""
+def _grantee(account: str) -> str:
+    """`user@host` (CURRENT_USER()) as information_schema's GRANTEE: 'user'@'host'."""
+    user, _, host = account.partition("@")
+    return f"{_quote_account(user)}@{_quote_account(host)}"
+
+
+def _unescape(schema: str) -> str:
+    """A database-level grant's name, without the LIKE escapes of `_` and `%`."""
+    return schema.replace("\\_", "_").replace("\\%", "%")
+
+
+def _refuse_wide_grants(client: list[str], settings: AccountingSection) -> str:
+    """The connection's account (CURRENT_USER()), when it may write nothing but the target database.
+
+    The restore runs the backup's SQL with this account's rights: any it holds beyond the target (ALL on
+    slurm-ext's own database, where an INSERT approves a repair; SUPER or SET USER, to act as another account;
+    FILE) is refused. Outside the target it may read (SELECT, SHOW VIEW) and hold what mariadb-dump's account
+    holds (PROCESS, RELOAD); a grant by pattern (`slurm\\_%`.*) or a role counts as beyond."""
+    db = settings.database
     (current,), = sqlclient.query(client, "SELECT CURRENT_USER();")
-    others = sorted(definers - {current})
-    if not others:
-        return
-    user, _, host = current.partition("@")
-    grantee = sql_string(f"{_quote_account(user)}@{_quote_account(host)}")
-    may = sqlclient.query(client, f"SELECT PRIVILEGE_TYPE FROM information_schema.USER_PRIVILEGES WHERE "
-                                  f"PRIVILEGE_TYPE IN ('SUPER', 'SET USER') AND GRANTEE = {grantee};")
-    if not may:
+    grantee = sql_string(_grantee(current))
+    rows = sqlclient.query(client, f"""SELECT '*.*', PRIVILEGE_TYPE FROM information_schema.USER_PRIVILEGES
+  WHERE GRANTEE IN ({grantee}, 'PUBLIC')
+UNION ALL SELECT CONCAT(TABLE_SCHEMA, '.*'), PRIVILEGE_TYPE FROM information_schema.SCHEMA_PRIVILEGES
+  WHERE GRANTEE IN ({grantee}, 'PUBLIC')
+UNION ALL SELECT CONCAT(TABLE_SCHEMA, '.', TABLE_NAME), PRIVILEGE_TYPE FROM information_schema.TABLE_PRIVILEGES
+  WHERE GRANTEE IN ({grantee}, 'PUBLIC') AND TABLE_SCHEMA <> {sql_string(db)}
+UNION ALL SELECT CONCAT(TABLE_SCHEMA, '.', TABLE_NAME, '.', COLUMN_NAME), PRIVILEGE_TYPE
+  FROM information_schema.COLUMN_PRIVILEGES WHERE GRANTEE IN ({grantee}, 'PUBLIC') AND TABLE_SCHEMA <> {sql_string(db)}
+UNION ALL SELECT CONCAT('role ', CURRENT_ROLE()), 'ROLE' FROM DUAL WHERE CURRENT_ROLE() IS NOT NULL;""")
+    wide = sorted({f"{privilege} ON {on}" for on, privilege in rows
+                   if privilege == "ROLE" or privilege not in _READ_ONLY and _unescape(on) != f"{db}.*"})
+    if wide:
+        user, _, host = current.partition("@")
         raise BackupError(f"user {current} at {settings.db_host}:{settings.db_port}",
-                          f"the backup's routines, triggers or events are defined by {', '.join(others)}, and this "
-                          f"connection may not create them for another user. Grant it that for the restore "
-                          f"(GRANT SET USER ON *.* TO '{user}'@'{host}'), or restore as {others[0]}; nothing was "
+                          f"it may also write outside database {db} ({'; '.join(wide[:6])}"
+                          f"{'; ...' if len(wide) > 6 else ''}), and a restore runs the backup's SQL with its rights "
+                          f"(in slurm-ext's own database that could approve a repair). Restore as an account with "
+                          f"rights on {db} only, the one its routines are defined by (slurmdbd's StorageUser): "
+                          f"REVOKE what goes beyond for the restore (e.g. REVOKE ALL ON `{settings.own_database}`.* "
+                          f"FROM '{user}'@'{host}'), or give accounting.db_user and accounting.password_file of "
+                          f"such an account in the restore's config; nothing was changed")
+    return current
+
+
+#: what a restoring connection may hold beyond its database: reading, and what the accounting account holds
+#: for mariadb-dump (PROCESS also shows slurmdbd's connections to the in-use check)
+_READ_ONLY = frozenset({"USAGE", "SELECT", "SHOW VIEW", "SHOW DATABASES", "PROCESS", "RELOAD", "BINLOG MONITOR",
+                        "REPLICATION CLIENT", "SLAVE MONITOR", "REPLICA MONITOR"})
+
+
+def _refuse_definers(current: str, settings: AccountingSection, definers: frozenset[str]) -> None:
+    """Stored programs defined by another account than this connection's would need SUPER or SET USER, which
+    let the backup's code run as whomever it names: refuse up front (before anything changes) instead."""
+    others = sorted(definers - {current})
+    if others:
+        raise BackupError(f"user {current} at {settings.db_host}:{settings.db_port}",
+                          f"the backup's routines, triggers or events are defined by {', '.join(others)}: restore "
+                          f"as that account (with rights on {settings.database} only), through accounting.db_user "
+                          f"and accounting.password_file. An account that may create them for another (SET USER, "
+                          f"SUPER) is not used: the backup's code would run as whomever it names. Nothing was "
                           f"changed")
 
 
 # -- verify -------------------------------------------------------------------------------
 
 
-def verify(source: Path, *, emit: Callable = _ignore, workdir: Path | None = None) -> VerifyResult:
-    """Check `source` against its manifest, load it into a scratch MariaDB (in `workdir`, default the
-    temporary directory) and compare every table's SELECT COUNT(*) with the manifest. A damaged file is
-    not loaded. Emits verify-done or verify-failed.
+def verify(source: Path, key: str | os.PathLike, *, emit: Callable = _ignore,
+           workdir: Path | None = None) -> VerifyResult:
+    """Check `source` against its manifest, authenticated by the backup key in the file `key`
+    (accounting.backup_key), load it into a scratch MariaDB (in `workdir`, default the temporary directory)
+    and compare every table's SELECT COUNT(*) with the manifest. A backup without an authenticated manifest,
+    and a damaged one, is not loaded. Emits verify-done or verify-failed.
 
     Raises:
-        BackupError: the file cannot be read, or the scratch MariaDB cannot be started (the backup's
-            state is then unknown, not bad).
+        BackupError: the file or the key cannot be read (or the key is refused), or the scratch MariaDB cannot
+            be started (the backup's state is then unknown, not bad).
     """
     source = Path(source)
     started = time.monotonic()
     try:
-        problems, counts = _verify(source, workdir)
+        problems, counts = _verify(source, read_key(key), workdir)
     except SlurmExtError as err:
         emit("verify-failed", f"verify of {source} could not run: {err}", path=str(source))
         raise
@@ -491,28 +551,26 @@ def verify(source: Path, *, emit: Callable = _ignore, workdir: Path | None = Non
     return result
 
 
-def _verify(source: Path, workdir: Path | None) -> tuple[list[str], dict[str, tuple[int, int]]]:
+def _verify(source: Path, key: BackupKey, workdir: Path | None) -> tuple[list[str], dict[str, tuple[int, int]]]:
     """The file's checks run while the scratch server starts (each takes about a second on a small
-    backup); nothing is loaded into it before they pass."""
+    backup); nothing is loaded into it before they pass, nor without an authenticated manifest."""
     manifest_path = manifest_path_for(source)
-    problems: list[str] = []
     try:
-        manifest: Manifest | None = read_manifest(manifest_path)
+        manifest = read_manifest(manifest_path, key, source)
     except BackupError as err:
-        manifest = None
-        problems.append(str(err))
+        return [str(err)], {}
     size = _size(source)
-    if manifest is not None and size != manifest.size:
-        return problems + scan(source).against(manifest, manifest_path), {}
+    if size != manifest.size:
+        return scan(source, manifest.text_size).against(manifest, manifest_path), {}
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="verify-scan") as pool:
-        scanning = pool.submit(scan, source)
+        scanning = pool.submit(scan, source, manifest.text_size)
         with scratch_mariadb(workdir=workdir, buffer_pool_mib=min(1024, max(128, (size >> 20) * 8))) as scratch:
             found = scanning.result()
-            problems += found.against(manifest, manifest_path) if manifest else found.problems()
-            if found.problems() or (manifest and found.sha256 != manifest.sha256):
+            problems = found.against(manifest, manifest_path)
+            if found.problems() or found.sha256 != manifest.sha256 or found.text_size != manifest.text_size:
                 return problems, {}  # damaged: not loaded (rows that differ from the manifest's still are)
-            expected = manifest.tables if manifest else found.tables
-            db = (manifest.database if manifest else "") or "restored"
+            expected = manifest.tables
+            db = manifest.database or "restored"
             scratch.sql(f"CREATE DATABASE {ident(db)};")
             try:
                 scratch.load(source, db)

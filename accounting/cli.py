@@ -71,7 +71,7 @@ def _restore(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from . import backups
     loaded = config.load(args.config)
-    result = backups.verify(Path(args.file), emit=_emitter(loaded))
+    result = backups.verify(Path(args.file), loaded.accounting.backup_key, emit=_emitter(loaded))
     for problem in result.problems:
         print(f"MISMATCH {problem}", file=sys.stderr)
     rows = sum(found for _, found in result.counts.values())
@@ -126,18 +126,20 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     sub.set_defaults(func=_check_storage)
 
     sub = actions.add_parser("backup", help="a consistent, compressed dump with a manifest (checksums, row counts, "
-                             "cluster identity); keeps accounting.backup_keep of them")
+                             "cluster identity) authenticated by accounting.backup_key; keeps accounting.backup_keep "
+                             "of them")
     sub.add_argument("--to", metavar="DIR", help="where the backup goes (default: accounting.backup_dir)")
     sub.add_argument("--keep", type=int, metavar="N", help="backups kept in DIR (default: accounting.backup_keep)")
     sub.set_defaults(func=_backup)
 
-    sub = actions.add_parser("restore", help="load a backup into a new or stopped database (refused while "
-                             "slurmdbd is connected, or onto a database that holds data)")
+    sub = actions.add_parser("restore", help="load a backup into a new or stopped database (refused without an "
+                             "authenticated manifest, while slurmdbd is connected, onto a database that holds data, "
+                             "or through an account that may write other databases)")
     sub.add_argument("--from", dest="source", required=True, metavar="FILE", help="the backup (.sql.gz)")
     sub.set_defaults(func=_restore)
 
     sub = actions.add_parser("verify", help="restore a backup into a scratch MariaDB and compare its row counts "
-                             "with the manifest (exit 1 on any difference)")
+                             "with the manifest, authenticated by accounting.backup_key (exit 1 on any difference)")
     sub.add_argument("file", metavar="FILE", help="the backup (.sql.gz)")
     sub.set_defaults(func=_verify)
 

@@ -17,6 +17,7 @@ import os
 import pwd
 import re
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,14 +73,11 @@ def password(settings: AccountingSection, environ: dict[str, str], source: str =
     """The database password, from accounting.password_file or $SLURM_EXT_DB_PASSWORD.
 
     Raises:
-        ConfigError: neither gives one, the file cannot be read, or the password cannot go into
-            slurmdbd.conf (spaces, '#', control characters).
+        ConfigError: neither gives one, the file cannot be read, others may read it or it is not root's (or
+            this user's), or the password cannot go into slurmdbd.conf (spaces, '#', control characters).
     """
     if settings.password_file:
-        try:
-            secret = Path(settings.password_file).read_text().strip("\r\n")
-        except OSError as err:
-            raise ConfigError(settings.password_file, f"cannot read the database password: {err.strerror}") from None
+        secret = _read_secret_file(settings.password_file)
         where = settings.password_file
     else:
         secret, where = environ.get(PASSWORD_ENV, ""), f"${PASSWORD_ENV}"
@@ -90,6 +88,43 @@ def password(settings: AccountingSection, environ: dict[str, str], source: str =
         raise ConfigError(where, "the database password must be printable ASCII without spaces, '#' or '\\' "
                           "(slurmdbd.conf has no quoting)")
     return secret
+
+
+def _read_secret_file(path: str) -> str:
+    """The password in `path`, a regular file of root's (or of the user this runs as) that no one else may read
+    or change: a password others can read is everyone's, and one another user can change is theirs to choose.
+
+    Raises:
+        ConfigError: naming the file, its owner and its mode.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as err:
+        raise ConfigError(path, f"cannot read the database password: {err.strerror}") from None
+    with os.fdopen(fd, "rb") as file:
+        info = os.fstat(fd)
+        mode = stat.S_IMODE(info.st_mode)
+        owner = _user_name(info.st_uid)
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError(path, "the database password file is not a regular file")
+        if info.st_uid not in (0, os.geteuid()):
+            raise ConfigError(path, f"the database password file is owned by {owner} (mode {mode:04o}): expected "
+                              f"root (or the user slurm-ext runs as), who alone may set it: chown root {path}")
+        if mode & 0o077:
+            raise ConfigError(path, f"the database password file (owner {owner}, mode {mode:04o}) may be read or "
+                              f"changed by others: chmod 600 {path} (Kubernetes: the Secret's defaultMode 0400)")
+        data = file.read(65536)
+    try:
+        return data.decode().strip("\r\n")
+    except UnicodeDecodeError:
+        raise ConfigError(path, "the database password is not text (UTF-8)") from None
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def memory_mib(settings: AccountingSection, cgroup: Path = Path("/sys/fs/cgroup"),

@@ -75,7 +75,11 @@ def scratch_mariadb(*, port: int | None = None, bind: str = "127.0.0.1", workdir
     Its datadir is made by mariadb-install-db (root through the socket only, no test database); it runs as
     mysql, without the host's option files, with --skip-networking unless `port` is given, and with
     durability traded for speed (innodb_flush_log_at_trx_commit=0, no doublewrite): it holds nothing
-    worth keeping.
+    worth keeping. What it loads may be anyone's SQL (`verify` of a backup), so it reaches no file of the
+    host: --secure-file-priv is an empty directory of root's that mysql cannot write (no SELECT ... INTO
+    OUTFILE or LOAD_FILE elsewhere, nothing written there), --local-infile=0, no DATA DIRECTORY
+    (--skip-symbolic-links), and the same empty directory as --plugin-dir (no INSTALL SONAME of the audit
+    plugin, whose log file could be put anywhere).
 
     Raises:
         BackupError: MariaDB is not installed, or the server did not start (its log's end in the message).
@@ -93,10 +97,11 @@ def scratch_mariadb(*, port: int | None = None, bind: str = "127.0.0.1", workdir
     proc = None
     try:
         root.chmod(0o755)  # mysql must reach its datadir
-        data, run, tmp = root / "data", root / "run", root / "tmp"
+        data, run, tmp, files = root / "data", root / "run", root / "tmp", root / "no-files"
         for path in (run, tmp):
             path.mkdir()
             os.chown(path, mysql.pw_uid, mysql.pw_gid)
+        files.mkdir(mode=0o755)  # root's, empty: the only place file statements may name, and mysql cannot write
         try:
             command.run(["mariadb-install-db", "--no-defaults", f"--datadir={data}", "--user=mysql",
                          "--auth-root-authentication-method=socket", "--skip-test-db"], 300)
@@ -108,7 +113,8 @@ def scratch_mariadb(*, port: int | None = None, bind: str = "127.0.0.1", workdir
                f"--socket={sock}", f"--pid-file={run / 'mariadbd.pid'}", *network, "--skip-name-resolve",
                f"--innodb-buffer-pool-size={buffer_pool_mib}M", "--innodb-flush-log-at-trx-commit=0",
                "--innodb-doublewrite=0", "--event-scheduler=OFF", "--max-allowed-packet=1G",
-               "--skip-log-bin"]
+               "--skip-log-bin", f"--secure-file-priv={files}", "--local-infile=0", "--skip-symbolic-links",
+               f"--plugin-dir={files}"]
         log = root / "mariadbd.log"
         with open(log, "wb") as out:
             try:

@@ -75,8 +75,11 @@ class AccountingSection:
                                    "records are queued (it writes them to dbd.messages) before SIGKILL",
                                    "duration", minimum=1.0, maximum=86400.0)
     backup_dir: str = setting("/var/backups/slurm-ext/accounting", "`accounting backup`'s default --to", "path")
-    backup_keep: int = setting(7, "backups `accounting backup` keeps in its directory (the oldest go)", "int",
-                               minimum=1, maximum=10000)
+    backup_keep: int = setting(7, "backups `accounting backup` keeps in its directory (the oldest by their "
+                               "manifests' authenticated times go)", "int", minimum=1, maximum=10000)
+    backup_key: str = setting("/etc/slurm-ext/backup.key", "the key whose HMAC authenticates every backup's manifest "
+                              "(verify and restore take no backup without it): root's, 0600, made by the first "
+                              "backup where missing; keep it off the backup volume", "path")
     witness: str = setting("", "the job-end witness `accounting reconcile` reads: Slurm's jobcomp/filetxt log "
                            "(slurm.conf JobCompType=jobcomp/filetxt, JobCompLoc=FILE); empty: slurm.conf's "
                            "JobCompLoc", "path", empty_ok=True)

@@ -1,5 +1,9 @@
 """The mariadb client, the one way the backup code reaches a MariaDB server.
 
+Every client runs with CLIENT_SAFETY: --binary-mode (the text is SQL only: no `\\!`, `source`, `tee` or other
+client command is parsed, however a backup spells it), --sandbox (the commands that reach files or a shell
+are refused even where one would be parsed) and --local-infile=0 (no LOAD DATA LOCAL reads this host's files).
+
 `option_file` holds the connection as slurmdbd's user (the password never on a command line, which every
 user can read in /proc); `query` runs small statements, `counts` takes every table's SELECT COUNT(*),
 `load` streams a backup (.sql.gz) into a database; `server_error` turns the client's complaint into a
@@ -25,13 +29,16 @@ from .dumpfile import CHUNK, BackupError
 from .render import sql_string
 from .settings import PASSWORD_ENV, AccountingSection
 
-__all__ = ["DUMP_TIMEOUT", "QUERY_TIMEOUT", "quote_option", "option_file", "server_error", "query", "ident",
-           "base_tables", "counts", "load", "error_line", "Deadline", "kill_group"]
+__all__ = ["CLIENT_SAFETY", "DUMP_TIMEOUT", "QUERY_TIMEOUT", "quote_option", "option_file", "server_error", "query",
+           "ident", "base_tables", "counts", "load", "error_line", "Deadline", "kill_group"]
 
 #: longest a dump or a load may take before it is killed (a large database takes minutes, not hours)
 DUMP_TIMEOUT = 6 * 3600.0
 #: longest one small query (counts, checks) may take
 QUERY_TIMEOUT = 120.0
+#: options of every mariadb client this code runs (see the module's docstring): a backup is text that someone
+#: else may have written
+CLIENT_SAFETY = ("--binary-mode", "--sandbox", "--local-infile=0")
 #: mariadb's error lines that mean the server was not reached, and those that mean the password is wrong
 _UNREACHABLE = ("Can't connect", "Unknown server host", "Unknown MySQL server host", "Lost connection",
                 "Connection refused", "No route to host", "timed out", "Can't create TCP/IP socket")
@@ -102,8 +109,8 @@ def query(client: list[str], sql: str, timeout: float = QUERY_TIMEOUT,
     Raises:
         CommandError: the client failed (its stderr is in the error).
     """
-    result = command.run([*client, "--batch", "--skip-column-names", *([database] if database else [])], timeout,
-                         input=sql)
+    result = command.run([*client, *CLIENT_SAFETY, "--batch", "--skip-column-names",
+                          *([database] if database else [])], timeout, input=sql)
     return [tuple(line.split("\t")) for line in result.stdout.splitlines()]
 
 
@@ -133,7 +140,7 @@ def load(client: list[str], source: Path, db: str, timeout: float = DUMP_TIMEOUT
     Raises:
         CommandError: the client failed (its stderr in the error), or ran past `timeout`.
     """
-    cmd = [*client, "--batch", "--max-allowed-packet=1G", db]
+    cmd = [*client, *CLIENT_SAFETY, "--batch", "--max-allowed-packet=1G", db]
     with tempfile.TemporaryFile() as errors, open(source, "rb") as f:
         try:
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=errors,
@@ -144,7 +151,9 @@ def load(client: list[str], source: Path, db: str, timeout: float = DUMP_TIMEOUT
         unzip = zlib.decompressobj(31)
         try:
             while chunk := f.read(CHUNK):
-                proc.stdin.write(unzip.decompress(chunk))
+                while chunk:  # a CHUNK of text at a time, whatever the file holds
+                    proc.stdin.write(unzip.decompress(chunk, CHUNK))
+                    chunk = unzip.unconsumed_tail
             proc.stdin.close()
         except BrokenPipeError:
             pass  # it stopped reading: its status and stderr say why

@@ -159,6 +159,7 @@ state_save_location = "{layout.ctld_state}"
 witness = "{layout.jobcomp_log}"
 min_free = 256
 backup_dir = "{layout.root}/backups"
+backup_key = "{layout.etc}/backup.key"
 
 [gres]
 dev_dir = "{node.dev}"

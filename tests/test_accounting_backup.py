@@ -12,6 +12,7 @@ Run as root: python -m pytest tests/test_accounting_backup.py -q
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
 import json
@@ -23,13 +24,15 @@ import sys
 import tempfile
 import threading
 import time
+import zlib
 from pathlib import Path
 
 import pytest
 
-from slurm_ext.accounting import backups, dumpfile, scratch
+from slurm_ext.accounting import backupkey, backups, dumpfile, scratch, sqlclient
 from slurm_ext.accounting.dumpfile import BackupError, RowCounter
 from slurm_ext.accounting.sqlclient import quote_option
+from slurm_ext.errors import CommandError, ConfigError
 from slurm_ext.accounting.settings import AccountingSection
 from slurm_ext.config import Config, SlurmSection
 from slurm_ext.eventnames import CATALOGUE
@@ -62,15 +65,26 @@ def free_port() -> int:
 # -- a database shaped like slurmdbd's ----------------------------------------------------
 
 
-def add_user(server: scratch.ScratchMariaDB, databases: tuple[str, ...] = (DB,), password: str = PASSWORD) -> None:
+def add_user(server: scratch.ScratchMariaDB, databases: tuple[str, ...] = (DB,), password: str = PASSWORD,
+             user: str = "slurm") -> None:
     """slurmdbd's user, with the grants a backup needs (render.init_sql's)."""
     secret = "'" + password.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    server.sql("".join(f"CREATE USER '{user}'@'{host}' IDENTIFIED BY {secret};\n" for host in HOSTS))
+    grant_only(server, databases, user)
+
+
+#: the hosts of each test account: TCP from 127.0.0.1 (no name resolution), the socket, anywhere
+HOSTS = ("127.0.0.1", "localhost", "%")
+
+
+def grant_only(server: scratch.ScratchMariaDB, databases: tuple[str, ...], user: str = "slurm") -> None:
+    """`user` may use `databases` and nothing else beyond what a backup needs (its grants before taken back)."""
     statements = []
-    for host in ("127.0.0.1", "localhost", "%"):
-        statements += [f"CREATE USER 'slurm'@'{host}' IDENTIFIED BY {secret}",
-                       *(f"GRANT ALL ON {db}.* TO 'slurm'@'{host}'" for db in databases),
-                       f"GRANT SELECT ON mysql.proc TO 'slurm'@'{host}'",
-                       f"GRANT RELOAD, PROCESS ON *.* TO 'slurm'@'{host}'"]
+    for host in HOSTS:
+        statements += [f"REVOKE ALL PRIVILEGES, GRANT OPTION FROM '{user}'@'{host}'",
+                       *(f"GRANT ALL ON {db}.* TO '{user}'@'{host}'" for db in databases),
+                       f"GRANT SELECT ON mysql.proc TO '{user}'@'{host}'",
+                       f"GRANT RELOAD, PROCESS ON *.* TO '{user}'@'{host}'"]
     server.sql("".join(f"{s};\n" for s in statements))
 
 
@@ -217,9 +231,10 @@ def live(workdir):
 
 @pytest.fixture(scope="module")
 def fresh(workdir):
-    """A server to restore onto: slurm may use any database named r_...; none exists yet."""
+    """A server to restore onto: slurm may use no database yet (each test grants it the one it restores into, and
+    only that one); none exists yet."""
     with scratch.scratch_mariadb(port=free_port()) as server:
-        add_user(server, databases=("`r\\_%`",))
+        add_user(server, databases=())
         yield server
 
 
@@ -247,10 +262,21 @@ def make_config(workdir: Path, server: scratch.ScratchMariaDB, *, database: str 
         settings.setdefault("password_file", str(secret))
     volume = workdir / "volume"
     volume.mkdir(exist_ok=True)
+    settings.setdefault("backup_key", str(key_path(workdir)))
     return Config(accounting=AccountingSection(db_host="127.0.0.1", db_port=server.port, database=database,
                                                cluster=cluster, volume=str(volume),
                                                backup_dir=str(workdir / "backups"), **settings),
                   slurm=SlurmSection(conf=str(workdir / "no-slurm.conf")))
+
+
+def key_path(workdir: Path) -> Path:
+    """The tests' backup key: made by the first backup, apart from every backup directory."""
+    return workdir / "keys" / "backup.key"
+
+
+def key_of(workdir: Path) -> backupkey.BackupKey:
+    """The tests' backup key, made now where no backup made it yet."""
+    return backupkey.ensure_key(key_path(workdir), workdir / "backups")
 
 
 @pytest.fixture(scope="module")
@@ -439,7 +465,11 @@ def test_backup_writes_a_dump_and_a_manifest_that_verify_confirms(workdir, live,
     assert manifest.size == result.path.stat().st_size
     assert manifest.sha256 == hashlib.sha256(result.path.read_bytes()).hexdigest()
     assert json.loads(result.manifest_path.read_text()) == manifest.as_dict()
-    assert (manifest.format, manifest.cluster, manifest.database) == (1, CLUSTER, DB)
+    assert (manifest.format, manifest.cluster, manifest.database) == (2, CLUSTER, DB)
+    assert manifest.text_size == len(gzip.decompress(result.path.read_bytes()))
+    manifest.authenticate(key_of(workdir), result.manifest_path, result.path.name)
+    key = key_path(workdir)
+    assert key.stat().st_mode & 0o777 == 0o600 and key.stat().st_uid == os.geteuid()
     assert manifest.identity == marker
     assert manifest.server_version.startswith("10.")
     assert manifest.created.endswith("+00:00")
@@ -451,7 +481,7 @@ def test_backup_writes_a_dump_and_a_manifest_that_verify_confirms(workdir, live,
     assert emitted.names == ["backup-done"]
 
     checked = Events()
-    verified = backups.verify(result.path, emit=checked)
+    verified = backups.verify(result.path, key_path(workdir), emit=checked)
     assert verified.ok, verified.problems
     assert verified.counts == {t: (n, n) for t, n in manifest.tables.items()}
     assert checked.names == ["verify-done"]
@@ -501,7 +531,7 @@ def test_backup_while_jobs_are_inserted_counts_one_snapshot(workdir, live):
     assert after > before, "no job was inserted while the dump ran: the test proves nothing"
     assert before <= tables[f"{CLUSTER}_job_table"] <= after
     assert tables[f"{CLUSTER}_step_table"] == 3 * tables[f"{CLUSTER}_job_table"]
-    verified = backups.verify(result.path)
+    verified = backups.verify(result.path, key_path(workdir))
     assert verified.ok, verified.problems
     assert {t: found for t, (_, found) in verified.counts.items()} == tables
 
@@ -522,24 +552,31 @@ def test_retention_keeps_the_newest_and_nothing_else_is_touched(workdir, live):
         others + [p.name for p in kept] + [dumpfile.manifest_path_for(p).name for p in kept])
 
 
-def test_verify_reports_a_backup_without_manifest_and_still_loads_it(workdir, made):
+def test_verify_loads_no_backup_without_its_manifest(workdir, made):
     lonely = copy_backup(made, workdir / "lonely")
     dumpfile.manifest_path_for(lonely).unlink()
     emitted = Events()
-    result = backups.verify(lonely, emit=emitted)
+    result = backups.verify(lonely, key_path(workdir), emit=emitted)
     assert not result.ok
     assert len(result.problems) == 1 and "no manifest" in result.problems[0]
-    assert result.counts == {t: (n, n) for t, n in made.manifest.tables.items()}
+    assert result.counts == {}
     assert emitted.names == ["verify-failed"]
 
 
 def test_verify_compares_with_the_manifest_counts(workdir, made):
+    """An edited manifest is refused as it is (its HMAC no longer matches); signed again by the key's holder, its
+    counts are compared with what the load gives."""
     edited = copy_backup(made, workdir / "edited")
     manifest_path = dumpfile.manifest_path_for(edited)
     data = json.loads(manifest_path.read_text())
     data["tables"][f"{CLUSTER}_job_table"] += 1
     manifest_path.write_text(json.dumps(data))
-    result = backups.verify(edited)
+    refused = backups.verify(edited, key_path(workdir))
+    assert not refused.ok and refused.counts == {}
+    assert "HMAC does not match" in refused.problems[0] and str(key_path(workdir)) in refused.problems[0]
+    resigned = dumpfile.Manifest.from_dict(data).signed(key_of(workdir))
+    manifest_path.write_text(json.dumps(resigned.as_dict()))
+    result = backups.verify(edited, key_path(workdir))
     assert not result.ok
     job_table = f"{CLUSTER}_job_table"
     assert any(p.startswith(f"table {job_table}:") for p in result.problems), result.problems
@@ -563,7 +600,7 @@ def damaged(workdir, made, request):
 @pytest.mark.parametrize("damaged", ["truncated", "flipped"], indirect=True)
 def test_a_damaged_backup_is_refused_by_verify_and_restore(workdir, fresh, damaged):
     kind, path = damaged
-    result = backups.verify(path)
+    result = backups.verify(path, key_path(workdir))
     assert not result.ok and result.counts == {}
     assert any(("truncated" if kind == "truncated" else "sha256") in p for p in result.problems), result.problems
     emitted = Events()
@@ -581,6 +618,7 @@ def test_a_damaged_backup_is_refused_by_verify_and_restore(workdir, fresh, damag
 def test_restore_into_a_new_database_gives_the_manifest_counts(workdir, live, fresh, made):
     emitted = Events()
     config = make_config(workdir, fresh, database="r_new")
+    grant_only(fresh, ("r_new",))
     result = backups.restore(config, made.path, environ={}, emit=emitted)
     assert result.tables == made.manifest.tables == fresh.counts("r_new")
     assert emitted.names == ["restore-done"]
@@ -595,6 +633,7 @@ def test_restore_into_a_new_database_gives_the_manifest_counts(workdir, live, fr
 
 def test_restore_is_refused_while_another_client_uses_the_database(workdir, fresh, made):
     fresh.sql("CREATE DATABASE r_inuse;")
+    grant_only(fresh, ("r_inuse",))
     holder = subprocess.Popen([*fresh.client, "r_inuse"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     try:
@@ -615,27 +654,34 @@ def test_restore_is_refused_while_another_client_uses_the_database(workdir, fres
 
 def test_restore_is_refused_onto_a_database_with_data(workdir, live, made):
     counts = live.counts(DB)
-    with pytest.raises(BackupError, match="drop or rename it first"):
-        backups.restore(make_config(workdir, live), made.path, environ={})
+    grant_only(live, (DB,))
+    try:
+        with pytest.raises(BackupError, match="drop or rename it first"):
+            backups.restore(make_config(workdir, live), made.path, environ={})
+    finally:
+        grant_only(live, (DB, "bk_definer"))
     assert live.counts(DB) == counts
 
 
 def test_restore_is_refused_when_the_routines_belong_to_another_user(workdir, live, fresh):
     """root made a procedure in the database: slurm cannot re-create it as root, so the restore would stop
-    half-way; it is refused before anything changes."""
+    half-way; it is refused before anything changes, and still with SET USER (which would let the backup's code
+    run as whomever it names)."""
     live.sql("CREATE DATABASE bk_definer; CREATE TABLE bk_definer.t (id int); INSERT INTO bk_definer.t VALUES (1);"
              "CREATE PROCEDURE bk_definer.p() SELECT 1;")
     made = backups.backup(make_config(workdir, live, database="bk_definer"), workdir / "definer", environ={})
-    with pytest.raises(BackupError, match=r"defined by root@localhost.*GRANT SET USER") as err:
+    grant_only(fresh, ("r_definer",))
+    with pytest.raises(BackupError, match=r"defined by root@localhost: restore as that account") as err:
         backups.restore(make_config(workdir, fresh, database="r_definer"), made.path, environ={})
-    assert "nothing was changed" in str(err.value)
+    assert "Nothing was changed" in str(err.value)
     assert fresh.sql("SHOW DATABASES LIKE 'r\\_definer';") == []
     fresh.sql("GRANT SET USER ON *.* TO 'slurm'@'127.0.0.1';")
     try:
-        restored = backups.restore(make_config(workdir, fresh, database="r_definer"), made.path, environ={})
+        with pytest.raises(BackupError, match=r"may also write outside database r_definer \(SET USER ON \*\.\*\)"):
+            backups.restore(make_config(workdir, fresh, database="r_definer"), made.path, environ={})
     finally:
         fresh.sql("REVOKE SET USER ON *.* FROM 'slurm'@'127.0.0.1';")
-    assert restored.tables == {"t": 1}
+    assert fresh.sql("SHOW DATABASES LIKE 'r\\_definer';") == []
 
 
 def test_restore_is_refused_for_another_cluster(workdir, fresh, made):
@@ -742,7 +788,7 @@ def test_the_cli_backs_up_and_verifies(workdir, live):
     toml.write_text(f'[node]\nstate_dir = "{workdir / "state"}"\n[slurm]\nconf = "{workdir / "no-slurm.conf"}"\n'
                     f'[accounting]\ndb_port = {live.port}\ncluster = "{CLUSTER}"\n'
                     f'password_file = "{config.accounting.password_file}"\nvolume = "{workdir / "volume"}"\n'
-                    f'backup_dir = "{workdir / "cli"}"\nbackup_keep = 1\n')
+                    f'backup_dir = "{workdir / "cli"}"\nbackup_keep = 1\nbackup_key = "{key_path(workdir)}"\n')
     run = [sys.executable, "-m", "slurm_ext.cli", "--config", str(toml), "accounting"]
     done = subprocess.run([*run, "backup"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -772,8 +818,308 @@ def test_slurm_exts_own_database_is_backed_up_beside_and_restored_into_its_own(w
             "repair_events": 2}
         assert own.path.name.startswith(f"{CLUSTER}-slurm_ext-") and result.manifest.database == DB
         assert dumpfile.backups_in(workdir / "own", CLUSTER) == [result.path]  # each kept by its own retention
-        assert backups.verify(own.path).ok
+        assert backups.verify(own.path, key_path(workdir)).ok
         server.sql("DROP DATABASE slurm_ext; CREATE DATABASE slurm_ext;")
-        restored = backups.restore(config, own.path, environ={})
+        with pytest.raises(BackupError, match=rf"may also write outside database slurm_ext \(.*ON {DB}\.\*"):
+            backups.restore(config, own.path, environ={})  # slurm may write the accounting database too
+        add_user(server, databases=("slurm_ext",), user="ownrestore")
+        restored = backups.restore(make_config(workdir, server, db_user="ownrestore"), own.path, environ={})
         assert restored.database == "slurm_ext" and server.counts("slurm_ext") == {"repair_events": 2}
         assert server.counts(DB) == result.manifest.tables  # the accounting database was not touched
+
+
+# -- issue 28: crafted backups, keys and files ----------------------------------------------
+
+
+def write_backup(directory: Path, name: str, text: bytes, key: backupkey.BackupKey | None, *,
+                 created: str = "2026-01-01T00:00:00+00:00", **fields) -> Path:
+    """A backup made by hand (as whoever can write the backup directory would): `text` compressed as `name`, and
+    beside it a manifest with its true sha256, sizes and rows, signed with `key` (None: not signed)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    path.write_bytes(gzip.compress(text))
+    manifest = dumpfile.Manifest(created=created, cluster=CLUSTER, database=DB, identity=None,
+                                 tables=dict(count(text).tables), sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
+                                 size=path.stat().st_size, file=name, server_version="10.11.19-MariaDB",
+                                 text_size=len(text))
+    manifest = dataclasses.replace(manifest, **fields)
+    if key is not None:
+        manifest = manifest.signed(key)
+    dumpfile.manifest_path_for(path).write_text(json.dumps(manifest.as_dict()))
+    return path
+
+
+#: DUMP as whoever writes a dump by hand would: without mariadb-dump's first line, which turns the client's
+#: sandbox mode on
+CRAFTED = DUMP[DUMP.index(b"\n") + 1:]
+
+
+def with_line(text: bytes, line: bytes) -> tuple[bytes, int]:
+    """`text` with `line` put before its completion line, and that line's number."""
+    at = text.index(b"-- Dump completed")
+    return text[:at] + line + b"\n" + text[at:], text[:at].count(b"\n") + 1
+
+
+def markers(workdir: Path, name: str) -> Path:
+    """An empty directory anyone may write (mysql too), for what an attack would leave."""
+    directory = workdir / "markers" / name
+    directory.mkdir(parents=True)
+    directory.chmod(0o1777)
+    return directory
+
+
+#: client commands, as whoever writes a dump would put them (MARK: the file each one would make)
+CLIENT_ATTACKS = {
+    "shell": b"\\! id > MARK",
+    "shell-indented": b"  \\! id > MARK",
+    "system": b"system id > MARK",
+    "SYSTEM": b"SYSTEM id > MARK;",
+    "source": b"\\. SCRIPT",
+    "source-named": b"source SCRIPT",
+    "tee": b"\\T MARK",
+    "tee-named": b"tee MARK",
+    "delimiter": b"DELIMITER $$",
+    "in-an-insert": b"INSERT INTO `t` VALUES (13,'x'),\n\\! id > MARK\n(14,'y');",
+}
+
+
+@pytest.mark.parametrize("attack", sorted(CLIENT_ATTACKS))
+def test_a_dump_with_a_client_command_runs_nothing_and_is_refused_naming_the_line(workdir, fresh, attack):
+    """Issue 28.1: verify and restore of a dump that holds a command of the mariadb client run nothing (the file
+    it would write stays absent) and name its line, even under a manifest signed with the right key; and the
+    client alone, given the same text without any check before it, runs nothing either (--binary-mode,
+    --sandbox)."""
+    where = markers(workdir, f"client-{attack}")
+    mark, script = where / "mark", where / "script.sql"
+    script.write_text(f"\\! id > {mark}\n")
+    line = CLIENT_ATTACKS[attack].replace(b"MARK", bytes(mark)).replace(b"SCRIPT", bytes(script))
+    text, number = with_line(CRAFTED, line)
+    if attack == "in-an-insert":
+        number += 1
+    path = write_backup(workdir / f"client-{attack}", f"{CLUSTER}-20260101T000000Z.sql.gz", text, key_of(workdir))
+    result = backups.verify(path, key_path(workdir))
+    assert not result.ok and result.counts == {}
+    assert any(f"line {number}: " in p and "command of the mariadb client" in p for p in result.problems), \
+        result.problems
+    with pytest.raises(BackupError, match=f"line {number}: .*command of the mariadb client"):
+        backups.restore(make_config(workdir, fresh, database="r_client"), path, environ={})
+    assert not mark.exists()
+    fresh.sql("CREATE DATABASE IF NOT EXISTS r_client;")
+    try:
+        sqlclient.load(fresh.client, path, "r_client")
+    except CommandError:
+        pass  # the server refused the text as SQL
+    finally:
+        fresh.sql("DROP DATABASE r_client;")
+    assert not mark.exists(), f"the mariadb client ran {line!r}"
+
+
+def test_row_counter_takes_mariadb_dumps_own_lines():
+    """What mariadb-dump writes is not taken for a client command: its sandbox line, DELIMITER ;; and ;, words of
+    the list inside strings and backquotes, and backslashes inside strings."""
+    text = (b"/*M!999999\\- enable the sandbox mode */\n-- Server version\t10.11\nCREATE TABLE `status` (\n"
+            b"  `use` int,\n  `source` text DEFAULT 'system \\\\! x'\n);\nINSERT INTO `status` VALUES (1,'\\\\! id'),"
+            b"(2,'\nsystem id\n');\nDELIMITER ;;\nCREATE DEFINER=`slurm`@`%` PROCEDURE `p`()\nBEGIN\nSELECT 1;\n"
+            b"END ;;\nDELIMITER ;\n-- Dump completed on 2026-12-01 17:18:58\n")
+    for chunk in (None, 1, 3, 64):
+        found = count(text, chunk)
+        assert found.tables == {"status": 2} and not found.malformed and found.completed, found.malformed
+
+
+def test_verify_and_restore_refuse_a_manifest_without_or_with_a_forged_hmac(workdir, fresh, made):
+    """Issue 28.1: whoever can write the backup directory can write a dump and its true sha256; a manifest
+    without an HMAC, with one made under another key, of format 1, or beside another dump is refused, and
+    nothing is loaded (the dump's shell command never runs)."""
+    where = markers(workdir, "forged")
+    mark = where / "mark"
+    text, _ = with_line(CRAFTED, b"\\! id > " + bytes(mark))
+    other_key = backupkey.BackupKey("another host's key", b"0" * 64)
+    cases = {"unsigned": None, "other key": other_key}
+    for case, key in cases.items():
+        path = write_backup(workdir / f"forged-{case.replace(' ', '-')}", f"{CLUSTER}-20260101T000000Z.sql.gz",
+                            text, key)
+        emitted = Events()
+        result = backups.verify(path, key_path(workdir), emit=emitted)
+        assert not result.ok and result.counts == {} and emitted.names == ["verify-failed"]
+        assert ("carries no HMAC" if key is None else "HMAC does not match") in result.problems[0], result.problems
+        with pytest.raises(BackupError, match="carries no HMAC" if key is None else "HMAC does not match"):
+            backups.restore(make_config(workdir, fresh, database="r_forged"), path, environ={})
+    assert not mark.exists()
+    real = copy_backup(made, workdir / "format-1")
+    manifest_path = dumpfile.manifest_path_for(real)
+    data = json.loads(manifest_path.read_text())
+    old = {k: v for k, v in data.items() if k not in ("hmac", "text_size")} | {"format": 1}
+    manifest_path.write_text(json.dumps(old))
+    assert "format 1, written before slurm-ext authenticated" in backups.verify(real, key_path(workdir)).problems[0]
+    moved = copy_backup(made, workdir / "moved")
+    renamed = moved.with_name(f"{CLUSTER}-20250101T000000Z.sql.gz")
+    moved.rename(renamed)
+    dumpfile.manifest_path_for(moved).rename(dumpfile.manifest_path_for(renamed))
+    assert "the manifest is that of" in backups.verify(renamed, key_path(workdir)).problems[0]
+    assert fresh.sql("SHOW DATABASES LIKE 'r\\_forged';") == []
+
+
+@pytest.mark.parametrize("statement, refusal", [
+    ("SELECT 'written' INTO OUTFILE 'MARK';", "--secure-file-priv"),
+    ("SELECT 'written' INTO DUMPFILE 'MARK';", "--secure-file-priv"),
+    ("INSTALL SONAME 'server_audit'; SET GLOBAL server_audit_file_path = 'MARK'; SET GLOBAL server_audit_logging = ON;",
+     "server_audit.so"),
+], ids=["outfile", "dumpfile", "audit-plugin"])
+def test_a_dumps_sql_in_verify_writes_no_file(workdir, statement, refusal):
+    """Issue 28.1: the dump's SQL runs as root of verify's scratch server; with a manifest signed by the key's
+    holder, it still cannot write a file of the host: --secure-file-priv is an empty directory mysql cannot write,
+    and there is no plugin to install. The statement comes first, so that the server meets it."""
+    mark = markers(workdir, f"sql-{statement.split()[0].lower()}-{len(statement)}") / "mark"
+    text = statement.replace("MARK", str(mark)).encode() + b"\n" + CRAFTED
+    path = write_backup(workdir / f"sql-{len(statement)}", f"{CLUSTER}-20260101T000000Z.sql.gz", text,
+                        key_of(workdir))
+    result = backups.verify(path, key_path(workdir))
+    assert not result.ok, result.problems
+    assert "loading it into a scratch MariaDB failed" in result.problems[-1] and refusal in result.problems[-1], \
+        result.problems
+    assert not mark.exists(), f"{statement} wrote {mark}"
+
+
+def test_a_restored_dump_cannot_touch_slurm_exts_own_database(workdir):
+    """Issue 28.1: a dump (signed by the key's holder) whose text also approves a repair in slurm-ext's own
+    database: restore as the accounting user while it also holds slurm-ext's database is refused before anything
+    changes; as an account with rights on the target only, the INSERT is denied. The repair records stay empty."""
+    with scratch.scratch_mariadb(port=free_port()) as server:
+        server.sql(f"CREATE DATABASE {DB}; CREATE DATABASE slurm_ext;")
+        server.sql("CREATE TABLE repair_records (id INT PRIMARY KEY, node TEXT, state TEXT, action TEXT);",
+                   "slurm_ext")
+        add_user(server, databases=(DB, "slurm_ext"))
+        server.sql(schema_sql(CLUSTER), DB)
+        server.sql(fill_sql(CLUSTER, 1, 20), DB)
+        made = backups.backup(make_config(workdir, server), workdir / "approve", environ={})
+        approve = b"INSERT INTO `slurm_ext`.`repair_records` VALUES (1,'gpu7','approved','remove');"
+        text, _ = with_line(gzip.decompress(made.path.read_bytes()), approve)
+        path = write_backup(workdir / "approve-crafted", made.path.name, text, key_of(workdir),
+                            created=made.manifest.created)
+        config = make_config(workdir, server, database="r_attack")
+        grant_only(server, ("r_attack", "slurm_ext"))
+        with pytest.raises(BackupError, match=r"may also write outside database r_attack \(.*ON slurm_ext\.\*"):
+            backups.restore(config, path, environ={})
+        assert server.sql("SHOW DATABASES LIKE 'r\\_attack';") == []
+        grant_only(server, ("r_attack",))
+        with pytest.raises(BackupError, match="loading .* failed .*denied"):
+            backups.restore(config, path, environ={})
+        assert server.sql("SELECT COUNT(*) FROM repair_records;", "slurm_ext") == [("0",)]
+
+
+BOMB_CHILD = """
+import json, resource, sys
+from pathlib import Path
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+from slurm_ext.accounting import dumpfile
+
+def peak():
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+
+before = peak()
+found = dumpfile.scan(Path(sys.argv[1]), int(sys.argv[2]) or None)
+print(json.dumps([before, peak(), found.problems()]))
+"""
+
+
+@pytest.fixture(scope="module")
+def bombs(workdir):
+    """1 MiB gzip files of 1 GiB of text: one without a newline, one an INSERT's string that never ends."""
+    made = {}
+    for name, head in (("no-newline", b""), ("open-string", b"CREATE TABLE `t` (\n);\nINSERT INTO `t` VALUES (1,'")):
+        path = workdir / "bombs" / f"{name}.sql.gz"
+        path.parent.mkdir(exist_ok=True)
+        zipper = zlib.compressobj(9, zlib.DEFLATED, 31)
+        block = b"\0" * (1 << 20)
+        with open(path, "wb") as out:
+            out.write(zipper.compress(head))
+            for _ in range(1024):
+                out.write(zipper.compress(block))
+            out.write(zipper.flush())
+        made[name] = path
+    return made
+
+
+@pytest.mark.parametrize("bomb, limit, why", [
+    ("no-newline", 0, "longer than 1048576 bytes outside an INSERT"),
+    ("open-string", 4 << 20, "longer than the 4194304 bytes its manifest records"),
+])
+def test_a_gzip_bomb_costs_the_scanner_a_few_mib(bombs, bomb, limit, why):
+    """Issue 28.4: 1 MiB of gzip that holds 1 GiB of text, read by a child (memory capped at 1 GiB) whose own
+    high-water mark (VmHWM) must grow by a few MiB only: a line outside an INSERT is bounded, and the text by the
+    size its manifest records."""
+    path = bombs[bomb]
+    assert path.stat().st_size < 1100 * 1024
+    done = subprocess.run([sys.executable, "-c", BOMB_CHILD, str(path), str(limit)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    before, after, problems = json.loads(done.stdout)
+    assert (after - before) / 1024 < 16, f"the scan's peak grew by {(after - before) / 1024:.0f} MiB"
+    assert any(why in p for p in problems), problems
+
+
+def test_retention_goes_by_the_manifests_times_and_never_deletes_the_new_backup(workdir, live):
+    """Issue 28.5: files named after the year 2999 (a copy of a real backup renamed, a file of junk) neither make
+    a new backup delete itself nor are deleted for their names; a manifest really dated 2999 (the key holder's clock
+    gone wrong) does not either; the older backup by its manifest's time goes."""
+    directory = workdir / "future"
+    config = make_config(workdir, live)
+    first = backups.backup(config, directory, keep=2, environ={})
+    renamed = directory / f"{CLUSTER}-29991231T235959Z.sql.gz"
+    shutil.copy(first.path, renamed)
+    shutil.copy(first.manifest_path, dumpfile.manifest_path_for(renamed))
+    junk = directory / f"{CLUSTER}-29991231T235958Z.sql.gz"
+    junk.write_bytes(b"junk")
+    emitted = Events()
+    second = backups.backup(config, directory, keep=1, environ={}, emit=emitted)
+    assert second.path.exists() and second.manifest_path.exists()
+    assert second.removed == [first.path] and not first.manifest_path.exists()
+    assert renamed.exists() and junk.exists()
+    (_, message, _), = emitted.seen
+    assert f"left {renamed} alone" in message and f"left {junk} alone" in message
+    dated = write_backup(directory, f"{CLUSTER}-20000101T000000Z.sql.gz", DUMP, key_of(workdir),
+                         created="2999-12-31T23:59:59+00:00")
+    third = backups.backup(config, directory, keep=2, environ={})
+    assert third.path.exists() and dated.exists() and third.removed == [second.path]
+
+
+def test_a_password_file_others_can_read_or_another_user_owns_is_refused(workdir, live, tmp_path):
+    """Issue 28.13: a backup with a password file of mode 0644 or 0640, or owned by another user, is refused
+    naming the file, its owner and its mode; nothing is written."""
+    from slurm_ext.accounting.database import password
+    secret = tmp_path / "password"
+    secret.write_text(PASSWORD + "\n")
+    directory = workdir / "password-modes"
+    for mode in (0o644, 0o640, 0o604):
+        secret.chmod(mode)
+        config = make_config(workdir, live, password_file=str(secret))
+        emitted = Events()
+        with pytest.raises(ConfigError, match=rf"{secret}: .*owner root \(uid 0\), mode {mode:04o}.*chmod 600"):
+            backups.backup(config, directory, environ={}, emit=emitted)
+        assert emitted.names == ["backup-failed"]
+    secret.chmod(0o600)
+    os.chown(secret, 65534, 65534)
+    with pytest.raises(ConfigError, match=rf"{secret}: .*owned by .*uid 65534.*mode 0600"):
+        password(AccountingSection(password_file=str(secret)), {})
+    os.chown(secret, 0, 0)
+    assert password(AccountingSection(password_file=str(secret)), {}) == PASSWORD
+    assert not directory.exists() or list(directory.iterdir()) == []
+
+
+def test_the_backup_key_is_refused_where_others_can_read_it_or_beside_the_backups(workdir, live, made, tmp_path):
+    """The key authenticates every manifest: one others can read, one in the backup directory, and a missing one
+    (for verify: it is never made there) are refused, naming accounting.backup_key."""
+    readable = tmp_path / "readable.key"
+    readable.write_text("k" * 64 + "\n")
+    readable.chmod(0o644)
+    with pytest.raises(BackupError, match=rf"{readable} \(accounting.backup_key\): mode 0644 lets others read"):
+        backups.backup(make_config(workdir, live, backup_key=str(readable)), tmp_path / "b1", environ={})
+    with pytest.raises(BackupError, match="mode 0644 lets others read"):
+        backups.verify(made.path, readable)
+    inside = tmp_path / "b2" / "backup.key"
+    with pytest.raises(BackupError, match="the backup key is inside the backup directory"):
+        backups.backup(make_config(workdir, live, backup_key=str(inside)), tmp_path / "b2", environ={})
+    assert not inside.exists()
+    with pytest.raises(BackupError, match=r"no backup key: verify and restore need the key the backup was made with"):
+        backups.verify(made.path, tmp_path / "missing.key")
+    assert not (tmp_path / "missing.key").exists()

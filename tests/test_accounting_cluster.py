@@ -362,6 +362,7 @@ def test_a_backup_taken_during_submission_verifies_and_restores_into_a_new_datab
     workdir = temp_dir()
     secret = workdir / "password"
     secret.write_text("restore-pw\n")
+    secret.chmod(0o600)
     try:
         with scratch_mariadb(port=13399, workdir=workdir) as server:
             # the account slurmdbd's routines name as their definer (slurm@%, as the accounting agent makes it)
@@ -369,7 +370,7 @@ def test_a_backup_taken_during_submission_verifies_and_restores_into_a_new_datab
                        "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'%'")
             target = config_mod.Config(accounting=AccountingSection(
                 db_host="127.0.0.1", db_port=13399, cluster=ACCOUNTING_CLUSTER["cluster_name"],
-                password_file=str(secret)))
+                password_file=str(secret), backup_key=str(acct.layout.etc / "backup.key")))
             restored = backups.restore(target, dumps[0])
             assert restored.tables == manifest["tables"]
             assert server.counts("slurm_acct_db") == manifest["tables"]

@@ -526,6 +526,14 @@ def test_the_backup_cronjob_writes_to_its_own_claim():
     assert verify["image"] == backup["image"]
     assert "slurm-ext accounting verify" in " ".join(verify["command"])
     assert _volume_at(pod, verify, target)[0]["readOnly"] is True
+    # both sign and check manifests with the backup key (issue 28, item 1): a Secret of its own, root's, 0400, off
+    # the backups claim
+    for container in (backup, verify):
+        key = _agent_config(pod, container).accounting.backup_key
+        key_mount, key_volume = _volume_at(pod, container, str(Path(key).parent))
+        assert key_volume["secret"]["secretName"] == "slurm-accounting-backup-key"
+        assert key_volume["secret"]["defaultMode"] == 0o400 and key_mount["readOnly"] is True
+        assert not Path(key).is_relative_to(target)
 
 
 # -- no secret values shipped, and guessable ones refused at start (issue 28, item 3) ------------------------

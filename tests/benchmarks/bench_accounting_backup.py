@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark: `accounting backup` and `verify` against a bare `mariadb-dump --single-transaction`.
+"""Benchmark: `accounting backup`, `verify` and `restore` against a bare `mariadb-dump --single-transaction`.
 
 A scratch MariaDB (scratch.scratch_mariadb, TCP on a free port of 33300-33399)
 is filled with N synthetic jobs shaped like slurmdbd's job table, and 3 steps
@@ -11,7 +11,10 @@ NULLs, binary). Then, in the same run and against the same database:
 - backup(): the same dump plus the row counter, gzip, sha256, fsync, the
   manifest and retention;
 - verify(): the backup's checks, a new scratch MariaDB, the load, and
-  SELECT COUNT(*) of every table.
+  SELECT COUNT(*) of every table;
+- restore(): the backup's checks, the connection's grants and the target's
+  emptiness, the load into a new database of the same server (as slurm, with
+  rights on that database only), and the counts.
 
 Each is the median of --runs runs. Printed: seconds, and the ratios
 backup / bare and (backup + verify) / bare.
@@ -63,6 +66,18 @@ def bare_dump(server: scratch.ScratchMariaDB, root: Path, target: Path) -> int:
     return target.stat().st_size
 
 
+def only_on(server: scratch.ScratchMariaDB, database: str) -> None:
+    """slurm may write `database` and nothing else (what restore asks of its connection)."""
+    server.sql("".join(f"REVOKE ALL PRIVILEGES, GRANT OPTION FROM 'slurm'@'{host}';\n"
+                       f"GRANT ALL ON `{database}`.* TO 'slurm'@'{host}';\nGRANT PROCESS ON *.* TO 'slurm'@'{host}';\n"
+                       for host in ("127.0.0.1", "localhost", "%")))
+
+
+def restore_into(server: scratch.ScratchMariaDB, root: Path, source: Path, database: str) -> object:
+    only_on(server, database)
+    return backups.restore(make_config(root, server, database=database), source, environ={})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="10,000 jobs, one run each")
@@ -90,8 +105,12 @@ def main() -> None:
             (root / "bare.sql").unlink()
             note("backup()")
             ours, result = timed(lambda: backups.backup(config, root / "backups", keep=1, environ={}), runs)
+            note("restore()")
+            targets = iter(range(runs))
+            back, restored = timed(lambda: restore_into(server, root, result.path, f"r_bench{next(targets)}"), runs)
+            assert restored.tables == result.manifest.tables
         note("verify()")
-        check, verified = timed(lambda: backups.verify(result.path, workdir=root), runs)
+        check, verified = timed(lambda: backups.verify(result.path, config.accounting.backup_key, workdir=root), runs)
         assert verified.ok, verified.problems
     tables = result.manifest.tables
     print(f"database: {tables[f'{CLUSTER}_job_table']:,} jobs, {tables[f'{CLUSTER}_step_table']:,} steps, "
@@ -102,6 +121,7 @@ def main() -> None:
     print(f"{'backup()':24} {ours:8.2f} {ours / bare:7.2f}")
     print(f"{'verify()':24} {check:8.2f} {check / bare:7.2f}")
     print(f"{'backup() + verify()':24} {ours + check:8.2f} {(ours + check) / bare:7.2f}")
+    print(f"{'restore()':24} {back:8.2f} {back / bare:7.2f}")
 
 
 if __name__ == "__main__":
