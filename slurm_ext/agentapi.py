@@ -55,7 +55,7 @@ __all__ = ["DEFAULT_CREDENTIAL", "Credential", "CredentialError", "CredentialFil
            "JournalLine", "EventsPage", "AgentClient",
            "request_signature", "answer_signature", "request_refusal", "NonceMemory", "FetchError", "fetch",
            "get_text", "NONCE_HEADER", "TIME_HEADER", "SIGNATURE_HEADER", "BOOT_HEADER", "NODE_HEADER", "AUTH_SCHEME",
-           "REQUEST_WINDOW", "REFUSED", "MAX_HEALTH", "MAX_EVENTS", "EVENTS_SENT", "CUT_KEY"]
+           "REQUEST_WINDOW", "REFUSED", "BUSY", "BUSY_RETRY", "MAX_HEALTH", "MAX_EVENTS", "EVENTS_SENT", "CUT_KEY"]
 
 #: where the agent credential lives unless node.agent_credential says otherwise
 DEFAULT_CREDENTIAL = "/etc/slurm-ext/agent-credential"
@@ -333,6 +333,10 @@ class AgentAnswerError(SlurmExtError):
 
 #: how an agent's 401 begins when the asker proved the credential and the request is refused all the same
 REFUSED = "request refused: "
+#: how an agent's 503 begins when its journal is being read for another /events request (one at a time, off its
+#: probe thread); it says Retry-After: BUSY_RETRY seconds, and `AgentClient.events` asks once more after them
+BUSY = "busy, ask again: "
+BUSY_RETRY = 1.0
 
 
 class _Odd(ValueError):
@@ -789,11 +793,18 @@ class AgentClient:
         """The node's journal events since `since` (epoch seconds), at most `limit` (the newest).
 
         Raises:
-            AgentAnswerError: as `health`. A line that is not a journal event is skipped and counted (`skipped`);
+            AgentAnswerError: as `health`; status 503 when the agent was busy reading its journal for others,
+            asked twice a second apart (BUSY). A line that is not a journal event is skipped and counted (`skipped`);
             an agent that cut its answer to fit says so (`cut`)."""
         address = self.address(node, addr)
         target = f"/events?since={since:.0f}" + (f"&limit={limit}" if limit else "")
-        boot, body = self._ask(node, address, "GET", target, MAX_EVENTS, timeout)
+        try:
+            boot, body = self._ask(node, address, "GET", target, MAX_EVENTS, timeout)
+        except AgentAnswerError as err:
+            if err.status != 503 or f"HTTP 503: {BUSY}" not in err.problem:
+                raise
+            time.sleep(BUSY_RETRY)  # its journal was being read for another asker (the page, `history`): once more
+            boot, body = self._ask(node, address, "GET", target, MAX_EVENTS, timeout)
         return EventsPage.of(node, boot, body.decode("utf-8", "replace"))
 
     def check_now(self, node: str, addr: str = "", timeout: float | None = None) -> bool:

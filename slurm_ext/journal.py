@@ -4,8 +4,10 @@
 of every journal file (`events.journal_files`: the rotated ones oldest
 first, then journal.jsonl) that `selection` (an `EventFilter`) keeps;
 `follow_events` goes on with the events written after that, across
-rotations. `parse_since` turns `--since` (an ISO time or a duration back
-from now) into a time; `format_event` is the one-line form.
+rotations. `read_newest` reads the newest lines from the end back, within a
+byte and a time budget (what an agent's /events sends). `parse_since` turns
+`--since` (an ISO time or a duration back from now) into a time;
+`format_event` is the one-line form.
 
 Why it is built this way:
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -38,7 +41,8 @@ from .config import parse_duration
 from .eventnames import SEVERITIES
 from .log import printable
 
-__all__ = ["JournalEvent", "EventFilter", "read_events", "follow_events", "parse_since", "format_event"]
+__all__ = ["JournalEvent", "EventFilter", "JournalTail", "read_events", "read_newest", "follow_events", "parse_since",
+           "format_event"]
 
 #: how often `follow_events` looks for new lines (a file rotated out of the kept ones between looks is missed)
 FOLLOW_POLL = 0.2
@@ -83,6 +87,21 @@ class EventFilter:
                 and (not self.severity or _rank(event.severity) >= _rank(self.severity)))
 
 
+@dataclass(frozen=True, slots=True)
+class JournalTail:
+    """The newest lines of the journal, as `read_newest` found them."""
+
+    #: journal lines as written, without their newline, oldest first
+    lines: tuple[bytes, ...]
+    #: the time of the first of `lines` as written ("" when there is none)
+    first_time: str
+    #: events among the newest asked that are not in `lines` (their bytes or the time ran out); when the time ran
+    #: out, one more than were counted: the rest of the journal was not read
+    cut: int
+    #: the time ran out before the reading was done
+    out_of_time: bool = False
+
+
 #: on_bad_line(path, line number (from 1), problem)
 BadLineHandler = Callable[[Path, int, str], None]
 
@@ -111,20 +130,9 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
     return when if when.tzinfo else when.astimezone()
 
 
-#: a file at least this large is entered near `since` by bisection (read_events' `skip_to_since`)
-_BISECT_FROM = 256 * 2**10
-#: how much older than `since` a line may be where the bisection stops: lines of several writers (the agent, its
-#: workers, the hooks) reach the file a little out of time order
-_BISECT_SLACK = 300.0
-
-
 def read_events(state_dir: str, selection: EventFilter = EventFilter(),
-                on_bad_line: BadLineHandler | None = None, skip_to_since: bool = False) -> Iterator[JournalEvent]:
+                on_bad_line: BadLineHandler | None = None) -> Iterator[JournalEvent]:
     """The journal's events that `selection` keeps, oldest first; never raises for a bad line.
-
-    `skip_to_since`: enter a large file near `selection.since` by bisection instead of reading it from its first
-    line (an agent's /events?since=, asked every few seconds by the cluster page, costs a few reads, not a parse of
-    16 MiB); the line numbers given to `on_bad_line` then count from where the reading started.
 
     Raises:
         OSError: a journal file exists but cannot be read (no permission).
@@ -133,9 +141,7 @@ def read_events(state_dir: str, selection: EventFilter = EventFilter(),
     try:
         for path, stream in opened:
             if selection.since is not None and os.fstat(stream.fileno()).st_mtime < selection.since.timestamp() - 1:
-                continue  # last written before `since`: none of its events is kept (an agent's /events stays short)
-            if skip_to_since and selection.since is not None:
-                _seek_before(stream, selection.since.timestamp() - _BISECT_SLACK)
+                continue  # last written before `since`: none of its events is kept
             yield from _events_of(path, stream, selection, on_bad_line)
     finally:
         for _, stream in opened:
@@ -183,6 +189,67 @@ def follow_events(state_dir: str, selection: EventFilter = EventFilter(),
             stream.close()
 
 
+#: a line written more than this before `since` ends `read_newest`'s reading back: the agent, its workers and the
+#: hooks write to the journal at once, and their lines reach it a little out of time order
+_LATE = 300.0
+#: bytes read at a time, from a file's end back
+_BLOCK = 2**20
+#: a line longer than this is no journal event (one holds a few fields of events.FIELD_MAX_CHARS): left out whole
+_LONGEST_LINE = 4 * 2**20
+#: the head of every line events.emit writes ({"time": "<ISO time>", ...); json.dumps escapes what is not ASCII
+_TIME_HEAD = re.compile(rb'\{"time": "([0-9T:.+-]{10,40})", ')
+
+
+def read_newest(state_dir: str, since: float | None, limit: int, max_bytes: int, seconds: float,
+                clock: Callable[[], float] = time.monotonic) -> JournalTail:
+    """The newest `limit` events written at or after `since` (epoch seconds; None: all of them), read from the
+    journal's end back, as many of them as fit in `max_bytes` (each line with its newline) and in `seconds`.
+
+    Why from the end: an agent's /events?since=0 (or a `since` far back) wants the newest events, and parsing the
+    whole journal to keep its end (64 MiB: 2 s) was all the probe thread did while clients asked in a loop. Here
+    the work is bounded by what is sent (`limit` lines, `max_bytes`) and by `seconds`, whatever the journal's size;
+    the events left out for want of bytes or time are counted (`cut`) as far as `limit` and the time go. A line
+    counts as an event by its head as events.emit writes it ({"time": ..., up to a closing "}"), and is parsed whole
+    only when it has another (written by hand); what is no event is skipped. The reading back ends at the first line
+    written more than _LATE before `since`.
+
+    Raises:
+        OSError: a journal file exists but cannot be read (no permission).
+    """
+    deadline = clock() + seconds
+    kept: list[bytes] = []
+    first_time = ""
+    size = cut = 0
+    opened = _open_oldest_first(state_dir)
+    try:
+        for _, stream in reversed(opened):
+            if since is not None and os.fstat(stream.fileno()).st_mtime < since - 1:
+                break  # last written before `since`, and the older files too
+            for line in _lines_back(stream):
+                if clock() > deadline:
+                    return JournalTail(tuple(reversed(kept)), first_time, cut + 1, out_of_time=True)
+                found = _time_of(line)
+                if found is None:
+                    continue
+                when, text = found
+                if since is not None and when < since:
+                    if when < since - _LATE:
+                        return JournalTail(tuple(reversed(kept)), first_time, cut)
+                    continue
+                if not cut and len(kept) < limit and size + len(line) + 1 <= max_bytes:
+                    kept.append(line)
+                    size += len(line) + 1
+                    first_time = text
+                    continue
+                if len(kept) + cut >= limit:  # the newest `limit`, sent or counted
+                    return JournalTail(tuple(reversed(kept)), first_time, cut)
+                cut += 1
+    finally:
+        for _, stream in opened:
+            stream.close()
+    return JournalTail(tuple(reversed(kept)), first_time, cut)
+
+
 def format_event(event: JournalEvent) -> str:
     """`<time> <severity> <component>: <event>: <message>`, control characters escaped."""
     return (f"{event.time.isoformat()} {event.severity:<7} {printable(event.component)}: {printable(event.event)}: "
@@ -200,31 +267,46 @@ def _open(path: Path) -> BinaryIO | None:
         return None
 
 
-def _seek_before(stream: BinaryIO, when: float) -> None:
-    """Put `stream` at the start of a line written before `when` (epoch seconds), as late in the file as a
-    bisection on the lines' times finds; at the start when the file is small or its first line is already later."""
-    size = os.fstat(stream.fileno()).st_size
-    low, high = 0, size
-    while size >= _BISECT_FROM and high - low > 64 * 2**10:
-        middle = (low + high) // 2
-        stream.seek(middle)
-        stream.readline()  # the rest of the line the middle falls in
-        start = stream.tell()
-        written = _line_time(stream.readline())
-        if written is not None and written < when:
-            low = start
-        else:  # later, or not a readable line: look before it
-            high = middle
-    stream.seek(low)
+def _lines_back(stream: BinaryIO) -> Iterator[bytes]:
+    """The lines of `stream` up to its size now, without their newlines, the last first (empty ones left out), read
+    in blocks from its end; a line longer than _LONGEST_LINE is left out whole (a file of garbage without newlines
+    must not be gathered into memory)."""
+    position = os.fstat(stream.fileno()).st_size
+    rest = b""  # the end of a line whose start is in a block not read yet
+    overlong = False  # the line being gathered passed _LONGEST_LINE: what is left of it is dropped
+    while position > 0:
+        step = min(_BLOCK, position)
+        position -= step
+        stream.seek(position)
+        pieces = stream.read(step).split(b"\n")
+        if overlong:
+            if len(pieces) == 1:
+                continue  # all of this block is the overlong line
+            pieces[-1], overlong = b"", False
+        else:
+            pieces[-1] += rest
+        rest = pieces[0]
+        for line in reversed(pieces[1:]):
+            if line:
+                yield line
+        if len(rest) > _LONGEST_LINE:
+            rest, overlong = b"", True
+    if rest and not overlong:
+        yield rest
 
 
-def _line_time(text: bytes) -> float | None:
-    """The epoch time of a journal line, or None when it is not one."""
+def _time_of(line: bytes) -> tuple[float, str] | None:
+    """(epoch seconds, the time as written) of a journal line, or None when it is no journal event."""
+    head = _TIME_HEAD.match(line)
+    if head is None or not line.endswith(b"}"):
+        event = _parse(Path(), 0, line, None)  # not as events.emit writes: parsed whole
+        return None if event is None else (event.time.timestamp(), event.time.isoformat())
+    text = head.group(1).decode()
     try:
-        record = json.loads(text)
-        return datetime.fromisoformat(record["time"]).timestamp()
-    except (ValueError, KeyError, TypeError):
+        when = datetime.fromisoformat(text)
+    except ValueError:
         return None
+    return (when if when.tzinfo else when.astimezone()).timestamp(), text
 
 
 def _open_oldest_first(state_dir: str) -> list[tuple[Path, BinaryIO]]:

@@ -5,6 +5,7 @@ One line per event, in the form operators grep for:
 """
 
 import logging
+import os
 import re
 import sys
 
@@ -31,6 +32,16 @@ def printable(text: str) -> str:
     return _CONTROL.sub(lambda m: _NAMED.get(m.group(), f"\\x{ord(m.group()):02x}"), text)
 
 
+class _PrivateFileHandler(logging.FileHandler):
+    """A FileHandler whose file, when it creates it, is 0640 (less under a stricter umask), as the node journal: the
+    log holds every event's fields (a script's output, a job's user and paths), and FileHandler's 0666 under the
+    usual umask 022 let every user of the node read them. A file that exists keeps its mode."""
+
+    def _open(self):  # logging's name: FileHandler opens its file here
+        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        return open(fd, self.mode, encoding=self.encoding, errors=self.errors)
+
+
 class _Formatter(logging.Formatter):
     """Escapes the message; a traceback appended below it keeps its lines."""
 
@@ -49,7 +60,7 @@ def setup(section: LogSection, component: str = "slurm-ext") -> logging.Logger:
     problem = None
     if section.file:
         try:
-            handler = logging.FileHandler(section.file)
+            handler = _PrivateFileHandler(section.file)
         except OSError as err:
             handler = logging.StreamHandler(sys.stderr)
             problem = f"log.file {section.file}: {err.strerror}; logging to standard error"

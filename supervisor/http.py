@@ -7,7 +7,10 @@ page's "run the health checks"); it changes nothing but the time of the next pol
 (node.agent_credential; `slurm_ext.agentapi`) in a request meant for this node, within a minute of this clock, and
 taken once (`Guard`); they sign their answer with it, bound to this node, this boot and the asker's nonce: the
 journal holds other users' job details, and the controller resumes a repaired node on what /health says. /events
-sends the newest lines that fit under the client's cap (`events_body`). Without the proof they answer 401; without a usable credential file here, 503 naming the file.
+sends the newest lines that fit under the client's cap (`events_body`), read from the journal's end back within a
+byte and a time budget on a thread of its own (`later`): one at a time, and 503 with Retry-After to a request that
+comes while one is being read, so the probes never wait for it. Without the proof they answer 401; without a usable
+credential file here, 503 naming the file.
 /livez and /readyz stay open (the kubelet's probes), and /metrics too unless supervisor.open_metrics is false.
 
 `serve(agent, host, port)` starts a `ProbeServer` in a thread of its own;
@@ -28,9 +31,10 @@ bytes, and three rules keep a new probe answered in time:
   probe, which sends its request at once, is least likely to be), and so
   does accept failing for want of descriptors;
 - a request head is at most MAX_HEAD bytes and the answer is computed at
-  once (the handlers read memory, or for /events and /health a few local
-  files: the journal is bounded by its rotation), so no connection waits
-  long on another.
+  once (the handlers read memory, or for /health a few small local files),
+  or off this thread (/events: `later`), so no connection waits long on
+  another; an answer is sent from its buffers as they are, never copied
+  whole again.
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ from typing import Callable
 
 from slurm_ext import agentapi
 from slurm_ext.errors import AgentError
+
+from .later import AnswerWorker, Later
 
 
 __all__ = ["serve", "ProbeServer", "Answer", "HEAD_TIMEOUT", "MAX_HEAD", "connection_cap"]
@@ -75,6 +81,8 @@ _TEXT = "text/plain; charset=utf-8"
 
 #: most events one GET /events returns (the newest)
 EVENTS_LIMIT = 20000
+#: seconds one GET /events may read the journal: its answer must still go out within HEAD_TIMEOUT
+EVENTS_SECONDS = 2.0
 
 #: (status code, body, content type), and optionally a dict of more headers
 Answer = tuple
@@ -127,13 +135,20 @@ class Guard:
                 said = (f"{method} {target.partition('?')[0]} needs the cluster's agent credential "
                         f"(Authorization: {agentapi.AUTH_SCHEME}, see docs/operator/agent-credential.md)\n")
             return 401, said.encode(), _TEXT
-        from slurm_ext.procfs import boot_id
-        code, body, content_type, *_ = route()
-        boot = boot_id(self.agent.config.node.boot_id_file)
         nonce = headers.get(agentapi.NONCE_HEADER.lower(), "")
-        return code, body, content_type, {
-            agentapi.NODE_HEADER: node, agentapi.BOOT_HEADER: boot,
-            agentapi.SIGNATURE_HEADER: agentapi.answer_signature(secret, node, boot, nonce, code, body)}
+
+        def signed(answer: Answer) -> Answer:
+            from slurm_ext.procfs import boot_id
+            code, body, content_type, *more = answer
+            boot = boot_id(self.agent.config.node.boot_id_file)
+            return code, body, content_type, {
+                **(more[0] if more else {}), agentapi.NODE_HEADER: node, agentapi.BOOT_HEADER: boot,
+                agentapi.SIGNATURE_HEADER: agentapi.answer_signature(secret, node, boot, nonce, code, body)}
+
+        answer = route()
+        if isinstance(answer, Later):  # signed where it is computed: a 32 MiB body is hashed off the probe thread
+            return Later(lambda: signed(answer.work()), answer.worker)
+        return signed(answer)
 
     def _log_refusal(self, method: str, target: str, why: str) -> None:
         """One warning per refusal, LOG_PER_MINUTE a minute at most; the first of the next minute counts the rest."""
@@ -150,10 +165,11 @@ class Guard:
         log.warning("http: %s %s refused (401): %s", method, target.partition("?")[0][:100], why)
 
 
-def agent_routes(agent, guard: Guard | None = None) -> Callable[[str, dict], Answer]:
+def agent_routes(agent, guard: Guard | None = None) -> Callable[[str, dict], Answer | Later]:
     """The answer to a GET of each path (with its query) and the request's headers, from the agent's state."""
     exposition = []
     guard = guard or Guard(agent)
+    journal_reader = AnswerWorker("http-events")
 
     def answer(target: str, headers: dict) -> Answer:
         path, _, query = target.partition("?")
@@ -161,7 +177,7 @@ def agent_routes(agent, guard: Guard | None = None) -> Callable[[str, dict], Ans
             return guard.guarded("GET", target, headers, lambda: answer_of(path, query))
         return answer_of(path, query)
 
-    def answer_of(path: str, query: str) -> Answer:
+    def answer_of(path: str, query: str) -> Answer | Later:
         if path == "/livez":
             ok = agent.live()
             return (200, b"ok\n", _TEXT) if ok else (503, b"agent loop stalled\n", _TEXT)
@@ -175,7 +191,7 @@ def agent_routes(agent, guard: Guard | None = None) -> Callable[[str, dict], Ans
             body, content_type = exposition[0]()
             return 200, body, content_type
         if path == "/events":
-            return _events(agent, query)
+            return _events(agent, query, journal_reader)
         if path == "/health":
             return _health(agent)
         return 404, b"try /livez, /readyz, /metrics, /events?since=EPOCH or /health\n", _TEXT
@@ -210,16 +226,15 @@ def agent_posts(agent, guard: Guard | None = None) -> Callable[[str, dict], Answ
     return answer
 
 
-def _events(agent, query: str) -> Answer:
+def _events(agent, query: str, reader: AnswerWorker) -> Answer | Later:
     """The node journal's events since `since` (epoch seconds), oldest first, one JSON object a line, the newest
     `limit` (at most EVENTS_LIMIT): what `slurm-ext history` and the cluster page merge from every node. Read-only,
-    like every route here."""
+    like every route here; read by `reader`, off the probe thread, and 503 while it reads for another request."""
     from urllib.parse import parse_qs
-    from slurm_ext.journal import EventFilter, read_events
     asked = parse_qs(query)
     try:
         since = float(asked.get("since", ["0"])[0])
-        start = datetime.fromtimestamp(since, timezone.utc) if since > 0 else None
+        datetime.fromtimestamp(since, timezone.utc)  # a time, not inf or 1e300
     except (ValueError, OverflowError, OSError):
         return 400, b"since: expected epoch seconds, such as since=1767225600\n", _TEXT
     try:
@@ -228,36 +243,31 @@ def _events(agent, query: str) -> Answer:
             raise ValueError
     except ValueError:
         return 400, f"limit: expected a count of events from 1 to {EVENTS_LIMIT}\n".encode(), _TEXT
-    selection = EventFilter(start, (), (), "")
-    lines = deque((event.line for event in read_events(agent.config.node.state_dir, selection, lambda *_: None,
-                                                       skip_to_since=start is not None)), maxlen=limit)
-    return 200, events_body(lines), "application/x-ndjson"
+    if reader.busy:
+        return (503, f"{agentapi.BUSY}the journal is being read for another /events request\n".encode(), _TEXT,
+                {"Retry-After": f"{agentapi.BUSY_RETRY:.0f}"})
+    state_dir = agent.config.node.state_dir
+    return Later(lambda: _events_page(state_dir, since if since > 0 else None, limit), reader)
 
 
-def events_body(lines, cap: int = agentapi.EVENTS_SENT) -> bytes:
-    """The newest of `lines` (oldest first) whose bytes fit under `cap`, one a line, oldest first; when older ones
-    do not fit, a first line says how many were cut and the time of the first sent (agentapi.CUT_KEY): a busy node's
-    journal (a script's event carries up to 8 KiB of its output) must not pass the client's cap and cost the node
-    its whole timeline."""
-    kept: list[bytes] = []
-    size = 0
-    for line in reversed(lines):
-        data = f"{line}\n".encode()
-        if size + len(data) > cap:
-            break
-        kept.append(data)
-        size += len(data)
-    cut = len(lines) - len(kept)
-    if not cut:
-        return b"".join(reversed(kept))
-    first = ""
-    if kept:
-        try:
-            first = str(json.loads(kept[-1]).get("time", ""))
-        except (ValueError, AttributeError):
-            first = ""
-    head = json.dumps({agentapi.CUT_KEY: cut, "from": first}).encode() + b"\n"
-    return head + b"".join(reversed(kept))
+def _events_page(state_dir: str, since: float | None, limit: int) -> Answer:
+    """The answer to GET /events, on the journal reader's thread."""
+    from slurm_ext.journal import read_newest
+    tail = read_newest(state_dir, since, limit, agentapi.EVENTS_SENT, EVENTS_SECONDS)
+    if tail.out_of_time:
+        log.warning("http: GET /events read the journal in %s for %gs, its most, and sent the %d newest events "
+                    "read (a slow disk, or lines that are no events)", state_dir, EVENTS_SECONDS, len(tail.lines))
+    return 200, events_body(tail), "application/x-ndjson"
+
+
+def events_body(tail) -> bytes:
+    """`tail`'s lines (a journal.JournalTail), one a line; when events were cut for want of bytes (or time), a first
+    line says how many and the time of the first sent (agentapi.CUT_KEY): a busy node's journal (a script's event
+    carries up to 8 KiB of its output) must not pass the client's cap and cost the node its whole timeline."""
+    body = b"\n".join((*tail.lines, b""))
+    if not tail.cut:
+        return body
+    return json.dumps({agentapi.CUT_KEY: tail.cut, "from": tail.first_time}).encode() + b"\n" + body
 
 
 def _health(agent) -> Answer:
@@ -295,7 +305,8 @@ class _Connection:
         self.sock = sock
         self.deadline = deadline
         self.received = bytearray()
-        self.outgoing = b""
+        #: the answer's head and body still to be sent (views: what was sent is never copied again)
+        self.outgoing: list[memoryview] = []
         #: the whole answer is sent: what the client still sends is read and dropped until it closes
         self.answered = False
 
@@ -305,13 +316,15 @@ class ProbeServer:
 
     `answer(target, headers)` answers a GET, `post(target, headers)` a POST (its body, if any, is not read: no
     route takes one; `headers`: the request's, names in lower case); both must be quick and must not block (they
-    run on this thread). An answer is (status, body, content type) or that and a dict of more headers.
-    Start it with `start()`; `close()` stops the thread and closes every socket.
+    run on this thread). An answer is (status, body, content type) or that and a dict of more headers, or a
+    `Later` whose work computes one on its worker's thread: the connection waits for it (within its deadline)
+    while this thread serves the others. Start it with `start()`; `close()` stops the thread and closes every
+    socket.
     """
 
-    def __init__(self, host: str, port: int, answer: Callable[[str, dict], Answer],
+    def __init__(self, host: str, port: int, answer: Callable[[str, dict], Answer | Later],
                  max_connections: int | None = None, timeout: float = HEAD_TIMEOUT,
-                 post: Callable[[str, dict], Answer] | None = None):
+                 post: Callable[[str, dict], Answer | Later] | None = None):
         self.answer = answer
         self.post = post or (lambda target, headers: (405, b"only GET\n", _TEXT))
         self.timeout = timeout
@@ -323,6 +336,10 @@ class ProbeServer:
         self._open: dict[socket.socket, _Connection] = {}
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        #: held while the wake pipe is written from another thread, and while it is closed
+        self._wake_lock = threading.Lock()
+        #: (connection, answer) computed by a Later's worker, for this thread to send
+        self._computed: deque[tuple[_Connection, Answer]] = deque()
         self._selector.register(self.listener, selectors.EVENT_READ, "accept")
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._accept_paused_until = 0.0
@@ -337,15 +354,24 @@ class ProbeServer:
     def close(self) -> None:
         """Stop serving: the thread closes every connection and the listener, then ends."""
         self._closing = True
-        try:
-            os.write(self._wake_w, b"x")
-        except OSError:
-            pass
+        self._wake()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(2.0)
         if self._thread is None or not self._thread.is_alive():  # else it still reads them: leave them
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+            with self._wake_lock:  # a worker that finishes later must not write to a descriptor reused since
+                os.close(self._wake_r)
+                os.close(self._wake_w)
+                self._wake_w = -1
+
+    def _wake(self) -> None:
+        """Wake the thread from its select (from any thread)."""
+        with self._wake_lock:
+            if self._wake_w < 0:
+                return
+            try:
+                os.write(self._wake_w, b"x")
+            except OSError:  # full: it is awake already
+                pass
 
     # -- the thread -------------------------------------------------------------------
 
@@ -369,6 +395,7 @@ class ProbeServer:
                 self._accept()
             elif key.data == "wake":
                 os.read(self._wake_r, 64)
+                self._send_computed()
             elif key.fileobj in self._open:  # not closed earlier in this batch
                 self._on_ready(self._open[key.fileobj])
         self._expire(time.monotonic())
@@ -457,11 +484,11 @@ class ProbeServer:
         if end < 0:
             end = conn.received.find(b"\n\n")
         if end >= 0:
-            self._reply(conn, *self._respond(bytes(conn.received[:end])))
+            self._answer(conn, self._respond(bytes(conn.received[:end])))
         elif len(conn.received) > MAX_HEAD:
             self._reply(conn, 431, f"request head longer than {MAX_HEAD} bytes\n".encode(), _TEXT)
 
-    def _respond(self, head: bytes) -> Answer:
+    def _respond(self, head: bytes) -> Answer | Later:
         """The answer to one request head (request line and headers)."""
         line, *header_lines = head.decode("latin-1").split("\n")
         parts = line.strip().split()
@@ -482,24 +509,52 @@ class ProbeServer:
             log.exception("http: %s %s failed", method, target[:100])
             return 500, b"internal error: see the agent's log\n", _TEXT
 
+    def _answer(self, conn: _Connection, answer: Answer | Later) -> None:
+        """Send `answer`, or have its worker compute it: the connection is left alone until then (or its deadline)."""
+        if not isinstance(answer, Later):
+            self._reply(conn, *answer)
+            return
+        self._selector.unregister(conn.sock)
+        if not answer.worker.submit(answer.work, lambda computed: self._computed_for(conn, computed)):
+            self._selector.register(conn.sock, selectors.EVENT_READ, "conn")
+            self._reply(conn, 503, b"busy: ask again in a second\n", _TEXT, {"Retry-After": "1"})
+
+    def _computed_for(self, conn: _Connection, answer: Answer) -> None:
+        """From a worker's thread: `answer` is ready for `conn`."""
+        self._computed.append((conn, answer))
+        self._wake()
+
+    def _send_computed(self) -> None:
+        while self._computed:
+            conn, answer = self._computed.popleft()
+            if self._open.get(conn.sock) is conn:  # else closed meanwhile (its deadline, shed): dropped
+                self._selector.register(conn.sock, selectors.EVENT_READ, "conn")
+                self._reply(conn, *answer)
+
     def _reply(self, conn: _Connection, code: int, body: bytes, content_type: str, more: dict | None = None) -> None:
         reason = http.HTTPStatus(code).phrase
         extra = "".join(f"{name}: {value}\r\n" for name, value in (more or {}).items())
         head = (f"HTTP/1.1 {code} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
                 f"{extra}Connection: close\r\n\r\n").encode("latin-1", "replace")
-        conn.outgoing = head + body
+        conn.outgoing = [memoryview(head), memoryview(body)] if body else [memoryview(head)]
         self._selector.modify(conn.sock, selectors.EVENT_WRITE, "conn")
         self._write(conn)
 
     def _write(self, conn: _Connection) -> None:
         try:
-            sent = conn.sock.send(conn.outgoing)
+            sent = conn.sock.sendmsg(conn.outgoing)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
             self._close(conn)
             return
-        conn.outgoing = conn.outgoing[sent:]
+        while sent:
+            first = conn.outgoing[0]
+            if len(first) > sent:
+                conn.outgoing[0] = first[sent:]
+                break
+            sent -= len(first)
+            conn.outgoing.pop(0)
         if not conn.outgoing:
             self._finish(conn)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -18,7 +19,8 @@ import pytest
 
 from helpers.cli import cli
 from slurm_ext import events
-from slurm_ext.journal import EventFilter, JournalEvent, follow_events, format_event, parse_since, read_events
+from slurm_ext.journal import (EventFilter, JournalEvent, follow_events, format_event, parse_since, read_events,
+                               read_newest)
 
 UTC = timezone.utc
 
@@ -102,27 +104,35 @@ def test_a_torn_last_line_and_foreign_lines_are_skipped_and_reported(tmp_path):
     assert "lacks one of the fields" in bad[2][2]
 
 
-def test_skip_to_since_enters_a_large_journal_near_since_and_keeps_the_same_events(tmp_path):
-    """An agent's /events?since= on a 16 MiB journal reads a few lines, not all of them: a bad line far before
-    `since` is never reached, and the events kept are those of a full read, slightly out-of-order lines too."""
+def test_read_newest_reads_from_the_end_back_to_since_and_keeps_the_same_events(tmp_path):
+    """An agent's /events reads the journal from its end back (issue 28, item 2), not all of it: for a `since`, the
+    events of a full read, slightly out-of-order lines too; without one, the newest `limit`; what the bytes or the
+    time leave out is counted; a line too long to be an event is left out whole."""
     start = datetime(2025, 1, 31, tzinfo=UTC)
     lines = ["not an event\n"]
     for second in range(30000):
         when = start + timedelta(seconds=second - (2 if second % 97 == 0 else 0))  # a writer a little late
         lines.append(line(when.isoformat(), "health", "health-finding", f"finding {second}", pad="x" * 40))
-    (tmp_path / "journal.jsonl").write_text("".join(lines))
-    assert (tmp_path / "journal.jsonl").stat().st_size > 3 * 2**20
+    (tmp_path / "journal.jsonl.1").write_text("".join(lines[:20000]) + "x" * (5 * 2**20) + "\n")
+    (tmp_path / "journal.jsonl").write_text("".join(lines[20000:]) + '{"time": "2025-')  # a torn last line
+    assert (tmp_path / "journal.jsonl.1").stat().st_size > 3 * 2**20
+    every = [e.line.encode() for e in read_events(str(tmp_path))]
+    assert len(every) == 30000
     since = start + timedelta(seconds=29000)
-    full_bad, full_handler = collect_bad_lines()
-    full = [e.message for e in read_events(str(tmp_path), EventFilter(since=since), full_handler)]
-    skipped_bad, skipped_handler = collect_bad_lines()
-    skipped = [e.message for e in read_events(str(tmp_path), EventFilter(since=since), skipped_handler,
-                                              skip_to_since=True)]
-    assert skipped == full and len(full) == 1000 and full[0] == "finding 29000", full[:3]
-    assert len(full_bad) == 1 and skipped_bad == []  # the bisection started far past the first line
-    assert [e.message for e in read_events(str(tmp_path), EventFilter(since=start - timedelta(seconds=10)),
-                                             skip_to_since=True)][:1] == \
-        ["finding 0"]  # `since` before the first line: read from the start
+    full = [e.line.encode() for e in read_events(str(tmp_path), EventFilter(since=since))]
+    tail = read_newest(str(tmp_path), since.timestamp(), 20000, 2**30, 60.0)
+    assert list(tail.lines) == full and len(full) == 1000 and tail.cut == 0, full[:1]
+    assert tail.first_time == json.loads(full[0])["time"]
+    assert read_newest(str(tmp_path), (start - timedelta(seconds=10)).timestamp(), 30000, 2**30, 60.0).lines == \
+        tuple(every)  # `since` before the first line: all of it
+    newest = read_newest(str(tmp_path), None, 100, 2**30, 60.0)
+    assert (newest.lines, newest.cut) == (tuple(every[-100:]), 0)  # the limit asked is not a cut
+    size = len(every[-1]) + 1
+    bounded = read_newest(str(tmp_path), None, 20000, 250 * size, 60.0)
+    assert (len(bounded.lines), bounded.cut) == (250, 20000 - 250), bounded.cut
+    assert bounded.lines == tuple(every[-250:])
+    timed_out = read_newest(str(tmp_path), None, 20000, 2**30, 0.5, clock=itertools.count().__next__)  # 1 s a line
+    assert (timed_out.lines, timed_out.cut, timed_out.out_of_time) == ((), 1, True)
 
 
 def test_a_file_seen_under_two_names_is_read_once(tmp_path):

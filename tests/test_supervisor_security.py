@@ -1,7 +1,10 @@
-"""The node agent under attack and fault, for real (issue 9, items 7, 14, 19, 24).
+"""The node agent under attack and fault, for real (issue 9, items 7, 14, 19, 24; issue 28, items 2 and 20).
 
 - /livez keeps answering while a job (uid nobody) holds hundreds of idle and
   slow-loris connections to the agent's port, also at a low descriptor limit;
+- /livez keeps answering within the kubelet's 1 s while clients with the agent
+  credential ask /events?since=0 in a loop of a full (64 MiB) journal;
+- the agent's log.file is created 0640, as the journal, whatever the umask;
 - a slow start step (a node-boot script) runs off the loop: the agent keeps
   reaping and answering, and the script's exit status is its own;
 - a worker's main process followed through MAINPID= is held by pidfd: when
@@ -17,6 +20,7 @@ import json
 import os
 import re
 import resource
+import select
 import shutil
 import signal
 import socket
@@ -29,6 +33,7 @@ from pathlib import Path
 
 import pytest
 
+from slurm_ext import agentapi, events
 from slurm_ext.procfs import all_stats, pid_alive
 
 NOBODY = 65534
@@ -155,11 +160,11 @@ def attackers():
         attacker.stop()
 
 
-def probe_many(port: int, count: int, every: float = 0.1) -> list[tuple[int, float]]:
+def probe_many(port: int, count: int, every: float = 0.1, timeout: float = 2.0) -> list[tuple[int, float]]:
     """`count` GETs of /livez, `every` seconds apart; ends early at the first that is not answered 200."""
     results = []
     for _ in range(count):
-        results.append(get_livez(port, timeout=2.0))
+        results.append(get_livez(port, timeout=timeout))
         if results[-1][0] != 200:
             break
         time.sleep(every)
@@ -233,6 +238,173 @@ def test_probe_server_answers_bad_requests_sheds_the_oldest_and_times_out_idle_o
         server.close()
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
+
+# -- issue 28, item 2: /events?since=0 in a loop does not silence /livez ------------------------------------
+
+
+def write_full_journal(state_dir: Path, total: int = (events.JOURNAL_KEEP + 1) * events.JOURNAL_MAX_BYTES,
+                       end: float | None = None) -> float:
+    """A journal as full as its rotation lets it be (journal.jsonl.3 .. .1 and journal.jsonl, each just under
+    events.JOURNAL_MAX_BYTES), lines as events.emit writes them, one a second up to `end` (now): mostly a worker's
+    events, one in ten a failed script's with 8 KiB of its output. Returns the time of the last line."""
+    end = time.time() if end is None else end
+    small = '{{"time": "{}", "component": "supervisor", "event": "worker-state", "severity": "info", ' \
+            '"message": "worker a: running -> backoff: died (exit status 1)", "role": "login", "worker": "a", ' \
+            '"state": "backoff", "was": "running", "n": {}}}\n'
+    large = '{{"time": "{}", "component": "prolog_epilog", "event": "script-failed", "severity": "error", ' \
+            '"message": "job {}: job-end script 50-nccl exited 1", "job": {}, "output": "' + "x" * 8000 + '"}}\n'
+    per_file = events.JOURNAL_MAX_BYTES - 2**16
+    files = events.journal_files(str(state_dir))[-(total // per_file or 1):]
+    lines_per_file = per_file // 1060  # the lines' mean size, and a little more
+    count = lines_per_file * len(files)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    number = 0
+    for path in files:
+        with open(path, "w") as out:
+            for _ in range(lines_per_file):
+                when = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(end - (count - 1 - number)))
+                out.write(large.format(when, number, number) if number % 10 == 9 else small.format(when, number))
+                number += 1
+        path.chmod(0o640)
+    return end
+
+
+# A client of the controller's (the agent credential): asks /events?since=0 in a loop as the controller does (a busy
+# agent's 503 is asked once more a second later, then counted), until the stop file exists; says "going" after its
+# first answer, and at the end what it got.
+EVENTS_CLIENT = textwrap.dedent("""\
+    import json, os, sys, time
+    from slurm_ext import agentapi
+    from slurm_ext.agentapi import AgentAnswerError, AgentClient
+    credential, node, port, stop = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    client = AgentClient(credential, port, {node: f"127.0.0.1:{port}"}, 30.0)
+    report = {"pages": 0, "busy": 0, "failed": [], "events": [], "newest": 0.0}
+    end = time.monotonic() + 600
+    while not os.path.exists(stop) and time.monotonic() < end:
+        try:
+            page = client.events(node, since=0)
+        except AgentAnswerError as err:
+            if err.status == 503 and agentapi.BUSY in str(err):
+                report["busy"] += 1
+                continue
+            report["failed"].append(str(err)[:300])
+        else:
+            report["pages"] += 1
+            report["events"].append(len(page.events))
+            report["newest"] = min(report["newest"] or 9e99, page.events[-1].time)
+        if report["pages"] + len(report["failed"]) == 1:
+            print("going", flush=True)
+    report["events"] = sorted(set(report["events"]))
+    print(json.dumps(report), flush=True)
+    """)
+
+
+class EventsClients:
+    """`count` EVENTS_CLIENT processes, as root with the agent credential, stopped by the stop file or their PIDs."""
+
+    def __init__(self, credential: Path, node: str, port: int, count: int, workdir: Path):
+        self.stop_file = workdir / "events-clients-stop"
+        self.procs = [subprocess.Popen([sys.executable, "-c", EVENTS_CLIENT, str(credential), node, str(port),
+                                        str(self.stop_file)], stdout=subprocess.PIPE, text=True, cwd=workdir)
+                      for _ in range(count)]
+
+    def wait_going(self, timeout: float) -> None:
+        """Until each client has had its first answer (a page or a failure)."""
+        deadline = time.monotonic() + timeout
+        for proc in self.procs:
+            ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            assert ready and proc.stdout.readline() == "going\n", "an /events client had no answer in time"
+
+    def report(self, timeout: float = 60.0) -> list[dict]:
+        self.stop_file.touch()
+        return [json.loads(proc.communicate(timeout=timeout)[0].splitlines()[-1]) for proc in self.procs]
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            proc.stdout.close()
+
+
+@pytest.fixture
+def events_clients():
+    started: list[EventsClients] = []
+
+    def start(*args) -> EventsClients:
+        started.append(EventsClients(*args))
+        return started[-1]
+
+    yield start
+    for clients in started:
+        clients.kill()
+
+
+#: the kubelet's default livenessProbe timeoutSeconds
+KUBELET_TIMEOUT = 1.0
+
+
+def test_livez_answers_while_clients_loop_events_since_0_of_a_full_journal(agents, events_clients, tmp_path):
+    """The issue's fault: /events of a 64 MiB journal was read whole on the probe thread (2.2 s a request), and three
+    clients asking it in a loop made every probe with the kubelet's 1 s timeout fail. Read from the end, on a thread
+    of its own, and 503 while it is busy: every probe answers in time (how fast is bench_livez's --events figure),
+    and every page is the journal's newest 20,000 events."""
+    credential = tmp_path / "agent-credential"
+    agentapi.create_credential(credential)
+    written_end = write_full_journal(tmp_path / "state")
+    assert sum(path.stat().st_size for path in (tmp_path / "state").iterdir()) > 60 * 2**20
+    port = free_port()
+    agent = agents(SLEEPER, port=port, node=f'agent_credential = "{credential}"')
+    agent.wait_event("worker-state", worker="a", state="running", timeout=30)
+    clients = events_clients(credential, "testnode", port, 3, tmp_path)
+    clients.wait_going(timeout=60)
+    answers = probe_many(port, 20, every=0.2, timeout=KUBELET_TIMEOUT)
+    reports = clients.report()
+    assert [code for code, _ in answers] == [200] * 20, answers
+    for report in reports:
+        assert report["failed"] == [] and report["pages"] >= 1, report
+        assert report["events"] == [20000], report  # the limit, none cut: the newest 20,000 of some 64,000
+        assert report["newest"] >= int(written_end), report  # each page ends at the journal's end
+    assert agent.proc.poll() is None and agent.stop() == 0
+
+
+# -- issue 28, item 20: the log file is as private as the journal ------------------------------------------
+
+
+def _agent_logging_to(tmp_path: Path, log_file: Path) -> str:
+    """Run `slurm-ext supervise` under umask 022 with [log] file = `log_file` until it serves its probes (it logs so),
+    then stop it; returns what it logged."""
+    config = tmp_path / "slurm-ext.toml"
+    config.write_text(f'[node]\nname = "testnode"\nstate_dir = "{tmp_path}/state"\nruntime_dir = "{tmp_path}/run"\n'
+                      f'[log]\nfile = "{log_file}"\n' + SLEEPER)
+    agent = subprocess.Popen([sys.executable, "-m", "slurm_ext.cli", "--config", str(config), "supervise", "--role",
+                              "login", "--port", str(free_port())], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, umask=0o022, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 30
+        while not (log_file.exists() and "probes and metrics on" in log_file.read_text()):
+            assert agent.poll() is None and time.monotonic() < deadline, agent.stderr.read().decode()[-3000:]
+            time.sleep(0.05)
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(30)
+        agent.stderr.close()
+    return log_file.read_text()
+
+
+def test_the_agents_log_file_is_created_0640_and_an_existing_ones_mode_is_kept(tmp_path):
+    """log.file holds every event's fields, script output included, as the journal does: it was created 0644 under
+    the usual umask, for any user of the node to read other users' jobs in it. Now 0640, like the journal; a file
+    that exists keeps its mode (an operator's 0600 is not loosened)."""
+    made, existing = tmp_path / "made.log", tmp_path / "existing.log"
+    assert "supervisor INFO: probes and metrics on" in _agent_logging_to(tmp_path, made)
+    existing.write_text("")
+    existing.chmod(0o600)
+    assert "supervisor INFO: probes and metrics on" in _agent_logging_to(tmp_path, existing)
+    assert (oct(made.stat().st_mode & 0o777), oct(existing.stat().st_mode & 0o777)) == (oct(0o640), oct(0o600))
+    journal = tmp_path / "state" / "journal.jsonl"
+    assert made.stat().st_mode & 0o777 == journal.stat().st_mode & 0o777  # as the journal
 
 
 # -- item 14: start steps off the loop -----------------------------------------------------

@@ -21,9 +21,11 @@ class AgentProcess:
     """`slurm-ext supervise` run by a test, with its log and journal at hand."""
 
     def __init__(self, tmp_path: Path, body: str, role: str = "login", port: int = PORT, prefix: list[str] = (),
-                 slurm: str = ""):
+                 slurm: str = "", node: str = ""):
         self.dir = tmp_path
         self.slurm = slurm
+        #: more of [node] (its agent_credential)
+        self.node = node
         self.config = tmp_path / "slurm-ext.toml"
         self.port = port
         self.prefix = list(prefix)
@@ -40,6 +42,7 @@ class AgentProcess:
             name = "testnode"
             state_dir = "{self.dir}/state"
             runtime_dir = "{self.dir}/run"
+            {self.node}
             [slurm]
             timeout = "2s"
             {self.slurm}
