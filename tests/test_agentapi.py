@@ -24,6 +24,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from helpers.wait import wait_for
 from slurm_ext import agentapi
 from slurm_ext.agentapi import AgentAnswerError, AgentClient, CredentialError, CredentialFile, create_credential
 from slurm_ext.supervisor.http import Guard, ProbeServer
@@ -394,6 +395,56 @@ def test_metrics_need_the_credential_where_the_config_says_so(agent):
         assert time.monotonic() < deadline, "a reload with open_metrics = false left /metrics open"
         time.sleep(0.1)
     assert _as_nobody(agent.port, [("GET", "/livez")]) == [200]
+
+
+def test_a_job_cannot_make_the_health_monitor_read_the_node(agents, tmp_path, monkeypatch):
+    """Issue 28, item 19: POST /health/check has the worker's health monitor read its GPUs and the node at once. As
+    nobody (a job's user), without the credential, it is refused (401) and nothing is read: the readings stay as they
+    were, and the controller's ask right after is taken (202, not 429: nobody's came to nothing within the agent's
+    second of spacing) and read."""
+    from slurm_ext.devcluster import fakenvml
+    lib = fakenvml.build(tmp_path / "lib")
+    spec = tmp_path / "gpus.json"
+    fakenvml.write_spec(spec, fakenvml.default_gpus(2))
+    for name, value in fakenvml.environ(lib.parent, spec).items():  # the health worker inherits the agent's
+        monkeypatch.setenv(name, value)
+    credential = _credential(tmp_path)
+    port = _free_port()
+    agent = agents(f"""\
+        ports = {{worker = {port}}}
+        # no Slurm here: gres.conf cannot be checked (`slurmd -G`); the workers start anyway
+        step_failure = {{"gres-regenerate" = "continue"}}
+        [supervisor.workers.slurmd]
+        roles = []
+        [supervisor.workers.hooks]
+        roles = []
+        [health]
+        interval = "1h"
+        kernel_log = ""
+        paths = ["{tmp_path}"]
+        interfaces = ["lo"]
+        """, role="worker", port=port, slurm=f'conf = "{tmp_path}/no-such-slurm.conf"',
+                   node=f'agent_credential = "{credential}"')
+    client = _client(credential, "testnode", port)
+
+    def readings() -> float:
+        try:
+            monitor = client.health("testnode").monitor
+        except AgentAnswerError:  # not listening yet
+            return 0.0
+        return monitor.readings_time if monitor is not None else 0.0
+
+    try:
+        baseline = wait_for("the health monitor's first readings", readings, timeout=60)
+        asked = time.monotonic()
+        assert _as_nobody(port, [("POST", "/health/check")] * 3) == [401] * 3
+        assert readings() == baseline
+        assert client.check_now("testnode") is True, "a check asked by nobody was taken within the second before"
+        assert time.monotonic() - asked < 1.0, "too slow for the agent's spacing to witness nobody's asks"
+        wait_for("the controller's check read", lambda: readings() > baseline, timeout=30)
+    finally:
+        stopped = agent.stop()  # the health worker with it
+    assert stopped == 0
 
 
 def test_a_forger_on_the_port_before_the_agent_is_not_believed(tmp_path):
