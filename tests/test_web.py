@@ -1,11 +1,22 @@
 """The cluster page's logic: who may act (token file, proxy header, CSRF), the usage figures from literal agent
 answers, and the API's answers to bad input through Flask's test client over a view made by a real refresh (Slurm
-and the agents stood in by literal answers here; the real cluster and a real browser: tests/test_web_cluster.py)."""
+and the agents stood in by literal answers here; the real cluster and a real browser: tests/test_web_cluster.py).
+The attacks of the security review (issue 28) on a real server: `slurm-ext web` as the page runs, in a process of
+its own, or the page's waitress server over a watcher of many stood-in nodes."""
 
 from __future__ import annotations
 
+import hashlib
+import http.client
 import json
 import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -22,7 +33,15 @@ from slurm_ext.web.auth import Csrf, RequestRefused, Tokens, operator_of
 from slurm_ext.web.settings import WebSection
 from slurm_ext.web.watch import Watcher, drain_owner, gpus_by_type
 
+from helpers.cli import cli
+from helpers.wait import wait_for
+
 TOKEN = "a" * 24
+
+
+def _hashed(token: str) -> str:
+    """How web.token_file keeps a token: its SHA-256 (the file never holds the token itself)."""
+    return "sha256:" + hashlib.sha256(token.encode()).hexdigest()
 
 
 def _token_file(tmp_path: Path, text: str, mode: int = 0o600, owner: int = 0) -> str:
@@ -36,7 +55,7 @@ def _token_file(tmp_path: Path, text: str, mode: int = 0o600, owner: int = 0) ->
 # -- who may act ------------------------------------------------------------------------------------------------
 
 def test_a_token_names_its_operator_and_a_file_others_can_read_is_refused_as_a_whole(tmp_path):
-    path = _token_file(tmp_path, f"# operators\nalice {TOKEN}\nbob short\n\n")
+    path = _token_file(tmp_path, f"# operators\nalice {_hashed(TOKEN)}\nbob short\n\n")
     tokens = Tokens(path)
     assert tokens.user_of(TOKEN) == "alice" and tokens.user_of("b" * 24) is None
     assert "line(s) 3 ignored" in tokens.problem  # bob's token is too short: named, the rest still works
@@ -46,13 +65,13 @@ def test_a_token_names_its_operator_and_a_file_others_can_read_is_refused_as_a_w
     os.chown(path, 65534, 65534)
     assert tokens.user_of(TOKEN) is None and "owned by uid 65534" in tokens.problem
     os.chown(path, 0, 0)
-    Path(path).write_text(f"carol {TOKEN}\n")  # edited: read again, alice's token is revoked
+    Path(path).write_text(f"carol {_hashed(TOKEN)}\n")  # edited: read again, alice's token is revoked
     assert tokens.user_of(TOKEN) == "carol"
     assert Tokens(str(tmp_path / "missing")).user_of(TOKEN) is None
 
 
 def test_the_proxy_header_is_believed_only_from_a_trusted_proxy_and_a_bearer_token_otherwise(tmp_path):
-    tokens = Tokens(_token_file(tmp_path, f"alice {TOKEN}\n"))
+    tokens = Tokens(_token_file(tmp_path, f"alice {_hashed(TOKEN)}\n"))
     proxied = WebSection(proxy_user_header="X-Forwarded-User", trusted_proxies=("127.0.0.1",))
     found = operator_of({"X-Forwarded-User": "dana@example.org"}, "127.0.0.1", proxied, tokens)
     assert (found.user, found.via) == ("dana@example.org", "proxy")
@@ -156,10 +175,11 @@ def test_prometheus_figures_and_a_prometheus_that_answers_junk():
         usage.prometheus_usage("http://127.0.0.1:9090", lambda url: ("<html>", ""))
 
 
-def test_the_session_names_a_token_file_that_cannot_be_used(page, tmp_path):
+def test_the_session_says_the_tokens_cannot_be_used_and_leaves_why_to_the_log(page, tmp_path):
     assert page.get("/api/session").get_json()["problem"] == ""
     os.chmod(tmp_path / "tokens", 0o644)
-    assert "readable by no one else" in page.get("/api/session").get_json()["problem"]
+    said = page.get("/api/session").get_json()["problem"]
+    assert "cannot be used" in said and "log" in said and str(tmp_path) not in said and "644" not in said
 
 
 class _Agents:
@@ -260,7 +280,7 @@ def page(tmp_path):
     path = tmp_path / "slurm-ext.toml"
     path.write_text(f'[node]\nstate_dir = "{tmp_path / "state"}"\n[web]\ntoken_file = "{tmp_path / "tokens"}"\n'
                     f'[repair]\nagents = {{ n1 = "127.0.0.1:1", n2 = "127.0.0.1:2" }}\n')
-    _token_file(tmp_path, f"alice {TOKEN}\n")
+    _token_file(tmp_path, f"alice {_hashed(TOKEN)}\n")
     loaded = config.load(path)
     store = open_sqlite(str(tmp_path / "repair.db"))
     with store.locked():
@@ -320,7 +340,7 @@ def test_an_operation_needs_csrf_an_operator_and_a_known_node_and_is_recorded_wi
     for forged in ("1." + "0" * 64, "1.\xe9", "\xe9.x", csrf.split(".")[0] + ".00"):
         refused = page.post("/api/nodes/n2/approve", headers={**auth, "X-CSRF-Token": forged})
         assert refused.status_code == 403 and "not issued by this server" in refused.get_json()["error"], forged
-    deep = page.post("/api/nodes/n2/approve", headers={**auth, "X-CSRF-Token": csrf}, data="[" * 50000)
+    deep = page.post("/api/nodes/n2/approve", headers={**auth, "X-CSRF-Token": csrf}, data="[" * 12000)
     assert deep.status_code == 400 and deep.get_json()["error"] == "the body is not JSON"
     unknown = page.post("/api/nodes/n7/approve", headers={**auth, "X-CSRF-Token": csrf})
     assert unknown.status_code == 404
@@ -400,3 +420,346 @@ def test_with_a_prometheus_the_usage_panels_are_its_figures_and_its_silence_is_s
     assert not data["sources"]["prometheus"]["ok"] and "does not answer" in data["sources"]["prometheus"]["error"]
     assert data["usage"]["now"]["gpu_utilization"] == 12.5  # its last answer, said to be old
     store.close()
+
+
+# -- the security review's attacks (issue 28), on a real server ------------------------------------------------------
+
+@dataclass
+class _Standalone:
+    """`slurm-ext web` running in a process of its own, on 127.0.0.1:`port`; its log (standard error) in `log`."""
+
+    port: int
+    process: subprocess.Popen
+    log: Path
+
+    def ask(self, method: str, path: str, headers: dict | None = None, body: bytes | None = None,
+            source: str = "127.0.0.1") -> tuple[int, str]:
+        """(status, the answer's text) of one request, as a client at `source` sends it."""
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30, source_address=(source, 0))
+        try:
+            connection.request(method, path, body=body, headers=headers or {})
+            answer = connection.getresponse()
+            return answer.status, answer.read().decode(errors="replace")
+        finally:
+            connection.close()
+
+    def csrf(self) -> str:
+        return json.loads(self.ask("GET", "/api/session")[1])["csrf"]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextmanager
+def _standalone(tmp_path: Path, web: str = 'token_file = ""', env: dict | None = None):
+    """The page as `slurm-ext web` runs it (waitress, its limits, its watcher), with `web` as its [web] section;
+    stopped by its PID at the end."""
+    port = _free_port()
+    conf = tmp_path / "standalone.toml"
+    conf.write_text(f'[node]\nstate_dir = "{tmp_path / "state"}"\n[web]\n{web}\n'
+                    f'[repair]\nsqlite_file = "{tmp_path / "repair.db"}"\n')
+    log = tmp_path / "web.log"
+    with log.open("w") as out:
+        process = subprocess.Popen([sys.executable, "-m", "slurm_ext.cli", "--config", str(conf), "web", "--listen",
+                                    f"127.0.0.1:{port}"], stdout=out, stderr=subprocess.STDOUT,
+                                   env={**os.environ, **(env or {})})
+    page = _Standalone(port, process, log)
+    try:
+        wait_for("the standalone page answers", lambda: process.poll() is not None or _answers(page), 30,
+                 interval=0.1)
+        assert process.poll() is None, f"the page ended: {log.read_text()}"
+        yield page
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def _answers(page: _Standalone) -> bool:
+    try:
+        return page.ask("GET", "/api/session")[0] == 200
+    except OSError:
+        return False
+
+
+def _spooled(pid: int, spool: Path) -> int:
+    """Bytes of the files process `pid` holds open in `spool` (waitress's request bodies: unnamed files there)."""
+    total = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            if os.readlink(fd).startswith(str(spool)):
+                total += os.stat(fd).st_size
+        except OSError:
+            continue  # closed meanwhile
+    return total
+
+
+def test_a_body_or_headers_larger_than_the_page_takes_are_refused_before_they_are_read(tmp_path):
+    """Item 6: waitress spooled any body up to 1 GiB to a temporary file, for anyone, before the app refused it."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    with _standalone(tmp_path, env={"TMPDIR": str(spool)}) as page:
+        size, chunk, sent, spooled = 50 * 2**20, b"x" * 2**20, 0, 0
+        attacker = socket.create_connection(("127.0.0.1", page.port), timeout=30)
+        try:
+            attacker.sendall(f"POST /api/nodes/n1/check HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
+                             f"\r\nContent-Length: {size}\r\n\r\n".encode())
+            try:
+                while sent < size:  # no login, no CSRF token: only the body
+                    attacker.sendall(chunk)
+                    sent += len(chunk)
+                    spooled = max(spooled, _spooled(page.process.pid, spool))
+            except OSError:
+                pass  # the server closed the connection: refused
+            try:
+                answer = attacker.recv(4096)
+            except OSError:
+                answer = b""  # reset with our unread body in its buffer: the refusal itself is lost
+        finally:
+            attacker.close()
+        assert spooled == 0 and sent < size, (spooled, sent)
+        assert answer == b"" or answer.startswith(b"HTTP/1.1 413"), answer[:200]
+        try:
+            status, said = page.ask("GET", "/api/session", {"X-Padding": "p" * 100_000})
+        except ConnectionResetError:
+            status, said = 0, "reset"  # closed with the rest of the headers unread: refused, the answer lost
+        assert status in (431, 0), (status, said[:200])
+        # what the page does take still reaches it: a body of its largest (refused for its missing CSRF token)
+        status, said = page.ask("POST", "/api/nodes/n1/check", {"Content-Type": "application/json"},
+                                b"{" + b" " * (16 * 1024 - 2) + b"}")
+        assert status == 403 and "CSRF" in said, (status, said)
+        assert page.process.poll() is None
+
+
+_DISCLOSED = ("tokens", "65534", "0644", "line(s)", "ignored", "readable")
+
+
+def test_an_anonymous_caller_learns_nothing_of_the_token_file_and_the_log_says_it_all(tmp_path):
+    """Item 11: /api/session and every 401 named the token file, its owner, mode and ignored lines."""
+    path = _token_file(tmp_path, f"alice {_hashed(TOKEN)}\nbob short\n", mode=0o644, owner=65534)
+    with _standalone(tmp_path, f'token_file = "{path}"') as page:
+        csrf = page.csrf()
+        wrong = {"X-CSRF-Token": csrf, "Authorization": "Bearer " + "z" * 24}
+        answers = [page.ask("GET", "/api/session"),
+                   page.ask("POST", "/api/nodes/n1/check", {"X-CSRF-Token": csrf}),
+                   page.ask("POST", "/api/nodes/n1/check", wrong),
+                   page.ask("POST", "/api/nodes/n1/check", {**wrong, "Authorization": f"Bearer {TOKEN}"})]
+        assert [status for status, _ in answers] == [200, 401, 401, 401], answers
+        assert "cannot be used" in json.loads(answers[0][1])["problem"]
+        for _, said in answers:
+            assert not any(word in said for word in (*_DISCLOSED[1:], str(tmp_path))), said
+        wait_for("the log says why", lambda: f"{path}: owned by uid 65534 with mode 0644" in page.log.read_text())
+
+        os.chown(path, 0, 0)
+        os.chmod(path, 0o600)  # usable now, with one line it ignores: said in the log only
+        for _ in range(2):
+            status, said = page.ask("POST", "/api/nodes/n1/check", wrong)
+            assert status == 401 and not any(word in said for word in (*_DISCLOSED, str(tmp_path))), said
+        assert json.loads(page.ask("GET", "/api/session")[1])["problem"] == ""
+        wait_for("the ignored line in the log", lambda: f"{path}: line(s) 2 ignored" in page.log.read_text())
+
+
+def test_with_the_proxy_secret_a_trusted_address_without_it_is_not_believed(tmp_path):
+    """Item 12: any local user of a trusted proxy's address (127.0.0.1 here) could name any user."""
+    secret = hashlib.sha256(b"the proxy's secret").hexdigest()
+    secret_file = tmp_path / "proxy-secret"
+    secret_file.write_text(secret + "\n")
+    os.chmod(secret_file, 0o600)
+    with _standalone(tmp_path, f'token_file = ""\nproxy_user_header = "X-Forwarded-User"\ntrusted_proxies = '
+                               f'["127.0.0.1"]\nproxy_secret_file = "{secret_file}"') as page:
+        csrf = page.csrf()
+        forged = {"X-Forwarded-User": "root", "X-CSRF-Token": csrf}
+        for headers in (forged, {**forged, "X-Slurm-Ext-Proxy-Secret": "0" * 64},
+                        {**forged, "X-Slurm-Ext-Proxy-Secret": ""}):
+            status, said = page.ask("POST", "/api/nodes/n1/check", headers)
+            assert status == 403 and "not believed" in said, (status, said)
+            session = json.loads(page.ask("GET", "/api/session", headers)[1])
+            assert session["user"] is None and "not believed" in session["problem"], session
+        proxied = {"X-Forwarded-User": "bob", "X-Slurm-Ext-Proxy-Secret": secret}
+        session = json.loads(page.ask("GET", "/api/session", proxied)[1])
+        assert (session["user"], session["via"]) == ("bob", "proxy"), session
+        status, said = page.ask("POST", "/api/nodes/n1/check", {**proxied, "X-CSRF-Token": csrf}, source="127.0.0.2")
+        assert status == 403 and "not in web.trusted_proxies" in said  # the secret does not replace the address
+
+        os.chmod(secret_file, 0o644)  # a secret others can read is no secret: no proxy user is believed
+        session = json.loads(page.ask("GET", "/api/session", proxied)[1])
+        assert session["user"] is None and str(secret_file) not in json.dumps(session), session
+        wait_for("the log says why", lambda: f"web.proxy_secret_file {secret_file}: owned by uid 0 with mode 0644"
+                 in page.log.read_text())
+
+
+def _config_env(tmp_path: Path) -> dict:
+    """The environment of a CLI run with a config of its own (no token file of the host's)."""
+    path = tmp_path / "cli.toml"
+    path.write_text(f'[node]\nstate_dir = "{tmp_path / "state"}"\n')
+    return {"SLURM_EXT_CONFIG": str(path)}
+
+
+def test_add_token_keeps_only_the_hash_and_the_token_it_prints_is_an_operators(tmp_path):
+    """Item 10: the token file held every operator's token in plain text."""
+    path = tmp_path / "etc" / "web-tokens"
+    added = cli("web", "add-token", "alice", "--file", str(path), env=_config_env(tmp_path))
+    assert added.returncode == 0, added.stderr
+    token = added.stdout.strip()
+    kept = path.read_text()
+    assert token not in kept and kept == f"alice {_hashed(token)}\n", kept
+    assert (os.stat(path).st_mode & 0o777, os.stat(path).st_uid) == (0o600, 0)
+    assert Tokens(str(path)).user_of(token) == "alice" and Tokens(str(path)).user_of(_hashed(token)) is None
+    link = tmp_path / "etc" / "link"
+    link.symlink_to(path)
+    refused = cli("web", "add-token", "bob", "--file", str(link), env=_config_env(tmp_path))
+    assert refused.returncode == 1 and "symbolic link" in refused.stderr and path.read_text() == kept
+
+
+def test_a_plain_token_is_not_used_until_hash_tokens_hashes_it_in_place(tmp_path):
+    """Item 10, the migration: a file of plain `USER TOKEN` lines is refused, naming the file and the command that
+    hashes it; after it, the same tokens work and the file holds none of them."""
+    path = _token_file(tmp_path, f"# operators\nalice {TOKEN}  # since 2026\nbob {_hashed('b' * 24)}\n")
+    tokens = Tokens(path)
+    assert tokens.user_of(TOKEN) is None and tokens.user_of("b" * 24) == "bob"
+    assert f"{path}: line(s) 2 hold a token in plain text" in tokens.problem
+    assert "slurm-ext web hash-tokens" in tokens.problem
+    done = cli("web", "hash-tokens", "--file", path, env=_config_env(tmp_path))
+    assert done.returncode == 0 and "1 token(s) in plain text replaced" in done.stderr, done.stderr
+    assert Path(path).read_text() == (f"# operators\nalice {_hashed(TOKEN)} # since 2026\n"
+                                      f"bob {_hashed('b' * 24)}\n")
+    assert tokens.user_of(TOKEN) == "alice" and tokens.user_of("b" * 24) == "bob" and tokens.problem == ""
+    assert os.stat(path).st_mode & 0o777 == 0o600
+
+
+def test_a_token_file_that_is_a_link_is_refused_even_to_a_file_of_roots(tmp_path):
+    """Item 10: the token file was read through a link (stat, then open: each following it)."""
+    real = _token_file(tmp_path, f"alice {_hashed(TOKEN)}\n")
+    link = tmp_path / "web-tokens"
+    link.symlink_to(real)
+    tokens = Tokens(str(link))
+    assert tokens.user_of(TOKEN) is None and f"{link}: is a symbolic link" in tokens.problem
+    assert Tokens(real).user_of(TOKEN) == "alice"
+
+
+def test_the_copied_ssh_command_quotes_a_node_address_slurm_reports(tmp_path):
+    """Item 16: an address such as `127.0.0.1; touch FILE` ran its second command in the operator's shell."""
+    planted = tmp_path / "planted"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    ssh = bin_dir / "ssh"  # the operator's ssh, as far as the shell can tell: it writes down what it was given
+    ssh.write_text(f'#!/bin/sh\nfor word in "$@"; do printf "%s\\n" "$word"; done > {tmp_path / "argv"}\n')
+    os.chmod(ssh, 0o755)
+    address = f"127.0.0.1; touch {planted}"
+
+    class Slurm(_Slurm):
+        def nodes(self):
+            return [Node("n1", "IDLE", addr=address), Node("n2", "IDLE", addr="")]
+    path = tmp_path / "slurm-ext.toml"
+    path.write_text(f'[node]\nstate_dir = "{tmp_path / "state"}"\n[web]\nssh_command = "ssh -l root {{addr}}"\n'
+                    f'[repair]\nsqlite_file = "{tmp_path / "r.db"}"\n')
+    store = open_sqlite(str(tmp_path / "r.db"))
+    watcher = Watcher(config.load(path), Slurm(), store, lambda url, timeout: (None, "refused"), _Agents(_sent(1.0)))
+    watcher.refresh()
+    rows = create_app(config.load(path), watcher).test_client().get("/api/cluster").get_json()["nodes"]
+    store.close()
+    copied = {row["name"]: row["ssh"] for row in rows}
+    assert copied["n2"] == "ssh -l root n2"  # a plain name needs no quotes
+    pasted = subprocess.run(["bash", "-c", copied["n1"]], env={**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"},
+                            capture_output=True, text=True, timeout=30)
+    assert pasted.returncode == 0, pasted.stderr
+    assert (tmp_path / "argv").read_text().splitlines() == ["-l", "root", address]
+    assert not planted.exists()
+
+
+# -- the journal cache under load (issue 28, item 8) -----------------------------------------------------------------
+
+#: nodes and journal events each: 500,000 events in the page's cache
+_MANY_NODES, _EVENTS_EACH = 250, 2000
+#: clients looping over the timeline at once (the page's server has 8 threads)
+_LOOPING = 8
+
+
+class _ManySlurm(_Slurm):
+    def nodes(self):
+        return [Node(f"n{i}", "IDLE", addr="127.0.0.1") for i in range(_MANY_NODES)]
+
+    def node_events(self, node, since):
+        return []
+
+
+class _ManyAgents:
+    """Every node's agent answering at once; its journal: `page` (the same events for every node, parsed once)."""
+
+    def __init__(self, page: EventsPage):
+        self.page = page
+        self.answers = {f"n{i}": HealthAnswer.of({**_sent(1.0), "node": f"n{i}"}) for i in range(_MANY_NODES)}
+
+    def health(self, node, addr="", timeout=None):
+        return self.answers[node]
+
+    def events(self, node, addr="", since=0.0, limit=None, timeout=None):
+        return self.page
+
+
+def _journal(start: int, count: int) -> EventsPage:
+    components = ("health", "supervisor", "prolog_epilog")
+    return EventsPage.of("n0", "boot-1", "\n".join(
+        json.dumps({"time": datetime.fromtimestamp(1_700_000_000 + i, timezone.utc).isoformat(), "event": "e",
+                    "component": components[i % 3], "message": f"event {i}", "severity": "info"})
+        for i in range(start, start + count)))
+
+
+def test_a_refresh_takes_every_agent_in_while_clients_loop_over_a_large_journal_cache(tmp_path):
+    """The watcher held its lock while it merged every node's journal for each /api/timeline: eight clients asking
+    for one node's timeline kept the agents' answers of a refresh out of it."""
+    from waitress.server import create_server
+    path = tmp_path / "slurm-ext.toml"
+    path.write_text(f'[node]\nstate_dir = "{tmp_path / "state"}"\n[web]\nrefresh = "3600s"\nagent_timeout = "5s"\n'
+                    f'[repair]\nsqlite_file = "{tmp_path / "r.db"}"\n')
+    loaded = config.load(path)
+    store = open_sqlite(str(tmp_path / "r.db"))
+    agents = _ManyAgents(_journal(0, _EVENTS_EACH))
+    watcher = Watcher(loaded, _ManySlurm(), store, lambda url, timeout: (None, "refused"), agents)
+    watcher.refresh()  # the cache: every node's 2,000 events
+    server = create_server(create_app(loaded, watcher), host="127.0.0.1", port=0, threads=8)
+    serving = threading.Thread(target=server.run, daemon=True)
+    serving.start()
+    stop, answers, failures = threading.Event(), [], []
+
+    def loop():
+        while not stop.is_set():
+            connection = http.client.HTTPConnection("127.0.0.1", server.effective_port, timeout=120)
+            try:
+                connection.request("GET", "/api/timeline?node=n7&limit=5000")
+                answer = connection.getresponse()
+                answer.read()
+                answers.append(answer.status)
+            except OSError as err:
+                failures.append(repr(err))
+            finally:
+                connection.close()
+    clients = [threading.Thread(target=loop) for _ in range(_LOOPING)]
+    try:
+        try:
+            for client in clients:
+                client.start()
+            wait_for("every client answered once", lambda: len(answers) >= _LOOPING, 120, interval=0.05)
+            agents.page = _journal(_EVENTS_EACH, 1)  # one new event on every node
+            begun = time.monotonic()
+            view = watcher.refresh()
+            took = time.monotonic() - begun
+        finally:
+            stop.set()
+            for client in clients:
+                client.join(120)
+        late = [n["name"] for n in view.data["nodes"] if n["agent"]["answered"] != view.data["refreshed"]]
+        assert not late, f"{len(late)} of {_MANY_NODES} nodes' answers not taken in by the refresh ({took:.1f}s)"
+        assert set(answers) == {200} and not failures, (set(answers), failures[:3])
+        connection = http.client.HTTPConnection("127.0.0.1", server.effective_port, timeout=120)
+        connection.request("GET", "/api/timeline?node=n7&source=agent&limit=1")
+        newest = json.loads(connection.getresponse().read())["entries"]
+        connection.close()
+        assert [e["message"] for e in newest] == [f"event {_EVENTS_EACH}"], newest
+    finally:
+        server.close()
+        store.close()
+    print(f"a refresh of {_MANY_NODES} nodes while {_LOOPING} clients looped over /api/timeline?node=n7&limit=5000 "
+          f"({_MANY_NODES * _EVENTS_EACH} events cached): {took:.2f}s; {len(answers)} answers")

@@ -33,14 +33,21 @@ from slurm_ext.errors import SlurmExtError
 from slurm_ext.health.settings import CHECKS, SEVERITIES
 from slurm_ext.repair.settings import ACTIONS
 
-from .auth import Csrf, Operator, RequestRefused, Tokens, operator_of
+from .auth import Csrf, Operator, ProxySecret, RequestRefused, Tokens, operator_of
 from .watch import Watcher
 
-__all__ = ["create_app", "STATIC"]
+__all__ = ["create_app", "STATIC", "MAX_BODY", "MAX_HEADERS"]
 
 log = logging.getLogger("web")
 
 STATIC = Path(__file__).with_name("static")
+#: the largest request body taken (its POSTs are small JSON: a rejection's reason is cut at 1,000 characters);
+#: waitress refuses a larger one from its Content-Length, before reading it (server.py)
+MAX_BODY = 16 * 1024
+#: the most bytes of a request's line and headers (a proxy's session cookies included)
+MAX_HEADERS = 64 * 1024
+#: what /api/session says of a token file that cannot be used (the reason, which names the file, is in the log)
+_TOKENS_UNUSABLE = "the operators' tokens cannot be used now: the page's log says why"
 #: longest limit= a list route takes
 _MAX_LIMIT = 5000
 #: sources of the timeline
@@ -107,12 +114,14 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
     settings = config.web
     watcher = watcher or Watcher(config)
     tokens = Tokens(settings.token_file)
+    proxy_secret = ProxySecret(settings.proxy_secret_file) if settings.proxy_secret_file else None
+    tokens.usable()  # what is wrong with the file is logged at the start, not first at an operator's request
     csrf = Csrf()
     emit = events.emitter(config.node.state_dir, "web")
     checks_running = threading.BoundedSemaphore(_CHECKS_AT_ONCE)
     refused_last: dict[str, float] = {}
     app = Flask(__name__, static_folder=None)
-    app.config.update(PROPAGATE_EXCEPTIONS=False, JSON_SORT_KEYS=False, MAX_CONTENT_LENGTH=64 * 1024)
+    app.config.update(PROPAGATE_EXCEPTIONS=False, JSON_SORT_KEYS=False, MAX_CONTENT_LENGTH=MAX_BODY)
     app.extensions["slurm_ext_watcher"] = watcher
 
     def open_store():
@@ -210,8 +219,8 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
             # the controller's own journal repeats the repair records, which carry the user
             entries += [Entry(when, name, "agent", f"{data.get('component', '?')}/{data.get('event', '?')}",
                               str(data.get("message", "")))
-                        for when, name, data in watcher.journal(
-                            lambda name, data: node in (None, name) and data.get("component") != "repair", limit)]
+                        for when, name, data in watcher.journal(limit, node=node,
+                                                                component=lambda name: name != "repair")]
         # as `slurm-ext history` orders them: what a repair step caused after it, where clocks are whole seconds
         entries = [asdict(e) for e in reversed(in_causal_order(entries))]
         return jsonify(entries=entries[:limit])
@@ -226,10 +235,9 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
         current()
 
         def keep(name: str, data: dict) -> bool:
-            return (data.get("component") == "health" and node in (None, name)
-                    and check in (None, data.get("check"))
-                    and severity in (None, _severity_of(data)))
-        found = watcher.journal(keep, int(asked.get("limit", 300)))
+            return check in (None, data.get("check")) and severity in (None, _severity_of(data))
+        found = watcher.journal(int(asked.get("limit", 300)), node=node, component=lambda name: name == "health",
+                                keep=keep)
         return jsonify(entries=[{"time": when, "node": name, "event": data.get("event", ""),
                                  "check": data.get("check", ""),
                                  "severity": _severity_of(data),
@@ -259,10 +267,11 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
     @app.get("/api/session")
     def session():
         _query({})
-        user, via, problem = None, None, tokens.check() if settings.token_file else ""
+        user, via = None, None
+        problem = _TOKENS_UNUSABLE if settings.token_file and not tokens.usable() else ""
         try:
             if settings.proxy_user_header and request.headers.get(settings.proxy_user_header) is not None:
-                found = operator_of(request.headers, request.remote_addr, settings, tokens)
+                found = operator_of(request.headers, request.remote_addr, settings, tokens, proxy_secret)
                 user, via = found.user, found.via
         except RequestRefused as err:
             problem = str(err)
@@ -277,7 +286,7 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
     def operation(node_name: str) -> tuple[Operator, dict]:
         """Who asks (an operator, with a CSRF token from this server), about which node."""
         csrf.check(request.headers.get("X-CSRF-Token"))
-        who = operator_of(request.headers, request.remote_addr, settings, tokens)
+        who = operator_of(request.headers, request.remote_addr, settings, tokens, proxy_secret)
         return who, known_node(_checked_name(node_name))
 
     def body() -> dict:

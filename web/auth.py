@@ -2,46 +2,70 @@
 
 Viewing needs nothing. An operation (run a node's health checks, approve or
 reject its repair) needs an operator, named in the repair history:
-- `Authorization: Bearer TOKEN`, matching a line `USER TOKEN` of
-  web.token_file. The file must be root's and readable by no one else; a
-  file that is not is refused as a whole, with the reason, rather than
+- `Authorization: Bearer TOKEN`, where a line `USER sha256:HASH` of
+  web.token_file holds the token's SHA-256: the file keeps no token itself,
+  so reading it (a backup, a copy) gives no operator's power. The file is a
+  `secretfile.SecretFile` (root's, readable by no one else, never through a
+  link); one that is not is refused as a whole, with the reason, rather than
   trusted half. It is read again when it changes, so a revoked token stops
-  working at the next request, without a restart.
+  working at the next request, without a restart. A line with a token in
+  plain text (the file's format before hashes) is not used: the log names
+  the file and the command that hashes it in place (`slurm-ext web
+  hash-tokens`).
 - or the user a trusted reverse proxy names in web.proxy_user_header
   (oauth2-proxy, mod_auth_openidc: the usual way to put OIDC in front),
   believed only when that header is configured and only from an address in
-  web.trusted_proxies. The same header from any other address refuses the
-  request: a forged name is never taken for a missing one.
+  web.trusted_proxies, and, with web.proxy_secret_file, only beside the
+  proxy's shared secret (`PROXY_SECRET_HEADER`). The same header from any
+  other address, or without the secret, refuses the request: a forged name
+  is never taken for a missing one.
 and a CSRF token this server issued (`Csrf`), younger than its maximum age:
 a page of another site that makes the browser POST here (with a proxy's
 session cookie) cannot read one.
+
+What is wrong with a file of secrets (its path, owner, mode, the lines it
+ignores) goes to the log only: an anonymous caller learns that operations
+need an operator, never how the server keeps them.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import os
+import logging
 import re
 import secrets
-import stat
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from slurm_ext.errors import SlurmExtError
 
-__all__ = ["RequestRefused", "Operator", "Tokens", "Csrf", "operator_of", "MIN_TOKEN"]
+from .secretfile import SecretFile, SecretFileError
+
+__all__ = ["RequestRefused", "Operator", "Tokens", "ProxySecret", "Csrf", "operator_of", "token_hash",
+           "hashed_lines", "MIN_TOKEN", "PROXY_SECRET_HEADER"]
+
+log = logging.getLogger("web")
 
 #: shortest token accepted: a guessable token is a shared password
 MIN_TOKEN = 20
+#: shortest shared secret of the proxy
+MIN_PROXY_SECRET = 32
+#: the header a trusted proxy sends its shared secret in (web.proxy_secret_file)
+PROXY_SECRET_HEADER = "X-Slurm-Ext-Proxy-Secret"
+#: how a token file names a token's hash
+HASH_PREFIX = "sha256:"
 #: a user name as the history keeps it (a proxy may pass an email address)
 _USER = re.compile(r"^[A-Za-z0-9._@+-]{1,128}$")
+_HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
+#: the migration of a file of plain tokens, named in its error
+HASH_COMMAND = "slurm-ext web hash-tokens"
 
 
 class RequestRefused(SlurmExtError):
-    """An operation the page will not do for this request; `status` is the HTTP answer (401, 403)."""
+    """An operation the page will not do for this request; `status` is the HTTP answer (401, 403). Its message is
+    the caller's: it names no file of the server's."""
 
     def __init__(self, status: int, message: str):
         super().__init__(message)
@@ -55,80 +79,131 @@ class Operator:
     via: str
 
 
+def token_hash(token: str) -> str:
+    """How the token file keeps `token`: `sha256:` and its SHA-256 in hex (a token is 32 random bytes: no salt nor
+    slow hash is needed against guessing it back)."""
+    return HASH_PREFIX + hashlib.sha256(token.encode(errors="replace")).hexdigest()
+
+
+def hashed_lines(text: str) -> tuple[str, int]:
+    """`text` of a token file with every `USER TOKEN` line in plain text made `USER sha256:HASH` (comments and
+    other lines as they are), and how many were."""
+    lines, count = [], 0
+    for line in text.splitlines():
+        content, sep, comment = line.partition("#")
+        words = content.split()
+        if len(words) == 2 and _USER.match(words[0]) and not words[1].startswith(HASH_PREFIX) \
+                and len(words[1]) >= MIN_TOKEN:
+            line = f"{words[0]} {token_hash(words[1])}" + (f" {sep}{comment}" if sep else "")
+            count += 1
+        lines.append(line)
+    return "".join(f"{line}\n" for line in lines), count
+
+
 class Tokens:
-    """The operators' token file, read again whenever it changes on disk."""
+    """The operators' token file (`USER sha256:HASH` lines), read again whenever it changes on disk."""
 
     def __init__(self, path: str):
         self.path = path
+        self._file = SecretFile(path, "web.token_file") if path else None
         self._lock = threading.Lock()
-        self._seen: tuple | None = None
-        self._users: dict[str, str] = {}
-        #: why the file gives no operator (missing, not root's, readable by others, no valid line), else ""
+        self._content: bytes | None = None
+        self._hashes: dict[bytes, str] = {}
+        #: why the file gives no operator, or ignores some of its lines ("" when all is well): for the log only
         self.problem = "" if path else "web.token_file is empty: no tokens"
+        self._logged = ""
 
-    def check(self) -> str:
-        """Why the file gives no operator now ("" when it gives some): read again if it changed."""
-        if not self.path:
-            return self.problem
+    def usable(self) -> bool:
+        """Whether the file gives some operator now (read again if it changed); what is wrong with it is `problem`,
+        and in the log."""
+        if self._file is None:
+            return False
         with self._lock:
             self._load()
-            return self.problem
+            return bool(self._hashes)
 
     def user_of(self, token: str) -> str | None:
         """The operator whose token this is, or None."""
-        if not self.path:
+        if self._file is None:
             return None
         with self._lock:
             self._load()
-            users = dict(self._users)
+            hashes = dict(self._hashes)
+        digest = hashlib.sha256(token.encode(errors="replace")).digest()
         found = None
-        for known, user in users.items():  # every entry compared, in constant time each
-            if hmac.compare_digest(known.encode(), token.encode(errors="replace")):
+        for known, user in hashes.items():  # every entry compared, in constant time each
+            if hmac.compare_digest(known, digest):
                 found = user
         return found
 
     def _load(self) -> None:
         try:
-            info = os.stat(self.path)
-        except OSError as err:
-            self._seen, self._users = None, {}
-            self.problem = f"web.token_file {self.path}: {err.strerror}"
+            content = self._file.read()
+        except SecretFileError as err:
+            self._content, self._hashes = None, {}
+            self._said(f"{err}: its tokens are not used")
             return
-        identity = (info.st_ino, info.st_mtime_ns, info.st_size, info.st_mode, info.st_uid)
-        if identity == self._seen:
-            return
-        self._seen, self._users = identity, {}
-        if info.st_uid != 0 or info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            self.problem = (f"web.token_file {self.path}: owned by uid {info.st_uid} with mode "
-                            f"{stat.S_IMODE(info.st_mode):04o}; it must be root's and readable by no one else "
-                            f"(chown root:root {self.path}; chmod 600 {self.path}): its tokens are not used")
-            return
-        try:
-            lines = Path(self.path).read_text().splitlines()
-        except (OSError, UnicodeDecodeError) as err:
-            self.problem = f"web.token_file {self.path}: {err}"
-            return
-        bad = []
-        for number, line in enumerate(lines, 1):
+        if content is self._content:
+            return  # unchanged: SecretFile gives the very same bytes
+        self._content, self._hashes = content, {}
+        bad, plain = [], []
+        for number, line in enumerate(content.decode(errors="replace").splitlines(), 1):
             words = line.split("#", 1)[0].split()
             if not words:
                 continue
-            if len(words) != 2 or not _USER.match(words[0]) or len(words[1]) < MIN_TOKEN:
+            if len(words) == 2 and _USER.match(words[0]) and _HASH.match(words[1]):
+                self._hashes[bytes.fromhex(words[1].removeprefix(HASH_PREFIX))] = words[0]
+            elif len(words) == 2 and _USER.match(words[0]) and len(words[1]) >= MIN_TOKEN:
+                plain.append(number)
+            else:
                 bad.append(number)
-                continue
-            self._users[words[1]] = words[0]
-        self.problem = "" if self._users else f"web.token_file {self.path}: no `USER TOKEN` line"
+        said = [] if self._hashes else [f"web.token_file {self.path}: no `USER sha256:HASH` line"]
+        if plain:
+            said.append(f"web.token_file {self.path}: line(s) {', '.join(map(str, plain))} hold a token in plain "
+                        f"text, not used: run `{HASH_COMMAND}` to keep only their hashes (the tokens stay the same)")
         if bad:
-            self.problem = (f"web.token_file {self.path}: line(s) {', '.join(map(str, bad))} ignored: expected "
-                            f"`USER TOKEN`, a token of at least {MIN_TOKEN} characters")
+            said.append(f"web.token_file {self.path}: line(s) {', '.join(map(str, bad))} ignored: expected `USER "
+                        "sha256:HASH` (`slurm-ext web add-token USER` writes one)")
+        self._said("; ".join(said))
+
+    def _said(self, problem: str) -> None:
+        """Keep `problem`, and log it once when it changes (the log is where an operator reads it)."""
+        self.problem = problem
+        if problem and problem != self._logged:
+            log.warning("web: %s", problem)
+        self._logged = problem
 
 
-def operator_of(headers, remote_addr: str, settings, tokens: Tokens) -> Operator:
+class ProxySecret:
+    """The reverse proxy's shared secret (web.proxy_secret_file): what it sends in `PROXY_SECRET_HEADER`."""
+
+    def __init__(self, path: str):
+        self._file = SecretFile(path, "web.proxy_secret_file")
+        self._logged = ""
+
+    def matches(self, sent: str | None) -> bool:
+        """Whether `sent` is the secret; False too when the file cannot be used (its problem logged)."""
+        try:
+            secret = self._file.read().strip()
+            if len(secret) < MIN_PROXY_SECRET:
+                raise SecretFileError(self._file.key, self._file.path, f"{len(secret)} bytes (expected at least "
+                                      f"{MIN_PROXY_SECRET}: `openssl rand -hex 32`)")
+        except SecretFileError as err:
+            if str(err) != self._logged:
+                log.warning("web: %s: no proxy user is believed", err)
+            self._logged = str(err)
+            return False
+        self._logged = ""
+        return sent is not None and hmac.compare_digest(secret, sent.strip().encode(errors="replace"))
+
+
+def operator_of(headers, remote_addr: str, settings, tokens: Tokens, proxy_secret: ProxySecret | None = None
+                ) -> Operator:
     """The operator a request comes from.
 
     Raises:
         RequestRefused: no credentials (401), a token no one has (401), or a proxy header from an address that is not a
-            trusted proxy (403); the message says which and what to do.
+            trusted proxy or without the proxy's secret (403); the message says which and what to do.
     """
     header = settings.proxy_user_header
     if header and headers.get(header) is not None:
@@ -136,6 +211,10 @@ def operator_of(headers, remote_addr: str, settings, tokens: Tokens) -> Operator
             raise RequestRefused(403, f"the {header} header came from {remote_addr}, which is not in "
                                       "web.trusted_proxies: refused (sign in through the proxy, or use an operator "
                                       "token)")
+        if proxy_secret is not None and not proxy_secret.matches(headers.get(PROXY_SECRET_HEADER)):
+            raise RequestRefused(403, f"the {header} header is not believed without the proxy's secret beside it "
+                                      f"({PROXY_SECRET_HEADER}): missing, wrong, or not to be checked now (the page's "
+                                      "log says why); sign in through the proxy, or use an operator token")
         user = headers.get(header, "").strip()
         if not _USER.match(user):
             raise RequestRefused(403, f"the proxy's {header} names no valid user ({user[:40]!r})")
@@ -144,14 +223,12 @@ def operator_of(headers, remote_addr: str, settings, tokens: Tokens) -> Operator
     if authorization.startswith("Bearer "):
         user = tokens.user_of(authorization.removeprefix("Bearer ").strip())
         if user is None:
-            raise RequestRefused(401, "this operator token is not known (revoked, or mistyped)"
-                                      + (f"; {tokens.problem}" if tokens.problem else ""))
+            raise RequestRefused(401, "this operator token is not known (revoked, or mistyped)")
         return Operator(user, "token")
     how = ["an operator token (Authorization: Bearer, from web.token_file)"]
     if header:
         how.append(f"sign-in through the trusted proxy ({header})")
-    raise RequestRefused(401, "an operation needs an authenticated operator: " + " or ".join(how)
-                              + (f"; {tokens.problem}" if tokens.problem and not header else ""))
+    raise RequestRefused(401, "an operation needs an authenticated operator: " + " or ".join(how))
 
 
 class Csrf:

@@ -1,7 +1,11 @@
 """`slurm-ext web`: the page on waitress, its watcher started and stopped with it.
 
 waitress because it is a well-kept pure-Python WSGI server with a fixed pool of threads: a browser's poll is one
-short request, and a slow client holds a buffer, not a thread. SIGTERM (the agent's stop) closes it.
+short request, and a slow client holds a buffer, not a thread. Its limits on a request's headers and body are the
+page's own (`app.MAX_HEADERS`, `app.MAX_BODY`), not waitress's defaults (256 KiB, 1 GiB): waitress reads a body
+before the app sees it, spooling it to a temporary file, and would do so for anyone, without a login. A larger
+request is refused (413, 431) as soon as it shows (a Content-Length too large: from the headers alone) and its
+connection closed. SIGTERM (the agent's stop) closes it.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import signal
 from slurm_ext import config as config_mod, events
 from slurm_ext.errors import SlurmExtError
 
-from .app import create_app
+from .app import MAX_BODY, MAX_HEADERS, create_app
 from .watch import Watcher
 
 __all__ = ["serve", "make_server"]
@@ -34,8 +38,10 @@ def make_server(config, listen: str | None = None):
     host, _, port = (listen or config.web.listen).rpartition(":")
     watcher = Watcher(config).start()
     try:
+        # waitress refuses a body of max_request_body_size bytes or more: the app's own largest is let through
         server = create_server(create_app(config, watcher), host=host.strip("[]"), port=int(port),
-                               threads=_THREADS, ident="slurm-ext", clear_untrusted_proxy_headers=True)
+                               threads=_THREADS, ident="slurm-ext", clear_untrusted_proxy_headers=True,
+                               max_request_body_size=MAX_BODY + 1, max_request_header_size=MAX_HEADERS)
     except OSError as err:
         watcher.stop()
         raise SlurmExtError(f"web: cannot listen on {host}:{port}: {err.strerror or err} (another page running? "

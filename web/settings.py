@@ -26,15 +26,21 @@ class WebSection:
                              "table, shared by every open page", "duration", minimum=1.0, maximum=3600.0)
     timeline: float = setting(7 * 86400.0, "how far back the event timeline and the health and repair histories go",
                               "duration", minimum=3600.0, maximum=90 * 86400.0)
-    token_file: str = setting("/etc/slurm-ext/web-tokens", "operators' bearer tokens, one `USER TOKEN` a line (a "
-                              "token of at least 20 characters); owned by root and readable by no one else, or "
-                              "ignored with an error; empty: no tokens", "path", empty_ok=True)
+    token_file: str = setting("/etc/slurm-ext/web-tokens", "operators' bearer tokens, one `USER sha256:HASH` a line "
+                              "(`slurm-ext web add-token USER` adds one; `slurm-ext web hash-tokens` hashes a file of "
+                              "plain `USER TOKEN` lines); root's and readable by no one else, never a link, or "
+                              "ignored with an error in the log; empty: no tokens", "path", empty_ok=True)
     proxy_user_header: str = setting("", "the header a trusted reverse proxy (oauth2-proxy, mod_auth_openidc) names "
                                      "the signed-in user in, such as X-Forwarded-User; empty: off", "str",
                                      pattern=r"^([A-Za-z0-9-]+)?$")
     trusted_proxies: tuple = setting((), "addresses whose proxy_user_header is believed (the reverse proxy's, as "
                                      "the page sees it); from any other address the header is refused", "list",
                                      item={"kind": "str", "pattern": r"^[0-9A-Fa-f.:]+$"})
+    proxy_secret_file: str = setting("", "a file of root's (mode 600, at least 32 bytes: `openssl rand -hex 32`) "
+                                     "holding a secret the reverse proxy sends on every request in the "
+                                     "X-Slurm-Ext-Proxy-Secret header: proxy_user_header is then believed only beside "
+                                     "it (for a proxy address others can send from too); empty: off", "path",
+                                     empty_ok=True)
     prometheus_url: str = setting("", "a Prometheus that scrapes the agents (DCGM_FI_DEV_*, slurm_ext_network_*): the "
                                   "usage panels ask it instead of the agents; empty: the agents", "str",
                                   pattern=r"^(https?://[A-Za-z0-9.:\[\]_-]+(/[A-Za-z0-9._/-]*)?)?$")

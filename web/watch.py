@@ -24,6 +24,8 @@ import itertools
 import json
 import logging
 import math
+import re
+import shlex
 import threading
 import time
 from collections import deque
@@ -39,7 +41,7 @@ from slurm_ext.slurm import Node, SlurmClient, is_our_reason
 
 from . import usage
 
-__all__ = ["Source", "PageView", "Watcher", "gpus_by_type", "drain_owner"]
+__all__ = ["Source", "PageView", "Watcher", "gpus_by_type", "drain_owner", "ssh_command"]
 
 log = logging.getLogger("web")
 
@@ -47,7 +49,7 @@ log = logging.getLogger("web")
 _CONFIG_EVERY = 600.0
 #: agents asked at once
 _PARALLEL = 32
-#: journal events kept per node, newest (the Health checks tab and the timeline)
+#: journal events kept per node, newest, whatever their component (the Health checks tab and the timeline)
 _JOURNAL_KEPT = 2000
 #: points of the usage history kept (at a 5 s refresh: an hour)
 _HISTORY = 720
@@ -55,6 +57,8 @@ _HISTORY = 720
 _FIRST_JOURNAL = 86400.0
 #: newest Slurm events kept from one read of the event table
 _SLURM_EVENTS_KEPT = 5000
+#: the fields of web.ssh_command
+_SSH_FIELD = re.compile(r"\{(node|addr)\}")
 #: a refresh runs only while a request came within this many refresh intervals
 _LOOKING = 3
 
@@ -92,7 +96,11 @@ class _Agent:
     #: the newest journal time seen (epoch seconds) and the lines of that second already taken
     cursor: float = 0.0
     cursor_lines: set = field(default_factory=set)
-    journal: deque = field(default_factory=lambda: deque(maxlen=_JOURNAL_KEPT))
+    #: its newest journal events by component, each (epoch, event), oldest first, in tuples that a new answer
+    #: replaces and nothing changes: a request takes them under the lock and reads them outside it
+    journal: dict = field(default_factory=dict)
+    #: the component of each event kept, in the order they came: the oldest beyond _JOURNAL_KEPT are dropped
+    arrivals: deque = field(default_factory=deque)
     #: what its last journal page lacked (agentapi.EventsPage.shortfall: events the agent cut, odd lines skipped)
     journal_note: str = ""
     busy: bool = False
@@ -134,6 +142,14 @@ def drain_owner(node: Node) -> str:
     if sep and prefix and len(prefix) <= 32 and " " not in prefix:
         return prefix
     return f"admin ({node.reason_user})" if node.reason_user else "admin"
+
+
+def ssh_command(template: str, node: Node) -> str:
+    """web.ssh_command for `node`, its name and address each quoted for a shell: an operator pastes the command into
+    one, and a node's address is whatever Slurm reports (`scontrol update NodeAddr=...`), `a; touch x` included."""
+    values = {"node": node.name, "addr": node.addr or node.name}
+    # in one pass: a value is never read for a field
+    return _SSH_FIELD.sub(lambda found: shlex.quote(values[found.group(1)]), template)
 
 
 def gpus_by_type(nodes: list[Node]) -> dict[str, int]:
@@ -368,12 +384,13 @@ class Watcher:
                 log.info("web: %s", err)
                 lines = ()
             figures = usage.node_usage(health)
+            journal = self._take_journal(agent, lines)  # outside the lock: only this thread changes its cursor
             with self._lock:
+                agent.journal = journal
                 previous = agent.usage
                 agent.answer, agent.answered, agent.error = health, now, ""
                 agent.usage = figures
                 agent.rate = usage.bandwidth(previous, figures)
-                self._take_journal(agent, lines)
                 if note is not None:
                     agent.journal_note = note
         except Exception:  # an answer no one foresaw: this agent's, logged; the others and the page go on
@@ -383,28 +400,55 @@ class Watcher:
             agent.busy = False
 
     @staticmethod
-    def _take_journal(agent: _Agent, lines: tuple[JournalLine, ...]) -> None:
-        """Append the journal lines not seen yet (the agent answers from the cursor's second on, inclusive)."""
+    def _take_journal(agent: _Agent, lines: tuple[JournalLine, ...]) -> dict[str, tuple]:
+        """The agent's journal with the lines not seen yet (the agent answers from the cursor's second on, inclusive),
+        its newest _JOURNAL_KEPT events: new tuples for the components that changed, the others as they were."""
         newest, at_newest = agent.cursor, set(agent.cursor_lines)
+        added: dict[str, list] = {}
         for when, line, data in ((j.time, j.line, j.data) for j in lines):
             if when < agent.cursor or when == agent.cursor and line in agent.cursor_lines:
                 continue
-            agent.journal.append((when, data))
+            component = str(data.get("component", ""))
+            added.setdefault(component, []).append((when, data))
+            agent.arrivals.append(component)
             if when > newest:
                 newest, at_newest = when, set()
             if when == newest:
                 at_newest.add(line)
         agent.cursor, agent.cursor_lines = newest, at_newest
+        if not added:
+            return agent.journal
+        dropped: dict[str, int] = {}
+        while len(agent.arrivals) > _JOURNAL_KEPT:
+            component = agent.arrivals.popleft()
+            dropped[component] = dropped.get(component, 0) + 1
+        journal = dict(agent.journal)
+        for component in added.keys() | dropped.keys():
+            kept = (journal.get(component, ()) + tuple(added.get(component, ())))[dropped.get(component, 0):]
+            if kept:
+                journal[component] = kept
+            else:
+                journal.pop(component, None)
+        return journal
 
-    def journal(self, keep=lambda node, data: True, limit: int = 500) -> list[tuple[float, str, dict]]:
-        """The newest `limit` journal events of every node that `keep(node, event)` keeps, newest first:
-        (epoch, node, event)."""
-        def newest_first(name: str, agent: _Agent):
-            return ((-when, name, data) for when, data in reversed(agent.journal))
+    def journal(self, limit: int = 500, node: str | None = None, component=lambda name: True,
+                keep=lambda node, data: True) -> list[tuple[float, str, dict]]:
+        """The newest `limit` journal events of `node` (None: of every node) of the components `component(name)`
+        keeps, that `keep(node, event)` keeps, newest first: (epoch, node, event).
+
+        Only references are taken under the lock (each node's tuples of the components asked, which a refresh
+        replaces and never changes); the merge runs outside it: requests over a large cache never hold up a
+        refresh, and a node's events cost what that node holds."""
         with self._lock:
-            merged = heapq.merge(*(newest_first(n, a) for n, a in self._agents.items()), key=lambda item: item[0])
-            kept = (item for item in merged if keep(item[1], item[2]))
-            return [(-when, name, data) for when, name, data in itertools.islice(kept, limit)]
+            agents = self._agents if node is None else {node: self._agents[node]} if node in self._agents else {}
+            taken = [(name, events) for name, agent in agents.items()
+                     for kind, events in agent.journal.items() if component(kind)]
+
+        def newest_first(name: str, events: tuple):
+            return ((-when, name, data) for when, data in reversed(events))
+        merged = heapq.merge(*(newest_first(name, events) for name, events in taken), key=lambda item: item[0])
+        kept = (item for item in merged if keep(item[1], item[2]))
+        return [(-when, name, data) for when, name, data in itertools.islice(kept, limit)]
 
     # -- the view --------------------------------------------------------------------------------------
 
@@ -447,8 +491,7 @@ class Watcher:
                          "agent": {"answered": agent.answered or None, "error": agent.error,
                                    "readings_time": monitor.readings_time if monitor is not None else None,
                                    "journal": agent.journal_note},
-                         "ssh": self.settings.ssh_command.replace("{node}", node.name).replace("{addr}",
-                                                                                               node.addr or node.name),
+                         "ssh": ssh_command(self.settings.ssh_command, node),
                          "grafana": self.settings.grafana_url.replace("{node}", node.name)})
         figures = self._prometheus if self.settings.prometheus_url else usage.cluster_usage(node_usages, rates)
         if figures is not None:
