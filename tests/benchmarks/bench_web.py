@@ -6,15 +6,20 @@ Debian's Chromium):
 - ten browsers polling /api/cluster at once for a while: Slurm queries per table per refresh (target: one, whatever
   the number of browsers);
 - in headless Chromium, navigation to the Nodes grid of 1,000 nodes drawn, against the same browser drawing 1,000
-  plain boxes of a static page (target: under 1 s).
+  plain boxes of a static page (target: under 1 s);
+- a journal cache of 1,000 nodes x 2,000 events (Slurm and the agents stood in by literal answers: four running
+  nodes make no such cache): one refresh alone, and while eight clients loop over /api/timeline?node=X&limit=5000
+  (target: the refresh takes every agent's answer in, about as fast as alone).
 
-    python tests/benchmarks/bench_web.py [--nodes 1000] [--clients 10] [--seconds 20]
+    python tests/benchmarks/bench_web.py [--nodes 1000] [--clients 10] [--seconds 20] [--cache-nodes 1000]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import http.client
+import json
 import os
 import shutil
 import statistics
@@ -30,6 +35,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_repair import counting, timed  # noqa: E402  (a benchmark beside this one)
 
 from slurm_ext import config, devcluster as dev  # noqa: E402
+from slurm_ext.agentapi import EventsPage, HealthAnswer  # noqa: E402
+from slurm_ext.slurm import Node  # noqa: E402
 from slurm_ext.devcluster.layout import Layout  # noqa: E402
 from slurm_ext.web.app import create_app  # noqa: E402
 from slurm_ext.web.watch import Watcher  # noqa: E402
@@ -93,11 +100,101 @@ def browser_times(url: str, nodes: int, rounds: int = 3) -> tuple[float, float]:
         shutil.rmtree(profile, ignore_errors=True)
 
 
+class _CacheSlurm:
+    """Slurm as a literal answer: `count` idle nodes, no event, no configuration."""
+
+    def __init__(self, count: int):
+        self.listed = [Node(f"c{i}", "IDLE", addr="127.0.0.1") for i in range(count)]
+
+    def nodes(self):
+        return self.listed
+
+    def node_events(self, node, since):
+        return []
+
+    def show_config(self):
+        return {}
+
+
+class _CacheAgents:
+    """Every agent answering at once; each journal: `page` (the same events for every node, parsed once)."""
+
+    def __init__(self, count: int, page: EventsPage):
+        self.page = page
+        self.answers = {f"c{i}": HealthAnswer.of({"node": f"c{i}", "boot": "b", "time": 1.0}) for i in range(count)}
+
+    def health(self, node, addr="", timeout=None):
+        return self.answers[node]
+
+    def events(self, node, addr="", since=0.0, limit=None, timeout=None):
+        return self.page
+
+
+def _journal(start: int, count: int) -> EventsPage:
+    components = ("health", "supervisor", "prolog_epilog")
+    return EventsPage.of("c0", "b", "\n".join(json.dumps(
+        {"time": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(1_700_000_000 + i)), "event": "e",
+         "component": components[i % 3], "message": f"event {i}"}) for i in range(start, start + count)))
+
+
+def journal_cache(nodes: int, events: int, clients: int, state_dir: str) -> None:
+    """The refresh over a journal cache of `nodes` x `events`, alone and while `clients` loop over one node's
+    timeline: its time and the agents' answers it took in."""
+    from waitress.server import create_server
+    path = os.path.join(state_dir, "cache.toml")
+    with open(path, "w") as file:
+        file.write(f'[node]\nstate_dir = "{state_dir}/cache-state"\n[web]\nrefresh = "3600s"\ntoken_file = ""\n'
+                   f'[repair]\nsqlite_file = "{state_dir}/cache-repair.db"\n')
+    loaded = config.load(path)
+    from slurm_ext.repair.store import open_sqlite
+    store = open_sqlite(f"{state_dir}/cache-repair.db")
+    agents = _CacheAgents(nodes, _journal(0, events))
+    watcher = Watcher(loaded, _CacheSlurm(nodes), store, lambda url, timeout: (None, "refused"), agents)
+    watcher.refresh()
+
+    def one_refresh(start: int) -> tuple[float, int]:
+        agents.page = _journal(start, 1)
+        begun = time.perf_counter()
+        view = watcher.refresh()
+        took = time.perf_counter() - begun
+        return took, sum(n["agent"]["answered"] == view.data["refreshed"] for n in view.data["nodes"])
+    alone, taken_alone = one_refresh(events)
+    server = create_server(create_app(loaded, watcher), host="127.0.0.1", port=0, threads=8)
+    threading.Thread(target=server.run, daemon=True).start()
+    stop, served = threading.Event(), []
+
+    def loop():
+        while not stop.is_set():
+            connection = http.client.HTTPConnection("127.0.0.1", server.effective_port, timeout=600)
+            begun = time.perf_counter()
+            connection.request("GET", "/api/timeline?node=c7&limit=5000")
+            connection.getresponse().read()
+            served.append(time.perf_counter() - begun)
+            connection.close()
+    threads = [threading.Thread(target=loop) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    while len(served) < clients:
+        time.sleep(0.05)
+    loaded_refresh, taken = one_refresh(events + 1)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    server.close()
+    store.close()
+    print(f"journal cache of {nodes} nodes x {events} events: a refresh alone {alone * 1000:.0f} ms ({taken_alone} "
+          f"agents taken in); while {clients} clients loop over /api/timeline?node=c7&limit=5000: "
+          f"{loaded_refresh * 1000:.0f} ms ({taken} of {nodes} agents taken in; the timeline answered in "
+          f"{statistics.median(served) * 1000:.0f} ms, median of {len(served)})")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=1000, help="nodes defined in slurm.conf (4 run)")
     parser.add_argument("--clients", type=int, default=10, help="browsers polling at once")
     parser.add_argument("--seconds", type=float, default=20.0, help="how long they poll")
+    parser.add_argument("--cache-nodes", type=int, default=1000, help="nodes of the journal cache (0: not measured)")
+    parser.add_argument("--cache-events", type=int, default=2000, help="journal events of each")
     args = parser.parse_args()
     state_dir = tempfile.mkdtemp(prefix="slurm-ext-bench-web-")
     os.chmod(state_dir, 0o755)
@@ -156,9 +253,11 @@ def main() -> int:
         grid, boxes = browser_times(url, args.nodes)
         print(f"Chromium, navigation to the Nodes grid of {args.nodes} nodes drawn: {grid:.0f} ms (median of 3); "
               f"a static page of {args.nodes} boxes: {boxes:.0f} ms (ratio {grid / boxes:.2f})")
-        print("targets: a refresh and the grid under 1 s; one Slurm query per table per refresh whatever the number "
-              "of browsers")
         watcher.stop()
+        if args.cache_nodes:
+            journal_cache(args.cache_nodes, args.cache_events, 8, state_dir)
+        print("targets: a refresh and the grid under 1 s; one Slurm query per table per refresh whatever the number "
+              "of browsers; a refresh over the journal cache takes every agent in while clients read it")
     finally:
         if server is not None:
             server.close()
