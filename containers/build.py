@@ -54,8 +54,8 @@ def log(message: str) -> None:
 IMAGE_PYTHONS = ("3.11", "3.12", "3.13", "3.14")
 
 
-def build_wheels(dist: Path) -> Path:
-    """A wheel of the checkout and of each dependency in `dist` (replacing older ones); returns ours.
+def build_wheels(dist: Path, checkout: Path = CHECKOUT) -> Path:
+    """A wheel of `checkout` and of each dependency in `dist` (replacing older ones); returns ours.
 
     The image installs from these alone (pip --no-index): its build needs no package index, and no
     trust in whatever TLS interception stands between a build host and PyPI. Most dependencies are
@@ -65,7 +65,7 @@ def build_wheels(dist: Path) -> Path:
     shutil.rmtree(dist, ignore_errors=True)
     dist.mkdir(parents=True)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-build-isolation", "--wheel-dir", str(dist),
-                    str(CHECKOUT)], check=True)
+                    str(checkout)], check=True)
     machine = platform.machine()
     for built in list(dist.glob("*.whl")):
         name, version, *_, python_tag, abi, platform_tag = built.stem.split("-")

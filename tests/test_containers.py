@@ -120,9 +120,14 @@ import build  # noqa: E402  (containers/build.py)
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory) -> Path:
     """The wheels build.py makes for the images (the checkout's, and its dependencies' from the package index
-    this host's pip is configured with: no network needed here), in a directory of the test's own."""
+    this host's pip is configured with: no network needed here), in a directory of the test's own; built from a
+    copy of the checkout, as setuptools writes build/ and *.egg-info into the tree it builds, and the suite's
+    image build may be building the checkout itself meanwhile."""
+    tree = tmp_path_factory.mktemp("checkout") / "slurm-ext"
+    shutil.copytree(REPO, tree, ignore=shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__",
+                                                              ".pytest_cache", "*.so", "*.so.1"))
     dist = tmp_path_factory.mktemp("dist")
-    build.build_wheels(dist)
+    build.build_wheels(dist, tree)
     return dist
 
 
