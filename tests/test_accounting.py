@@ -137,6 +137,7 @@ def test_the_password_is_quoted_for_sql_and_refused_where_slurmdbd_conf_cannot_h
     assert "IDENTIFIED BY 'it''s'" in sql and "innodb" not in sql
     secret = tmp_path / "pw"
     secret.write_text("has space\n")
+    secret.chmod(0o600)
     with pytest.raises(ConfigError, match="printable ASCII without spaces"):
         password(AccountingSection(password_file=str(secret)), {})
     secret.write_text("back\\slash\n")

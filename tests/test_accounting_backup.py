@@ -861,9 +861,12 @@ def with_line(text: bytes, line: bytes) -> tuple[bytes, int]:
 
 
 def markers(workdir: Path, name: str) -> Path:
-    """An empty directory anyone may write (mysql too), for what an attack would leave."""
+    """An empty directory anyone may write and reach (mysql too: else an attack would fail for the wrong
+    reason), for what an attack would leave."""
+    workdir.chmod(0o711)
+    (workdir / "markers").mkdir(mode=0o711, exist_ok=True)
     directory = workdir / "markers" / name
-    directory.mkdir(parents=True)
+    directory.mkdir()
     directory.chmod(0o1777)
     return directory
 
