@@ -75,11 +75,12 @@ def scratch_mariadb(*, port: int | None = None, bind: str = "127.0.0.1", workdir
     Its datadir is made by mariadb-install-db (root through the socket only, no test database); it runs as
     mysql, without the host's option files, with --skip-networking unless `port` is given, and with
     durability traded for speed (innodb_flush_log_at_trx_commit=0, no doublewrite): it holds nothing
-    worth keeping. What it loads may be anyone's SQL (`verify` of a backup), so it reaches no file of the
-    host: --secure-file-priv is an empty directory of root's that mysql cannot write (no SELECT ... INTO
-    OUTFILE or LOAD_FILE elsewhere, nothing written there), --local-infile=0, no DATA DIRECTORY
-    (--skip-symbolic-links), and the same empty directory as --plugin-dir (no INSTALL SONAME of the audit
-    plugin, whose log file could be put anywhere).
+    worth keeping. What it loads may be SQL that slurm-ext did not write (`verify` of a backup), so it takes
+    no file statement: --secure-file-priv is an empty directory of root's that mysql cannot write (no
+    SELECT ... INTO OUTFILE or LOAD_FILE elsewhere, nothing written there), --local-infile=0, no DATA
+    DIRECTORY (--skip-symbolic-links), and the same empty directory as --plugin-dir (no INSTALL SONAME of
+    the audit plugin, whose log file could be put anywhere). Its root can still point the general or slow
+    query log at a file mysql may write: only an authenticated backup is loaded as root.
 
     Raises:
         BackupError: MariaDB is not installed, or the server did not start (its log's end in the message).
