@@ -146,11 +146,14 @@ def read_witness(path: Path, since: datetime | None = None) -> list[WitnessJob]:
 def _records(lines: Iterable[str]) -> Iterator[tuple[int, str]]:
     """(first line number, text) of each job's record: slurmctld writes a job's name and work dir as they are,
     newlines too, so a record whose JobId line has no run of Slurm's fields goes on over the lines after it until
-    one has (a name's "\nJobId=9 UserId=..." stays the name's, not a line of job 9's). Lines of no record are left
-    out; so is a record that the file's end cuts (slurmctld still writing it), or one past _LONGEST_RECORD."""
+    one has (a name's "\nJobId=9 UserId=..." stays the name's, not a line of job 9's). A line that has a head and a
+    run on its own is also a record of its own: a forged head at the end of a work dir must not take the next job's
+    line (that job unchecked); checking a forged job too is safe, leaving a real one out is not. Lines of no record
+    are left out; so is a record that the file's end cuts (slurmctld still writing it), or one past _LONGEST_RECORD."""
     pending: list[str] = []  # the record's lines so far
     first = size = 0
     for number, line in enumerate(lines, 1):
+        whole = bool(_HEAD.match(line)) and _RUN.search(line) is not None  # the run holds no newline
         if pending and size < _LONGEST_RECORD:
             pending.append(line)
             size += len(line)
@@ -159,8 +162,10 @@ def _records(lines: Iterable[str]) -> Iterator[tuple[int, str]]:
         else:
             pending = []
             continue
-        if _RUN.search(line):  # the run holds no newline: it is on one line
+        if _RUN.search(line):
             yield first, "".join(pending)
+            if whole and first != number:
+                yield number, line
             pending = []
 
 

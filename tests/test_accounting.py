@@ -255,7 +255,23 @@ def test_a_name_with_newlines_stays_its_jobs_and_a_whole_forged_line_is_still_in
     jobs = read_witness(log, since=datetime(2026, 1, 2))
     assert [(j.job_id, j.state, j.end, j.line) for j in jobs] == [
         (31, "COMPLETED", "2026-01-03T09:00:00", 2), (32, "FAILED", "2026-01-03T10:00:00", 3),
-        (33, "COMPLETED", "2020-01-01T00:00:00", 5), (98, "FAILED", "2026-01-03T11:00:00", 6)]
+        (33, "COMPLETED", "2020-01-01T00:00:00", 5), (98, "FAILED", "2026-01-03T11:00:00", 6),
+        (99, "FAILED", "2026-01-03T10:00:00", 4)]  # the name's forged job is checked too: more is safe, fewer is not
+
+
+def test_a_work_dir_ending_in_a_forged_head_cannot_take_the_next_jobs_line(tmp_path):
+    """Issue 28 review of 28.17: a work dir "/tmp/a\\nJobId=999 UserId=root(0) ... Name=x" (no run of Slurm's
+    fields) started a record that took the next real line, another user's job with its head and run, as its own:
+    that job was attributed to 999 and never checked. A line with a head and a run is now its own record too."""
+    log = tmp_path / "jobcomp.log"
+    victim = _witness_line(41, "v", "/h", "FAILED", "2026-01-03T10:00:00").replace("UserId=eve(1003)",
+                                                                                  "UserId=victim(1004)")
+    log.write_text(_witness_line(40, "x", "/tmp/a\n" + _FORGED_HEAD.format(999), "COMPLETED", "2026-01-03T09:00:00")
+                   + victim)
+    jobs = {job.job_id: job for job in read_witness(log, since=datetime(2026, 1, 2))}
+    assert (jobs[41].state, jobs[41].end, jobs[41].user, jobs[41].line) == ("FAILED", "2026-01-03T10:00:00",
+                                                                           "victim", 3)
+    assert jobs[40].state == "COMPLETED"
 
 
 def test_a_job_cannot_forge_its_own_end_in_the_witness_with_its_name_or_work_dir(running_cluster, tmp_path):
@@ -281,7 +297,7 @@ def test_a_job_cannot_forge_its_own_end_in_the_witness_with_its_name_or_work_dir
     assert f"Name=x {_FORGED_RUN}/ JobState=FAILED" in text and f"WorkDir={forged_dir} " in text
     assert f"Name=a\n{_FORGED_HEAD.format(999999)} JobState=FAILED" in text  # slurmctld wrote the newline as it is
     seen = {job.job_id: job for job in read_witness(witness, since=since)}
-    assert all(job in seen and seen[job].state == "FAILED" for job in jobs) and 999999 not in seen, seen
+    assert all(job in seen and seen[job].state == "FAILED" for job in jobs), seen  # 999999 is checked too: harmless
     assert all(seen[job].end >= since.strftime("%Y-%m-%dT%H:%M:%S") for job in jobs), seen
 
 
