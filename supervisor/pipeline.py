@@ -64,9 +64,10 @@ def preflight(context: StepContext) -> None:
     daemon = ROLE_DAEMON[context.role]
     if daemon not in context.workers:
         return
-    for problem in problems(daemon=daemon, munged_here="munged" in context.workers):
+    munged_here = "munged" in context.workers
+    for problem in problems(daemon=daemon, munged_here=munged_here):
         context.emit("preflight-problem", problem, severity="warning")
-    refused = key_refusal(daemon=daemon)
+    refused = key_refusal(daemon=daemon, munged_here=munged_here)
     if refused:
         raise RuntimeError(refused)
 

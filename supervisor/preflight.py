@@ -6,8 +6,9 @@ event, what is missing and which mount or flag provides it; it still starts slur
 follow) and keeps retrying, so a key mounted late is picked up without a new pod.
 
 A key that is there but guessable (`key_refusal`: shorter than 32 bytes, or an example's placeholder
-such as the REPLACE-ME... once shipped in the Slinky manifests) is refused instead: with it anyone can
-forge Slurm credentials as root on every node, so the daemon is not started until the key is replaced.
+such as the REPLACE-ME... once shipped in the Slinky manifests) is refused instead where it is what
+authenticates (auth/slurm): with it anyone can forge Slurm credentials as root on every node, so the
+daemon is not started until the key is replaced. Beside munge such a key is unused, and only warned of.
 """
 
 from __future__ import annotations
@@ -29,16 +30,16 @@ _READ_AT_MOST = 1 << 20
 
 
 def problems(root: Path = Path("/"), daemon: str = "slurmd", munged_here: bool = False) -> list[str]:
-    """One line per thing `daemon` lacks to authenticate; [] when it has it.
+    """One line per thing `daemon` lacks to authenticate, or a guessable slurm.key that munge makes unused; [] when
+    it has what it needs.
 
     `munged_here`: the agent runs munged itself, whose socket appears only once it has started.
     """
     key = root / SLURM_KEY.relative_to("/")
-    munge = root / MUNGE_SOCKET.relative_to("/")
     try:
         info = key.stat()
     except FileNotFoundError:
-        if munged_here or munge.exists():
+        if _munge_authenticates(root, munged_here):
             return []
         return [f"no Slurm authentication for {daemon}: {SLURM_KEY} is missing (auth/slurm: mount the cluster's "
                 f"key there, owner slurm, mode 0600; Slinky: the slurmKeyRef Secret; Docker: -v "
@@ -51,12 +52,35 @@ def problems(root: Path = Path("/"), daemon: str = "slurmd", munged_here: bool =
     if info.st_mode & 0o077:
         return [f"{SLURM_KEY} has mode {stat.S_IMODE(info.st_mode):04o}: Slurm refuses a key others can read; "
                 "make it 0600 (a Kubernetes Secret volume: defaultMode: 0600)"]
+    why = _key_weakness(root)
+    if why is not None and _munge_authenticates(root, munged_here):
+        return [f"{SLURM_KEY} {why}; it is not used while munge authenticates, but anyone who knows it could forge "
+                f"Slurm credentials as root if AuthType became auth/slurm: remove it, or make a new one (`head -c "
+                f"1024 /dev/urandom > slurm.key`)"]
     return []
 
 
-def key_refusal(root: Path = Path("/"), daemon: str = "slurmd") -> str | None:
-    """Why `daemon` must not start with the slurm.key there (too short, or a placeholder); None when it may, or
-    when there is no key to judge (`problems` says what is missing)."""
+def key_refusal(root: Path = Path("/"), daemon: str = "slurmd", munged_here: bool = False) -> str | None:
+    """Why `daemon` must not start with the slurm.key there (too short, or a placeholder) when that key is what
+    authenticates (auth/slurm: no munged socket, and the agent runs no munged); None when it may, or when there is
+    no key to judge. Beside munge a weak key is unused: problems() warns of it, and a site with a stale
+    placeholder key is not kept from starting slurmd."""
+    why = _key_weakness(root)
+    if why is None or _munge_authenticates(root, munged_here):
+        return None
+    return (f"{SLURM_KEY} {why}: anyone who knows it can forge Slurm credentials as root on every node; {daemon} "
+            f"is not started with it. Make a new key (`head -c 1024 /dev/urandom > slurm.key`; Slinky: the "
+            f"slurm-key Secret, containers/slinky/create-secrets.sh) and give it to every node and the controller")
+
+
+def _munge_authenticates(root: Path, munged_here: bool) -> bool:
+    """Whether munge is there to authenticate: the agent runs munged, or its socket is mounted in."""
+    return munged_here or (root / MUNGE_SOCKET.relative_to("/")).exists()
+
+
+def _key_weakness(root: Path) -> str | None:
+    """What makes the slurm.key there guessable (weaksecret.weakness); None when it is not, or there is no key that
+    can be read (problems() says what is missing)."""
     key = root / SLURM_KEY.relative_to("/")
     try:
         if not key.is_file():  # missing, or not a file: problems() says so
@@ -65,9 +89,4 @@ def key_refusal(root: Path = Path("/"), daemon: str = "slurmd") -> str | None:
             text = f.read(_READ_AT_MOST)
     except OSError:  # unreadable: problems() says so, and slurmd will too
         return None
-    why = weakness(text, MIN_KEY_BYTES)
-    if why is None:
-        return None
-    return (f"{SLURM_KEY} {why}: anyone who knows it can forge Slurm credentials as root on every node; {daemon} "
-            f"is not started with it. Make a new key (`head -c 1024 /dev/urandom > slurm.key`; Slinky: the "
-            f"slurm-key Secret, containers/slinky/create-secrets.sh) and give it to every node and the controller")
+    return weakness(text, MIN_KEY_BYTES)

@@ -708,6 +708,31 @@ def test_the_preflight_refuses_a_guessable_slurm_key_and_blocks_the_start(tmp_pa
         assert preflight.on_failure == "block", role  # a refusal keeps the daemon from starting
 
 
+def test_a_stale_placeholder_slurm_key_on_a_munge_site_is_a_warning_not_a_refusal(tmp_path):
+    """Issue 28 review of 28.3: a munge site with an old placeholder /etc/slurm/slurm.key (unused: munge
+    authenticates) had slurmd refused. The key is refused only where it is what authenticates (no munged socket,
+    none run here: auth/slurm), as problems() decides for a missing key; beside munge it is a warning."""
+    import socket
+
+    from slurm_ext.supervisor.preflight import key_refusal, problems
+    key = tmp_path / "etc/slurm/slurm.key"
+    key.parent.mkdir(parents=True)
+    key.write_bytes(SHIPPED_KEY)
+    key.chmod(0o600)
+    assert key_refusal(tmp_path, munged_here=True) is None  # the agent runs munged: its socket comes later
+    [warning] = problems(tmp_path, munged_here=True)
+    assert "/etc/slurm/slurm.key" in warning and "munge" in warning and "placeholder" in warning, warning
+    assert key_refusal(tmp_path) is not None  # auth/slurm: the key is what authenticates
+    socket_path = tmp_path / "run/munge/munge.socket.2"
+    socket_path.parent.mkdir(parents=True)
+    with socket.socket(socket.AF_UNIX) as munged:  # the host's munged, mounted in
+        munged.bind(str(socket_path))
+        munged.listen()
+        assert key_refusal(tmp_path) is None
+        [warning] = problems(tmp_path)
+        assert "not used while munge authenticates" in warning, warning
+
+
 @pytest.mark.parametrize("which", ["password_file", "repair_password_file"])
 @pytest.mark.parametrize("value", ["replace-me", "short-but-real1", "REPLACE-ME-0123456789abcdef"])
 def test_the_database_password_is_refused_at_start_when_guessable(tmp_path, which, value):
