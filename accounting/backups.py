@@ -47,8 +47,8 @@ from slurm_ext.errors import CommandError, ConfigError, SlurmExtError
 
 from . import database, sqlclient
 from .backupkey import BackupKey, ensure_key, read_key
-from .dumpfile import (CHUNK, BackupError, Manifest, RowCounter, free_name, manifest_path_for, read_manifest,
-                       retain, rows_text, scan)
+from .dumpfile import (CHUNK, BackupError, Manifest, RowCounter, free_name, manifest_path_for, open_dump,
+                       read_manifest, retain, rows_text, scan)
 from .render import sql_string
 from .scratch import scratch_mariadb
 from .settings import AccountingSection
@@ -383,8 +383,15 @@ def _restore(config: Config, source: Path, environ: dict[str, str]) -> RestoreRe
     manifest = read_manifest(manifest_path, read_key(settings.backup_key), source)
     if manifest.database == settings.own_database != settings.database:  # a backup of the repair history
         settings = dataclasses.replace(settings, database=settings.own_database)
+    with open_dump(source) as dump:  # checked and loaded: one file, whatever is renamed over its path meanwhile
+        return _restore_from(config, settings, source, dump, manifest, environ, started)
+
+
+def _restore_from(config: Config, settings: AccountingSection, source: Path, dump, manifest: Manifest,
+                  environ: dict[str, str], started: float) -> RestoreResult:
     db = settings.database
-    found = scan(source, manifest.text_size)
+    manifest_path = manifest_path_for(source)
+    found = scan(source, manifest.text_size, dump)
     problems = found.against(manifest, manifest_path)
     if problems:
         raise BackupError(source, "refusing to restore a damaged backup (nothing was changed): "
@@ -407,7 +414,7 @@ def _restore(config: Config, source: Path, environ: dict[str, str]) -> RestoreRe
             raise sqlclient.server_error(err.stderr or str(err), settings,
                                          "checking the database before the restore") from None
         try:
-            sqlclient.load(client, source, db)
+            sqlclient.load(client, dump, db)
         except CommandError as err:
             raise BackupError(f"database {db} at {settings.db_host}:{settings.db_port}",
                               f"loading {source} failed ({sqlclient.error_line(err)}); the database is partly "
@@ -559,11 +566,21 @@ def _verify(source: Path, key: BackupKey, workdir: Path | None) -> tuple[list[st
         manifest = read_manifest(manifest_path, key, source)
     except BackupError as err:
         return [str(err)], {}
-    size = _size(source)
+    try:
+        dump = open_dump(source)  # checked and loaded: one file, whatever is renamed over its path meanwhile
+    except BackupError as err:
+        return [str(err)], {}
+    with dump:
+        return _verify_from(source, dump, manifest, manifest_path, workdir)
+
+
+def _verify_from(source: Path, dump, manifest: Manifest, manifest_path: Path,
+                 workdir: Path | None) -> tuple[list[str], dict[str, tuple[int, int]]]:
+    size = os.fstat(dump.fileno()).st_size
     if size != manifest.size:
-        return scan(source, manifest.text_size).against(manifest, manifest_path), {}
+        return scan(source, manifest.text_size, dump).against(manifest, manifest_path), {}
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="verify-scan") as pool:
-        scanning = pool.submit(scan, source, manifest.text_size)
+        scanning = pool.submit(scan, source, manifest.text_size, dump)
         with scratch_mariadb(workdir=workdir, buffer_pool_mib=min(1024, max(128, (size >> 20) * 8))) as scratch:
             found = scanning.result()
             problems = found.against(manifest, manifest_path)
@@ -573,7 +590,7 @@ def _verify(source: Path, key: BackupKey, workdir: Path | None) -> tuple[list[st
             db = manifest.database or "restored"
             scratch.sql(f"CREATE DATABASE {ident(db)};")
             try:
-                scratch.load(source, db)
+                scratch.load(dump, db)
             except CommandError as err:
                 problems.append(f"{source}: loading it into a scratch MariaDB failed: {sqlclient.error_line(err)}")
                 return problems, {}
@@ -588,12 +605,5 @@ def _verify(source: Path, key: BackupKey, workdir: Path | None) -> tuple[list[st
         elif restored[table] != expected[table]:
             problems.append(f"table {table}: {restored[table]} rows after the load (expected {expected[table]})")
     return problems, counts
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError as err:
-        raise BackupError(path, f"cannot read the backup: {err.strerror}") from None
 
 

@@ -13,16 +13,19 @@ memory whatever the file holds, which `Scan.against` compares with its manifest.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import hmac
 import json
 import os
 import re
+import stat
 import zlib
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from slurm_ext.errors import SlurmExtError
 
@@ -30,8 +33,8 @@ if TYPE_CHECKING:
     from .backupkey import BackupKey
 
 __all__ = ["FORMAT", "SUFFIX", "MANIFEST_SUFFIX", "COMPLETED", "CHUNK", "MAX_LINE", "BackupError", "Manifest",
-           "Scan", "RowCounter", "scan", "read_manifest", "manifest_path_for", "backups_in", "free_name", "retain",
-           "rows_text"]
+           "Scan", "RowCounter", "open_dump", "scan", "read_manifest", "manifest_path_for", "backups_in", "free_name",
+           "retain", "rows_text"]
 
 #: the manifest's format; a reader refuses any other (1: before manifests were authenticated)
 FORMAT = 2
@@ -471,13 +474,33 @@ def read_manifest(path: Path, key: BackupKey, dump: Path | None = None) -> Manif
     return manifest
 
 
-def scan(path: Path, text_limit: int | None = None) -> Scan:
+def open_dump(path: Path) -> BinaryIO:
+    """The backup at `path`, opened once for reading: its check and its load must read the same file, which a
+    path opened twice does not promise (a file renamed over it in between). Not through a symbolic link, and
+    only a regular file.
+
+    Raises:
+        BackupError: it cannot be opened, is a symbolic link, or is not a regular file.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise BackupError(path, "is a symbolic link: give the backup file itself") from None
+        raise BackupError(path, f"cannot read the backup: {err.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise BackupError(path, "is not a regular file: give the backup file itself")
+    return os.fdopen(fd, "rb")
+
+
+def scan(path: Path, text_limit: int | None = None, file: BinaryIO | None = None) -> Scan:
     """Read a backup end to end: its checksum, its gzip stream (CRC and length) and its dump text.
 
     The text is decompressed a CHUNK at a time and read no further than `text_limit` bytes (the manifest's
     text_size), a line outside an INSERT no longer than MAX_LINE, nor past the first thing that is not a
     dump: a gzip bomb or a text without newlines costs a few MiB, not its decompressed size. The checksum
-    always covers the whole file.
+    always covers the whole file. Given `file` (`open_dump`'s), that is what is read, from its start.
 
     Raises:
         BackupError: the file cannot be read.
@@ -487,7 +510,8 @@ def scan(path: Path, text_limit: int | None = None) -> Scan:
     unzip = zlib.decompressobj(31)
     problem = ""
     try:
-        with open(path, "rb") as f:
+        with contextlib.nullcontext(file) if file is not None else open(path, "rb") as f:
+            f.seek(0)
             while chunk := f.read(CHUNK):
                 size += len(chunk)
                 digest.update(chunk)

@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from slurm_ext import command
 from slurm_ext.errors import CommandError
@@ -54,7 +55,7 @@ class ScratchMariaDB:
         """
         return sqlclient.query(self.client, statements, timeout, database)
 
-    def load(self, source: Path, database: str, timeout: float = DUMP_TIMEOUT) -> None:
+    def load(self, source: Path | BinaryIO, database: str, timeout: float = DUMP_TIMEOUT) -> None:
         """Load a backup (.sql.gz) into `database` (which must exist).
 
         Raises:

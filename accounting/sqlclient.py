@@ -21,6 +21,7 @@ import threading
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from slurm_ext import command
 from slurm_ext.errors import CommandError, CommandTimeout
@@ -134,14 +135,17 @@ def counts(client: list[str], db: str) -> dict[str, int]:
     return {name: int(count) for name, count in query(client, sql + ";", DUMP_TIMEOUT)}
 
 
-def load(client: list[str], source: Path, db: str, timeout: float = DUMP_TIMEOUT) -> None:
-    """Stream the decompressed dump `source` into `client` connected to `db`.
+def load(client: list[str], source: Path | BinaryIO, db: str, timeout: float = DUMP_TIMEOUT) -> None:
+    """Stream the decompressed dump `source` into `client` connected to `db`: a path, or the file its check read
+    (`dumpfile.open_dump`), loaded from its start.
 
     Raises:
         CommandError: the client failed (its stderr in the error), or ran past `timeout`.
     """
     cmd = [*client, *CLIENT_SAFETY, "--batch", "--max-allowed-packet=1G", db]
-    with tempfile.TemporaryFile() as errors, open(source, "rb") as f:
+    opened = contextlib.nullcontext(source) if hasattr(source, "read") else open(source, "rb")
+    with tempfile.TemporaryFile() as errors, opened as f:
+        f.seek(0)
         try:
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=errors,
                                     start_new_session=True)

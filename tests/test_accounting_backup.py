@@ -1126,3 +1126,44 @@ def test_the_backup_key_is_refused_where_others_can_read_it_or_beside_the_backup
     with pytest.raises(BackupError, match=r"no backup key: verify and restore need the key the backup was made with"):
         backups.verify(made.path, tmp_path / "missing.key")
     assert not (tmp_path / "missing.key").exists()
+
+
+# -- the review of issue 28's fixes --------------------------------------------------------
+
+
+def test_a_dump_swapped_after_its_check_is_not_what_is_loaded(workdir, fresh, made, monkeypatch):
+    """Issue 28.1 (review): whoever can write the backup directory renames a crafted dump over the genuine one
+    right after verify's and restore's check of it; what is loaded is still the file that was checked (one
+    descriptor, opened once), so the crafted table never appears. A dump that is a symbolic link is refused."""
+    genuine = gzip.decompress(made.path.read_bytes())
+    at = genuine.index(b"-- Dump completed")
+    crafted = genuine[:at] + b"CREATE TABLE `pwned` (id int);\nINSERT INTO `pwned` VALUES (1);\n" + genuine[at:]
+    real_scan = backups.scan
+
+    def swap_after_scan(source: Path):
+        def scan(*args, **kwargs):
+            found = real_scan(*args, **kwargs)
+            os.rename(source.with_name("crafted.sql.gz"), source)
+            return found
+        return scan
+
+    for operation in ("verify", "restore"):
+        source = copy_backup(made, workdir / f"swap-{operation}")
+        source.with_name("crafted.sql.gz").write_bytes(gzip.compress(crafted))
+        monkeypatch.setattr(backups, "scan", swap_after_scan(source))
+        if operation == "verify":
+            result = backups.verify(source, key_path(workdir))
+            assert result.ok and "pwned" not in result.counts, result.problems
+        else:
+            grant_only(fresh, ("r_swap",))
+            backups.restore(make_config(workdir, fresh, database="r_swap"), source, environ={})
+            assert fresh.sql("SHOW TABLES LIKE 'pwned';", "r_swap") == []
+        assert gzip.decompress(source.read_bytes()) == crafted  # the swap did happen
+    monkeypatch.setattr(backups, "scan", real_scan)
+    link = workdir / "swap-link" / made.path.name
+    link.parent.mkdir()
+    link.symlink_to(copy_backup(made, workdir / "swap-target"))
+    shutil.copy(made.manifest_path, dumpfile.manifest_path_for(link))
+    with pytest.raises(BackupError, match="symbolic link"):
+        backups.restore(make_config(workdir, fresh, database="r_link"), link, environ={})
+    assert "symbolic link" in backups.verify(link, key_path(workdir)).problems[0]
