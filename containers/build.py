@@ -12,9 +12,13 @@ Steps, each skipped when its result is there already:
 The engine is the one DOCKER_HOST names (the Docker SDK's default otherwise). Needs root for
 debootstrap, and the `docker` Python package (pip install docker).
 
-`--lock` writes containers/requirements.lock from the wheels fetched now: after a dependency changed
-(a new version in setup.cfg), review what came, then commit the lock. A wheel whose hash the lock does
-not hold is refused: a changed file on an index or a mirror, or a new version nobody reviewed.
+Dependencies are fetched at the lock's versions (pip constraints), so a release since the lock was written
+changes nothing. `--lock` writes containers/requirements.lock from the wheels fetched now, keeping the
+hashes it had for the same versions: on a build host of another machine (aarch64: the lock holds the
+compiled wheels, MarkupSafe's, of the machines that ran it), or after a new dependency; to move a
+dependency to a new version, delete its lines from the lock first. Review what came, then commit the lock.
+A wheel whose hash the lock does not hold is refused: a changed file on an index or a mirror, a new
+version nobody reviewed, or a compiled wheel of a machine nobody locked.
 """
 
 from __future__ import annotations
@@ -54,18 +58,28 @@ def log(message: str) -> None:
 IMAGE_PYTHONS = ("3.11", "3.12", "3.13", "3.14")
 
 
-def build_wheels(dist: Path, checkout: Path = CHECKOUT) -> Path:
+def build_wheels(dist: Path, checkout: Path = CHECKOUT, lock: Path | None = LOCK) -> Path:
     """A wheel of `checkout` and of each dependency in `dist` (replacing older ones); returns ours.
 
     The image installs from these alone (pip --no-index): its build needs no package index, and no
     trust in whatever TLS interception stands between a build host and PyPI. Most dependencies are
     pure Python or abi3 (psutil), so wheels fetched by this Python fit the image's newer one; a wheel
     made for this Python only is fetched again for each of IMAGE_PYTHONS.
+
+    Each dependency is taken at the version `lock` names (pip's constraints): setup.cfg's requirements are
+    unpinned, and the newest version an index has (a release since the lock was written) would be refused by
+    check_locked; `--lock` too, so that relocking on a build host of another machine adds its wheels of the same
+    versions. None (no lock yet): the newest, for review.
     """
     shutil.rmtree(dist, ignore_errors=True)
     dist.mkdir(parents=True)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-build-isolation", "--wheel-dir", str(dist),
-                    str(checkout)], check=True)
+    with tempfile.TemporaryDirectory(prefix="slurm-ext-build-") as scratch:
+        constraints = []
+        if lock is not None:
+            (Path(scratch) / "constraints.txt").write_text(constraints_text(lock))
+            constraints = ["--constraint", str(Path(scratch) / "constraints.txt")]
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-build-isolation", "--wheel-dir",
+                        str(dist), *constraints, str(checkout)], check=True)
     machine = platform.machine()
     for built in list(dist.glob("*.whl")):
         name, version, *_, python_tag, abi, platform_tag = built.stem.split("-")
@@ -94,16 +108,27 @@ def _requirement(name: str, version: str, hashes: list[str]) -> str:
     return f"{name}=={version}" + "".join(f" \\\n    --hash=sha256:{h}" for h in hashes) + "\n"
 
 
-def lock_text(dist: Path) -> str:
+def lock_text(dist: Path, lock: Path = LOCK) -> str:
     """containers/requirements.lock for the third-party wheels in `dist`: each version with the sha256 of each of
-    its wheels (one per Python for a compiled one)."""
+    its wheels (one per Python for a compiled one), and those `lock` has for the same version already (a compiled
+    wheel is per machine: the lock of an x86_64 host, relocked on an aarch64 one, then holds both)."""
+    try:
+        kept = _locked(lock.read_text())
+    except FileNotFoundError:
+        kept = {}
     lines = ["# The images' Python dependencies, each wheel by its sha256: containers/build.py refuses any other\n",
              "# wheel, and the images install with pip --require-hashes. Written by `containers/build.py --lock`\n",
              "# after a dependency changed: review what came, then commit it.\n"]
     for (name, version), wheels in _wheel_hashes(dist).items():
         if name != "slurm-ext":
-            lines.append(_requirement(name, version, sorted(h for _, h in wheels)))
+            hashes = {h for _, h in wheels} | kept.get((name, version), set())
+            lines.append(_requirement(name, version, sorted(hashes)))
     return "".join(lines)
+
+
+def constraints_text(lock: Path = LOCK) -> str:
+    """pip's constraints for `lock`: each locked project at its locked version (`name==version`), one a line."""
+    return "".join(f"{name}=={version}\n" for name, version in sorted(_locked(lock.read_text())))
 
 
 def _locked(text: str) -> dict[tuple[str, str], set[str]]:
@@ -131,7 +156,19 @@ def check_locked(dist: Path, lock: Path = LOCK) -> None:
                 raise SystemExit(f"containers/build.py: {dist / wheel} (sha256 {digest}) is not in {lock}: "
                                  f"{'that version is not' if (name, version) not in locked else 'its hash is not'} "
                                  f"the reviewed one. If the dependency changed on purpose, review it and run "
-                                 f"`containers/build.py --lock`; otherwise the index or mirror served another file")
+                                 f"`containers/build.py --lock`; otherwise the index or mirror served another file"
+                                 + _machine_note(wheel))
+
+
+def _machine_note(wheel: str) -> str:
+    """For a compiled wheel: the lock holds those of the machines whose build hosts wrote it, and how to add this
+    one's."""
+    platform_tag = wheel.removesuffix(".whl").split("-")[-1]
+    if platform_tag == "any":
+        return ""
+    return (f". A compiled wheel ({platform_tag}) is locked only for the machines whose build hosts ran --lock: on a "
+            f"build host of another machine ({platform.machine()} here, e.g. aarch64), run "
+            f"`containers/build.py --lock` there (it keeps the hashes the lock has), review and commit the lock")
 
 
 def write_requirements(dist: Path, lock: Path = LOCK) -> Path:
@@ -219,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.apt_release_max_age <= 3650:
         parser.error("--apt-release-max-age: expected 0 to 3650 days")
     dist = HERE / "dist"
-    wheel = build_wheels(dist)
+    wheel = build_wheels(dist, lock=LOCK if LOCK.exists() else None)
     log(f"wheel {wheel.name}")
     if args.lock:
         LOCK.write_text(lock_text(dist))

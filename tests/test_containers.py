@@ -170,6 +170,61 @@ def test_a_wheel_changed_on_its_way_is_refused_by_the_build_and_by_pip(wheels, t
         build.check_locked(dist)
 
 
+def _tiny_wheel(directory: Path, name: str, version: str, tag: str = "py3-none-any") -> Path:
+    """A real, minimal wheel of `name` `version` (metadata only), as an index would serve it."""
+    import zipfile
+    wheel = directory / f"{name}-{version}-{tag}.whl"
+    info = f"{name}-{version}.dist-info"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        archive.writestr(f"{info}/WHEEL", f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: {tag}\n")
+        archive.writestr(f"{info}/RECORD", f"{info}/METADATA,,\n{info}/WHEEL,,\n{info}/RECORD,,\n")
+    return wheel
+
+
+def test_the_constraints_build_py_gives_pip_name_exactly_the_locked_versions():
+    """Issue 28 review of 28.18: pip wheel resolved setup.cfg's unpinned requirements to the newest versions, which
+    the lock then refused: a clean clone's image build broke at any dependency's next release."""
+    locked = {f"{name}=={version}" for name, version in build._locked(build.LOCK.read_text())}
+    assert locked and build.constraints_text(build.LOCK).splitlines() == sorted(locked)
+
+
+def test_the_wheel_build_takes_the_locked_version_when_the_index_has_a_newer_one(tmp_path, monkeypatch):
+    """A real pip wheel of a checkout that requires `tinydep` unpinned, from an index that has 1.0 (locked) and 2.0
+    (released since): the build takes 1.0 and the lock check passes; before, pip took 2.0 and the build stopped."""
+    index = tmp_path / "index"
+    index.mkdir()
+    old = _tiny_wheel(index, "tinydep", "1.0")
+    _tiny_wheel(index, "tinydep", "2.0")
+    checkout = tmp_path / "slurm-ext"
+    checkout.mkdir()
+    (checkout / "setup.py").write_text("from setuptools import setup\n"
+                                       "setup(name='slurm-ext', version='0.0.1', install_requires=['tinydep'])\n")
+    lock = tmp_path / "requirements.lock"
+    lock.write_text(build._requirement("tinydep", "1.0", [build.hashlib.sha256(old.read_bytes()).hexdigest()]))
+    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
+    dist = tmp_path / "dist"
+    build.build_wheels(dist, checkout, lock)
+    assert sorted(wheel.name for wheel in dist.glob("tinydep-*")) == [old.name]
+    build.check_locked(dist, lock)
+
+
+def test_a_compiled_wheel_of_another_machine_is_refused_with_how_to_lock_it(tmp_path):
+    """The lock holds the compiled wheels (MarkupSafe's) of the machine that wrote it: a build host of another
+    machine is told to lock its own there, and --lock keeps the hashes the lock has for the same versions."""
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    [(name, version)] = [key for key in build._locked(build.LOCK.read_text()) if key[0] == "markupsafe"]
+    foreign = _tiny_wheel(dist, name, version, "cp311-cp311-manylinux_2_17_aarch64.manylinux2014_aarch64")
+    with pytest.raises(SystemExit, match=r"(?s)its hash is not.*aarch64.*`containers/build.py --lock` there"):
+        build.check_locked(dist)
+    relocked = build._locked(build.lock_text(dist))
+    assert relocked[(name, version)] == (build._locked(build.LOCK.read_text())[(name, version)]
+                                         | {build.hashlib.sha256(foreign.read_bytes()).hexdigest()})
+
+
 @pytest.mark.parametrize("base", ["debian:sid", "debian", "registry.example.com/debian:trixie",
                                   "debian@sha256:abc", "debian:sid@sha512:" + "a" * 128])
 def test_the_build_refuses_a_base_image_without_a_digest_before_it_builds_anything(base, tmp_path):
