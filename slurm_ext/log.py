@@ -33,12 +33,21 @@ def printable(text: str) -> str:
 
 
 class _PrivateFileHandler(logging.FileHandler):
-    """A FileHandler whose file, when it creates it, is 0640 (less under a stricter umask), as the node journal: the
-    log holds every event's fields (a script's output, a job's user and paths), and FileHandler's 0666 under the
-    usual umask 022 let every user of the node read them. A file that exists keeps its mode."""
+    """A FileHandler whose file is 0640 (less under a stricter umask), as the node journal: the log holds every
+    event's fields (a script's output, a job's user and paths), and FileHandler's 0666 under the usual umask 022 let
+    every user of the node read them. A file of ours that exists loses its group write and others' bits (one that an
+    earlier version made 0644 would stay world-readable after an upgrade); a stricter mode is kept. `tightened` is the
+    mode it had when this handler tightened it, for setup() to say so once."""
+
+    tightened: int | None = None
 
     def _open(self):  # logging's name: FileHandler opens its file here
         fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        status = os.fstat(fd)
+        mode = status.st_mode & 0o7777
+        if status.st_uid == os.geteuid() and mode & 0o027:
+            os.fchmod(fd, mode & ~0o027)
+            self.tightened = mode
         return open(fd, self.mode, encoding=self.encoding, errors=self.errors)
 
 
@@ -57,10 +66,13 @@ def setup(section: LogSection, component: str = "slurm-ext") -> logging.Logger:
     warning: losing the file must not stop a hook that slurmd is waiting on.
     """
     handler: logging.Handler
-    problem = None
+    problem = tightened = None
     if section.file:
         try:
             handler = _PrivateFileHandler(section.file)
+            if handler.tightened is not None:
+                tightened = (f"log.file {section.file} was readable by others ({oct(handler.tightened)}): now "
+                             f"{oct(handler.tightened & ~0o027)}, as the node journal (it holds every event's fields)")
         except OSError as err:
             handler = logging.StreamHandler(sys.stderr)
             problem = f"log.file {section.file}: {err.strerror}; logging to standard error"
@@ -75,4 +87,6 @@ def setup(section: LogSection, component: str = "slurm-ext") -> logging.Logger:
     logger = logging.getLogger(component)
     if problem:
         logger.warning(problem)
+    if tightened:
+        logger.warning(tightened)
     return logger

@@ -393,16 +393,23 @@ def _agent_logging_to(tmp_path: Path, log_file: Path) -> str:
     return log_file.read_text()
 
 
-def test_the_agents_log_file_is_created_0640_and_an_existing_ones_mode_is_kept(tmp_path):
+def test_the_agents_log_file_is_created_0640_and_an_existing_one_is_tightened_to_it(tmp_path):
     """log.file holds every event's fields, script output included, as the journal does: it was created 0644 under
     the usual umask, for any user of the node to read other users' jobs in it. Now 0640, like the journal; a file
-    that exists keeps its mode (an operator's 0600 is not loosened)."""
-    made, existing = tmp_path / "made.log", tmp_path / "existing.log"
+    that an earlier version made 0644 loses its group write and others' bits at the agent's start (said once in the
+    log), and an operator's 0600 is not loosened."""
+    made, loose, private = tmp_path / "made.log", tmp_path / "loose.log", tmp_path / "private.log"
     assert "supervisor INFO: probes and metrics on" in _agent_logging_to(tmp_path, made)
-    existing.write_text("")
-    existing.chmod(0o600)
-    assert "supervisor INFO: probes and metrics on" in _agent_logging_to(tmp_path, existing)
-    assert (oct(made.stat().st_mode & 0o777), oct(existing.stat().st_mode & 0o777)) == (oct(0o640), oct(0o600))
+    loose.write_text("")
+    loose.chmod(0o644)
+    logged = _agent_logging_to(tmp_path, loose)
+    assert "supervisor INFO: probes and metrics on" in logged
+    assert f"log.file {loose} was readable by others (0o644): now 0o640" in logged
+    private.write_text("")
+    private.chmod(0o600)
+    assert "was readable by others" not in _agent_logging_to(tmp_path, private)
+    assert [oct(path.stat().st_mode & 0o777) for path in (made, loose, private)] == [oct(0o640), oct(0o640),
+                                                                                   oct(0o600)]
     journal = tmp_path / "state" / "journal.jsonl"
     assert made.stat().st_mode & 0o777 == journal.stat().st_mode & 0o777  # as the journal
 
