@@ -45,7 +45,7 @@ from slurm_ext import fileio
 from slurm_ext.config import Config
 from slurm_ext.errors import CommandError, ConfigError, SlurmExtError
 
-from . import database, sqlclient
+from . import accounts, database, sqlclient
 from .backupkey import BackupKey, ensure_key, read_key
 from .dumpfile import (CHUNK, BackupError, Manifest, RowCounter, free_name, manifest_path_for, open_dump,
                        read_manifest, retain, rows_text, scan)
@@ -158,12 +158,30 @@ def backup(config: Config, to: Path | None = None, keep: int | None = None, *, e
         raise
 
 
-def _exists(config: Config, name: str, environ: dict[str, str]) -> bool:
-    """Whether the accounting server has database `name` (slurm-ext's own, made by MariaDB's start-up SQL)."""
+def _as_backup(config: Config, environ: dict[str, str]) -> tuple[AccountingSection, str]:
+    """accounting's settings as backups connect, and the password: backups' own read-only account where
+    accounting.backup_password_file is set (slurmdbd's account then has no right on slurm-ext's database),
+    else slurmdbd's (`accounts.login`).
+
+    Raises:
+        ConfigError: the password cannot be read or used (the message names the file).
+    """
     settings = config.accounting
+    user, secret = accounts.login(settings, "backup", environ, config.source or "<defaults>")
+    own_file = accounts.password_file_of(settings, "backup")
+    return dataclasses.replace(settings, db_user=user, password_file=own_file or settings.password_file), secret
+
+
+def _exists(config: Config, name: str, environ: dict[str, str]) -> bool:
+    """Whether the accounting server has database `name` (slurm-ext's own, made by MariaDB's start-up SQL).
+
+    Raises:
+        BackupError: backups have their own account, which the start-up SQL made with a right on `name`
+            (and made `name`), yet it cannot see it: its history would silently no longer be backed up.
+    """
+    settings, secret = _as_backup(config, environ)
     if not name or name == settings.database:
         return False
-    secret = database.password(settings, environ, config.source or "<defaults>")
     with sqlclient.option_file(settings, secret) as options:
         try:
             found = sqlclient.query(["mariadb", f"--defaults-file={options}"],
@@ -171,7 +189,15 @@ def _exists(config: Config, name: str, environ: dict[str, str]) -> bool:
                                     f"{sql_string(name)};")
         except CommandError as err:
             raise sqlclient.server_error(err.stderr or str(err), settings, f"looking for database {name}") from None
-    return any(row and row[0] == name for row in found)
+    if any(row and row[0] == name for row in found):
+        return True
+    if accounts.password_file_of(settings, "backup"):
+        raise BackupError(f"database {name} at {settings.db_host}:{settings.db_port}",
+                          f"user {settings.db_user!r} (accounting.backup_password_file) cannot see database {name}, "
+                          f"which the start-up SQL makes and lets it read: restart MariaDB with that SQL "
+                          f"(`slurm-ext accounting config`) or check accounting.own_database; the backup of "
+                          f"{settings.database} is kept")
+    return False
 
 
 def _backup(config: Config, directory: Path, keep: int, key: BackupKey, environ: dict[str, str], emit: Callable,
@@ -180,7 +206,7 @@ def _backup(config: Config, directory: Path, keep: int, key: BackupKey, environ:
     settings = config.accounting
     if keep < 1:
         raise BackupError(f"--keep {keep}", "keeping fewer than 1 backup would delete this one: give 1 or more")
-    secret = database.password(settings, environ, config.source or "<defaults>")
+    settings, secret = _as_backup(config, environ)
     cluster = _cluster(config)
     now = datetime.now(timezone.utc)
     prefix = (cluster or settings.database) + suffix
@@ -590,11 +616,10 @@ def _verify_from(source: Path, dump, manifest: Manifest, manifest_path: Path,
             db = manifest.database or "restored"
             scratch.sql(f"CREATE DATABASE {ident(db)};")
             try:
-                scratch.load(dump, db)
+                restored = scratch.load_limited(dump, db, found.definers)
             except CommandError as err:
                 problems.append(f"{source}: loading it into a scratch MariaDB failed: {sqlclient.error_line(err)}")
                 return problems, {}
-            restored = scratch.counts(db)
     counts = {}
     for table in sorted(set(expected) | set(restored)):
         counts[table] = (expected.get(table, 0), restored.get(table, 0))

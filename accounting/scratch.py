@@ -8,6 +8,7 @@ import contextlib
 import grp
 import os
 import pwd
+import secrets
 import shutil
 import signal
 import socket
@@ -25,9 +26,13 @@ from slurm_ext.errors import CommandError
 
 from . import sqlclient
 from .dumpfile import BackupError
+from .render import sql_string
 from .sqlclient import DUMP_TIMEOUT, QUERY_TIMEOUT
 
 __all__ = ["ScratchMariaDB", "scratch_mariadb"]
+
+#: the accounts mariadb-install-db makes, which a backup's program must not run as
+_BUILT_IN = frozenset({("root", "localhost"), ("mysql", "localhost"), ("mariadb.sys", "localhost")})
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +72,46 @@ class ScratchMariaDB:
         """SELECT COUNT(*) of every table of `database`."""
         return sqlclient.counts(self.client, database)
 
+    def load_limited(self, source: Path | BinaryIO, database: str, definers: frozenset[str],
+                     timeout: float = DUMP_TIMEOUT) -> dict[str, int]:
+        """Load a backup into `database` (which must exist) as an account that may use that database only, and
+        count its tables: SQL that slurm-ext did not write gets no root (no SET GLOBAL, no logs put elsewhere).
+
+        The accounts the backup's programs are defined by (`definers`) are made with rights on `database` only,
+        and the loader may create programs for them (SET USER); root and mysql, whom a program could otherwise
+        name, are dropped first, and the rest is done as an administrator of a random name. The server is
+        of no use for anything else afterwards.
+
+        Raises:
+            CommandError: the load failed (its stderr in the error).
+        """
+        admin, loader = f"slurm_ext_admin_{secrets.token_hex(6)}", "slurm_ext_loader"
+        admin_pw, loader_pw = secrets.token_hex(16), secrets.token_hex(16)
+        db = sqlclient.ident(database)
+        made = [f"CREATE USER '{admin}'@'localhost' IDENTIFIED BY '{admin_pw}'",
+                f"GRANT ALL ON *.* TO '{admin}'@'localhost' WITH GRANT OPTION",
+                f"CREATE USER '{loader}'@'localhost' IDENTIFIED BY '{loader_pw}'",
+                f"GRANT ALL ON {db}.* TO '{loader}'@'localhost'", f"GRANT SET USER ON *.* TO '{loader}'@'localhost'"]
+        for account in sorted(definers):
+            user, _, host = account.rpartition("@")
+            who = f"{sql_string(user)}@{sql_string(host)}"
+            if (user, host) not in _BUILT_IN:
+                made += [f"CREATE USER IF NOT EXISTS {who} ACCOUNT LOCK", f"GRANT ALL ON {db}.* TO {who}"]
+        self.sql("".join(f"{statement};\n" for statement in made))
+        admin_client = self._client_as(admin, admin_pw)
+        sqlclient.query(admin_client, "".join(f"DROP USER IF EXISTS {who};\n" for who in (
+            "'root'@'localhost'", "'mysql'@'localhost'", "''@'localhost'")))
+        sqlclient.load(self._client_as(loader, loader_pw), source, database, timeout)
+        return sqlclient.counts(admin_client, database)
+
+    def _client_as(self, user: str, password: str) -> list[str]:
+        """The mariadb client as `user` through the socket, its password in a 0600 option file."""
+        options = self.root / f"{user}.cnf"
+        fd = os.open(options, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"[client]\nuser={user}\npassword={password}\nsocket={self.socket}\n")
+        return ["mariadb", f"--defaults-file={options}"]
+
 
 @contextlib.contextmanager
 def scratch_mariadb(*, port: int | None = None, bind: str = "127.0.0.1", workdir: Path | None = None,
@@ -80,8 +125,8 @@ def scratch_mariadb(*, port: int | None = None, bind: str = "127.0.0.1", workdir
     no file statement: --secure-file-priv is an empty directory of root's that mysql cannot write (no
     SELECT ... INTO OUTFILE or LOAD_FILE elsewhere, nothing written there), --local-infile=0, no DATA
     DIRECTORY (--skip-symbolic-links), and the same empty directory as --plugin-dir (no INSTALL SONAME of
-    the audit plugin, whose log file could be put anywhere). Its root can still point the general or slow
-    query log at a file mysql may write: only an authenticated backup is loaded as root.
+    the audit plugin, whose log file could be put anywhere). Its root could still point the general or slow
+    query log at a file mysql may write: `load_limited` loads as an account that cannot.
 
     Raises:
         BackupError: MariaDB is not installed, or the server did not start (its log's end in the message).
