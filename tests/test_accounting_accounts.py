@@ -19,8 +19,10 @@ from pathlib import Path
 import pymysql
 import pytest
 
-from slurm_ext.accounting import accounts, render, scratch
+from slurm_ext.accounting import accounts, backups, render, scratch
+from slurm_ext.accounting.dumpfile import BackupError
 from slurm_ext.accounting.settings import AccountingSection
+from slurm_ext.config import Config, SlurmSection
 from slurm_ext.repair.store import _schema
 
 PASSWORDS = {"slurmdbd": "pw-slurmdbd-" + os.urandom(8).hex(), "repair": "pw-repair-" + os.urandom(8).hex(),
@@ -193,3 +195,32 @@ def test_the_page_opens_the_repair_store_as_its_own_account_and_makes_no_table(s
         page.close()
     finally:
         shutil.rmtree(workdir)
+
+
+def test_backups_connect_as_their_own_account_and_take_the_repair_history_too(server, tmp_path):
+    """Issue 28.7 (review): with every role's own account (as the Slinky manifests set them), slurmdbd's account
+    has no right on slurm-ext's database; `accounting backup` connects as backups' account
+    (backup_password_file), so the repair history is backed up beside the accounting database, not silently
+    left out. A database backups' account cannot see, though the start-up SQL made it, is an error."""
+    own = ("repair", "page", "backup")
+    _init(server, own)
+    files = {}
+    for role in ("slurmdbd", "backup"):
+        files[role] = tmp_path / f"{role}.password"
+        files[role].write_text(PASSWORDS[role] + "\n")
+        files[role].chmod(0o600)
+    settings = AccountingSection(db_host="127.0.0.1", db_port=server.port, cluster="acct",
+                                 password_file=str(files["slurmdbd"]), backup_password_file=str(files["backup"]),
+                                 repair_password_file="/run/secrets/repair", page_password_file="/run/secrets/page",
+                                 backup_key=str(tmp_path / "keys" / "backup.key"),
+                                 backup_dir=str(tmp_path / "backups"), volume=str(tmp_path / "volume"))
+    config = Config(accounting=settings, slurm=SlurmSection(conf=str(tmp_path / "no-slurm.conf")))
+    result = backups.backup(config, environ={})
+    assert result.own is not None, "slurm-ext's own database (the repair history) was not backed up"
+    assert "repair_records" in result.own.manifest.tables and "job_table" in result.manifest.tables
+    server.sql(f"REVOKE ALL PRIVILEGES ON `{settings.own_database}`.* FROM 'slurm_ext_backup'@'%';")
+    try:
+        with pytest.raises(BackupError, match=f"cannot see database {settings.own_database}"):
+            backups.backup(config, environ={})
+    finally:
+        _init(server, own)
