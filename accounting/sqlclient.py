@@ -13,7 +13,9 @@ BackupError that names the setting to fix. `Deadline` kills a streaming client p
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import re
 import signal
 import subprocess
 import tempfile
@@ -31,7 +33,8 @@ from .render import sql_string
 from .settings import PASSWORD_ENV, AccountingSection
 
 __all__ = ["CLIENT_SAFETY", "DUMP_TIMEOUT", "QUERY_TIMEOUT", "quote_option", "option_file", "server_error", "query",
-           "ident", "base_tables", "counts", "load", "error_line", "Deadline", "kill_group"]
+           "ident", "base_tables", "counts", "load", "error_line", "Deadline", "kill_group",
+           "SANDBOX_SINCE", "sandbox_problem", "require_sandbox"]
 
 #: longest a dump or a load may take before it is killed (a large database takes minutes, not hours)
 DUMP_TIMEOUT = 6 * 3600.0
@@ -44,6 +47,40 @@ CLIENT_SAFETY = ("--binary-mode", "--sandbox", "--local-infile=0")
 _UNREACHABLE = ("Can't connect", "Unknown server host", "Unknown MySQL server host", "Lost connection",
                 "Connection refused", "No route to host", "timed out", "Can't create TCP/IP socket")
 _DENIED = ("(using password:",)
+#: the first release of each series whose mariadb client has --sandbox; a series after the newest here has it
+SANDBOX_SINCE = {(10, 5): 25, (10, 6): 18, (10, 11): 8, (11, 0): 6, (11, 1): 5, (11, 2): 4, (11, 4): 2}
+_MARIADB_VERSION = re.compile(r"\b(\d+)\.(\d+)\.(\d+)-MariaDB")
+
+
+def sandbox_problem(version: str) -> str:
+    """Why the client that printed `version` (`mariadb --version`) lacks --sandbox, "" when it has it."""
+    found = _MARIADB_VERSION.search(version)
+    if found:
+        major, minor, patch = (int(part) for part in found.groups())
+        since = SANDBOX_SINCE.get((major, minor))
+        if since is not None and patch >= since or since is None and (major, minor) > max(SANDBOX_SINCE):
+            return ""
+    first = ", ".join(f"{major}.{minor}.{patch}" for (major, minor), patch in SANDBOX_SINCE.items())
+    return (f"the mariadb client is {found.group(0) if found else version.strip()[:80]!r}, which has no --sandbox "
+            f"(the option that keeps a backup's text from running commands of the client); it came in {first} "
+            f"and every later series: install a newer MariaDB client (Debian: mariadb-client)")
+
+
+@functools.cache
+def require_sandbox() -> None:
+    """Refuse, once per process, a mariadb client that has no --sandbox: every client here runs with it.
+
+    Raises:
+        BackupError: the client is missing or too old (the message names the minimum versions).
+    """
+    try:
+        version = command.run(["mariadb", "--version"], QUERY_TIMEOUT).stdout
+    except CommandError as err:
+        raise BackupError("mariadb", f"cannot run `mariadb --version`: {err}: install the MariaDB client "
+                          f"(Debian: mariadb-client)") from None
+    problem = sandbox_problem(version)
+    if problem:
+        raise BackupError("mariadb", problem)
 
 
 def quote_option(value: str) -> str:
@@ -110,6 +147,7 @@ def query(client: list[str], sql: str, timeout: float = QUERY_TIMEOUT,
     Raises:
         CommandError: the client failed (its stderr is in the error).
     """
+    require_sandbox()
     result = command.run([*client, *CLIENT_SAFETY, "--batch", "--skip-column-names",
                           *([database] if database else [])], timeout, input=sql)
     return [tuple(line.split("\t")) for line in result.stdout.splitlines()]
@@ -142,6 +180,7 @@ def load(client: list[str], source: Path | BinaryIO, db: str, timeout: float = D
     Raises:
         CommandError: the client failed (its stderr in the error), or ran past `timeout`.
     """
+    require_sandbox()
     cmd = [*client, *CLIENT_SAFETY, "--batch", "--max-allowed-packet=1G", db]
     opened = contextlib.nullcontext(source) if hasattr(source, "read") else open(source, "rb")
     with tempfile.TemporaryFile() as errors, opened as f:

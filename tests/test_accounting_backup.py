@@ -1173,3 +1173,33 @@ def test_a_dump_swapped_after_its_check_is_not_what_is_loaded(workdir, fresh, ma
     with pytest.raises(BackupError, match="symbolic link"):
         backups.restore(make_config(workdir, fresh, database="r_link"), link, environ={})
     assert "symbolic link" in backups.verify(link, key_path(workdir)).problems[0]
+
+
+@pytest.mark.parametrize("text, refused", [
+    ("mariadb  Ver 15.1 Distrib 10.11.19-MariaDB, for debian-linux-gnu (x86_64) using  EditLine wrapper", False),
+    ("mariadb  Ver 15.1 Distrib 10.11.7-MariaDB, for debian-linux-gnu (x86_64) using  EditLine wrapper", True),
+    ("mariadb  Ver 15.1 Distrib 10.5.25-MariaDB, for Linux (x86_64) using readline 5.1", False),
+    ("mariadb  Ver 15.1 Distrib 10.5.24-MariaDB, for Linux (x86_64) using readline 5.1", True),
+    ("mariadb  Ver 15.1 Distrib 10.6.18-MariaDB, for Linux (x86_64) using readline 5.1", False),
+    ("mariadb  Ver 15.1 Distrib 10.9.8-MariaDB, for Linux (x86_64) using readline 5.1", True),
+    ("mariadb from 11.4.2-MariaDB, client 15.2 for debian-linux-gnu (x86_64) using  EditLine wrapper", False),
+    ("mariadb from 11.4.1-MariaDB, client 15.2 for debian-linux-gnu (x86_64) using  EditLine wrapper", True),
+    ("mariadb from 11.8.3-MariaDB, client 15.2 for debian-linux-gnu (x86_64) using  EditLine wrapper", False),
+    ("mysql  Ver 8.0.36 for Linux on x86_64 (MySQL Community Server - GPL)", True),
+])
+def test_a_mariadb_client_without_sandbox_is_refused_naming_the_minimum(text, refused):
+    """Issue 28.1 (review): --sandbox exists in the mariadb client only since 10.5.25, 10.6.18, 10.11.8 (and
+    11.0.6, 11.1.5, 11.2.4, 11.4.2); an older client would reject the option (or a client without it would parse
+    `\\!`), so the version is checked and an older one named with the minimum."""
+    problem = sqlclient.sandbox_problem(text)
+    assert bool(problem) == refused, problem
+    if refused:
+        assert "10.11.8" in problem and "--sandbox" in problem
+
+
+def test_this_hosts_mariadb_client_has_sandbox():
+    """The check run on this host's real client: it passes, once, and the version it read is the client's."""
+    version = subprocess.run(["mariadb", "--version"], capture_output=True, text=True, check=True).stdout
+    sqlclient.require_sandbox.cache_clear()
+    sqlclient.require_sandbox()
+    assert sqlclient.sandbox_problem(version) == ""
