@@ -10,6 +10,7 @@ read or change it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import stat
@@ -75,6 +76,9 @@ def _check(path: str, info: os.stat_result) -> None:
 def ensure_key(path: str | os.PathLike, backup_dir: Path) -> BackupKey:
     """The key in `path`, made first (32 random bytes as hex, 0600, in a 0700 directory) when there is none.
 
+    A new key is written whole under a name of its own, then linked to `path`: two first backups at once make
+    one key, and neither reads it before it is complete (the one that loses the link reads the winner's).
+
     Raises:
         BackupError: the key lies in `backup_dir` (it would travel with the backups it authenticates), cannot be
             made, or is refused by read_key.
@@ -86,16 +90,23 @@ def ensure_key(path: str | os.PathLike, backup_dir: Path) -> BackupKey:
         raise BackupError(f"{path} (accounting.backup_key)", f"the backup key is inside the backup directory "
                           f"{backup_dir}: whoever can read the backups could sign their own. Keep it apart (on "
                           f"another volume), e.g. /etc/slurm-ext/backup.key")
+    if os.path.lexists(path):
+        return read_key(path)
+    new = path.with_name(f".{path.name}.{secrets.token_hex(4)}.new")
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fd = os.open(new, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, (secrets.token_hex(32) + "\n").encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.link(new, path)
     except FileExistsError:
-        return read_key(path)
+        pass  # another backup made it first: its key is whole, and the one both use
     except OSError as err:
         raise BackupError(f"{path} (accounting.backup_key)", f"cannot create the backup key: {err.strerror}") from None
-    try:
-        os.write(fd, (secrets.token_hex(32) + "\n").encode())
-        os.fsync(fd)
     finally:
-        os.close(fd)
+        with contextlib.suppress(OSError):  # never made, or linked: the name is spare
+            os.unlink(new)
     return read_key(path)

@@ -1203,3 +1203,30 @@ def test_this_hosts_mariadb_client_has_sandbox():
     sqlclient.require_sandbox.cache_clear()
     sqlclient.require_sandbox()
     assert sqlclient.sandbox_problem(version) == ""
+
+
+KEY_RACER = """
+import os, sys
+from pathlib import Path
+from slurm_ext.accounting import backupkey
+go = Path(sys.argv[2])
+while not go.exists():
+    pass
+print(backupkey.ensure_key(sys.argv[1], Path(sys.argv[3])).secret.hex())
+"""
+
+
+def test_two_first_backups_at_once_make_and_read_one_whole_key(tmp_path):
+    """Issue 28.1 (review): two first backups at once both make the key; neither reads it before it is whole
+    (the key is written under another name and linked into place), and both sign with the same key. Real
+    processes, released together, many times."""
+    for round in range(25):
+        key, go = tmp_path / f"keys-{round}" / "backup.key", tmp_path / f"go-{round}"
+        racers = [subprocess.Popen([sys.executable, "-c", KEY_RACER, str(key), str(go), str(tmp_path / "backups")],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+        time.sleep(0.3)
+        go.touch()
+        results = [racer.communicate(timeout=60) for racer in racers]
+        assert all(racer.returncode == 0 for racer in racers), [err for _, err in results]
+        assert len({out for out, _ in results}) == 1
+        assert [p.name for p in key.parent.iterdir()] == ["backup.key"]

@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import ipaddress
 import os
+import subprocess
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -1070,3 +1071,26 @@ def test_the_node_patch_policy_refuses_an_uncordon():
     assert _admitted(cordoned, {"spec": {"unschedulable": False}}) == ["the repair executor may cordon a node, "
                                                                       "never uncordon it"]
     assert _admitted(cordoned, {"spec": {"unschedulable": None}}) != []
+
+
+def test_the_backup_cronjob_verifies_both_of_the_nights_backups(tmp_path):
+    """Issue 28.1 (review): a night's backup is two dumps, the accounting database's and then slurm-ext's own
+    (the repair history, written second, so the newest file). The verify container's script, run for real
+    (on a directory of both, a stand-in `slurm-ext` that records its arguments), verifies each."""
+    cronjob = _doc("CronJob", "slurm-accounting-backup")
+    [verify] = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    assert verify["command"][:2] == ["sh", "-c"]
+    backups = tmp_path / "backups"
+    backups.mkdir()
+    accounting, own = backups / "slurm-20261201T000000Z.sql.gz", backups / "slurm-slurm_ext-20261201T000000Z.sql.gz"
+    for age, path in ((100, backups / "slurm-20261130T000000Z.sql.gz"), (10, accounting), (5, own)):
+        path.write_bytes(b"")
+        os.utime(path, (1_800_000_000 - age, 1_800_000_000 - age))
+    (tmp_path / "bin").mkdir()
+    stand_in = tmp_path / "bin" / "slurm-ext"
+    stand_in.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "calls"}\n')
+    stand_in.chmod(0o755)
+    script = verify["command"][2].replace("/backups", str(backups))
+    subprocess.run(["sh", "-c", script], env={"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin"}, check=True, timeout=30)
+    assert (tmp_path / "calls").read_text().splitlines() == [f"accounting verify {accounting}",
+                                                             f"accounting verify {own}"]
