@@ -112,8 +112,8 @@ class Manifest:
         manifest of another file."""
         if not self.hmac:
             raise BackupError(source, "the manifest carries no HMAC: nothing proves that slurm-ext wrote it (whoever "
-                              f"can write a dump can write its sha256 beside it). Refusing it; take a new backup "
-                              f"(`slurm-ext accounting backup`)")
+                              "can write a dump can write its sha256 beside it). Refusing it; take a new backup "
+                              "(`slurm-ext accounting backup`)")
         if not hmac.compare_digest(self.hmac.encode(), self.signed(key).hmac.encode()):
             raise BackupError(source, f"its HMAC does not match under the backup key {key.path} "
                               f"(accounting.backup_key): the manifest was changed or forged, or written under "

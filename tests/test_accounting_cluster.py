@@ -19,7 +19,6 @@ import time
 import urllib.request
 from dataclasses import replace
 from datetime import datetime
-from pathlib import Path
 
 import psutil
 import pytest

@@ -920,7 +920,7 @@ def test_the_kubelets_exec_probe_is_read_with_the_same_caps(tmp_path):
                            "no complete answer within 1s")):
         server = _Raw(respond)
         config = tmp_path / "slurm-ext.toml"
-        config.write_text(f'[supervisor]\nlisten = "127.0.0.1"\n')
+        config.write_text('[supervisor]\nlisten = "127.0.0.1"\n')
         try:
             started = time.monotonic()
             ok, text = probe(load(str(config)), "live", port=server.port, timeout=1.0)

@@ -107,3 +107,12 @@ def test_cli_runs_the_real_command_line_as_root_and_as_nobody(tmp_path):
     secret.chmod(0o600)
     code, stderr = cli_as_nobody("--config", str(secret), "health", "show")
     assert code != 0 and str(secret) in stderr  # nobody cannot read root's 0600 config, and is told which file
+
+
+def test_the_stand_in_agents_answer_each_node_by_name_and_one_journal_page():
+    from helpers.page import COMPONENTS, StandInAgents, journal_page
+    page = journal_page(5, 4)
+    assert [line.data["message"] for line in page.events] == ["event 5", "event 6", "event 7", "event 8"]
+    assert [line.data["component"] for line in page.events] == [COMPONENTS[i % 3] for i in range(5, 9)]
+    agents = StandInAgents(["a", "b"], page)
+    assert agents.health("b").node == "b" and agents.events("a") is page

@@ -34,6 +34,7 @@ from slurm_ext.web.settings import WebSection
 from slurm_ext.web.watch import Watcher, drain_owner, gpus_by_type
 
 from helpers.cli import cli
+from helpers.page import StandInAgents, journal_page
 from helpers.wait import wait_for
 
 TOKEN = "a" * 24
@@ -685,28 +686,6 @@ class _ManySlurm(_Slurm):
         return []
 
 
-class _ManyAgents:
-    """Every node's agent answering at once; its journal: `page` (the same events for every node, parsed once)."""
-
-    def __init__(self, page: EventsPage):
-        self.page = page
-        self.answers = {f"n{i}": HealthAnswer.of({**_sent(1.0), "node": f"n{i}"}) for i in range(_MANY_NODES)}
-
-    def health(self, node, addr="", timeout=None):
-        return self.answers[node]
-
-    def events(self, node, addr="", since=0.0, limit=None, timeout=None):
-        return self.page
-
-
-def _journal(start: int, count: int) -> EventsPage:
-    components = ("health", "supervisor", "prolog_epilog")
-    return EventsPage.of("n0", "boot-1", "\n".join(
-        json.dumps({"time": datetime.fromtimestamp(1_700_000_000 + i, timezone.utc).isoformat(), "event": "e",
-                    "component": components[i % 3], "message": f"event {i}", "severity": "info"})
-        for i in range(start, start + count)))
-
-
 def test_a_refresh_takes_every_agent_in_while_clients_loop_over_a_large_journal_cache(tmp_path):
     """The watcher held its lock while it merged every node's journal for each /api/timeline: eight clients asking
     for one node's timeline kept the agents' answers of a refresh out of it."""
@@ -716,7 +695,7 @@ def test_a_refresh_takes_every_agent_in_while_clients_loop_over_a_large_journal_
                     f'[repair]\nsqlite_file = "{tmp_path / "r.db"}"\n')
     loaded = config.load(path)
     store = open_sqlite(str(tmp_path / "r.db"))
-    agents = _ManyAgents(_journal(0, _EVENTS_EACH))
+    agents = StandInAgents([f"n{i}" for i in range(_MANY_NODES)], journal_page(0, _EVENTS_EACH), _sent(1.0))
     watcher = Watcher(loaded, _ManySlurm(), store, lambda url, timeout: (None, "refused"), agents)
     watcher.refresh()  # the cache: every node's 2,000 events
     server = create_server(create_app(loaded, watcher), host="127.0.0.1", port=0, threads=8)
@@ -742,7 +721,7 @@ def test_a_refresh_takes_every_agent_in_while_clients_loop_over_a_large_journal_
             for client in clients:
                 client.start()
             wait_for("every client answered once", lambda: len(answers) >= _LOOPING, 120, interval=0.05)
-            agents.page = _journal(_EVENTS_EACH, 1)  # one new event on every node
+            agents.page = journal_page(_EVENTS_EACH, 1)  # one new event on every node
             begun = time.monotonic()
             view = watcher.refresh()
             took = time.monotonic() - begun

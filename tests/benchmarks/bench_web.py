@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import http.client
-import json
 import os
 import shutil
 import statistics
@@ -31,11 +30,12 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: its helpers
 
 from bench_repair import counting, timed  # noqa: E402  (a benchmark beside this one)
+from helpers.page import StandInAgents, journal_page  # noqa: E402  (the page's tests' stand-ins)
 
 from slurm_ext import config, devcluster as dev  # noqa: E402
-from slurm_ext.agentapi import EventsPage, HealthAnswer  # noqa: E402
 from slurm_ext.slurm import Node  # noqa: E402
 from slurm_ext.devcluster.layout import Layout  # noqa: E402
 from slurm_ext.web.app import create_app  # noqa: E402
@@ -116,27 +116,6 @@ class _CacheSlurm:
         return {}
 
 
-class _CacheAgents:
-    """Every agent answering at once; each journal: `page` (the same events for every node, parsed once)."""
-
-    def __init__(self, count: int, page: EventsPage):
-        self.page = page
-        self.answers = {f"c{i}": HealthAnswer.of({"node": f"c{i}", "boot": "b", "time": 1.0}) for i in range(count)}
-
-    def health(self, node, addr="", timeout=None):
-        return self.answers[node]
-
-    def events(self, node, addr="", since=0.0, limit=None, timeout=None):
-        return self.page
-
-
-def _journal(start: int, count: int) -> EventsPage:
-    components = ("health", "supervisor", "prolog_epilog")
-    return EventsPage.of("c0", "b", "\n".join(json.dumps(
-        {"time": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(1_700_000_000 + i)), "event": "e",
-         "component": components[i % 3], "message": f"event {i}"}) for i in range(start, start + count)))
-
-
 def journal_cache(nodes: int, events: int, clients: int, state_dir: str) -> None:
     """The refresh over a journal cache of `nodes` x `events`, alone and while `clients` loop over one node's
     timeline: its time and the agents' answers it took in."""
@@ -148,12 +127,12 @@ def journal_cache(nodes: int, events: int, clients: int, state_dir: str) -> None
     loaded = config.load(path)
     from slurm_ext.repair.store import open_sqlite
     store = open_sqlite(f"{state_dir}/cache-repair.db")
-    agents = _CacheAgents(nodes, _journal(0, events))
+    agents = StandInAgents([f"c{i}" for i in range(nodes)], journal_page(0, events, node="c0"))
     watcher = Watcher(loaded, _CacheSlurm(nodes), store, lambda url, timeout: (None, "refused"), agents)
     watcher.refresh()
 
     def one_refresh(start: int) -> tuple[float, int]:
-        agents.page = _journal(start, 1)
+        agents.page = journal_page(start, 1, node="c0")
         begun = time.perf_counter()
         view = watcher.refresh()
         took = time.perf_counter() - begun
