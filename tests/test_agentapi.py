@@ -24,6 +24,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from helpers.agent import health_only_worker
 from helpers.wait import wait_for
 from slurm_ext import agentapi
 from slurm_ext.agentapi import AgentAnswerError, AgentClient, CredentialError, CredentialFile, create_credential
@@ -410,21 +411,8 @@ def test_a_job_cannot_make_the_health_monitor_read_the_node(agents, tmp_path, mo
         monkeypatch.setenv(name, value)
     credential = _credential(tmp_path)
     port = _free_port()
-    agent = agents(f"""\
-        ports = {{worker = {port}}}
-        # no Slurm here: gres.conf cannot be checked (`slurmd -G`); the workers start anyway
-        step_failure = {{"gres-regenerate" = "continue"}}
-        [supervisor.workers.slurmd]
-        roles = []
-        [supervisor.workers.hooks]
-        roles = []
-        [health]
-        interval = "1h"
-        kernel_log = ""
-        paths = ["{tmp_path}"]
-        interfaces = ["lo"]
-        """, role="worker", port=port, slurm=f'conf = "{tmp_path}/no-such-slurm.conf"',
-                   node=f'agent_credential = "{credential}"')
+    agent = agents(health_only_worker(port, tmp_path, "1h"), role="worker", port=port,
+                   slurm=f'conf = "{tmp_path}/no-such-slurm.conf"', node=f'agent_credential = "{credential}"')
     client = _client(credential, "testnode", port)
 
     def readings() -> float:

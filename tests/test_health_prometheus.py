@@ -28,6 +28,7 @@ import pytest
 
 from slurm_ext.devcluster import fakenvml
 
+from helpers.agent import health_only_worker
 from helpers.wait import wait_for
 
 PROMETHEUS = Path("/usr/bin/prometheus")
@@ -135,25 +136,12 @@ def worker_agent(prometheus_binary, fake_gpus, agents, tmp_path, monkeypatch):
     for name, value in fakenvml.environ(lib.parent, spec_path).items():
         monkeypatch.setenv(name, value)
     port = free_port(AGENT_PORTS)
-    agent = agents(f"""\
-        ports = {{worker = {port}}}
-        # no Slurm here: gres.conf cannot be checked (`slurmd -G`) nor the node drained; the workers start anyway
-        step_failure = {{"gres-regenerate" = "continue"}}
-        [supervisor.workers.slurmd]
-        roles = []
-        [supervisor.workers.hooks]
-        roles = []
-        [health]
-        interval = "1s"
-        kernel_log = ""
-        paths = ["{tmp_path}"]
-        interfaces = ["lo"]
-        """, role="worker", port=port, slurm=f'conf = "{tmp_path}/no-such-slurm.conf"')
+    agent = agents(health_only_worker(port, tmp_path, "1s"), role="worker", port=port,
+                   slurm=f'conf = "{tmp_path}/no-such-slurm.conf"')
     try:
         yield agent
     finally:
-        monitors = [int(pid) for pid in re.findall(r"worker health: \S+ -> running: started pid (\d+)",
-                                                   agent.text())]
+        monitors = [event["pid"] for event in agent.events("worker-state", worker="health", state="running")]
         if agent.proc.poll() is None:
             try:
                 agent.stop(20)

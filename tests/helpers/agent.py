@@ -114,3 +114,23 @@ class AgentProcess:
             return self.proc.wait(timeout)
         finally:
             self.out.close()
+
+
+def health_only_worker(port: int, tmp_path: Path, interval: str) -> str:
+    """The config of a worker-role agent on `port` whose only worker is the health monitor, polling every `interval`,
+    its disk check on `tmp_path` and its link check on lo. No Slurm here: gres.conf cannot be checked (`slurmd -G`)
+    nor the node drained; its start steps fail and the workers start anyway. Give the agent
+    `slurm=f'conf = "{tmp_path}/no-such-slurm.conf"'` too."""
+    return textwrap.dedent(f"""\
+        ports = {{worker = {port}}}
+        step_failure = {{"gres-regenerate" = "continue"}}
+        [supervisor.workers.slurmd]
+        roles = []
+        [supervisor.workers.hooks]
+        roles = []
+        [health]
+        interval = "{interval}"
+        kernel_log = ""
+        paths = ["{tmp_path}"]
+        interfaces = ["lo"]
+        """)
