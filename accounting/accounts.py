@@ -8,10 +8,14 @@
   SELECT on mysql.proc for the routines' bodies).
 
 A role has its own account where its password file is set ([accounting] repair_password_file,
-page_password_file, backup_password_file: the Slinky manifests set all three). A role without one
-connects as slurmdbd's account, which then holds that role's grants as well: one password for a dev
-cluster or a small site, as before. `init_statements` is the accounts' part of the start-up SQL, which
-takes back at every start what an account no longer needs; `login` is who a role connects as.
+page_password_file, backup_password_file: the Slinky manifests set all three), and wherever slurm-ext
+runs the database (accounting.run_database): there a role without a file of its own gets an account all
+the same, with slurmdbd's password (one password for a dev cluster or a small site), so that slurmdbd's
+account holds nothing of slurm-ext's and `accounting restore` may run the backup's SQL as it. Only on a
+server slurm-ext does not run does a role without a file connect as slurmdbd's account, which must then
+hold that role's grants as well (the site made the accounts). `init_statements` is the accounts' part of
+the start-up SQL, which takes back at every start what an account no longer needs; `login` is who a role
+connects as.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["ROLES", "OWN_USERS", "Account", "grants", "password_file_of", "accounts", "init_statements", "login"]
+__all__ = ["ROLES", "OWN_USERS", "Account", "grants", "password_file_of", "has_own_account", "accounts", "init_statements", "login"]
 
 #: the parts that connect to the database
 ROLES = ("slurmdbd", "repair", "page", "backup")
@@ -37,8 +41,8 @@ class Account:
 
     user: str
     roles: tuple[str, ...]
-    #: the file its password is read from; "" for slurmdbd's account: accounting.password_file or
-    #: $SLURM_EXT_DB_PASSWORD
+    #: the file its password is read from; "": slurmdbd's password (accounting.password_file or
+    #: $SLURM_EXT_DB_PASSWORD)
     password_file: str
 
 
@@ -62,9 +66,15 @@ def password_file_of(settings, role: str) -> str:
             "backup": settings.backup_password_file}[role]
 
 
+def has_own_account(settings, role: str) -> bool:
+    """Whether `role` connects as an account of its own: where its password file is set, or slurm-ext's start-up
+    SQL makes the accounts (run_database)."""
+    return role != "slurmdbd" and (settings.run_database or bool(password_file_of(settings, role)))
+
+
 def accounts(settings) -> list[Account]:
     """slurmdbd's account (with the grants of every role that has none of its own), then one per role that has."""
-    own = [role for role in ROLES[1:] if password_file_of(settings, role)]
+    own = [role for role in ROLES[1:] if has_own_account(settings, role)]
     shared = Account(settings.db_user, tuple(role for role in ROLES if role not in own), "")
     return [shared] + [Account(OWN_USERS[role], (role,), password_file_of(settings, role)) for role in own]
 
@@ -95,8 +105,9 @@ def init_statements(settings, passwords: dict[str, str], sql_string) -> list[str
 
 
 def login(settings, role: str, environ: dict[str, str], source: str = "<defaults>") -> tuple[str, str]:
-    """(user, password) that `role` connects with: its own account where its password file is set, else
-    slurmdbd's (accounting.db_user with accounting.password_file or $SLURM_EXT_DB_PASSWORD).
+    """(user, password) that `role` connects with: its own account where it has one (`has_own_account`), with
+    its password file's password or else slurmdbd's; otherwise slurmdbd's account (accounting.db_user with
+    accounting.password_file or $SLURM_EXT_DB_PASSWORD).
 
     Raises:
         ConfigError: the password cannot be read or used (the message names the file).
@@ -105,4 +116,5 @@ def login(settings, role: str, environ: dict[str, str], source: str = "<defaults
     own_file = password_file_of(settings, role)
     if own_file:  # read with every check slurmdbd's password gets
         return OWN_USERS[role], password(dataclasses.replace(settings, password_file=own_file), {}, source)
-    return settings.db_user, password(settings, environ, source)
+    user = OWN_USERS[role] if has_own_account(settings, role) else settings.db_user
+    return user, password(settings, environ, source)

@@ -158,17 +158,18 @@ def backup(config: Config, to: Path | None = None, keep: int | None = None, *, e
         raise
 
 
-def _as_backup(config: Config, environ: dict[str, str]) -> tuple[AccountingSection, str]:
-    """accounting's settings as backups connect, and the password: backups' own read-only account where
-    accounting.backup_password_file is set (slurmdbd's account then has no right on slurm-ext's database),
-    else slurmdbd's (`accounts.login`).
+def _connecting_as(config: Config, role: str, environ: dict[str, str]) -> tuple[AccountingSection, str]:
+    """accounting's settings as `role` connects (db_user and password_file: its own account's where it has one,
+    `accounts.login`), and the password. Backups read as their read-only account; a restore writes as the
+    account of the database it fills: slurmdbd's for the accounting database, the repair store's for
+    slurm-ext's own, each with rights on its own database only where slurm-ext made the accounts.
 
     Raises:
         ConfigError: the password cannot be read or used (the message names the file).
     """
     settings = config.accounting
-    user, secret = accounts.login(settings, "backup", environ, config.source or "<defaults>")
-    own_file = accounts.password_file_of(settings, "backup")
+    user, secret = accounts.login(settings, role, environ, config.source or "<defaults>")
+    own_file = accounts.password_file_of(settings, role)
     return dataclasses.replace(settings, db_user=user, password_file=own_file or settings.password_file), secret
 
 
@@ -179,7 +180,7 @@ def _exists(config: Config, name: str, environ: dict[str, str]) -> bool:
         BackupError: backups have their own account, which the start-up SQL made with a right on `name`
             (and made `name`), yet it cannot see it: its history would silently no longer be backed up.
     """
-    settings, secret = _as_backup(config, environ)
+    settings, secret = _connecting_as(config, "backup", environ)
     if not name or name == settings.database:
         return False
     with sqlclient.option_file(settings, secret) as options:
@@ -191,9 +192,9 @@ def _exists(config: Config, name: str, environ: dict[str, str]) -> bool:
             raise sqlclient.server_error(err.stderr or str(err), settings, f"looking for database {name}") from None
     if any(row and row[0] == name for row in found):
         return True
-    if accounts.password_file_of(settings, "backup"):
+    if accounts.has_own_account(settings, "backup"):
         raise BackupError(f"database {name} at {settings.db_host}:{settings.db_port}",
-                          f"user {settings.db_user!r} (accounting.backup_password_file) cannot see database {name}, "
+                          f"user {settings.db_user!r} (backups' own account) cannot see database {name}, "
                           f"which the start-up SQL makes and lets it read: restart MariaDB with that SQL "
                           f"(`slurm-ext accounting config`) or check accounting.own_database; the backup of "
                           f"{settings.database} is kept")
@@ -206,7 +207,7 @@ def _backup(config: Config, directory: Path, keep: int, key: BackupKey, environ:
     settings = config.accounting
     if keep < 1:
         raise BackupError(f"--keep {keep}", "keeping fewer than 1 backup would delete this one: give 1 or more")
-    settings, secret = _as_backup(config, environ)
+    settings, secret = _connecting_as(config, "backup", environ)
     cluster = _cluster(config)
     now = datetime.now(timezone.utc)
     prefix = (cluster or settings.database) + suffix
@@ -407,14 +408,16 @@ def _restore(config: Config, source: Path, environ: dict[str, str]) -> RestoreRe
     settings = config.accounting
     manifest_path = manifest_path_for(source)
     manifest = read_manifest(manifest_path, read_key(settings.backup_key), source)
-    if manifest.database == settings.own_database != settings.database:  # a backup of the repair history
+    history = manifest.database == settings.own_database != settings.database  # a backup of the repair history
+    settings, secret = _connecting_as(config, "repair" if history else "slurmdbd", environ)
+    if history:
         settings = dataclasses.replace(settings, database=settings.own_database)
     with open_dump(source) as dump:  # checked and loaded: one file, whatever is renamed over its path meanwhile
-        return _restore_from(config, settings, source, dump, manifest, environ, started)
+        return _restore_from(config, settings, secret, source, dump, manifest, started)
 
 
-def _restore_from(config: Config, settings: AccountingSection, source: Path, dump, manifest: Manifest,
-                  environ: dict[str, str], started: float) -> RestoreResult:
+def _restore_from(config: Config, settings: AccountingSection, secret: str, source: Path, dump, manifest: Manifest,
+                  started: float) -> RestoreResult:
     db = settings.database
     manifest_path = manifest_path_for(source)
     found = scan(source, manifest.text_size, dump)
@@ -427,7 +430,6 @@ def _restore_from(config: Config, settings: AccountingSection, source: Path, dum
         raise BackupError(source, f"the backup is of cluster {manifest.cluster!r}, this config's is {cluster!r}: "
                           f"two clusters must not share one database. Restore it with cluster "
                           f"{manifest.cluster!r}'s config, or fix accounting.cluster / ClusterName")
-    secret = database.password(settings, environ, config.source or "<defaults>")
     with sqlclient.option_file(settings, secret) as options:
         client = ["mariadb", f"--defaults-file={options}"]
         try:
@@ -526,10 +528,14 @@ UNION ALL SELECT CONCAT('role ', CURRENT_ROLE()), 'ROLE' FROM DUAL WHERE CURRENT
                           f"it may also write outside database {db} ({'; '.join(wide[:6])}"
                           f"{'; ...' if len(wide) > 6 else ''}), and a restore runs the backup's SQL with its rights "
                           f"(in slurm-ext's own database that could approve a repair). Restore as an account with "
-                          f"rights on {db} only, the one its routines are defined by (slurmdbd's StorageUser): "
-                          f"REVOKE what goes beyond for the restore (e.g. REVOKE ALL ON `{settings.own_database}`.* "
-                          f"FROM '{user}'@'{host}'), or give accounting.db_user and accounting.password_file of "
-                          f"such an account in the restore's config; nothing was changed")
+                          f"rights on {db} only, the one its routines are defined by (slurmdbd's StorageUser). "
+                          f"Where slurm-ext runs the database (accounting.run_database) its start-up SQL gives "
+                          f"each part its own account from MariaDB's next start (restart the accounting agent, or "
+                          f"run `slurm-ext accounting config` and restart mariadbd). On a server of your own, give the repair store and the page accounts "
+                          f"of their own (accounting.repair_password_file, page_password_file) and REVOKE what "
+                          f"goes beyond (e.g. REVOKE ALL ON `{settings.own_database}`.* FROM '{user}'@'{host}'), or "
+                          f"give accounting.db_user and accounting.password_file of such an account in the "
+                          f"restore's config; nothing was changed")
     return current
 
 

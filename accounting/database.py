@@ -180,7 +180,8 @@ def write_config(config: Config, environ: dict[str, str] | None = None, slurmdbd
         for account in accounts.accounts(settings)[1:]:
             [role] = account.roles
             _, own[role] = accounts.login(settings, role, environ, config.source or "<defaults>")
-            _refuse_weak(own[role], account.password_file)
+            if account.password_file:  # else slurmdbd's, checked above
+                _refuse_weak(own[role], account.password_file)
     conf = None
     if slurmdbd:
         values = _slurm_values(config)

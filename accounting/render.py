@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .accounts import OWN_USERS, init_statements
+from .accounts import OWN_USERS, accounts, init_statements
 from .settings import AccountingSection
 from .storage import MARKER_NAME
 
@@ -125,7 +125,8 @@ def init_sql(settings: AccountingSection, password: str, own_passwords: dict[str
     and the repair store's, the page's and backups' where they have their own) with the password of now (a
     rotated Secret takes effect at the next start, Slinky issue 44) and only its grants; all idempotent.
 
-    `own_passwords`: role -> password of each role whose own account accounts.accounts lists."""
-    passwords = {settings.db_user: password}
+    `password`: slurmdbd's, which every own account without a password file has too; `own_passwords`: role ->
+    password of each role with a password file of its own."""
+    passwords = {account.user: password for account in accounts(settings)}
     passwords.update({OWN_USERS[role]: secret for role, secret in (own_passwords or {}).items()})
     return "".join(f"{s};\n" for s in init_statements(settings, passwords, sql_string))

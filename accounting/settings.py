@@ -39,15 +39,17 @@ class AccountingSection:
                                  f"environment variable {PASSWORD_ENV}. Never on a command line", "path",
                                  empty_ok=True)
     repair_password_file: str = setting("", "file holding the password of the repair store's own account "
-                                        "(slurm_ext_repair: ALL on own_database only); empty: the repair store "
-                                        "connects as db_user, which then holds own_database too", "path",
+                                        "(slurm_ext_repair: ALL on own_database only); empty: slurmdbd's password, "
+                                        "or with a database slurm-ext does not run (run_database off), db_user, "
+                                        "which then holds own_database too", "path",
                                         empty_ok=True)
     page_password_file: str = setting("", "file holding the password of the page's own account (slurm_ext_page: "
-                                      "SELECT, INSERT, UPDATE on own_database only); empty: the page connects as "
-                                      "db_user, which then holds those grants too", "path", empty_ok=True)
+                                      "SELECT, INSERT, UPDATE on own_database only); empty: slurmdbd's password, "
+                                      "or without run_database db_user, which then holds those grants too", "path", empty_ok=True)
     backup_password_file: str = setting("", "file holding the password of backups' own account (slurm_ext_backup: "
                                         "SELECT, LOCK TABLES, SHOW VIEW, EVENT, TRIGGER on database and "
-                                        "own_database); empty: backups connect as db_user", "path", empty_ok=True)
+                                        "own_database); empty: slurmdbd's password, or without run_database "
+                                        "db_user", "path", empty_ok=True)
     memory: int = setting(0, "MiB of memory given to MariaDB: innodb_buffer_pool_size is half of it (at least "
                           "128); 0: the container's memory limit, else a quarter of the host's memory", "int",
                           minimum=0, maximum=16777216)

@@ -224,3 +224,42 @@ def test_backups_connect_as_their_own_account_and_take_the_repair_history_too(se
             backups.backup(config, environ={})
     finally:
         _init(server, own)
+
+
+def test_a_site_with_one_password_restores_as_slurmdbd_and_as_the_repair_store(server, tmp_path):
+    """Issue 28.1 (review): the dev cluster's and a small site's setup: slurm-ext runs MariaDB (run_database)
+    with one password and no account file of the parts' own. The start-up SQL gives the repair store, the page
+    and backups accounts of their own with slurmdbd's password, so slurmdbd's account writes nothing of
+    slurm-ext's: a backup restores as it into the accounting database, and the repair history restores as the
+    repair store's account into its own. Before, slurmdbd's account also held ALL on slurm-ext's database, and
+    every restore on such a site was refused."""
+    password_file = tmp_path / "slurmdbd.password"
+    password_file.write_text(PASSWORDS["slurmdbd"] + "\n")
+    password_file.chmod(0o600)
+    settings = AccountingSection(run_database=True, db_host="127.0.0.1", db_port=server.port, cluster="acct",
+                                 password_file=str(password_file), backup_key=str(tmp_path / "keys" / "backup.key"),
+                                 backup_dir=str(tmp_path / "backups"), volume=str(tmp_path / "volume"))
+    # databases of their own (the other tests' routines are defined by root)
+    server.sql(f"DROP DATABASE IF EXISTS {settings.database}; DROP DATABASE IF EXISTS {settings.own_database};")
+    server.sql(render.init_sql(settings, PASSWORDS["slurmdbd"]))
+    server.sql(REPAIR_TABLES, settings.own_database)
+    server.sql("CREATE TABLE job_table (id_job INT PRIMARY KEY); INSERT INTO job_table VALUES (1), (2), (3);",
+               settings.database)
+    slurmdbd = pymysql.connect(host="127.0.0.1", port=server.port, user="slurm", password=PASSWORDS["slurmdbd"],
+                               autocommit=True)
+    assert not _may(slurmdbd, APPROVE)
+    slurmdbd.close()
+    repair = pymysql.connect(host="127.0.0.1", port=server.port, user=accounts.OWN_USERS["repair"],
+                             password=PASSWORDS["slurmdbd"], autocommit=True)
+    assert _may(repair, "DELETE FROM slurm_ext.repair_records") and _may(repair, APPROVE)
+    repair.close()
+
+    config = Config(accounting=settings, slurm=SlurmSection(conf=str(tmp_path / "no-slurm.conf")))
+    made = backups.backup(config, environ={})
+    assert made.own is not None and made.own.manifest.tables["repair_records"] == 1
+    server.sql(f"DROP DATABASE {settings.database}; DROP DATABASE {settings.own_database};")
+    restored = backups.restore(config, made.path, environ={})
+    assert restored.database == settings.database and restored.tables["job_table"] == 3
+    history = backups.restore(config, made.own.path, environ={})
+    assert history.database == settings.own_database and history.tables["repair_records"] == 1
+    assert server.sql("SELECT node, state FROM repair_records", settings.own_database) == [("n1", "approved")]
