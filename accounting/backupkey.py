@@ -17,6 +17,8 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slurm_ext.secretfile import SecretFileError, read_secret
+
 from .dumpfile import BackupError
 
 __all__ = ["MIN_KEY_BYTES", "BackupKey", "read_key", "ensure_key"]
@@ -41,36 +43,35 @@ def read_key(path: str | os.PathLike) -> BackupKey:
     """
     path = str(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise BackupError(f"{path} (accounting.backup_key)", "no backup key: verify and restore need the key the "
-                          "backup was made with (copy it from the host that made it, to a path off the backup "
-                          "volume, root's, mode 0600, and point accounting.backup_key at it)") from None
-    except OSError as err:
-        raise BackupError(f"{path} (accounting.backup_key)", f"cannot read the backup key: {err.strerror}") from None
-    try:
-        info = os.fstat(fd)
-        _check(path, info)
-        text = os.read(fd, _MAX_KEY_BYTES + 1)
-    finally:
-        os.close(fd)
+        text = read_secret(path, max_bytes=_MAX_KEY_BYTES, follow_link=True).content  # a Secret mount is a link
+    except SecretFileError as err:
+        raise BackupError(f"{path} (accounting.backup_key)", _key_problem(err)) from None
     secret = text.strip()
-    if len(text) > _MAX_KEY_BYTES or len(secret) < MIN_KEY_BYTES:
+    if len(secret) < MIN_KEY_BYTES:
         raise BackupError(f"{path} (accounting.backup_key)", f"{len(secret)} bytes: not a backup key (expected "
                           f"{MIN_KEY_BYTES} to {_MAX_KEY_BYTES}; a new one: remove the file and take a backup)")
     return BackupKey(path, secret)
 
 
-def _check(path: str, info: os.stat_result) -> None:
-    where = f"{path} (accounting.backup_key)"
-    if not stat.S_ISREG(info.st_mode):
-        raise BackupError(where, "not a regular file")
-    if info.st_uid not in (0, os.geteuid()):
-        raise BackupError(where, f"owned by uid {info.st_uid} (expected root: chown root:root {path}): whoever owns "
-                          f"it can sign backups")
-    if info.st_mode & 0o077:
-        raise BackupError(where, f"mode {stat.S_IMODE(info.st_mode):04o} lets others read or change it (expected "
-                          f"0600 or 0400: chmod 600 {path}): whoever reads it can sign a backup of their own")
+def _key_problem(err: SecretFileError) -> str:
+    """read_secret's refusal in the backup key's words, with what to do."""
+    path, info = err.path, err.info
+    if err.kind == "missing":
+        return ("no backup key: verify and restore need the key the backup was made with (copy it from the host "
+                "that made it, to a path off the backup volume, root's, mode 0600, and point accounting.backup_key "
+                "at it)")
+    if err.kind == "owner":
+        return (f"owned by uid {info.st_uid} (expected root: chown root:root {path}): whoever owns it can sign "
+                "backups")
+    if err.kind == "mode":
+        return (f"mode {stat.S_IMODE(info.st_mode):04o} lets others read or change it (expected 0600 or 0400: "
+                f"chmod 600 {path}): whoever reads it can sign a backup of their own")
+    if err.kind == "size":
+        return (f"more than {_MAX_KEY_BYTES} bytes: not a backup key (expected {MIN_KEY_BYTES} to {_MAX_KEY_BYTES}; "
+                "a new one: remove the file and take a backup)")
+    if err.kind == "not-regular":
+        return "not a regular file"
+    return f"cannot read the backup key: {err.problem}"
 
 
 def ensure_key(path: str | os.PathLike, backup_dir: Path) -> BackupKey:

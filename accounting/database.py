@@ -24,6 +24,7 @@ from pathlib import Path
 from slurm_ext import command, fileio
 from slurm_ext.config import Config
 from slurm_ext.errors import CommandError, ConfigError, SlurmExtError
+from slurm_ext.secretfile import SecretFileError, read_secret
 from slurm_ext.slurm import SlurmClient
 from slurm_ext.weaksecret import weakness
 
@@ -97,27 +98,31 @@ def _read_secret_file(path: str) -> str:
     Raises:
         ConfigError: naming the file, its owner and its mode.
     """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as err:
-        raise ConfigError(path, f"cannot read the database password: {err.strerror}") from None
-    with os.fdopen(fd, "rb") as file:
-        info = os.fstat(fd)
-        mode = stat.S_IMODE(info.st_mode)
-        owner = _user_name(info.st_uid)
-        if not stat.S_ISREG(info.st_mode):
-            raise ConfigError(path, "the database password file is not a regular file")
-        if info.st_uid not in (0, os.geteuid()):
-            raise ConfigError(path, f"the database password file is owned by {owner} (mode {mode:04o}): expected "
-                              f"root (or the user slurm-ext runs as), who alone may set it: chown root {path}")
-        if mode & 0o077:
-            raise ConfigError(path, f"the database password file (owner {owner}, mode {mode:04o}) may be read or "
-                              f"changed by others: chmod 600 {path} (Kubernetes: the Secret's defaultMode 0400)")
-        data = file.read(65536)
+    try:  # a Kubernetes Secret's mount is a link into its ..data folder
+        data = read_secret(path, max_bytes=65536, follow_link=True).content
+    except SecretFileError as err:
+        raise ConfigError(path, _password_file_problem(err)) from None
     try:
         return data.decode().strip("\r\n")
     except UnicodeDecodeError:
         raise ConfigError(path, "the database password is not text (UTF-8)") from None
+
+
+def _password_file_problem(err: SecretFileError) -> str:
+    """read_secret's refusal in the password file's words, with what to do."""
+    path, info = err.path, err.info
+    if info is None:
+        return f"cannot read the database password: {err.problem}"
+    mode, owner = stat.S_IMODE(info.st_mode), _user_name(info.st_uid)
+    if err.kind == "owner":
+        return (f"the database password file is owned by {owner} (mode {mode:04o}): expected root (or the user "
+                f"slurm-ext runs as), who alone may set it: chown root {path}")
+    if err.kind == "mode":
+        return (f"the database password file (owner {owner}, mode {mode:04o}) may be read or changed by others: "
+                f"chmod 600 {path} (Kubernetes: the Secret's defaultMode 0400)")
+    if err.kind == "not-regular":
+        return "the database password file is not a regular file"
+    return f"the database password file: {err.problem}"
 
 
 def _user_name(uid: int) -> str:

@@ -49,6 +49,7 @@ from datetime import datetime
 from pathlib import Path
 
 from .errors import SlurmExtError
+from .secretfile import SecretFileError, read_secret
 
 __all__ = ["DEFAULT_CREDENTIAL", "Credential", "CredentialError", "CredentialFile", "create_credential",
            "AgentAnswerError", "GpuReading", "InterfaceReading", "FactsReading", "Readings", "HealthAnswer",
@@ -117,54 +118,40 @@ class Credential:
 def _read_credential(path: str) -> tuple[Credential, tuple]:
     """The credential of `path` and the file's identity (device, inode, size, mtime) it was read at."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise CredentialError(path, "no such file: create it on every node and on the controller (`slurm-ext dev "
-                                    "up` does for the dev cluster; in Slinky, the agent-credential Secret mounted "
-                                    "into every pod), see docs/operator/agent-credential.md") from None
-    except OSError as err:
-        raise CredentialError(path, f"cannot be read: {err.strerror} (it is root's: read it as root)") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise CredentialError(path, "not a regular file")
-        if info.st_mode & 0o077:
-            raise CredentialError(path, f"mode {stat.S_IMODE(info.st_mode):04o} lets others read it "
-                                        "(expected 0600 or 0400, owned by root: chmod 600)")
-        if info.st_uid not in (0, os.geteuid()):
-            raise CredentialError(path, f"owned by uid {info.st_uid} (expected root, uid 0: chown root:root "
-                                        f"{path}): whoever owns it can change it, and pass for an agent")
-        _check_directories(path)
-        text = os.read(fd, _MAX_SECRET + 1)
-    finally:
-        os.close(fd)
-    secret = text.strip()
-    if len(text) > _MAX_SECRET:
-        raise CredentialError(path, f"longer than {_MAX_SECRET} bytes: not a credential")
+        found = read_secret(path, max_bytes=_MAX_SECRET, check_folders=True, follow_link=True)
+    except SecretFileError as err:
+        raise CredentialError(path, _credential_problem(err)) from None
+    secret = found.content.strip()
     if len(secret) < _MIN_SECRET:
         raise CredentialError(path, f"{len(secret)} bytes (expected at least {_MIN_SECRET}: "
                                     "`openssl rand -hex 32`)")
+    info = found.info
     return Credential(path, secret), (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
 
 
-def _check_directories(path: str) -> None:
-    """Refuse a credential whose folder (the one named, and the real one behind a link) others can change: who can
-    write a folder can put a file of their own in the credential's place.
-
-    A sticky folder owned by root (Kubernetes mounts a Secret's tmpfs 1777) is taken: there only a file's owner can
-    replace it, and the file itself must be root's."""
-    for directory in dict.fromkeys((os.path.dirname(os.path.abspath(path)),
-                                    os.path.dirname(os.path.realpath(path)))):
-        try:
-            info = os.stat(directory)
-        except OSError as err:
-            raise CredentialError(path, f"its folder {directory} cannot be read: {err.strerror}") from None
-        sticky_roots = info.st_mode & stat.S_ISVTX and info.st_uid == 0
-        if info.st_uid not in (0, os.geteuid()) or info.st_mode & 0o022 and not sticky_roots:
-            raise CredentialError(path, f"its folder {directory} (mode {stat.S_IMODE(info.st_mode):04o}, uid "
-                                        f"{info.st_uid}) can be changed by others, who could put their own file in "
-                                        f"its place (expected a folder of root's that only root writes: chown root "
-                                        f"{directory}; chmod go-w {directory})")
+def _credential_problem(err: SecretFileError) -> str:
+    """read_secret's refusal in the credential's words, with what to do."""
+    path, info = err.path, err.info
+    if err.kind == "missing":
+        return ("no such file: create it on every node and on the controller (`slurm-ext dev up` does for the dev "
+                "cluster; in Slinky, the agent-credential Secret mounted into every pod), see "
+                "docs/operator/agent-credential.md")
+    if err.kind == "unreadable":
+        return f"cannot be read: {err.problem} (it is root's: read it as root)"
+    if err.kind == "mode":
+        return (f"mode {stat.S_IMODE(info.st_mode):04o} lets others read it (expected 0600 or 0400, owned by root: "
+                "chmod 600)")
+    if err.kind == "owner":
+        return (f"owned by uid {info.st_uid} (expected root, uid 0: chown root:root {path}): whoever owns it can "
+                "change it, and pass for an agent")
+    if err.kind == "size":
+        return f"longer than {_MAX_SECRET} bytes: not a credential"
+    if err.kind == "folder":
+        if "cannot be read" in err.problem:
+            return err.problem
+        return (f"{err.problem}, who could put their own file in its place (expected a folder of root's that only "
+                f"root writes: chown root {err.folder}; chmod go-w {err.folder})")
+    return err.problem
 
 
 class CredentialFile:

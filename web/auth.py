@@ -105,7 +105,7 @@ class Tokens:
 
     def __init__(self, path: str):
         self.path = path
-        self._file = SecretFile(path, "web.token_file") if path else None
+        self._file = SecretFile(path, "web.token_file", group_may_read=True) if path else None
         self._lock = threading.Lock()
         self._content: bytes | None = None
         self._hashes: dict[bytes, str] = {}

@@ -1,24 +1,20 @@
-"""A file of root's that holds a secret of the page (the operators' token hashes, the proxy's shared secret):
-`SecretFile`, read again whenever it changes.
+"""A secret file of the page (the operators' token hashes, the proxy's shared secret): `SecretFile`, read again
+whenever it changes.
 
-The file is opened without following a link (O_NOFOLLOW: a link planted in its place is refused, never followed
-to a file of someone else's choosing), and its owner and mode are checked on the descriptor it is read from (fstat),
-so the file checked is the file read. It must be a regular file of root's that no one else may read or write.
+Opening and checking is slurm_ext.secretfile's (never through a link, checked on the descriptor read from: a
+regular file of root's, or of the page's own user for the copies the agent makes for it, that others may not
+read); what is the page's here is the setting that names the file, the advice, and the change watching.
 """
 
 from __future__ import annotations
 
-import errno
-import os
 import stat
 import threading
 
 from slurm_ext.errors import SlurmExtError
+from slurm_ext.secretfile import SecretFileError as _Refused, read_secret
 
 __all__ = ["SecretFile", "SecretFileError"]
-
-#: the most bytes read from one (a token file of a few hundred operators)
-MAX_BYTES = 1 << 20
 
 
 class SecretFileError(SlurmExtError):
@@ -31,53 +27,35 @@ class SecretFileError(SlurmExtError):
 
 
 class SecretFile:
-    """The content of the file `path` (the setting `key` names it), read again when its identity changes."""
+    """The content of the file `path` (the setting `key` names it), read again when its identity changes.
+    `group_may_read`: its group may read it too (the token file of hashes, root:slurm-ext-web 0640)."""
 
-    def __init__(self, path: str, key: str):
-        self.path, self.key = path, key
+    def __init__(self, path: str, key: str, group_may_read: bool = False):
+        self.path, self.key, self.group_may_read = path, key, group_may_read
         self._lock = threading.Lock()
         self._seen: tuple | None = None
         self._content = b""
 
     def read(self) -> bytes:
-        """The file's content now.
+        """The file's content now (the very same bytes object while it is unchanged).
 
         Raises:
-            SecretFileError: missing, a link, not a regular file, not root's, readable or writable by others, or
-                larger than MAX_BYTES.
+            SecretFileError: missing, a link, not a regular file, not root's (nor this user's), readable or
+                writable by others, or larger than slurm_ext.secretfile.DEFAULT_MAX_BYTES.
         """
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError as err:
-            if err.errno == errno.ELOOP:
-                raise SecretFileError(self.key, self.path, "is a symbolic link: refused (put the file itself "
-                                                           "there)") from None
-            raise SecretFileError(self.key, self.path, err.strerror or str(err)) from None
-        try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise SecretFileError(self.key, self.path, "not a regular file")
-            if info.st_uid != 0 or info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-                raise SecretFileError(self.key, self.path, f"owned by uid {info.st_uid} with mode "
-                                      f"{stat.S_IMODE(info.st_mode):04o}; it must be root's and readable by no one "
-                                      f"else (chown root:root {self.path}; chmod 600 {self.path})")
-            if info.st_size > MAX_BYTES:
-                raise SecretFileError(self.key, self.path, f"{info.st_size} bytes (expected at most {MAX_BYTES})")
-            identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
-            with self._lock:
-                if identity != self._seen:
-                    self._content, self._seen = _read_all(fd, info.st_size), identity
-                return self._content
-        finally:
-            os.close(fd)
+            found = read_secret(self.path, group_may_read=self.group_may_read)
+        except _Refused as err:
+            raise SecretFileError(self.key, self.path, self._advice(err)) from None
+        with self._lock:
+            if found.identity != self._seen:
+                self._content, self._seen = found.content, found.identity
+            return self._content
 
-
-def _read_all(fd: int, size: int) -> bytes:
-    parts, left = [], size
-    while left > 0:
-        part = os.read(fd, left)
-        if not part:
-            break
-        parts.append(part)
-        left -= len(part)
-    return b"".join(parts)
+    def _advice(self, err: _Refused) -> str:
+        if err.kind not in ("owner", "mode"):
+            return err.problem
+        info, chmod = err.info, "chmod 640" if self.group_may_read else "chmod 600"
+        return (f"owned by uid {info.st_uid} with mode {stat.S_IMODE(info.st_mode):04o}; it must be root's and "
+                f"readable by no one else{' but its group' if self.group_may_read else ''} (chown root {self.path}; "
+                f"{chmod} {self.path})")
