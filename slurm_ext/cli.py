@@ -17,7 +17,10 @@ from pathlib import Path
 from . import __version__, config
 from .errors import SlurmExtError
 
-__all__ = ["main"]
+__all__ = ["main", "GLOBAL_OPTIONS"]
+
+#: the dests of the options every command takes, before or after its name
+GLOBAL_OPTIONS = ("config", "verbose")
 
 #: The components with commands, in `--help` order after the core's own (config, events).
 #: Each has a `cli` module whose `add_commands(commands)` adds its subcommands; the core names
@@ -53,6 +56,11 @@ def _events(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"slurm-ext: error: {err}", file=sys.stderr)
         return 2
+    for name in args.component or ():
+        if name not in _components():
+            print(f"slurm-ext: error: --component {name}: not a component (one of {', '.join(_components())})",
+                  file=sys.stderr)
+            return 2
     for name in args.event or ():
         if name not in CATALOGUE:
             print(f"slurm-ext: warning: --event {name}: not an event of this slurm-ext (docs/reference/events.md "
@@ -85,11 +93,13 @@ def _events(args: argparse.Namespace) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="slurm-ext",
-        description="Self-healing for Slurm GPU nodes: node agent, job cleanup, GRES from NVML, accounting.")
+        description="Self-healing for Slurm GPU nodes: the node agent (slurmd and the daemons kept running), job "
+                    "cleanup and lifecycle scripts, GRES from NVML, durable accounting, passive health checks, "
+                    "repair approved by an operator with one history, the cluster page, and a dev cluster on "
+                    "this host.")
     parser.add_argument("--version", action="version", version=f"slurm-ext {__version__}")
-    parser.add_argument("--config", metavar="FILE",
-                        help=f"config file (default: ${config.ENV_VAR} or {config.DEFAULT_PATH})")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log debug lines")
+    _global_options(parser, argparse.SUPPRESS)
+    parser.set_defaults(config=None, verbose=False)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     cfg = commands.add_parser("config", help="check or show the configuration")
@@ -106,10 +116,10 @@ def _parser() -> argparse.ArgumentParser:
         description="Print the events of <node.state_dir>/journal.jsonl and its rotated files (.3 .2 .1), oldest "
                     "first, as `time severity component: event: message`. docs/reference/events.md says what "
                     "each one means. Lines that are not events are skipped with a warning.")
-    evs.add_argument("--since", metavar="T", help="only events from T on: a duration back from now (30s, 10m, 2h, 1d) "
-                     "or an ISO time (2025-01-31T14:00, local time without an offset)")
+    evs.add_argument("--since", metavar="T", help="only events from T on: a duration back from now (30s, 10m, 2h, 1d, "
+                     "1w) or an ISO time (2025-01-31T14:00, local time without an offset)")
     evs.add_argument("--component", action="append", metavar="C",
-                     help="only events of this component (supervisor, nodestate, prolog_epilog, gres); repeatable")
+                     help=f"only events of this component ({', '.join(_components())}); repeatable")
     evs.add_argument("--event", action="append", metavar="NAME", help="only events of this name; repeatable")
     evs.add_argument("--severity", choices=SEVERITIES, help="only events at least this severe")
     evs.add_argument("--json", action="store_true", help="print the journal lines as written, one JSON object each")
@@ -120,7 +130,32 @@ def _parser() -> argparse.ArgumentParser:
 
     for component in _COMMAND_OWNERS:
         importlib.import_module(f"slurm_ext.{component}.cli").add_commands(commands)
+    for command in _commands(parser):
+        _global_options(command, argparse.SUPPRESS)
     return parser
+
+
+def _global_options(parser: argparse.ArgumentParser, default) -> None:
+    """--config and -v, taken before a command and after it (`slurm-ext events --config FILE`): where not
+    given (SUPPRESS) the other place's value stays."""
+    parser.add_argument("--config", metavar="FILE", default=default,
+                        help=f"config file (default: ${config.ENV_VAR} or {config.DEFAULT_PATH})")
+    parser.add_argument("-v", "--verbose", action="store_true", default=default, help="log debug lines")
+
+
+def _commands(parser: argparse.ArgumentParser):
+    """Every parser under `parser`'s commands, at any depth (`dev up`, `web tokens add`)."""
+    for action in parser._actions:  # argparse keeps no public list of its subparsers
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):  # an alias is the same parser again
+                yield sub
+                yield from _commands(sub)
+
+
+def _components() -> list[str]:
+    """The components that write journal events, from the catalogue."""
+    from .eventnames import CATALOGUE
+    return sorted({component for entry in CATALOGUE.values() for component in entry.components})
 
 
 def _node_environment(args: argparse.Namespace, argv: list[str]) -> None:

@@ -45,11 +45,14 @@ def _usage_of(action: argparse.Action) -> str:
     return ", ".join(f"{option} {metavar}" for option in action.option_strings)
 
 
-def _arguments(parser: argparse.ArgumentParser) -> list[str]:
+def _arguments(parser: argparse.ArgumentParser, top: bool) -> list[str]:
+    """The rows of `parser`'s arguments; the global options (--config, -v) only at the top, once."""
     formatter = parser._get_formatter()
     rows = []
     for action in parser._actions:
         if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)) or action.help == argparse.SUPPRESS:
+            continue
+        if not top and action.dest in cli.GLOBAL_OPTIONS:
             continue
         text = formatter._expand_help(action) if action.help else ""
         text = markdown_text(" ".join(text.split()))
@@ -62,7 +65,7 @@ def _command(out: list[str], words: list[str], summary: str, parser: argparse.Ar
     description = " ".join((parser.description or summary or "").split())
     if description:
         out += [markdown_text(description), ""]
-    out += _arguments(parser)
+    out += _arguments(parser, top=depth == 2)
     for name, help_text, sub in _subcommands(parser):
         _command(out, [*words, name], help_text, sub, depth + 1)
 
@@ -74,8 +77,8 @@ def reference() -> str:
            "commands); do not edit: change the parser's help and run the command again -->", "",
            "One command, `slurm-ext`, with one subcommand per task. Errors an operator can fix (a bad config, a",
            "missing package, a port taken) print one line and exit non-zero (2 for a bad config or bad usage); a",
-           "traceback means a bug in slurm-ext. Each component's page under [`docs/operator/`](../operator/)",
-           "tells when to use its commands.", ""]
+           "traceback means a bug in slurm-ext. `--config` and `-v` are taken before or after any command. Each",
+           "component's page under [`docs/operator/`](../operator/) tells when to use its commands.", ""]
     _command(out, ["slurm-ext"], "", cli._parser(), 2)  # the very parser `slurm-ext` parses with
     return "\n".join(out).rstrip("\n") + "\n"
 

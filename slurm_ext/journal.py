@@ -107,7 +107,7 @@ BadLineHandler = Callable[[Path, int, str], None]
 
 
 def parse_since(text: str, now: datetime | None = None) -> datetime:
-    """The time `--since` names: a duration back from `now` (10m, 2h, 1d) or an ISO time.
+    """The time `--since` names: a duration back from `now` (10m, 2h, 1d, 1w) or an ISO time.
 
     An ISO time without a UTC offset is local time.
 
@@ -116,8 +116,9 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
     """
     text = text.strip()
     now = now or datetime.now().astimezone()
-    if text.endswith("d") and text[:-1].replace(".", "", 1).isdigit():
-        return now - timedelta(days=float(text[:-1]))
+    days = {"d": 1, "w": 7}.get(text[-1:])
+    if days and text[:-1].replace(".", "", 1).isdigit():
+        return now - timedelta(days=days * float(text[:-1]))
     try:
         return now - timedelta(seconds=parse_duration(text))
     except ValueError:
@@ -125,7 +126,7 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
     try:
         when = datetime.fromisoformat(text)
     except ValueError:
-        raise ValueError(f"--since {text!r}: expected a duration back from now (30s, 10m, 2h, 1d) or an ISO time "
+        raise ValueError(f"--since {text!r}: expected a duration back from now (30s, 10m, 2h, 1d, 1w) or an ISO time "
                          "(2025-01-31T14:00, 2025-01-31 14:00:00+01:00)") from None
     return when if when.tzinfo else when.astimezone()
 

@@ -340,3 +340,48 @@ def _interrupt(process: subprocess.Popen) -> tuple[int, str]:
     stderr = process.stderr.read()
     process.stderr.close()
     return code, stderr
+
+
+# ---------------------------------------------------------------------------
+# issue 29, item 7: what a new operator tripped on
+# ---------------------------------------------------------------------------
+
+
+def test_since_takes_weeks():
+    """`--since 1w` was refused."""
+    assert parse_since("1w", now=NOW) == NOW - timedelta(weeks=1)
+    assert parse_since("2w", now=NOW) == NOW - timedelta(days=14)
+
+
+def test_cli_refuses_an_unknown_component_and_its_help_names_every_one(tmp_path):
+    """--component took any word (a typo printed nothing, exit 0), and its help named four components of eight."""
+    from slurm_ext.eventnames import CATALOGUE
+    events.emit(str(tmp_path), "supervisor", "started", "up")
+    proc = cli("events", "--state-dir", str(tmp_path), "--component", "supervsior")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "--component supervsior: not a component" in proc.stderr and "supervisor" in proc.stderr
+    emitting = {component for entry in CATALOGUE.values() for component in entry.components}
+    shown = cli("events", "--help").stdout
+    assert all(component in shown for component in emitting), sorted(c for c in emitting if c not in shown)
+    assert cli("events", "--state-dir", str(tmp_path), "--component", "supervisor").stdout.count("\n") == 1
+
+
+def test_global_flags_work_after_the_subcommand_too(tmp_path):
+    """`slurm-ext events --config FILE` was refused: --config and -v were taken only before the subcommand."""
+    state = tmp_path / "state"
+    events.emit(str(state), "supervisor", "started", "from the config's state dir")
+    config = tmp_path / "slurm-ext.toml"
+    config.write_text(f'[node]\nstate_dir = "{state}"\n')
+    for args in (("--config", str(config), "events"), ("events", "--config", str(config)),
+                 ("events", "-v", "--config", str(config)), ("config", "check", "--config", str(config))):
+        proc = cli(*args)
+        assert proc.returncode == 0, (args, proc.stderr)
+    assert cli("events", "--config", str(config)).stdout.endswith("from the config's state dir\n")
+    assert cli("config", "show", "--config", str(config)).stdout.count(str(state)) == 1
+
+
+def test_the_top_level_help_names_every_component():
+    """The description named the node agent, job cleanup, GRES and accounting: half of what there is."""
+    shown = " ".join(cli("--help").stdout.split())
+    for part in ("node agent", "job cleanup", "GRES", "accounting", "health", "repair", "page", "dev cluster"):
+        assert part in shown, part
