@@ -84,11 +84,16 @@ class Check:
     applies: Callable[[View], bool] | None = None
 
 
-def gpu_observation(params: Params, gpu: Gpu, evidence: str, **changes) -> Observation:
-    """An observation about one GPU, with the check's severity and action unless `changes` say otherwise."""
+def gpu_observation(params: Params, gpu: Gpu, fault: str, expected: str, **changes) -> Observation:
+    """An observation about one GPU, with the check's severity and action unless `changes` say otherwise.
+
+    Its evidence is what the drain reason shows (`gpu N <fault>`, the fault in NVIDIA's words), so that the first
+    40 characters after `slurm-ext: ` name the GPU and the fault (`sinfo -R` shows 20); what was expected goes into
+    the finding's fields (`expected`), for the journal and the page, not into the reason."""
     values = {"severity": params.severity, "action": params.action, **changes}
-    return Observation(params.id, gpu.uuid or gpu.pci_bus_id, evidence=evidence, gpu=gpu,
-                       pci_bus_id=gpu.pci_bus_id, **values)
+    fields = {"expected": expected, **values.pop("fields", {})}
+    return Observation(params.id, gpu.uuid or gpu.pci_bus_id, evidence=f"gpu {gpu.index} {fault}", gpu=gpu,
+                       pci_bus_id=gpu.pci_bus_id, fields=fields, **values)
 
 
 def limit(value: float, unit: str = "") -> str:

@@ -211,7 +211,8 @@ class Observation:
     subject: str
     severity: str
     action: str
-    #: "actual (expected limit)"
+    #: what the drain reason shows: a GPU's "gpu N <the fault in NVIDIA's words>" (what was expected in
+    #: fields["expected"]), the node's "actual (expected limit)"
     evidence: str
     gpu: Gpu | None = None
     pci_bus_id: str = ""

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["XidEntry", "SXidEntry", "entry", "sxid_entry", "KNOWN", "SXIDS", "BUCKETS", "DEPARTURES",
-           "REPEAT_WORKFLOWS", "RECOVERY_ACTIONS", "CATALOG_REVISION", "SXID_REVISION", "recovery_entry",
+           "REPEAT_WORKFLOWS", "RECOVERY_ACTIONS", "CATALOG_REVISION", "SXID_REVISION", "recovery_entry", "short_meaning",
            "nvlink5_bucket", "bucket_verdict"]
 
 CATALOG_REVISION = ("NVIDIA Xid Catalog (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html, "
@@ -254,7 +254,7 @@ GENERAL_DEPARTURES = (
     "Xid 45 (WORKFLOW_XID_45) is a warning without action that never escalates: NVIDIA's solo case (restart Fabric "
     "Manager) cannot be told from the usual one (an aborted application) line by line",
     "Xid 79 keeps the short mnemonic GPU_HAS_FALLEN_OFF_THE_BUS (NVIDIA: ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS) "
-    "that drain reasons and the docs have always shown",
+    "in the finding's fields; drain reasons show NVIDIA's description (GPU has fallen off the bus)",
     "SXid lines that say Fatal are critical with action reboot (the guide: reset every GPU and NVSwitch, or "
     "restart the host; on a node that is one reboot); Non-fatal ones are warnings, and those the guide says have "
     "no impact (single-bit ECC, 22013) info",
@@ -302,6 +302,13 @@ def entry(xid: int) -> XidEntry:
 def bucket_verdict(bucket: str) -> tuple[str, str]:
     """(severity, action) of one of NVIDIA's immediate buckets; one not known here is a warning without action."""
     return BUCKETS.get(bucket, ("warning", "none"))
+
+
+def short_meaning(found: XidEntry) -> str:
+    """NVIDIA's description of an Xid up to its first aside (a parenthesis or a colon), as a drain reason shows it
+    within its first 40 characters: "GPU has fallen off the bus", "double-bit ECC error"."""
+    words = found.meaning.split(" (", 1)[0].split(":", 1)[0].strip()
+    return words.removeprefix("the ").removeprefix("an ") or found.mnemonic
 
 
 def recovery_entry(stated: str | int) -> tuple[str, str, str]:

@@ -186,9 +186,10 @@ _ENTRIES = (
     EventName("health-started", _HEALTH, "info", "the health monitor started: its checks, sources and the open "
               "findings it kept from before"),
     EventName("health-finding", _HEALTH, "warning",
-              "a check found a fault: check, GPU (index, UUID, bus id), evidence as 'actual (expected limit)', "
-              "finding_severity, the recommended action and the jobs that held the GPU; error when critical (the node "
-              "is drained for it), info for an informational one"),
+              "a check found a fault: check, GPU (index, UUID, bus id), evidence (a GPU's: the GPU and the fault in "
+              "NVIDIA's words; what was expected in the expected field), finding_severity, the recommended action "
+              "and the jobs that held the GPU; error when critical (the node is drained for it), info for an "
+              "informational one"),
     EventName("health-escalated", _HEALTH, "warning",
               "an open finding got worse in place (an application Xid repeating on one GPU, a worse reading): "
               "its new severity and action, and what it was"),

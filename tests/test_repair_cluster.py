@@ -74,7 +74,7 @@ def test_a_gpu_fault_is_recommended_approved_and_repaired_through_slurms_reboot(
     repair.inject_xid("rnode2")
     record = repair.record("rnode2", "recommended")
     assert (record["action"], record["signature"], record["jobs"]) == ("reboot", "xid/79", [job])
-    assert "GPU_HAS_FALLEN_OFF_THE_BUS" in record["evidence"]
+    assert "GPU has fallen off the bus" in record["evidence"]
     listed = repair.repair_cli("repair", "list")
     assert "rnode2" in listed.stdout and "recommended" in listed.stdout
 

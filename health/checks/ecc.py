@@ -10,8 +10,8 @@ def judge(view: View, params: Params) -> list:
     for sample in snapshot.gpus if snapshot else ():
         count = sample.ecc_uncorrected_volatile
         if count is not None and count >= params.threshold:
-            found.append(gpu_observation(params, sample.gpu, f"{count} uncorrectable ecc errors (volatile) "
-                                         f"(limit {params.threshold - 1:g})"))
+            errors = "double-bit ECC error" + (f"s: {count} (volatile)" if count > 1 else " (volatile)")
+            found.append(gpu_observation(params, sample.gpu, errors, f"at most {params.threshold - 1:g}"))
     return found
 
 

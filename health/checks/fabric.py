@@ -44,30 +44,30 @@ def judge(view: View, params: Params) -> list:
             continue
         if sample.fabric_state != _COMPLETED:
             state = _STATES.get(sample.fabric_state, sample.fabric_state)
-            found.append(gpu_observation(params, sample.gpu, f"fabric {state} (expected completed)"))
+            found.append(gpu_observation(params, sample.gpu, f"fabric training {state}", "completed"))
         elif sample.fabric_status:
-            found.append(gpu_observation(params, sample.gpu, f"fabric status nvml error {sample.fabric_status} "
-                                         "(expected success)"))
+            found.append(gpu_observation(params, sample.gpu, f"fabric status NVML error {sample.fabric_status}",
+                                         "success"))
         elif (verdict := _health(sample.fabric_health_summary, sample.fabric_health_mask or 0)) is not None:
-            critical, evidence = verdict
-            found.append(gpu_observation(params, sample.gpu, evidence) if critical else
-                         gpu_observation(params, sample.gpu, evidence, severity="warning", action="none"))
+            critical, fault = verdict
+            found.append(gpu_observation(params, sample.gpu, fault, "healthy") if critical else
+                         gpu_observation(params, sample.gpu, fault, "healthy", severity="warning", action="none"))
     return found
 
 
 def _health(summary: int | None, mask: int) -> tuple[bool, str] | None:
-    """(critical, evidence) from the v3 summary where the driver gives one, else from the mask alone."""
+    """(critical, fault) from the v3 summary where the driver gives one, else from the mask alone."""
     bad = [values[field] for shift, width, values in _MASK if (field := (mask >> shift) & width) in values]
     named = ", ".join(words for words, _ in bad) or "no detail in the health mask"
     if summary == _HEALTHY:
         return None
     if summary == _UNHEALTHY:
-        return True, f"fabric unhealthy: {named} (expected healthy)"
+        return True, f"fabric unhealthy: {named}"
     if summary == _LIMITED:
-        return False, f"fabric limited capacity: {named} (expected healthy)"
+        return False, f"fabric limited capacity: {named}"
     if not bad:
         return None
-    return any(serious for _, serious in bad), f"fabric health mask: {named} (expected healthy)"
+    return any(serious for _, serious in bad), f"fabric health mask: {named}"
 
 
 CHECK = Check("fabric", "nvml", polled=judge, applies=applies)

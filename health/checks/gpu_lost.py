@@ -15,15 +15,16 @@ def judge(view: View, params: Params) -> list:
     found = []
     for sample in snapshot.gpus:
         if sample.error == nvml.GPU_IS_LOST:
-            found.append(gpu_observation(params, sample.gpu, "nvml GPU_IS_LOST (expected an answer)",
+            found.append(gpu_observation(params, sample.gpu, "fallen off the bus (NVML GPU_IS_LOST)", "an answer",
                                          detail=sample.error_text))
         elif sample.error == nvml.RESET_REQUIRED:
-            found.append(gpu_observation(params, sample.gpu, "nvml RESET_REQUIRED (expected an answer)",
-                                         action="reset-gpu", detail=sample.error_text))
+            found.append(gpu_observation(params, sample.gpu, "GPU requires a reset (NVML RESET_REQUIRED)",
+                                         "an answer", action="reset-gpu", detail=sample.error_text))
         elif sample.recovery_action:
             words, severity, action = recovery_entry(sample.recovery_action)
             if severity == "critical":
-                found.append(gpu_observation(params, sample.gpu, f"recovery action {words} (expected none)",
+                words = words.replace("gpu reset", "GPU reset")
+                found.append(gpu_observation(params, sample.gpu, f"{words} (NVML recovery action)", "none",
                                              action=action))
     return found
 

@@ -10,7 +10,7 @@ from ..settings import Params
 def judge(hang: KernelHang, view: View, params: Params) -> list:
     if hang.kind == "soft-lockup":
         return [Observation(params.id, "soft-lockup", params.severity, params.action,
-                            "soft lockup (expected none)", detail=hang.text)]
+                            "soft lockup", detail=hang.text, fields={"expected": "none"})]
     count = 1 + sum(1 for old in view.recent if isinstance(old, KernelHang) and old.kind == "hung-task"
                     and hang.time - old.time <= params.window)
     critical = count >= params.threshold

@@ -18,8 +18,8 @@ def judge(view: View, params: Params) -> list:
             continue
         expected = int(params.threshold) or view.nvlink_seen.get(sample.gpu.uuid, 0)
         if sample.nvlink_active < expected:
-            found.append(gpu_observation(params, sample.gpu, f"{sample.nvlink_active} nvlinks active "
-                                         f"(expected {expected})"))
+            found.append(gpu_observation(params, sample.gpu, f"NVLink down: {sample.nvlink_active} of {expected} "
+                                         "active", f"{expected} active"))
     return found
 
 

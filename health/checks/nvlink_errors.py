@@ -6,7 +6,7 @@ from .rates import counter_rate
 
 
 def judge(view: View, params: Params) -> list:
-    return counter_rate(view, params, "nvlink_errors", "nvlink errors")
+    return counter_rate(view, params, "nvlink_errors", "NVLink errors")
 
 
 CHECK = Check("nvlink-errors", "nvml", polled=judge)

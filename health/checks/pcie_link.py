@@ -16,12 +16,12 @@ def judge(view: View, params: Params) -> list:
     found = []
     for sample in snapshot.gpus if snapshot else ():
         if sample.pcie_width is not None and sample.pcie_max_width and sample.pcie_width < sample.pcie_max_width:
-            found.append(gpu_observation(params, sample.gpu, f"pcie x{sample.pcie_width} "
-                                         f"(expected x{sample.pcie_max_width})"))
+            found.append(gpu_observation(params, sample.gpu, f"PCIe link x{sample.pcie_width} of "
+                                         f"x{sample.pcie_max_width}", f"x{sample.pcie_max_width}"))
         elif sample.pcie_gen is not None and sample.pcie_max_gen and sample.pcie_gen < sample.pcie_max_gen \
                 and sample.clocks_event_reasons is not None and not sample.clocks_event_reasons & _IDLE:
-            found.append(gpu_observation(params, sample.gpu, f"pcie gen{sample.pcie_gen} while busy "
-                                         f"(expected gen{sample.pcie_max_gen})"))
+            found.append(gpu_observation(params, sample.gpu, f"PCIe link gen{sample.pcie_gen} of "
+                                         f"gen{sample.pcie_max_gen} while busy", f"gen{sample.pcie_max_gen}"))
     return found
 
 

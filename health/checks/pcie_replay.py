@@ -6,7 +6,7 @@ from .rates import counter_rate
 
 
 def judge(view: View, params: Params) -> list:
-    return counter_rate(view, params, "pcie_replay", "pcie replays")
+    return counter_rate(view, params, "pcie_replay", "PCIe replays")
 
 
 CHECK = Check("pcie-replay", "nvml", polled=judge)

@@ -6,7 +6,7 @@ from ..settings import Params
 
 def judge(view: View, params: Params) -> list:
     snapshot = view.latest
-    return [gpu_observation(params, sample.gpu, "persistence mode off (expected on)")
+    return [gpu_observation(params, sample.gpu, "persistence mode off", "on")
             for sample in (snapshot.gpus if snapshot else ()) if sample.persistence is False]
 
 

@@ -23,7 +23,8 @@ def counter_rate(view: View, params: Params, field: str, what: str) -> list:
         rate = (now - then) / span
         if rate > params.threshold:
             found.append(gpu_observation(params, sample.gpu, f"{what} {_per_unit(rate)} over "
-                                         f"{format_duration(span)} (limit {_per_unit(params.threshold)})"))
+                                         f"{format_duration(span)}",
+                                         f"at most {_per_unit(params.threshold)}"))
     return found
 
 

@@ -9,11 +9,11 @@ def judge(view: View, params: Params) -> list:
     found = []
     for sample in snapshot.gpus if snapshot else ():
         if sample.retired_pages is not None and sample.retired_pages >= params.threshold:
-            found.append(gpu_observation(params, sample.gpu, f"{sample.retired_pages} pages retired "
-                                         f"(limit {params.threshold - 1:g})"))
+            found.append(gpu_observation(params, sample.gpu, f"{sample.retired_pages} retired pages",
+                                         f"at most {params.threshold - 1:g}"))
         elif sample.retired_pending:
-            found.append(gpu_observation(params, sample.gpu, "page retirement pending (expected none: a GPU "
-                                         "reset applies it)", action="reset-gpu"))
+            found.append(gpu_observation(params, sample.gpu, "pending retirement (a GPU reset applies it)",
+                                         "none", action="reset-gpu"))
     return found
 
 

@@ -11,11 +11,11 @@ def judge(view: View, params: Params) -> list:
         if sample.remap_failure:
             rows = sample.remapped_uncorrectable
             count = f", {rows} uncorrectable rows" if rows is not None else ""
-            found.append(gpu_observation(params, sample.gpu, f"row remap failed{count} (expected no failure)",
+            found.append(gpu_observation(params, sample.gpu, f"row remapping failed{count}", "no failure",
                                          action="remove"))
         elif sample.remap_pending:
-            found.append(gpu_observation(params, sample.gpu, "row remap pending (expected none: a GPU reset "
-                                         "applies it)"))
+            found.append(gpu_observation(params, sample.gpu, "row remapping pending (a GPU reset applies it)",
+                                         "none"))
     return found
 
 

@@ -34,9 +34,9 @@ def judge(sxid: SXid, view: View, params: Params) -> list:
         severity, action = entry.severity, entry.action
     said = {True: "Fatal", False: "Non-fatal", None: "unstated"}[sxid.fatal]
     return [Observation(params.id, subject_of(sxid, view.recent, params.window or BOUND_WINDOW), severity, action,
-                        f"{sxid.sxid} {said} nvswitch {sxid.pci_bus_id or 'unknown'} (expected none)",
+                        f"{sxid.sxid} {said} nvswitch {sxid.pci_bus_id or 'unknown'}",
                         pci_bus_id=sxid.pci_bus_id, detail=sxid.text, sticky=severity == "critical",
-                        fields={"sxid": sxid.sxid, "name": entry.name, "class": entry.kind})]
+                        fields={"sxid": sxid.sxid, "name": entry.name, "class": entry.kind, "expected": "none"})]
 
 
 def subject_of(sxid: SXid, recent, window: float) -> str:

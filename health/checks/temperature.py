@@ -12,13 +12,17 @@ def judge(view: View, params: Params) -> list:
     for sample in snapshot.gpus if snapshot else ():
         if sample.temperature is not None and sample.slowdown_temperature is not None \
                 and sample.temperature >= sample.slowdown_temperature - margin:
-            found.append(gpu_observation(params, sample.gpu, f"temperature {sample.temperature}C "
-                                         f"(limit {sample.slowdown_temperature - margin:g}C: slowdown "
+            near = "thermal slowdown" if sample.temperature >= sample.slowdown_temperature else \
+                "near thermal slowdown"
+            found.append(gpu_observation(params, sample.gpu, f"{near} {sample.temperature}C (slowdown at "
+                                         f"{sample.slowdown_temperature}C)",
+                                         f"below {sample.slowdown_temperature - margin:g}C (slowdown "
                                          f"{sample.slowdown_temperature}C - {margin:g}C)"))
         elif sample.memory_temperature is not None and sample.memory_max_temperature is not None \
                 and sample.memory_temperature >= sample.memory_max_temperature:
-            found.append(gpu_observation(params, sample.gpu, f"memory temperature {sample.memory_temperature}C "
-                                         f"(limit {sample.memory_max_temperature}C)"))
+            found.append(gpu_observation(params, sample.gpu, f"memory over its max: {sample.memory_temperature}C "
+                                         f"(max {sample.memory_max_temperature}C)",
+                                         f"below {sample.memory_max_temperature}C"))
     return found
 
 

@@ -12,7 +12,8 @@ from ..check import Check, View, gpu_observation
 from ..settings import Params
 
 #: HwSlowdown 0x8, SwThermalSlowdown 0x20, HwThermalSlowdown 0x40, HwPowerBrakeSlowdown 0x80
-_COSTLY = {0x8: "hw-slowdown", 0x20: "sw-thermal", 0x40: "hw-thermal", 0x80: "power-brake"}
+#: in NVIDIA's words (nvidia-smi -q's "Clocks Event Reasons")
+_COSTLY = {0x8: "HW Slowdown", 0x20: "SW Thermal Slowdown", 0x40: "HW Thermal Slowdown", 0x80: "HW Power Brake Slowdown"}
 _MASK = sum(_COSTLY)
 
 
@@ -34,10 +35,10 @@ def judge(view: View, params: Params) -> list:
         seen = 0
         for s in throttled:
             seen |= s.clocks_event_reasons
-        why = "+".join(name for bit, name in _COSTLY.items() if seen & bit)
+        why = ", ".join(name for bit, name in _COSTLY.items() if seen & bit)
         span = format_duration(params.window)
-        found.append(gpu_observation(params, readings[-1].gpu, f"throttled {share:.0%} of {span} "
-                                     f"by {why} (limit {params.threshold:.0%})"))
+        found.append(gpu_observation(params, readings[-1].gpu, f"{why} {share:.0%} of {span}",
+                                     f"under {params.threshold:.0%} of {span}"))
     return found
 
 

@@ -58,14 +58,14 @@ def judge(xid: Xid, view: View, params: Params) -> list:
         action = override.action or action
         sticky = override.sticky if override.sticky is not None else severity == "critical"
     where = f"gpu {gpu.index}" if gpu else (f"bus {xid.pci_bus_id} (no such gpu)" if xid.pci_bus_id else "node")
-    evidence = f"{xid.xid} {where} {entry.mnemonic}"
+    # what the drain reason shows: the code first (repair tells faults apart by it), the GPU, NVIDIA's words
+    evidence = f"{xid.xid} {where} {xids.short_meaning(entry)}"
+    expected = "none"
     if escalated:
-        evidence += (f", {faults} faults in {format_duration(params.window)} (limit {params.threshold - 1:g}): "
-                     f"{step} (NVIDIA {entry.investigatory})")
-    else:
-        evidence += " (expected none)"
-    fields = {"xid": xid.xid, "source": xid.source, "meaning": meaning, "bucket": bucket,
-              "investigatory": entry.investigatory, "repeats": faults}
+        evidence += f", {faults} faults in {format_duration(params.window)}: {step} (NVIDIA {entry.investigatory})"
+        expected = f"at most {params.threshold - 1:g} faults in {format_duration(params.window)}"
+    fields = {"xid": xid.xid, "source": xid.source, "meaning": meaning, "bucket": bucket, "mnemonic": entry.mnemonic,
+              "investigatory": entry.investigatory, "repeats": faults, "expected": expected}
     fields.update({name: value for name, value in (("pid", xid.pid), ("gpu_instance", xid.gpu_instance),
                                                    ("compute_instance", xid.compute_instance), ("unit", xid.unit))
                    if value not in (None, "")})

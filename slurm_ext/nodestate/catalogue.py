@@ -96,8 +96,8 @@ CATALOGUE: tuple[DrainKind, ...] = (
     DrainKind("jobs", "record-failed", "cannot record job {job} in {where}", 35, BY_OPERATOR,
               "the Prolog could not write the job's record (a full disk?): cleanup could not tell jobs apart"),
     DrainKind("health", "health", "{check} {evidence} action={action}", 47, WHEN_CLEARED,
-              "a health check's critical finding (owner health/<check>): the evidence as 'actual (expected limit)' and "
-              "the recommended action; lifted by the check once its condition has stayed away for its quiet window "
+              "a health check's critical finding (owner health/<check>): the evidence (a GPU's: the GPU and the fault "
+              "in NVIDIA's words) and the recommended action; lifted by the check once its condition has stayed away for its quiet window "
               "(a sticky Xid: at the next boot or `slurm-ext health clear`)"),
     DrainKind("crash-loop", "crash-loop", "{worker} crash loop: {detail}", 30, WHEN_CLEARED,
               "a worker exited crash_loop_count times within crash_loop_window; lifted once it has run the "
