@@ -14,6 +14,7 @@ import logging
 import signal
 import threading
 import time
+from pathlib import Path
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from slurm_ext import config as config_mod, events
@@ -21,8 +22,9 @@ from slurm_ext.agentapi import AgentAnswerError, AgentClient, HealthAnswer
 from slurm_ext.errors import SlurmExtError
 from slurm_ext.slurm import Job, Node, SlurmClient, expand_hostlist
 
-from . import decide, executors, flow, recommend
+from . import decide, executors, flow, metrics, notify, recommend
 from .store import IN_PROGRESS, Store, StoreError, open_store
+from .webhook import NotifyUrlError
 
 __all__ = ["Service", "serve", "jobs_by_node"]
 
@@ -30,6 +32,9 @@ log = logging.getLogger("repair")
 
 #: longest wait for a node agent's /health
 _AGENT_TIMEOUT = 5.0
+#: longest wait for a node agent's answer to a GPU reset (health.gpu_reset_timeout on the node, 2 minutes by default,
+#: and the clearing of its findings)
+_RESET_TIMEOUT = 600.0
 
 
 def jobs_by_node(jobs: list[Job]) -> dict[str, list[Job]]:
@@ -59,6 +64,12 @@ class Service:
         self._actions: dict[int, Future] = {}
         #: the nodes as the last pass saw them
         self._nodes: dict[str, Node] = {}
+        #: the webhook's notifier and the reader of critical findings (None: repair.notify_url_file is empty, or
+        #: cannot be used: said at the start)
+        self.notifier: notify.Notifier | None = None
+        self._health_feed: notify.HealthFeed | None = None
+        #: the newest repair event handed to the notifier
+        self._notified_id = 0
 
     @property
     def settings(self):
@@ -72,6 +83,7 @@ class Service:
         self.emit("repair-started", f"repair service on {self.store.where}: every {self.settings.interval:g}s"
                   + (f"; {len(live)} repair(s) under way carry on: {', '.join(r.node for r in live)}" if live else "")
                   + ("; dry run" if self.settings.dry_run else ""))
+        self._start_notifier()
         while not self.stopping.is_set():
             if self._reload_wanted.is_set():
                 self._reload_wanted.clear()
@@ -82,16 +94,49 @@ class Service:
                 log.warning("repair: pass skipped: %s", err)
             self.stopping.wait(self.settings.interval)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._stop_notifier()
         self.store.close()
         return 0
+
+    def _stop_notifier(self) -> None:
+        for part in (self._health_feed, self.notifier):
+            if part is not None:
+                part.stop()
+        self.notifier = self._health_feed = None
+
+    def _start_notifier(self) -> None:
+        """The webhook notifier of repair.notify_url_file, on threads of its own; a URL file that cannot be used is
+        an error event, and the service runs without it (a notifier never holds a repair back)."""
+        s = self.settings
+        if not s.notify_url_file:
+            return
+        sent = notify.Sent(Path(self.config.node.state_dir) / notify.SENT_FILE)
+        try:
+            self.notifier = notify.Notifier(s.notify_url_file, s.notify_format, s.notify_queue, s.notify_retries,
+                                            s.notify_backoff, s.notify_timeout, sent, self.emit)
+        except NotifyUrlError as err:
+            log.error("repair: no notifier: %s", err)
+            self.emit("repair-notify-failed", f"no notifier: {err}", "error")
+            return
+        if not sent.known:  # the first start: from now on, nothing of before
+            sent.repair_id = self.store.last_event_id()
+            sent.save()
+        self._notified_id = sent.repair_id or 0
+        self._health_feed = notify.HealthFeed(self.notifier, self.agents, sent, sent.started)
+        self.emit("repair-notify-started", f"posting recommendations, approvals, failed repairs and critical findings "
+                  f"to the webhook of {s.notify_url_file} ({s.notify_format})")
 
     def _reload(self) -> None:
         """The [repair] settings of a changed config apply from the next pass (a new database or [slurm] section
         needs a restart of the worker)."""
         try:
+            old = self.settings
             self.config = config_mod.load(self.config_path)
             self.agents = AgentClient.of(self.config, _AGENT_TIMEOUT)
             self.emit("reload", "repair service reloaded its config")
+            if _notify_settings(old) != _notify_settings(self.settings):  # a new notifier for the new settings
+                self._stop_notifier()
+                self._start_notifier()
         except SlurmExtError as err:
             self.emit("reload-failed", f"the config is invalid, the running one is kept: {err}", "error")
 
@@ -111,7 +156,7 @@ class Service:
         under_way = self.store.records(open_only=True, states=IN_PROGRESS)
         health = self._health_of([r.node for r in under_way if r.step in ("wait-boot", "verify")])
         seen = flow.Seen(self.slurm, self.store, self.settings, nodes, jobs, health.get, self._start_action,
-                         self._actions, self.emit, clock)
+                         self._actions, self.emit, clock, self._start_reset)
         for record in under_way:
             try:
                 flow.advance(record, seen)
@@ -120,17 +165,40 @@ class Service:
             except Exception:  # a bug, or an answer no one foresaw: this repair waits, the others go on
                 log.exception("repair of %s: step %s failed unexpectedly; tried again next pass", record.node,
                               record.step)
+        self._notify(nodes)
+        awaiting = self.store.records(open_only=True, states=("recommended",))
+        try:
+            metrics.write_figures(self.config.node.state_dir, clock(), awaiting,
+                                  self.notifier.figures() if self.notifier else None)
+        except OSError as err:
+            log.warning("repair: cannot write its figures for /metrics: %s", err)
+
+    def _notify(self, nodes: dict[str, Node]) -> None:
+        """Hand the notifier what is new: the store's repair events since the last pass, and the nodes a health
+        check drains, whose journals its own thread reads."""
+        if self.notifier is None:
+            return
+        notices = notify.repair_notices(self.store, self._notified_id)
+        if notices:
+            self._notified_id = int(notices[-1].key.split(":")[1])
+            self.notifier.put(notices)
+        if self._health_feed is not None:
+            self._health_feed.watch({n.name: n.addr for n in nodes.values() if recommend.fault_of(n) is not None})
 
     def _recommend(self, nodes: dict[str, Node], jobs: dict[str, list[Job]], now: float) -> None:
         window = now - self.settings.escalate_window
         reboots: dict[tuple[str, str], int] = {}
+        resets: dict[tuple[str, str, int], int] = {}
         for done in self.store.records(states=("done",), since=window):
             if done.action == "reboot" and not done.detail.get("dry_run"):
                 reboots[(done.node, done.signature)] = reboots.get((done.node, done.signature), 0) + 1
+            elif done.action == "reset-gpu" and not done.detail.get("dry_run"):
+                key = (done.node, done.signature, done.detail.get("gpu"))
+                resets[key] = resets.get(key, 0) + 1
         job_ids = {name: [j.job_id for j in node_jobs] for name, node_jobs in jobs.items()}
         with self.store.locked():  # read and written in one transaction: an approval meanwhile is never undone
             changes = recommend.plan(self.store.records(open_only=True), list(nodes.values()), job_ids,
-                                     self.settings, reboots, now)
+                                     self.settings, reboots, now, resets)
             for change in changes:
                 if change.kind == "new":
                     self.store.add(change.record)
@@ -186,6 +254,15 @@ class Service:
 
     def _start_action(self, action: str, node: str) -> Future:
         return self._pool.submit(executors.run_action, self.settings, action, node)
+
+    def _start_reset(self, node: str, gpu: int) -> Future:
+        """Ask the node's agent to reset one GPU, on a thread (the reset takes seconds; the pass goes on)."""
+        known = self._nodes.get(node)
+        return self._pool.submit(self.agents.reset_gpu, node, gpu, known.addr if known else "", _RESET_TIMEOUT)
+
+
+def _notify_settings(settings) -> tuple:
+    return tuple(getattr(settings, name) for name in settings.__slots__ if name.startswith("notify_"))
 
 
 _EVENT = {"new": "recommended", "escalated": "escalated", "gone": "cleared", "closed": "cleared"}

@@ -14,10 +14,11 @@ from slurm_ext.config import register_section, setting
 
 __all__ = ["RepairSection", "ACTIONS", "KEEPS_DATA"]
 
-#: what a repair does, least disruptive first (health's actions that a repair can carry out)
-ACTIONS = ("reboot", "reprovision", "failover", "remove")
+#: what a repair does, least disruptive first (health's actions that a repair can carry out); reset-gpu resets the
+#: one GPU the finding names, through the node's agent (health.gpu_reset_command), and waits only for its jobs
+ACTIONS = ("reset-gpu", "reboot", "reprovision", "failover", "remove")
 #: the actions that keep the node's local data: the only ones auto-approve may take
-KEEPS_DATA = ("reboot",)
+KEEPS_DATA = ("reset-gpu", "reboot")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +38,8 @@ class RepairSection:
                             "one its finding recommends: { \"xid/48\" = \"reboot\", temperature = \"failover\" }",
                             "table", item={"kind": "choice", "choices": ACTIONS})
     escalate_after: int = setting(2, "the same signature on a node after this many reboots within escalate_window: "
-                                  "remove is recommended (gpud's rule)", "int", minimum=1, maximum=100)
+                                  "remove is recommended (gpud's rule); on the same GPU after this many GPU resets: "
+                                  "reboot", "int", minimum=1, maximum=100)
     escalate_window: float = setting(7 * 86400.0, "the window of escalate_after", "duration", minimum=60.0,
                                      maximum=365 * 86400.0)
     cooldown: float = setting(1800.0, "after a repair ends, no new repair of that node is approved for this long",
@@ -47,7 +49,7 @@ class RepairSection:
     guard_percent: int = setting(10, "nodes under repair at once, as a percentage of the cluster's nodes", "int",
                                  minimum=0, maximum=100)
     auto_approve: tuple = setting((), "signatures whose repair is approved without an operator (only for actions "
-                                  "that keep data: reboot); off by default", "list", item={"kind": "str"})
+                                  "that keep data: reset-gpu, reboot); off by default", "list", item={"kind": "str"})
     dry_run: bool = setting(False, "record every step as it would run, and run none (no drain, no action)", "bool")
     drain_deadline: float = setting(7200.0, "how long an approved repair waits for the node's jobs to end; past it "
                                     "the repair fails with the node still drained", "duration", minimum=0.0,
@@ -90,5 +92,21 @@ class RepairSection:
                                   "NodeSet's pods after their nodes)", "str", pattern=r"^[a-z0-9{}.-]+$")
     kubernetes_rma_label: str = setting("slurm-ext.io/rma", "the label `remove` puts on the node's Kubernetes node "
                                         "(value true)", "str", pattern=r"^([a-z0-9.-]+/)?[A-Za-z0-9_.-]+$")
+    notify_url_file: str = setting("", "a file of root's (mode 0600) holding the webhook URL that each "
+                                   "recommendation, approval, failed repair and critical health finding is posted "
+                                   "to; empty: no notifier", "path", empty_ok=True)
+    notify_format: str = setting("slack", "what the webhook is posted: slack (a Slack-compatible {\"text\": ...}, "
+                                 "Mattermost and Teams' incoming webhooks take it too) or alertmanager (a list of "
+                                 "alerts, as Alertmanager's /api/v2/alerts takes them)", "choice",
+                                 choices=("slack", "alertmanager"))
+    notify_queue: int = setting(1000, "notices waiting to be posted, at most; when full, the oldest is dropped "
+                                "(counted, and said in a repair-notify-dropped event)", "int", minimum=1,
+                                maximum=100000)
+    notify_retries: int = setting(5, "tries again of a notice the webhook refused or did not answer, before it is "
+                                  "dropped", "int", minimum=0, maximum=100)
+    notify_backoff: float = setting(1.0, "the wait before the first retry, doubled for each next one (at most "
+                                    "5m)", "duration", minimum=0.01, maximum=300.0)
+    notify_timeout: float = setting(10.0, "longest wait for the webhook's answer to one post", "duration",
+                                    minimum=0.1, maximum=300.0)
 
 register_section("repair", RepairSection)

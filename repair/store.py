@@ -36,7 +36,7 @@ __all__ = ["Record", "Event", "Store", "StoreError", "open_store", "IN_PROGRESS"
 IN_PROGRESS = ("approved", "running")
 #: what a repair step does to its node right after it is recorded (Event.acts): the history lists what Slurm and the
 #: node's agent say in the same whole second after the step that caused it
-ACTS = ("drain", "requeue", "reboot", "executor", "resume")
+ACTS = ("drain", "requeue", "reset-gpu", "reboot", "executor", "resume")
 
 _LOCK_TIMEOUT = 30
 
@@ -244,6 +244,20 @@ class Store:
         rows = self._execute(f"SELECT time, node, event, message, user, record, acts FROM repair_events{clause}{order}",
                              tuple(args))
         return [Event(float(t), n, e, m, u, r, a) for t, n, e, m, u, r, a in reversed(rows)]
+
+    def events_after(self, event_id: int, names: tuple[str, ...], limit: int = 1000) -> list[tuple[int, Event]]:
+        """(id, event) of the events named `names` whose id is above `event_id`, oldest first, at most `limit`: what
+        the notifier has not seen yet (ids only grow)."""
+        rows = self._execute("SELECT id, time, node, event, message, user, record, acts FROM repair_events "
+                             f"WHERE id > ? AND event IN ({', '.join('?' * len(names))}) "
+                             f"ORDER BY id LIMIT {int(limit)}",
+                             (event_id, *names))
+        return [(int(i), Event(float(t), n, e, m, u, r, a)) for i, t, n, e, m, u, r, a in rows]
+
+    def last_event_id(self) -> int:
+        """The id of the newest event (0 when there is none)."""
+        rows = self._execute("SELECT MAX(id) FROM repair_events")
+        return int(rows[0][0] or 0) if rows else 0
 
     # -- the pause switch and other cluster-wide settings ----------------------------------------
 

@@ -237,6 +237,14 @@ _ENTRIES = (
               "pool)"),
     EventName("repair-failed", _REPAIR, "error", "a repair failed at a step; the node stays drained and its reason "
               "says so"),
+    EventName("repair-notify-started", _REPAIR, "info", "the repair service posts recommendations, approvals, failed "
+              "repairs and critical findings to the webhook of repair.notify_url_file"),
+    EventName("repair-notify-failed", _REPAIR, "error", "a notice was not posted after repair.notify_retries tries "
+              "(the webhook refused it or did not answer), or the URL file cannot be used (no notifier then); "
+              "repairs go on"),
+    EventName("repair-notify-dropped", _REPAIR, "warning", "the webhook's queue was full (repair.notify_queue): its "
+              "oldest notice was dropped; said once until a post gets through, every drop counted in "
+              "slurm_ext_repair_notify_dropped_total"),
     EventName("repair-paused", _REPAIR, "warning", "an operator paused every approval"),
     EventName("repair-unpaused", _REPAIR, "info", "an operator let approvals through again"),
     # -- web (web/, the cluster page, in the controller agent) ------------------------------------------

@@ -66,6 +66,10 @@ class AgentCollector:
         yield state
         if agent.role == "worker":
             yield from _network_metrics(agent)
+        liaison = agent.liaison
+        if liaison is not None and liaison.watch_node:  # the agent of the node's slurmd: its drain, as last read
+            from slurm_ext.nodestate.metrics import drained_families
+            yield from drained_families(liaison.owner.seen, agent.node)
         for live in agent.live_plugins:  # each plug-in's (health's readings, accounting's queue)
             yield from live.metrics()
 

@@ -95,6 +95,8 @@ class Reconciler:
         #: the last look found our wants held behind someone else's drain: the node is watched closely, since an
         #: admin's resume must be followed by our drain before Slurm gives the node a job
         self.held = False
+        #: the node as the last pass read it (None before the first): what /metrics says of its drain
+        self.seen: Node | None = None
 
     # -- requests (any thread) --------------------------------------------------------
 
@@ -180,6 +182,7 @@ class Reconciler:
         self.held = wanted is not None and node.drained and not ours
         self._keep_unshown(wanted if wanted is not None and not ours else "")
         self._settle(node)
+        self.seen = node
         return node
 
     def _keep_unshown(self, reason: str) -> None:

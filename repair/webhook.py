@@ -1,0 +1,137 @@
+"""One notice, one webhook post: the URL from its root-only file, the body in the chosen format, one try.
+
+`read_url(path)` reads repair.notify_url_file (a webhook URL holds its own secret: whoever reads it can post to
+the channel), `body_of(notice, format)` makes Slack's `{"text": ...}` or Alertmanager's list of alerts, and
+`post(url, body, timeout)` sends it once, raising `WebhookFailed` for anything but a 2xx answer. Retries, the
+queue and the thread are the notifier's (notify.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from slurm_ext.errors import SlurmExtError
+
+__all__ = ["Notice", "WebhookFailed", "NotifyUrlError", "read_url", "body_of", "post", "FORMATS"]
+
+FORMATS = ("slack", "alertmanager")
+#: a URL file larger than this is not a URL
+_MAX_URL_BYTES = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """What happened, as posted: one repair event of the store or one critical finding of a node's journal."""
+
+    #: what tells it apart from every other notice (repair:<event id>, health:<node>:<journal time>:<digest>)
+    key: str
+    #: the event's name: repair-recommended, repair-escalated, repair-approved, repair-failed, health-finding
+    event: str
+    node: str
+    message: str
+    #: info, warning or critical (a failed repair and a critical finding are critical)
+    severity: str
+    #: when it happened (epoch seconds)
+    time: float
+    #: more to say: action, signature, user, check, gpu
+    fields: dict = field(default_factory=dict)
+
+
+class NotifyUrlError(SlurmExtError):
+    """repair.notify_url_file cannot be used; the message names the file and what to do."""
+
+    def __init__(self, path: str, problem: str):
+        self.path, self.problem = path, problem
+        super().__init__(f"{path} (repair.notify_url_file): {problem}")
+
+
+class WebhookFailed(SlurmExtError):
+    """One post did not reach the webhook or was refused (status 0: no answer at all)."""
+
+    def __init__(self, problem: str, status: int = 0):
+        self.problem, self.status = problem, status
+        super().__init__(problem)
+
+
+def read_url(path: str) -> str:
+    """The webhook URL in `path`: a regular file of root's (or this user's) that no one else may read or write,
+    holding one http(s) URL.
+
+    Raises:
+        NotifyUrlError: missing, a link, not a regular file, another user's, readable or writable by others, too
+            large, or not an http(s) URL.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as err:
+        raise NotifyUrlError(path, f"cannot read it: {err.strerror} (put the webhook URL there, root's, mode 0600)") \
+            from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise NotifyUrlError(path, "not a regular file")
+        if info.st_uid not in (0, os.geteuid()):
+            raise NotifyUrlError(path, f"owned by uid {info.st_uid} (expected root: chown root:root {path})")
+        if info.st_mode & 0o077:
+            raise NotifyUrlError(path, f"mode {stat.S_IMODE(info.st_mode):04o} lets others read or change it "
+                                       f"(expected 0600 or 0400: chmod 600 {path}): whoever reads the URL can post "
+                                       "to the channel")
+        data = os.read(fd, _MAX_URL_BYTES + 1)
+    finally:
+        os.close(fd)
+    url = data.decode("utf-8", "replace").strip()
+    if len(data) > _MAX_URL_BYTES or not url.startswith(("http://", "https://")) or any(c.isspace() for c in url):
+        raise NotifyUrlError(path, "does not hold one http:// or https:// URL (and nothing else)")
+    return url
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _slack(notice: Notice) -> list | dict:
+    return {"text": f"slurm-ext {notice.severity}: node {notice.node}: {notice.event}: {notice.message}"}
+
+
+def _alertmanager(notice: Notice) -> list | dict:
+    """One alert, as Alertmanager's POST /api/v2/alerts takes a list of them: its labels tell it apart (its key)
+    from every other notice, so none is grouped away as a repeat of another."""
+    labels = {"alertname": "SlurmExt" + "".join(w.capitalize() for w in notice.event.split("-")),
+              "severity": notice.severity, "node": notice.node, "event": notice.event, "slurm_ext_key": notice.key}
+    labels.update({k: str(v) for k, v in notice.fields.items() if v not in ("", None) and k not in labels})
+    return [{"labels": labels,
+             "annotations": {"summary": f"node {notice.node}: {notice.event}", "description": notice.message},
+             "startsAt": _iso(notice.time)}]
+
+
+_BODIES = {"slack": _slack, "alertmanager": _alertmanager}
+
+
+def body_of(notice: Notice, form: str) -> bytes:
+    """The JSON body of `notice` in `form` (one of FORMATS)."""
+    return json.dumps(_BODIES[form](notice)).encode()
+
+
+def post(url: str, body: bytes, timeout: float) -> int:
+    """POST `body` (JSON) to `url` once; returns the status of a 2xx answer.
+
+    Raises:
+        WebhookFailed: no answer within `timeout`, no connection, or a status other than 2xx (the URL is never in
+            the message: it holds the webhook's secret).
+    """
+    request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            answer.read(65536)
+            return answer.status
+    except urllib.error.HTTPError as err:
+        raise WebhookFailed(f"the webhook answered HTTP {err.code}", err.code) from None
+    except (urllib.error.URLError, OSError, ValueError) as err:
+        reason = getattr(err, "reason", err)
+        raise WebhookFailed(f"the webhook did not answer: {reason}") from None

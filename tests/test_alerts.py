@@ -1,0 +1,78 @@
+"""The shipped alerting rules (docs/prometheus/slurm-ext.rules.yml): valid for Prometheus's own checker, and every
+metric they name one the agents serve. The real Prometheus firing them on a dev cluster is test_alerts_cluster.py.
+
+promtool comes with Debian's prometheus package, which the README's test command installs; without it this test
+fails, never skips."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from test_docs import metrics_in_code
+
+RULES = Path(__file__).resolve().parents[1] / "docs" / "prometheus" / "slurm-ext.rules.yml"
+PROMTOOL = Path("/usr/bin/promtool")
+METRICS_DOC = RULES.parents[1] / "reference" / "metrics.md"
+#: what the issue asks alerts for, by the metric each rests on
+WANTED = {"slurm_ext_nodestate_drained", "slurm_ext_repair_awaiting_approval_seconds",
+          "slurm_ext_health_xid_errors_total", "slurm_ext_health_monitor_up", "slurm_ext_accounting_dbd_queue",
+          "slurm_ext_accounting_missing_jobs"}
+#: PromQL's own words that look like metric names
+_PROMQL = {"sum", "by", "without", "increase", "rate", "delta", "deriv", "and", "or", "unless", "on", "ignoring",
+           "max", "min", "avg", "count", "abs", "absent", "time", "bool"}
+
+
+def rules() -> list[dict]:
+    return [rule for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]]
+
+
+def metrics_of(expr: str) -> set[str]:
+    """The metric names in a PromQL expression: identifiers outside label matchers, ranges and strings."""
+    bare = re.sub(r"\{[^}]*\}|\[[^\]]*\]|\"[^\"]*\"", " ", expr)
+    bare = re.sub(r"\b(by|without|on|ignoring)\s*\([^)]*\)", " ", bare)
+    return {name for name in re.findall(r"\b[a-zA-Z_][a-zA-Z0-9_]*\b", bare)
+            if name not in _PROMQL and not name.isdigit()}
+
+
+def test_promtool_checks_the_shipped_rules():
+    if not PROMTOOL.is_file():
+        pytest.fail(f"{PROMTOOL} is missing: it comes with Debian's prometheus package (`apt-get install -y "
+                    "prometheus`, the README's test command does)", pytrace=False)
+    done = subprocess.run([str(PROMTOOL), "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"SUCCESS: {len(rules())} rules found" in done.stdout
+
+
+def served_metrics() -> set[str]:
+    """The names the code serves: literal ones, and those made by an f-string that docs/reference/metrics.md lists
+    (test_docs holds that table to the code both ways)."""
+    names, patterns = metrics_in_code()
+    documented = set(re.findall(r"^\| `([A-Za-z_]+)` \|", METRICS_DOC.read_text(), flags=re.M))
+    return names | {name for name in documented if any(p.fullmatch(name) for p in patterns)}
+
+
+def test_every_metric_a_rule_names_is_one_the_agents_serve_and_each_wanted_alert_is_there():
+    served = served_metrics()
+    named = {}
+    for rule in rules():
+        assert rule["alert"].startswith("SlurmExt") and rule["labels"]["severity"] in ("warning", "critical"), rule
+        assert rule["annotations"]["summary"] and rule["annotations"]["description"], rule["alert"]
+        found = metrics_of(rule["expr"])
+        assert found, f"{rule['alert']}: no metric in {rule['expr']!r}"
+        named[rule["alert"]] = found
+    unknown = {alert: sorted(names - served) for alert, names in named.items() if names - served}
+    assert not unknown, f"rules name metrics no agent serves: {unknown}"
+    assert WANTED <= set().union(*named.values()), WANTED - set().union(*named.values())
+
+
+def test_the_metric_check_catches_a_rule_on_a_metric_that_does_not_exist():
+    served = served_metrics()
+    assert metrics_of('sum by (hostname) (increase(slurm_ext_health_xid_error_total{xid="79"}[5m])) > 0') \
+        - served == {"slurm_ext_health_xid_error_total"}
+    assert metrics_of("slurm_ext_accounting_dbd_queue > 0 and delta(slurm_ext_accounting_dbd_queue[10m]) > 0") \
+        == {"slurm_ext_accounting_dbd_queue"}

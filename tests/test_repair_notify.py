@@ -1,0 +1,225 @@
+"""The repair notifier against a real webhook: an http.server on 127.0.0.1 in this process, real files, a real SQLite
+repair store. Each notice is posted once in either format, a 500 is tried again, a webhook that is down or never
+answers costs retries and a counted drop (never the caller's time), a full queue drops its oldest, a restarted
+notifier posts nothing twice, and a URL file others can read is refused with the file named."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_ext.repair import notify, webhook
+from slurm_ext.repair.metrics import families, write_figures
+from slurm_ext.repair.store import Record, open_sqlite
+from slurm_ext.repair.webhook import Notice, NotifyUrlError
+
+from helpers.wait import wait_for
+
+
+class Webhook:
+    """A webhook on 127.0.0.1: records every body; `answers` is the list of statuses to give, the last repeated;
+    status 0 never answers (holds the connection until the test ends)."""
+
+    def __init__(self, answers=(200,)):
+        self.bodies: list = []
+        self.answers = list(answers)
+        self.tries = 0
+        self.release = threading.Event()
+        hook = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                hook.tries += 1
+                status = hook.answers.pop(0) if len(hook.answers) > 1 else hook.answers[0]
+                if status == 0:
+                    hook.release.wait(30)
+                    return
+                if status < 300:
+                    hook.bodies.append(body)
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def hooks():
+    made = []
+
+    def make(answers=(200,)):
+        made.append(Webhook(answers))
+        return made[-1]
+    yield make
+    for hook in made:
+        hook.close()
+
+
+def url_file(tmp_path: Path, url: str, mode: int = 0o600) -> str:
+    path = tmp_path / "webhook-url"
+    path.write_text(url + "\n")
+    path.chmod(mode)
+    return str(path)
+
+
+class Events:
+    def __init__(self):
+        self.said: list[tuple] = []
+
+    def __call__(self, event, message, severity=None, **fields):
+        self.said.append((event, message, severity, fields))
+
+    def named(self, name):
+        return [s for s in self.said if s[0] == name]
+
+
+def notifier(tmp_path, url, form="slack", queue=100, retries=3, backoff=0.05, timeout=1.0, emit=None):
+    sent = notify.Sent(tmp_path / notify.SENT_FILE)
+    return notify.Notifier(url_file(tmp_path, url), form, queue, retries, backoff, timeout, sent, emit or Events())
+
+
+def notice(number: int, event="repair-recommended", node="node1") -> Notice:
+    return Notice(f"repair:{number}", event, node, f"reboot recommended for xid/79: {number}",
+                  notify.NOTIFIED_EVENTS.get(event, "critical"), 1767225600.0 + number, {"user": "alice"})
+
+
+def test_each_notice_is_posted_once_as_slacks_text(tmp_path, hooks):
+    hook = hooks()
+    sender = notifier(tmp_path, hook.url)
+    sender.put([notice(1), notice(2, "repair-approved"), notice(2, "repair-approved")])  # the repeat: once
+    wait_for("two posts", lambda: len(hook.bodies) == 2, timeout=10)
+    sender.stop()
+    assert hook.bodies == [
+        {"text": "slurm-ext warning: node node1: repair-recommended: reboot recommended for xid/79: 1"},
+        {"text": "slurm-ext info: node node1: repair-approved: reboot recommended for xid/79: 2"}]
+    assert sender.figures() == {"posted": 2, "retried": 0, "dropped": 0, "failed": 0, "queue": 0}
+
+
+def test_alertmanager_gets_a_list_of_alerts_each_with_labels_of_its_own(tmp_path, hooks):
+    hook = hooks()
+    sender = notifier(tmp_path, hook.url, form="alertmanager")
+    sender.put([notice(7, "repair-failed", node="gpu-a1")])
+    wait_for("one post", lambda: hook.bodies, timeout=10)
+    sender.stop()
+    [[alert]] = hook.bodies
+    assert alert["labels"] == {"alertname": "SlurmExtRepairFailed", "severity": "critical", "node": "gpu-a1",
+                               "event": "repair-failed", "slurm_ext_key": "repair:7", "user": "alice"}
+    assert alert["annotations"] == {"summary": "node gpu-a1: repair-failed",
+                                    "description": "reboot recommended for xid/79: 7"}
+    assert alert["startsAt"] == "2026-01-01T00:00:07Z"
+
+
+def test_a_500_is_tried_again_and_the_retry_is_counted(tmp_path, hooks):
+    hook = hooks(answers=(500, 200))
+    sender = notifier(tmp_path, hook.url)
+    sender.put([notice(1)])
+    wait_for("the retry's post", lambda: hook.bodies, timeout=10)
+    sender.stop()
+    assert hook.tries == 2 and len(hook.bodies) == 1
+    assert sender.figures()["retried"] == 1 and sender.figures()["failed"] == 0
+
+
+def _refusing_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]  # closed again: connections are refused
+
+
+@pytest.mark.parametrize("down", ["refused", "never-answers"])
+def test_a_webhook_that_is_down_costs_retries_and_a_counted_drop_never_the_callers_time(tmp_path, hooks, down):
+    if down == "refused":
+        url = f"http://127.0.0.1:{_refusing_port()}/hook"
+    else:
+        url = hooks(answers=(0,)).url
+    said = Events()
+    sender = notifier(tmp_path, url, retries=2, backoff=0.05, timeout=0.5, emit=said)
+    started = time.monotonic()
+    sender.put([notice(1), notice(2)])
+    assert time.monotonic() - started < 0.1  # put never waits for the webhook
+    wait_for("both given up", lambda: sender.figures()["failed"] == 2, timeout=20)
+    sender.stop()
+    assert sender.figures() == {"posted": 0, "retried": 4, "dropped": 0, "failed": 2, "queue": 0}
+    [first, second] = said.named("repair-notify-failed")
+    assert "3 tries" in first[1] and first[2] == "error" and first[3]["node"] == "node1"
+    assert "127.0.0.1" not in first[1]  # the URL is a secret: never in the journal
+
+
+def test_a_full_queue_drops_its_oldest_counts_each_and_says_it_once(tmp_path, hooks):
+    hook = hooks(answers=(0,))  # holds the first post: the queue fills behind it
+    said = Events()
+    sender = notifier(tmp_path, hook.url, queue=2, retries=0, timeout=5.0, emit=said)
+    sender.put([notice(1)])
+    wait_for("the first post under way", lambda: hook.tries == 1, timeout=10)
+    sender.put([notice(2), notice(3), notice(4)])  # 1 (posting), 2, 3 in a queue of 2: 1 then 2 dropped
+    assert sender.figures()["dropped"] == 2 and sender.waiting == 2
+    assert len(said.named("repair-notify-dropped")) == 1
+    assert "repair.notify_queue 2" in said.named("repair-notify-dropped")[0][1]
+    hook.answers = [200]
+    hook.release.set()
+    wait_for("3 and 4 posted", lambda: len(hook.bodies) == 2, timeout=10)
+    sender.stop()
+    assert [b["text"].rsplit(": ", 1)[1] for b in hook.bodies] == ["3", "4"]
+
+
+def test_a_restarted_notifier_posts_nothing_twice(tmp_path, hooks):
+    hook = hooks()
+    sender = notifier(tmp_path, hook.url)
+    sender.put([notice(1), notice(2)])
+    wait_for("two posts", lambda: len(hook.bodies) == 2, timeout=10)
+    sender.stop()
+    store = open_sqlite(str(tmp_path / "repair.db"))
+    for number in range(1, 5):
+        store.event("node1", "repair-recommended", f"recommended {number}")
+    store.event("node1", "repair-step", "not posted")
+    again = notify.Sent(tmp_path / notify.SENT_FILE)
+    assert again.repair_id == 2
+    notices = notify.repair_notices(store, again.repair_id)
+    assert [n.key for n in notices] == ["repair:3", "repair:4"]  # 1 and 2 were posted before the restart
+
+
+def test_a_url_file_others_can_read_is_refused_naming_the_file_and_the_fix(tmp_path):
+    path = url_file(tmp_path, "http://127.0.0.1:9/hook", mode=0o644)
+    with pytest.raises(NotifyUrlError) as refused:
+        webhook.read_url(path)
+    assert str(refused.value) == (f"{path} (repair.notify_url_file): mode 0644 lets others read or change it "
+                                  f"(expected 0600 or 0400: chmod 600 {path}): whoever reads the URL can post to the "
+                                  "channel")
+    link = tmp_path / "link"
+    os.chmod(path, 0o600)
+    link.symlink_to(path)
+    with pytest.raises(NotifyUrlError, match="cannot read it"):
+        webhook.read_url(str(link))
+    Path(path).write_text("not a url\n")
+    with pytest.raises(NotifyUrlError, match="does not hold one http"):
+        webhook.read_url(path)
+
+
+def test_the_figures_become_metrics_with_the_age_of_each_recommendation(tmp_path):
+    waiting = Record("node3", "xid/79", "reboot", "GPU has fallen off the bus", opened=1000.0)
+    write_figures(str(tmp_path), 1500.0, [waiting], {"posted": 3, "retried": 1, "dropped": 2, "failed": 1,
+                                                     "queue": 0})
+    found = {f.name: f for f in families(str(tmp_path), now=2900.0)}
+    [age] = found["slurm_ext_repair_awaiting_approval_seconds"].samples
+    assert age.labels == {"hostname": "node3", "signature": "xid/79", "action": "reboot"} and age.value == 1900.0
+    assert {s.labels["why"]: s.value for s in found["slurm_ext_repair_notify_dropped"].samples
+            if s.name.endswith("_total")} == {"queue-full": 2, "failed": 1}
+    assert found["slurm_ext_repair_pass_timestamp_seconds"].samples[0].value == 1500.0
