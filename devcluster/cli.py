@@ -120,6 +120,40 @@ def _dev_reboot_node(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dev_inject(args: argparse.Namespace) -> int:
+    from . import cluster, drills
+    injected = drills.inject(cluster.with_present_nodes(_dev_settings(args)), args.node, args.fault, args.gpu)
+    print(f"DRILL {injected.drill.where}: {injected.done}")
+    print("expect (this node's config):")
+    for line in injected.expect:
+        print(f"  {line}")
+    print(f"watch:  sinfo -R -o '%60E %N'   slurm-ext repair list   slurm-ext events --since 5m\n"
+          f"then:   slurm-ext repair approve {args.node} (where a repair is recommended), slurm-ext history "
+          f"--node {args.node} --since 1h, and slurm-ext dev heal {args.node}")
+    return 0
+
+
+def _dev_heal(args: argparse.Namespace) -> int:
+    from . import cluster, drills
+    healed = drills.heal(cluster.with_present_nodes(_dev_settings(args)), args.node)
+    if not healed.undone:
+        print(f"no drill injected on {args.node}: nothing to undo")
+        return 0
+    print(f"undone on {args.node}:")
+    for line in healed.undone:
+        print(f"  {line}")
+    print(f"the node is not resumed here: its monitor lifts its own drain once each finding has stayed away for its "
+          f"quiet window; a recommended repair brings it back once approved (slurm-ext repair approve {args.node}); "
+          "a finding that stays (a critical Xid until a reboot): slurm-ext health clear")
+    return 0
+
+
+def _gpu_index(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: a GPU index (0, 1, ...)")
+    return int(text)
+
+
 def _print_status(state) -> None:
     print(f"dev cluster in {state.state_dir}")
     for daemon in state.daemons:
@@ -145,6 +179,11 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         ("down", _dev_down, "cancel jobs, stop every daemon by its pidfile, remove job cgroups"),
         ("status", _dev_status, "say what runs and the node's state (exit 3 when the node is unknown)"),
         ("demo", _dev_demo, "submit a GPU job and show it completed in sacct"),
+        ("inject", _dev_inject, "a drill: make FAULT on a dev node through the path a real one takes (fake NVML, "
+                                "the node's own network namespace and tmpfs, its slurmd's pidfile), recorded and "
+                                "journaled as a drill; says what the node's checks will make of it"),
+        ("heal", _dev_heal, "undo every drill injected on the node and say what was undone; the node is resumed by "
+                            "its monitor or an approved repair, not here"),
         ("reboot-node", _dev_reboot_node, "what the cluster's RebootProgram runs on `scontrol reboot`: restart the "
                                           "node's agent and slurmd with a new boot id, as after a reboot"),
     ):
@@ -155,8 +194,14 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
             sub.add_argument("--nodes", type=_node_count, metavar="N",
                              help="nodes that run, each with its own slurmd and worker agent on 127.0.0.1 (override "
                                   "[dev] nodes; default 1)")
-        if name == "reboot-node":
+        if name in ("reboot-node", "inject", "heal"):
             sub.add_argument("node", help="the node's name")
+        if name == "inject":
+            from .drills import KINDS
+            sub.add_argument("fault", metavar="FAULT", help="one of: " + "; ".join(
+                f"{kind}: {k.doc}" for kind, k in KINDS.items()))
+            sub.add_argument("--gpu", type=_gpu_index, metavar="N",
+                             help="the GPU of a GPU fault (its index in the node's fake GPUs; default 0)")
         if name == "up":
             sub.add_argument("--proctrack", choices=("cgroup", "linuxproc"),
                              help="Slurm's ProctrackType (override [dev] proctrack; default cgroup); linuxproc "

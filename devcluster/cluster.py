@@ -26,7 +26,7 @@ from slurm_ext.config import SlurmSection
 from slurm_ext.errors import CommandError, DevClusterError, SlurmError, SlurmExtError
 from slurm_ext.slurm import Job, Node, SlurmClient
 
-from . import daemons, deps, fakenvml, render
+from . import daemons, deps, drills, fakenvml, nodenet, render
 from .daemons import Daemon
 from .layout import Layout, NodeLayout, node_names
 from .settings import DevSection
@@ -128,6 +128,8 @@ def up(settings: DevSection) -> Status:
             daemons.stop(daemon)
         if not daemons.running_pid(daemon):
             to_start.append(daemon)
+    for node in layout.nodes:  # before the agents: a monitor watches lo of its node's namespace from its start
+        nodenet.ensure(node.netns)
     for daemon in to_start:  # all ports first: a taken one fails before anything starts
         for port in daemon.ports:
             daemons.check_port_free(port, daemon.name)
@@ -196,7 +198,7 @@ def _write_files(layout: Layout) -> set[Path]:
 def _node_files(layout: Layout, node: NodeLayout) -> str:
     """A node's own tree: fake GPUs, kernel log, Slurm's files linked, hook client and wrappers; its hook's path."""
     s = layout.settings
-    for path in (node.etc, node.bin, node.node_state, node.dev, layout.slurmd_spools / node.name):
+    for path in (node.etc, node.bin, node.node_state, node.dev, node.drill_fs, layout.slurmd_spools / node.name):
         path.mkdir(parents=True, exist_ok=True)
     if node.index:  # slurmd reads gres.conf beside the slurm.conf it is given: the node's own, beside the links
         for name in ("slurm.conf", "cgroup.conf"):
@@ -357,6 +359,8 @@ def down(settings: DevSection) -> list[int]:
     """
     deps.require_root("dev down")
     layout = Layout(with_present_nodes(settings))
+    for healed in drills.heal_all(layout.settings):  # a stopped slurmd must go on to stop; a drill's tmpfs must go
+        log.info("node %s: drills undone: %s", healed.node, "; ".join(healed.undone))
     all_daemons = cluster_daemons(layout)
     if daemons.running_pid(_named(all_daemons, "supervise-controller")):  # let Slurm end its jobs itself
         _cancel_jobs(layout)
@@ -364,6 +368,7 @@ def down(settings: DevSection) -> list[int]:
     stopped = [pid for d in reversed(all_daemons) if (pid := daemons.stop(d, grace=120.0)) is not None]
     for node in layout.nodes:
         _remove_job_cgroups(node.name)
+        nodenet.remove(node.netns)
     log.info("cluster down: stopped %d daemons", len(stopped))
     return stopped
 

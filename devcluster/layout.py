@@ -12,6 +12,7 @@ there are links to the cluster's (slurmd reads gres.conf beside the
 slurm.conf it was given).
 """
 
+import hashlib
 import re
 import socket
 from dataclasses import dataclass
@@ -114,6 +115,11 @@ class Layout:
     def reboot_program(self) -> Path:
         """RebootProgram=: `scontrol reboot` ends here, and restarts the node's agent and slurmd."""
         return self.root / "bin" / "slurm-ext-reboot"
+
+    @property
+    def drills(self) -> Path:
+        """What `dev inject` did and `dev heal` undoes, per node (devcluster/drills.py)."""
+        return self.root / "drills.json"
 
     @property
     def dev_conf(self) -> Path:
@@ -240,6 +246,20 @@ class NodeLayout:
     def gpu_spec(self) -> Path:
         """The fake GPUs' description (SLURM_EXT_FAKE_NVML); edit it to inject faults."""
         return self.base / "gpus.json"
+
+    @property
+    def drill_fs(self) -> Path:
+        """A directory among the node's health.paths: `dev inject NODE fs-full` mounts a small tmpfs of the
+        cluster's own on it and fills it (never a file system of the host's)."""
+        return self.base / "drill-fs"
+
+    @property
+    def netns(self) -> str:
+        """The network namespace whose `lo` is the node's watched interface (health.interfaces): `dev inject NODE
+        link-down` takes that `lo` down, never an interface of the host. Named after the state directory, so two
+        clusters on one host never share one."""
+        digest = hashlib.sha256(str(self.cluster.root.resolve()).encode()).hexdigest()[:8]
+        return f"slurm-ext-{digest}-{self.name}"
 
     @property
     def kernel_log(self) -> Path:

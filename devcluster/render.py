@@ -169,9 +169,11 @@ expected = {s.gpu_count}
 [health]
 interval = "{s.health_interval:g}s"
 kernel_log = "{node.kernel_log}"
-paths = ["{node.node_state}"]
-# every host has lo: the link checks and the cluster page's network panel have an interface on any machine
+paths = ["{node.node_state}", "{node.drill_fs}"]
+# lo of the node's own network namespace (`dev up` makes it): the link checks and the cluster page's network panel
+# have an interface on any machine, and `dev inject {node.name} link-down` can take it down without touching the host's
 interfaces = ["lo"]
+network_namespace = "{node.netns}"
 
 [repair]
 interval = "{s.repair_interval:g}s"

@@ -256,6 +256,13 @@ _ENTRIES = (
     EventName("web-source-failed", _WEB, "warning", "Slurm, the repair database or Prometheus stopped answering the "
               "page; it shows their last answer, with its age"),
     EventName("web-source-ok", _WEB, "info", "a source of the page answers again"),
+    # -- drills on the dev cluster (devcluster/: `slurm-ext dev inject`, `dev heal`) -------------------------
+    EventName("drill-injected", ("devcluster",), "warning",
+              "DRILL, not a real fault: `slurm-ext dev inject` made a fault on this dev node (fault, gpu, user; "
+              "drill=true)"),
+    EventName("drill-healed", ("devcluster",), "info",
+              "DRILL: `slurm-ext dev heal` undid the drills injected on this dev node (faults, user; drill=true); "
+              "the node is resumed by its monitor or an approved repair, not by the heal"),
 )
 
 #: every event name slurm-ext emits, by name
