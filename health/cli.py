@@ -9,6 +9,7 @@ import sys
 import time
 
 from slurm_ext import config
+from slurm_ext.words import counted
 
 __all__ = ["add_commands"]
 
@@ -45,8 +46,8 @@ def _check(args: argparse.Namespace) -> int:
             print(_line(row))
         absent = f"; not applicable here: {', '.join(report.not_applicable)}" if report.not_applicable else ""
         verdict = "unhealthy" if not report.healthy else "unknown" if missing else "healthy"
-        print(f"{verdict}: {len(report.findings)} findings; {len(report.ran)} checks ran now, the monitor's open "
-              f"findings {'added' if not missing else 'unknown'}{absent}")
+        print(f"{verdict}: {counted(len(report.findings), 'finding')}; {counted(len(report.ran), 'check')} ran now, "
+              f"the monitor's open findings {'added' if not missing else 'unknown'}{absent}")
     if missing:
         print(f"slurm-ext: {missing}", file=sys.stderr)
     return 1 if not report.healthy else NOT_MEASURED if not healthy else 0
@@ -61,15 +62,16 @@ def _show(args: argparse.Namespace) -> int:
         print(f"slurm-ext: {missing}", file=sys.stderr)
         return NOT_MEASURED
     found = open_findings(loaded.node)
+    unhealthy = any(row.get("severity") == "critical" for row in found)
     if args.json:
         print(json.dumps(found, indent=1))
-        return 0
+        return 1 if unhealthy else 0
     if not found:
         print("no open findings")
     for row in found:
         opened = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["opened"]))
         print(f"{opened} {_line(row)}" + (f" (seen {row['count']} times)" if row.get("count", 1) > 1 else ""))
-    return 0
+    return 1 if unhealthy else 0
 
 
 def _clear(args: argparse.Namespace) -> int:
@@ -91,7 +93,7 @@ def _clear(args: argparse.Namespace) -> int:
 
 
 def _line(row: dict) -> str:
-    gpu = f" gpu {row['gpu']} {row.get('uuid', '')}" if row.get("gpu") is not None else ""
+    gpu = " ".join(("", "gpu", str(row["gpu"]), row.get("uuid") or "")).rstrip() if row.get("gpu") is not None else ""
     jobs = f" jobs={','.join(map(str, row['jobs']))}" if row.get("jobs") else ""
     return f"{row['severity']:8} {row['check']}{gpu}: {row['evidence']} action={row['action']}{jobs}"
 
@@ -109,8 +111,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                                            "monitor's open findings (windows and events need the monitor).")
     check.add_argument("--json", action="store_true", help="machine-readable")
     check.set_defaults(func=_check)
-    show = actions.add_parser("show", help="the node's open findings, as the monitor last saved them; exit 3 when no "
-                              "monitor wrote this config's state dir this boot")
+    show = actions.add_parser("show", help="the node's open findings, as the monitor last saved them; exit 1 when one "
+                              "is critical (as `check`), 3 when no monitor wrote this config's state dir this boot")
     show.add_argument("--json", action="store_true", help="machine-readable")
     show.set_defaults(func=_show)
     clear = actions.add_parser("clear", help="clear open findings (a sticky Xid after a GPU reset) and their drains",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -507,8 +508,12 @@ def test_health_check_judges_the_node_now_and_show_lists_the_monitors_findings(h
     assert lost.returncode == 1, lost
     assert "unhealthy" in lost.stdout and "gpu-lost gpu 1" in lost.stdout and "action=reboot" in lost.stdout
     health.wait_event("health-finding", check="gpu-lost", timeout=10)
-    shown = json.loads(health.cli("health", "show", "--json").stdout)
-    assert [(f["check"], f["gpu"], f["severity"]) for f in shown] == [("gpu-lost", 1, "critical")], shown
+    shown = health.cli("health", "show", "--json", check=False)
+    assert [(f["check"], f["gpu"], f["severity"]) for f in json.loads(shown.stdout)] == [("gpu-lost", 1, "critical")]
+    # issue 29.7: `health show` exited 0 with a critical finding open; and said "1 findings"
+    assert shown.returncode == 1 and health.cli("health", "show", check=False).returncode == 1
+    assert re.search(r"^unhealthy: 2 findings; \d+ checks ran now", lost.stdout, re.M), lost.stdout
+    assert "gpu-lost gpu 1: gpu 1 fallen off the bus" in lost.stdout  # no uuid: no space before the colon
 
     # a driver call that hangs: `health check` answers within call_timeout, an NVML failure of now, not a hang
     health.gpus(gpu1=None, gpu2={"query_delay_ms": 20000})
