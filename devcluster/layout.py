@@ -117,6 +117,12 @@ class Layout:
         return self.root / "bin" / "slurm-ext-reboot"
 
     @property
+    def nvidia_smi(self) -> Path:
+        """The nodes' `nvidia-smi` for GPU resets (health.gpu_reset_command): devcluster/fakesmi.py, which resets a
+        GPU in the node's fake NVML spec."""
+        return self.root / "bin" / "nvidia-smi"
+
+    @property
     def drills(self) -> Path:
         """What `dev inject` did and `dev heal` undoes, per node (devcluster/drills.py)."""
         return self.root / "drills.json"

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from .layout import Layout, NodeLayout, node_names
 
 __all__ = ["Topology", "parse_topology", "slurm_conf", "cgroup_conf", "slurm_ext_toml", "hook_wrapper", "node_hook",
-           "reboot_program"]
+           "reboot_program", "nvidia_smi"]
 
 _HEADER = "# written by `slurm-ext dev up`; edits are overwritten at the next `dev up`\n"
 
@@ -174,6 +174,8 @@ paths = ["{node.node_state}", "{node.drill_fs}"]
 # have an interface on any machine, and `dev inject {node.name} link-down` can take it down without touching the host's
 interfaces = ["lo"]
 network_namespace = "{node.netns}"
+# a GPU reset of an approved reset-gpu repair: the dev cluster's nvidia-smi resets the GPU in the node's fake NVML spec
+gpu_reset_command = ["{layout.nvidia_smi}", "--gpu-reset", "-i", "{{gpu}}"]
 
 [repair]
 interval = "{s.repair_interval:g}s"
@@ -219,6 +221,12 @@ def node_hook(layout: Layout, hooks: dict[str, str]) -> str:
     return (f"#!/bin/sh\n{_HEADER}case \"$SLURMD_NODENAME\" in\n{cases}"
             f"  *) echo \"slurm-ext-node-hook: node '$SLURMD_NODENAME' is not one of the dev cluster's\" >&2; exit 1 ;;\n"
             "esac\n")
+
+
+def nvidia_smi(python: str) -> str:
+    """The nodes' `nvidia-smi` (health.gpu_reset_command): a GPU reset played on the node's fake NVML spec
+    (devcluster/fakesmi.py), which the node agent's environment names."""
+    return f"#!{python}\n{_HEADER}from slurm_ext.devcluster.fakesmi import main\n\nraise SystemExit(main())\n"
 
 
 def reboot_program(layout: Layout, slurm_ext: str) -> str:

@@ -250,6 +250,14 @@ class HealthSection:
                            validate=_validate_check)
     xid: dict = setting({}, "per-Xid overrides of NVIDIA's catalog, [health.xid.<number>]", "sections",
                         section=XidSection, validate=_validate_xid)
+    gpu_reset_command: tuple = setting(("nvidia-smi", "--gpu-reset", "-i", "{gpu}"),
+                                       "how the node's agent resets one GPU for an approved reset-gpu repair: a "
+                                       "program and its arguments, never `sh -c`; {gpu} is the GPU's NVML index, as "
+                                       "one argument (on NVSwitch systems, HGX H100/H200, nvidia-smi may need every "
+                                       "GPU reset together, and no process may hold the GPU)", "list",
+                                       item={"kind": "str"}, min_items=1)
+    gpu_reset_timeout: float = setting(120.0, "longest a GPU reset may run before it is killed and the repair "
+                                       "fails", "duration", minimum=1.0, maximum=3600.0)
 
     def params(self, check: str) -> Params:
         """`check`'s effective settings."""

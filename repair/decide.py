@@ -60,7 +60,7 @@ def approve(store: Store, node: str, user: str, settings: RepairSection, cluster
             action: str | None = None, dry_run: bool = False, auto: bool = False,
             now: float | None = None) -> tuple[Record, str]:
     """Approve `node`'s recommendation (with `action` instead of its own, when given); returns the record and what
-    was done. `dry_run`: every check, nothing written. `auto`: the service's auto-approve (reboot only).
+    was done. `dry_run`: every check, nothing written. `auto`: the service's auto-approve (KEEPS_DATA only).
 
     Raises:
         DecisionRefused: no recommendation, decided already, an unknown action, paused, in cooldown, or past the guard.
@@ -77,7 +77,7 @@ def approve(store: Store, node: str, user: str, settings: RepairSection, cluster
         if stop:
             raise DecisionRefused(f"repairs are paused (by {stop[0]} at {_when(stop[1])}): nothing is approved until "
                                   "`slurm-ext repair unpause`")
-        _check_cooldown(store, node, settings, now)
+        _check_cooldown(store, node, settings, now, record.detail.get("after_failed"))
         under_way = [r.node for r in store.records(open_only=True, states=IN_PROGRESS)]
         limit = guard_limit(settings, cluster_nodes)
         if len(under_way) + 1 > limit:
@@ -150,9 +150,13 @@ def _recommendation(store: Store, node: str) -> Record:
                           "gets one when a health check drains it)")
 
 
-def _check_cooldown(store: Store, node: str, settings: RepairSection, now: float) -> None:
+def _check_cooldown(store: Store, node: str, settings: RepairSection, now: float, after_failed: int | None = None
+                    ) -> None:
+    """Refuse a repair of a node whose last one ended within repair.cooldown; not the reboot recommended because a
+    GPU reset failed (`after_failed`: that reset's record), which is the next step of the same repair."""
     finished = [r for r in store.records(node=node, states=("done", "failed"))
-                if r.closed and now - r.closed < settings.cooldown and not r.detail.get("dry_run")]
+                if r.closed and now - r.closed < settings.cooldown and not r.detail.get("dry_run")
+                and r.id != after_failed]
     if finished:
         last = max(finished, key=lambda r: r.closed)
         raise DecisionRefused(f"node {node}: in its cooldown: its {last.action} ended {last.state} at "

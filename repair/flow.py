@@ -20,6 +20,17 @@ back still drained with our reason; it is resumed only once its own health
 checks pass after the boot. (`scontrol reboot ASAP nextstate=RESUME` would
 put it back in service as soon as it registers, before any check, and
 nextstate=DOWN does too under ReturnToService=2: seen on Slurm 22.05.)
+
+A GPU reset (reset-gpu) resets the one GPU its finding names, on the node,
+while the node stays drained: it waits only for the jobs holding that GPU
+(the node's agent names them when asked to reset it, and resets nothing
+then; with repair.requeue they are requeued), so the jobs on the node's
+other GPUs run on. The controller asks the node's agent (POST
+/health/reset-gpu, with the agent credential), which runs
+health.gpu_reset_command and clears that GPU's findings; the node's own
+checks must then pass on a reading taken after the reset before it is
+resumed. A reset that fails or does not clear the fault leaves the node
+drained, and a reboot is recommended in its place.
 """
 
 from __future__ import annotations
@@ -30,13 +41,14 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from slurm_ext import nodestate
-from slurm_ext.agentapi import HealthAnswer
+from slurm_ext.agentapi import AgentAnswerError, GpuResetAnswer, HealthAnswer
 from slurm_ext.errors import SlurmExtError
 from slurm_ext.slurm import Job, Node, SlurmClient
 
 from .executors import ExecutorFailed, Outcome
 from .settings import RepairSection
 from .store import Record, Store
+from .executors import OUTPUT_LIMIT
 
 __all__ = ["Seen", "advance", "STEPS", "REBOOT_FLAGS"]
 
@@ -69,6 +81,8 @@ class Seen:
     emit: Callable[..., object]
     #: the time now (epoch seconds), read when a step happens: its stamp and its deadlines
     clock: Callable[[], float]
+    #: ask a node's agent to reset one of its GPUs on a thread: (node, gpu) -> Future of its GpuResetAnswer
+    reset_gpu: Callable[[str, int], Future] | None = None
 
 
 def advance(record: Record, seen: Seen) -> None:
@@ -142,6 +156,11 @@ def _wait_jobs(record: Record, seen: Seen) -> None:
         _save(record, seen, now, "repair-step", f"drained {record.node} again: it showed {node.reason or 'no drain'!r} "
                                                 "while its repair waited for its jobs", acts="drain")
         return
+    if record.action == "reset-gpu":  # the jobs on the node's other GPUs run on
+        record.step = "act"
+        _save(record, seen, now, "repair-step", f"waits only for the jobs holding gpu {record.detail.get('gpu')}, "
+                                                "which the node's agent names when asked to reset it")
+        return
     if running and seen.settings.requeue and not record.detail.get("requeued"):
         answer = seen.slurm.requeue(running)
         record.detail["requeued"] = running
@@ -173,6 +192,9 @@ def _act(record: Record, seen: Seen) -> None:
         return
     if record.action == "reboot":
         _reboot(record, seen, node, now)
+        return
+    if record.action == "reset-gpu":
+        _reset_gpu(record, seen, now)
         return
     running = seen.actions.get(record.id)
     if running is None:
@@ -211,6 +233,56 @@ def _reboot(record: Record, seen: Seen, node: Node, now: float) -> None:
     record.step = "wait-boot"
     _save(record, seen, now, "repair-step", f"scontrol reboot {record.node}: Slurm reboots it through its "
                                             "RebootProgram; it stays drained", acts="reboot")
+
+
+def _reset_gpu(record: Record, seen: Seen, now: float) -> None:
+    """Ask the node's agent to reset the record's GPU; while jobs hold it, wait for them (or requeue them) and ask
+    again next pass; once reset, its checks are verified as after a reboot."""
+    gpu = record.detail.get("gpu")
+    if not isinstance(gpu, int) or seen.reset_gpu is None:
+        raise ExecutorFailed(f"no GPU to reset: the finding {record.signature} names none (approve a reboot)")
+    running = seen.actions.get(record.id)
+    if running is None:
+        first = "acted_at" not in record.detail
+        record.detail.setdefault("acted_at", now)
+        if first:  # said once; asked again each pass while jobs hold the GPU
+            _save(record, seen, now, "repair-step", f"asked {record.node}'s agent to reset gpu {gpu}",
+                  acts="reset-gpu")
+        seen.actions[record.id] = seen.reset_gpu(record.node, gpu)
+        return
+    if not running.done():
+        return
+    del seen.actions[record.id]
+    try:
+        answer: GpuResetAnswer = running.result()
+    except AgentAnswerError as err:
+        raise ExecutorFailed(f"the reset of gpu {gpu} was not done: {err}") from None
+    if answer.held_by:
+        _wait_for_gpu_jobs(record, seen, now, gpu, sorted(answer.held_by))
+        return
+    said = f"{answer.command}" + (f": {answer.output[-OUTPUT_LIMIT:]}" if answer.output else "")
+    if not answer.ok:
+        raise ExecutorFailed(f"the reset of gpu {gpu} failed: {said}")
+    record.step, record.detail["back_at"] = "verify", now
+    _save(record, seen, now, "repair-step", f"gpu {gpu} of {record.node} reset: {said}; its health checks run")
+
+
+def _wait_for_gpu_jobs(record: Record, seen: Seen, now: float, gpu: int, jobs: list[int]) -> None:
+    """Jobs hold the GPU to reset: requeued where repair.requeue says so, else waited for until drain_deadline."""
+    if seen.settings.requeue and record.detail.get("requeued") != jobs:
+        answer = seen.slurm.requeue(jobs)
+        record.detail["requeued"] = jobs
+        _save(record, seen, now, "repair-step", f"requeued jobs {jobs} holding gpu {gpu}"
+              + (f": {answer}" if answer else ""), acts="requeue")
+        return
+    drained_at = record.detail.get("drained_at", now)
+    if now - drained_at > seen.settings.drain_deadline:
+        _fail(record, seen, f"jobs {jobs} still hold gpu {gpu} {now - drained_at:.0f}s after the drain "
+                            f"(repair.drain_deadline {seen.settings.drain_deadline:g}s); the node stays drained")
+    elif record.detail.get("waiting_for") != jobs:
+        record.detail["waiting_for"] = jobs
+        _save(record, seen, now, "repair-step", f"waiting for jobs {jobs} holding gpu {gpu} to end (until "
+                                                f"{seen.settings.drain_deadline:g}s after the drain)")
 
 
 def _wait_boot(record: Record, seen: Seen) -> None:
@@ -300,6 +372,22 @@ def _fail(record: Record, seen: Seen, why: str, touch_node: bool = True) -> None
             nodestate.drain_for_repair(seen.slurm, node, failed)
         except SlurmExtError as err:
             log.warning("repair of %s: cannot re-word its drain to say the repair failed: %s", record.node, err)
+    if record.action == "reset-gpu" and redrain:
+        _recommend_reboot(record, seen, now)
+
+
+def _recommend_reboot(failed: Record, seen: Seen, now: float) -> None:
+    """A GPU reset that failed or did not clear the fault: a reboot is recommended for the same fault, kept while the
+    failure drains the node (recommend.plan) and approved without waiting for this failure's cooldown."""
+    follow = Record(failed.node, failed.signature, "reboot", f"{failed.evidence} (the reset of gpu "
+                    f"{failed.detail.get('gpu')} failed)", list(failed.jobs), opened=now, updated=now,
+                    detail={"gpu": failed.detail.get("gpu"), "after_failed": failed.id})
+    message = f"reboot recommended for {failed.signature}: the reset of gpu {failed.detail.get('gpu')} failed"
+    with seen.store.locked():
+        seen.store.add(follow)
+        seen.store.event(failed.node, "repair-recommended", message, record=follow, now=now)
+    seen.emit("repair-recommended", f"node {failed.node}: {message}", node=failed.node, action="reboot",
+              signature=failed.signature)
 
 
 def _save(record: Record, seen: Seen, now: float, event: str = "", message: str = "", acts: str = "") -> None:

@@ -45,7 +45,7 @@ _AGENT_TIMEOUT = 3.0
 #: how far after the step that caused it a whole-second entry is put: a microsecond, still inside its own second
 _AFTER_CAUSE = 1e-6
 #: what can cause each kind of whole-second entry of a node, of the actions a repair step records (store.ACTS)
-_ANY_CHANGE = frozenset(ACTS) - {"requeue"}  # a node state that ended: it changed
+_ANY_CHANGE = frozenset(ACTS) - {"requeue", "reset-gpu"}  # a node state that ended: it changed
 _DOWN = frozenset({"reboot", "executor"})  # DOWN, NOT_RESPONDING, FAIL: the node went away
 #: a word in the state of a Slurm event that starts -> what can cause it
 _STATE_CAUSES = (("boot", frozenset({"reboot"})),  # BOOT^, REBOOT_ISSUED, ...
@@ -53,6 +53,7 @@ _STATE_CAUSES = (("boot", frozenset({"reboot"})),  # BOOT^, REBOOT_ISSUED, ...
                  ("down", _DOWN), ("fail", _DOWN), ("not_responding", _DOWN), ("*", _DOWN))
 _RESTART = frozenset({"reboot", "executor"})  # anything its agent says: the agent stopped and started again
 _AGENT_SEES_DRAIN = _RESTART | {"drain"}  # the agent finds its own drain replaced by the repair's
+_AGENT_SEES_RESET = _RESTART | {"reset-gpu"}  # its health monitor clears the reset GPU's findings
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,9 +148,12 @@ def _after_its_cause(entry: Entry, actions: list[Entry], times: list[float]) -> 
 
 def _causes(entry: Entry) -> frozenset[str]:
     """The repair actions that can cause a whole-second entry. From the node's agent: anything (it stopped and started
-    again), its finding the repair's drain in place of its own also a drain. From Slurm's event table: an event's end
-    any change of the node's state; its start, by the states it names (BOOT^, DRAIN, DOWN*, ...)."""
+    again), its finding the repair's drain in place of its own also a drain, its health monitor's events also a GPU
+    reset. From Slurm's event table: an event's end any change of the node's state; its start, by the states it names
+    (BOOT^, DRAIN, DOWN*, ...)."""
     if entry.source == "agent":
+        if entry.event.startswith("health/"):
+            return _AGENT_SEES_RESET
         return _AGENT_SEES_DRAIN if entry.event == "nodestate/drain-overridden" else _RESTART
     if entry.event == "end":
         return _ANY_CHANGE

@@ -6,15 +6,19 @@ action=reboot`); that drain is the fault as the whole cluster sees it, in
 one Slurm query for every node. Here a fault becomes a recommendation (one
 per node and signature), with the action from the [repair] actions table
 or else the finding's own; it escalates in place when the fault gets worse
-(its action does) or came back after escalate_after reboots; it goes away
-when the monitor lifts the drain (its quiet window passed). Records under
-repair are the flow's, not touched here.
+(its action does) or came back after escalate_after reboots (to remove) or
+escalate_after resets of the same GPU (to reboot); it goes away when the
+monitor lifts the drain (its quiet window passed). A reboot recommended
+because a GPU reset failed stays while that failure drains the node. Records
+under repair are the flow's, not touched here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+import re
 
+from slurm_ext import nodestate
 from slurm_ext.nodestate.catalogue import HEALTH, split_more
 from slurm_ext.slurm import REASON_PREFIX, Node
 
@@ -23,13 +27,15 @@ from .store import Record
 
 __all__ = ["Fault", "RecordChange", "fault_of", "action_for", "plan"]
 
-#: health's actions that a repair carries out as one of ours (a GPU reset needs the node's jobs gone: a reboot)
-_AS_REPAIR = {"reset-gpu": "reboot", "reboot": "reboot", "reprovision": "reprovision", "failover": "failover",
+#: health's actions that a repair carries out as one of ours
+_AS_REPAIR = {"reset-gpu": "reset-gpu", "reboot": "reboot", "reprovision": "reprovision", "failover": "failover",
               "remove": "remove"}
 #: the records this module keeps: not decided yet, or rejected while their fault lasts
 _UNDECIDED = ("recommended", "rejected")
 #: checks whose evidence starts with the code that tells faults apart (xid 79 is not xid 13)
 _CODED = ("xid", "sxid")
+#: the GPU a health drain's evidence names ("48 gpu 2 ...", "gpu 3 row remapping pending")
+_GPU = re.compile(r"(?:^|\s)gpu (\d+)(?=\s|$)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +45,8 @@ class Fault:
     #: the finding's own action (health's words)
     action: str
     evidence: str
+    #: the GPU the evidence names (its NVML index), None for a fault of the node
+    gpu: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +69,8 @@ def fault_of(node: Node) -> Fault | None:
     check, evidence, action = found["check"], found["evidence"], found["action"]
     code = evidence.split(maxsplit=1)[0] if check in _CODED and evidence else ""
     signature = f"{check}/{code}" if code.isdigit() else check
-    return Fault(node.name, signature, action.split()[0], evidence)
+    gpu = _GPU.search(evidence)
+    return Fault(node.name, signature, action.split()[0], evidence, int(gpu.group(1)) if gpu else None)
 
 
 def action_for(fault: Fault, settings: RepairSection) -> str | None:
@@ -72,12 +81,14 @@ def action_for(fault: Fault, settings: RepairSection) -> str | None:
 
 
 def plan(records: list[Record], nodes: list[Node], jobs: dict[str, list[int]], settings: RepairSection,
-         reboots: dict[tuple[str, str], int], now: float) -> list[RecordChange]:
+         reboots: dict[tuple[str, str], int], now: float,
+         resets: dict[tuple[str, str, int], int] | None = None) -> list[RecordChange]:
     """The changes to the open records that the cluster as seen now calls for.
 
     `records`: the open ones; `jobs`: node -> ids of its jobs; `reboots`: (node, signature) -> reboots done for it
-    within escalate_window.
+    within escalate_window; `resets`: (node, signature, GPU) -> GPU resets done for it within escalate_window.
     """
+    resets = resets or {}
     under_repair = {r.node for r in records if r.state not in _UNDECIDED}
     by_node: dict[str, list[Record]] = {}
     for record in records:
@@ -90,6 +101,8 @@ def plan(records: list[Record], nodes: list[Node], jobs: dict[str, list[int]], s
             continue  # the flow's
         fault = fault_of(node)
         for record in mine:
+            if fault is None and record.detail.get("after_failed") and nodestate.is_repair_reason(node.reason):
+                continue  # a failed GPU reset's reboot: the failure drains the node, the fault is still there
             if fault is None or fault.signature != record.signature:
                 changes.append(_closed(record, now, "its fault cleared" if fault is None else
                                        f"the node's fault is now {fault.signature}"))
@@ -101,17 +114,27 @@ def plan(records: list[Record], nodes: list[Node], jobs: dict[str, list[int]], s
             continue
         count = reboots.get((node.name, fault.signature), 0)
         evidence = fault.evidence
+        if action == "reset-gpu" and fault.gpu is None:
+            action = "reboot"  # no GPU named: the node's reboot resets every GPU
+        elif action == "reset-gpu":
+            done = resets.get((node.name, fault.signature, fault.gpu), 0)
+            if done >= settings.escalate_after:
+                action = "reboot"
+                evidence += f" (back after {done} resets of gpu {fault.gpu} for it: escalated to reboot)"
         if action == "reboot" and count >= settings.escalate_after:
             action = "remove"
             evidence += f" (back after {count} reboots for it: escalated to remove)"
         node_jobs = sorted(jobs.get(node.name, []))
         if current is None:
+            detail = {"gpu": fault.gpu} if fault.gpu is not None else {}
             changes.append(RecordChange("new", Record(node.name, fault.signature, action, evidence, node_jobs,
-                                                opened=now, updated=now),
+                                                opened=now, updated=now, detail=detail),
                                   f"{action} recommended for {fault.signature}: {evidence}"))
         elif current.state == "recommended" and ACTIONS.index(action) > ACTIONS.index(current.action):
             was = current.action
             current.action, current.evidence, current.jobs, current.updated = action, evidence, node_jobs, now
+            if fault.gpu is not None:
+                current.detail["gpu"] = fault.gpu
             changes.append(RecordChange("escalated", current, f"escalated from {was} to {action}: {evidence}"))
         elif current.state == "recommended" and (current.jobs != node_jobs or current.evidence != evidence):
             current.jobs, current.evidence, current.updated = node_jobs, evidence, now

@@ -53,7 +53,7 @@ from .secretfile import SecretFileError, read_secret
 
 __all__ = ["DEFAULT_CREDENTIAL", "Credential", "CredentialError", "CredentialFile", "create_credential",
            "AgentAnswerError", "GpuReading", "InterfaceReading", "FactsReading", "Readings", "HealthAnswer",
-           "JournalLine", "EventsPage", "AgentClient",
+           "GpuResetAnswer", "JournalLine", "EventsPage", "AgentClient",
            "request_signature", "answer_signature", "request_refusal", "NonceMemory", "FetchError", "fetch",
            "get_text", "NONCE_HEADER", "TIME_HEADER", "SIGNATURE_HEADER", "BOOT_HEADER", "NODE_HEADER", "AUTH_SCHEME",
            "REQUEST_WINDOW", "REFUSED", "BUSY", "BUSY_RETRY", "MAX_HEALTH", "MAX_EVENTS", "EVENTS_SENT", "CUT_KEY"]
@@ -517,6 +517,35 @@ class HealthAnswer:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuResetAnswer:
+    """A node agent's answer to POST /health/reset-gpu: whether the reset ran and worked, or which jobs hold the
+    GPU (then nothing ran)."""
+
+    gpu: int
+    ran: bool
+    ok: bool
+    #: the command as the agent ran it, and its output's tail (control characters escaped), cut to _MAX_OUTPUT
+    command: str
+    output: str
+    held_by: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, data) -> GpuResetAnswer:
+        """Raises _Odd: not a reset answer."""
+        if not isinstance(data, dict):
+            raise _Odd("expected a JSON object")
+        gpu, ran, ok, held = data.get("gpu"), data.get("ran"), data.get("ok"), data.get("held_by")
+        if type(gpu) is not int or type(ran) is not bool or type(ok) is not bool or not isinstance(held, list):
+            raise _Odd("gpu, ran, ok and held_by: expected a number, two booleans and a list")
+        return cls(gpu, ran, ok, _text(data, "command", "")[:_MAX_OUTPUT], _text(data, "output", "")[-_MAX_OUTPUT:],
+                   tuple(job for job in held if type(job) is int))
+
+
+#: characters of a reset's command and output kept from an answer
+_MAX_OUTPUT = 4000
+
+
+@dataclass(frozen=True, slots=True)
 class JournalLine:
     #: epoch seconds
     time: float
@@ -808,6 +837,23 @@ class AgentClient:
                 return False
             raise
         return True
+
+    def reset_gpu(self, node: str, gpu: int, addr: str = "", timeout: float | None = None) -> GpuResetAnswer:
+        """Have the node's agent reset GPU `gpu` (an approved reset-gpu repair); its answer says whether it ran and
+        worked, or which jobs hold the GPU (nothing ran).
+
+        Raises:
+            AgentAnswerError: as `health`; status 404 when the node has no such GPU, 409 while another reset runs
+            there."""
+        address = self.address(node, addr)
+        _, body = self._ask(node, address, "POST", f"/health/reset-gpu?gpu={int(gpu)}", MAX_OTHER, timeout)
+        try:
+            answer = GpuResetAnswer.of(json.loads(body))
+        except (ValueError, RecursionError) as err:
+            raise AgentAnswerError(node, address, f"its reset answer is not one: {err}") from None
+        if answer.gpu != gpu:
+            raise AgentAnswerError(node, address, f"it answered for GPU {answer.gpu}, not {gpu}")
+        return answer
 
     def _ask(self, node: str, address: str, method: str, target: str, limit: int, timeout: float | None,
              expect: tuple[int, ...] = (200,)) -> tuple[str, bytes]:

@@ -1,7 +1,9 @@
 """The agent's HTTP listener: /livez, /readyz, /metrics (Prometheus), and, read-only, the node journal's
 /events?since=EPOCH and the health monitor's /health with the node's facts (for `slurm-ext history`, the repair
-service and the cluster page). One POST: /health/check asks the health monitor to read the node now (the cluster
+service and the cluster page). Two POSTs: /health/check asks the health monitor to read the node now (the cluster
 page's "run the health checks"); it changes nothing but the time of the next poll, at most once a second.
+/health/reset-gpu?gpu=N resets one GPU for an approved reset-gpu repair (health.gpu_reset_command, never a shell;
+refused for a GPU the node does not have, not run while a job holds the GPU: the answer names the jobs).
 
 /events, /health and POST /health/check answer only an asker that proves it holds the cluster's agent credential
 (node.agent_credential; `slurm_ext.agentapi`) in a request meant for this node, within a minute of this clock, and
@@ -203,14 +205,19 @@ def agent_routes(agent, guard: Guard | None = None) -> Callable[[str, dict], Ans
 _CHECK_SPACING = 1.0
 
 
-def agent_posts(agent, guard: Guard | None = None) -> Callable[[str, dict], Answer]:
-    """The answer to a POST of each path: only /health/check, which has the health monitor read the node now."""
+def agent_posts(agent, guard: Guard | None = None) -> Callable[[str, dict], Answer | Later]:
+    """The answer to a POST of each path: /health/check, which has the health monitor read the node now, and
+    /health/reset-gpu?gpu=N, which resets one GPU for an approved reset-gpu repair (health.gpureset)."""
     last = [0.0]
     guard = guard or Guard(agent)
+    resetter = AnswerWorker("http-reset-gpu")
 
-    def answer(target: str, headers: dict) -> Answer:
-        if target.partition("?")[0] != "/health/check":
-            return 405, b"POST only to /health/check\n", _TEXT
+    def answer(target: str, headers: dict) -> Answer | Later:
+        path, _, query = target.partition("?")
+        if path == "/health/reset-gpu":
+            return guard.guarded("POST", target, headers, lambda: _reset_gpu(agent, query, resetter))
+        if path != "/health/check":
+            return 405, b"POST only to /health/check and /health/reset-gpu?gpu=N\n", _TEXT
         return guard.guarded("POST", target, headers, check_now)
 
     def check_now() -> Answer:
@@ -224,6 +231,36 @@ def agent_posts(agent, guard: Guard | None = None) -> Callable[[str, dict], Answ
         return 202, (json.dumps({"asked": asked}) + "\n").encode(), "application/json"
 
     return answer
+
+
+def _reset_gpu(agent, query: str, resetter: AnswerWorker) -> Answer | Later:
+    """Reset one GPU of this node (only the agent credential gets here): the tool runs on `resetter`'s thread, one
+    reset at a time; 404 for a GPU the node does not have, nothing run."""
+    from urllib.parse import parse_qs
+    asked = parse_qs(query).get("gpu", [""])[0]
+    if not asked.isdigit() or len(asked) > 4:
+        return 400, b"gpu: expected the GPU's NVML index, such as gpu=2\n", _TEXT
+    if resetter.busy:
+        return 409, b"a GPU reset is running on this node: ask again once it has ended\n", _TEXT
+    return Later(lambda: _reset_answer(agent, int(asked)), resetter)
+
+
+def _reset_answer(agent, gpu: int) -> Answer:
+    """The answer to POST /health/reset-gpu, on the resetter's thread."""
+    from slurm_ext.errors import SlurmExtError
+    from .plugins import reset_gpu
+    try:
+        outcome = reset_gpu(agent.config, gpu)
+    except SlurmExtError as err:  # no such GPU: nothing was run
+        return 404, f"{err}\n".encode(), _TEXT
+    if outcome.ok:
+        log.warning("http: GPU %d reset for the repair service: %s", gpu, outcome.command)
+        agent.poll_health_now()  # the monitor reads the GPU as the reset left it
+    elif outcome.ran:
+        log.error("http: GPU %d reset failed: %s: %s", gpu, outcome.command, outcome.output[-300:])
+    body = {"gpu": outcome.gpu, "ran": outcome.ran, "ok": outcome.ok, "command": outcome.command,
+            "output": outcome.output, "held_by": list(outcome.held_by)}
+    return 200, (json.dumps(body) + "\n").encode(), "application/json"
 
 
 def _events(agent, query: str, reader: AnswerWorker) -> Answer | Later:

@@ -44,6 +44,15 @@ def builtin_workers(own: tuple[WorkerSpec, ...]) -> tuple[WorkerSpec, ...]:
     return tuple(spec for own_spec in own for spec in (*before.get(own_spec.name, ()), own_spec)) + tuple(last)
 
 
+def reset_gpu(config, gpu: int):
+    """Reset one GPU of this node for the repair service (health.gpureset.reset_gpu's ResetOutcome).
+
+    Raises:
+        health.gpureset.NoSuchGpu (a SlurmExtError): the node has no such GPU."""
+    from slurm_ext.health.gpureset import reset_gpu as reset  # a floor below the agent's: imported, not named
+    return reset(config.health, config.node.state_dir, health_readings_path(config.node.runtime_dir), gpu)
+
+
 def health_readings_path(runtime_dir: str):
     """Where the health monitor writes its readings each poll, which the agent's /health serves as they are."""
     from slurm_ext.health import metrics_path  # a floor below the agent's: imported, not named

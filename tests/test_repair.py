@@ -168,7 +168,7 @@ def test_pause_cooldown_dry_run_and_auto_approve_rules(store):
     decide.unpause(store, "carol")
     _, said = decide.approve(store, "n1", "a", settings, 10, dry_run=True)
     assert "would approve" in said and store.records(node="n1")[0].state == "recommended"
-    with pytest.raises(decide.DecisionRefused, match="auto-approve takes only reboot"):
+    with pytest.raises(decide.DecisionRefused, match="auto-approve takes only reset-gpu, reboot, not remove"):
         decide.approve(store, "n1", "auto", settings, 10, action="remove", auto=True)
     done = store.records(node="n1")[0]
     done.state, done.closed = "done", time.time() - 60

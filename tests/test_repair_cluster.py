@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from slurm_ext import devcluster as dev
-from slurm_ext.devcluster import daemons
+from slurm_ext.devcluster import daemons, fakenvml, fakesmi
 from slurm_ext.devcluster.cluster import cluster_daemons
 
 from helpers.cluster import TEST_CLUSTER, RepairCluster, cluster_of_its_own
@@ -111,6 +111,99 @@ def test_a_gpu_fault_is_recommended_approved_and_repaired_through_slurms_reboot(
                                 ("repair", "scontrol reboot rnode2"), ("agent", "supervisor/started"),
                                 ("repair", "rnode2 is back"), ("repair", "checks pass"), ("repair", "repair-done")])
     assert steps[2]["user"] == "alice"
+
+
+def _remap_pending(cluster: RepairCluster, node: str, gpu: int) -> None:
+    """A row remap pending on the node's GPU `gpu`, in its fake NVML spec (a fault whose fix is a GPU reset)."""
+    path = cluster.layout.node(node).gpu_spec
+    spec = json.loads(path.read_text())
+    spec["gpus"][gpu]["remapped_rows"] = {**spec["gpus"][gpu].get("remapped_rows", {}), "uncorrected": 1, "pending": 1}
+    fakenvml.write_spec(path, spec)
+
+
+def _smi_calls(cluster: RepairCluster, node: str) -> list[list[str]]:
+    """Every call of the dev cluster's nvidia-smi on the node, its arguments (devcluster/fakesmi.py's log)."""
+    log = cluster.layout.node(node).gpu_spec.parent / fakesmi.LOG_NAME
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_a_gpu_fault_whose_fix_is_a_reset_is_repaired_by_resetting_that_gpu_while_other_jobs_run(repair, tmp_path):
+    """Issue 29, item 3: a row remap pending on GPU 2 (NVIDIA: a GPU reset applies it) drains the node with a reason
+    naming GPU 2 and the fault within 40 characters, is recommended reset-gpu (not reboot), and once approved the
+    node's agent resets GPU 2 alone (the dev cluster's nvidia-smi, called once with that GPU) while a job on another
+    GPU runs on; its checks pass on a reading after the reset, the node is resumed, and the history shows each step
+    as a reboot's does."""
+    release = tmp_path / "release"
+    job = repair.sbatch("-w", "rnode3", "--gres=gpu:1", "--wrap", f"while [ ! -e {release} ]; do sleep 0.2; done")
+    wait_for("the job runs", lambda: any(j.job_id == job and j.state == "RUNNING" for j in repair.client().jobs()),
+             30, interval=0.3)
+    calls = len(_smi_calls(repair, "rnode3"))
+    _remap_pending(repair, "rnode3", 2)
+    node = wait_for("rnode3 drained for its GPU 2", lambda: (n := repair.slurm_node("rnode3")).reason.startswith(
+        "slurm-ext: row-remap") and n, 30, interval=0.3)
+    shown = node.reason.removeprefix("slurm-ext: ")[:40]
+    assert "gpu 2" in shown and "row remapping pending" in shown, node.reason
+    assert "expected" not in node.reason and "limit 0" not in node.reason, node.reason
+    record = repair.record("rnode3", "recommended")
+    assert (record["action"], record["signature"]) == ("reset-gpu", "row-remap"), record
+
+    approved = repair.repair_cli("repair", "approve", "rnode3", user="alice")
+    assert approved.returncode == 0, approved.stderr
+    done = wait_for("the reset done", lambda: next((r for r in repair.all_records("rnode3") if r["id"] == record["id"]
+                                                    and r["state"] in ("done", "failed")), None), 120, interval=0.5)
+    assert done["state"] == "done", done
+    assert _smi_calls(repair, "rnode3")[calls:] == [["--gpu-reset", "-i", "2"]]
+    resumed = wait_for("rnode3 resumed", lambda: not (n := repair.slurm_node("rnode3")).drained and n, 30,
+                       interval=0.3)
+    assert "reset" not in resumed.reason
+    assert any(j.job_id == job and j.state == "RUNNING" for j in repair.client().jobs()), "the job on gpu 0 ran on"
+    findings = repair.repair_cli("health", "show", "--json", node="rnode3")
+    assert not [f for f in json.loads(findings.stdout) if f["check"] == "row-remap"], findings.stdout
+
+    release.touch()
+    assert repair.wait_accounted(job).state == "COMPLETED"
+    wait_for("rnode3 idle", lambda: repair.slurm_node("rnode3").idle, 30, interval=0.5)
+    entries = repair.history("rnode3")
+    steps = _in_order(entries, [("agent", "health/health-finding: critical: row-remap gpu 2 row remapping pending"),
+                                ("repair", "repair-recommended: reset-gpu recommended for row-remap"),
+                                ("repair", "repair-approved"), ("repair", "drained rnode3"),
+                                ("repair", "waits only for the jobs holding gpu 2"),
+                                ("repair", "asked rnode3's agent to reset gpu 2"),
+                                ("repair", "gpu 2 of rnode3 reset"), ("repair", "checks pass after the reset-gpu"),
+                                ("repair", "repair-done")])
+    assert steps[2]["user"] == "alice"
+
+
+def test_a_gpu_reset_that_fails_leaves_the_node_drained_and_recommends_a_reboot(repair):
+    """The reset tool fails (the dev cluster's nvidia-smi exits 1): the repair fails with the tool's words, the node
+    stays drained saying so, and a reboot is recommended for the same fault."""
+    spec = repair.layout.node("rnode4").gpu_spec
+    failing = spec.parent / fakesmi.FAIL_NAME
+    failing.touch()
+    try:
+        calls = len(_smi_calls(repair, "rnode4"))
+        _remap_pending(repair, "rnode4", 2)
+        record = repair.record("rnode4", "recommended")
+        assert record["action"] == "reset-gpu"
+        assert repair.repair_cli("repair", "approve", "rnode4").returncode == 0
+        failed = wait_for("the reset failed", lambda: next((r for r in repair.all_records("rnode4") if r["id"] ==
+                                                            record["id"] and r["state"] in ("done", "failed")), None),
+                          120, interval=0.5)
+        assert failed["state"] == "failed", failed
+        assert "exited with status 1" in failed["note"] and "in use by another client" in failed["note"], failed
+        assert _smi_calls(repair, "rnode4")[calls:] == [["--gpu-reset", "-i", "2"]]
+        node = repair.slurm_node("rnode4")
+        assert node.drained and node.reason.startswith("slurm-ext: repair reset-gpu failed"), node.reason
+        follow = repair.record("rnode4", "recommended")
+        assert (follow["action"], follow["signature"]) == ("reboot", "row-remap"), follow
+        assert [e.event for e in _events(repair, record["id"])][-1] == "repair-failed"
+        time.sleep(2 * REPAIR_CLUSTER["repair_interval"])  # passes of the service: the reboot stays recommended
+        assert repair.record("rnode4", "recommended")["id"] == follow["id"]
+    finally:  # as an operator would: the GPU fixed, its finding cleared, the node resumed
+        failing.unlink(missing_ok=True)
+        fakesmi.reset_gpu_in_spec(spec, 2)
+        repair.repair_cli("health", "clear", node="rnode4")
+        repair.run("scontrol", "update", "nodename=rnode4", "state=resume", check=False)
 
 
 def test_a_job_cannot_read_its_nodes_agent_and_a_forger_on_an_agents_port_is_not_believed(repair, tmp_path):

@@ -1,0 +1,79 @@
+"""Issue 29, item 3: reset-gpu is a repair action. A finding whose action is reset-gpu is recommended as reset-gpu
+(not reboot) for the GPU its drain names; the same GPU reset escalate_after times within escalate_window is
+recommended a reboot (as reboots of one signature escalate to remove); a reset that failed leaves a reboot
+recommended, which the cooldown of that failure does not hold back. Recommendations from literal nodes, decisions on
+a real SQLite store."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurm_ext.repair import decide, recommend
+from slurm_ext.repair.settings import ACTIONS, KEEPS_DATA, RepairSection
+from slurm_ext.repair.store import Record, open_sqlite
+from slurm_ext.slurm import Node
+
+XID48 = "slurm-ext: xid 48 gpu 2 double-bit ECC error action=reset-gpu"
+ROW_REMAP = "slurm-ext: row-remap gpu 3 row remapping pending (a GPU reset applies it) action=reset-gpu"
+
+
+def _drained(name: str, reason: str) -> Node:
+    return Node(name, "IDLE", frozenset({"DRAIN"}), reason, "root", gres="gpu:h200:4")
+
+
+@pytest.fixture
+def store(tmp_path):
+    opened = open_sqlite(str(tmp_path / "state" / "repair.db"))
+    yield opened
+    opened.close()
+
+
+def test_reset_gpu_is_the_least_disruptive_repair_and_keeps_data():
+    assert ACTIONS[0] == "reset-gpu" and ACTIONS.index("reset-gpu") < ACTIONS.index("reboot")
+    assert "reset-gpu" in KEEPS_DATA
+
+
+@pytest.mark.parametrize("reason,signature,gpu", [(XID48, "xid/48", 2), (ROW_REMAP, "row-remap", 3)])
+def test_a_reset_gpu_finding_is_recommended_reset_gpu_for_its_gpu(reason, signature, gpu):
+    changes = recommend.plan([], [_drained("n1", reason)], {}, RepairSection(), {}, 1000.0)
+    assert [(c.kind, c.record.signature, c.record.action) for c in changes] == [("new", signature, "reset-gpu")]
+    assert changes[0].record.detail["gpu"] == gpu
+
+
+def test_the_same_gpu_reset_escalate_after_times_is_recommended_a_reboot():
+    settings = RepairSection(escalate_after=2)
+    once = recommend.plan([], [_drained("n1", XID48)], {}, settings, {}, 1000.0, resets={("n1", "xid/48", 2): 1})
+    assert once[0].record.action == "reset-gpu"
+    other_gpu = recommend.plan([], [_drained("n1", XID48)], {}, settings, {}, 1000.0,
+                               resets={("n1", "xid/48", 1): 5})
+    assert other_gpu[0].record.action == "reset-gpu", "another GPU's resets do not count"
+    twice = recommend.plan([], [_drained("n1", XID48)], {}, settings, {}, 1000.0, resets={("n1", "xid/48", 2): 2})
+    assert twice[0].record.action == "reboot"
+    assert "back after 2 resets of gpu 2 for it: escalated to reboot" in twice[0].record.evidence
+
+
+def test_a_reset_gpu_finding_that_names_no_gpu_is_a_reboot():
+    changes = recommend.plan([], [_drained("n1", "slurm-ext: xid 48 node double-bit ECC error action=reset-gpu")], {},
+                             RepairSection(), {}, 1000.0)
+    assert changes[0].record.action == "reboot"
+
+
+def test_a_failed_resets_reboot_is_kept_while_the_failure_drains_the_node_and_is_not_held_by_its_cooldown(store):
+    settings = RepairSection(cooldown=3600.0)
+    failed = store.add(Record("n1", "xid/48", "reset-gpu", "48 gpu 2 double-bit ECC error", [], opened=900.0,
+                              updated=950.0, state="failed", closed=950.0, detail={"gpu": 2}))
+    follow = store.add(Record("n1", "xid/48", "reboot", "48 gpu 2 double-bit ECC error (the GPU reset failed)", [],
+                              opened=950.0, updated=950.0, detail={"gpu": 2, "after_failed": failed.id}))
+    node = _drained("n1", "slurm-ext: repair reset-gpu failed: xid/48: exited with status 1 (approved by ann)")
+    assert recommend.plan([follow], [node], {}, settings, {}, 1000.0) == [], "kept while the failure drains it"
+    record, said = decide.approve(store, "n1", "ann", settings, 4, now=1000.0)
+    assert (record.action, said) == ("reboot", "approved reboot of node n1")
+
+
+def test_another_failure_still_holds_the_node_in_its_cooldown(store):
+    settings = RepairSection(cooldown=3600.0)
+    store.add(Record("n1", "xid/79", "reboot", "79 gpu 1 x", [], opened=900.0, updated=950.0, state="failed",
+                     closed=950.0))
+    store.add(Record("n1", "xid/48", "reset-gpu", "48 gpu 2 x", [], opened=990.0, updated=990.0, detail={"gpu": 2}))
+    with pytest.raises(decide.DecisionRefused, match="in its cooldown"):
+        decide.approve(store, "n1", "ann", settings, 4, now=1000.0)
