@@ -76,3 +76,26 @@ def test_the_metric_check_catches_a_rule_on_a_metric_that_does_not_exist():
         - served == {"slurm_ext_health_xid_error_total"}
     assert metrics_of("slurm_ext_accounting_dbd_queue > 0 and delta(slurm_ext_accounting_dbd_queue[10m]) > 0") \
         == {"slurm_ext_accounting_dbd_queue"}
+
+
+def test_the_drained_gauge_says_whose_drain_it_is_and_nothing_for_an_admins():
+    from slurm_ext.nodestate.metrics import drain_owner, drained_families
+    from slurm_ext.slurm import Node
+    drained = frozenset({"DRAIN"})
+    cases = [
+        (Node("n1", "IDLE", drained, "slurm-ext: xid 79 gpu 1 GPU has fallen off the bus action=reboot"), "health/xid"),
+        (Node("n1", "IDLE", drained, "slurm-ext: repair reboot: xid/79 by alice"), "repair"),
+        (Node("n1", "DOWN", frozenset(), "slurm-ext: slurmd crash loop: 5 exits in 10s"), "crash-loop/slurmd"),
+        (Node("n1", "IDLE", drained, "slurm-ext: something an older slurm-ext wrote"), "slurm-ext"),
+        (Node("n1", "IDLE", drained, "maintenance"), ""),  # an admin's: not ours to alert on
+        (Node("n1", "IDLE", frozenset(), "slurm-ext: xid 79 gpu 1 x action=reboot"), ""),  # resumed, reason left
+    ]
+    for node, owner in cases:
+        assert drain_owner(node) == owner, (node.reason, owner)
+    [family] = drained_families(cases[0][0], "n1")
+    [sample] = family.samples
+    assert (sample.labels, sample.value) == ({"hostname": "n1", "owner": "health/xid"}, 1)
+    [family] = drained_families(cases[4][0], "n1")
+    assert [(s.labels["owner"], s.value) for s in family.samples] == [("", 0)]
+    [family] = drained_families(None, "n1")  # before the owner's first look: no sample rather than a guess
+    assert family.samples == []

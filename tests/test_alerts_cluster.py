@@ -160,6 +160,16 @@ def _controller_pid(layout) -> int:
     return int(layout.pidfile("supervise-controller").read_text().split()[0])
 
 
+def _repair_pid(layout) -> int:
+    """The repair service: the controller agent's child whose command line is `... repair serve`."""
+    agent = _controller_pid(layout)
+    for pid in map(int, Path(f"/proc/{agent}/task/{agent}/children").read_text().split()):
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if b"repair" in argv and b"serve" in argv:
+            return pid
+    raise AssertionError(f"no repair service among the children of the controller agent {agent}")
+
+
 @pytest.mark.parametrize("form", ["slack", "alertmanager"])
 def test_the_webhook_gets_the_critical_finding_the_recommendation_and_the_approval_once(drill, tmp_path, form):
     layout, node = drill.layout, drill.cluster.node
@@ -190,6 +200,10 @@ def test_the_webhook_gets_the_critical_finding_the_recommendation_and_the_approv
         assert approved.returncode == 0, approved.stderr
         wait_for("the approval posted", lambda: any("repair-approved" in t for t in texts()), timeout=60,
                  interval=0.3)
+        # the service killed and started again by its agent: what it posted before is not posted again
+        restarts = drill.count("repair-started")
+        os.kill(_repair_pid(layout), signal.SIGKILL)
+        wait_for("the repair service started again", lambda: drill.count("repair-started") > restarts, timeout=60)
         time.sleep(2 * drill.cluster.settings.repair_interval + 1)  # passes more: nothing is posted twice
         said = texts()
         kinds = [re.search(r": (health-finding|repair-[a-z]+): ", t).group(1) for t in said]
