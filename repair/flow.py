@@ -313,6 +313,13 @@ def _verify(record: Record, seen: Seen) -> None:
     answer = seen.health(record.node)
     now = seen.clock()
     back_at = record.detail.get("back_at", now)
+    if answer is None and record.action == "reset-gpu" and "first_reading" not in record.detail:
+        # the pass that reset the GPU asked its agent for no health: the reading compared from is one the agent
+        # gives after the reset (its findings then cleared), and the verdict a reading newer than that
+        if now - back_at > seen.settings.verify_timeout:
+            _fail(record, seen, f"no health verdict {now - back_at:.0f}s after the reset (its agent does not "
+                                "answer; repair.verify_timeout)")
+        return
     monitor = answer.monitor if answer is not None else None
     # a reading newer than the first one seen in this step, both on the node's own clock and of the same boot:
     # taken after it came back (a node that booted again meanwhile starts the comparison over)

@@ -26,7 +26,7 @@ from slurm_ext.repair.status import classify, counts, node_statuses
 from slurm_ext.repair.store import Record, open_sqlite
 from slurm_ext.slurm import Node, expand_hostlist
 
-XID79 = "slurm-ext: xid 79 gpu 1 GPU_HAS_FALLEN_OFF_THE_BUS (expected none) action=reboot"
+XID79 = "slurm-ext: xid 79 gpu 1 GPU has fallen off the bus action=reboot"
 
 
 def _node(name: str, state: str = "IDLE", flags=(), reason: str = "", user: str = "root") -> Node:
@@ -55,7 +55,7 @@ def test_a_health_drain_becomes_one_recommendation_with_its_action_evidence_and_
                     jobs={"n1": [12, 7]})
     assert [(c.kind, c.record.node, c.record.signature, c.record.action, c.record.jobs) for c in changes] == [
         ("new", "n1", "xid/79", "reboot", [7, 12])]
-    assert changes[0].record.evidence == "79 gpu 1 GPU_HAS_FALLEN_OFF_THE_BUS (expected none)"
+    assert changes[0].record.evidence == "79 gpu 1 GPU has fallen off the bus"
 
 
 def test_the_config_table_chooses_the_action_by_signature_then_by_check():
@@ -66,7 +66,7 @@ def test_the_config_table_chooses_the_action_by_signature_then_by_check():
 
 
 def test_a_finding_that_needs_no_repair_of_the_node_recommends_nothing():
-    assert _plan([], [_drained("n1", "slurm-ext: xid 13 gpu 0 GR_EXCEPTION (expected none) action=restart-job")]) == []
+    assert _plan([], [_drained("n1", "slurm-ext: xid 13 gpu 0 graphics engine exception action=restart-job")]) == []
 
 
 def test_a_cleared_fault_takes_its_recommendation_away_and_a_rejected_one_is_closed():
@@ -79,7 +79,7 @@ def test_a_cleared_fault_takes_its_recommendation_away_and_a_rejected_one_is_clo
 
 def test_a_worse_fault_escalates_in_place_and_repeats_after_reboots_recommend_remove():
     record = Record("n1", "xid/79", "reboot", "e", state="recommended", opened=1.0, updated=1.0, id=1)
-    worse = _drained("n1", "slurm-ext: xid 79 gpu 1 GPU_HAS_FALLEN_OFF_THE_BUS (expected none) action=remove")
+    worse = _drained("n1", "slurm-ext: xid 79 gpu 1 GPU has fallen off the bus action=remove")
     (change,) = _plan([record], [worse])
     assert (change.kind, change.record.action, change.record.id) == ("escalated", "remove", 1)
     (again,) = _plan([], [_drained("n1")], reboots={("n1", "xid/79"): 2})
@@ -404,7 +404,7 @@ def test_each_node_gets_one_of_the_five_states():
     assert [s.state for s in statuses] == ["healthy", "booting", "unhealthy", "paused", "pending", "unhealthy"]
     assert counts(statuses) == {"healthy": 1, "booting": 1, "unhealthy": 2, "pending": 1, "paused": 1}
     assert statuses[3].reason_owner == "root" and statuses[2].findings == [
-        "xid/79: 79 gpu 1 GPU_HAS_FALLEN_OFF_THE_BUS (expected none)"]
+        "xid/79: 79 gpu 1 GPU has fallen off the bus"]
     waiting = Record("boot2", "xid/79", "reboot", "e", state="running", step="verify", opened=1.0, updated=1.0)
     assert classify(_node("boot2", flags={"DRAIN"}, reason="slurm-ext: repair reboot: x (approved by a)"),
                     waiting) == "booting"
@@ -618,7 +618,7 @@ def test_an_approval_made_while_a_pass_reads_the_cluster_comes_before_its_first_
     path = tmp_path / "slurm-ext.toml"
     path.write_text(f'[node]\nstate_dir = "{tmp_path / "state"}"\n')
     with store.locked():
-        record = store.add(Record("n1", "xid/79", "reboot", "79 gpu 1 GPU_HAS_FALLEN_OFF_THE_BUS (expected none)",
+        record = store.add(Record("n1", "xid/79", "reboot", "79 gpu 1 GPU has fallen off the bus",
                                   opened=1.0, updated=1.0))
 
     class Slurm(_Slurm):
@@ -840,9 +840,9 @@ def test_a_history_written_before_steps_said_what_they_did_opens_and_reads(tmp_p
 
 def test_held_findings_are_the_critical_ones_as_our_drain_would_state_them():
     from slurm_ext.repair.status import held
-    findings = [{"check": "xid", "evidence": "48 gpu 3 ROBUST_CHANNEL_GPU_ECC_DBE (expected none)", "action": "reset-gpu",
+    findings = [{"check": "xid", "evidence": "48 gpu 3 double-bit ECC error", "action": "reset-gpu",
                  "severity": "critical"},
                 {"check": "temperature", "evidence": "gpu 1 at 86C (expected under 85C)", "action": "failover",
                  "severity": "warning"}, "junk"]
-    assert held(findings) == ["xid 48 gpu 3 ROBUST_CHANNEL_GPU_ECC_DBE (expected none) action=reset-gpu"]
+    assert held(findings) == ["xid 48 gpu 3 double-bit ECC error action=reset-gpu"]
     assert held(None) == []

@@ -77,3 +77,79 @@ def test_another_failure_still_holds_the_node_in_its_cooldown(store):
     store.add(Record("n1", "xid/48", "reset-gpu", "48 gpu 2 x", [], opened=990.0, updated=990.0, detail={"gpu": 2}))
     with pytest.raises(decide.DecisionRefused, match="in its cooldown"):
         decide.approve(store, "n1", "ann", settings, 4, now=1000.0)
+
+
+# -- the flow's reset steps, on a real store (the node's agent and Slurm stood in for by what they answer) ---------
+
+def _seen(store, *, health=None, reset=None, requeued=None, now=1000.0, **settings):
+    from concurrent.futures import Future
+
+    from slurm_ext.repair import flow
+
+    class Slurm:  # only what the reset steps ask of Slurm
+        resumed: list = []
+
+        def requeue(self, jobs):
+            requeued.append(list(jobs))
+            return ""
+
+        def resume(self, name):
+            self.resumed.append(name)
+
+    def reset_gpu(node, gpu):
+        done = Future()
+        done.set_result(reset(node, gpu))
+        return done
+    node = Node("n1", "MIXED", frozenset({"DRAIN"}), "slurm-ext: repair reset-gpu: row-remap gpu 2 (approved by ann)",
+                "root", gres="gpu:h200:4")
+    return flow.Seen(Slurm(), store, RepairSection(**settings), {"n1": node}, {}, health or (lambda name: None),
+                     None, {}, lambda *a, **k: None, lambda: now, reset_gpu)
+
+
+def _running(store, step: str, **detail) -> Record:
+    return store.add(Record("n1", "row-remap", "reset-gpu", "gpu 2 row remapping pending", [], state="running",
+                            step=step, opened=900.0, updated=900.0, decided_by="ann",
+                            detail={"gpu": 2, "drained_at": 950.0, **detail}))
+
+
+def _answer(reading: float, critical: bool):
+    from slurm_ext.agentapi import FactsReading, HealthAnswer, Readings
+    findings = ({"check": "row-remap", "severity": "critical", "evidence": "gpu 2 row remapping pending"},) \
+        if critical else ()
+    return HealthAnswer("n1", "boot-1", reading, Readings(reading, findings, {}, "", ()), FactsReading())
+
+
+def test_jobs_holding_the_gpu_are_waited_for_and_requeued_where_allowed(store):
+    from slurm_ext.agentapi import GpuResetAnswer
+    from slurm_ext.repair import flow
+    held = lambda node, gpu: GpuResetAnswer(gpu, False, False, "", "", (12,))  # noqa: E731
+    record, requeued = _running(store, "act"), []
+    seen = _seen(store, reset=held, requeued=requeued)
+    flow.advance(record, seen)  # asks
+    flow.advance(record, seen)  # the answer: job 12 holds gpu 2
+    assert (record.state, record.step, record.detail["waiting_for"]) == ("running", "act", [12])
+    assert requeued == []
+    messages = [e.message for e in store.events(record=record.id)]
+    assert "asked n1's agent to reset gpu 2" in messages
+    assert any("waiting for jobs [12] holding gpu 2 to end" in m for m in messages)
+
+    other, requeued = _running(store, "act"), []
+    seen = _seen(store, reset=held, requeued=requeued, requeue=True)
+    flow.advance(other, seen)
+    flow.advance(other, seen)
+    assert requeued == [[12]] and other.detail["requeued"] == [12]
+
+
+def test_a_reset_is_verified_on_a_reading_taken_after_it_not_on_one_from_before(store):
+    """The pass that reset the GPU asked the agent for no health: a reading the agent wrote before the reset (its
+    finding still open) is not taken for the verdict; the one after it is."""
+    from slurm_ext.repair import flow
+    record = _running(store, "verify", back_at=1000.0)
+    answers = iter([None, _answer(5.0, critical=True), _answer(6.0, critical=False)])
+    seen = _seen(store, health=lambda name: next(answers))
+    flow.advance(record, seen)
+    assert (record.state, record.step) == ("running", "verify") and "first_reading" not in record.detail
+    flow.advance(record, seen)
+    assert (record.state, record.step, record.detail["first_reading"]) == ("running", "verify", 5.0)
+    flow.advance(record, seen)
+    assert (record.state, record.step, seen.slurm.resumed) == ("done", "resume", ["n1"]), record.note
