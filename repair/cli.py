@@ -162,8 +162,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     repair = commands.add_parser(
         "repair", help="the cluster's recommended repairs: list, approve, reject, pause",
         description="Recommendations come from the nodes' health drains; an approved repair drains the node, waits "
-                    "for its jobs, runs its action (reboot through Slurm; reprovision, failover, remove through the "
-                    "executor), waits for the node, runs its checks and resumes it. Every decision and step is "
+                    "for its jobs, runs its action (reset-gpu through the node's agent, waiting only for the jobs "
+                    "on that GPU; reboot through Slurm; reprovision, failover, remove through the executor), waits "
+                    "for the node, runs its checks and resumes it. Every decision and step is "
                     "recorded ([repair] database) and shown by `slurm-ext history`.")
     actions = repair.add_subparsers(dest="verb", metavar="ACTION", required=True)
     listing = actions.add_parser("list", help="open recommendations and repairs under way")
