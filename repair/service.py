@@ -24,7 +24,6 @@ from slurm_ext.slurm import Job, Node, SlurmClient, expand_hostlist
 
 from . import decide, executors, flow, metrics, notify, recommend
 from .store import IN_PROGRESS, Store, StoreError, open_store
-from .webhook import NotifyUrlError
 
 __all__ = ["Service", "serve", "jobs_by_node"]
 
@@ -70,6 +69,8 @@ class Service:
         self._health_feed: notify.HealthFeed | None = None
         #: the newest repair event handed to the notifier
         self._notified_id = 0
+        #: why the notifier could not start, as said last ("" when it runs or is not wanted)
+        self._notifier_problem = ""
 
     @property
     def settings(self):
@@ -92,6 +93,7 @@ class Service:
                 self.run_pass()
             except SlurmExtError as err:  # Slurm or the database away: the next pass tries again
                 log.warning("repair: pass skipped: %s", err)
+            self._notify()
             self.stopping.wait(self.settings.interval)
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._stop_notifier()
@@ -101,26 +103,32 @@ class Service:
     def _stop_notifier(self) -> None:
         for part in (self._health_feed, self.notifier):
             if part is not None:
-                part.stop()
+                part.stop(self.settings.notify_timeout + 1.0)  # a post under way ends first: it is marked once
         self.notifier = self._health_feed = None
+        self._notifier_problem = ""
 
     def _start_notifier(self) -> None:
-        """The webhook notifier of repair.notify_url_file, on threads of its own; a URL file that cannot be used is
-        an error event, and the service runs without it (a notifier never holds a repair back)."""
+        """The webhook notifier of repair.notify_url_file, on threads of its own. A URL file that cannot be used (or
+        a database away at the first start) is an error event, said once, and tried again at every pass: the
+        service runs on without it (a notifier never holds a repair back)."""
         s = self.settings
         if not s.notify_url_file:
             return
         sent = notify.Sent(Path(self.config.node.state_dir) / notify.SENT_FILE)
         try:
-            self.notifier = notify.Notifier(s.notify_url_file, s.notify_format, s.notify_queue, s.notify_retries,
-                                            s.notify_backoff, s.notify_timeout, sent, self.emit)
-        except NotifyUrlError as err:
-            log.error("repair: no notifier: %s", err)
-            self.emit("repair-notify-failed", f"no notifier: {err}", "error")
+            if not sent.known:  # the first start: from now on, nothing of before
+                sent.repair_id = self.store.last_event_id()
+                sent.save()
+            notifier = notify.Notifier(s.notify_url_file, s.notify_format, s.notify_queue, s.notify_retries,
+                                       s.notify_backoff, s.notify_timeout, sent, self.emit)
+        except (SlurmExtError, OSError) as err:
+            problem = f"no notifier: {err}"
+            if problem != self._notifier_problem:
+                self._notifier_problem = problem
+                log.error("repair: %s", problem)
+                self.emit("repair-notify-failed", f"{problem}; tried again at every pass", "error")
             return
-        if not sent.known:  # the first start: from now on, nothing of before
-            sent.repair_id = self.store.last_event_id()
-            sent.save()
+        self.notifier, self._notifier_problem = notifier, ""
         self._notified_id = sent.repair_id or 0
         self._health_feed = notify.HealthFeed(self.notifier, self.agents, sent, sent.started)
         self.emit("repair-notify-started", f"posting recommendations, approvals, failed repairs and critical findings "
@@ -130,13 +138,13 @@ class Service:
         """The [repair] settings of a changed config apply from the next pass (a new database or [slurm] section
         needs a restart of the worker)."""
         try:
-            old = self.settings
             self.config = config_mod.load(self.config_path)
             self.agents = AgentClient.of(self.config, _AGENT_TIMEOUT)
             self.emit("reload", "repair service reloaded its config")
-            if _notify_settings(old) != _notify_settings(self.settings):  # a new notifier for the new settings
-                self._stop_notifier()
-                self._start_notifier()
+            # a new notifier, with the URL file read again (a rotated URL); what the old one had not posted is
+            # not marked as posted, so the new one posts it
+            self._stop_notifier()
+            self._start_notifier()
         except SlurmExtError as err:
             self.emit("reload-failed", f"the config is invalid, the running one is kept: {err}", "error")
 
@@ -165,7 +173,6 @@ class Service:
             except Exception:  # a bug, or an answer no one foresaw: this repair waits, the others go on
                 log.exception("repair of %s: step %s failed unexpectedly; tried again next pass", record.node,
                               record.step)
-        self._notify(nodes)
         awaiting = self.store.records(open_only=True, states=("recommended",))
         try:
             metrics.write_figures(self.config.node.state_dir, clock(), awaiting,
@@ -173,17 +180,25 @@ class Service:
         except OSError as err:
             log.warning("repair: cannot write its figures for /metrics: %s", err)
 
-    def _notify(self, nodes: dict[str, Node]) -> None:
-        """Hand the notifier what is new: the store's repair events since the last pass, and the nodes a health
-        check drains, whose journals its own thread reads."""
+    def _notify(self) -> None:
+        """Hand the notifier what is new: the store's repair events since the last pass (an approval made while
+        Slurm is away too), and the nodes a health check drains as the last pass saw them, whose journals its own
+        thread reads."""
+        if self.notifier is None:
+            self._start_notifier()
         if self.notifier is None:
             return
-        notices = notify.repair_notices(self.store, self._notified_id)
+        try:
+            notices = notify.repair_notices(self.store, self._notified_id)
+        except SlurmExtError as err:  # the database away: the next pass asks again
+            log.warning("repair: notifier: %s", err)
+            notices = []
         if notices:
             self._notified_id = int(notices[-1].key.split(":")[1])
             self.notifier.put(notices)
         if self._health_feed is not None:
-            self._health_feed.watch({n.name: n.addr for n in nodes.values() if recommend.fault_of(n) is not None})
+            self._health_feed.watch({n.name: n.addr for n in self._nodes.values()
+                                     if recommend.fault_of(n) is not None})
 
     def _recommend(self, nodes: dict[str, Node], jobs: dict[str, list[Job]], now: float) -> None:
         window = now - self.settings.escalate_window
@@ -259,10 +274,6 @@ class Service:
         """Ask the node's agent to reset one GPU, on a thread (the reset takes seconds; the pass goes on)."""
         known = self._nodes.get(node)
         return self._pool.submit(self.agents.reset_gpu, node, gpu, known.addr if known else "", _RESET_TIMEOUT)
-
-
-def _notify_settings(settings) -> tuple:
-    return tuple(getattr(settings, name) for name in settings.__slots__ if name.startswith("notify_"))
 
 
 _EVENT = {"new": "recommended", "escalated": "escalated", "gone": "cleared", "closed": "cleared"}

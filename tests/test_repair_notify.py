@@ -223,3 +223,49 @@ def test_the_figures_become_metrics_with_the_age_of_each_recommendation(tmp_path
     assert {s.labels["why"]: s.value for s in found["slurm_ext_repair_notify_dropped"].samples
             if s.name.endswith("_total")} == {"queue-full": 2, "failed": 1}
     assert found["slurm_ext_repair_pass_timestamp_seconds"].samples[0].value == 1500.0
+
+
+def _journal(state_dir: Path) -> list[dict]:
+    from slurm_ext import events
+    path = events.journal_path(str(state_dir))
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_the_service_refuses_a_url_file_others_can_read_says_so_once_and_starts_once_it_is_fixed(tmp_path, hooks):
+    """The repair service itself: a URL file of mode 0644 is an error event naming the file and the fix, said once
+    over passes, the service going on without a notifier; once the file is 0600 the next pass starts it, and it
+    posts the store's new repair events (none from before its first start)."""
+    from slurm_ext import config
+    from slurm_ext.repair.service import Service
+    hook = hooks()
+    state = tmp_path / "state"
+    state.mkdir()
+    path = url_file(tmp_path, hook.url, mode=0o644)
+    conf = tmp_path / "slurm-ext.toml"
+    conf.write_text(f'[node]\nstate_dir = "{state}"\n[repair]\nnotify_url_file = "{path}"\n'
+                    'notify_backoff = "50ms"\n')
+    store = open_sqlite(str(tmp_path / "repair.db"))
+    store.event("n1", "repair-recommended", "from before the notifier: never posted")
+    service = Service(config.load(str(conf)), str(conf), store=store)
+    service._start_notifier()
+    service._notify()
+    service._notify()
+    refused = [e for e in _journal(state) if e["event"] == "repair-notify-failed"]
+    assert len(refused) == 1 and service.notifier is None
+    assert f"{path} (repair.notify_url_file): mode 0644 lets others read or change it" in refused[0]["message"]
+    assert f"chmod 600 {path}" in refused[0]["message"] and refused[0]["severity"] == "error"
+
+    os.chmod(path, 0o600)
+    service._notify()  # the next pass: the notifier starts
+    assert service.notifier is not None
+    with store.locked():
+        store.event("n1", "repair-approved", "reboot approved by alice")
+        store.event("n1", "repair-step", "drained n1")  # not a notice
+        store.event("n1", "repair-failed", "reboot of n1 failed at wait-boot")
+    service._notify()
+    wait_for("two posts", lambda: len(hook.bodies) == 2, timeout=10)
+    service._stop_notifier()
+    assert [b["text"] for b in hook.bodies] == [
+        "slurm-ext info: node n1: repair-approved: reboot approved by alice",
+        "slurm-ext critical: node n1: repair-failed: reboot of n1 failed at wait-boot"]
+    store.close()
