@@ -52,6 +52,11 @@ class WorkerSpec:
     #: the role is ready only while it runs: false for a helper whose failure must not take the node out of
     #: service (a health monitor that crash-loops is its own problem, reported, not the node's)
     gates_ready: bool = True
+    #: the user it runs as (its primary group and supplementary groups too); "": the agent's own (root)
+    user: str = ""
+    #: the settings naming the secret files it reads, copied for its user at each start (slurm_ext.credentials):
+    #: only for a worker with a `user`, which cannot read root's originals
+    credentials: tuple[str, ...] = ()
 
     @property
     def signal(self) -> int:

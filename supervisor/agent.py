@@ -34,9 +34,9 @@ import signal
 import time
 from pathlib import Path
 
-from slurm_ext import config as config_mod, events, fileio
+from slurm_ext import config as config_mod, credentials, events, fileio
 from slurm_ext.config import Config
-from slurm_ext.errors import ConfigError
+from slurm_ext.errors import ConfigError, SlurmExtError
 from slurm_ext.procfs import boot_id
 from slurm_ext.slurm import SlurmClient
 
@@ -313,7 +313,7 @@ class Agent:
     def _spawn(self, worker: Worker) -> None:
         try:
             pid, argv = spawn(self, worker)
-        except OSError as err:
+        except (OSError, SlurmExtError) as err:
             old = worker.state
             restart_planned(self, worker, worker.life.on_start_failed(time.monotonic()), f"cannot start: {err}", old)
             return
@@ -371,6 +371,7 @@ class Agent:
                 os.close(worker.pidfd)
                 worker.pidfd = None
         self.steps.close()
+        credentials.remove_all(self.config.node.runtime_dir)  # the copies of root's secrets made for workers
         if self.pidfile:
             self.pidfile.unlink(missing_ok=True)
         signal.set_wakeup_fd(-1)

@@ -21,6 +21,8 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slurm_ext import credentials
+from slurm_ext.errors import SlurmExtError
 from slurm_ext.plugin import KillHold, WorkerSpec
 from slurm_ext.procfs import all_stats, read_stat
 
@@ -31,7 +33,7 @@ from .states import WorkerState
 
 __all__ = ["Worker", "session_members", "kill_session", "exited_child", "reap_pid", "pidfd_open", "pidfd_alive",
            "pidfd_exited", "set_state", "state_changed", "send_signal", "kill_leftovers", "notify_uid", "poke",
-           "how_it_ended", "on_notify", "follow_mainpid",
+           "how_it_ended", "on_notify", "follow_mainpid", "WorkerUserMissing", "user_of",
            "become_reaper", "spawn", "watch", "unwatch", "reap", "NEVER"]
 
 log = logging.getLogger("supervisor")
@@ -216,6 +218,36 @@ def notify_uid(user: str) -> int | None:
         return None
 
 
+class WorkerUserMissing(SlurmExtError):
+    """A worker's user is not on this host: the worker is not started."""
+
+    def __init__(self, worker: str, user: str):
+        self.worker, self.user = worker, user
+        super().__init__(f"runs as user {user} ({worker}.user, or supervisor.workers.{worker}.user), which this host "
+                         f"does not have: create it (useradd --system --no-create-home --shell /usr/sbin/nologin "
+                         f"{user}) and it is started at its next try")
+
+
+def user_of(spec: WorkerSpec):
+    """The passwd entry of the user `spec` runs as.
+
+    Raises:
+        WorkerUserMissing: no such user on this host."""
+    import pwd
+    try:
+        return pwd.getpwnam(spec.user)
+    except KeyError:
+        raise WorkerUserMissing(spec.name, spec.user) from None
+
+
+def _as_user(account, run: list[str], env: dict[str, str]) -> list[str]:
+    """`run` started as `account`: its uid, its primary gid and its supplementary groups (initgroups), through
+    util-linux's setpriv, which drops root and execs the program in the same process (the pid the agent holds).
+    No preexec in this threaded agent: the child of a fork does nothing but exec."""
+    setpriv = shutil.which("setpriv", path=env.get("PATH", os.defpath)) or "/usr/bin/setpriv"
+    return [setpriv, f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}", "--init-groups", "--", *run]
+
+
 def poke(fd: int, signum: int = 0) -> None:
     """From another thread: make the loop look again now (a 0 byte in the signal pipe is no signal), or act as
     if `signum` had come."""
@@ -310,21 +342,33 @@ def spawn(agent, worker: Worker) -> tuple[int, tuple[str, ...]]:
     (pid, argv), the pid held by a pidfd the loop selects on.
 
     Raises:
-        OSError: the program is not found or cannot be executed.
+        OSError: the program is not found or cannot be executed, or its credentials' folder cannot be made.
+        SlurmExtError: its user is not on this host (WorkerUserMissing), or a secret file it needs is refused
+            (slurm_ext.secretfile.SecretFileError).
     """
     spec = worker.spec
     env = {**agent.base_env, **spec.environment}
+    account = user_of(spec) if spec.user else None
     if spec.notify:
         if worker.notify is None:
             worker.notify = NotifySocket(Path(agent.config.node.runtime_dir)
-                                         / f"notify-{agent.role}-{spec.name}.sock", notify_uid(spec.notify_user))
+                                         / f"notify-{agent.role}-{spec.name}.sock",
+                                         notify_uid(spec.notify_user or spec.user))
             agent.selector.register(worker.notify, selectors.EVENT_READ, functools.partial(on_notify, agent, worker))
         env["NOTIFY_SOCKET"] = str(worker.notify.path)
     argv = slurmd_args.argv_of(spec.name, spec.command, agent.gpus)
     program = shutil.which(argv[0], path=env.get("PATH", os.defpath))
     if program is None:
         raise FileNotFoundError(f"{argv[0]}: not found in PATH ({env.get('PATH', os.defpath)})")
-    pid = os.posix_spawn(program, list(argv), env, setsid=True)
+    run = [program, *argv[1:]]
+    if account is not None:
+        env.update(HOME=account.pw_dir if os.path.isdir(account.pw_dir) else "/", USER=account.pw_name,
+                   LOGNAME=account.pw_name)
+        if spec.credentials:
+            env[credentials.ENV] = str(credentials.copy_for(agent.config, spec.name, account.pw_uid, account.pw_gid,
+                                                            spec.credentials))
+        run = _as_user(account, run, env)
+    pid = os.posix_spawn(run[0], run, env, setsid=True)
     worker.pid = worker.session = pid
     worker.notified_ready = worker.announced_stop = False
     agent.by_pid[pid] = worker

@@ -42,6 +42,8 @@ class WorkerSection:
     drain_on_crash_loop: bool | None = setting(None, "drain this node (owned reason) while it crash-loops", "bool")
     after: tuple | None = setting(None, "workers of the same role that must be ready before this one starts or "
                                   "restarts (slurmdbd after mariadbd)", "list", item={"kind": "str"})
+    user: str | None = setting(None, "the user it runs as, with that user's groups (the page: web.user); empty: the "
+                               "agent's own (root)", "str", pattern=r"^([a-z_][a-z0-9_-]*[$]?)?$")
 
 
 @dataclass(frozen=True, slots=True)

@@ -951,6 +951,31 @@ def test_the_repair_executor_has_exactly_the_rights_it_uses():
     assert {rights[call] for call in calls} <= granted
 
 
+def test_the_repair_token_is_root_only_where_the_executor_reads_it_and_the_page_is_not_root():
+    """The kubelet's automount is 0644, readable by the page's user in the controller pod: the token is mounted
+    instead as a projected volume of root's only, where the Kubernetes client reads it (repair's default
+    kubernetes_token_file, load_incluster_config's path)."""
+    controller = _doc("Controller")["spec"]
+    pod, container = controller["template"]["spec"], controller["slurmctld"]
+    loaded = _agent_config(pod, container)
+    assert pod["automountServiceAccountToken"] is False
+    folder = str(Path(loaded.repair.kubernetes_token_file).parent)
+    from kubernetes.config import incluster_config  # the executor's client reads the token there
+    assert incluster_config.SERVICE_TOKEN_FILENAME == loaded.repair.kubernetes_token_file
+    mount, volume = _volume_at(pod, container, folder)
+    assert mount.get("readOnly") is True
+    projected = volume["projected"]
+    assert projected["defaultMode"] == 0o400 and all("mode" not in item for source in projected["sources"]
+                                                     for kind in source.values() for item in kind.get("items", []))
+    [token] = [source["serviceAccountToken"] for source in projected["sources"] if "serviceAccountToken" in source]
+    assert token["path"] == Path(loaded.repair.kubernetes_token_file).name
+    assert {item["path"] for source in projected["sources"] for kind in source.values()
+            for item in kind.get("items", [])} == {Path(loaded.repair.kubernetes_ca_file).name, "namespace"}
+    assert loaded.web.user == "slurm-ext-web"  # the image makes it (containers/Dockerfile)
+    assert "useradd --system --no-create-home --shell /usr/sbin/nologin slurm-ext-web" in (
+        REPO / "containers" / "Dockerfile").read_text()
+
+
 def _node_patch_policy() -> dict:
     return _doc("ValidatingAdmissionPolicy", "slurm-ext-repair-node-patch")
 

@@ -594,7 +594,7 @@ def test_with_the_proxy_secret_a_trusted_address_without_it_is_not_believed(tmp_
 def _config_env(tmp_path: Path) -> dict:
     """The environment of a CLI run with a config of its own (no token file of the host's)."""
     path = tmp_path / "cli.toml"
-    path.write_text(f'[node]\nstate_dir = "{tmp_path / "state"}"\n')
+    path.write_text(f'[node]\nstate_dir = "{tmp_path / "state"}"\n[web]\nuser = "root"\n')  # root's alone: 0600
     return {"SLURM_EXT_CONFIG": str(path)}
 
 

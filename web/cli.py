@@ -54,16 +54,48 @@ def _open_token_file(path: str, flags: int) -> int:
             raise OSError("a symbolic link: refused (put the file itself there); nothing written") from None
         raise
     info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or info.st_uid != 0 or info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != 0 or info.st_mode & (stat.S_IWGRP | stat.S_IXGRP
+                                                                              | stat.S_IRWXO):
         os.close(fd)
         raise OSError(f"owned by uid {info.st_uid} with mode {stat.S_IMODE(info.st_mode):04o}: it must be a file of "
-                      f"root's that no one else may read (chown root:root {path}; chmod 600 {path}); nothing written")
+                      f"root's that no one else may read but the page's group (chown root:slurm-ext-web {path}; "
+                      f"chmod 640 {path}); nothing written")
     return fd
 
 
+def _page_group(args: argparse.Namespace) -> int | None:
+    """The group of web.user, which may read the token file (hashes only: root:<group> 0640), so that the page
+    running as that user reads it in place and sees each change at once; None when the page runs as root or its
+    user is not on this host (the file is then root's alone, 0600)."""
+    import pwd
+    user = config.load(args.config).web.user
+    if user == "root":
+        return None
+    try:
+        return pwd.getpwnam(user).pw_gid
+    except KeyError:
+        print(f"slurm-ext: warning: web.user {user} is not on this host: the token file stays root's alone (0600), "
+              f"which the page running as {user} cannot read (useradd --system --no-create-home --shell "
+              f"/usr/sbin/nologin {user}, then run this again)", file=sys.stderr)
+        return None
+
+
+def _share_with_page(path: str, fd: int | None, group: int | None) -> None:
+    """Make the token file root:<the page's group> 0640 (group None: leave it root's alone)."""
+    if group is None:
+        return
+    if fd is not None:
+        os.fchown(fd, 0, group)
+        os.fchmod(fd, 0o640)
+    else:
+        os.chown(path, 0, group, follow_symlinks=False)
+        os.chmod(path, 0o640)
+
+
 def _add_token(args: argparse.Namespace) -> int:
-    """A new random token for USER, its hash appended to web.token_file (made root's, 0600, if new); the token
-    printed once: the file never holds it."""
+    """A new random token for USER, its hash appended to web.token_file (root's, readable by web.user's group:
+    root:slurm-ext-web 0640; root's alone, 0600, when the page runs as root); the token printed once: the file
+    never holds it."""
     import secrets
     from .auth import _USER, token_hash
     path = _token_file(args)
@@ -83,11 +115,14 @@ def _add_token(args: argparse.Namespace) -> int:
         size = os.fstat(fd).st_size
         ends_open = size and os.pread(fd, 1, size - 1) != b"\n"  # a line edited by hand
         os.write(fd, (("\n" if ends_open else "") + f"{args.user} {token_hash(token)}\n").encode())
+        group = _page_group(args)
+        _share_with_page(path, fd, group)
     finally:
         os.close(fd)
     print(token)
     print(f"added the hash of a token for {args.user} to {path}; give the token to them now: it is not kept "
-          "anywhere (the page keeps it in the tab only)", file=sys.stderr)
+          "anywhere (the page keeps it in the tab only)" + ("" if group is None else f"; the file holds hashes "
+          f"only and is readable by the page's group (gid {group}, web.user), root:{group} 0640"), file=sys.stderr)
     return 0
 
 
@@ -110,7 +145,9 @@ def _hash_tokens(args: argparse.Namespace) -> int:
         os.close(fd)
     hashed, count = hashed_lines(text)
     if count:
+        group = _page_group(args)
         atomic_write(path, hashed, mode=0o600)
+        _share_with_page(path, None, group)
     print(f"{path}: {count} token(s) in plain text replaced by their hash" if count else
           f"{path}: no token in plain text", file=sys.stderr)
     return 0
@@ -127,7 +164,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     web.set_defaults(func=_serve)
     actions = web.add_subparsers(dest="verb", metavar="ACTION")
     add = actions.add_parser("add-token", help="make a random token for an operator, append its hash to "
-                                               "web.token_file and print it (once: only its hash is kept)")
+                                               "web.token_file and print it (once: only its hash is kept); the "
+                                               "file is made root:<web.user's group> 0640, which the page reads "
+                                               "as that user (root's alone, 0600, with web.user root)")
     add.add_argument("user", help="the operator's user name, as the repair history records it")
     add.add_argument("--file", metavar="PATH", help="instead of web.token_file")
     add.set_defaults(func=_add_token)

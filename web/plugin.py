@@ -14,10 +14,23 @@ def _enabled(config: Config, role: str) -> bool:
     return role != "controller" or config.web.enabled
 
 
+def _spec_changes(config: Config, role: str) -> dict[str, dict]:
+    """The page runs as web.user, with copies of the secrets it reads (slurm_ext.credentials): the agent
+    credential (to ask the agents), the proxy's shared secret, and its database password, its own account's or,
+    where the site has none, slurmdbd's. The token file of hashes is read in place (root:<its group> 0640)."""
+    if role != "controller" or config.web.user == "root":
+        return {}
+    own = config.accounting.page_password_file
+    return {"web": {"user": config.web.user,
+                    "credentials": ("node.agent_credential", "web.proxy_secret_file",
+                                    "accounting.page_password_file" if own else "accounting.password_file")}}
+
+
 PLUGIN = Plugin(
     name="web",
     # reads Slurm only while someone looks; never the controller's readiness
     workers=(PluginWorker(WorkerSpec("web", ("controller",), (sys.executable, "-I", "-m", "slurm_ext.cli", "web"),
                                      gates_ready=False, after=("slurmctld",))),),
     enabled=_enabled,
+    spec_changes=_spec_changes,
 )

@@ -11,9 +11,10 @@ connection closed. SIGTERM (the agent's stop) closes it.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 
-from slurm_ext import config as config_mod, events
+from slurm_ext import config as config_mod, credentials, events
 from slurm_ext.errors import SlurmExtError
 
 from .app import MAX_BODY, MAX_HEADERS, create_app
@@ -51,7 +52,10 @@ def make_server(config, listen: str | None = None):
 
 def serve(config_path: str | None = None, listen: str | None = None) -> int:
     """The entry point of `slurm-ext web`: serve until SIGTERM or SIGINT."""
-    config = config_mod.load(config_path)
+    config = credentials.adopt(config_mod.load(config_path), os.environ)  # the copies the agent made for the page
+    if os.geteuid() == 0:
+        log.warning("web: the page runs as root, beside slurmctld's key and the database passwords: not "
+                    "recommended (web.user, default slurm-ext-web: docs/operator/web.md)")
     server, watcher = make_server(config, listen)
     where = f"http://{server.effective_host}:{server.effective_port}/"
     emit = events.emitter(config.node.state_dir, "web")

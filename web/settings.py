@@ -19,6 +19,11 @@ class WebSection:
     """The cluster page (`slurm-ext web`), a worker of the controller agent when enabled."""
 
     enabled: bool = setting(False, "run the page as the controller agent's `web` worker", "bool")
+    user: str = setting("slurm-ext-web", "the Unix user the page runs as (with its groups): the agent copies the "
+                        "secrets it reads for it at each start (docs/operator/web.md); it must exist on the "
+                        "controller (useradd --system --no-create-home --shell /usr/sbin/nologin slurm-ext-web); "
+                        "root: as root, beside slurmctld's key and the database passwords (not recommended)", "str",
+                        pattern=r"^[a-z_][a-z0-9_-]*[$]?$")
     listen: str = setting("127.0.0.1:9820", "host:port the page is served on; keep it on 127.0.0.1 behind a reverse "
                           "proxy, or open it on purpose (viewing needs no login, operations do)", "str",
                           pattern=r"^[A-Za-z0-9.:\[\]_-]+:\d{1,5}$")

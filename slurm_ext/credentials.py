@@ -1,0 +1,93 @@
+"""The secrets of a worker that runs as another user than root: copied for it by the agent, read by it from there.
+
+What systemd's LoadCredential= does, for the node agent's workers: right before it starts a worker that runs as
+another user (WorkerSpec.user, the page's web.user), the agent (root) copies each secret file the worker needs
+(WorkerSpec.credentials: the settings that name them, `node.agent_credential`) into a folder of its own,
+`<node.runtime_dir>/credentials/<worker>/` (owner the worker's user, 0500; each copy 0400, named by its setting),
+and gives the worker that folder in $CREDENTIALS_DIRECTORY. The worker reads its copies (`adopt` points its
+config's settings at them) and nothing of root's: the originals stay root's only. The copies are made again at
+each start of the worker (a rotated secret takes effect at its next start) and removed when the agent stops.
+Each original is read with every check of slurm_ext.secretfile before it is copied.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from pathlib import Path
+
+from .config import Config
+from .secretfile import SecretFileError, read_secret
+
+__all__ = ["ENV", "folder_of", "copy_for", "remove_all", "adopt", "setting_value"]
+
+#: the environment variable a worker finds its copies' folder in (systemd's name for the same)
+ENV = "CREDENTIALS_DIRECTORY"
+
+
+def folder_of(runtime_dir: str | os.PathLike, worker: str) -> Path:
+    return Path(runtime_dir) / "credentials" / worker
+
+
+def setting_value(config: Config, key: str) -> str:
+    """The value of the setting `key` ("section.name") in `config`."""
+    section, name = key.split(".", 1)
+    return getattr(getattr(config, section), name)
+
+
+def copy_for(config: Config, worker: str, uid: int, gid: int, keys: tuple[str, ...]) -> Path:
+    """Copy the file each of `keys` names (those set) into the worker's own folder, for `uid`; returns the folder.
+
+    A copy left from the worker's last start is replaced: the folder is made anew each time.
+
+    Raises:
+        SecretFileError: an original is refused by read_secret (the message names the setting and the file).
+        OSError: the folder cannot be made.
+    """
+    folder = folder_of(config.node.runtime_dir, worker)
+    parent = folder.parent
+    parent.mkdir(mode=0o711, parents=True, exist_ok=True)
+    os.chown(parent, 0, 0)
+    os.chmod(parent, 0o711)  # workers pass through to their own folder; none lists the others'
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(mode=0o700)
+    for key in keys:
+        path = setting_value(config, key)
+        if not path:
+            continue
+        try:  # a Kubernetes Secret's mount is a link into its ..data folder
+            content = read_secret(path, follow_link=True).content
+        except SecretFileError as err:
+            raise SecretFileError(err.path, err.kind, f"{key}: {err.problem} (not copied for worker {worker})",
+                                  err.info, err.folder) from None
+        copy = folder / key
+        fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o400)
+        try:
+            os.write(fd, content)
+            os.fchown(fd, uid, gid)
+        finally:
+            os.close(fd)
+    os.chown(folder, uid, gid)
+    os.chmod(folder, 0o500)
+    return folder
+
+
+def remove_all(runtime_dir: str | os.PathLike) -> None:
+    """Remove every worker's copies (the agent stops)."""
+    shutil.rmtree(Path(runtime_dir) / "credentials", ignore_errors=True)
+
+
+def adopt(config: Config, environ: dict[str, str]) -> Config:
+    """`config` with each setting whose copy lies in $CREDENTIALS_DIRECTORY pointed at the copy (unchanged when
+    the variable is not set: a worker run as root, or by hand)."""
+    folder = environ.get(ENV, "")
+    if not folder:
+        return config
+    changes: dict[str, dict] = {}
+    for copy in sorted(Path(folder).iterdir()):
+        section, _, name = copy.name.partition(".")
+        if name:
+            changes.setdefault(section, {})[name] = str(copy)
+    return dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section), **fields)
+                                          for section, fields in changes.items()})
