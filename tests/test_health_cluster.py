@@ -242,8 +242,8 @@ def test_a_single_throttle_sample_is_nothing_and_throttling_over_the_window_drai
     assert health.count("health-finding", check="throttle") == 0
     health.gpus(gpu2={"clocks_event_reasons": 0x40})
     finding = health.wait_event("health-finding", check="throttle", timeout=20)
-    assert finding["gpu"] == 2 and finding["action"] == "failover" and "hw-thermal" in finding["evidence"]
-    health.wait_reason(lambda r: r.startswith("slurm-ext: throttle throttled"), "the throttle drain")
+    assert finding["gpu"] == 2 and finding["action"] == "failover" and "HW Thermal Slowdown" in finding["evidence"]
+    health.wait_reason(lambda r: r.startswith("slurm-ext: throttle gpu 2 HW Thermal Slowdown"), "the throttle drain")
     health.gpus(gpu2=None)
     health.wait_event("health-cleared", check="throttle", why="quiet", timeout=20)
     health.wait_reason(lambda r: not r, "the throttle drain lifted")
@@ -251,7 +251,8 @@ def test_a_single_throttle_sample_is_nothing_and_throttling_over_the_window_drai
 
 def test_a_flapping_gpu_makes_one_drain_and_is_lifted_after_its_quiet_window(health):
     health.gpus(gpu0={"lost": True})
-    health.wait_reason(lambda r: r.startswith("slurm-ext: gpu-lost nvml GPU_IS_LOST"), "the gpu-lost drain")
+    health.wait_reason(lambda r: r.startswith("slurm-ext: gpu-lost gpu 0 fallen off the bus (NVML GPU_IS_LOST)"),
+                       "the gpu-lost drain")
     for _ in range(3):  # back and gone again, faster than the quiet window
         health.gpus(gpu0=None)
         time.sleep(1.2)

@@ -164,6 +164,7 @@ def test_one_processs_burst_of_xid13_lines_drains_nothing(health):
         (e for e in health.events(check="xid", xid=13) if e["event"] in ("health-escalated", "health-finding")
          and e["action"] == "reset-gpu"), None), timeout=30)
     assert (escalated["finding_severity"], escalated["action"]) == ("warning", "reset-gpu"), escalated
-    assert "3 faults in 1h (limit 2)" in escalated["evidence"] and "diagnostics" in escalated["evidence"]
+    assert "3 faults in 1h:" in escalated["evidence"] and "diagnostics" in escalated["evidence"]
+    assert escalated["expected"] == "at most 2 faults in 1h", escalated
     _sentinel(health)
     assert not _drains(health) and health.reason() == ""
