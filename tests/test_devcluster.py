@@ -17,8 +17,9 @@ import pytest
 
 from helpers.cli import cli, cli_as_nobody
 from slurm_ext import devcluster as dev
-from slurm_ext.devcluster import daemons, deps, fakenvml
+from slurm_ext.devcluster import daemons, deps, drills, fakenvml, nodenet
 from slurm_ext.devcluster.cluster import demo_script
+from slurm_ext.devcluster.layout import Layout
 from slurm_ext.errors import DevClusterError
 from slurm_ext.procfs import pid_alive
 
@@ -65,6 +66,8 @@ def test_up_from_nothing_is_idempotent_and_down_leaves_nothing(cluster):
     files = _tree_mtimes(root)
     assert len(files) >= 10
 
+    node = Layout(settings).first
+    assert nodenet.lo_up(node.netns), "the node's network namespace, its watched lo up"
     second = dev.up(settings)
     assert {d.name: d.pid for d in second.daemons if d.pid} == pids, "a second up restarted a daemon"
     assert _tree_mtimes(root) == files, "a second up rewrote files"
@@ -78,7 +81,12 @@ def test_up_from_nothing_is_idempotent_and_down_leaves_nothing(cluster):
     job_pids = _cgroup_pids(cluster.node)
     assert job_pids, f"job {job_id} never showed up in the node's cgroups"
 
+    # drills left in place: down undoes them (a stopped slurmd must go on to stop, the tmpfs must go)
+    drills.inject(settings, cluster.node, "fs-full")
+    drills.inject(settings, cluster.node, "slurmd-hang")
     stopped = dev.down(settings)
+    assert not os.path.ismount(node.drill_fs) and drills.recorded(settings) == {}
+    assert not os.path.exists(f"/run/netns/{node.netns}"), "down removes the node's network namespace"
     assert set(pids.values()) <= set(stopped)
     alive = [p for p in sorted(everything | job_pids) if pid_alive(p)]
     assert not alive, f"still alive after down: {alive}"
