@@ -240,12 +240,13 @@ def user_of(spec: WorkerSpec):
         raise WorkerUserMissing(spec.name, spec.user) from None
 
 
-def _as_user(account, run: list[str], env: dict[str, str]) -> list[str]:
-    """`run` started as `account`: its uid, its primary gid and its supplementary groups (initgroups), through
-    util-linux's setpriv, which drops root and execs the program in the same process (the pid the agent holds).
-    No preexec in this threaded agent: the child of a fork does nothing but exec."""
+def _as_user(account, program: str, arguments: list[str], env: dict[str, str]) -> tuple[str, list[str]]:
+    """(file, argv) that run `program` with `arguments` as `account`: its uid, its primary gid and its
+    supplementary groups (initgroups), through util-linux's setpriv, which drops root and execs the program in the
+    same process (the pid the agent holds). No preexec in this threaded agent: its child does nothing but exec."""
     setpriv = shutil.which("setpriv", path=env.get("PATH", os.defpath)) or "/usr/bin/setpriv"
-    return [setpriv, f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}", "--init-groups", "--", *run]
+    return setpriv, [setpriv, f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}", "--init-groups", "--",
+                     program, *arguments]
 
 
 def poke(fd: int, signum: int = 0) -> None:
@@ -360,15 +361,15 @@ def spawn(agent, worker: Worker) -> tuple[int, tuple[str, ...]]:
     program = shutil.which(argv[0], path=env.get("PATH", os.defpath))
     if program is None:
         raise FileNotFoundError(f"{argv[0]}: not found in PATH ({env.get('PATH', os.defpath)})")
-    run = [program, *argv[1:]]
+    file, args = program, list(argv)
     if account is not None:
         env.update(HOME=account.pw_dir if os.path.isdir(account.pw_dir) else "/", USER=account.pw_name,
                    LOGNAME=account.pw_name)
         if spec.credentials:
             env[credentials.ENV] = str(credentials.copy_for(agent.config, spec.name, account.pw_uid, account.pw_gid,
                                                             spec.credentials))
-        run = _as_user(account, run, env)
-    pid = os.posix_spawn(run[0], run, env, setsid=True)
+        file, args = _as_user(account, program, args[1:], env)
+    pid = os.posix_spawn(file, args, env, setsid=True)
     worker.pid = worker.session = pid
     worker.notified_ready = worker.announced_stop = False
     agent.by_pid[pid] = worker
