@@ -228,11 +228,16 @@ def test_the_webhook_gets_the_critical_finding_the_recommendation_and_the_approv
         hook.server_close()
 
 
-def test_a_webhook_that_is_down_costs_retries_and_a_counted_drop_while_the_repair_completes(drill, tmp_path):
+@pytest.mark.parametrize("down", ["refused", "never-answers"])
+def test_a_webhook_that_is_down_costs_retries_and_a_counted_drop_while_the_repair_completes(drill, tmp_path, down):
     layout, node, settings = drill.layout, drill.cluster.node, drill.cluster.settings
-    with socket.socket() as sock:  # a port nothing listens on: every post is refused
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    if down == "refused":
+        listener.close()  # nothing listens: every post is refused
+    else:
+        listener.listen(16)  # connections wait in the kernel's queue, never accepted: every post times out
     url_file = tmp_path / "webhook-url"
     url_file.write_text(f"http://127.0.0.1:{port}/hook\n")
     url_file.chmod(0o600)
@@ -265,6 +270,7 @@ def test_a_webhook_that_is_down_costs_retries_and_a_counted_drop_while_the_repai
     finally:
         layout.slurm_ext_conf.write_text(config)
         os.kill(_controller_pid(layout), signal.SIGHUP)
+        listener.close()
 
 
 def _records(drill) -> list[dict]:
