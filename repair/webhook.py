@@ -9,7 +9,6 @@ queue and the thread are the notifier's (notify.py).
 from __future__ import annotations
 
 import json
-import os
 import stat
 import urllib.error
 import urllib.request
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from slurm_ext.errors import SlurmExtError
+from slurm_ext.secretfile import SecretFileError, read_secret
 
 __all__ = ["Notice", "WebhookFailed", "NotifyUrlError", "read_url", "body_of", "post", "FORMATS"]
 
@@ -68,27 +68,25 @@ def read_url(path: str) -> str:
             large, or not an http(s) URL.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as err:
-        raise NotifyUrlError(path, f"cannot read it: {err.strerror} (put the webhook URL there, root's, mode 0600)") \
-            from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise NotifyUrlError(path, "not a regular file")
-        if info.st_uid not in (0, os.geteuid()):
-            raise NotifyUrlError(path, f"owned by uid {info.st_uid} (expected root: chown root:root {path})")
-        if info.st_mode & 0o077:
-            raise NotifyUrlError(path, f"mode {stat.S_IMODE(info.st_mode):04o} lets others read or change it "
-                                       f"(expected 0600 or 0400: chmod 600 {path}): whoever reads the URL can post "
-                                       "to the channel")
-        data = os.read(fd, _MAX_URL_BYTES + 1)
-    finally:
-        os.close(fd)
+        data = read_secret(path, max_bytes=_MAX_URL_BYTES).content
+    except SecretFileError as err:
+        raise NotifyUrlError(path, _url_file_problem(err)) from None
     url = data.decode("utf-8", "replace").strip()
-    if len(data) > _MAX_URL_BYTES or not url.startswith(("http://", "https://")) or any(c.isspace() for c in url):
+    if not url.startswith(("http://", "https://")) or any(c.isspace() for c in url):
         raise NotifyUrlError(path, "does not hold one http:// or https:// URL (and nothing else)")
     return url
+
+
+def _url_file_problem(err: SecretFileError) -> str:
+    """read_secret's refusal in the URL file's words, with what to do."""
+    if err.kind == "owner":
+        return f"owned by uid {err.info.st_uid} (expected root: chown root:root {err.path})"
+    if err.kind == "mode":
+        return (f"mode {stat.S_IMODE(err.info.st_mode):04o} lets others read or change it (expected 0600 or 0400: "
+                f"chmod 600 {err.path}): whoever reads the URL can post to the channel")
+    return {"not-regular": "not a regular file",
+            "size": "does not hold one http:// or https:// URL (and nothing else)"}.get(
+        err.kind, f"cannot read it: {err.problem} (put the webhook URL there, root's, mode 0600)")
 
 
 def _iso(epoch: float) -> str:
