@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from slurm_ext import config
+from slurm_ext.words import counted
 
 from .settings import DevSection
 
@@ -61,7 +62,7 @@ def _dev_down(args: argparse.Namespace) -> int:
     from .layout import Layout
     settings = _dev_settings(args)
     stopped = cluster.down(settings)
-    print(f"stopped {len(stopped)} daemons" + (f" (pids {' '.join(map(str, stopped))})" if stopped else ""))
+    print(f"stopped {counted(len(stopped), 'daemon')}" + (f" (pids {' '.join(map(str, stopped))})" if stopped else ""))
     default = config.DEFAULT_PATH
     if default.is_symlink() and Path(os.readlink(default)) == Layout(settings).slurm_ext_conf:
         default.unlink()
@@ -176,8 +177,10 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     for name, func, text in (
         ("install-deps", _dev_install_deps, "apt-get install the Debian packages the cluster needs"),
         ("up", _dev_up, "start what is not running and wait for the node (idempotent)"),
-        ("down", _dev_down, "cancel jobs, stop every daemon by its pidfile, remove job cgroups"),
-        ("status", _dev_status, "say what runs and the node's state (exit 3 when the node is unknown)"),
+        ("down", _dev_down, "cancel jobs, undo drills, stop every daemon of every node by its pidfile, remove job "
+                            "cgroups"),
+        ("status", _dev_status, "say what runs and each node's state (exit 3 when slurmctld does not know the "
+                                "first node)"),
         ("demo", _dev_demo, "submit a GPU job and show it completed in sacct"),
         ("inject", _dev_inject, "a drill: make FAULT on a dev node through the path a real one takes (fake NVML, "
                                 "the node's own network namespace and tmpfs, its slurmd's pidfile), recorded and "
@@ -190,7 +193,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         sub = dev_commands.add_parser(name, help=text, description=text)
         if name != "install-deps":
             sub.add_argument("--state-dir", metavar="DIR", help="override [dev] state_dir")
-        if name in ("up", "down", "status"):
+        if name == "up":  # down and status cover every node an earlier up made
             sub.add_argument("--nodes", type=_node_count, metavar="N",
                              help="nodes that run, each with its own slurmd and worker agent on 127.0.0.1 (override "
                                   "[dev] nodes; default 1)")
