@@ -292,10 +292,10 @@ def test_a_fault_behind_an_admins_drain_is_shown_held_and_drained_once_the_admin
         health.wait_event("drain-skipped")
         status = health.cli("status").stdout
         line = next(row for row in status.splitlines() if row.startswith(cluster.node))
-        assert " paused " in line and "held: gpu-lost nvml GPU_IS_LOST" in line, status
+        assert " paused " in line and "held: gpu-lost gpu 3 fallen off the bus" in line, status
         listed = json.loads(health.cli("repair", "list", "--json").stdout)["held"]
         assert [(h["node"], h["reason"]) for h in listed] == [(cluster.node, "admin: new cables")], listed
-        assert listed[0]["findings"][0].startswith("gpu-lost nvml GPU_IS_LOST"), listed
+        assert listed[0]["findings"][0].startswith("gpu-lost gpu 3 fallen off the bus"), listed
         cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=resume")
         health.wait_reason(lambda r: r.startswith("slurm-ext: gpu-lost"), "our drain after the admin's resume",
                            timeout=5)
