@@ -56,8 +56,8 @@ def copy_for(config: Config, worker: str, uid: int, gid: int, keys: tuple[str, .
         path = setting_value(config, key)
         if not path:
             continue
-        try:  # a Kubernetes Secret's mount is a link into its ..data folder
-            content = read_secret(path, follow_link=True).content
+        try:  # a Kubernetes Secret's mount is a link into its ..data folder: followed only in folders of root's
+            content = read_secret(path, follow_link=True, check_folders=True).content
         except SecretFileError as err:
             raise SecretFileError(err.path, err.kind, f"{key}: {err.problem} (not copied for worker {worker})",
                                   err.info, err.folder) from None

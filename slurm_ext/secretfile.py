@@ -5,7 +5,7 @@ without following a link (O_NOFOLLOW: a link planted in its place is refused, ne
 else's choosing), and its type, owner, mode and size are checked on the descriptor it is read from (fstat), so the
 file checked is the file read. It must be a regular file of root's, or of the user reading it (a worker's copy
 made for it by the agent: supervisor.credentials), that others may neither read nor write; a caller may let the
-file's group read it (the page's token hashes, root:slurm-ext-web 0640). Each caller turns a `SecretFileError`
+file's group read it when that group is the reader's own (the page's token hashes, root:slurm-ext-web 0640). Each caller turns a `SecretFileError`
 into its own words and advice: `problem` is the fact, `kind` what went wrong.
 """
 
@@ -48,11 +48,12 @@ class Secret:
         return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
 
 
-def read_secret(path: str | os.PathLike, *, group_may_read: bool = False, max_bytes: int = DEFAULT_MAX_BYTES,
+def read_secret(path: str | os.PathLike, *, reader_group: int | None = None, max_bytes: int = DEFAULT_MAX_BYTES,
                 check_folders: bool = False, follow_link: bool = False) -> Secret:
     """The content of the secret file `path`.
 
-    `group_may_read`: the file's group may read it (never write it). `check_folders`: the folder named and the real
+    `reader_group`: a gid whose members may read the file (never write it), where the file's group is that one:
+    a file readable by another group (root:users 0640) is refused. `check_folders`: the folder named and the real
     one behind a link must be root's (or this user's) and writable by no one else (a sticky folder of root's, as
     Kubernetes mounts a Secret, is taken): who can write the folder can put a file of their own in its place.
     `follow_link`: a link is followed (a Kubernetes Secret's mount is a link into its ..data folder); give it
@@ -60,7 +61,8 @@ def read_secret(path: str | os.PathLike, *, group_may_read: bool = False, max_by
 
     Raises:
         SecretFileError: missing, unreadable, a link, not a regular file, owned by another user than root or this
-            one, readable or writable by others (or by its group, unless allowed; never writable by it), larger
+            one, readable or writable by others (or by its group, unless it is `reader_group`; never writable by
+            it), larger
             than `max_bytes`, or (check_folders) in a folder others can change.
     """
     path = os.fspath(path)
@@ -73,7 +75,7 @@ def read_secret(path: str | os.PathLike, *, group_may_read: bool = False, max_by
         raise SecretFileError(path, kind, problem) from None
     try:
         info = os.fstat(fd)
-        _check_file(path, info, group_may_read, max_bytes)
+        _check_file(path, info, reader_group, max_bytes)
         if check_folders:
             _check_folders(path)
         content = _read_all(fd, max_bytes + 1)
@@ -84,14 +86,14 @@ def read_secret(path: str | os.PathLike, *, group_may_read: bool = False, max_by
     return Secret(path, content, info)
 
 
-def _check_file(path: str, info: os.stat_result, group_may_read: bool, max_bytes: int) -> None:
+def _check_file(path: str, info: os.stat_result, reader_group: int | None, max_bytes: int) -> None:
     mode = stat.S_IMODE(info.st_mode)
     if not stat.S_ISREG(info.st_mode):
         raise SecretFileError(path, "not-regular", "not a regular file", info)
     if info.st_uid not in (0, os.geteuid()):
         raise SecretFileError(path, "owner", f"owned by uid {info.st_uid} with mode {mode:04o} (expected root, "
                                              f"or uid {os.geteuid()} that reads it)", info)
-    group_bits = stat.S_IWGRP | stat.S_IXGRP if group_may_read else stat.S_IRWXG
+    group_bits = stat.S_IWGRP | stat.S_IXGRP if info.st_gid == reader_group else stat.S_IRWXG
     if mode & (stat.S_IRWXO | group_bits):
         raise SecretFileError(path, "mode", f"mode {mode:04o} lets others read or change it", info)
     if info.st_size > max_bytes:

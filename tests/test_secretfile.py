@@ -35,13 +35,25 @@ def test_a_file_of_roots_only_is_read(tmp_path):
                                            (0o660, True), (0o644, True), (0o610, True)])
 def test_bits_for_others_and_for_the_group_unless_allowed_are_refused(tmp_path, mode, allowed):
     path = _secret(tmp_path, mode=mode)
+    reader_group = 0 if allowed else None  # _secret makes the file's group root's
     taken = mode in (0o640,) and allowed
     if taken:
-        assert read_secret(path, group_may_read=True).content
+        assert read_secret(path, reader_group=reader_group).content
         return
     with pytest.raises(SecretFileError, match=f"mode {mode:04o} lets others read or change it") as refused:
-        read_secret(path, group_may_read=allowed)
+        read_secret(path, reader_group=reader_group)
     assert refused.value.kind == "mode" and refused.value.path == str(path)
+
+
+def test_a_file_another_group_may_read_is_refused_to_a_reader_who_allows_its_own(tmp_path):
+    """The review of 28.21: a reader that lets its group read (the page and its token hashes) took a file of
+    any group's: root:users 0640 is readable by every user."""
+    path = _secret(tmp_path, mode=0o640)
+    os.chown(path, 0, 100)
+    with pytest.raises(SecretFileError, match="mode 0640 lets others read or change it"):
+        read_secret(path, reader_group=NOBODY)
+    os.chown(path, 0, NOBODY)
+    assert read_secret(path, reader_group=NOBODY).content.strip() == b"s" * 32
 
 
 def test_a_link_is_refused_even_to_a_file_of_roots_unless_the_caller_follows_links(tmp_path):

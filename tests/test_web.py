@@ -346,7 +346,7 @@ def test_an_operation_needs_csrf_an_operator_and_a_known_node_and_is_recorded_wi
     unknown = page.post("/api/nodes/n7/approve", headers={**auth, "X-CSRF-Token": csrf})
     assert unknown.status_code == 404
     bad_action = page.post("/api/nodes/n2/approve", headers={**auth, "X-CSRF-Token": csrf}, json={"action": "nuke"})
-    assert bad_action.status_code == 400 and "expected one of reboot" in bad_action.get_json()["error"]
+    assert bad_action.status_code == 400 and "expected one of reset-gpu, reboot" in bad_action.get_json()["error"]
     no_reason = page.post("/api/nodes/n2/reject", headers={**auth, "X-CSRF-Token": csrf}, json={"why": " "})
     assert no_reason.status_code == 400
     done = page.post("/api/nodes/n2/approve", headers={**auth, "X-CSRF-Token": csrf}, json={})

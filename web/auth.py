@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import os
 import re
 import secrets
 import threading
@@ -105,7 +106,9 @@ class Tokens:
 
     def __init__(self, path: str):
         self.path = path
-        self._file = SecretFile(path, "web.token_file", group_may_read=True) if path else None
+        # the page as its own user reads the file of hashes through its group (root:slurm-ext-web 0640)
+        self._file = SecretFile(path, "web.token_file", reader_group=os.getegid() if os.geteuid() else None) \
+            if path else None
         self._lock = threading.Lock()
         self._content: bytes | None = None
         self._hashes: dict[bytes, str] = {}

@@ -8,6 +8,7 @@ read); what is the page's here is the setting that names the file, the advice, a
 
 from __future__ import annotations
 
+import grp
 import stat
 import threading
 
@@ -28,10 +29,11 @@ class SecretFileError(SlurmExtError):
 
 class SecretFile:
     """The content of the file `path` (the setting `key` names it), read again when its identity changes.
-    `group_may_read`: its group may read it too (the token file of hashes, root:slurm-ext-web 0640)."""
+    `reader_group`: that group may read it too, where it is the file's (the token file of hashes,
+    root:slurm-ext-web 0640)."""
 
-    def __init__(self, path: str, key: str, group_may_read: bool = False):
-        self.path, self.key, self.group_may_read = path, key, group_may_read
+    def __init__(self, path: str, key: str, reader_group: int | None = None):
+        self.path, self.key, self.reader_group = path, key, reader_group
         self._lock = threading.Lock()
         self._seen: tuple | None = None
         self._content = b""
@@ -44,7 +46,7 @@ class SecretFile:
                 writable by others, or larger than slurm_ext.secretfile.DEFAULT_MAX_BYTES.
         """
         try:
-            found = read_secret(self.path, group_may_read=self.group_may_read)
+            found = read_secret(self.path, reader_group=self.reader_group)
         except _Refused as err:
             raise SecretFileError(self.key, self.path, self._advice(err)) from None
         with self._lock:
@@ -55,7 +57,18 @@ class SecretFile:
     def _advice(self, err: _Refused) -> str:
         if err.kind not in ("owner", "mode"):
             return err.problem
-        info, chmod = err.info, "chmod 640" if self.group_may_read else "chmod 600"
-        return (f"owned by uid {info.st_uid} with mode {stat.S_IMODE(info.st_mode):04o}; it must be root's and "
-                f"readable by no one else{' but its group' if self.group_may_read else ''} (chown root {self.path}; "
-                f"{chmod} {self.path})")
+        info = err.info
+        found = f"owned by uid {info.st_uid} with mode {stat.S_IMODE(info.st_mode):04o} (group {info.st_gid})"
+        if self.reader_group is None:
+            return f"{found}; it must be root's and readable by no one else (chown root {self.path}; chmod 600 " \
+                   f"{self.path})"
+        group = _group_name(self.reader_group)
+        return (f"{found}; it must be root's and readable by no one else but group {group} (chown root:{group} "
+                f"{self.path}; chmod 640 {self.path})")
+
+
+def _group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
