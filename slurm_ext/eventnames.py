@@ -89,6 +89,10 @@ _ENTRIES = (
     EventName("worker-ready", _SUPERVISOR, "info",
               "a running worker met its readiness condition (READY=1, or slurmd registered in Slurm): from now on "
               "its exit is restarted after backoff_initial"),
+    EventName("worker-events-dropped", _SUPERVISOR, "warning",
+              "a worker running as its own user (the page) sent more events than the agent writes a minute, or "
+              "events it may not write (another component's, malformed, too big): the minute's counts (dropped, "
+              "refused), once a minute"),
     EventName("mainpid", _SUPERVISOR, "info", "a notify worker named a new main process (MAINPID=), now followed"),
     EventName("kill", _SUPERVISOR, "warning", "a worker outlived its stop grace and was sent SIGKILL"),
     EventName("stop-drain-late", _SUPERVISOR, "warning",

@@ -19,6 +19,9 @@ than (JOURNAL_KEEP + 1) * JOURNAL_MAX_BYTES and a line per writer; and text from
 users (script output, process names, paths) is cut to FIELD_MAX_CHARS per
 field, lists to LIST_MAX_ITEMS, so no job can fill the node's disk through
 its events.
+
+A worker that runs as its own user (the page) cannot write the journal, root's: the agent gave it a socket
+($SLURM_EXT_EVENTS_SOCKET) and `emit` sends the event there for the agent to write (slurm_ext.workerevents).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from . import workerevents
 from .eventnames import CATALOGUE
 
 __all__ = ["emit", "emitter", "journal_path", "journal_files", "JOURNAL_MAX_BYTES", "JOURNAL_KEEP",
@@ -99,6 +103,9 @@ def emit(state_dir: str | None, component: str, event: str, message: str, severi
     log.log(_LEVELS[severity], "%s: %s: %s%s", component, event, record["message"],
             f" ({detail})" if detail else "")
     if state_dir is None:
+        return record
+    if (channel := workerevents.channel()) is not None:  # a worker of its own user: the agent writes it
+        workerevents.send(channel, event, record["message"], severity, fields)
         return record
     path = journal_path(state_dir)
     try:

@@ -57,6 +57,9 @@ class WorkerSpec:
     #: the settings naming the secret files it reads, copied for its user at each start (slurm_ext.credentials):
     #: only for a worker with a `user`, which cannot read root's originals
     credentials: tuple[str, ...] = ()
+    #: the component whose events it may have the agent write (supervisor/eventchannel.py), when it runs as a
+    #: `user` that cannot write the journal: "" none
+    events: str = ""
 
     @property
     def signal(self) -> int:

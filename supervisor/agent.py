@@ -47,7 +47,7 @@ from .liaison import SlurmLiaison
 from .lifecycle import CrashLoopOver, GiveUp
 from .notify import SystemdLink
 from .plugins import plugins
-from .processes import (NEVER, Worker, become_reaper, how_it_ended, kill_session, poke, reap,
+from .processes import (NEVER, Worker, become_reaper, close_channels, how_it_ended, kill_session, poke, reap,
                         send_signal, session_members, set_state, spawn, state_changed, unwatch)
 from .readiness import after_ready, worker_ready
 from .reload import apply_config, fit_to_slurmd, forget, reload
@@ -187,6 +187,7 @@ class Agent:
     def _timeout(self, now: float) -> float:
         deadlines = [d for w in self.workers if (d := w.life.deadline()) is not None]
         deadlines += [w.stop_deadline for w in self.workers if w.state == WorkerState.STOPPING]
+        deadlines += [d for w in self.workers if w.events and (d := w.events.deadline()) is not None]
         if (own := self.life.deadline(now)) is not None:
             deadlines.append(own)
         if self._systemd and self._systemd.watchdog_every:
@@ -216,6 +217,8 @@ class Agent:
         if self.life.steps_due(now):
             self._run_steps(pipeline.steps_for(self.role))
         for worker in list(self.workers):
+            if worker.events:
+                worker.events.tick(now)
             if worker.state == WorkerState.BACKOFF and self.life.started and now >= worker.life.next_start:
                 self.start(worker)
             elif worker.state == WorkerState.STOPPING and now >= worker.stop_deadline:
@@ -365,11 +368,8 @@ class Agent:
         if self.http:
             self.http.close()
         for worker in self.workers:
-            if worker.notify:
-                worker.notify.close()
-            if worker.pidfd is not None:
-                os.close(worker.pidfd)
-                worker.pidfd = None
+            close_channels(self, worker)
+            unwatch(self, worker)
         self.steps.close()
         credentials.remove_all(self.config.node.runtime_dir)  # the copies of root's secrets made for workers
         if self.pidfile:

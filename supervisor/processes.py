@@ -18,22 +18,24 @@ import select
 import selectors
 import shutil
 import signal
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slurm_ext import credentials
+from slurm_ext import credentials, events, workerevents
 from slurm_ext.errors import SlurmExtError
 from slurm_ext.plugin import KillHold, WorkerSpec
 from slurm_ext.procfs import all_stats, read_stat
 
 from . import slurmd_args
 from .lifecycle import Life
+from .eventchannel import EventChannel
 from .notify import NotifySocket, is_descendant
 from .states import WorkerState
 
 __all__ = ["Worker", "session_members", "kill_session", "exited_child", "reap_pid", "pidfd_open", "pidfd_alive",
            "pidfd_exited", "set_state", "state_changed", "send_signal", "kill_leftovers", "notify_uid", "poke",
-           "how_it_ended", "on_notify", "follow_mainpid", "WorkerUserMissing", "user_of",
+           "how_it_ended", "on_notify", "follow_mainpid", "WorkerUserMissing", "user_of", "close_channels",
            "become_reaper", "spawn", "watch", "unwatch", "reap", "NEVER"]
 
 log = logging.getLogger("supervisor")
@@ -58,6 +60,8 @@ class Worker:
     #: STOPPING=1 received: its coming exit is announced, not a crash
     announced_stop: bool = False
     notify: NotifySocket | None = None
+    #: the socket its events come in by, when it runs as a user that cannot write the journal (spec.events)
+    events: EventChannel | None = None
     stop_deadline: float = 0.0
     #: start again as soon as it has stopped (a changed spec)
     restart_after_stop: bool = False
@@ -365,6 +369,8 @@ def spawn(agent, worker: Worker) -> tuple[int, tuple[str, ...]]:
     if account is not None:
         env.update(HOME=account.pw_dir if os.path.isdir(account.pw_dir) else "/", USER=account.pw_name,
                    LOGNAME=account.pw_name)
+        if spec.events:
+            env[workerevents.ENV] = str(_event_channel(agent, worker, account.pw_uid).path)
         if spec.credentials:
             env[credentials.ENV] = str(credentials.copy_for(agent.config, spec.name, account.pw_uid, account.pw_gid,
                                                             spec.credentials))
@@ -376,6 +382,34 @@ def spawn(agent, worker: Worker) -> tuple[int, tuple[str, ...]]:
     # our unreaped child: its pid cannot be reused before this pidfd refers to it
     watch(agent, worker, pidfd_open(pid, f"worker {spec.name}"))
     return pid, argv
+
+
+def _event_channel(agent, worker: Worker, uid: int) -> EventChannel:
+    """The worker's event socket (made at its first start, kept across restarts), its events journaled under its
+    component with `worker` naming it."""
+    if worker.events is None:
+        name, state_dir = worker.spec.name, agent.config.node.state_dir
+
+        def write(event: str, message: str, severity: str | None, fields: dict, component: str = "") -> None:
+            events.emit(state_dir, component or worker.spec.events, event, message, severity,
+                        **{**fields, "worker": name})
+
+        worker.events = EventChannel(Path(agent.config.node.runtime_dir) / f"events-{agent.role}-{name}.sock", uid,
+                                     name, worker.spec.events, write, time.monotonic)
+        agent.selector.register(worker.events, selectors.EVENT_READ, worker.events.receive)
+    return worker.events
+
+
+def close_channels(agent, worker: Worker) -> None:
+    """Close the worker's notify and event sockets (it was removed, or the agent stops)."""
+    for channel in (worker.notify, worker.events):
+        if channel is not None:
+            try:
+                agent.selector.unregister(channel)
+            except (KeyError, ValueError):
+                pass
+            channel.close()
+    worker.notify = worker.events = None
 
 
 def watch(agent, worker: Worker, pidfd: int | None) -> None:

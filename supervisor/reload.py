@@ -19,7 +19,7 @@ from slurm_ext.plugin import WorkerSpec
 from . import slurmd_args
 from .lifecycle import Life, Policy
 from .plugins import plugins
-from .processes import Worker, send_signal
+from .processes import Worker, close_channels, send_signal
 from .states import WorkerState
 from .stopping import request_stop
 from .workers import workers_for
@@ -107,13 +107,10 @@ def new_worker(agent, spec: WorkerSpec) -> Worker:
 
 
 def forget(agent, worker: Worker) -> None:
-    """A removed worker has stopped: out of the list (readiness, metrics) and its notify socket closed;
-    the plug-ins are told (a removed health monitor may have posted a drain while it was stopping)."""
+    """A removed worker has stopped: out of the list (readiness, metrics) and its notify and event sockets
+    closed; the plug-ins are told (a removed health monitor may have posted a drain while it was stopping)."""
     agent.workers = [w for w in agent.workers if w is not worker]
-    if worker.notify is not None:
-        agent.selector.unregister(worker.notify)
-        worker.notify.close()
-        worker.notify = None
+    close_channels(agent, worker)
     for live in agent.live_plugins:
         live.worker_gone(worker.spec.name)
 

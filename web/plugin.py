@@ -21,7 +21,7 @@ def _spec_changes(config: Config, role: str) -> dict[str, dict]:
     if role != "controller" or config.web.user == "root":
         return {}
     own = config.accounting.page_password_file
-    return {"web": {"user": config.web.user,
+    return {"web": {"user": config.web.user, "events": "web",
                     "credentials": ("node.agent_credential", "web.proxy_secret_file",
                                     "accounting.page_password_file" if own else "accounting.password_file")}}
 
