@@ -8,9 +8,11 @@ queue and the thread are the notifier's (notify.py).
 
 from __future__ import annotations
 
+import http.client
 import json
 import stat
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -65,16 +67,29 @@ def read_url(path: str) -> str:
 
     Raises:
         NotifyUrlError: missing, a link, not a regular file, another user's, readable or writable by others, too
-            large, or not an http(s) URL.
+            large, or not an http(s) URL with a host (a control character or a space in it is refused here: later,
+            http.client would refuse it with the URL, its secret, in the message).
     """
     try:
         data = read_secret(path, max_bytes=_MAX_URL_BYTES).content
     except SecretFileError as err:
         raise NotifyUrlError(path, _url_file_problem(err)) from None
     url = data.decode("utf-8", "replace").strip()
-    if not url.startswith(("http://", "https://")) or any(c.isspace() for c in url):
+    if not _is_http_url(url):
         raise NotifyUrlError(path, "does not hold one http:// or https:// URL (and nothing else)")
     return url
+
+
+def _is_http_url(url: str) -> bool:
+    """One http(s) URL naming a host, with no control character, space or DEL anywhere in it."""
+    if any(ord(c) < 0x21 or ord(c) == 0x7F for c in url):
+        return False
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 -- a port that is not a number raises ValueError
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
 def _url_file_problem(err: SecretFileError) -> str:
@@ -93,8 +108,15 @@ def _iso(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
+def _slack_escaped(text: str) -> str:
+    """Slack reads <...> as a link or a mention (<!channel> pings everyone): a journal message's &, < and > are
+    escaped as Slack asks, so it is shown as written."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def _slack(notice: Notice) -> list | dict:
-    return {"text": f"slurm-ext {notice.severity}: node {notice.node}: {notice.event}: {notice.message}"}
+    return {"text": _slack_escaped(f"slurm-ext {notice.severity}: node {notice.node}: {notice.event}: "
+                                   f"{notice.message}")}
 
 
 def _alertmanager(notice: Notice) -> list | dict:
@@ -116,20 +138,47 @@ def body_of(notice: Notice, form: str) -> bytes:
     return json.dumps(_BODIES[form](notice)).encode()
 
 
+class _RedirectRefused(urllib.request.HTTPRedirectHandler):
+    """A redirect is not followed: urllib would turn the POST into a GET on 301/302/303, and the GET's 2xx would
+    count as posted while the notice was lost."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None  # the answer stays an HTTPError of its 3xx
+
+
+_OPENER = urllib.request.build_opener(_RedirectRefused)
+
+
 def post(url: str, body: bytes, timeout: float) -> int:
     """POST `body` (JSON) to `url` once; returns the status of a 2xx answer.
 
     Raises:
-        WebhookFailed: no answer within `timeout`, no connection, or a status other than 2xx (the URL is never in
-            the message: it holds the webhook's secret).
+        WebhookFailed: no answer within `timeout`, no connection, an answer that is not HTTP, a redirect, or a
+            status other than 2xx (the URL is never in the message: it holds the webhook's secret).
     """
     request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as answer:
+        with _OPENER.open(request, timeout=timeout) as answer:
             answer.read(65536)
             return answer.status
     except urllib.error.HTTPError as err:
+        if 300 <= err.code < 400:
+            raise WebhookFailed(f"the webhook answered HTTP {err.code}: a redirect, not followed (fix the URL)",
+                                err.code) from None
         raise WebhookFailed(f"the webhook answered HTTP {err.code}", err.code) from None
-    except (urllib.error.URLError, OSError, ValueError) as err:
-        reason = getattr(err, "reason", err)
-        raise WebhookFailed(f"the webhook did not answer: {reason}") from None
+    except urllib.error.URLError as err:
+        raise WebhookFailed(f"the webhook did not answer: {_without_url(err.reason)}") from None
+    except http.client.HTTPException as err:  # BadStatusLine, LineTooLong, InvalidURL, too many headers ...
+        raise WebhookFailed(f"the webhook's answer is not HTTP ({type(err).__name__})") from None
+    except (OSError, ValueError) as err:
+        raise WebhookFailed(f"the webhook did not answer: {_without_url(err)}") from None
+
+
+def _without_url(err) -> str:
+    """What went wrong, in words that cannot hold the URL: an OS error's own text (timed out, refused), else only
+    the exception's class."""
+    if isinstance(err, OSError) and not isinstance(err, urllib.error.URLError) and err.strerror:
+        return err.strerror
+    if isinstance(err, TimeoutError):
+        return "timed out"
+    return type(err).__name__ if isinstance(err, BaseException) else "no answer"

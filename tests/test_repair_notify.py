@@ -1,7 +1,10 @@
 """The repair notifier against a real webhook: an http.server on 127.0.0.1 in this process, real files, a real SQLite
-repair store. Each notice is posted once in either format, a 500 is tried again, a webhook that is down or never
-answers costs retries and a counted drop (never the caller's time), a full queue drops its oldest, a restarted
-notifier posts nothing twice, and a URL file others can read is refused with the file named."""
+repair store, raw sockets for what is not HTTP. Each notice is posted once in either format, a 500 is tried again, a
+webhook that is down, never answers, answers something not HTTP or redirects costs retries and a counted drop (never
+the caller's time nor the thread), a full queue drops its oldest waiting (never the one being posted), a restarted
+or replaced notifier posts nothing twice, a drained node's journal is read on from where the last read ended, and
+a URL file others can read, or holding a control character, is refused with the file named and the URL never
+said."""
 
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from helpers.wait import wait_for
 
 class Webhook:
     """A webhook on 127.0.0.1: records every body; `answers` is the list of statuses to give, the last repeated;
-    status 0 never answers (holds the connection until the test ends)."""
+    status 0 never answers (holds the connection until the test ends), -200 holds it until `release`, then 200."""
 
     def __init__(self, answers=(200,)):
         self.bodies: list = []
@@ -39,9 +42,11 @@ class Webhook:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 hook.tries += 1
                 status = hook.answers.pop(0) if len(hook.answers) > 1 else hook.answers[0]
-                if status == 0:
+                if status <= 0:
                     hook.release.wait(30)
-                    return
+                    if status == 0:
+                        return
+                    status = -status
                 if status < 300:
                     hook.bodies.append(body)
                 self.send_response(status)
@@ -163,21 +168,21 @@ def test_a_webhook_that_is_down_costs_retries_and_a_counted_drop_never_the_calle
     assert "127.0.0.1" not in first[1]  # the URL is a secret: never in the journal
 
 
-def test_a_full_queue_drops_its_oldest_counts_each_and_says_it_once(tmp_path, hooks):
-    hook = hooks(answers=(0,))  # holds the first post: the queue fills behind it
+def test_a_full_queue_drops_its_oldest_queued_never_the_one_being_posted_and_says_it_once(tmp_path, hooks):
+    hook = hooks(answers=(-200,))  # holds the first post: the queue fills behind it
     said = Events()
     sender = notifier(tmp_path, hook.url, queue=2, retries=0, timeout=5.0, emit=said)
     sender.put([notice(1)])
     wait_for("the first post under way", lambda: hook.tries == 1, timeout=10)
-    sender.put([notice(2), notice(3), notice(4)])  # 1 (posting), 2, 3 in a queue of 2: 1 then 2 dropped
-    assert sender.figures()["dropped"] == 2 and sender.waiting == 2
+    sender.put([notice(2), notice(3), notice(4)])  # 1 posting; 2, 3 queued; 4 drops 2, the oldest queued
+    assert sender.figures()["dropped"] == 1 and sender.waiting == 2
     assert len(said.named("repair-notify-dropped")) == 1
     assert "repair.notify_queue 2" in said.named("repair-notify-dropped")[0][1]
-    hook.answers = [200]
     hook.release.set()
-    wait_for("3 and 4 posted", lambda: len(hook.bodies) == 2, timeout=10)
+    wait_for("1, 3 and 4 posted", lambda: len(hook.bodies) == 3, timeout=10)
     sender.stop()
-    assert [b["text"].rsplit(": ", 1)[1] for b in hook.bodies] == ["3", "4"]
+    assert [b["text"].rsplit(": ", 1)[1] for b in hook.bodies] == ["1", "3", "4"]
+    assert sender.figures() == {"posted": 3, "retried": 0, "dropped": 1, "failed": 0, "queue": 0}
 
 
 def test_a_restarted_notifier_posts_nothing_twice(tmp_path, hooks):
@@ -269,3 +274,273 @@ def test_the_service_refuses_a_url_file_others_can_read_says_so_once_and_starts_
         "slurm-ext info: node n1: repair-approved: reboot approved by alice",
         "slurm-ext critical: node n1: repair-failed: reboot of n1 failed at wait-boot"]
     store.close()
+
+
+# -- the review's findings (issue 29 item 5) ---------------------------------------------------------------------
+
+SECRET = "/hooks/T0KEN-SECRET"
+
+
+class RawAnswer:
+    """A "webhook" on 127.0.0.1 that answers every connection with `answer` bytes and closes it: a wrong port, an
+    SSH server, a load balancer speaking something else."""
+
+    def __init__(self, answer: bytes):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.hits = 0
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}{SECRET}"
+        threading.Thread(target=self._serve, args=(answer,), daemon=True).start()
+
+    def _serve(self, answer):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                self.hits += 1
+                conn.sendall(answer)
+
+    def close(self):
+        self.sock.close()
+
+
+def test_a_webhook_answering_something_not_http_costs_retries_and_the_thread_lives_on(tmp_path):
+    raw = RawAnswer(b"SSH-2.0-OpenSSH_9.2\r\n")
+    said = Events()
+    sender = notifier(tmp_path, raw.url, retries=1, backoff=0.01, emit=said)
+    sender.put([notice(1), notice(2)])
+    wait_for("both given up", lambda: sender.figures()["failed"] == 2, timeout=20)
+    assert sender._thread.is_alive()
+    sender.put([notice(3)])
+    wait_for("the third given up too", lambda: sender.figures()["failed"] == 3, timeout=20)
+    sender.stop()
+    raw.close()
+    assert raw.hits == 6 and sender.figures()["posted"] == 0
+    [first, *_] = said.named("repair-notify-failed")
+    assert "BadStatusLine" in first[1] and SECRET not in first[1]
+
+
+def test_an_unexpected_error_in_either_thread_is_counted_said_once_and_the_thread_lives_on(tmp_path, caplog):
+    said = Events()
+    posted = []
+
+    def post(url, body, timeout):
+        if len(posted) < 2:
+            posted.append(None)
+            raise KeyError("a bug in a post")
+        posted.append(body)
+        return 200
+    sent = notify.Sent(tmp_path / notify.SENT_FILE)
+    sender = notify.Notifier(url_file(tmp_path, "http://127.0.0.1:9/h"), "slack", 10, 0, 0.01, 1.0, sent, said,
+                             post=post)
+    sender.put([notice(1), notice(2), notice(3)])
+    wait_for("the third posted", lambda: len(posted) == 3, timeout=10)
+    assert sender._thread.is_alive() and sender.figures()["failed"] == 2 and sender.figures()["posted"] == 1
+    crashed = [s for s in said.named("repair-notify-failed") if "KeyError" in s[1]]
+    assert len(crashed) == 1, said.said
+
+    class Agents:
+        calls = 0
+
+        def events(self, node, addr="", since=0.0, limit=None, timeout=None):
+            Agents.calls += 1
+            raise ZeroDivisionError("a bug in a read")
+    feed = notify.HealthFeed(sender, Agents(), sent, time.time())
+    for _ in range(3):
+        feed.watch({"n1": ""})
+        calls = Agents.calls
+        wait_for("a read", lambda: Agents.calls > calls, timeout=10)
+    assert feed._thread.is_alive() and feed.failed >= 2
+    assert len([s for s in said.said if "ZeroDivisionError" in s[1]]) == 1
+    feed.stop()
+    sender.stop()
+
+
+@pytest.mark.parametrize("bad", ["\x7f", "\x01", "\t", "\x00"])
+def test_a_url_with_a_control_character_is_refused_without_the_url_in_the_message(tmp_path, bad):
+    path = tmp_path / "webhook-url"
+    path.write_bytes(f"http://127.0.0.1:9{SECRET}{bad}x\n".encode())
+    path.chmod(0o600)
+    with pytest.raises(NotifyUrlError) as refused:
+        webhook.read_url(str(path))
+    assert SECRET not in str(refused.value) and "T0KEN" not in str(refused.value)
+
+
+def test_a_url_without_a_host_is_refused(tmp_path):
+    for text in ("http:///hooks/x", "https://:443/x", "ftp://127.0.0.1/x"):
+        with pytest.raises(NotifyUrlError, match="does not hold one http"):
+            webhook.read_url(url_file(tmp_path, text))
+
+
+def test_no_failure_kind_puts_the_secret_url_in_an_event_or_the_log(tmp_path, hooks, caplog):
+    import logging
+    caplog.set_level(logging.DEBUG)
+    said = Events()
+    kinds = {"refused": f"http://127.0.0.1:{_refusing_port()}{SECRET}",
+             "not-http": RawAnswer(b"HTTP/1.1 200 OK\r\n" + b"X: y\r\n" * 200 + b"\r\n").url,
+             "garbage": RawAnswer(b"\x00\x01garbage\r\n\r\n").url,
+             "500": hooks(answers=(500,)).url.replace("/hook", SECRET),
+             "redirect": _Redirecting().url}
+    for kind, url in kinds.items():
+        (tmp_path / kind).mkdir()
+        sender = notifier(tmp_path / kind, url, retries=1, backoff=0.01, timeout=2.0, emit=said)
+        sender.put([notice(1)])
+        wait_for(f"{kind}: given up", lambda: sender.figures()["failed"] == 1, timeout=20)
+        sender.stop()
+    assert len(said.named("repair-notify-failed")) == len(kinds)
+    for event in said.said:
+        assert SECRET not in json.dumps(event) and "T0KEN" not in json.dumps(event), event
+    assert "T0KEN" not in caplog.text
+
+
+class _Redirecting:
+    """A webhook that answers every POST with a 301 to /moved and counts the GETs a client following it sends."""
+
+    def __init__(self, code=301):
+        self.gets = []
+        hook = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                self.send_response(code)
+                self.send_header("Location", "/moved")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def do_GET(self):
+                hook.gets.append(self.path)
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args):
+                pass
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}{SECRET}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.mark.parametrize("code", [301, 302, 303, 307])
+def test_a_redirecting_webhook_is_a_failure_naming_the_redirect_never_a_post_counted_as_done(tmp_path, code):
+    hook = _Redirecting(code)
+    said = Events()
+    sender = notifier(tmp_path, hook.url, retries=0, emit=said)
+    sender.put([notice(1, "repair-failed")])
+    wait_for("given up", lambda: sender.figures()["failed"] == 1, timeout=10)
+    sender.stop()
+    hook.server.shutdown()
+    assert hook.gets == [] and sender.figures()["posted"] == 0
+    [failed] = said.named("repair-notify-failed")
+    assert f"the webhook answered HTTP {code}: a redirect, not followed (fix the URL)" in failed[1]
+
+
+def test_slacks_text_escapes_what_slack_reads_as_markup():
+    body = json.loads(webhook.body_of(Notice("health:n1:1.0:d", "health-finding", "n1",
+                                             "<!channel> xid & <@U123> <http://x|y>", "critical", 1.0), "slack"))
+    assert body["text"] == ("slurm-ext critical: node n1: health-finding: "
+                            "&lt;!channel&gt; xid &amp; &lt;@U123&gt; &lt;http://x|y&gt;")
+
+
+def test_the_keys_kept_are_only_those_queued_or_in_flight(tmp_path, hooks):
+    hook = hooks()
+    sender = notifier(tmp_path, hook.url)
+    sender.put([notice(n) for n in range(1, 51)])
+    wait_for("fifty posts", lambda: len(hook.bodies) == 50, timeout=20)
+    sender.stop()
+    assert sender._keys == set()
+
+
+def test_a_stopped_notifier_whose_post_outlived_the_join_never_saves_over_the_new_ones(tmp_path, hooks):
+    """A SIGHUP: the old notifier's post outlives stop()'s join; the new one started from the file and posted
+    more. The old thread's late save would put its stale progress back (the new posts posted again)."""
+    hook = hooks(answers=(-200,))  # holds the post until released, then 200
+    old = notifier(tmp_path, hook.url, timeout=10.0)
+    old.put([notice(1)])
+    wait_for("the post under way", lambda: hook.tries == 1, timeout=10)
+    old.stop(timeout=0.1)
+    assert old._thread.is_alive()
+    new = notify.Sent(tmp_path / notify.SENT_FILE)
+    new.repair_id = 5
+    new.save()
+    hook.release.set()
+    old._thread.join(10)
+    assert notify.Sent(tmp_path / notify.SENT_FILE).repair_id == 5
+
+
+class _Journal:
+    """Agents whose one node's journal is `lines` (critical findings or not): records each `since` asked."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+        self.asked: list[float] = []
+
+    def add(self, when: float, event="health-check", severity="info", message="ok"):
+        from datetime import datetime, timezone
+        self.lines.append(json.dumps({"time": datetime.fromtimestamp(when, timezone.utc).isoformat(),
+                                      "event": event, "component": "health", "message": message,
+                                      "severity": severity, "finding_severity": severity, "check": "xid"}))
+
+    def events(self, node, addr="", since=0.0, limit=None, timeout=None):
+        from slurm_ext.agentapi import EventsPage
+        self.asked.append(since)
+        whole_since = float(f"{since:.0f}")  # as the agent is asked: whole seconds
+        from datetime import datetime
+        body = "\n".join(line for line in self.lines
+                         if datetime.fromisoformat(json.loads(line)["time"]).timestamp() >= whole_since)
+        return EventsPage.of(node, "b", body)
+
+
+def test_each_pass_reads_a_drained_nodes_journal_from_where_the_last_read_ended(tmp_path, hooks):
+    hook = hooks()
+    month_ago = time.time() - 30 * 86400
+    journal = _Journal()
+    journal.add(month_ago + 10, "health-finding", "critical", "xid 79 gpu 1 GPU has fallen off the bus")
+    for n in range(100):
+        journal.add(month_ago + 100 + n)  # not critical: never posted, yet read
+    sender = notifier(tmp_path, hook.url)
+    sender.sent.started = month_ago
+    feed = notify.HealthFeed(sender, journal, sender.sent, month_ago)
+
+    def one_pass():
+        asked = len(journal.asked)
+        feed.watch({"n1": ""})
+        wait_for("a read", lambda: len(journal.asked) > asked, timeout=10)
+    one_pass()
+    wait_for("the finding posted", lambda: len(hook.bodies) == 1, timeout=10)
+    one_pass()
+    one_pass()
+    journal.add(month_ago + 500, "health-finding", "critical", "ecc gpu 2 double-bit ECC error")
+    one_pass()
+    wait_for("the second finding posted", lambda: len(hook.bodies) == 2, timeout=10)
+    one_pass()
+    feed.stop()
+    sender.stop()
+    assert journal.asked[0] <= month_ago
+    assert all(since >= month_ago + 197 for since in journal.asked[2:4]), journal.asked  # not the month again
+    assert journal.asked[-1] >= month_ago + 497, journal.asked
+    assert [b["text"].rsplit(": ", 1)[1] for b in hook.bodies] == ["xid 79 gpu 1 GPU has fallen off the bus",
+                                                                  "ecc gpu 2 double-bit ECC error"]
+    # the cursor is kept with the rest: a restarted notifier reads on from it
+    again = notify.Sent(tmp_path / notify.SENT_FILE)
+    assert again.read_from("n1", month_ago) >= month_ago + 498  # the newest line read
+
+
+def test_a_drained_node_whose_journal_has_nothing_new_is_not_read_from_a_month_back_again(tmp_path):
+    month_ago = time.time() - 30 * 86400
+    journal = _Journal()  # nothing in it since the notifier's first start
+    sender = notifier(tmp_path, "http://127.0.0.1:9/h")
+    feed = notify.HealthFeed(sender, journal, sender.sent, month_ago)
+    for passes in (1, 2, 3):
+        feed.watch({"n1": ""})
+        wait_for("a read", lambda: len(journal.asked) == passes, timeout=10)
+    feed.stop()
+    sender.stop()
+    assert journal.asked[0] <= month_ago
+    assert all(since > time.time() - 3600 for since in journal.asked[1:]), journal.asked
