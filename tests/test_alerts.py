@@ -21,10 +21,12 @@ METRICS_DOC = RULES.parents[1] / "reference" / "metrics.md"
 #: what the issue asks alerts for, by the metric each rests on
 WANTED = {"slurm_ext_nodestate_drained", "slurm_ext_repair_awaiting_approval_seconds",
           "slurm_ext_health_xid_errors_total", "slurm_ext_health_monitor_up", "slurm_ext_accounting_dbd_queue",
-          "slurm_ext_accounting_missing_jobs"}
+          "slurm_ext_accounting_missing_jobs", "slurm_ext_supervisor_worker_up"}
 #: PromQL's own words that look like metric names
 _PROMQL = {"sum", "by", "without", "increase", "rate", "delta", "deriv", "and", "or", "unless", "on", "ignoring",
            "max", "min", "avg", "count", "abs", "absent", "time", "bool"}
+#: the series Prometheus itself writes for each target it scrapes
+PROMETHEUS_OWN = {"up"}
 
 
 def rules() -> list[dict]:
@@ -65,9 +67,11 @@ def test_every_metric_a_rule_names_is_one_the_agents_serve_and_each_wanted_alert
         found = metrics_of(rule["expr"])
         assert found, f"{rule['alert']}: no metric in {rule['expr']!r}"
         named[rule["alert"]] = found
-    unknown = {alert: sorted(names - served) for alert, names in named.items() if names - served}
+    unknown = {alert: sorted(names - served - PROMETHEUS_OWN) for alert, names in named.items()
+               if names - served - PROMETHEUS_OWN}
     assert not unknown, f"rules name metrics no agent serves: {unknown}"
     assert WANTED <= set().union(*named.values()), WANTED - set().union(*named.values())
+    assert metrics_of(next(r["expr"] for r in rules() if r["alert"] == "SlurmExtAgentDown")) == {"up"}
 
 
 def test_the_metric_check_catches_a_rule_on_a_metric_that_does_not_exist():
@@ -99,3 +103,47 @@ def test_the_drained_gauge_says_whose_drain_it_is_and_nothing_for_an_admins():
     assert [(s.labels["owner"], s.value) for s in family.samples] == [("", 0)]
     [family] = drained_families(None, "n1")  # before the owner's first look: no sample rather than a guess
     assert family.samples == []
+
+
+def _promtool_test(tmp_path: Path, tests: list[dict]) -> subprocess.CompletedProcess:
+    """`promtool test rules`: Prometheus's own rule evaluator over the given series, against the shipped file."""
+    if not PROMTOOL.is_file():
+        pytest.fail(f"{PROMTOOL} is missing: it comes with Debian's prometheus package", pytrace=False)
+    path = tmp_path / "rules-test.yml"
+    path.write_text(yaml.safe_dump({"rule_files": [str(RULES)], "evaluation_interval": "1m", "tests": tests}))
+    return subprocess.run([str(PROMTOOL), "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
+
+
+def _annotations(alert: str, labels: dict) -> dict:
+    """The rule's annotations as Prometheus fills them for `labels` (the templates use only $labels)."""
+    [rule] = [r for r in rules() if r["alert"] == alert]
+    return {key: re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels.get(m.group(1), ""), text)
+            for key, text in rule["annotations"].items()}
+
+
+def test_an_agent_that_does_not_answer_and_a_monitor_that_never_wrote_readings_fire(tmp_path):
+    """Neither has a slurm_ext_health_monitor_up series for SlurmExtHealthMonitorDown to see at 0: the agent down is
+    Prometheus's own up == 0, the monitor that never wrote is a health worker without readings."""
+    down = {"job": "slurm-ext", "instance": "n1:9100"}
+    silent = {"job": "slurm-ext", "instance": "n2:9100", "role": "worker", "worker": "health"}
+    healthy = {"job": "slurm-ext", "instance": "n3:9100", "role": "worker", "worker": "health"}
+
+    def series(name, labels, values):
+        return {"series": name + "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}", "values": values}
+    inputs = [series("up", down, "0x20"), series("up", {"job": "slurm-ext", "instance": "n2:9100"}, "1x20"),
+              series("slurm_ext_supervisor_worker_up", silent, "1x20"),
+              series("slurm_ext_supervisor_worker_up", healthy, "1x20"),
+              series("slurm_ext_health_monitor_up", {"job": "slurm-ext", "instance": "n3:9100", "hostname": "n3"},
+                     "1x20")]
+    agent_down = {**down, "severity": "critical"}
+    never_wrote = {**silent, "severity": "critical"}
+    done = _promtool_test(tmp_path, [{"interval": "1m", "input_series": inputs, "alert_rule_test": [
+        {"eval_time": "3m", "alertname": "SlurmExtAgentDown", "exp_alerts": []},  # for: 5m
+        {"eval_time": "6m", "alertname": "SlurmExtAgentDown", "exp_alerts": [
+            {"exp_labels": agent_down, "exp_annotations": _annotations("SlurmExtAgentDown", agent_down)}]},
+        {"eval_time": "15m", "alertname": "SlurmExtHealthMonitorAbsent", "exp_alerts": [
+            {"exp_labels": never_wrote,
+             "exp_annotations": _annotations("SlurmExtHealthMonitorAbsent", never_wrote)}]},
+        {"eval_time": "15m", "alertname": "SlurmExtHealthMonitorDown", "exp_alerts": []},  # it has no series
+    ]}])
+    assert done.returncode == 0, done.stdout + done.stderr
