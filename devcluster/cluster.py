@@ -121,6 +121,8 @@ def up(settings: DevSection) -> Status:
     layout = Layout(settings)
     _stop_nodes_beyond(settings)
     changed = _write_files(layout)
+    if settings.web_port:
+        _ensure_page_user()
     to_start = []
     for daemon in cluster_daemons(layout):
         if daemons.running_pid(daemon) and daemon.reads & changed:
@@ -194,6 +196,25 @@ def _write_files(layout: Layout) -> set[Path]:
         **{node.slurm_ext_conf: render.slurm_ext_toml(layout, node) for node in layout.nodes},
     }
     return {path for path, text in files.items() if _write(path, text)}
+
+
+def _ensure_page_user() -> None:
+    """The page runs as web.user (slurm-ext-web), as on a real controller: made here where the host lacks it, as
+    docs/operator/web.md says to. What it reads of the dev tree is its to read: the config and slurm.conf (0644),
+    the token file (root:slurm-ext-web 0640, `web add-token`), munge's socket; its secrets are copies the
+    controller agent makes for it, and the repair store is MariaDB over TCP."""
+    user = config.Config().web.user
+    try:
+        pwd.getpwnam(user)
+    except KeyError:
+        log.info("making the page's user %s", user)
+        made = command.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", user], 60,
+                           check=False)
+        try:
+            pwd.getpwnam(user)  # another `dev up` may have made it meanwhile
+        except KeyError:
+            raise DevClusterError(f"cannot make the page's user {user} (web.user): useradd said: "
+                                  f"{made.stderr.strip()}") from None
 
 
 def _node_files(layout: Layout, node: NodeLayout) -> str:

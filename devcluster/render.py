@@ -190,8 +190,6 @@ verify_timeout = "2m"
 enabled = {"true" if s.web_port else "false"}
 listen = "127.0.0.1:{s.web_port or 9820}"
 token_file = "{layout.web_tokens}"
-# root: the dev tree (its config, munge socket, repair store) is not yet laid out for the page's own user
-user = "root"
 
 [supervisor.workers.slurmctld]
 stop_grace = "10s"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -112,6 +113,12 @@ def until(browser, what: str, test, timeout: float = 30.0):
                              f"{browser.find_element(By.TAG_NAME, 'body').text[:1500]}") from err
 
 
+def _journal(cluster) -> list[dict]:
+    """The controller's journal (the first node's agent runs the controller)."""
+    path = cluster.layout.first.node_state / "journal.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
 def text_of(browser, css: str) -> str:
     found = browser.find_elements(By.CSS_SELECTOR, css)
     return found[0].text if found else ""
@@ -177,6 +184,16 @@ def test_approving_in_the_browser_needs_the_token_and_the_repair_tab_shows_it_wi
                                                      if r["id"] == record["id"] and r["state"] == "done"), None),
                     120, interval=1.0)
     assert done["decided_by"] == "alice"
+    # the page ran as its own user, and its record of the approval is in root's journal, written by the agent
+    [state] = [e for e in _journal(web) if e["event"] == "worker-state" and e.get("worker") == "web"
+               and e.get("state") == "running"][-1:]
+    page = pwd.getpwnam("slurm-ext-web")
+    uids = next(line.split()[1:] for line in Path(f"/proc/{state['pid']}/status").read_text().splitlines()
+                if line.startswith("Uid:"))
+    assert uids == [str(page.pw_uid)] * 4, uids
+    assert [e for e in _journal(web) if e["event"] == "web-operation" and e.get("user") == "alice"
+            and e["component"] == "web" and e.get("worker") == "web" and "approved" in e["message"]
+            and e.get("node") == "wnode2"], [e for e in _journal(web) if e["event"] == "web-operation"]
 
     browser.get(web.url + "#repair")
     row = f"#repairs tr[data-record='{record['id']}'][data-state=done]"
@@ -197,9 +214,8 @@ def test_approving_in_the_browser_needs_the_token_and_the_repair_tab_shows_it_wi
     with web.store() as store:
         runs = [e for e in store.events(node="wnode1") if e.event == "health-check-run"]
     assert runs and runs[-1].user == "alice" and runs[-1].message == "health checks asked from the page by alice"
-    journal = [json.loads(line) for line in (web.layout.first.node_state / "journal.jsonl").read_text().splitlines()]
     assert any(e["event"] == "web-operation" and e.get("user") == "alice" and "healthy" in e["message"]
-               for e in journal)
+               for e in _journal(web))
 
     # the list sorted and filtered, the grid, the ssh command
     Select(browser.find_element(By.ID, "node-state")).select_by_visible_text("healthy")
