@@ -15,7 +15,6 @@ import os
 import re
 import signal
 import socket
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -25,11 +24,12 @@ import yaml
 
 from test_alerts import RULES
 from test_health_cluster import Health, _monitor_pid
-from test_health_prometheus import PROMETHEUS, PROMETHEUS_PORTS, _get, _reachable, _tail, free_port
 
 from slurm_ext import config as config_mod
 from slurm_ext.repair.store import open_store
 
+from helpers import prometheus as prometheus_server
+from helpers.prometheus import get as _get
 from helpers.wait import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -66,38 +66,15 @@ def _fast_copy(tmp_path: Path) -> Path:
 @pytest.fixture
 def prometheus(tmp_path):
     """Prometheus on 127.0.0.1 scraping the given targets every second with the rules' fast copy; stopped by PID."""
-    started = []
+    started: list[prometheus_server.Server] = []
 
     def start(targets: list[str]) -> str:
-        port = free_port(PROMETHEUS_PORTS)
-        config = tmp_path / "prometheus.yml"
-        config.write_text(yaml.safe_dump({
-            "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-            "rule_files": [str(_fast_copy(tmp_path))],
-            "scrape_configs": [{"job_name": "slurm-ext", "static_configs": [{"targets": targets}]}]}))
-        log = open(tmp_path / "prometheus.log", "ab")
-        proc = subprocess.Popen([str(PROMETHEUS), f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                                 f"--web.listen-address=127.0.0.1:{port}"], stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=log, cwd=tmp_path)
-        started.append((proc, log))
-        base = f"http://127.0.0.1:{port}"
-
-        def ready():
-            assert proc.poll() is None, _tail(tmp_path / "prometheus.log")
-            answer = _reachable(f"{base}/-/ready")
-            return answer is not None and answer[0] == 200
-        wait_for("prometheus ready", ready, timeout=30, interval=0.1)
-        return base
+        started.append(prometheus_server.start(tmp_path, "slurm-ext", targets, rule_files=(_fast_copy(tmp_path),)))
+        return started[-1].base
 
     yield start
-    for proc, log in started:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-        log.close()
+    for server in started:
+        server.stop()
 
 
 def _alerts(base: str) -> list[dict]:

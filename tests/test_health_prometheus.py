@@ -16,7 +16,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -28,14 +27,16 @@ import pytest
 
 from slurm_ext.devcluster import fakenvml
 
+from helpers import prometheus as prometheus_server
 from helpers.agent import health_only_worker
+from helpers.prometheus import PROMETHEUS, free_port
+from helpers.prometheus import get as _get
+from helpers.prometheus import reachable as _reachable
 from helpers.wait import wait_for
 
-PROMETHEUS = Path("/usr/bin/prometheus")
 DASHBOARD = Path(__file__).resolve().parents[1] / "docs" / "grafana" / "slurm-ext-health.json"
 #: ports of their own: the session cluster, other tests and benchmarks use 13307, 16817-16819, 17817+, 19810-19812
 AGENT_PORTS = range(29810, 29860)
-PROMETHEUS_PORTS = range(29090, 29140)
 GPUS = 8
 #: conftest's AgentProcess names the node so
 NODE = "testnode"
@@ -51,36 +52,6 @@ DASHBOARD_METRICS = {
     "slurm_ext_health_nvlink_active_links", "slurm_ext_health_check_state", "slurm_ext_health_findings",
     "slurm_ext_health_monitor_up",
 }
-
-#: never through a proxy from the environment: everything here is on 127.0.0.1
-_LOCAL = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def _get(url: str, timeout: float = 5.0) -> tuple[int, str]:
-    try:
-        with _LOCAL.open(url, timeout=timeout) as answer:
-            return answer.status, answer.read().decode()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode(errors="replace")
-
-
-def _reachable(url: str) -> tuple[int, str] | None:
-    try:
-        return _get(url, timeout=2.0)
-    except OSError:  # not listening yet
-        return None
-
-
-def free_port(candidates: range) -> int:
-    for port in candidates:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise AssertionError(f"no free port on 127.0.0.1 in {candidates.start}-{candidates.stop - 1}")
-
 
 def _alive(pid: int) -> bool:
     """True while `pid` runs (a zombie waiting for its parent counts as gone)."""
@@ -164,61 +135,15 @@ def worker_agent(prometheus_binary, fake_gpus, agents, tmp_path, monkeypatch):
 @pytest.fixture
 def prometheus(prometheus_binary, tmp_path):
     """start(target) -> base URL: Prometheus on 127.0.0.1 scraping `target` every second; stopped by its PID."""
-    started: list[subprocess.Popen] = []
-    logs = []
+    started: list[prometheus_server.Server] = []
 
     def start(target: str) -> str:
-        port = free_port(PROMETHEUS_PORTS)
-        config = tmp_path / "prometheus.yml"
-        config.write_text(f"""\
-global:
-  scrape_interval: 1s
-  scrape_timeout: 1s
-  evaluation_interval: 1s
-scrape_configs:
-  - job_name: slurm-ext-worker
-    static_configs:
-      - targets: ["{target}"]
-""")
-        log = open(tmp_path / "prometheus.log", "ab")
-        logs.append(log)
-        proc = subprocess.Popen([str(prometheus_binary), f"--config.file={config}",
-                                 f"--storage.tsdb.path={tmp_path / 'tsdb'}", "--storage.tsdb.retention.time=1h",
-                                 f"--web.listen-address=127.0.0.1:{port}"],
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=tmp_path)
-        started.append(proc)
-        base = f"http://127.0.0.1:{port}"
-
-        def ready():
-            if proc.poll() is not None:
-                raise AssertionError(f"prometheus exited with {proc.returncode}:\n{_tail(tmp_path / 'prometheus.log')}")
-            answer = _reachable(f"{base}/-/ready")
-            return answer is not None and answer[0] == 200
-
-        try:
-            wait_for("prometheus ready", ready, timeout=30, interval=0.1)
-        except AssertionError as err:
-            raise AssertionError(f"{err}\n{_tail(tmp_path / 'prometheus.log')}") from None
-        return base
+        started.append(prometheus_server.start(tmp_path, "slurm-ext-worker", [target], binary=prometheus_binary))
+        return started[-1].base
 
     yield start
-    for proc in started:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
-    for log in logs:
-        log.close()
-
-
-def _tail(path: Path, size: int = 3000) -> str:
-    try:
-        return path.read_text(errors="replace")[-size:]
-    except OSError:
-        return f"({path} not written)"
+    for server in started:
+        server.stop()
 
 
 def _query(base: str, expr: str) -> list[dict]:
