@@ -205,7 +205,23 @@ def test_the_webhook_gets_the_critical_finding_the_recommendation_and_the_approv
         hook.server_close()
 
 
-@pytest.mark.parametrize("down", ["refused", "never-answers"])
+def _answer_not_http(listener: socket.socket) -> None:
+    """Answer every connection with an SSH server's greeting until `listener` is closed."""
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
+
+
+#: the webhook URL's path: its secret, never to be in the journal or a log
+_SECRET = "/hooks/T0KEN-SECRET"
+
+
+@pytest.mark.parametrize("down", ["refused", "never-answers", "not-http"])
 def test_a_webhook_that_is_down_costs_retries_and_a_counted_drop_while_the_repair_completes(drill, tmp_path, down):
     layout, node, settings = drill.layout, drill.cluster.node, drill.cluster.settings
     listener = socket.socket()
@@ -215,8 +231,10 @@ def test_a_webhook_that_is_down_costs_retries_and_a_counted_drop_while_the_repai
         listener.close()  # nothing listens: every post is refused
     else:
         listener.listen(16)  # connections wait in the kernel's queue, never accepted: every post times out
+    if down == "not-http":
+        threading.Thread(target=_answer_not_http, args=(listener,), daemon=True).start()
     url_file = tmp_path / "webhook-url"
-    url_file.write_text(f"http://127.0.0.1:{port}/hook\n")
+    url_file.write_text(f"http://127.0.0.1:{port}{_SECRET}\n")
     url_file.chmod(0o600)
     config = layout.slurm_ext_conf.read_text()
     keys = (f'notify_url_file = "{url_file}"\nnotify_retries = 2\nnotify_backoff = "200ms"\nnotify_timeout = "1s"\n'
@@ -244,6 +262,11 @@ def test_a_webhook_that_is_down_costs_retries_and_a_counted_drop_while_the_repai
             return found and float(found.group(1)) >= 1 and retried and float(retried.group(1)) >= 2
         wait_for("the drop counted on the controller's /metrics", dropped, timeout=30, interval=0.5)
         assert record["action"] == "reboot"
+        # the URL's secret path is in no journal and no log of the cluster's
+        read = [path for path in [*layout.log.rglob("*"), *layout.root.rglob("*.jsonl")] if path.is_file()]
+        assert any(path.name == "journal.jsonl" for path in read) and any(path.suffix == ".log" for path in read)
+        said = [path for path in read if "T0KEN" in path.read_text(errors="replace")]
+        assert said == [], said
     finally:
         layout.slurm_ext_conf.write_text(config)
         os.kill(_controller_pid(layout), signal.SIGHUP)
