@@ -21,7 +21,10 @@ connects as.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
+
+from slurm_ext.errors import ConfigError
 
 __all__ = ["ROLES", "OWN_USERS", "Account", "grants", "password_file_of", "has_own_account", "accounts", "init_statements", "login"]
 
@@ -116,5 +119,11 @@ def login(settings, role: str, environ: dict[str, str], source: str = "<defaults
     own_file = password_file_of(settings, role)
     if own_file:  # read with every check slurmdbd's password gets
         return OWN_USERS[role], password(dataclasses.replace(settings, password_file=own_file), {}, source)
+    if os.geteuid() != 0 and role != "slurmdbd":
+        raise ConfigError(f"accounting.{role}_password_file", f"empty, and the {role} runs as uid {os.geteuid()}, "
+                          "not root: it is never given slurmdbd's password (with which it could write the "
+                          "accounting database, and approve repairs); give it an account of its own: a file with "
+                          f"its password (root's, 0600) named by accounting.{role}_password_file, which the "
+                          "start-up SQL makes the account with (restart the accounting agent)")
     user = OWN_USERS[role] if has_own_account(settings, role) else settings.db_user
     return user, password(settings, environ, source)

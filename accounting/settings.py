@@ -45,7 +45,8 @@ class AccountingSection:
                                         empty_ok=True)
     page_password_file: str = setting("", "file holding the password of the page's own account (slurm_ext_page: "
                                       "SELECT, INSERT, UPDATE on own_database only); empty: slurmdbd's password, "
-                                      "or without run_database db_user, which then holds those grants too", "path", empty_ok=True)
+                                      "or without run_database db_user, which then holds those grants too; "
+                                      "needed where the page runs as web.user, not root (never given slurmdbd's)", "path", empty_ok=True)
     backup_password_file: str = setting("", "file holding the password of backups' own account (slurm_ext_backup: "
                                         "SELECT, LOCK TABLES, SHOW VIEW, EVENT, TRIGGER on database and "
                                         "own_database); empty: slurmdbd's password, or without run_database "

@@ -177,8 +177,9 @@ def _write_files(layout: Layout) -> set[Path]:
     layout.out.chmod(0o1777)
     os.chown(layout.run, 0, 0)  # root writes the pidfiles here (an older dev cluster gave it to mysql)
     _prepare_munge(layout)
-    if not layout.db_password.exists():  # the accounting agent writes it into slurmdbd.conf and MariaDB
-        _write(layout.db_password, secrets.token_hex(16) + "\n", 0o600)
+    for password in (layout.db_password, layout.page_db_password):  # the accounting agent gives them to MariaDB
+        if not password.exists():
+            _write(password, secrets.token_hex(16) + "\n", 0o600)
     agentapi.create_credential(layout.agent_credential)  # the agents and the controller prove it to each other
     fakenvml.build(layout.lib)
     hooks = {node.name: _node_files(layout, node) for node in layout.nodes}

@@ -91,6 +91,12 @@ class Layout:
         return self.etc / "db-password"
 
     @property
+    def page_db_password(self) -> Path:
+        """The password of the page's own database account ([accounting] page_password_file): the page runs as
+        slurm-ext-web and is never given slurmdbd's."""
+        return self.etc / "page-db-password"
+
+    @property
     def agent_credential(self) -> Path:
         """The cluster's agent credential (node.agent_credential): the same file for every node and the controller,
         as a real cluster installs one secret everywhere."""

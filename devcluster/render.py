@@ -152,6 +152,7 @@ run_database = true
 cluster = "{s.cluster_name}"
 db_port = {s.mariadb_port}
 password_file = "{layout.db_password}"
+page_password_file = "{layout.page_db_password}"
 memory = 512
 dbd_addr = "127.0.0.1"
 dbd_port = {s.slurmdbd_port}

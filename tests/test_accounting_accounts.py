@@ -13,6 +13,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -263,3 +264,29 @@ def test_a_site_with_one_password_restores_as_slurmdbd_and_as_the_repair_store(s
     history = backups.restore(config, made.own.path, environ={})
     assert history.database == settings.own_database and history.tables["repair_records"] == 1
     assert server.sql("SELECT node, state FROM repair_records", settings.own_database) == [("n1", "approved")]
+
+
+def test_a_part_that_is_not_root_is_never_given_slurmdbds_password(tmp_path):
+    """The review of 28.21: the page, running as its own user, was given a copy of slurmdbd's password where the
+    site had no page password file; where slurm-ext runs the database every part's account has that password, so
+    the page's user could log in as slurmdbd's account and the repair store's. The agent now copies only the
+    page's own password file, and a part that is not root asking for slurmdbd's password is refused, naming the
+    setting that gives it one of its own."""
+    from slurm_ext.web.plugin import PLUGIN
+    from slurm_ext.web.settings import WebSection
+    password_file = tmp_path / "slurmdbd.password"
+    password_file.write_text(PASSWORDS["slurmdbd"] + "\n")
+    password_file.chmod(0o644)  # readable, so that only login's own refusal can stop the child below
+    settings = AccountingSection(run_database=True, password_file=str(password_file))
+    config = Config(accounting=settings, web=WebSection(user="nobody"))
+    copied = PLUGIN.spec_changes(config, "controller")["web"]["credentials"]
+    assert "accounting.password_file" not in copied and "accounting.page_password_file" in copied
+    child = (f"import dataclasses; from slurm_ext.accounting import accounts; "
+             f"from slurm_ext.accounting.settings import AccountingSection; "
+             f"settings = AccountingSection(run_database=True, password_file={str(password_file)!r}); "
+             f"print(accounts.login(settings, 'page', {{}}))")
+    done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", child],
+                          capture_output=True, text=True, timeout=60, cwd="/")
+    assert done.returncode != 0 and PASSWORDS["slurmdbd"] not in done.stdout, done.stdout
+    assert "accounting.page_password_file: empty, and the page runs as uid 65534, not root" in done.stderr, \
+        done.stderr

@@ -16,14 +16,15 @@ def _enabled(config: Config, role: str) -> bool:
 
 def _spec_changes(config: Config, role: str) -> dict[str, dict]:
     """The page runs as web.user, with copies of the secrets it reads (slurm_ext.credentials): the agent
-    credential (to ask the agents), the proxy's shared secret, and its database password, its own account's or,
-    where the site has none, slurmdbd's. The token file of hashes is read in place (root:<its group> 0640)."""
+    credential (to ask the agents), the proxy's shared secret, and its own database account's password
+    (accounting.page_password_file), never slurmdbd's: where slurm-ext runs the database every part's account
+    has slurmdbd's password unless given one of its own. The token file of hashes is read in place
+    (root:<its group> 0640)."""
     if role != "controller" or config.web.user == "root":
         return {}
-    own = config.accounting.page_password_file
     return {"web": {"user": config.web.user, "events": "web",
                     "credentials": ("node.agent_credential", "web.proxy_secret_file",
-                                    "accounting.page_password_file" if own else "accounting.password_file")}}
+                                    "accounting.page_password_file")}}
 
 
 PLUGIN = Plugin(
