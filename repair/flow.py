@@ -171,14 +171,7 @@ def _wait_jobs(record: Record, seen: Seen) -> None:
         record.step = "act"
         _save(record, seen, now, "repair-step", "the node's jobs have ended")
         return
-    drained_at = record.detail.get("drained_at", now)
-    if now - drained_at > seen.settings.drain_deadline:
-        _fail(record, seen, f"jobs {running} still run {now - drained_at:.0f}s after the drain "
-                            f"(repair.drain_deadline {seen.settings.drain_deadline:g}s); the node stays drained")
-    elif record.detail.get("waiting_for") != running:
-        record.detail["waiting_for"] = running
-        _save(record, seen, now, "repair-step", f"waiting for jobs {running} to end (until "
-                                                f"{seen.settings.drain_deadline:g}s after the drain)")
+    _wait_or_fail(record, seen, now, running, "")
 
 
 def _act(record: Record, seen: Seen) -> None:
@@ -275,13 +268,20 @@ def _wait_for_gpu_jobs(record: Record, seen: Seen, now: float, gpu: int, jobs: l
         _save(record, seen, now, "repair-step", f"requeued jobs {jobs} holding gpu {gpu}"
               + (f": {answer}" if answer else ""), acts="requeue")
         return
+    _wait_or_fail(record, seen, now, jobs, f" holding gpu {gpu}")
+
+
+def _wait_or_fail(record: Record, seen: Seen, now: float, jobs: list[int], holding: str) -> None:
+    """Jobs `holding` what the repair needs (the node, or " holding gpu N") are waited for until
+    repair.drain_deadline after the drain, said once per set of jobs; past it, the repair fails and the node stays
+    drained."""
     drained_at = record.detail.get("drained_at", now)
     if now - drained_at > seen.settings.drain_deadline:
-        _fail(record, seen, f"jobs {jobs} still hold gpu {gpu} {now - drained_at:.0f}s after the drain "
+        _fail(record, seen, f"jobs {jobs}{holding} still run {now - drained_at:.0f}s after the drain "
                             f"(repair.drain_deadline {seen.settings.drain_deadline:g}s); the node stays drained")
     elif record.detail.get("waiting_for") != jobs:
         record.detail["waiting_for"] = jobs
-        _save(record, seen, now, "repair-step", f"waiting for jobs {jobs} holding gpu {gpu} to end (until "
+        _save(record, seen, now, "repair-step", f"waiting for jobs {jobs}{holding} to end (until "
                                                 f"{seen.settings.drain_deadline:g}s after the drain)")
 
 

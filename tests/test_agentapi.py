@@ -24,7 +24,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from helpers.agent import health_only_worker
+from helpers.agent import ask_as_nobody, health_only_worker
 from helpers.wait import wait_for
 from slurm_ext import agentapi
 from slurm_ext.agentapi import AgentAnswerError, AgentClient, CredentialError, CredentialFile, create_credential
@@ -345,37 +345,10 @@ def agent(tmp_path):
     log.close()
 
 
-def _as_nobody(port: int, requests: list[tuple[str, str]]) -> list[int]:
-    """The status of each (method, path) asked of 127.0.0.1:port by a child that became nobody (as a job's user
-    would ask), without any credential."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.setgid(65534)
-            os.setuid(65534)
-            found = []
-            for method, path in requests:
-                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-                connection.request(method, path)
-                answer = connection.getresponse()
-                answer.read()
-                found.append(answer.status)
-                connection.close()
-            os.write(write_end, json.dumps(found).encode())
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end) as pipe:
-        text = pipe.read()
-    os.waitpid(pid, 0)
-    return json.loads(text)
-
-
 def test_without_the_credential_the_agent_refuses_what_shows_or_does_something(agent):
     """As nobody, from a job: 401 for the journal, the health and the check; the kubelet's probes and /metrics
     stay open."""
-    statuses = _as_nobody(agent.port, [("GET", "/events?since=0"), ("GET", "/health"), ("POST", "/health/check"),
+    statuses = ask_as_nobody(agent.port, [("GET", "/events?since=0"), ("GET", "/health"), ("POST", "/health/check"),
                                        ("GET", "/livez"), ("GET", "/metrics")])
     assert statuses == [401, 401, 401, 200, 200]
     client = _client(agent.credential, "n1", agent.port)
@@ -392,10 +365,10 @@ def test_metrics_need_the_credential_where_the_config_says_so(agent):
     agent.config.write_text(agent.config.read_text().replace("[supervisor]\n", "[supervisor]\nopen_metrics = false\n"))
     os.kill(agent.proc.pid, signal.SIGHUP)
     deadline = time.monotonic() + 15
-    while _as_nobody(agent.port, [("GET", "/metrics")]) != [401]:
+    while ask_as_nobody(agent.port, [("GET", "/metrics")]) != [401]:
         assert time.monotonic() < deadline, "a reload with open_metrics = false left /metrics open"
         time.sleep(0.1)
-    assert _as_nobody(agent.port, [("GET", "/livez")]) == [200]
+    assert ask_as_nobody(agent.port, [("GET", "/livez")]) == [200]
 
 
 def test_a_job_cannot_make_the_health_monitor_read_the_node(agents, tmp_path, monkeypatch):
@@ -425,7 +398,7 @@ def test_a_job_cannot_make_the_health_monitor_read_the_node(agents, tmp_path, mo
     try:
         baseline = wait_for("the health monitor's first readings", readings, timeout=60)
         asked = time.monotonic()
-        assert _as_nobody(port, [("POST", "/health/check")] * 3) == [401] * 3
+        assert ask_as_nobody(port, [("POST", "/health/check")] * 3) == [401] * 3
         assert readings() == baseline
         assert client.check_now("testnode") is True, "a check asked by nobody was taken within the second before"
         assert time.monotonic() - asked < 1.0, "too slow for the agent's spacing to witness nobody's asks"

@@ -5,16 +5,14 @@ The reset tool here is a script that logs its argv, so the test sees exactly wha
 
 from __future__ import annotations
 
-import http.client
 import json
-import os
 import socket
 import stat
 import sys
 import textwrap
 from pathlib import Path
 
-from helpers.agent import health_only_worker
+from helpers.agent import ask_as_nobody, health_only_worker
 from helpers.wait import wait_for
 from slurm_ext.agentapi import AgentAnswerError, AgentClient, GpuResetAnswer, create_credential
 
@@ -23,28 +21,6 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def _as_nobody(port: int, method: str, path: str) -> int:
-    """The status of one request asked by a child that became nobody (a job's user), without the credential."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.setgid(65534)
-            os.setuid(65534)
-            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            connection.request(method, path)
-            answer = connection.getresponse()
-            answer.read()
-            os.write(write_end, str(answer.status).encode())
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end) as pipe:
-        text = pipe.read()
-    os.waitpid(pid, 0)
-    return int(text)
 
 
 def _reset_tool(directory: Path, exit_code: int = 0) -> tuple[Path, Path]:
@@ -67,18 +43,20 @@ def _ran(log: Path) -> list[list[str]]:
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
-def test_only_the_credential_resets_a_gpu_the_node_has(agents, tmp_path, monkeypatch):
+def _agent_with_reset_tool(agents, tmp_path: Path, monkeypatch, gpus: int, exit_code: int, argv: str):
+    """A worker agent whose health monitor reads `gpus` fake GPUs and resets one with a stand-in tool (`argv`: the
+    tool's arguments in TOML, {gpu} among them), once it has read them all: (agent, client, tool, log)."""
     from slurm_ext.devcluster import fakenvml
     lib = fakenvml.build(tmp_path / "lib")
     spec = tmp_path / "gpus.json"
-    fakenvml.write_spec(spec, fakenvml.default_gpus(4))
+    fakenvml.write_spec(spec, fakenvml.default_gpus(gpus))
     for name, value in fakenvml.environ(lib.parent, spec).items():  # the health worker inherits the agent's
         monkeypatch.setenv(name, value)
-    tool, log = _reset_tool(tmp_path)
+    tool, log = _reset_tool(tmp_path, exit_code)
     credential = tmp_path / "agent-credential"
     create_credential(credential)
     port = _free_port()
-    body = health_only_worker(port, tmp_path, "1h") + f'gpu_reset_command = ["{tool}", "--gpu-reset", "-i", "{{gpu}}"]\n'
+    body = health_only_worker(port, tmp_path, "1h") + f'gpu_reset_command = ["{tool}", {argv}]\n'
     agent = agents(body, role="worker", port=port, slurm=f'conf = "{tmp_path}/no-such-slurm.conf"',
                    node=f'agent_credential = "{credential}"')
     client = AgentClient(str(credential), 9810, {"testnode": f"127.0.0.1:{port}"}, 30.0)
@@ -88,11 +66,17 @@ def test_only_the_credential_resets_a_gpu_the_node_has(agents, tmp_path, monkeyp
             monitor = client.health("testnode").monitor
         except AgentAnswerError:  # not listening yet
             return False
-        return monitor is not None and len(monitor.gpus) == 4
+        return monitor is not None and len(monitor.gpus) == gpus
 
+    wait_for(f"the health monitor's first readings of the {gpus} GPUs", gpus_read, timeout=60)
+    return agent, port, client, tool, log
+
+
+def test_only_the_credential_resets_a_gpu_the_node_has(agents, tmp_path, monkeypatch):
+    agent, port, client, tool, log = _agent_with_reset_tool(agents, tmp_path, monkeypatch, 4, 0,
+                                                            '"--gpu-reset", "-i", "{gpu}"')
     try:
-        wait_for("the health monitor's first readings of the 4 GPUs", gpus_read, timeout=60)
-        assert _as_nobody(port, "POST", "/health/reset-gpu?gpu=2") == 401
+        assert ask_as_nobody(port, [("POST", "/health/reset-gpu?gpu=2")]) == [401]
         assert _ran(log) == [], "a caller without the credential had a GPU reset"
 
         try:
@@ -114,30 +98,8 @@ def test_only_the_credential_resets_a_gpu_the_node_has(agents, tmp_path, monkeyp
 
 
 def test_a_failed_reset_says_so_with_the_tools_words(agents, tmp_path, monkeypatch):
-    from slurm_ext.devcluster import fakenvml
-    lib = fakenvml.build(tmp_path / "lib")
-    spec = tmp_path / "gpus.json"
-    fakenvml.write_spec(spec, fakenvml.default_gpus(2))
-    for name, value in fakenvml.environ(lib.parent, spec).items():
-        monkeypatch.setenv(name, value)
-    tool, log = _reset_tool(tmp_path, exit_code=1)
-    credential = tmp_path / "agent-credential"
-    create_credential(credential)
-    port = _free_port()
-    body = health_only_worker(port, tmp_path, "1h") + f'gpu_reset_command = ["{tool}", "-r", "-i", "{{gpu}}"]\n'
-    agent = agents(body, role="worker", port=port, slurm=f'conf = "{tmp_path}/no-such-slurm.conf"',
-                   node=f'agent_credential = "{credential}"')
-    client = AgentClient(str(credential), 9810, {"testnode": f"127.0.0.1:{port}"}, 30.0)
-
-    def gpus_read() -> bool:
-        try:
-            monitor = client.health("testnode").monitor
-        except AgentAnswerError:
-            return False
-        return monitor is not None and len(monitor.gpus) == 2
-
+    agent, _, client, _, log = _agent_with_reset_tool(agents, tmp_path, monkeypatch, 2, 1, '"-r", "-i", "{gpu}"')
     try:
-        wait_for("the health monitor's first readings", gpus_read, timeout=60)
         answer = client.reset_gpu("testnode", 1)
         assert (answer.ran, answer.ok) == (True, False)
         assert "exited with status 1" in answer.output and "in use by another client" in answer.output

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.agent import AgentProcess
+from helpers.agent import AgentProcess, page_only_controller, page_user as helpers_page_user
 from helpers.files import temp_dir
 from helpers.wait import wait_for
 from slurm_ext import credentials
@@ -34,13 +34,7 @@ NOBODY = 65534
 
 @pytest.fixture(scope="module")
 def page_user() -> pwd.struct_passwd:
-    """The page's user, made as the operator's docs say where the host lacks it (the dev cluster does the same)."""
-    try:
-        return pwd.getpwnam(PAGE_USER)
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", PAGE_USER],
-                       check=True, timeout=60)
-        return pwd.getpwnam(PAGE_USER)
+    return helpers_page_user(PAGE_USER)
 
 
 @pytest.fixture
@@ -60,24 +54,8 @@ def _secret(path: Path, text: str, mode: int = 0o600, group: int = 0) -> Path:
 
 def _controller(site: Path, web: str, more: str = "") -> AgentProcess:
     """A controller agent whose only worker is the page (no Slurm here: the page says Slurm is away)."""
-    return AgentProcess(site, f"""\
-        ports = {{controller = {AGENT_PORT}}}
-        step_failure = {{"check-storage" = "continue"}}
-        [supervisor.workers.slurmctld]
-        roles = []
-        [supervisor.workers.munged]
-        roles = []
-        [supervisor.workers.repair]
-        roles = []
-        [supervisor.workers.web]
-        after = []
-        [web]
-        enabled = true
-        listen = "127.0.0.1:{PAGE_PORT}"
-        refresh = "1s"
-        {web}
-        {more}
-        """, role="controller", port=AGENT_PORT, slurm=f'conf = "{site}/no-such-slurm.conf"',
+    return AgentProcess(site, page_only_controller(AGENT_PORT, PAGE_PORT, f'refresh = "1s"\n{web}\n{more}\n'),
+                        role="controller", port=AGENT_PORT, slurm=f'conf = "{site}/no-such-slurm.conf"',
                         node=f'agent_credential = "{site}/etc/agent-credential"')
 
 

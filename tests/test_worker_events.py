@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.agent import AgentProcess
+from helpers.agent import AgentProcess, page_only_controller, page_user as helpers_page_user
 from helpers.files import temp_dir
 from helpers.wait import wait_for
 from slurm_ext import workerevents
@@ -67,12 +67,7 @@ print("sent")
 
 @pytest.fixture(scope="module")
 def page_user() -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(PAGE_USER)
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", PAGE_USER],
-                       check=True, timeout=60)
-        return pwd.getpwnam(PAGE_USER)
+    return helpers_page_user(PAGE_USER)
 
 
 @pytest.fixture
@@ -88,24 +83,11 @@ def _controller(site: Path) -> AgentProcess:
     credential = site / "etc" / "agent-credential"
     credential.write_text("c" * 64 + "\n")
     credential.chmod(0o600)
-    return AgentProcess(site, f"""\
-        ports = {{controller = {AGENT_PORT}}}
-        step_failure = {{"check-storage" = "continue"}}
-        [supervisor.workers.slurmctld]
-        roles = []
-        [supervisor.workers.munged]
-        roles = []
-        [supervisor.workers.repair]
-        roles = []
-        [supervisor.workers.web]
-        after = []
-        [web]
-        enabled = true
-        listen = "127.0.0.1:{PAGE_PORT}"
+    return AgentProcess(site, page_only_controller(AGENT_PORT, PAGE_PORT, f"""\
         [repair]
         database = "sqlite"
         sqlite_file = "{site}/repair.db"
-        """, role="controller", port=AGENT_PORT, slurm=f'conf = "{site}/no-such-slurm.conf"',
+        """), role="controller", port=AGENT_PORT, slurm=f'conf = "{site}/no-such-slurm.conf"',
                         node=f'agent_credential = "{credential}"')
 
 

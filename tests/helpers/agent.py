@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import pwd
 import re
 import signal
 import subprocess
@@ -134,3 +136,62 @@ def health_only_worker(port: int, tmp_path: Path, interval: str) -> str:
         paths = ["{tmp_path}"]
         interfaces = ["lo"]
         """)
+
+
+def page_only_controller(port: int, page_port: int, more: str = "") -> str:
+    """The config of a controller-role agent on `port` whose only worker is the page, listening on `page_port`,
+    with `more` (TOML) after its [web] keys. No Slurm here: the page says Slurm is away; its start steps that need
+    a volume go on. Give the agent `slurm=f'conf = "{site}/no-such-slurm.conf"'` and its agent credential too."""
+    return textwrap.dedent(f"""\
+        ports = {{controller = {port}}}
+        step_failure = {{"check-storage" = "continue"}}
+        [supervisor.workers.slurmctld]
+        roles = []
+        [supervisor.workers.munged]
+        roles = []
+        [supervisor.workers.repair]
+        roles = []
+        [supervisor.workers.web]
+        after = []
+        [web]
+        enabled = true
+        listen = "127.0.0.1:{page_port}"
+        """) + textwrap.dedent(more)
+
+
+def page_user(name: str = "slurm-ext-web"):
+    """The page's Unix user (pwd entry), made as the operator's docs say where the host lacks it (the dev cluster
+    does the same)."""
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+                       check=True, timeout=60)
+        return pwd.getpwnam(name)
+
+
+def ask_as_nobody(port: int, requests: list[tuple[str, str]]) -> list[int]:
+    """The status of each (method, path) asked of 127.0.0.1:port by a child that became nobody (as a job's user
+    would ask), without any credential."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            found = []
+            for method, path in requests:
+                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                connection.request(method, path)
+                answer = connection.getresponse()
+                answer.read()
+                found.append(answer.status)
+                connection.close()
+            os.write(write_end, json.dumps(found).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        text = pipe.read()
+    os.waitpid(pid, 0)
+    return json.loads(text)
