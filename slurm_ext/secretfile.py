@@ -100,8 +100,22 @@ def _check_file(path: str, info: os.stat_result, reader_group: int | None, max_b
         raise SecretFileError(path, "size", f"{info.st_size} bytes (expected at most {max_bytes})", info)
 
 
+def _folders_passed(path: str) -> list[str]:
+    """The folder of `path` and of every link it leads through, to the real file's: whoever may change any of them
+    can point the chain elsewhere (checking the first and the last only let a link in another user's folder in
+    the middle of the chain lead to any file of root's)."""
+    hops, here = [], os.path.abspath(path)
+    for _ in range(40):  # the kernel's own bound on links followed
+        hops.append(os.path.dirname(here))
+        if not os.path.islink(here):
+            break
+        here = os.path.join(os.path.dirname(here), os.readlink(here))
+    hops.append(os.path.dirname(os.path.realpath(path)))
+    return list(dict.fromkeys(hops))
+
+
 def _check_folders(path: str) -> None:
-    for folder in dict.fromkeys((os.path.dirname(os.path.abspath(path)), os.path.dirname(os.path.realpath(path)))):
+    for folder in _folders_passed(path):
         try:
             info = os.stat(folder)
         except OSError as err:

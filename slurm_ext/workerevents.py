@@ -31,8 +31,9 @@ ENV = "SLURM_EXT_EVENTS_SOCKET"
 MAX_DATAGRAM = 16384
 #: most fields an event may carry
 MAX_FIELDS = 32
-#: the record's own keys, and the one the agent adds: a worker cannot set them as fields
-RESERVED = frozenset({"time", "component", "event", "severity", "message", "worker", "role"})
+#: the record's own keys, the one the agent adds, and events.emit's own parameters (a field named state_dir made
+#: the agent's emit call fail): a worker cannot set them as fields
+RESERVED = frozenset({"time", "component", "event", "severity", "message", "worker", "role", "state_dir"})
 _FIELD_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 _SCALARS = (str, int, float, bool, type(None))
 
@@ -87,7 +88,7 @@ def parse(data: bytes, component: str) -> WorkerEvent:
         raise RefusedEvent(f"over {MAX_DATAGRAM} bytes")
     try:
         body = json.loads(data)
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):  # "[" * 16000 nests deeper than the parser goes
         raise RefusedEvent("not JSON") from None
     if not isinstance(body, dict) or set(body) - {"event", "message", "severity", "fields"}:
         raise RefusedEvent("not an object of event, message, severity, fields")

@@ -7,8 +7,10 @@ because the worker's user is the one an attacker holds once the page is broken i
 - only events the catalogue lists for the worker's component (WorkerSpec.events): no health-finding or
   drain-requested from the page; each written under that component, with `worker` naming the sender;
 - a datagram of at most workerevents.MAX_DATAGRAM bytes, fields as workerevents.parse says;
-- at most PER_MINUTE events a minute: the rest of that minute's datagrams are read and counted, never parsed nor
-  written, and said in one worker-events-dropped event when the minute is over (with those refused);
+- at most PER_MINUTE datagrams a minute parsed, written or refused: the rest of that minute's are read and
+  counted, never parsed nor written, and said in one worker-events-dropped event when the minute is over (with
+  those refused); a datagram that makes the parse or the write fail in a way no one foresaw is refused, never
+  an exception in the agent's loop (which runs slurmctld);
 - at most DRAIN_AT_ONCE datagrams read per wake-up, so a flood never holds the agent's loop.
 """
 
@@ -71,20 +73,25 @@ class EventChannel:
             self.tick(now)
             if self.window_start is None:
                 self.window_start = now
-            if self.written >= PER_MINUTE:
+            if self.written + self.refused >= PER_MINUTE:  # refusals cost a parse too: they share the budget
                 self.dropped += 1
                 continue
             try:
                 event = workerevents.parse(data, self.component)
-            except workerevents.RefusedEvent as err:
-                if not self.refused:
-                    log.warning("events of worker %s: refused: %s (more this minute are counted only)",
-                                self.worker, err)
-                self.refused += 1
-                self.last_refusal = str(err)
+                self._write(event.event, event.message, event.severity, event.fields)
+            except Exception as err:  # RefusedEvent, or what no one foresaw: the worker's problem, not the loop's
+                self._refuse(err if isinstance(err, workerevents.RefusedEvent) else
+                             f"{type(err).__name__} taking it (a bug of slurm-ext's: see the agent's log)")
+                if not isinstance(err, workerevents.RefusedEvent):
+                    log.exception("events of worker %s: a datagram could not be taken", self.worker)
                 continue
             self.written += 1
-            self._write(event.event, event.message, event.severity, event.fields)
+
+    def _refuse(self, why) -> None:
+        if not self.refused:
+            log.warning("events of worker %s: refused: %s (more this minute are counted only)", self.worker, why)
+        self.refused += 1
+        self.last_refusal = str(why)
 
     def tick(self, now: float) -> None:
         """A window is over: say its drops and refusals in one event, and start counting anew."""

@@ -238,7 +238,7 @@ def _reset_gpu(agent, query: str, resetter: AnswerWorker) -> Answer | Later:
     reset at a time; 404 for a GPU the node does not have, nothing run."""
     from urllib.parse import parse_qs
     asked = parse_qs(query).get("gpu", [""])[0]
-    if not asked.isdigit() or len(asked) > 4:
+    if not (asked.isascii() and asked.isdigit()) or len(asked) > 4:  # "²" is a digit to str, not to int()
         return 400, b"gpu: expected the GPU's NVML index, such as gpu=2\n", _TEXT
     if resetter.busy:
         return 409, b"a GPU reset is running on this node: ask again once it has ended\n", _TEXT

@@ -137,3 +137,20 @@ def test_the_pages_user_reads_its_own_copy_and_never_another_users_or_a_loose_on
                                               "with mode 0444")
     other = _secret(folder, "other", mode=0o444, owner=NOBODY - 1)
     assert f"owned by uid {NOBODY - 1}" in _read_as(NOBODY, other)
+
+
+def test_a_link_in_the_middle_of_the_chain_in_another_users_folder_is_refused(tmp_path):
+    """The review of 1555dc7: root's link -> a link in nobody's folder -> a file of root's 0600 elsewhere was
+    taken (only the first and last folders were checked): whoever owns the middle folder chooses the file."""
+    mine = tmp_path / "etc"
+    mine.mkdir()
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, NOBODY, NOBODY)
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    key = _secret(private, "id_rsa", text="root's private key")
+    (theirs / "cred").symlink_to(key)
+    (mine / "agent-credential").symlink_to(theirs / "cred")
+    with pytest.raises(SecretFileError, match=f"its folder {theirs} .* can be changed by others"):
+        read_secret(mine / "agent-credential", follow_link=True, check_folders=True)
