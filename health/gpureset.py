@@ -97,10 +97,12 @@ def reset_gpu(health: HealthSection, state_dir: str, readings_file: Path, gpu: i
 
 
 def _clear_findings(state_dir: str, gpu: int) -> None:
-    """Ask the monitor to clear the GPU's findings, and wait (briefly) for it to take the request up."""
+    """Ask the monitor to clear the GPU's findings that a reset repairs (action reset-gpu: a finding on the same
+    GPU that needs a reboot stays open, and the repair's verify then refuses to resume the node), and wait
+    (briefly) for it to take the request up."""
     from . import request_clear
     from .monitor import clear_path
-    request_clear(state_dir, "", str(gpu))
+    request_clear(state_dir, "", str(gpu), action="reset-gpu")
     deadline = time.monotonic() + _CLEAR_WAIT
     while clear_path(state_dir).exists() and time.monotonic() < deadline:
         time.sleep(0.05)

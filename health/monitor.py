@@ -610,7 +610,9 @@ class Monitor:
             self.emit("health-check-failed", f"{path}: not a clear request ({request['bad']}); ignored")
             return
         check, subject = str(request.get("check") or ""), str(request.get("subject") or "")
+        action = str(request.get("action") or "")
         changes = self.findings.drop(lambda f: not ((not check or f.check == check)
+                                                    and (not action or f.action == action)
                                                     and (not subject or subject in (f.subject, f.uuid, f.pci_bus_id,
                                                                                     str(f.gpu)))), "operator")
         self._apply(changes)

@@ -257,7 +257,8 @@ class HealthSection:
                                        "GPU reset together, and no process may hold the GPU)", "list",
                                        item={"kind": "str"}, min_items=1)
     gpu_reset_timeout: float = setting(120.0, "longest a GPU reset may run before it is killed and the repair "
-                                       "fails", "duration", minimum=1.0, maximum=3600.0)
+                                       "fails (at most 540s: the repair service waits 600s for the node's answer)",
+                                       "duration", minimum=1.0, maximum=540.0)
 
     def params(self, check: str) -> Params:
         """`check`'s effective settings."""

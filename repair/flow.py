@@ -249,6 +249,8 @@ def _reset_gpu(record: Record, seen: Seen, now: float) -> None:
     try:
         answer: GpuResetAnswer = running.result()
     except AgentAnswerError as err:
+        if err.status == 409:  # a reset runs there already (asked before this service restarted): ask again
+            return
         raise ExecutorFailed(f"the reset of gpu {gpu} was not done: {err}") from None
     if answer.held_by:
         _wait_for_gpu_jobs(record, seen, now, gpu, sorted(answer.held_by))

@@ -33,7 +33,7 @@ log = logging.getLogger("repair")
 _AGENT_TIMEOUT = 5.0
 #: longest wait for a node agent's answer to a GPU reset (health.gpu_reset_timeout on the node, 2 minutes by default,
 #: and the clearing of its findings)
-_RESET_TIMEOUT = 600.0
+_RESET_TIMEOUT = 600.0  # longer than health.gpu_reset_timeout's maximum (540 s), so the reset ends first
 
 
 def jobs_by_node(jobs: list[Job]) -> dict[str, list[Job]]:

@@ -224,6 +224,26 @@ def test_xid79_in_the_kernel_log_drains_naming_the_action_within_5s_and_clear_li
     health.wait_reason(lambda r: not r, "the drain lifted")
 
 
+def test_a_gpu_reset_clears_only_what_a_reset_repairs_on_that_gpu(health):
+    """The review of 29.3: the reset of a GPU cleared every finding on it, so an Xid 79 (reboot) opened after an
+    Xid 48 (reset-gpu) on the same GPU was cleared by the reset too, and the repair resumed a GPU that needs a
+    reboot. The reset's clear asks for action reset-gpu only (health.gpureset)."""
+    from slurm_ext.health import request_clear
+    bus = health.spec["gpus"][1]["pci_bus_id"].lower().removeprefix("0000")[:-2]
+    health.kmsg(f"NVRM: Xid (PCI:{bus}): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error")
+    health.wait_event("health-finding", check="xid", xid=48, timeout=5)
+    health.kmsg(f"NVRM: Xid (PCI:{bus}): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.")
+    health.wait_event("health-finding", check="xid", xid=79, timeout=5)
+    request_clear(str(health.layout.node_state), "", "1", action="reset-gpu")
+    cleared = health.wait_event("health-cleared", why="operator", check="xid", timeout=5)
+    assert cleared["xid"] == 48, cleared
+    time.sleep(2)
+    assert [e["xid"] for e in health.events("health-cleared")] == [48]
+    assert health.reason().startswith("slurm-ext: xid 79 gpu 1"), health.reason()
+    health.cli("health", "clear", "--check", "xid")
+    health.wait_reason(lambda r: not r, "the drain lifted")
+
+
 def test_xid13_once_is_an_event_not_a_drain(health):
     health.kmsg("NVRM: Xid (PCI:0000:10:00): 13, pid=4242, name=python, Graphics SM Warp Exception on (GPC 1, TPC 3, "
           "SM 0): Out Of Range Address")

@@ -96,9 +96,12 @@ def _seen(store, *, health=None, reset=None, requeued=None, now=1000.0, **settin
         def resume(self, name):
             self.resumed.append(name)
 
-    def reset_gpu(node, gpu):
+    def reset_gpu(node, gpu):  # as the service's pool gives it: an error of the ask is the future's
         done = Future()
-        done.set_result(reset(node, gpu))
+        try:
+            done.set_result(reset(node, gpu))
+        except Exception as err:
+            done.set_exception(err)
         return done
     node = Node("n1", "MIXED", frozenset({"DRAIN"}), "slurm-ext: repair reset-gpu: row-remap gpu 2 (approved by ann)",
                 "root", gres="gpu:h200:4")
@@ -153,3 +156,27 @@ def test_a_reset_is_verified_on_a_reading_taken_after_it_not_on_one_from_before(
     assert (record.state, record.step, record.detail["first_reading"]) == ("running", "verify", 5.0)
     flow.advance(record, seen)
     assert (record.state, record.step, seen.slurm.resumed) == ("done", "resume", ["n1"]), record.note
+
+
+def test_a_reset_already_running_on_the_node_is_asked_again_not_failed(store):
+    """The review of 29.3: after a controller restart in the middle of a reset, the controller asks again and the
+    node answers 409 (one is running); that failed the repair and recommended a reboot while the first reset could
+    still succeed. A 409 is asked again next pass."""
+    from slurm_ext.agentapi import AgentAnswerError, GpuResetAnswer
+    from slurm_ext.repair import flow
+    answers = [AgentAnswerError("n1", "127.0.0.1:9810", "HTTP 409: a GPU reset is running on this node", 409),
+               GpuResetAnswer(2, True, True, "nvidia-smi --gpu-reset -i 2", "GPU reset", ())]
+
+    def reset(node, gpu):
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+    record = _running(store, "act", acted_at=990.0)  # asked before the restart
+    seen = _seen(store, reset=reset, requeued=[])
+    flow.advance(record, seen)  # asks: 409
+    flow.advance(record, seen)  # the 409: asked again next pass, not failed
+    assert (record.state, record.step) == ("running", "act"), record.note
+    flow.advance(record, seen)  # asks again
+    flow.advance(record, seen)  # reset
+    assert (record.state, record.step) == ("running", "verify")
