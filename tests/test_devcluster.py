@@ -207,6 +207,18 @@ def test_the_demo_job_script_prints_the_gpus_nvml_shows_it(tmp_path):
     ]
 
 
+def _free_ports(count: int) -> list[int]:
+    """`count` ports of 127.0.0.1 that nothing listens on now (the kernel's choice, all held until all are had)."""
+    probes = [socket.socket() for _ in range(count)]
+    try:
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [probe.getsockname()[1] for probe in probes]
+    finally:
+        for probe in probes:
+            probe.close()
+
+
 def test_a_taken_port_is_a_clear_error_before_anything_starts(cluster, tmp_path):
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", 0))
@@ -216,9 +228,12 @@ def test_a_taken_port_is_a_clear_error_before_anything_starts(cluster, tmp_path)
         state_dir.mkdir()
         state_dir.chmod(0o755)
         tmp_path.chmod(0o755)
+        # the accounting agent's ports (checked first) free now: fixed ones met the container cluster's MariaDB
+        # (23307) and slurmdbd (26819), started by the suite's other half at the same time
+        dbd, mariadb, probe = _free_ports(3)
         other = replace(cluster.settings, state_dir=str(state_dir), node_name="portnode",
                         slurmctld_port=port, slurmd_port=port + 1 if port < 65535 else port - 1,
-                        slurmdbd_port=26819, mariadb_port=23307, accounting_probe_port=26812)
+                        slurmdbd_port=dbd, mariadb_port=mariadb, accounting_probe_port=probe)
         with pytest.raises(DevClusterError, match=f"supervise-controller: port {port} on 127.0.0.1 is taken"):
             dev.up(other)
         assert not any(d.pid for d in dev.status(other).daemons if d.name != "munged")
