@@ -130,11 +130,11 @@ def up(settings: DevSection) -> Status:
             daemons.stop(daemon)
         if not daemons.running_pid(daemon):
             to_start.append(daemon)
-    for node in layout.nodes:  # before the agents: a monitor watches lo of its node's namespace from its start
-        nodenet.ensure(node.netns)
-    for daemon in to_start:  # all ports first: a taken one fails before anything starts
+    for daemon in to_start:  # all ports first: a taken one fails before anything starts (a namespace included)
         for port in daemon.ports:
             daemons.check_port_free(port, daemon.name)
+    for node in layout.nodes:  # before the agents: a monitor watches lo of its node's namespace from its start
+        nodenet.ensure(node.netns)
     for daemon in to_start:
         if daemon.name == "munged" and _munge_works():
             log.info("munged: one already answers on the default socket: using it")
