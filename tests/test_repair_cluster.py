@@ -175,7 +175,7 @@ def test_a_gpu_fault_whose_fix_is_a_reset_is_repaired_by_resetting_that_gpu_whil
 
 
 def test_a_gpu_reset_that_fails_leaves_the_node_drained_and_recommends_a_reboot(repair):
-    """The reset tool fails (the dev cluster's nvidia-smi exits 1): the repair fails with the tool's words, the node
+    """The reset tool fails (the dev cluster's nvidia-smi exits 255, a GPU in use): the repair fails with the tool's words, the node
     stays drained saying so, and a reboot is recommended for the same fault."""
     spec = repair.layout.node("rnode4").gpu_spec
     failing = spec.parent / fakesmi.FAIL_NAME
@@ -190,7 +190,7 @@ def test_a_gpu_reset_that_fails_leaves_the_node_drained_and_recommends_a_reboot(
                                                             record["id"] and r["state"] in ("done", "failed")), None),
                           120, interval=0.5)
         assert failed["state"] == "failed", failed
-        assert "exited with status 1" in failed["note"] and "in use by another client" in failed["note"], failed
+        assert "exited with status 255" in failed["note"] and "In use by another client" in failed["note"], failed
         assert _smi_calls(repair, "rnode4")[calls:] == [["--gpu-reset", "-i", "2"]]
         node = repair.slurm_node("rnode4")
         assert node.drained and node.reason.startswith("slurm-ext: repair reset-gpu failed"), node.reason
