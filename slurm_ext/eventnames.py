@@ -260,6 +260,10 @@ _ENTRIES = (
     EventName("web-source-failed", _WEB, "warning", "Slurm, the repair database or Prometheus stopped answering the "
               "page; it shows their last answer, with its age"),
     EventName("web-source-ok", _WEB, "info", "a source of the page answers again"),
+    EventName("web-token-added", _WEB, "info", "`slurm-ext web add-token` made an operator's token (user, "
+              "fingerprint: never the token)"),
+    EventName("web-token-revoked", _WEB, "info", "`slurm-ext web revoke-token` (or `add-token --replace`) removed "
+              "an operator's tokens (user, fingerprints): the page refuses them from its next request"),
     # -- drills on the dev cluster (devcluster/: `slurm-ext dev inject`, `dev heal`) -------------------------
     EventName("drill-injected", ("devcluster",), "warning",
               "DRILL, not a real fault: `slurm-ext dev inject` made a fault on this dev node (fault, gpu, user; "

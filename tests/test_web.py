@@ -605,7 +605,7 @@ def test_add_token_keeps_only_the_hash_and_the_token_it_prints_is_an_operators(t
     assert added.returncode == 0, added.stderr
     token = added.stdout.strip()
     kept = path.read_text()
-    assert token not in kept and kept == f"alice {_hashed(token)}\n", kept
+    assert token not in kept and kept.startswith(f"alice {_hashed(token)} # added "), kept  # and when
     assert (os.stat(path).st_mode & 0o777, os.stat(path).st_uid) == (0o600, 0)
     assert Tokens(str(path)).user_of(token) == "alice" and Tokens(str(path)).user_of(_hashed(token)) is None
     link = tmp_path / "etc" / "link"
