@@ -85,12 +85,28 @@ def _reject(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pause(args: argparse.Namespace) -> int:
-    from .decide import operator, pause, unpause
+def _reopen(args: argparse.Namespace) -> int:
+    from .decide import operator, reopen
     _, store = _store(args)
-    (pause if args.verb == "pause" else unpause)(store, operator())
-    print("repairs paused: no approval until `slurm-ext repair unpause`; repairs under way go on"
-          if args.verb == "pause" else "repairs unpaused")
+    record = reopen(store, args.node, operator())
+    print(f"reopened {record.action} of node {args.node}: it awaits approval again (`slurm-ext repair approve "
+          f"{args.node}`); recorded in the history")
+    return 0
+
+
+def _pause(args: argparse.Namespace) -> int:
+    """Exit 0 also when there was nothing to do (already paused, not paused): the state asked for is the state
+    there is, as `systemctl start` of a running unit; the line says so, and nothing is recorded."""
+    from .decide import operator, pause, paused, unpause
+    _, store = _store(args)
+    if args.verb == "pause":
+        if pause(store, operator()):
+            print("repairs paused: no approval until `slurm-ext repair unpause`; repairs under way go on")
+        else:
+            by, since = paused(store) or ("?", 0.0)
+            print(f"repair is paused already (by {by} since {_when(since)}): nothing to do")
+        return 0
+    print("repairs unpaused" if unpause(store, operator()) else "repair is not paused: nothing to do")
     return 0
 
 
@@ -160,7 +176,7 @@ def _history(args: argparse.Namespace) -> int:
 def add_commands(commands: argparse._SubParsersAction) -> None:
     """Add `repair`, `status` and `history` to the core CLI."""
     repair = commands.add_parser(
-        "repair", help="the cluster's recommended repairs: list, approve, reject, pause",
+        "repair", help="the cluster's recommended repairs: list, approve, reject, reopen, pause",
         description="Recommendations come from the nodes' health drains; an approved repair drains the node, waits "
                     "for its jobs, runs its action (reset-gpu through the node's agent, waiting only for the jobs "
                     "on that GPU; reboot through Slurm; reprovision, failover, remove through the executor), waits "
@@ -179,8 +195,13 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     reject.add_argument("node")
     reject.add_argument("--why", required=True, metavar="TEXT", help="the reason, kept in the history")
     reject.set_defaults(func=_reject)
-    for name, text in (("pause", "approve nothing more (operators' and auto-approve) until unpaused"),
-                       ("unpause", "let approvals through again")):
+    reopen = actions.add_parser("reopen", help="make a node's rejected recommendation await approval again "
+                                "(recorded with your user name)")
+    reopen.add_argument("node")
+    reopen.set_defaults(func=_reopen)
+    for name, text in (("pause", "approve nothing more (operators' and auto-approve) until unpaused; exit 0, "
+                        "saying so, when paused already"),
+                       ("unpause", "let approvals through again; exit 0, recording nothing, when not paused")):
         actions.add_parser(name, help=text).set_defaults(func=_pause)
     actions.add_parser("serve", help="the repair service (the controller agent runs it as its `repair` worker)"
                        ).set_defaults(func=_serve)

@@ -1,4 +1,4 @@
-"""An operator's decisions: approve or reject a node's recommendation, pause or unpause every repair.
+"""An operator's decisions: approve, reject or reopen a node's recommendation, pause or unpause every repair.
 
 Each decision is one locked transaction on the store, so two operators
 approving at once get one approval and one clear refusal, and the guard
@@ -20,7 +20,7 @@ from slurm_ext.errors import SlurmExtError
 from .settings import ACTIONS, KEEPS_DATA, RepairSection
 from .store import IN_PROGRESS, Record, Store
 
-__all__ = ["DecisionRefused", "operator", "guard_limit", "approve", "reject", "pause", "unpause", "paused"]
+__all__ = ["DecisionRefused", "operator", "guard_limit", "approve", "reject", "reopen", "pause", "unpause", "paused"]
 
 _PAUSE = "paused"
 
@@ -118,18 +118,61 @@ def reject(store: Store, node: str, user: str, why: str, now: float | None = Non
     return record
 
 
-def pause(store: Store, user: str, now: float | None = None) -> None:
-    """No approval (operator's or auto) until unpaused; repairs under way go on to their end."""
+def reopen(store: Store, node: str, user: str, now: float | None = None) -> Record:
+    """Make `node`'s rejected recommendation one that awaits approval again (the vendor did not come, the reason
+    for the rejection is gone): recorded with who reopened it and the rejection it undoes. Its fault must still
+    hold: a rejected record whose fault is over is closed by the service, and a new fault gets a new record.
+
+    Raises:
+        DecisionRefused: no rejected recommendation on the node (none, one awaiting approval, one under way).
+    """
+    now = now or time.time()
     with store.locked():
+        records = store.records(node=node, open_only=True)
+        rejected = next((r for r in records if r.state == "rejected"), None)
+        if rejected is None:
+            waiting = next((r for r in records if r.state == "recommended"), None)
+            if waiting:
+                raise DecisionRefused(f"node {node}: its {waiting.action} awaits approval already (`slurm-ext repair "
+                                      f"approve {node}`, or reject it)")
+            busy = next((r for r in records if r.state in IN_PROGRESS), None)
+            if busy:
+                raise DecisionRefused(f"node {node}: its {busy.action} was already approved by {busy.decided_by} at "
+                                      f"{_when(busy.decided_at or busy.updated)} and is {busy.state}")
+            raise DecisionRefused(f"node {node}: no rejected recommendation to reopen (`slurm-ext repair list` shows "
+                                  "the open ones; one whose fault cleared is closed, and a new fault is recommended "
+                                  "anew)")
+        undone = (f"rejected by {rejected.decided_by} at {_when(rejected.decided_at or rejected.updated)}: "
+                  f"{rejected.note}")
+        rejected.state, rejected.decided_by, rejected.decided_at, rejected.note = "recommended", "", None, ""
+        rejected.updated = now
+        if not store.save(rejected, expect_state="rejected"):
+            raise DecisionRefused(f"node {node}: decided by someone else meanwhile; see `slurm-ext repair list`")
+        store.event(node, "repair-reopened", f"{rejected.action} reopened by {user}, awaiting approval again (was "
+                    f"{undone})", user, rejected, now)
+    return rejected
+
+
+def pause(store: Store, user: str, now: float | None = None) -> bool:
+    """No approval (operator's or auto) until unpaused; repairs under way go on to their end. False (nothing
+    recorded, the first pause stands) when repairs are paused already."""
+    with store.locked():
+        if paused(store):
+            return False
         store.set_control(_PAUSE, "yes", user, now)
         store.event("", "repair-paused", f"repairs paused by {user}", user, now=now)
+    return True
 
 
-def unpause(store: Store, user: str, now: float | None = None) -> None:
-    """Approvals go through again; what was refused while paused is approved anew, never replayed."""
+def unpause(store: Store, user: str, now: float | None = None) -> bool:
+    """Approvals go through again; what was refused while paused is approved anew, never replayed. False (nothing
+    recorded) when repairs were not paused: an unpause that changed nothing is no decision for the history."""
     with store.locked():
+        if not paused(store):
+            return False
         store.set_control(_PAUSE, "no", user, now)
         store.event("", "repair-unpaused", f"repairs unpaused by {user}", user, now=now)
+    return True
 
 
 def _recommendation(store: Store, node: str) -> Record:
@@ -145,7 +188,8 @@ def _recommendation(store: Store, node: str) -> Record:
     rejected = next((r for r in records if r.state == "rejected"), None)
     if rejected:
         raise DecisionRefused(f"node {node}: its {rejected.action} was rejected by {rejected.decided_by} at "
-                              f"{_when(rejected.decided_at or rejected.updated)}: {rejected.note}")
+                              f"{_when(rejected.decided_at or rejected.updated)}: {rejected.note} (`slurm-ext "
+                              f"repair reopen {node}` makes it await approval again)")
     raise DecisionRefused(f"node {node}: no recommendation to decide on (`slurm-ext repair list` shows them; a node "
                           "gets one when a health check drains it)")
 

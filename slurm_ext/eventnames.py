@@ -233,6 +233,8 @@ _ENTRIES = (
     EventName("repair-approved", _REPAIR, "info", "an operator (or auto-approve) approved a node's repair"),
     EventName("repair-rejected", _REPAIR, "info", "an operator rejected a recommendation, with the reason; nothing "
               "runs"),
+    EventName("repair-reopened", _REPAIR, "info", "an operator reopened a rejected recommendation: it awaits "
+              "approval again; who, and the rejection it undoes"),
     EventName("repair-refused", _REPAIR, "warning", "an approval was refused: paused, cooldown or the guard; the "
               "message says which"),
     EventName("repair-step", _REPAIR, "info", "a repair moved on: drained, jobs ended or requeued, action run, node "
