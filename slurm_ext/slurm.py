@@ -29,7 +29,8 @@ from . import command
 from .config import SlurmSection
 from .errors import CommandError, CommandTimeout, NotOurDrain, SlurmError, SlurmUnreachable
 
-__all__ = ["REASON_PREFIX", "Node", "Job", "NodeEvent", "SlurmClient", "is_our_reason", "expand_hostlist"]
+__all__ = ["REASON_PREFIX", "Node", "Job", "NodeEvent", "SlurmClient", "is_our_reason", "expand_hostlist",
+           "gpu_indexes"]
 
 #: every drain reason slurm-ext writes starts with this; it resumes no other
 REASON_PREFIX = "slurm-ext:"
@@ -118,6 +119,9 @@ class Job:
     exit_code: int | None = None
     start: datetime | None = None
     end: datetime | None = None
+    #: the GPUs it holds, as Slurm allocated them: ((node, gpu type or "gpu", (index, ...)), ...); read by `queue`
+    #: only (squeue --json's gres_detail, or `scontrol show job -d`'s GRES=gpu:h200:2(IDX:0-1) per node)
+    gpus: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
 
     @property
     def finished(self) -> bool:
@@ -214,6 +218,15 @@ class SlurmClient:
             return [_job_from_squeue_json(j) for j in self._json(["squeue", "--json"]).get("jobs", [])]
         out = self._run(["squeue", "--noheader", "--format=%i|%j|%u|%T|%N|%P|%S|%e"]).stdout
         return [_job_from_squeue_text(line) for line in out.splitlines() if line.strip()]
+
+    def queue(self) -> list[Job]:
+        """Jobs slurmctld holds now, each with the GPU indexes it holds on each node (`Job.gpus`): one squeue --json,
+        or one `scontrol show job -d --oneliner` where the tools have no JSON (squeue's text formats do not print
+        GPU indexes)."""
+        if self.use_json("squeue"):
+            return [_job_from_squeue_json(j) for j in self._json(["squeue", "--json"]).get("jobs", [])]
+        out = self._run(["scontrol", "show", "job", "-d", "--oneliner"]).stdout
+        return [_job_from_scontrol_text(line) for line in out.splitlines() if line.startswith("JobId=")]
 
     def job(self, job_id: int) -> Job | None:
         """A job's accounting record from sacct (None until slurmdbd has it).
@@ -525,7 +538,41 @@ def expand_hostlist(text: str) -> list[str]:
     return names
 
 
+#: one node's GPUs of a job: gpu:h200:2(IDX:0-1,3) or gpu:2(IDX:0-1) (`scontrol show job -d`, squeue's gres_detail)
+_GPU_DETAIL = re.compile(r"(?:^|,)gpu(?::([^:(,]+))?:\d+\(IDX:([0-9,\-]*)\)")
+
+
+def gpu_indexes(detail: str) -> tuple[str, tuple[int, ...]]:
+    """(type or "gpu", indexes) of one node's GRES detail: "gpu:h200:2(IDX:0-1,3)" -> ("h200", (0, 1, 3)); ("", ())
+    when it names no GPU."""
+    found = _GPU_DETAIL.search(detail or "")
+    if not found:
+        return "", ()
+    indexes: list[int] = []
+    for piece in found.group(2).split(","):
+        low, _, high = piece.partition("-")
+        if low.isdigit() and (not high or high.isdigit()):
+            indexes += range(int(low), int(high or low) + 1)
+    return found.group(1) or "gpu", tuple(indexes)
+
+
+def _job_gpus(nodes: list[str], details: list) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
+    """Each node's GPUs of a job, its GRES details in the order of its node list (as Slurm prints both)."""
+    held = []
+    for node, detail in zip(nodes, details):
+        kind, indexes = gpu_indexes(str(detail))
+        if indexes:
+            held.append((node, kind, indexes))
+    return tuple(held)
+
+
 def _job_from_squeue_json(data: dict) -> Job:
+    resources = data.get("job_resources") if isinstance(data.get("job_resources"), dict) else {}
+    # 22.05: job_resources.allocated_nodes[].nodename; 24.05 on: job_resources.nodes.allocation[].name
+    placed = resources.get("nodes") if isinstance(resources.get("nodes"), dict) else {}
+    allocated = resources.get("allocated_nodes") or placed.get("allocation") or ()
+    names = [n.get("nodename") or n.get("name") for n in allocated if isinstance(n, dict)] \
+        or expand_hostlist(data.get("nodes") or "")
     return Job(
         job_id=_number(data.get("job_id")) or 0,
         name=data.get("name") or "",
@@ -536,6 +583,7 @@ def _job_from_squeue_json(data: dict) -> Job:
         exit_code=_exit_code(data.get("exit_code")),
         start=_epoch(data.get("start_time")),
         end=_epoch(data.get("end_time")),
+        gpus=_job_gpus(names, data.get("gres_detail") or []),
     )
 
 
@@ -565,6 +613,24 @@ def _job_from_squeue_text(line: str) -> Job:
     job_id, name, user, state, nodes, partition, start, end = line.split("|", 7)
     return Job(int(job_id), name, user, state.upper(), nodes, partition, None,
                _parse_time(start), _parse_time(end))
+
+
+def _job_from_scontrol_text(line: str) -> Job:
+    """A job of `scontrol show job -d --oneliner`: its fields, and each "Nodes=... GRES=gpu:h200:2(IDX:0-1)" detail
+    (the detail's Nodes= may be a host list: every node of it holds those indexes)."""
+    def field_of(key: str) -> str:  # one word each: a job's Reason= sits in the middle of its line
+        found = re.search(rf"(?:^|\s){key}=(\S*)", line)
+        return found.group(1) if found else ""
+    held = []
+    for nodes, detail in re.findall(r"\bNodes=(\S+) CPU_IDs=\S+ Mem=\S+ GRES=(\S*)", line):
+        kind, indexes = gpu_indexes(detail)
+        if indexes:
+            held += [(node, kind, indexes) for node in expand_hostlist(nodes)]
+    job_id = field_of("JobId")
+    return Job(int(job_id) if job_id.isdigit() else 0, field_of("JobName"), field_of("UserId").split("(")[0],
+               (field_of("JobState") or "UNKNOWN").upper(), field_of("NodeList").replace("(null)", ""),
+               field_of("Partition"), None, _parse_time(field_of("StartTime")), _parse_time(field_of("EndTime")),
+               tuple(held))
 
 
 def _job_from_sacct_text(line: str) -> Job:

@@ -220,9 +220,10 @@ def test_an_agent_answering_junk_costs_its_figures_never_the_refresh(tmp_path):
         {"ib0": {"nodes": 2, "speeds_mbps": []}}  # the interface without a name cannot be told from another
     assert data["nodes"][0]["gpu_readings"] == [
         {"index": 0, "name": "", "uuid": "", "utilization": None, "memory_used_mib": None, "memory_total_mib": None,
-         "temperature": None, "error": "", "jobs": []},
+         "temperature": None, "error": "", "jobs": [], "holders": [], "idle_since": None, "idle": False},
         {"index": 1, "name": "N" * 200, "uuid": "", "utilization": None, "memory_used_mib": 1.0,
-         "memory_total_mib": 4.0, "temperature": None, "error": "", "jobs": [7]}]
+         "memory_total_mib": 4.0, "temperature": None, "error": "", "jobs": [7],
+         "holders": [{"job_id": 7, "user": "", "partition": "", "name": ""}], "idle_since": None, "idle": False}]
     assert data["usage"]["now"]["gpus"] == 4 and data["agents"]["answering"] == 2
     # an answer that is not a health answer at all is refused at the boundary: the node's agent is said not to answer
     for odd, why in (({"time": 5.0, "monitor": {"driver": {"a": 1}, "findings": "no", "gpus": ["not a gpu"]}},
@@ -274,6 +275,9 @@ class _Slurm:
 
     def show_config(self):
         return self._answer("config", {"ClusterName": "unit", "SLURM_VERSION": "26.05.0"})
+
+    def queue(self):
+        return self._answer("queue", [])
 
 
 @pytest.fixture
@@ -391,6 +395,7 @@ def test_ten_browsers_at_once_after_an_idle_while_cost_one_refresh_and_see_its_a
         page.watcher.stop()
     assert len(answers) == 10 and len(set(answers)) == 1 and answers[0] == page.watcher.view.data["refreshed"]
     assert page.slurm.asked.count("nodes") == 1 and page.slurm.asked.count("events") == 1, page.slurm.asked
+    assert page.slurm.asked.count("queue") == 1, page.slurm.asked
 
 
 def test_with_a_prometheus_the_usage_panels_are_its_figures_and_its_silence_is_said(tmp_path):

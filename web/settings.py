@@ -55,8 +55,18 @@ class WebSection:
                                "its NodeAddr)", "str", pattern=r"^[^\n]*$")
     fields: dict = setting({}, "free-form facts shown with the cluster's configuration: { region = \"eu-west\", "
                            "\"billing rate\" = \"2.10 USD per GPU-hour\" }", "table", item={"kind": "str"})
+    idle_gpu_below: str = setting("5%", "a GPU that a job holds is flagged idle on the page while its utilization "
+                                  "stays under this for idle_gpu_after (the waste operators hunt)", "str",
+                                  pattern=r"^(100|[1-9]?[0-9])%$")
+    idle_gpu_after: float = setting(900.0, "how long a GPU that a job holds stays under idle_gpu_below before the "
+                                    "page flags it idle", "duration", minimum=0.0, maximum=7 * 86400.0)
     agent_timeout: float = setting(2.0, "longest wait for one node agent (its health, its journal) per refresh",
                                    "duration", minimum=0.1, maximum=60.0)
+
+    @property
+    def idle_utilization(self) -> int:
+        """idle_gpu_below as a whole percent."""
+        return int(self.idle_gpu_below.rstrip("%"))
 
     @property
     def host(self) -> str:

@@ -1,7 +1,9 @@
 """The cluster as the page shows it: read once per refresh while someone looks, shared by every browser.
 
 One refresh asks Slurm once per table (the node table: `sinfo --json` or
-`scontrol show node`; the event table: `sacctmgr show event`), reads the
+`scontrol show node`; the job queue, with the GPU indexes each running job
+holds: `squeue --json` or `scontrol show job -d`; the event table:
+`sacctmgr show event`), reads the
 repair records once, and asks each node's agent for its /health and for
 the journal events written since its last answer, every agent at once.
 The result is one `PageView`, which every request of every browser reads: ten
@@ -39,9 +41,9 @@ from slurm_ext.errors import SlurmExtError
 from slurm_ext.repair.status import counts, held, node_statuses
 from slurm_ext.slurm import Node, SlurmClient, is_our_reason
 
-from . import usage
+from . import allocation, usage
 
-__all__ = ["Source", "PageView", "Watcher", "gpus_by_type", "drain_owner", "ssh_command"]
+__all__ = ["Source", "PageView", "Watcher", "gpus_by_type", "drain_owner", "ssh_command", "finding_lines"]
 
 log = logging.getLogger("web")
 
@@ -152,6 +154,28 @@ def ssh_command(template: str, node: Node) -> str:
     return _SSH_FIELD.sub(lambda found: shlex.quote(values[found.group(1)]), template)
 
 
+def finding_lines(drained: list[str], findings: list) -> list[str]:
+    """A node's faults as its findings cell lists them, each once: its agent's open findings (severity, check, GPU,
+    evidence), then what its drain states (`signature: evidence`) only where no finding says it already (the drain
+    is written from the finding: listing both showed one Xid twice), and no line twice."""
+    lines: list[str] = []
+    told = []
+    for found in findings:
+        if not isinstance(found, dict):
+            continue
+        gpu = found.get("gpu")
+        lines.append(f"{found.get('severity')}: {found.get('check')} "
+                     f"{'gpu ' + str(gpu) + ' ' if gpu is not None else ''}{found.get('evidence', '')}".rstrip())
+        told.append((str(found.get("check", "")), str(found.get("evidence", ""))))
+    for line in drained:
+        signature, _, evidence = line.partition(": ")
+        check = signature.split("/", 1)[0]
+        if any(check == c and evidence and (e.startswith(evidence) or evidence.startswith(e)) for c, e in told):
+            continue
+        lines.append(line)
+    return list(dict.fromkeys(lines))
+
+
 def gpus_by_type(nodes: list[Node]) -> dict[str, int]:
     """GPUs configured in Slurm by type (gpu:h200:4,gpu:a100:2(S:0) -> {h200: 4, a100: 2}; untyped: "gpu")."""
     found: dict[str, int] = {}
@@ -179,8 +203,11 @@ class Watcher:
         self.agent_client = agents or AgentClient.of(config, self.settings.agent_timeout)
         self._clock = clock
         self.emit = events.emitter(config.node.state_dir, "web")
-        self.sources = {name: Source(name) for name in ("slurm", "slurm-events", "repair", "prometheus")}
+        self.sources = {name: Source(name) for name in ("slurm", "slurm-jobs", "slurm-events", "repair",
+                                                        "prometheus")}
         self._nodes: list[Node] = []
+        self._jobs: list = []
+        self._idle = allocation.IdleGpus()
         self._slurm_events: list = []
         self._records: list = []
         self._repair_events: list = []
@@ -260,6 +287,7 @@ class Watcher:
         events_future = self._events_future
         if self._read_nodes(now):
             self._read_config(now)
+            self._read_jobs(now)
         asked = self._ask_agents(now)
         self._read_repair(now)
         if self.settings.prometheus_url:
@@ -277,6 +305,14 @@ class Watcher:
             return False
         self._succeed("slurm", now)
         return True
+
+    def _read_jobs(self, now: float) -> None:
+        try:
+            self._jobs = self.slurm.queue()
+        except SlurmExtError as err:
+            self._fail("slurm-jobs", str(err), now)
+            return
+        self._succeed("slurm-jobs", now)
 
     def _read_slurm_events(self, now: float) -> None:
         since = datetime.fromtimestamp(now - self.settings.timeline, timezone.utc)
@@ -459,6 +495,10 @@ class Watcher:
     def _view_of(self, now: float) -> PageView:
         statuses = node_statuses(self._nodes, self._open, self._repair_events)
         by_name = {n.name: n for n in self._nodes}
+        held_by = allocation.holders(self._jobs)
+        jobs_of = allocation.node_jobs(self._jobs)
+        known = {j.job_id: j for j in self._jobs}
+        read, idle = set(), 0
         rows, node_usages, rates = [], [], []
         drivers, images, interfaces = {}, {}, {}
         for status in statuses:
@@ -482,21 +522,42 @@ class Watcher:
                 seen["nodes"] += 1
                 if interface.speed_mbps is not None:
                     seen["speeds_mbps"].add(interface.speed_mbps)
+            gpu_readings = []
+            for gpu in usage.gpu_rows(answer):
+                # Slurm's allocation names the holders; the agent's own records (its Prolog's) where Slurm names none
+                holders = held_by.get((node.name, gpu.index)) or [
+                    allocation.GpuHolder(j, known[j].user if j in known else "", known[j].partition if j in known
+                                         else "", known[j].name if j in known else "") for j in gpu.jobs]
+                since = None
+                if not agent.error:  # a reading of an agent that no longer answers is not counted idle or busy
+                    read.add((node.name, gpu.index))
+                    since = self._idle.update(node.name, gpu.index, tuple(h.job_id for h in holders),
+                                              gpu.utilization, self.settings.idle_utilization, now)
+                flagged = since is not None and now - since >= self.settings.idle_gpu_after
+                idle += flagged
+                gpu_readings.append({**asdict(gpu), "holders": [asdict(h) for h in holders],
+                                     "idle_since": since, "idle": flagged})
             rows.append({**asdict(status), "owner": drain_owner(node), "addr": node.addr, "version": node.version,
                          "os": node.os,
                          "gpus_total": sum(gpus_by_type([node]).values()),
-                         "gpu_readings": [asdict(g) for g in usage.gpu_rows(answer)],
+                         "gpu_readings": gpu_readings,
+                         "jobs": jobs_of.get(node.name, []),
                          "agent_findings": findings,
+                         "findings_shown": finding_lines(status.findings, findings),
+                         "checks": dict(monitor.checks) if monitor is not None else {},
                          "held": held(findings) if status.state == "paused" else [],
                          "agent": {"answered": agent.answered or None, "error": agent.error,
                                    "readings_time": monitor.readings_time if monitor is not None else None,
                                    "journal": agent.journal_note},
                          "ssh": ssh_command(self.settings.ssh_command, node),
                          "grafana": self.settings.grafana_url.replace("{node}", node.name)})
+        self._idle.forget_except(read)
+        configured = gpus_by_type(self._nodes)
+        allocated = allocation.allocation_summary(self._nodes, self._jobs, configured, idle)
         figures = self._prometheus if self.settings.prometheus_url else usage.cluster_usage(node_usages, rates)
-        if figures is not None:
+        if figures is not None:  # [time, utilization %, memory used, memory total, rx, tx, GPUs allocated %]
             self.history.append([round(now, 3), figures.gpu_utilization, figures.memory_used_mib,
-                                 figures.memory_total_mib, figures.rx_bps, figures.tx_bps])
+                                 figures.memory_total_mib, figures.rx_bps, figures.tx_bps, allocated["share"]])
         answering = [n for n in self._nodes if not self._agents.get(n.name, _Agent()).error]
         data = {
             "refreshed": now,
@@ -512,12 +573,15 @@ class Watcher:
             "cluster": {"name": self._config.get("ClusterName", ""), "controller": self._config.get("SlurmctldHost", ""),
                         "slurm_version": self._config.get("SLURM_VERSION", ""),
                         "slurmd_versions": sorted({n.version for n in self._nodes if n.version}),
-                        "nodes": len(self._nodes), "gpus_by_type": gpus_by_type(self._nodes),
+                        "nodes": len(self._nodes), "gpus_by_type": configured,
                         "drivers": drivers, "os_images": images,
                         "kernels": sorted({n.os.split(" #", 1)[0] for n in self._nodes if n.os}),
                         "interfaces": {name: {"nodes": v["nodes"], "speeds_mbps": sorted(v["speeds_mbps"])}
                                        for name, v in sorted(interfaces.items())},
                         "fields": dict(self.settings.fields)},
+            "queue": allocation.queue_summary(self._jobs),
+            "allocation": {**allocated, "idle_below": self.settings.idle_gpu_below,
+                           "idle_after": self.settings.idle_gpu_after},
             "usage": {"source": "prometheus" if self.settings.prometheus_url else "agents",
                       "now": asdict(figures) if figures is not None else None,
                       "history": list(self.history), "grafana": self.settings.grafana_url.replace("{node}", "")},

@@ -1,0 +1,113 @@
+"""The page's "is it being used?" view, as pure logic over literal records: Slurm's queue with the GPU indexes each
+job holds (parsed from what Slurm 22.05 answered on the dev cluster: squeue --json's gres_detail and `scontrol show
+job -d`), jobs per partition and user, GPUs allocated per type, each GPU's holders, the idle flag, and each fault
+listed once in a node's findings cell."""
+
+from __future__ import annotations
+
+from slurm_ext import command
+from slurm_ext.config import SlurmSection
+from slurm_ext.slurm import Job, Node, SlurmClient, gpu_indexes
+from slurm_ext.web import allocation
+from slurm_ext.web.watch import finding_lines
+
+#: one job of `scontrol show job -d --oneliner` on the dev cluster (Slurm 22.05.8), its Reason= in the middle
+SCONTROL_JOB = (
+    "JobId=1 JobName=wrap UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901759 Nice=0 Account=root "
+    "QOS=normal JobState=RUNNING Reason=None Dependency=(null) Requeue=1 Restarts=0 BatchFlag=1 Reboot=0 "
+    "ExitCode=0:0 RunTime=00:00:00 TimeLimit=UNLIMITED StartTime=2026-12-05T05:49:19 EndTime=Unknown "
+    "Partition=debug AllocNode:Sid=localhost:26657 ReqNodeList=unode2 NodeList=unode2 BatchHost=unode2 NumNodes=1 "
+    "TRES=cpu=1,mem=5901M,node=1,billing=1,gres/gpu=2 JOB_GRES=gpu:h200:2   Nodes=unode2 CPU_IDs=0 Mem=5901 "
+    "GRES=gpu:h200:2(IDX:0-1) MinCPUsNode=1 Features=(null) TresPerNode=gres:gpu:2 ")
+#: the same job in squeue --json (v0.0.38), the fields the page reads
+SQUEUE_JOB = {"job_id": 1, "name": "wrap", "user_name": "root", "job_state": "RUNNING", "partition": "debug",
+              "nodes": "unode2", "gres_detail": ["gpu:h200:2(IDX:0-1)"],
+              "job_resources": {"nodes": "unode2", "allocated_nodes": [{"nodename": "unode2"}]}}
+
+
+def _client(answers: dict[str, str], json: str) -> SlurmClient:
+    def run(argv, timeout, **_):
+        return command.CommandResult(argv, 0, answers[argv[0]], "")
+    return SlurmClient(SlurmSection(json=json), runner=run)
+
+
+def test_gpu_indexes_of_a_gres_detail():
+    assert gpu_indexes("gpu:h200:2(IDX:0-1)") == ("h200", (0, 1))
+    assert gpu_indexes("gpu:4(IDX:0,2-3)") == ("gpu", (0, 2, 3))
+    assert gpu_indexes("gpu:h200:0(IDX:N/A)") == ("", ())  # no index: holds no GPU
+    assert gpu_indexes("") == ("", ())
+
+
+def test_the_queue_names_each_running_jobs_gpus_from_json_and_from_scontrols_text():
+    import json
+    from_json = _client({"squeue": json.dumps({"jobs": [SQUEUE_JOB]})}, "always").queue()
+    from_text = _client({"scontrol": SCONTROL_JOB + "\n"}, "never").queue()
+    for jobs in (from_json, from_text):
+        assert [(j.job_id, j.user, j.state, j.partition, j.gpus) for j in jobs] == \
+            [(1, "root", "RUNNING", "debug", (("unode2", "h200", (0, 1)),))]
+
+
+def test_a_job_over_several_nodes_holds_each_nodes_own_indexes():
+    line = ("JobId=9 JobName=big UserId=bob(1001) JobState=RUNNING Reason=None Partition=gpu NodeList=g[1-3] "
+            "Nodes=g[1-2] CPU_IDs=0-3 Mem=100 GRES=gpu:a100:4(IDX:0-3) Nodes=g3 CPU_IDs=0 Mem=10 "
+            "GRES=gpu:a100:1(IDX:2) MinCPUsNode=1")
+    job = _client({"scontrol": line}, "never").queue()[0]
+    assert job.gpus == (("g1", "a100", (0, 1, 2, 3)), ("g2", "a100", (0, 1, 2, 3)), ("g3", "a100", (2,)))
+
+
+JOBS = [Job(1, "train", "alice", "RUNNING", "n1", "gpu", gpus=(("n1", "h200", (0, 1)),)),
+        Job(2, "eval", "bob", "RUNNING", "n2", "gpu", gpus=(("n2", "h200", (3,)),)),
+        Job(3, "cpu", "bob", "RUNNING", "n2", "cpu"),
+        Job(4, "wait", "carol", "PENDING", "", "gpu,cpu"),
+        Job(5, "done", "carol", "COMPLETING", "n1", "gpu")]
+NODES = [Node("n1", "MIXED", gres="gpu:h200:4", gpus_used=2), Node("n2", "MIXED", gres="gpu:h200:4", gpus_used=1)]
+
+
+def test_jobs_per_partition_and_per_user():
+    summary = allocation.queue_summary(JOBS)
+    assert (summary["running"], summary["pending"]) == (3, 1)
+    assert summary["partitions"] == [{"name": "cpu", "running": 1, "pending": 1, "gpus": 0},
+                                     {"name": "gpu", "running": 2, "pending": 1, "gpus": 3}]
+    assert [(u["user"], u["running"], u["pending"], u["gpus"]) for u in summary["users"]] == \
+        [("alice", 1, 0, 2), ("bob", 2, 0, 1), ("carol", 0, 1, 0)]
+
+
+def test_gpus_allocated_against_configured_per_type_and_for_the_cluster():
+    summary = allocation.allocation_summary(NODES, JOBS, {"h200": 8}, idle=1)
+    assert summary == {"gpus": 8, "allocated": 3, "share": 37.5, "by_type": {"h200": {"total": 8, "allocated": 3}},
+                       "idle": 1}
+    assert allocation.allocation_summary([], [], {}, 0)["share"] is None
+
+
+def test_each_gpu_names_the_running_jobs_that_hold_it_and_each_node_its_jobs():
+    held = allocation.holders(JOBS)
+    assert held[("n1", 0)] == held[("n1", 1)] == [allocation.GpuHolder(1, "alice", "gpu", "train")]
+    assert ("n1", 2) not in held and [h.user for h in held[("n2", 3)]] == ["bob"]
+    jobs = allocation.node_jobs(JOBS)
+    assert [(j["job_id"], j["gpus"]) for j in jobs["n2"]] == [(2, [3]), (3, [])]
+    assert "" not in jobs  # the pending job is on no node
+
+
+def test_a_held_gpu_is_idle_since_its_first_quiet_reading_by_the_same_jobs():
+    idle = allocation.IdleGpus()
+    assert idle.update("n1", 0, (1,), 2, 5, now=100.0) == 100.0
+    assert idle.update("n1", 0, (1,), 4, 5, now=200.0) == 100.0  # still quiet: counted from the first reading
+    assert idle.update("n1", 0, (1,), 50, 5, now=300.0) is None  # busy: the count starts again
+    assert idle.update("n1", 0, (1,), 0, 5, now=400.0) == 400.0
+    assert idle.update("n1", 0, (2,), 0, 5, now=500.0) == 500.0  # another job: its own count
+    assert idle.update("n1", 0, (), 0, 5, now=600.0) is None  # not held: not waste
+    assert idle.update("n1", 1, (2,), None, 5, now=600.0) is None  # no utilization read: not judged
+    idle.update("n1", 2, (2,), 0, 5, now=600.0)
+    idle.forget_except({("n1", 0)})
+    assert list(idle.since) == []
+
+
+def test_one_fault_is_listed_once_in_a_nodes_findings_cell():
+    # the drain is written from the agent's finding: the cell listed both (seen: an Xid 79 twice in one cell)
+    finding = {"severity": "critical", "check": "xid", "gpu": 1, "evidence": "79 gpu 1 fallen off the bus"}
+    assert finding_lines(["xid/79: 79 gpu 1 fallen off the bus"], [finding]) == \
+        ["critical: xid gpu 1 79 gpu 1 fallen off the bus"]
+    # a drain no open finding states (the monitor restarted, an older drain) is still listed, once
+    assert finding_lines(["ecc: 2 volatile double-bit", "ecc: 2 volatile double-bit"], [finding]) == \
+        ["critical: xid gpu 1 79 gpu 1 fallen off the bus", "ecc: 2 volatile double-bit"]
+    assert finding_lines([], [finding, dict(finding)]) == ["critical: xid gpu 1 79 gpu 1 fallen off the bus"]
