@@ -77,8 +77,7 @@ def reset_gpu(health: HealthSection, state_dir: str, readings_file: Path, gpu: i
     if gpu not in known:
         raise NoSuchGpu(gpu, known)
     if held is None:
-        from slurm_ext.prolog_epilog import gpu_jobs
-        held = lambda: gpu_jobs(state_dir)  # noqa: E731
+        held = lambda: _live_gpu_jobs(state_dir)  # noqa: E731
     holding = tuple(held().get(gpu, ()))
     if holding:
         return ResetOutcome(gpu, ran=False, ok=False, held_by=holding)
@@ -94,6 +93,23 @@ def reset_gpu(health: HealthSection, state_dir: str, readings_file: Path, gpu: i
         return ResetOutcome(gpu, True, False, shown, _tail(f"{how}: {err.stderr or ''}".strip()))
     _clear_findings(state_dir, gpu)
     return ResetOutcome(gpu, True, True, shown, _tail((result.stdout + result.stderr).strip()))
+
+
+def _live_gpu_jobs(state_dir: str) -> dict[int, list[int]]:
+    """GPU index -> the jobs recorded here that hold it and may still run: a record younger than STARTING_GRACE (a job
+    in its Prolog) or of a job with a slurmstepd on this node. An older record of a job with none is an Epilog that
+    never ran, and holds no reset."""
+    from slurm_ext.prolog_epilog import jobrecord
+    recorded = jobrecord.gpu_jobs(state_dir)
+    running = jobrecord.running_jobs(set(recorded.get(-1, ())))
+    now = time.time()
+
+    def live(job_id: int) -> bool:
+        if job_id in running:
+            return True
+        record = jobrecord.read(job_id, state_dir)
+        return record is not None and now - record.start < jobrecord.STARTING_GRACE
+    return {gpu: [job for job in jobs if live(job)] for gpu, jobs in recorded.items()}
 
 
 def _clear_findings(state_dir: str, gpu: int) -> None:

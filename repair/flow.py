@@ -253,7 +253,7 @@ def _reset_gpu(record: Record, seen: Seen, now: float) -> None:
             return
         raise ExecutorFailed(f"the reset of gpu {gpu} was not done: {err}") from None
     if answer.held_by:
-        _wait_for_gpu_jobs(record, seen, now, gpu, sorted(answer.held_by))
+        _wait_for_gpu_jobs(record, seen, now, gpu, _slurm_runs(record, seen, now, gpu, answer.held_by))
         return
     said = f"{answer.command}" + (f": {answer.output[-OUTPUT_LIMIT:]}" if answer.output else "")
     if not answer.ok:
@@ -262,8 +262,25 @@ def _reset_gpu(record: Record, seen: Seen, now: float) -> None:
     _save(record, seen, now, "repair-step", f"gpu {gpu} of {record.node} reset: {said}; its health checks run")
 
 
+def _slurm_runs(record: Record, seen: Seen, now: float, gpu: int, held_by) -> list[int]:
+    """Of the jobs the node's agent says hold the GPU (its job records), those Slurm runs on the node now (this pass's
+    squeue). A record outlives a job whose Epilog never ran: such a job is neither waited for nor requeued (Slurm
+    refuses to requeue a finished one); said once."""
+    runs = {job.job_id for job in seen.jobs.get(record.node, []) if not job.finished}
+    jobs = sorted(job for job in held_by if job in runs)
+    gone = sorted(job for job in held_by if job not in runs)
+    if gone and record.detail.get("not_running") != gone:
+        record.detail["not_running"] = gone
+        _save(record, seen, now, "repair-step", f"gpu {gpu}'s job records of jobs {gone} that Slurm no longer runs on "
+                                                f"{record.node}: not waited for; the reset is asked again")
+    return jobs
+
+
 def _wait_for_gpu_jobs(record: Record, seen: Seen, now: float, gpu: int, jobs: list[int]) -> None:
-    """Jobs hold the GPU to reset: requeued where repair.requeue says so, else waited for until drain_deadline."""
+    """Jobs hold the GPU to reset: requeued where repair.requeue says so, else waited for until drain_deadline;
+    none Slurm runs: the reset is asked again next pass."""
+    if not jobs:
+        return
     if seen.settings.requeue and record.detail.get("requeued") != jobs:
         answer = seen.slurm.requeue(jobs)
         record.detail["requeued"] = jobs

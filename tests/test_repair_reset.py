@@ -11,7 +11,7 @@ import pytest
 from slurm_ext.repair import decide, recommend
 from slurm_ext.repair.settings import ACTIONS, KEEPS_DATA, RepairSection
 from slurm_ext.repair.store import Record, open_sqlite
-from slurm_ext.slurm import Node
+from slurm_ext.slurm import Job, Node
 
 XID48 = "slurm-ext: xid 48 gpu 2 double-bit ECC error action=reset-gpu"
 ROW_REMAP = "slurm-ext: row-remap gpu 3 row remapping pending (a GPU reset applies it) action=reset-gpu"
@@ -128,6 +128,7 @@ def test_jobs_holding_the_gpu_are_waited_for_and_requeued_where_allowed(store):
     held = lambda node, gpu: GpuResetAnswer(gpu, False, False, "", "", (12,))  # noqa: E731
     record, requeued = _running(store, "act"), []
     seen = _seen(store, reset=held, requeued=requeued)
+    seen.jobs = {"n1": [Job(12, "train", "ann", "RUNNING", "n1")]}  # Slurm runs it there
     flow.advance(record, seen)  # asks
     flow.advance(record, seen)  # the answer: job 12 holds gpu 2
     assert (record.state, record.step, record.detail["waiting_for"]) == ("running", "act", [12])
@@ -138,6 +139,7 @@ def test_jobs_holding_the_gpu_are_waited_for_and_requeued_where_allowed(store):
 
     other, requeued = _running(store, "act"), []
     seen = _seen(store, reset=held, requeued=requeued, requeue=True)
+    seen.jobs = {"n1": [Job(12, "train", "ann", "RUNNING", "n1")]}
     flow.advance(other, seen)
     flow.advance(other, seen)
     assert requeued == [[12]] and other.detail["requeued"] == [12]
@@ -180,3 +182,50 @@ def test_a_reset_already_running_on_the_node_is_asked_again_not_failed(store):
     flow.advance(record, seen)  # asks again
     flow.advance(record, seen)  # reset
     assert (record.state, record.step) == ("running", "verify")
+
+
+def test_a_job_slurm_no_longer_runs_does_not_hold_the_reset(store):
+    """The review of 29.3: the node's agent names the jobs its job records say hold the GPU, and a record outlives a
+    job whose Epilog never ran. A job Slurm does not list on the node (seen.jobs, this pass's squeue) is neither
+    waited for until drain_deadline nor requeued (Slurm refuses to requeue a finished job): the reset is asked again,
+    and a job Slurm runs still holds it."""
+    from slurm_ext.agentapi import GpuResetAnswer
+    from slurm_ext.repair import flow
+    answers = [GpuResetAnswer(2, False, False, "", "", (12, 13)),
+               GpuResetAnswer(2, True, True, "nvidia-smi --gpu-reset -i 2", "GPU reset", ())]
+    record, requeued = _running(store, "act"), []
+    seen = _seen(store, reset=lambda node, gpu: answers.pop(0), requeued=requeued, requeue=True, now=5000.0)
+    seen.jobs = {"n1": [Job(13, "train", "ann", "RUNNING", "n1")]}
+    flow.advance(record, seen)  # asks
+    flow.advance(record, seen)  # held by 12 (gone from Slurm) and 13 (running): 13 alone is requeued
+    assert requeued == [[13]] and record.detail["requeued"] == [13], record.detail
+    messages = [e.message for e in store.events(record=record.id)]
+    assert any("job records of jobs [12] that Slurm no longer runs on n1" in m for m in messages), messages
+    seen.jobs = {"n1": []}  # 13 requeued: Slurm runs nothing there now
+    flow.advance(record, seen)  # asks again
+    flow.advance(record, seen)
+    assert (record.state, record.step) == ("running", "verify"), record.note
+
+
+def test_a_stale_job_record_alone_holds_no_gpu_reset_on_the_node(tmp_path):
+    """The node's agent: a job record older than STARTING_GRACE whose job has no slurmstepd on the node (its Epilog
+    never ran) does not hold the GPU; a young record (a job in its Prolog) still does. Real
+    files, a real reset tool (/bin/true), real /proc."""
+    import json
+    import time
+
+    from slurm_ext.health.gpureset import reset_gpu
+    from slurm_ext.health.settings import HealthSection
+    from slurm_ext.prolog_epilog.jobrecord import JobRecord, write
+    state = tmp_path / "state"
+    state.mkdir()
+    readings = tmp_path / "readings.json"
+    readings.write_text(json.dumps({"gpus": [{"gpu": {"index": i}} for i in range(4)]}))
+    health = HealthSection(gpu_reset_command=["/bin/true", "{gpu}"])
+    old = time.time() - 3600
+    write(JobRecord(424242, 0, 0, "root", "n1", (2,), old, ()), str(state))  # no such job runs here
+    outcome = reset_gpu(health, str(state), readings, 2)
+    assert outcome.ran and outcome.ok and outcome.held_by == (), outcome
+    write(JobRecord(424243, 0, 0, "root", "n1", (1,), time.time(), ()), str(state))  # in its Prolog
+    outcome = reset_gpu(health, str(state), readings, 1)
+    assert not outcome.ran and outcome.held_by == (424243,), outcome
