@@ -32,9 +32,10 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
 from slurm_ext.agentapi import AgentAnswerError, AgentClient
+from slurm_ext.nodestate.catalogue import fault_signature
 from slurm_ext.slurm import Node, SlurmClient
 
-from .store import ACTS, Store
+from .store import ACTS, Record, Store
 
 __all__ = ["Entry", "Timeline", "gather", "in_causal_order"]
 
@@ -69,6 +70,15 @@ class Entry:
     user: str = ""
     #: a repair step's action on the node (store.ACTS), empty for anything else
     acts: str = ""
+    #: the repair record a repair row belongs to (its id), None for anything else
+    record: int | None = None
+    #: the fault it is about (xid/79, row-remap), its check, GPU (NVML index) and severity: a repair row's from its
+    #: record (the finding whose drain opened it: always critical, the only findings that drain), a health event's
+    #: from its finding; empty (None) for a row about no fault
+    signature: str = ""
+    check: str = ""
+    gpu: int | None = None
+    severity: str = ""
 
 
 @dataclass
@@ -100,9 +110,13 @@ def gather(agents: AgentClient, store: Store, slurm: SlurmClient, since: float, 
             if event.end:
                 timeline.entries.append(Entry(event.end.timestamp(), event.node, "slurm", "end",
                                               f"{event.state} over: {event.reason}"))
+        records: dict[int, Record | None] = {}
         for entry in store.events(node=node, since=since):
+            if entry.record is not None and entry.record not in records:
+                records[entry.record] = store.get(entry.record)
             timeline.entries.append(Entry(entry.time, entry.node or "-", "repair", entry.event, entry.message,
-                                          entry.user, entry.acts))
+                                          entry.user, entry.acts, entry.record,
+                                          **_of_record(records.get(entry.record))))
         for name, (lines, problem, shortfall) in journals:
             if problem:
                 timeline.unreachable[name] = problem
@@ -113,9 +127,30 @@ def gather(agents: AgentClient, store: Store, slurm: SlurmClient, since: float, 
                     continue  # the controller's journal: the same as the repair records, which hold the user
                 timeline.entries.append(Entry(_epoch(data.get("time", "")), name, "agent",
                                               f"{data.get('component', '?')}/{data.get('event', '?')}",
-                                              str(data.get("message", ""))))
+                                              str(data.get("message", "")), **_of_finding(data)))
     timeline.entries = in_causal_order(timeline.entries)
     return timeline
+
+
+def _of_record(record: Record | None) -> dict:
+    """The fault fields of a repair row, from its record."""
+    if record is None:
+        return {}
+    gpu = record.detail.get("gpu")
+    return {"signature": record.signature, "check": record.signature.split("/", 1)[0],
+            "gpu": gpu if isinstance(gpu, int) else None, "severity": "critical"}
+
+
+def _of_finding(data: dict) -> dict:
+    """The fault fields of a node's journal event about a finding (health-finding, -escalated, -cleared), else none."""
+    check, evidence = data.get("check"), data.get("evidence")
+    if data.get("component") != "health" or not isinstance(check, str) or not check:
+        return {}
+    gpu = data.get("gpu")
+    severity = data.get("finding_severity")
+    return {"signature": fault_signature(check, evidence if isinstance(evidence, str) else ""), "check": check,
+            "gpu": gpu if isinstance(gpu, int) and not isinstance(gpu, bool) else None,
+            "severity": severity if isinstance(severity, str) else ""}
 
 
 def in_causal_order(entries: list[Entry]) -> list[Entry]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import re
 
 from slurm_ext import nodestate
-from slurm_ext.nodestate.catalogue import HEALTH, split_more
+from slurm_ext.nodestate.catalogue import HEALTH, fault_signature, split_more
 from slurm_ext.slurm import REASON_PREFIX, Node
 
 from .settings import ACTIONS, RepairSection
@@ -32,8 +32,6 @@ _AS_REPAIR = {"reset-gpu": "reset-gpu", "reboot": "reboot", "reprovision": "repr
               "remove": "remove"}
 #: the records this module keeps: not decided yet, or rejected while their fault lasts
 _UNDECIDED = ("recommended", "rejected")
-#: checks whose evidence starts with the code that tells faults apart (xid 79 is not xid 13)
-_CODED = ("xid", "sxid")
 #: the GPU a health drain's evidence names ("48 gpu 2 ...", "gpu 3 row remapping pending")
 _GPU = re.compile(r"(?:^|\s)gpu (\d+)(?=\s|$)")
 
@@ -67,10 +65,9 @@ def fault_of(node: Node) -> Fault | None:
     if found is None:
         return None
     check, evidence, action = found["check"], found["evidence"], found["action"]
-    code = evidence.split(maxsplit=1)[0] if check in _CODED and evidence else ""
-    signature = f"{check}/{code}" if code.isdigit() else check
     gpu = _GPU.search(evidence)
-    return Fault(node.name, signature, action.split()[0], evidence, int(gpu.group(1)) if gpu else None)
+    return Fault(node.name, fault_signature(check, evidence), action.split()[0], evidence,
+                 int(gpu.group(1)) if gpu else None)
 
 
 def action_for(fault: Fault, settings: RepairSection) -> str | None:

@@ -846,3 +846,41 @@ def test_held_findings_are_the_critical_ones_as_our_drain_would_state_them():
                  "severity": "warning"}, "junk"]
     assert held(findings) == ["xid 48 gpu 3 double-bit ECC error action=reset-gpu"]
     assert held(None) == []
+
+
+def test_history_entries_carry_the_signature_check_gpu_and_severity_of_their_finding(store, tmp_path):
+    """Issue 29 item 7: `history --json` had no severity, check, GPU or signature: a script could not tell which
+    fault a repair was for without parsing its message. A repair's rows carry its record's (the finding that opened
+    it: a health drain, which only a critical finding makes), a node's health events their finding's."""
+    from datetime import datetime, timezone
+    from slurm_ext.repair.history import gather
+    with store.locked():
+        record = store.add(Record("n1", "xid/79", "reboot", "79 gpu 1 GPU has fallen off the bus", opened=900.0,
+                                  updated=900.0, detail={"gpu": 1}))
+        store.event("n1", "repair-recommended", "reboot recommended for xid/79", record=record, now=900.5)
+        store.event("n1", "health-check-run", "health checks asked from the page by carol", "carol", now=901.5)
+    finding = {"time": datetime.fromtimestamp(899.0, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S%z"),
+               "component": "health", "event": "health-finding", "severity": "critical", "message": "critical: xid",
+               "check": "xid", "evidence": "79 gpu 1 GPU has fallen off the bus", "gpu": 1, "finding_severity": "critical",
+               "xid": 79}
+    journal = json.dumps(finding) + "\n"
+
+    class Slurm:
+        def node_events(self, node, since):
+            return []
+
+        def node(self, name):
+            return _node(name)
+    server, agents = _agent_answering(tmp_path, "n1", journal)
+    try:
+        timeline = gather(agents, store, Slurm(), 800.0, node="n1")
+    finally:
+        server.close()
+    rows = {e.event: e for e in timeline.entries}
+    recommended = rows["repair-recommended"]
+    assert (recommended.record, recommended.signature, recommended.check, recommended.gpu, recommended.severity) == (
+        record.id, "xid/79", "xid", 1, "critical")
+    seen = rows["health/health-finding"]
+    assert (seen.signature, seen.check, seen.gpu, seen.severity) == ("xid/79", "xid", 1, "critical")
+    paused = rows["health-check-run"]
+    assert (paused.record, paused.signature, paused.check, paused.gpu, paused.severity) == (None, "", "", None, "")

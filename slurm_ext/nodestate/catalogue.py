@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 
 __all__ = ["DrainKind", "CATALOGUE", "HEALTH", "kind_named", "kind_of", "split_more", "supersedes",
-           "stale_at_start"]
+           "stale_at_start", "fault_signature"]
 
 #: the resume rules
 WHEN_CLEARED = "when-cleared"
@@ -119,6 +119,15 @@ def kind_named(name: str) -> DrainKind:
 
 #: a health check's drain: written by health (Finding.reason), read back by repair (recommend.fault_of)
 HEALTH = kind_named("health")
+#: checks whose evidence starts with the code that tells their faults apart (xid 79 is not xid 13)
+_CODED = ("xid", "sxid")
+
+
+def fault_signature(check: str, evidence: str) -> str:
+    """A fault's name, as a repair record, the history and a clear name it: the check, or check/code for a coded one
+    (xid/79), from the check and the evidence of its finding (or of the drain reason that states it)."""
+    code = evidence.split(maxsplit=1)[0] if check in _CODED and evidence else ""
+    return f"{check}/{code}" if code.isdigit() else check
 
 #: Slurm's own drain for the very thing gres reports: a node that registers fewer GPUs than slurmctld has for
 #: it (a dynamic node's record outlives its pod, so a pod recreated with a GPU fewer registers INVALID_REG)
