@@ -34,6 +34,7 @@ from slurm_ext.health.settings import CHECKS, SEVERITIES
 from slurm_ext.repair.settings import ACTIONS
 
 from .auth import Csrf, Operator, ProxySecret, RequestRefused, Tokens, operator_of
+from .healthview import history_rows
 from .watch import Watcher
 
 __all__ = ["create_app", "STATIC", "MAX_BODY", "MAX_HEADERS"]
@@ -52,6 +53,11 @@ _TOKENS_UNUSABLE = "the operators' tokens cannot be used now: the page's log say
 _MAX_LIMIT = 5000
 #: sources of the timeline
 _SOURCES = ("slurm", "repair", "agent")
+#: the timeline's severities (the journal's ladder)
+_TIMELINE_SEVERITIES = ("info", "warning", "error", "critical")
+#: newest health events a /api/health request reads (its filters and the rows of findings ended by a reboot are
+#: worked out over them)
+_HEALTH_SCAN = 20000
 #: longest wait for a node's fresh health reading after "run the health checks"
 _CHECK_WAIT = 20.0
 #: "run the health checks" at once (each holds a server thread while its node reads itself)
@@ -199,51 +205,65 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
 
     @app.get("/api/timeline")
     def timeline():
-        asked = _query({"node": _name, "source": _choice(_SOURCES), "limit": _limit})
+        asked = _query({"node": _name, "source": _choice(_SOURCES), "severity": _choice(_TIMELINE_SEVERITIES),
+                        "event": _event_text, "limit": _limit})
         view = current()
         node, source, limit = asked.get("node"), asked.get("source"), int(asked.get("limit", 300))
+        severity, event_text = asked.get("severity"), asked.get("event")
         if node is not None:
             known_node(node)
         from slurm_ext.repair.history import Entry, in_causal_order
-        entries = []
+        entries, severities = [], {}
+
+        def add(entry: Entry, level: str) -> None:
+            if severity in (None, level) and (event_text is None or event_text in entry.event):
+                entries.append(entry)
+                severities[id(entry)] = level
         if source in (None, "slurm"):
             for event in view.slurm_events:
                 if node in (None, event.node):
                     who = f" (by {event.user})" if event.user else ""
-                    entries.append(Entry(event.start.timestamp(), event.node, "slurm", event.state.lower(),
-                                         f"{event.state}: {event.reason}{who}", event.user))
+                    add(Entry(event.start.timestamp(), event.node, "slurm", event.state.lower(),
+                              f"{event.state}: {event.reason}{who}", event.user), _slurm_severity(event.state))
         if source in (None, "repair"):
-            entries += [Entry(e.time, e.node or "-", "repair", e.event, e.message, e.user, e.acts)
-                        for e in view.repair_events if node in (None, e.node)]
+            for e in view.repair_events:
+                if node in (None, e.node):
+                    add(Entry(e.time, e.node or "-", "repair", e.event, e.message, e.user, e.acts),
+                        _repair_severity(e.event))
+
+        def keep(name: str, data: dict) -> bool:
+            return severity in (None, str(data.get("severity", "info"))) and (
+                event_text is None or event_text in f"{data.get('component', '?')}/{data.get('event', '?')}")
         if source in (None, "agent"):
             # the controller's own journal repeats the repair records, which carry the user
-            entries += [Entry(when, name, "agent", f"{data.get('component', '?')}/{data.get('event', '?')}",
-                              str(data.get("message", "")))
-                        for when, name, data in watcher.journal(limit, node=node,
-                                                                component=lambda name: name != "repair")]
+            for when, name, data in watcher.journal(limit, node=node, component=lambda name: name != "repair",
+                                                    keep=keep):
+                add(Entry(when, name, "agent", f"{data.get('component', '?')}/{data.get('event', '?')}",
+                          str(data.get("message", ""))), str(data.get("severity", "info")))
         # as `slurm-ext history` orders them: what a repair step caused after it, where clocks are whole seconds
-        entries = [asdict(e) for e in reversed(in_causal_order(entries))]
+        entries = [{**asdict(e), "severity": severities[id(e)]} for e in reversed(in_causal_order(entries))]
         return jsonify(entries=entries[:limit])
 
     @app.get("/api/health")
     def health_events():
         asked = _query({"node": _name, "check": _choice(tuple(CHECKS)), "severity": _choice(SEVERITIES),
-                        "limit": _limit})
-        node, check, severity = asked.get("node"), asked.get("check"), asked.get("severity")
+                        "state": _choice(("open", "cleared")), "limit": _limit})
+        node, check, severity, state = asked.get("node"), asked.get("check"), asked.get("severity"), asked.get("state")
         if node is not None:
             known_node(node)
-        current()
+        rows = [row for row in current().data["nodes"] if node in (None, row["name"])]
 
-        def keep(name: str, data: dict) -> bool:
-            return check in (None, data.get("check")) and severity in (None, _severity_of(data))
-        found = watcher.journal(int(asked.get("limit", 300)), node=node, component=lambda name: name == "health",
-                                keep=keep)
-        return jsonify(entries=[{"time": when, "node": name, "event": data.get("event", ""),
-                                 "check": data.get("check", ""),
-                                 "severity": _severity_of(data),
-                                 "gpu": data.get("gpu"), "evidence": data.get("evidence", ""),
-                                 "action": data.get("action", ""), "message": data.get("message", "")}
-                                for when, name, data in found])
+        def wanted(item: dict) -> bool:
+            return check in (None, item.get("check")) and severity in (None, item.get("severity"))
+        # what each node's agent holds open now (its last answer): the Health checks tab's "open findings"
+        open_findings = [{"node": row["name"], **found} for row in rows for found in row["agent_findings"]
+                         if isinstance(found, dict) and wanted(found)]
+        open_now = {row["name"]: {(f.get("check"), f.get("subject")) for f in row["agent_findings"]
+                                  if isinstance(f, dict)}
+                    for row in rows if row["agent"]["answered"] and not row["agent"]["error"]}
+        found = watcher.journal(_HEALTH_SCAN, node=node, component=lambda name: name == "health")
+        entries = [e for e in history_rows(found, open_now) if wanted(e) and state in (None, e["state"])]
+        return jsonify(open=open_findings, entries=entries[:int(asked.get("limit", 300))])
 
     @app.get("/api/repairs")
     def repairs():
@@ -383,16 +403,20 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
     return app
 
 
-#: the journal's severities as a finding's (health events without finding_severity: failures of checks)
-_SEVERITY_OF = {"error": "critical", "warning": "warning", "info": "info"}
+def _event_text(text: str) -> str:
+    if not text or len(text) > 64 or not all(c.isalnum() or c in "-_/." for c in text):
+        raise ValueError("part of an event's name (letters, digits, - _ / .)")
+    return text
 
 
-def _severity_of(event: dict) -> str:
-    """A health event's severity in a finding's words (critical, warning, info)."""
-    found = event.get("finding_severity")
-    if isinstance(found, str) and found:
-        return found
-    return _SEVERITY_OF.get(str(event.get("severity")), "")
+def _slurm_severity(state: str) -> str:
+    """A Slurm node event's severity on the timeline: a node taken from work (down, drained, failing) warns."""
+    return "warning" if any(word in state.upper() for word in ("DOWN", "DRAIN", "FAIL")) else "info"
+
+
+def _repair_severity(event: str) -> str:
+    """A repair event's severity on the timeline: a step that failed or was refused is an error."""
+    return "error" if any(word in event for word in ("fail", "refused", "timeout")) else "info"
 
 
 def _checked_name(name: str) -> str:

@@ -1,0 +1,45 @@
+"""The Health checks tab's history as pure logic over literal journal events (as health/monitor.py writes them): a
+cleared finding reads as cleared, and a finding the node ended by rebooting gets its "cleared" row."""
+
+from __future__ import annotations
+
+from slurm_ext.web.healthview import history_rows
+
+XID = {"component": "health", "check": "xid", "subject": "gpu 1", "evidence": "79 gpu 1 fallen off the bus",
+       "action": "reboot", "finding_severity": "critical", "gpu": 1}
+
+
+def _event(name: str, severity: str = "info", **fields) -> dict:
+    return {"event": name, "severity": severity, **fields}
+
+
+def test_a_cleared_finding_reads_as_cleared_not_as_its_severity():
+    rows = history_rows([(100.0, "n1", _event("health-finding", "critical", **XID)),
+                         (200.0, "n1", _event("health-cleared", why="operator", **XID))], {"n1": set()})
+    assert [(r["time"], r["state"], r["severity"], r["why"]) for r in rows] == \
+        [(200.0, "cleared", "critical", "operator"), (100.0, "open", "critical", "")]
+
+
+def test_a_finding_ended_by_a_reboot_gets_its_cleared_row_at_the_monitors_next_start():
+    rows = history_rows([(100.0, "n1", _event("health-finding", "critical", **XID)),
+                         (300.0, "n1", _event("health-started")),
+                         (400.0, "n2", _event("health-started"))], {"n1": set(), "n2": set()})
+    made = [r for r in rows if r["made_by_page"]]
+    assert [(r["time"], r["node"], r["event"], r["state"], r["why"], r["check"]) for r in made] == \
+        [(300.0, "n1", "health-cleared", "cleared", "reboot", "xid")]
+    assert "the node rebooted" in made[0]["message"]
+    assert [r["time"] for r in rows] == [400.0, 300.0, 300.0, 100.0]  # newest first
+
+
+def test_no_cleared_row_is_made_for_a_finding_the_agent_still_holds_or_whose_agent_is_silent():
+    events = [(100.0, "n1", _event("health-finding", "critical", **XID)), (300.0, "n1", _event("health-started"))]
+    # the monitor restarted on the same boot and kept the finding
+    assert not [r for r in history_rows(events, {"n1": {("xid", "gpu 1")}}) if r["made_by_page"]]
+    # its agent does not answer: what it holds is not known
+    assert not [r for r in history_rows(events, {}) if r["made_by_page"]]
+    # cleared after the restart: its own row says so, none is made
+    cleared = events + [(350.0, "n1", _event("health-cleared", why="quiet", **XID))]
+    assert not [r for r in history_rows(cleared, {"n1": set()}) if r["made_by_page"]]
+    # opened again after a start: only a later start ends it
+    again = events + [(500.0, "n1", _event("health-finding", "critical", **XID))]
+    assert not [r for r in history_rows(again, {"n1": set()}) if r["made_by_page"]]
