@@ -551,7 +551,7 @@ class Monitor:
         fields = {"check": f.check, "subject": f.subject, "evidence": f.evidence, "action": f.action,
                   "finding_severity": f.severity, **where, **({"jobs": f.jobs} if f.jobs else {}),
                   **({"detail": f.detail} if f.detail else {}), **f.fields}
-        severity = {"critical": "error", "warning": "warning", "info": "info"}[f.severity]
+        severity = f.severity  # the journal's ladder has the findings' words (info, warning, critical)
         if change.kind == "opened":
             self.emit("health-finding", f"{f.severity}: {f.check} {f.evidence} action={f.action}"
                       + (f" jobs={','.join(map(str, f.jobs))}" if f.jobs else ""), severity, **fields)

@@ -19,8 +19,11 @@ from dataclasses import dataclass
 
 __all__ = ["EventName", "CATALOGUE", "SEVERITIES", "markdown_table"]
 
-#: the severities an event may have, least severe first
-SEVERITIES = ("info", "warning", "error")
+#: the severities an event may have, least severe first: one ladder with the health findings' words, so that
+#: `events --severity critical` and the page's "critical" mean the same thing. "error": a part of slurm-ext or of
+#: Slurm failed (a script, a drain, a write); "critical": a node's hardware is not fit for work (a critical health
+#: finding, which drains the node).
+SEVERITIES = ("info", "warning", "error", "critical")
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +195,7 @@ _ENTRIES = (
     EventName("health-finding", _HEALTH, "warning",
               "a check found a fault: check, GPU (index, UUID, bus id), evidence (a GPU's: the GPU and the fault in "
               "NVIDIA's words; what was expected in the expected field), finding_severity, the recommended action "
-              "and the jobs that held the GPU; error when critical (the node is drained for it), info for an "
+              "and the jobs that held the GPU; critical when critical (the node is drained for it), info for an "
               "informational one"),
     EventName("health-escalated", _HEALTH, "warning",
               "an open finding got worse in place (an application Xid repeating on one GPU, a worse reading): "

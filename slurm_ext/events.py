@@ -35,14 +35,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import workerevents
-from .eventnames import CATALOGUE
+from .eventnames import CATALOGUE, SEVERITIES
 
 __all__ = ["emit", "emitter", "journal_path", "journal_files", "JOURNAL_MAX_BYTES", "JOURNAL_KEEP",
            "FIELD_MAX_CHARS", "LIST_MAX_ITEMS"]
 
 log = logging.getLogger("events")
 
-_LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+_LEVELS = dict(zip(SEVERITIES, (logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL), strict=True))
 #: size at which the journal is rotated
 JOURNAL_MAX_BYTES = 16 * 2**20
 #: rotated files kept (journal.jsonl.1 .. .JOURNAL_KEEP, .1 the newest): at most 64 MiB in all by default
@@ -89,7 +89,7 @@ def emit(state_dir: str | None, component: str, event: str, message: str, severi
         problem = (f"event {event!r}: component {component!r} is not one of its components in the catalogue "
                    f"({', '.join(entry.components)}; slurm_ext/eventnames.py)")
     elif severity is not None and severity not in _LEVELS:
-        problem = f"event {event!r}: severity {severity!r} (expected info, warning or error)"
+        problem = f"event {event!r}: severity {severity!r} (expected one of {', '.join(SEVERITIES)})"
     if problem:
         if os.environ.get("SLURM_EXT_STRICT_EVENTS") == "1":
             raise ValueError(problem)

@@ -253,7 +253,7 @@ def read_newest(state_dir: str, since: float | None, limit: int, max_bytes: int,
 
 def format_event(event: JournalEvent) -> str:
     """`<time> <severity> <component>: <event>: <message>`, control characters escaped."""
-    return (f"{event.time.isoformat()} {event.severity:<7} {printable(event.component)}: {printable(event.event)}: "
+    return (f"{event.time.isoformat()} {event.severity:<8} {printable(event.component)}: {printable(event.event)}: "
             f"{printable(event.message)}")
 
 

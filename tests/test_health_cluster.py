@@ -215,7 +215,7 @@ def test_xid79_in_the_kernel_log_drains_naming_the_action_within_5s_and_clear_li
     assert took < 5 and reason.endswith("action=reboot"), (took, reason)
     finding = health.wait_event("health-finding", check="xid")
     assert finding["uuid"] == gpu["uuid"] and finding["action"] == "reboot" and finding["xid"] == 79
-    assert finding["severity"] == "error" and finding["finding_severity"] == "critical"
+    assert finding["severity"] == "critical" and finding["finding_severity"] == "critical"
     # sticky: a quiet window does not lift it; the operator's clear does
     time.sleep(6)
     assert health.reason().startswith("slurm-ext: xid 79")

@@ -193,7 +193,7 @@ def test_a_bad_since_says_what_is_accepted(text):
 def test_the_line_format_escapes_what_users_chose():
     event = JournalEvent(datetime(2025, 1, 31, 12, tzinfo=UTC), "prolog_epilog", "script-failed", "error",
                          "job-start script /s: exit 1: \x1b[2Jgone\nslurm-ext: forged", {}, "{}")
-    assert format_event(event) == ("2025-01-31T12:00:00+00:00 error   prolog_epilog: script-failed: "
+    assert format_event(event) == ("2025-01-31T12:00:00+00:00 error    prolog_epilog: script-failed: "
                                    "job-start script /s: exit 1: \\x1b[2Jgone\\nslurm-ext: forged")
 
 
@@ -245,8 +245,8 @@ def test_cli_prints_every_event_oldest_first(journal_dir):
     proc = cli("events", "--state-dir", str(journal_dir))
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0] == "2025-01-31T10:00:00+00:00 info    supervisor: started: agent up"
-    assert lines[2] == "2025-01-31T11:00:00+00:00 error   supervisor: crash-loop: slurmd crash-looping"
+    assert lines[0] == "2025-01-31T10:00:00+00:00 info     supervisor: started: agent up"
+    assert lines[2] == "2025-01-31T11:00:00+00:00 error    supervisor: crash-loop: slurmd crash-looping"
     assert len(lines) == 6 and proc.stderr == ""
 
 
@@ -268,6 +268,25 @@ def test_cli_since_a_duration_and_severity(tmp_path):
     assert [text.split(": ")[1] for text in proc.stdout.splitlines()] == ["gpu-new", "gpu-lost"], proc.stderr
     proc = cli("events", "--state-dir", state, "--severity", "error")
     assert [text.split(": ")[1] for text in proc.stdout.splitlines()] == ["gpu-missing", "gpu-lost"]
+
+
+def test_one_severity_ladder_with_the_findings_words(tmp_path):
+    """A critical health finding is `critical` in the journal, as on the page and in `health show` (it was `error`,
+    so `--severity critical` was refused and the same fault had two names)."""
+    state = str(tmp_path)
+    events.emit(state, "gres", "gpu-missing", "a script of ours failed", "error")
+    events.emit(state, "health", "health-finding", "critical: xid 79 gpu 1 GPU has fallen off the bus", "critical")
+    events.emit(state, "health", "health-finding", "warning: thermal gpu 0", "warning")
+    proc = cli("events", "--state-dir", state, "--severity", "critical")
+    assert proc.returncode == 0, proc.stderr
+    assert [text.split(": ", 2)[2] for text in proc.stdout.splitlines()] == \
+        ["critical: xid 79 gpu 1 GPU has fallen off the bus"]
+    assert proc.stdout.split()[1] == "critical"
+    proc = cli("events", "--state-dir", state, "--severity", "error")
+    assert len(proc.stdout.splitlines()) == 2, proc.stdout
+    # the component starts in the same column whatever the severity
+    lines = cli("events", "--state-dir", state).stdout.splitlines()
+    assert len({text.index(" gres:" if "gres:" in text else " health:") for text in lines}) == 1, lines
 
 
 def test_cli_reads_the_state_dir_from_the_config(tmp_path):
