@@ -35,6 +35,7 @@ from pathlib import Path
 
 from slurm_ext import command, config, events
 from slurm_ext.errors import DevClusterError
+from slurm_ext.words import moment
 
 from . import fakenvml, nodenet
 from .layout import Layout, NodeLayout
@@ -158,7 +159,7 @@ def inject(settings: DevSection, node_name: str, fault: str, gpu: int | None = N
         raise DevClusterError(f"dev inject: {kind} is a fault of the node, not of a GPU: --gpu does not apply")
     if needs_gpu:
         gpu = _gpu_in_range(node, 0 if gpu is None else gpu)
-    drill = Drill(kind, node.name, gpu=gpu, xid=xid, time=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    drill = Drill(kind, node.name, gpu=gpu, xid=xid, time=moment())
     with _state(layout) as state:
         done, drill = _MAKE[kind](node, drill)
         state.setdefault(node.name, []).append(asdict(drill))

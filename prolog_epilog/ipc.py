@@ -57,12 +57,12 @@ import functools
 import os
 import stat
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_ext.procfs import pid_alive
+from slurm_ext.words import moment
 
 __all__ = ["IpcCleanup", "clean_ipc"]
 
@@ -725,8 +725,4 @@ def _kept_because(changed: float, since: float, holder: Callable[[], str | None]
 
 
 def _predates(changed: float, since: float) -> str:
-    return f"predates the job (last changed {_when(changed)}, job started {_when(since)})"
-
-
-def _when(epoch: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
+    return f"predates the job (last changed {moment(changed)}, job started {moment(since)})"

@@ -30,12 +30,12 @@ import fcntl
 import json
 import logging
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 from . import workerevents
 from .eventnames import CATALOGUE, SEVERITIES
+from .words import moment
 
 __all__ = ["emit", "emitter", "journal_path", "journal_files", "JOURNAL_MAX_BYTES", "JOURNAL_KEEP",
            "FIELD_MAX_CHARS", "LIST_MAX_ITEMS"]
@@ -97,7 +97,7 @@ def emit(state_dir: str | None, component: str, event: str, message: str, severi
     if severity not in _LEVELS:
         severity = entry.severity if entry is not None and severity is None else "error"
     fields = {key: _bounded(value) for key, value in fields.items()}
-    record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "component": component, "event": event,
+    record = {"time": moment(), "component": component, "event": event,
               "severity": severity, "message": _bounded(message), **fields}
     detail = " ".join(f"{k}={v}" for k, v in fields.items())
     log.log(_LEVELS[severity], "%s: %s: %s%s", component, event, record["message"],
