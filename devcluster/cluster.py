@@ -382,8 +382,12 @@ def down(settings: DevSection) -> list[int]:
     """
     deps.require_root("dev down")
     layout = Layout(with_present_nodes(settings))
-    for healed in drills.heal_all(layout.settings):  # a stopped slurmd must go on to stop; a drill's tmpfs must go
-        log.info("node %s: drills undone: %s", healed.node, "; ".join(healed.undone))
+    try:  # a stopped slurmd must go on to stop; a drill's tmpfs must go
+        for healed in drills.heal_all(layout.settings):
+            log.info("node %s: drills undone: %s", healed.node, "; ".join(healed.undone))
+        not_healed = None
+    except DevClusterError as err:  # the daemons stop all the same; the error once they have
+        not_healed = err
     all_daemons = cluster_daemons(layout)
     if daemons.running_pid(_named(all_daemons, "supervise-controller")):  # let Slurm end its jobs itself
         _cancel_jobs(layout)
@@ -393,6 +397,8 @@ def down(settings: DevSection) -> list[int]:
         _remove_job_cgroups(node.name)
         nodenet.remove(node.netns)
     log.info("cluster down: stopped %d daemons", len(stopped))
+    if not_healed is not None:
+        raise not_healed
     return stopped
 
 

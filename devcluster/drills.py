@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from slurm_ext import command, config, events
-from slurm_ext.errors import DevClusterError
+from slurm_ext.errors import DevClusterError, SlurmExtError
 from slurm_ext.words import moment
 
 from . import fakenvml, nodenet
@@ -171,10 +171,10 @@ def inject(settings: DevSection, node_name: str, fault: str, gpu: int | None = N
 
 
 def heal(settings: DevSection, node_name: str) -> Healed:
-    """Undo every drill injected on `node_name`, forget them, journal it. The node is not resumed here.
+    """Undo every drill injected on `node_name`, forget each once undone, journal it. The node is not resumed here.
 
     Raises:
-        DevClusterError: an unknown node.
+        DevClusterError: an unknown node, or an undo failed (the message names what is still injected).
     """
     layout = Layout(settings)
     node = _node(layout, node_name, "heal")
@@ -182,16 +182,24 @@ def heal(settings: DevSection, node_name: str) -> Healed:
 
 
 def heal_all(settings: DevSection) -> list[Healed]:
-    """Heal every node that has drills (`dev down`: a stopped slurmd must continue to stop, a tmpfs go)."""
+    """Heal every node that has drills (`dev down`: a stopped slurmd must continue to stop, a tmpfs go).
+
+    Raises:
+        DevClusterError: an undo failed on some node, once every node was tried (naming what is still injected)."""
     layout = Layout(settings)
-    healed = []
+    healed, failed = [], []
     for name in list(_read(layout)):
         try:
             node = layout.node(name)
         except KeyError:
             # a node beyond --nodes now: its files are where they were
             node = NodeLayout(layout, name, 0 if name == settings.node_name else 1)
-        healed.append(_heal_node(layout, node))
+        try:
+            healed.append(_heal_node(layout, node))
+        except DevClusterError as err:
+            failed.append(str(err))
+    if failed:
+        raise DevClusterError("; ".join(failed))
     return healed
 
 
@@ -201,15 +209,34 @@ def recorded(settings: DevSection) -> dict[str, list[Drill]]:
 
 
 def _heal_node(layout: Layout, node: NodeLayout) -> Healed:
+    """Undo the node's drills, last first, each forgotten once undone: a failed undo leaves it and those before it
+    in drills.json, and the error names them.
+
+    Raises:
+        DevClusterError: an undo failed (what is still injected, and why)."""
+    done: list[Drill] = []
+    undone: list[str] = []
+    failed: DevClusterError | None = None
     with _state(layout) as state:
-        drills = [Drill(**d) for d in state.pop(node.name, [])]
-        undone = []
-        for drill in reversed(drills):
-            undone.append(_UNDO[drill.kind](node, drill))
-    if drills:
+        kept = state.get(node.name, [])
+        while kept:
+            drill = Drill(**kept[-1])
+            try:
+                undone.append(_UNDO[drill.kind](node, drill))
+            except (OSError, ValueError, KeyError, SlurmExtError) as err:
+                still = ", ".join(Drill(**d).where for d in kept)
+                failed = DevClusterError(f"dev heal: {drill.where} could not be undone ({err}); still injected on "
+                                         f"{node.name}: {still} (recorded in {layout.drills}: fix the cause and "
+                                         "run `slurm-ext dev heal` again)")
+                break
+            kept.pop()
+            done.append(drill)
+    if done:
         events.emit(str(node.node_state), COMPONENT, "drill-healed",
-                    f"DRILL: {', '.join(d.where for d in drills)} undone by `slurm-ext dev heal`", drill=True,
-                    faults=[d.name for d in drills], user=_user())
+                    f"DRILL: {', '.join(d.where for d in reversed(done))} undone by `slurm-ext dev heal`", drill=True,
+                    faults=[d.name for d in reversed(done)], user=_user())
+    if failed is not None:
+        raise failed
     return Healed(node.name, tuple(reversed(undone)))
 
 
@@ -347,7 +374,7 @@ def _heal_link_down(node: NodeLayout, drill: Drill) -> str:
     try:
         nodenet.set_lo(node.netns, True)
     except (OSError, ValueError) as err:
-        return f"link-down: lo of {node.netns} could not be brought up ({err}): `dev up` makes it again"
+        raise DevClusterError(f"lo of network namespace {node.netns} could not be brought up: {err}") from err
     return f"link-down: lo of network namespace {node.netns} up again"
 
 
@@ -373,7 +400,7 @@ def _heal_fs_full(node: NodeLayout, drill: Drill) -> str:
     path = node.drill_fs
     (path / FILL).unlink(missing_ok=True)
     if os.path.ismount(path):
-        command.run(["umount", str(path)], 30, check=False)
+        command.run(["umount", str(path)], 30)  # CommandError (a SlurmExtError): the heal stops and says so
     return f"fs-full: {path} emptied and its tmpfs unmounted"
 
 
@@ -382,14 +409,41 @@ def _make_slurmd_hang(node: NodeLayout, drill: Drill) -> tuple[str, Drill]:
     try:
         pid = int(pidfile.read_text().split()[0])
         started = _start_time(pid)
-        comm = Path(f"/proc/{pid}/comm").read_text().strip()
     except (OSError, ValueError, IndexError):
         raise DevClusterError(f"dev inject: no running slurmd of {node.name} by its pidfile {pidfile}") from None
-    if comm != "slurmd":
-        raise DevClusterError(f"dev inject: pid {pid} of {pidfile} is {comm!r}, not slurmd")
+    why = _not_the_slurmd(node, pid, pidfile)
+    if why:
+        raise DevClusterError(f"dev inject: pid {pid} of {pidfile} is not the slurmd of {node.name}: {why}; "
+                              "nothing was stopped (`slurm-ext dev up` starts the node's slurmd again)")
     os.kill(pid, signal.SIGSTOP)
     return f"slurmd of {node.name} (pid {pid}) stopped with SIGSTOP", Drill(**{**asdict(drill), "pid": pid,
                                                                                "started": started})
+
+
+def _not_the_slurmd(node: NodeLayout, pid: int, pidfile: Path) -> str:
+    """Why process `pid` is not this cluster's slurmd of `node`, "" when it is: a PID from a pidfile may have been
+    taken by any process since, a slurmd among them (another node's, another cluster's on this host). This node's
+    slurmd runs as slurmd, with `-N <node>` and SLURM_CONF the node's slurm.conf (daemon_environ), and wrote its
+    pidfile once started."""
+    proc = Path(f"/proc/{pid}")
+    try:
+        comm = (proc / "comm").read_text().strip()
+        argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        environ = (proc / "environ").read_bytes().decode(errors="replace").split("\0")
+        started = _start_epoch(pid)
+        written = pidfile.stat().st_mtime
+    except (OSError, ValueError, IndexError) as err:
+        return f"it cannot be read ({err})"
+    if comm != "slurmd":
+        return f"it is {comm!r}"
+    if not any(argv[i] == "-N" and argv[i + 1] == node.name for i in range(len(argv) - 1)):
+        return f"it runs without -N {node.name} ({' '.join(argv).strip()!r})"
+    conf = next((item.split("=", 1)[1] for item in environ if item.startswith("SLURM_CONF=")), "(none)")
+    if conf != str(node.slurm_conf):
+        return f"its SLURM_CONF is {conf}, not this cluster's {node.slurm_conf}"
+    if started > written + 1.0:
+        return f"it started {started - written:.0f}s after the pidfile was written (it took a gone slurmd's pid)"
+    return ""
 
 
 def _heal_slurmd_hang(node: NodeLayout, drill: Drill) -> str:
@@ -406,6 +460,13 @@ def _heal_slurmd_hang(node: NodeLayout, drill: Drill) -> str:
 def _start_time(pid: int) -> int:
     stat = Path(f"/proc/{pid}/stat").read_text()
     return int(stat[stat.rfind(")") + 2:].split()[19])
+
+
+def _start_epoch(pid: int) -> float:
+    """When process `pid` started, in seconds since the epoch (the boot's btime and its start in clock ticks)."""
+    boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                if line.startswith("btime "))
+    return boot + _start_time(pid) / os.sysconf("SC_CLK_TCK")
 
 
 _MAKE = {"xid": _make_xid, "gpu-lost": _make_gpu_lost, "ecc": _make_ecc, "throttle": _make_throttle,

@@ -6,6 +6,9 @@ drill, on real Slurm, is tests/test_drills_cluster.py.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import time
 
 import pytest
 
@@ -117,3 +120,99 @@ def test_nvlink_down_takes_one_link_of_the_gpu_and_refuses_a_gpu_without_nvlink(
     fakenvml.write_spec(node.gpu_spec, spec)
     done = dev("inject", "dnode1", "nvlink-down", "--gpu", "3")
     assert done.returncode != 0 and "gpu 3 of dnode1 has no active NVLink to take down" in done.stderr
+
+
+def _process_state(pid: int) -> str:
+    stat = open(f"/proc/{pid}/stat").read()
+    return stat[stat.rfind(")") + 2]
+
+
+def _fake_slurmd(tmp_path, *args: str, env: dict | None = None):
+    """A real process whose comm is `slurmd` (a script of that name), with slurmd's arguments: what a stale pidfile
+    may name once its PID is reused."""
+    script = tmp_path / "bin" / "slurmd"
+    script.parent.mkdir(exist_ok=True)
+    script.write_text("#!/bin/sh\nwhile :; do sleep 0.2; done\n")
+    script.chmod(0o755)
+    process = subprocess.Popen([str(script), *args], env={**os.environ, **(env or {})})
+    for _ in range(100):
+        if open(f"/proc/{process.pid}/comm").read().strip() == "slurmd":
+            break
+        time.sleep(0.01)
+    return process
+
+
+@pytest.mark.parametrize("how", ["another node's", "another cluster's", "started after the pidfile"])
+def test_slurmd_hang_stops_only_this_clusters_slurmd_of_the_node(state, tmp_path, how):
+    """The review of 29.4: the pidfile's PID was trusted when its comm was slurmd. A slurmd of another node or another
+    cluster (its SLURM_CONF another), or a process that took the PID after the pidfile was written, is refused and
+    never stopped."""
+    layout, dev = state
+    pidfile = layout.pidfile("slurmd-dnode1")
+    pidfile.parent.mkdir(parents=True, exist_ok=True)
+    name, conf = {"another node's": ("dnode2", str(layout.node("dnode2").slurm_conf)),
+                  "another cluster's": ("dnode1", "/var/lib/elsewhere/etc/slurm.conf")}.get(
+        how, ("dnode1", str(layout.node("dnode1").slurm_conf)))
+    process = _fake_slurmd(tmp_path, "-D", "-N", name, env={"SLURM_CONF": conf})
+    try:
+        pidfile.write_text(f"{process.pid}\n")
+        if how == "started after the pidfile":  # the pidfile of a slurmd long gone, its PID taken since
+            os.utime(pidfile, (time.time() - 60, time.time() - 60))
+        done = dev("inject", "dnode1", "slurmd-hang")
+        assert done.returncode != 0, done.stdout
+        assert f"pid {process.pid} of {pidfile}" in done.stderr and "not the slurmd of dnode1" in done.stderr, \
+            done.stderr
+        assert _process_state(process.pid) != "T", "a process that is not this node's slurmd was stopped"
+        assert not layout.drills.exists() or json.loads(layout.drills.read_text()) == {}
+    finally:
+        process.kill()
+        process.wait(10)
+
+
+def test_slurmd_hang_stops_the_nodes_slurmd_and_heal_continues_it(state, tmp_path):
+    layout, dev = state
+    node = layout.node("dnode1")
+    pidfile = layout.pidfile("slurmd-dnode1")
+    pidfile.parent.mkdir(parents=True, exist_ok=True)
+    process = _fake_slurmd(tmp_path, "-D", "-N", "dnode1", env={"SLURM_CONF": str(node.slurm_conf)})
+    try:
+        pidfile.write_text(f"{process.pid}\n")  # as slurmd writes it: after it started
+        done = dev("inject", "dnode1", "slurmd-hang")
+        assert done.returncode == 0, done.stderr
+        assert _process_state(process.pid) == "T"
+        assert dev("heal", "dnode1").returncode == 0
+        assert _process_state(process.pid) != "T"
+    finally:
+        process.kill()
+        process.wait(10)
+
+
+def test_a_heal_that_fails_half_way_keeps_the_record_of_what_is_still_injected(state, tmp_path):
+    """The review of 29.4: `heal` took the node's drills out of drills.json before undoing them, so an undo that
+    failed lost the record of what was still injected. Each drill is forgotten only once undone, and the failure
+    names what is still injected; a later heal undoes it."""
+    layout, dev = state
+    node = layout.node("dnode1")
+    assert dev("inject", "dnode1", "ecc", "--gpu", "2").returncode == 0
+    pidfile = layout.pidfile("slurmd-dnode1")
+    pidfile.parent.mkdir(parents=True, exist_ok=True)
+    process = _fake_slurmd(tmp_path, "-D", "-N", "dnode1", env={"SLURM_CONF": str(node.slurm_conf)})
+    try:
+        pidfile.write_text(f"{process.pid}\n")
+        assert dev("inject", "dnode1", "slurmd-hang").returncode == 0
+        spec = node.gpu_spec.read_text()
+        node.gpu_spec.write_text("{ not json")  # the GPU drill cannot be undone now
+        failed = dev("heal", "dnode1")
+        assert failed.returncode != 0, failed.stdout
+        assert "still injected on dnode1: ecc on dnode1 gpu 2" in failed.stderr, failed.stderr
+        assert _process_state(process.pid) != "T", "the drill undone before the failure was undone"
+        left = json.loads(layout.drills.read_text())["dnode1"]
+        assert [d["kind"] for d in left] == ["ecc"], left
+        node.gpu_spec.write_text(spec)
+        healed = dev("heal", "dnode1")
+        assert healed.returncode == 0, healed.stderr
+        assert "ecc: gpu 2 healthy again" in healed.stdout
+        assert json.loads(layout.drills.read_text()) == {}
+    finally:
+        process.kill()
+        process.wait(10)
