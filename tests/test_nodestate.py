@@ -286,3 +286,42 @@ def test_asking_again_while_shown_writes_nothing():
     node, _ = settle(owner, IDLE)
     owner.want("gres", GPU)
     assert settle(owner, node)[1] == [Leave()]
+
+
+REPAIR = "slurm-ext: repair reboot: xid/79 gpu 1 GPU has fallen off the bus (approved by alice)"
+FINDING = "xid 79 gpu 1 GPU has fallen off the bus action=reboot"
+
+
+def test_a_repairs_own_drain_is_ours_neither_an_override_nor_a_drain_that_skips_a_resume():
+    """Issue 29, item 7: every normal repair journaled drain-overridden (the repair's reason replaced the monitor's)
+    and resume-skipped (the finding cleared under the repair's reason). The repair's reason is slurm-ext's own:
+    replacing ours with it, and clearing behind it, are silent; the repair resumes the node, and a want still there
+    then drains it again."""
+    owner = NodeState("n1")
+    owner.want("health", FINDING)
+    node, _ = settle(owner, IDLE)
+    assert node.reason == f"slurm-ext: {FINDING}"
+    node, actions = settle(owner, drained(REPAIR))  # the repair service drains with its reason
+    assert actions == [Leave()], actions
+    owner.clear("health")  # the reboot: the finding is gone
+    node, actions = settle(owner, node)
+    assert actions == [Leave()] and node.reason == REPAIR, actions
+    node, actions = settle(owner, IDLE)  # the repair resumed it: nothing wanted, nothing to say
+    assert actions == [Leave()] and not node.drained
+
+    again = NodeState("n1")
+    again.want("health", FINDING)
+    settle(again, IDLE)
+    settle(again, drained(REPAIR))
+    node, actions = settle(again, IDLE)  # resumed by the repair while the finding stays: drained again
+    assert node.reason == f"slurm-ext: {FINDING}" and not any(getattr(a, "event", "") for a in actions), actions
+
+
+def test_an_admins_reason_in_place_of_a_repairs_is_still_someone_elses():
+    owner = NodeState("n1")
+    owner.want("health", FINDING)
+    settle(owner, IDLE)
+    settle(owner, drained(REPAIR))
+    owner.clear("health")
+    node, actions = settle(owner, drained("maintenance"))
+    assert actions == [Leave("resume-skipped", "node n1 stays drained: its reason 'maintenance' is not this agent's")]

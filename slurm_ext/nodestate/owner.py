@@ -15,7 +15,9 @@ Rules (DESIGN.md: Slurm is the source of truth):
   GPU drain replaces with the reason naming the missing GPU;
 - someone resuming our drain, or replacing its reason, while we want it is
   an operator's decision: those wants are dismissed (by-operator ones
-  dropped) until their owner wants them again;
+  dropped) until their owner wants them again; a repair's reason (the
+  controller's, approved by an operator) is ours: it replaces ours and
+  holds the node without a word, and the wants stay for when it resumes it;
 - the node is resumed only when no want is left, only from a reason of ours
   (set in this run, or left by a previous run and stale by the catalogue),
   and only once slurmd has registered.
@@ -230,6 +232,8 @@ class NodeState:
     # -- inside ---------------------------------------------------------------------------
 
     def _held_by_someone_else(self, node: Node) -> Action:
+        if is_repair_reason(node.reason):  # a repair slurm-ext's controller runs: ours, not someone else's
+            return self._under_repair()
         if self.shown is not None:  # our reason was replaced: the operator took the node over
             self._dismiss_shown()
             replaced, self.shown = self.shown, None
@@ -245,6 +249,14 @@ class NodeState:
             self.cleared_behind = False
             return Leave("resume-skipped", f"node {self.node} stays drained: its reason {node.reason!r} is not "
                          "this agent's")
+        return Leave()
+
+    def _under_repair(self) -> Action:
+        """The controller's repair holds the node with its reason, which replaced ours: no operator's decision, so no
+        want is dismissed and nothing is news. The repair resumes the node; a want still there then drains it again."""
+        self.shown = self.stale = None
+        self.cleared_behind = False
+        self._reported = ""
         return Leave()
 
     def _adopt(self, node: Node, at_start: bool) -> None:
