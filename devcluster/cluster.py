@@ -199,6 +199,11 @@ def _write_files(layout: Layout) -> set[Path]:
     return {path for path, text in files.items() if _write(path, text)}
 
 
+#: the users `dev up` made in this process: a system user stays after `dev down`, as a package's does; the test
+#: suite removes the one its session made
+USERS_MADE: set[str] = set()
+
+
 def _ensure_page_user() -> None:
     """The page runs as web.user (slurm-ext-web), as on a real controller: made here where the host lacks it, as
     docs/operator/web.md says to. What it reads of the dev tree is its to read: the config and slurm.conf (0644),
@@ -216,6 +221,8 @@ def _ensure_page_user() -> None:
         except KeyError:
             raise DevClusterError(f"cannot make the page's user {user} (web.user): useradd said: "
                                   f"{made.stderr.strip()}") from None
+        if made.returncode == 0:
+            USERS_MADE.add(user)
 
 
 def _node_files(layout: Layout, node: NodeLayout) -> str:
@@ -395,7 +402,7 @@ def down(settings: DevSection) -> list[int]:
     stopped = [pid for d in reversed(all_daemons) if (pid := daemons.stop(d, grace=120.0)) is not None]
     for node in layout.nodes:
         _remove_job_cgroups(node.name)
-        nodenet.remove(node.netns)
+    nodenet.remove_all(layout.netns_prefix)  # a node's of an earlier, larger up too, or one a killed run left
     log.info("cluster down: stopped %d daemons", len(stopped))
     if not_healed is not None:
         raise not_healed

@@ -20,7 +20,14 @@ from pathlib import Path
 
 from .settings import DevSection
 
-__all__ = ["Layout", "NodeLayout", "node_names"]
+__all__ = ["Layout", "NodeLayout", "node_names", "netns_prefix"]
+
+
+def netns_prefix(root: Path) -> str:
+    """`slurm-ext-<digest>-`: the start of the names of the network namespaces of the cluster in state directory
+    `root`. Named after the state directory, so two clusters on one host never share one."""
+    digest = hashlib.sha256(str(Path(root).resolve()).encode()).hexdigest()[:8]
+    return f"slurm-ext-{digest}-"
 
 
 def node_names(settings: DevSection) -> list[str]:
@@ -176,6 +183,12 @@ class Layout:
         return self.first.node_state
 
     @property
+    def netns_prefix(self) -> str:
+        """What the names of this cluster's network namespaces start with (NodeLayout.netns): `dev down` removes
+        every namespace so named, a node's of an earlier up with more nodes included."""
+        return netns_prefix(self.root)
+
+    @property
     def dev(self) -> Path:
         return self.first.dev
 
@@ -270,8 +283,7 @@ class NodeLayout:
         """The network namespace whose `lo` is the node's watched interface (health.interfaces): `dev inject NODE
         link-down` takes that `lo` down, never an interface of the host. Named after the state directory, so two
         clusters on one host never share one."""
-        digest = hashlib.sha256(str(self.cluster.root.resolve()).encode()).hexdigest()[:8]
-        return f"slurm-ext-{digest}-{self.name}"
+        return f"{self.cluster.netns_prefix}{self.name}"
 
     @property
     def kernel_log(self) -> Path:

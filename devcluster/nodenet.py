@@ -2,8 +2,9 @@
 
 The host's interfaces are never the dev cluster's to take down; a namespace's own `lo` is (`dev inject NODE
 link-down`). `dev up` makes the namespace and brings its `lo` up before the node's agent starts (a new namespace's
-`lo` is down, which the monitor would judge a fault); `dev down` removes it. Through pyroute2, which the health
-monitor already uses: no iproute2 needed.
+`lo` is down, which the monitor would judge a fault); `dev down` removes every namespace of its cluster (named
+`slurm-ext-<digest of the state directory>-<node>`: also a node's of an earlier, larger up, or one a killed run
+left), never another cluster's. Through pyroute2, which the health monitor already uses: no iproute2 needed.
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ import logging
 
 from slurm_ext.errors import DevClusterError
 
-__all__ = ["ensure", "remove", "set_lo", "lo_up"]
+__all__ = ["ensure", "remove", "remove_all", "listed", "MADE", "set_lo", "lo_up"]
 
 log = logging.getLogger("dev")
+
+#: the namespaces this process made (the test suite checks none is left at its end)
+MADE: set[str] = set()
 
 
 def ensure(name: str) -> None:
@@ -27,6 +31,7 @@ def ensure(name: str) -> None:
     try:
         if name not in netns.listnetns():
             netns.create(name)
+            MADE.add(name)
             log.info("network namespace %s made (the node's watched lo)", name)
         set_lo(name, True)
     except OSError as err:
@@ -56,3 +61,17 @@ def remove(name: str) -> None:
     if name in netns.listnetns():
         netns.remove(name)
         log.info("network namespace %s removed", name)
+
+
+def listed() -> list[str]:
+    """The host's named network namespaces (/run/netns)."""
+    from pyroute2 import netns
+    return list(netns.listnetns())
+
+
+def remove_all(prefix: str) -> list[str]:
+    """Remove every namespace whose name starts with `prefix` (one cluster's); the names removed."""
+    gone = [name for name in listed() if name.startswith(prefix)]
+    for name in gone:
+        remove(name)
+    return gone

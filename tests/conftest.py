@@ -27,6 +27,50 @@ from helpers.files import temp_dir
 from helpers.images import ImageBuild
 
 
+@pytest.fixture(scope="session", autouse=True)
+def nothing_left_on_the_host():
+    """The session leaves no network namespace of a dev cluster behind (each `dev down` removes its cluster's), and
+    no page user it made (`dev up` makes slurm-ext-web where the host lacks it). First, the namespaces of test
+    clusters a killed run left are removed: their state directory (a slurm-ext-* temporary directory) is still
+    there, no daemon of its runs, and nothing touched it for 10 minutes (a cluster another session is starting is
+    never one)."""
+    from slurm_ext.devcluster import cluster as devcluster, nodenet
+    for name in _killed_runs_namespaces():
+        nodenet.remove(name)
+    yield
+    left = sorted(name for name in nodenet.MADE if name in nodenet.listed())
+    for name in left:
+        nodenet.remove(name)
+    for user in sorted(devcluster.USERS_MADE):  # refused while another session's page runs as it: it stays then
+        subprocess.run(["userdel", user], capture_output=True, timeout=60)
+    assert not left, f"the session left network namespaces behind (removed now): {left}"
+
+
+def _killed_runs_namespaces() -> list[str]:
+    import time
+    from pathlib import Path
+
+    from slurm_ext.devcluster import nodenet
+    from slurm_ext.devcluster.layout import netns_prefix
+    from slurm_ext.procfs import pid_alive
+    roots = {netns_prefix(d): d for d in Path(tempfile.gettempdir()).glob("slurm-ext-*") if d.is_dir()}
+    found = []
+    for name in nodenet.listed():
+        root = next((d for prefix, d in roots.items() if name.startswith(prefix)), None)
+        if root is None:
+            continue
+        pids = []
+        for pidfile in (root / "run").glob("*.pid"):
+            try:
+                pids.append(int(pidfile.read_text().split()[0]))
+            except (OSError, ValueError, IndexError):
+                continue
+        touched = max((p.stat().st_mtime for p in (root, root / "run") if p.exists()), default=0.0)
+        if not any(pid_alive(pid) for pid in pids) and time.time() - touched > 600:
+            found.append(name)
+    return found
+
+
 @pytest.fixture(scope="session")
 def hook_client() -> str:
     """slurm-ext-hook, compiled once: the Epilog's uid sweep runs it as `signal-uid` (procs.signal_uid)."""
