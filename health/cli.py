@@ -75,12 +75,19 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _clear(args: argparse.Namespace) -> int:
-    from . import request_clear
     from .settings import CHECKS
     if args.check and args.check not in CHECKS:
         print(f"slurm-ext: error: --check {args.check}: not a check; checks: {', '.join(CHECKS)}", file=sys.stderr)
         return 2
-    path = request_clear(config.load(args.config).node.state_dir, args.check or "", args.gpu or "")
+    return _clear_from_controller(args) if args.node else _clear_here(args)
+
+
+def _clear_here(args: argparse.Namespace) -> int:
+    """The clear on the node itself, recorded with the invoking user's name."""
+    from slurm_ext.whoami import invoking_user
+    from . import request_clear
+    by = invoking_user()
+    path = request_clear(config.load(args.config).node.state_dir, args.check or "", args.gpu or "", by=by)
     deadline = time.monotonic() + _CLEAR_WAIT
     while os.path.exists(path) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -88,8 +95,29 @@ def _clear(args: argparse.Namespace) -> int:
         print(f"slurm-ext: warning: no health monitor took up {path} within {_CLEAR_WAIT:g}s (is the worker agent's "
               "health worker running?); it is taken up when one starts", file=sys.stderr)
         return 1
-    print("clear taken up by the health monitor: `slurm-ext events --event health-cleared` lists what it cleared")
+    print(f"clear taken up by the health monitor, recorded as {by}: `slurm-ext events --event health-cleared` lists "
+          "what it cleared")
     return 0
+
+
+def _clear_from_controller(args: argparse.Namespace) -> int:
+    """The clear of NODE from the controller: through the page, which checks the operator's token as for a browser
+    and asks the node's agent with the agent credential; recorded with the token's operator."""
+    from slurm_ext.pageclient import TOKEN_VARIABLE, PageClient, PageRefused, page_url
+    token = os.environ.get(TOKEN_VARIABLE, "").strip()
+    if not token:
+        print(f"slurm-ext: error: health clear {args.node}: set {TOKEN_VARIABLE} to your operator token (`slurm-ext "
+              "web add-token USER` makes one), or run `slurm-ext health clear` on the node itself", file=sys.stderr)
+        return 2
+    loaded = config.load(args.config)
+    url = args.page or page_url(loaded.web.listen)
+    try:
+        said = PageClient(url, token).operate(args.node, "clear", {"check": args.check or "", "gpu": args.gpu or ""})
+    except PageRefused as err:
+        print(f"slurm-ext: error: health clear {args.node}: {err}", file=sys.stderr)
+        return 1
+    print(str(said.get("message") or f"clear of node {args.node} asked"))
+    return 0 if said.get("taken") else 1
 
 
 def _line(row: dict) -> str:
@@ -115,10 +143,20 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                               "is critical (as `check`), 3 when no monitor wrote this config's state dir this boot")
     show.add_argument("--json", action="store_true", help="machine-readable")
     show.set_defaults(func=_show)
-    clear = actions.add_parser("clear", help="clear open findings (a sticky Xid after a GPU reset) and their drains",
-                               description="A polled condition that still holds is found again after its hold.")
+    clear = actions.add_parser("clear", help="clear open findings (a sticky Xid after a GPU reset) and their drains; "
+                               "recorded with who cleared them",
+                               description="On the node: recorded with the invoking user (SUDO_USER, else the login "
+                                           "user). With NODE, from the controller: the page checks the operator token "
+                                           "in SLURM_EXT_TOKEN and asks the node's agent; recorded with the token's "
+                                           "operator. Exit 0 once the node's monitor took the clear up, 1 when it did "
+                                           "not or the page refused (its words), 2 without a token. A polled "
+                                           "condition that still holds is found again after its hold.")
+    clear.add_argument("node", nargs="?", metavar="NODE", help="clear on this node, from the controller, as the "
+                       "operator of the token in SLURM_EXT_TOKEN (default: this node, as the invoking user)")
     clear.add_argument("--check", metavar="ID", help="only this check's findings")
     clear.add_argument("--gpu", metavar="GPU", help="only findings about this GPU (index, UUID or bus id)")
+    clear.add_argument("--page", metavar="URL", help="with NODE: the page's address (default: http:// and "
+                       "web.listen)")
     clear.set_defaults(func=_clear)
     actions.add_parser("monitor", help="run the monitor in the foreground (the worker agent's `health` worker)"
                        ).set_defaults(func=_monitor)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from slurm_ext.nodestate.catalogue import HEALTH
+from slurm_ext.nodestate.catalogue import HEALTH, fault_signature
 
 from .records import Observation
 from .settings import ACTIONS, SEVERITIES, Params
@@ -56,6 +56,11 @@ class Finding:
         return self.opened is not None
 
     @property
+    def signature(self) -> str:
+        """The fault's name, as its repair record names it (xid/79, row-remap)."""
+        return fault_signature(self.check, self.evidence)
+
+    @property
     def reason(self) -> str:
         """The drain reason (after "slurm-ext: "): check, evidence, action, in the catalogue's one template."""
         return HEALTH.format(check=self.check, evidence=self.evidence, action=self.action)
@@ -71,6 +76,8 @@ class FindingChange:
     finding: Finding
     #: cleared: quiet, operator, reboot, disabled; escalated: what it was
     why: str = ""
+    #: cleared by an operator: who (the invoking user on the node, the token's operator from the controller)
+    by: str = ""
 
 
 class Findings:
@@ -126,14 +133,15 @@ class Findings:
                 changes.append(FindingChange("cleared", found, "quiet"))
         return changes
 
-    def drop(self, keep, why: str) -> list[FindingChange]:
-        """Clear every finding for which `keep(finding)` is false (an operator's clear, a disabled check)."""
+    def drop(self, keep, why: str, by: str = "") -> list[FindingChange]:
+        """Clear every finding for which `keep(finding)` is false (an operator's clear, `by` whom; a disabled
+        check)."""
         changes = []
         for key, found in list(self.by_key.items()):
             if not keep(found):
                 del self.by_key[key]
                 if found.open:
-                    changes.append(FindingChange("cleared", found, why))
+                    changes.append(FindingChange("cleared", found, why, by))
         return changes
 
     def _open(self, found: Finding, obs: Observation, now: float, jobs) -> FindingChange:

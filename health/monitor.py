@@ -549,8 +549,8 @@ class Monitor:
         where = {"gpu": f.gpu, "uuid": f.uuid, "pci_bus_id": f.pci_bus_id} if f.gpu is not None or f.pci_bus_id \
             else {}
         fields = {"check": f.check, "subject": f.subject, "evidence": f.evidence, "action": f.action,
-                  "finding_severity": f.severity, **where, **({"jobs": f.jobs} if f.jobs else {}),
-                  **({"detail": f.detail} if f.detail else {}), **f.fields}
+                  "signature": f.signature, "finding_severity": f.severity, **where,
+                  **({"jobs": f.jobs} if f.jobs else {}), **({"detail": f.detail} if f.detail else {}), **f.fields}
         severity = f.severity  # the journal's ladder has the findings' words (info, warning, critical)
         if change.kind == "opened":
             self.emit("health-finding", f"{f.severity}: {f.check} {f.evidence} action={f.action}"
@@ -559,8 +559,9 @@ class Monitor:
             self.emit("health-escalated", f"{f.severity}: {f.check} {f.evidence} action={f.action} (was "
                       f"{change.why})", severity, **fields)
         else:
-            self.emit("health-cleared", f"{f.check} {f.subject}: cleared ({_WHY[change.why]}): {f.evidence}",
-                      why=change.why, **fields)
+            by = f", by {change.by}" if change.by else ""
+            self.emit("health-cleared", f"{f.check} {f.subject}: cleared ({_WHY[change.why]}{by}): {f.evidence}",
+                      why=change.why, **fields, **({"by": change.by} if change.by else {}))
         self._update_state(f.check)
 
     def _save(self) -> None:
@@ -610,11 +611,11 @@ class Monitor:
             self.emit("health-check-failed", f"{path}: not a clear request ({request['bad']}); ignored")
             return
         check, subject = str(request.get("check") or ""), str(request.get("subject") or "")
-        action = str(request.get("action") or "")
+        action, by = str(request.get("action") or ""), str(request.get("by") or "")[:128]
         changes = self.findings.drop(lambda f: not ((not check or f.check == check)
                                                     and (not action or f.action == action)
                                                     and (not subject or subject in (f.subject, f.uuid, f.pci_bus_id,
-                                                                                    str(f.gpu)))), "operator")
+                                                                                    str(f.gpu)))), "operator", by)
         self._apply(changes)
         for changed in {c.finding.check for c in changes}:
             self._drains.sync(changed, self.findings.open())

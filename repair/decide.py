@@ -10,12 +10,11 @@ behind it.
 from __future__ import annotations
 
 import math
-import os
-import pwd
 import time
 from datetime import datetime
 
 from slurm_ext.errors import SlurmExtError
+from slurm_ext.whoami import invoking_user
 
 from .settings import ACTIONS, KEEPS_DATA, RepairSection
 from .store import IN_PROGRESS, Record, Store
@@ -32,13 +31,8 @@ class DecisionRefused(SlurmExtError):
 
 
 def operator() -> str:
-    """Who decides: the user behind sudo, else the login of this process's user."""
-    if os.getuid() == 0 and os.environ.get("SUDO_USER"):
-        return os.environ["SUDO_USER"]
-    try:
-        return pwd.getpwuid(os.getuid()).pw_name
-    except KeyError:
-        return f"uid {os.getuid()}"
+    """Who decides from this shell (slurm_ext.whoami): the user behind sudo, else the login user."""
+    return invoking_user()
 
 
 def guard_limit(settings: RepairSection, nodes: int) -> int:

@@ -3,8 +3,9 @@
 The controller's readers (the repair service after a repair, `slurm-ext
 history`, the cluster page) ask a node's agent for its health (`HealthAnswer`:
 the health monitor's `Readings`, a `GpuReading` per GPU, and the node's
-`FactsReading`), for a page of its journal (`EventsPage`) and to read the node
-now (`AgentClient.check_now`). Every one of them goes through `AgentClient`,
+`FactsReading`), for a page of its journal (`EventsPage`), to read the node
+now (`AgentClient.check_now`) and to clear its findings for an operator
+(`AgentClient.clear_findings`). Every one of them goes through `AgentClient`,
 which:
 
 - proves it holds the cluster's agent credential (a secret in a root-only
@@ -39,6 +40,7 @@ import io
 import json
 import math
 import os
+import re
 import stat
 import threading
 import time
@@ -53,10 +55,11 @@ from .secretfile import SecretFileError, read_secret
 
 __all__ = ["DEFAULT_CREDENTIAL", "Credential", "CredentialError", "CredentialFile", "create_credential",
            "AgentAnswerError", "GpuReading", "InterfaceReading", "FactsReading", "Readings", "HealthAnswer",
-           "GpuResetAnswer", "JournalLine", "EventsPage", "AgentClient",
+           "GpuResetAnswer", "ClearAnswer", "JournalLine", "EventsPage", "AgentClient",
            "request_signature", "answer_signature", "request_refusal", "NonceMemory", "FetchError", "fetch",
            "get_text", "NONCE_HEADER", "TIME_HEADER", "SIGNATURE_HEADER", "BOOT_HEADER", "NODE_HEADER", "AUTH_SCHEME",
-           "REQUEST_WINDOW", "REFUSED", "BUSY", "BUSY_RETRY", "MAX_HEALTH", "MAX_EVENTS", "EVENTS_SENT", "CUT_KEY"]
+           "REQUEST_WINDOW", "REFUSED", "BUSY", "BUSY_RETRY", "MAX_HEALTH", "MAX_EVENTS", "EVENTS_SENT", "CUT_KEY",
+           "OPERATOR_NAME", "CLEAR_SUBJECT"]
 
 #: where the agent credential lives unless node.agent_credential says otherwise
 DEFAULT_CREDENTIAL = "/etc/slurm-ext/agent-credential"
@@ -544,6 +547,28 @@ class GpuResetAnswer:
 #: characters of a reset's command and output kept from an answer
 _MAX_OUTPUT = 4000
 
+#: an operator's name as it crosses the boundary (a clear's `by`): the page's user names (a proxy may pass an email)
+OPERATOR_NAME = re.compile(r"^[A-Za-z0-9._@+-]{1,128}$")
+#: what a clear names its findings by: a GPU's index, UUID or PCI bus id
+CLEAR_SUBJECT = re.compile(r"^[A-Za-z0-9:._-]{1,64}$")
+
+
+@dataclass(frozen=True, slots=True)
+class ClearAnswer:
+    """A node agent's answer to POST /health/clear: whether its health monitor took the clear up within the wait
+    (what it cleared is in the node's journal, health-cleared events naming `by`)."""
+
+    taken: bool
+    #: seconds the agent waited for the monitor
+    waited: float
+
+    @classmethod
+    def of(cls, data) -> ClearAnswer:
+        """Raises _Odd: not a clear answer."""
+        if not isinstance(data, dict) or type(data.get("taken")) is not bool:
+            raise _Odd("expected a JSON object with taken: a boolean")
+        return cls(data["taken"], _figure(data.get("waited")) or 0.0)
+
 
 @dataclass(frozen=True, slots=True)
 class JournalLine:
@@ -854,6 +879,25 @@ class AgentClient:
         if answer.gpu != gpu:
             raise AgentAnswerError(node, address, f"it answered for GPU {answer.gpu}, not {gpu}")
         return answer
+
+    def clear_findings(self, node: str, by: str, check: str = "", subject: str = "", addr: str = "",
+                       timeout: float | None = None) -> ClearAnswer:
+        """Have the node's health monitor clear its open findings (of `check`, about GPU `subject`; all when both are
+        empty) and their drains, as operator `by` (named in its health-cleared events).
+
+        Raises:
+            AgentAnswerError: as `health`; status 400 for a check, GPU or name it does not take, 409 when no health
+            monitor runs there or another clear is being taken up."""
+        address = self.address(node, addr)
+        if not OPERATOR_NAME.match(by) or (subject and not CLEAR_SUBJECT.match(subject)):
+            raise AgentAnswerError(node, address, f"not asked: operator {by[:60]!r} or GPU {subject[:60]!r} is not "
+                                                  "a name the agent takes")
+        query = urllib.parse.urlencode({"by": by, "check": check, "gpu": subject})
+        _, body = self._ask(node, address, "POST", f"/health/clear?{query}", MAX_OTHER, timeout)
+        try:
+            return ClearAnswer.of(json.loads(body))
+        except (ValueError, RecursionError) as err:
+            raise AgentAnswerError(node, address, f"its clear answer is not one: {err}") from None
 
     def _ask(self, node: str, address: str, method: str, target: str, limit: int, timeout: float | None,
              expect: tuple[int, ...] = (200,)) -> tuple[str, bytes]:

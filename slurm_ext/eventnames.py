@@ -202,7 +202,9 @@ _ENTRIES = (
               "its new severity and action, and what it was"),
     EventName("health-cleared", _HEALTH, "info",
               "a finding is over: its condition stayed away for the check's quiet window (why=quiet), an operator "
-              "cleared it (why=operator), or its check was disabled; its drain is lifted with it"),
+              "cleared it (why=operator; by: who, the user on the node or the operator token's from the controller), "
+              "or its check was disabled; check, GPU and signature (xid/79) as its finding's; its drain is lifted "
+              "with it"),
     EventName("health-check-failed", _HEALTH, "error",
               "a check or reader raised (a bug, or input it could not read): the other checks go on, it runs again "
               "at its next turn"),
@@ -258,8 +260,9 @@ _ENTRIES = (
     EventName("repair-unpaused", _REPAIR, "info", "an operator let approvals through again"),
     # -- web (web/, the cluster page, in the controller agent) ------------------------------------------
     EventName("web-started", _WEB, "info", "the cluster page listens; how operators are recognised"),
-    EventName("web-operation", _WEB, "info", "an operator ran a node's health checks, or approved or rejected its "
-              "repair, from the page (user, how signed in, address)"),
+    EventName("web-operation", _WEB, "info", "an operator ran a node's health checks, cleared its findings, or "
+              "approved, rejected or reopened its repair, from the page or `health clear NODE` (user, how signed in, "
+              "address)"),
     EventName("web-refused", _WEB, "warning", "an operation was refused: no or unknown credentials, a proxy header "
               "from an untrusted address, a missing, forged or stale CSRF token, another site's request"),
     EventName("web-source-failed", _WEB, "warning", "Slurm, the repair database or Prometheus stopped answering the "

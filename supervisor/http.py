@@ -1,7 +1,9 @@
 """The agent's HTTP listener: /livez, /readyz, /metrics (Prometheus), and, read-only, the node journal's
 /events?since=EPOCH and the health monitor's /health with the node's facts (for `slurm-ext history`, the repair
-service and the cluster page). Two POSTs: /health/check asks the health monitor to read the node now (the cluster
+service and the cluster page). Three POSTs: /health/check asks the health monitor to read the node now (the cluster
 page's "run the health checks"); it changes nothing but the time of the next poll, at most once a second.
+/health/clear?by=USER[&check=ID][&gpu=GPU] is an operator's `health clear` asked from the controller (the page, or
+`slurm-ext health clear NODE` through it): the same request the node's own command writes, with the operator's name.
 /health/reset-gpu?gpu=N resets one GPU for an approved reset-gpu repair (health.gpu_reset_command, never a shell;
 refused for a GPU the node does not have, not run while a job holds the GPU: the answer names the jobs).
 
@@ -206,18 +208,22 @@ _CHECK_SPACING = 1.0
 
 
 def agent_posts(agent, guard: Guard | None = None) -> Callable[[str, dict], Answer | Later]:
-    """The answer to a POST of each path: /health/check, which has the health monitor read the node now, and
-    /health/reset-gpu?gpu=N, which resets one GPU for an approved reset-gpu repair (health.gpureset)."""
+    """The answer to a POST of each path: /health/check, which has the health monitor read the node now,
+    /health/reset-gpu?gpu=N, which resets one GPU for an approved reset-gpu repair (health.gpureset), and
+    /health/clear?by=USER[&check=ID][&gpu=GPU], an operator's `health clear` asked from the controller."""
     last = [0.0]
     guard = guard or Guard(agent)
     resetter = AnswerWorker("http-reset-gpu")
+    clearer = AnswerWorker("http-clear")
 
     def answer(target: str, headers: dict) -> Answer | Later:
         path, _, query = target.partition("?")
         if path == "/health/reset-gpu":
             return guard.guarded("POST", target, headers, lambda: _reset_gpu(agent, query, resetter))
+        if path == "/health/clear":
+            return guard.guarded("POST", target, headers, lambda: _clear(agent, query, clearer))
         if path != "/health/check":
-            return 405, b"POST only to /health/check and /health/reset-gpu?gpu=N\n", _TEXT
+            return 405, b"POST only to /health/check, /health/reset-gpu?gpu=N and /health/clear?by=USER\n", _TEXT
         return guard.guarded("POST", target, headers, check_now)
 
     def check_now() -> Answer:
@@ -231,6 +237,44 @@ def agent_posts(agent, guard: Guard | None = None) -> Callable[[str, dict], Answ
         return 202, (json.dumps({"asked": asked}) + "\n").encode(), "application/json"
 
     return answer
+
+
+#: how long POST /health/clear waits for the health monitor to take the request up (it looks each second)
+CLEAR_WAIT = 5.0
+
+
+def _clear(agent, query: str, clearer: AnswerWorker) -> Answer | Later:
+    """An operator's clear of this node's findings, asked from the controller (only the agent credential gets here):
+    the request the node's own `health clear` writes, with the operator's name, then a wait on `clearer`'s thread
+    for the monitor to take it up; 400 for a check, GPU or name not taken, 409 when no monitor runs or another clear
+    is being taken up."""
+    from urllib.parse import parse_qs
+    from .plugins import clear_checks
+    asked = {key: values[0] for key, values in parse_qs(query, keep_blank_values=True).items()}
+    by, check, gpu = asked.get("by", ""), asked.get("check", ""), asked.get("gpu", "")
+    if not agentapi.OPERATOR_NAME.match(by):
+        return 400, b"by: expected the operator's name (letters, digits, ._@+-)\n", _TEXT
+    if check and check not in clear_checks():
+        return 400, f"check: {check[:40]!r} is not a check; checks: {', '.join(clear_checks())}\n".encode(), _TEXT
+    if gpu and not agentapi.CLEAR_SUBJECT.match(gpu):
+        return 400, b"gpu: expected a GPU's index, UUID or PCI bus id\n", _TEXT
+    if clearer.busy:
+        return 409, b"another clear is being taken up on this node: ask again in a few seconds\n", _TEXT
+    if not agent.poll_health_now():  # the monitor wakes for its poll, and takes the request up with it
+        return 409, b"no health monitor runs on this node (health.enabled), or it is still starting\n", _TEXT
+    return Later(lambda: _clear_answer(agent, check, gpu, by), clearer)
+
+
+def _clear_answer(agent, check: str, gpu: str, by: str) -> Answer:
+    """The answer to POST /health/clear, on the clearer's thread: whether the monitor took the request up."""
+    from .plugins import request_clear
+    path = request_clear(agent.config.node.state_dir, check, gpu, by)
+    log.warning("http: health clear (check %r, gpu %r) asked by %s from the controller", check, gpu, by)
+    start = time.monotonic()
+    while os.path.exists(path) and time.monotonic() - start < CLEAR_WAIT:
+        time.sleep(0.05)
+    body = {"taken": not os.path.exists(path), "waited": round(time.monotonic() - start, 3)}
+    return 200, (json.dumps(body) + "\n").encode(), "application/json"
 
 
 def _reset_gpu(agent, query: str, resetter: AnswerWorker) -> Answer | Later:

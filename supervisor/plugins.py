@@ -53,6 +53,18 @@ def reset_gpu(config, gpu: int):
     return reset(config.health, config.node.state_dir, health_readings_path(config.node.runtime_dir), gpu)
 
 
+def request_clear(state_dir: str, check: str, subject: str, by: str) -> str:
+    """Write an operator's clear request for the health monitor (health.request_clear); its file's path."""
+    from slurm_ext.health import request_clear as request  # a floor below the agent's: imported, not named
+    return request(state_dir, check, subject, by=by)
+
+
+def clear_checks() -> tuple[str, ...]:
+    """The health checks a clear may name."""
+    from slurm_ext.health.settings import CHECKS  # a floor below the agent's: imported, not named
+    return tuple(CHECKS)
+
+
 def health_readings_path(runtime_dir: str):
     """Where the health monitor writes its readings each poll, which the agent's /health serves as they are."""
     from slurm_ext.health import metrics_path  # a floor below the agent's: imported, not named

@@ -28,7 +28,7 @@ from flask import Flask, Response, jsonify, request, send_from_directory
 from werkzeug.exceptions import HTTPException
 
 from slurm_ext import events
-from slurm_ext.agentapi import AgentAnswerError, AgentClient, Readings
+from slurm_ext.agentapi import CLEAR_SUBJECT, AgentAnswerError, AgentClient, Readings
 from slurm_ext.errors import SlurmExtError
 from slurm_ext.health.settings import CHECKS, SEVERITIES
 from slurm_ext.repair.settings import ACTIONS
@@ -62,6 +62,8 @@ _HEALTH_SCAN = 20000
 _CHECK_WAIT = 20.0
 #: "run the health checks" at once (each holds a server thread while its node reads itself)
 _CHECKS_AT_ONCE = 3
+#: longest wait for a node's agent to answer a clear (it waits up to 5 s for its health monitor)
+_CLEAR_TIMEOUT = 15.0
 #: seconds between two web-refused events of one address (a client refused in a loop must not rotate the journal)
 _REFUSED_EVERY = 60.0
 #: headers of every answer: no other site may frame the page or run scripts in it
@@ -362,6 +364,44 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
         record(who, row["name"], "reject", f"rejected {done.action} of node {row['name']}: {why[:200]}")
         return jsonify(message=f"rejected {done.action} of node {row['name']}: recorded; the node stays drained",
                        user=who.user)
+
+    @app.post("/api/nodes/<node>/reopen")
+    def reopen(node: str):
+        from slurm_ext.repair import decide
+        who, row = operation(node)
+        body()
+        done = decision(lambda store: decide.reopen(store, row["name"], who.user))
+        record(who, row["name"], "reopen", f"reopened {done.action} of node {row['name']}")
+        return jsonify(message=f"reopened {done.action} of node {row['name']}: it awaits approval again",
+                       user=who.user)
+
+    @app.post("/api/nodes/<node>/clear")
+    def clear(node: str):
+        """An operator's `health clear` of the node's open findings (of a check, about a GPU), asked of its agent
+        with the agent credential and recorded with the operator: the page's button, and `slurm-ext health clear
+        NODE` on the controller, which comes here with the operator's token."""
+        who, row = operation(node)
+        asked = body()
+        check, gpu = str(asked.get("check") or ""), str(asked.get("gpu") or "")
+        if check and check not in CHECKS:
+            raise BadRequest(400, f"check {check[:40]!r}: expected one of {', '.join(CHECKS)}")
+        if gpu and not CLEAR_SUBJECT.match(gpu):
+            raise BadRequest(400, f"gpu {gpu[:40]!r}: expected a GPU's index, UUID or PCI bus id")
+        what = " ".join(part for part in (f"check {check}" if check else "", f"gpu {gpu}" if gpu else "") if part)
+        what = f" ({what})" if what else ""
+        record(who, row["name"], "clear", f"asked node {row['name']}'s health monitor to clear its findings{what}")
+        try:
+            answer = watcher.agent_client.clear_findings(row["name"], who.user, check, gpu, row["addr"],
+                                                         _CLEAR_TIMEOUT)
+        except AgentAnswerError as err:
+            raise BadRequest(409 if err.status in (400, 409) else 502, str(err)) from None
+        if not answer.taken:
+            return jsonify(message=f"node {row['name']}'s health monitor did not take the clear up within "
+                                   f"{answer.waited:g}s: it is taken up when the monitor comes to it", taken=False,
+                           user=who.user)
+        return jsonify(message=f"node {row['name']}'s health monitor cleared its open findings{what} for {who.user}: "
+                               "its health-cleared events name each (`slurm-ext history --node "
+                               f"{row['name']}`)", taken=True, user=who.user)
 
     @app.post("/api/nodes/<node>/check")
     def check(node: str):
