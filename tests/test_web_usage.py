@@ -111,3 +111,7 @@ def test_one_fault_is_listed_once_in_a_nodes_findings_cell():
     assert finding_lines(["ecc: 2 volatile double-bit", "ecc: 2 volatile double-bit"], [finding]) == \
         ["critical: xid gpu 1 79 gpu 1 fallen off the bus", "ecc: 2 volatile double-bit"]
     assert finding_lines([], [finding, dict(finding)]) == ["critical: xid gpu 1 79 gpu 1 fallen off the bus"]
+    # an evidence that names its GPU first does not get it twice (seen: "ecc gpu 2 gpu 2 double-bit ECC error")
+    ecc = {"severity": "critical", "check": "ecc", "gpu": 2, "evidence": "gpu 2 double-bit ECC error (volatile)"}
+    assert finding_lines(["ecc: gpu 2 double-bit ECC error (volatile)"], [ecc]) == \
+        ["critical: ecc gpu 2 double-bit ECC error (volatile)"]

@@ -156,16 +156,17 @@ def ssh_command(template: str, node: Node) -> str:
 
 def finding_lines(drained: list[str], findings: list) -> list[str]:
     """A node's faults as its findings cell lists them, each once: its agent's open findings (severity, check, GPU,
-    evidence), then what its drain states (`signature: evidence`) only where no finding says it already (the drain
-    is written from the finding: listing both showed one Xid twice), and no line twice."""
+    evidence, the GPU not said twice where the evidence names it), then what its drain states (`signature:
+    evidence`) only where no finding says it already (the drain is written from the finding: listing both showed one
+    Xid twice), and no line twice."""
     lines: list[str] = []
     told = []
     for found in findings:
         if not isinstance(found, dict):
             continue
-        gpu = found.get("gpu")
-        lines.append(f"{found.get('severity')}: {found.get('check')} "
-                     f"{'gpu ' + str(gpu) + ' ' if gpu is not None else ''}{found.get('evidence', '')}".rstrip())
+        gpu, evidence = found.get("gpu"), str(found.get("evidence", ""))
+        named = gpu is None or re.match(rf"gpu {gpu}\b", evidence)  # the evidence names its GPU first (29.3's words)
+        lines.append(f"{found.get('severity')}: {found.get('check')} {'' if named else f'gpu {gpu} '}{evidence}".rstrip())
         told.append((str(found.get("check", "")), str(found.get("evidence", ""))))
     for line in drained:
         signature, _, evidence = line.partition(": ")

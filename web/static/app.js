@@ -127,34 +127,82 @@ function drawOverview(view) {
   $("state-grid").innerHTML = view.nodes.map((n) =>
     `<div class="cell ${esc(n.state)}" title="${esc(n.name)}: ${esc(n.state)}${n.reason ? " - " + esc(n.reason) : ""}">${esc(n.name)}</div>`).join("");
   const usage = view.usage.now || {};
+  const alloc = view.allocation || {};
+  $("usage-allocation").textContent = alloc.gpus ?
+    `${alloc.allocated} of ${alloc.gpus} GPUs (${alloc.share.toFixed(1)} %)` : "-";
+  $("allocation-detail").textContent = [
+    Object.entries(alloc.by_type || {}).map(([t, n]) => `${t}: ${n.allocated} of ${n.total}`).join(", "),
+    alloc.idle ? `${alloc.idle} allocated ${alloc.idle === 1 ? "GPU" : "GPUs"} idle (under ${alloc.idle_below} for ` +
+      `${age(alloc.idle_after)})` : "",
+    view.queue ? `${view.queue.running} ${view.queue.running === 1 ? "job" : "jobs"} running, ${view.queue.pending} ` +
+      "pending" : ""].filter(Boolean).join("; ");
   $("usage-utilization").textContent = usage.gpu_utilization == null ? "-" :
     `${usage.gpu_utilization.toFixed(1)} % of ${usage.gpus} GPUs`;
   $("usage-memory").textContent = usage.memory_total_mib ?
     `${gib(usage.memory_used_mib)} of ${gib(usage.memory_total_mib)}` : "-";
   $("usage-network").textContent = usage.rx_bps == null ? "-" : `in ${bytes(usage.rx_bps)}, out ${bytes(usage.tx_bps)}`;
   const history = view.usage.history || [];
-  spark("spark-utilization", history.map((p) => p[1]), 100);
-  spark("spark-memory", history.map((p) => p[2]), Math.max(1, ...history.map((p) => p[3] || 0)));
-  spark("spark-network", history.map((p) => (p[4] || 0) + (p[5] || 0)), null);
+  const percent = (v) => `${Math.round(v)} %`;
+  spark("spark-allocation", history, (p) => p[6], 100, percent);
+  spark("spark-utilization", history, (p) => p[1], 100, percent);
+  spark("spark-memory", history, (p) => p[2], Math.max(1, ...history.map((p) => p[3] || 0)), gib);
+  spark("spark-network", history, (p) => (p[4] || 0) + (p[5] || 0), null, bytes);
   for (const link of document.querySelectorAll(".panel .grafana")) {
     link.hidden = !view.usage.grafana;
     if (view.usage.grafana) link.href = view.usage.grafana;
   }
+  const queue = view.queue || {partitions: [], users: []};
+  $("partitions").tBodies[0].innerHTML = queue.partitions.map((p) =>
+    `<tr data-partition="${esc(p.name)}"><td>${esc(p.name)}</td><td>${esc(p.running)}</td><td>${esc(p.pending)}</td>` +
+    `<td>${esc(p.gpus)}</td></tr>`).join("") || `<tr><td colspan="4" class="muted">no job in Slurm's queue</td></tr>`;
+  $("users").tBodies[0].innerHTML = queue.users.slice(0, 20).map((u) =>
+    `<tr data-user="${esc(u.user)}"><td>${esc(u.user)}</td><td>${esc(u.running)}</td><td>${esc(u.pending)}</td>` +
+    `<td>${esc(u.gpus)}</td></tr>`).join("") || `<tr><td colspan="4" class="muted">no job in Slurm's queue</td></tr>`;
   drawConfig(view.cluster);
-  getJSON("/api/timeline?limit=60").then((data) => {
+  nodeChoices($("timeline-node"), view);
+  drawTimeline();
+}
+
+function nodeChoices(select, view) {
+  const chosen = select.value, names = view.nodes.map((n) => n.name);
+  if (select.options.length - 1 !== names.length) {
+    select.innerHTML = `<option value="">all</option>` + names.map((n) => `<option>${esc(n)}</option>`).join("");
+    select.value = chosen;
+  }
+}
+
+function drawTimeline() {
+  const query = new URLSearchParams({limit: "60"});
+  for (const [key, id] of [["node", "timeline-node"], ["source", "timeline-source"], ["severity", "timeline-severity"],
+    ["event", "timeline-event"]]) {
+    const value = $(id).value.trim();
+    if (value) query.set(key, value);
+  }
+  getJSON(`/api/timeline?${query}`).then((data) => {
     $("timeline").tBodies[0].innerHTML = data.entries.map((e) =>
-      `<tr data-source="${esc(e.source)}"><td class="time">${when(e.time)}</td><td>${esc(e.node)}</td><td>${esc(e.source)}</td>` +
-      `<td>${esc(e.event)}</td><td>${esc(e.message)}${e.user ? ` <span class="muted">[${esc(e.user)}]</span>` : ""}</td></tr>`).join("");
+      `<tr data-source="${esc(e.source)}" data-severity="${esc(e.severity)}"><td class="time">${when(e.time)}</td><td>${esc(e.node)}</td><td>${esc(e.source)}</td>` +
+      `<td>${esc(e.event)}</td><td>${esc(e.message)}${e.user ? ` <span class="muted">[${esc(e.user)}]</span>` : ""}</td></tr>`).join("") ||
+      `<tr><td colspan="5" class="muted">no event matches in the timeline window</td></tr>`;
   }).catch((err) => say(`timeline: ${err.message}`, true));
 }
 
-function spark(id, values, top) {
-  const points = values.map((v) => (v == null ? 0 : v));
-  if (points.length < 2) { $(id).innerHTML = ""; return; }
-  const high = top || Math.max(1, ...points);
-  const step = 200 / (points.length - 1);
-  const coords = points.map((v, i) => `${(i * step).toFixed(1)},${(40 - 38 * Math.min(v / high, 1)).toFixed(1)}`);
-  $(id).innerHTML = `<polyline points="${coords.join(" ")}"></polyline>`;
+// A sparkline with its axes: the top and bottom of its scale in its unit on the left, its time span below.
+function spark(id, history, valueOf, top, format) {
+  const points = history.filter((p) => valueOf(p) != null);
+  const box = $(id);
+  if (points.length < 2) {
+    box.innerHTML = `<text x="36" y="30" class="axis">collecting (one point per refresh)</text>`;
+    return;
+  }
+  const high = top || Math.max(1, ...points.map(valueOf));
+  const first = points[0][0], span = Math.max(1, points[points.length - 1][0] - first);
+  const x = (t) => 36 + 200 * (t - first) / span, y = (v) => 44 - 40 * Math.min(v / high, 1);
+  const coords = points.map((p) => `${x(p[0]).toFixed(1)},${y(valueOf(p)).toFixed(1)}`);
+  box.innerHTML = `<line class="axis" x1="35" y1="4" x2="35" y2="44"></line><line class="axis" x1="35" y1="44" x2="238" y2="44"></line>` +
+    `<text class="axis" x="33" y="9" text-anchor="end">${esc(format(high))}</text>` +
+    `<text class="axis" x="33" y="44" text-anchor="end">${esc(format(0))}</text>` +
+    `<text class="axis span" x="36" y="55">${esc(age(span))} ago</text><text class="axis" x="238" y="55" text-anchor="end">now</text>` +
+    `<polyline points="${coords.join(" ")}"></polyline>`;
 }
 
 function drawConfig(c) {
@@ -194,6 +242,7 @@ function shownNodes(view) {
   const value = (n) => {
     if (["utilization", "memory", "temperature"].includes(key)) return nodeFigures(n)[key] ?? -1;
     if (key === "state") return STATES.indexOf(n.state);
+    if (key === "jobs") return (n.jobs || []).length;
     return n[key] ?? "";
   };
   return rows.sort((a, b) => {
@@ -233,11 +282,15 @@ function drawNodes(view) {
     return;
   }
   const focused = document.activeElement && document.activeElement.closest("#node-table .ops");
+  const gpuLine = (g) => `<div class="gpu${g.idle ? " idle" : ""}" data-gpu="${esc(g.index)}">gpu ${esc(g.index)}: ` +
+    `${g.utilization ?? "-"} %, ${gib(g.memory_used_mib)}` +
+    `${(g.holders || []).length ? " - " + g.holders.map((h) => `job ${esc(h.job_id)} (${esc(h.user || "?")})`).join(", ") : ""}` +
+    `${g.idle ? ` <span class="idle-flag" title="held by a job and under ${esc(view.allocation.idle_below)} since ` +
+      `${when(g.idle_since)}">idle ${age(view.refreshed - g.idle_since)}</span>` : ""}${g.error ? " " + esc(g.error) : ""}</div>`;
   if (focused) return;  // an operator is typing a reason: the next poll draws
   $("node-table").tBodies[0].innerHTML = rows.map((n) => {
     const f = nodeFigures(n);
-    const findings = [...n.findings, ...(n.agent_findings || []).map((x) =>
-      `${x.severity}: ${x.check} ${x.gpu != null ? "gpu " + x.gpu + " " : ""}${x.evidence}`)];
+    const findings = n.findings_shown || [];
     const gpus = (n.gpu_readings || []).map((g) => `gpu ${g.index}: ${g.utilization ?? "-"}% ` +
       `${gib(g.memory_used_mib)} ${g.temperature ?? "-"}C${g.error ? " " + g.error : ""}`).join("\n");
     return `<tr data-node="${esc(n.name)}" data-state="${esc(n.state)}"><td>${esc(n.name)}</td>` +
@@ -248,6 +301,10 @@ function drawNodes(view) {
       `<td title="${esc(gpus)}">${f.utilization == null ? "-" : f.utilization.toFixed(0) + " %"}</td>` +
       `<td>${f.total ? gib(f.used) + " / " + gib(f.total) : "-"}</td>` +
       `<td>${f.temperature == null ? "-" : esc(f.temperature) + " C"}</td>` +
+      `<td class="jobs">${(n.jobs || []).map((j) => `<div data-job="${esc(j.job_id)}">${esc(j.job_id)} ` +
+        `(${esc(j.user)}, ${esc(j.partition)}${j.gpus.length ? ", gpu " + j.gpus.join(",") : ""})</div>`).join("") || "-"}</td>` +
+      `<td class="gpus">${(n.gpu_readings || []).map(gpuLine).join("") || "-"}</td>` +
+      `<td class="checks">${checkSummary(n.checks)}</td>` +
       `<td>${esc(n.reason) || "-"}${n.owner ? ` <span class="muted">(${esc(n.owner)})</span>` : ""}` +
       `${n.agent.error ? `<br><span class="muted">agent: ${esc(n.agent.error)}` +
         `${n.agent.answered ? `; its figures are ${age(view.refreshed - n.agent.answered)} old` : ""}</span>` : ""}` +
@@ -294,22 +351,49 @@ function copy(text) {
 
 // -- health checks ----------------------------------------------------------------------------------------------------
 
+//: how the page says each state of a check (the health monitor's words; n/a: disabled or not applicable)
+const CHECK_WORDS = {"ok": "ok", "warning": "warning", "critical": "critical", "failed": "failed",
+  "disabled": "n/a", "not-applicable": "n/a"};
+
+function checkWord(state) { return CHECK_WORDS[state] || state || "-"; }
+
+function checkSummary(checks) {
+  const entries = Object.entries(checks || {});
+  if (!entries.length) return `<span class="muted">no readings</span>`;
+  const ok = entries.filter(([, s]) => s === "ok").length;
+  const off = entries.filter(([, s]) => checkWord(s) === "n/a").length;
+  const bad = entries.filter(([, s]) => !["ok"].includes(s) && checkWord(s) !== "n/a");
+  return bad.map(([c, s]) => `<span class="check ${esc(checkWord(s))}" data-check="${esc(c)}">${esc(c)}: ${esc(checkWord(s))}</span>`).join(" ") +
+    `${bad.length ? "<br>" : ""}<span class="muted">${ok} ok${off ? `, ${off} n/a` : ""}</span>`;
+}
+
 function drawHealth(view) {
-  const select = $("health-node"), chosen = select.value;
-  const names = view.nodes.map((n) => n.name);
-  if (select.options.length - 1 !== names.length) {
-    select.innerHTML = `<option value="">all</option>` + names.map((n) => `<option>${esc(n)}</option>`).join("");
-    select.value = chosen;
-  }
+  nodeChoices($("health-node"), view);
+  const node = $("health-node").value, check = $("health-check").value, severity = $("health-severity").value;
+  const nodes = view.nodes.filter((n) => !node || n.name === node);
+  const checks = [...new Set(nodes.flatMap((n) => Object.keys(n.checks || {})))]
+    .filter((c) => !check || c === check).sort();
+  $("check-states").tHead.rows[0].innerHTML = `<th>node</th>` + checks.map((c) => `<th>${esc(c)}</th>`).join("");
+  $("check-states").tBodies[0].innerHTML = nodes.map((n) => `<tr data-node="${esc(n.name)}"><td>${esc(n.name)}</td>` +
+    checks.map((c) => {
+      const word = n.checks && c in n.checks ? checkWord(n.checks[c]) : "-";
+      return `<td class="check ${esc(word)}" data-check="${esc(c)}">${esc(word)}</td>`;
+    }).join("") + `</tr>`).join("") || `<tr><td class="muted">no node</td></tr>`;
   const query = new URLSearchParams({limit: "300"});
   for (const [key, id] of [["node", "health-node"], ["check", "health-check"], ["severity", "health-severity"]]) {
     if ($(id).value) query.set(key, $(id).value);
   }
   getJSON(`/api/health?${query}`).then((data) => {
+    $("open-findings").tBodies[0].innerHTML = data.open.map((f) =>
+      `<tr data-node="${esc(f.node)}" data-check="${esc(f.check)}"><td class="time">${when(f.opened || f.first_seen)}</td>` +
+      `<td>${esc(f.node)}</td><td>${esc(f.check)}</td><td>${esc(f.severity)}</td><td>${esc(f.gpu ?? "")}</td>` +
+      `<td>${esc(f.evidence)}</td><td>${esc(f.action)}</td></tr>`).join("") ||
+      `<tr><td colspan="7" class="muted">no finding open</td></tr>`;
     $("health-events").tBodies[0].innerHTML = data.entries.map((e) =>
-      `<tr data-node="${esc(e.node)}" data-check="${esc(e.check)}"><td class="time">${when(e.time)}</td><td>${esc(e.node)}</td>` +
-      `<td>${esc(e.event)}</td><td>${esc(e.check)}</td><td>${esc(e.severity)}</td><td>${esc(e.gpu ?? "")}</td>` +
-      `<td>${esc(e.evidence || e.message)}</td><td>${esc(e.action)}</td></tr>`).join("") ||
+      `<tr data-node="${esc(e.node)}" data-check="${esc(e.check)}" data-state="${esc(e.state)}"><td class="time">${when(e.time)}</td><td>${esc(e.node)}</td>` +
+      `<td>${esc(e.event)}</td><td>${esc(e.check)}</td>` +
+      `<td>${e.state === "cleared" ? `cleared${e.why ? " (" + esc(e.why) + ")" : ""}` : esc(e.severity)}</td><td>${esc(e.gpu ?? "")}</td>` +
+      `<td>${esc(e.evidence || e.message)}${e.made_by_page ? ` <span class="muted">(${esc(e.message)})</span>` : ""}</td><td>${esc(e.action)}</td></tr>`).join("") ||
       `<tr><td colspan="8" class="muted">no health check events in the timeline window</td></tr>`;
   }).catch((err) => say(`health checks: ${err.message}`, true));
 }
@@ -385,6 +469,8 @@ async function start() {
   for (const id of ["health-node", "health-check", "health-severity"]) {
     $(id).addEventListener("change", () => drawHealth(page.view));
   }
+  for (const id of ["timeline-node", "timeline-source", "timeline-severity"]) $(id).addEventListener("change", drawTimeline);
+  $("timeline-event").addEventListener("input", drawTimeline);
   const showView = (view) => {
     page.nodeView = view;
     sessionStorage.setItem("slurm-ext-node-view", view);  // the tab keeps the operator's choice
