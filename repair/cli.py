@@ -121,25 +121,29 @@ def _status(args: argparse.Namespace) -> int:
     import time
     from slurm_ext.slurm import SlurmClient
     from slurm_ext.agentapi import AgentClient
-    from .status import counts, held_findings, node_statuses
+    from .decide import paused
+    from .status import counts, node_statuses, warnings, with_agents
     loaded, store = _store(args)
     print(f"{loaded.origin}; slurm.conf {loaded.slurm.conf_path()}", file=sys.stderr)
     nodes = SlurmClient(loaded.slurm).nodes()
     statuses = node_statuses(nodes, store.records(open_only=True), store.events(since=time.time() - 7 * 86400,
                                                                                 limit=5000))
-    statuses = held_findings(statuses, nodes, AgentClient.of(loaded))
+    statuses, unreachable = with_agents(statuses, nodes, AgentClient.of(loaded))
     summary = counts(statuses)
+    said = warnings(paused(store), unreachable)
+    for line in said:  # what the page's banners say
+        _say(f"slurm-ext: warning: {line}", sys.stderr)
     if args.json:
-        print(json.dumps({"counts": summary, "nodes": [asdict(s) for s in statuses]}, indent=1))
+        print(json.dumps({"counts": summary, "nodes": [asdict(s) for s in statuses], "warnings": said}, indent=1))
         return 0
     print("  ".join(f"{state} {count}" for state, count in summary.items()))
     print(f"{'NODE':<14} {'STATUS':<10} {'SLURM':<24} {'GPUS':<8} {'REPAIR':<18} REASON / FINDINGS / LAST EVENT")
     for s in statuses:
         gpus = f"{s.gpus_used}/{s.gpus.rsplit(':', 1)[-1] if s.gpus else 0}"
-        said = s.findings[0] if s.findings else (f"{s.reason} (by {s.reason_owner})" if s.reason else "")
-        said += f"; held: {'; '.join(s.held)}" if s.held else ""
+        told = "; ".join(s.findings) if s.findings else (f"{s.reason} (by {s.reason_owner})" if s.reason else "")
+        told += f"; held: {'; '.join(s.held)}" if s.held else ""
         last = f"  [{s.events[-1]}]" if s.events else ""
-        _say(f"{s.name:<14} {s.state:<10} {s.slurm_state:<24} {gpus:<8} {s.repair or '-':<18} {said}{last}")
+        _say(f"{s.name:<14} {s.state:<10} {s.slurm_state:<24} {gpus:<8} {s.repair or '-':<18} {told}{last}")
     return 0
 
 
@@ -209,8 +213,11 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     status = commands.add_parser(
         "status", help="every node: healthy, booting, unhealthy, pending (a repair awaits approval) or paused (an "
                        "admin's drain)",
-        description="One Slurm query for the whole cluster and one read of the repair records: each node's status, "
-                    "Slurm state, GPUs in use, open findings (as its drain states them) and latest repair events.")
+        description="One Slurm query for the whole cluster, one read of the repair records and every node agent's "
+                    "health asked at once: each node's status, Slurm state, GPUs in use, open findings (warnings "
+                    "included, beside what its drain states) and latest repair events; on standard error (and in "
+                    "--json's warnings) what the cluster page's banners say: node agents that do not answer, repairs "
+                    "paused. Exits 0: a report, whatever it finds.")
     status.add_argument("--json", action="store_true", help="one JSON document")
     status.set_defaults(func=_status)
     history = commands.add_parser(

@@ -11,6 +11,11 @@ records, never a query per node:
 - unhealthy: drained with our reason (a health finding, a repair under way
   or failed), or not answering Slurm;
 - healthy: the rest.
+
+`with_agents` adds what every node's agent says, as the cluster page shows
+it: its open findings, warnings that drain nothing included, beside what its
+drain states, each once; `warnings` says what the page's banners say: node
+agents that do not answer, repairs paused.
 """
 
 from __future__ import annotations
@@ -21,12 +26,14 @@ from dataclasses import dataclass, field, replace
 from slurm_ext.agentapi import AgentAnswerError, AgentClient
 from slurm_ext.nodestate.catalogue import HEALTH
 from slurm_ext.slurm import Node, is_our_reason
+from slurm_ext.words import counted, moment
 
 from .flow import REBOOT_FLAGS
 from .recommend import fault_of
 from .store import IN_PROGRESS, Event, Record
 
-__all__ = ["STATES", "NodeStatus", "classify", "node_statuses", "counts", "held", "held_findings"]
+__all__ = ["STATES", "NodeStatus", "classify", "node_statuses", "counts", "held", "held_findings", "finding_lines",
+           "with_agents", "warnings"]
 
 STATES = ("healthy", "booting", "unhealthy", "pending", "paused")
 #: Slurm's flags of a node on its way back (a reboot asked or under way, a node powering up)
@@ -44,7 +51,8 @@ class NodeStatus:
     reason_owner: str
     gpus: str
     gpus_used: int
-    #: open findings as the node's drain states them
+    #: open findings as the node's drain states them (`signature: evidence`); with_agents: its agent's open
+    #: findings (`severity: check gpu N evidence`) and what the drain states that no finding says
     findings: list = field(default_factory=list)
     #: the node's repair: recommended, approved, running (step), failed, rejected
     repair: str = ""
@@ -116,6 +124,71 @@ def held_findings(statuses: list[NodeStatus], nodes: list[Node], agents: AgentCl
     with ThreadPoolExecutor(max_workers=min(16, len(paused))) as pool:
         found = dict(zip((s.name for s in paused), pool.map(ask, paused)))
     return [replace(s, held=found[s.name]) if s.name in found else s for s in statuses]
+
+
+def finding_lines(drained: list[str], findings) -> list[str]:
+    """A node's faults, each once: its agent's open findings (severity, check, GPU, evidence), then what its drain
+    states (`signature: evidence`) only where no finding says it already (the drain is written from the finding)."""
+    lines: list[str] = []
+    told = []
+    for found in findings or ():
+        if not isinstance(found, dict):
+            continue
+        gpu = found.get("gpu")
+        lines.append(f"{found.get('severity')}: {found.get('check')} "
+                     f"{'gpu ' + str(gpu) + ' ' if gpu is not None else ''}{found.get('evidence', '')}".rstrip())
+        told.append((str(found.get("check", "")), str(found.get("evidence", ""))))
+    for line in drained:
+        signature, _, evidence = line.partition(": ")
+        check = signature.split("/", 1)[0]
+        if any(check == c and evidence and (e.startswith(evidence) or evidence.startswith(e)) for c, e in told):
+            continue
+        lines.append(line)
+    return list(dict.fromkeys(lines))
+
+
+def with_agents(statuses: list[NodeStatus], nodes: list[Node], agents: AgentClient, timeout: float = 3.0
+                ) -> tuple[list[NodeStatus], dict[str, str]]:
+    """`statuses` with what every node's agent says (asked at once, as the page asks them): its open findings beside
+    its drain's (finding_lines), and for a paused node the critical ones held behind that drain; and node -> why its
+    agent gave no answer."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    addrs = {n.name: n.addr for n in nodes}
+
+    def ask(status: NodeStatus) -> tuple[tuple, str]:
+        try:
+            answer = agents.health(status.name, addrs.get(status.name, ""), timeout)
+        except AgentAnswerError as err:
+            return (), str(err)
+        return (answer.monitor.findings if answer.monitor else ()), ""
+    if not statuses:
+        return statuses, {}
+    with ThreadPoolExecutor(max_workers=min(16, len(statuses))) as pool:
+        answers = dict(zip((s.name for s in statuses), pool.map(ask, statuses)))
+    told, unreachable = [], {}
+    for status in statuses:
+        findings, error = answers[status.name]
+        if error:
+            unreachable[status.name] = error
+        paused = status.state == "paused"
+        told.append(replace(status, findings=finding_lines(status.findings, findings),
+                            held=([f"unknown: {error}"] if error else held(findings)) if paused else []))
+    return told, unreachable
+
+
+def warnings(paused: tuple[str, float] | None, unreachable: dict[str, str]) -> list[str]:
+    """What the cluster page's banners say besides the nodes: repairs paused, node agents that do not answer."""
+    said = []
+    if paused:
+        said.append(f"repairs are paused by {paused[0]} since {moment(paused[1])}: no approval until "
+                    "`slurm-ext repair unpause`")
+    if unreachable:
+        names = sorted(unreachable)
+        said.append(f"no answer from {counted(len(names), 'node agent')}: "
+                    + ", ".join(f"{name} ({unreachable[name]})" for name in names[:10])
+                    + (" ..." if len(names) > 10 else ""))
+    return said
 
 
 def counts(statuses: list[NodeStatus]) -> dict[str, int]:
