@@ -140,7 +140,7 @@ def test_the_overview_shows_the_five_states_the_fake_gpus_usage_and_a_drain_the_
     browser.get(web.url + "#overview")
     expected = {"healthy": 1, "booting": 1, "unhealthy": 1, "pending": 1, "paused": 1}  # wnode5 never runs
     until(browser, "the five states counted", lambda b: counts(b) == expected)
-    until(browser, "wnode5's silent agent named", lambda b: "node agent(s) not answering: wnode5" in text_of(b, "#banner"))
+    until(browser, "wnode5's silent agent named", lambda b: "1 node agent not answering: wnode5" in text_of(b, "#banner"))
     cells = {e.get_attribute("title").split(":")[0]: e.get_attribute("class").split()[-1]
              for e in browser.find_elements(By.CSS_SELECTOR, "#state-grid .cell")}
     assert cells == {"wnode1": "healthy", "wnode2": "pending", "wnode3": "paused", "wnode4": "booting",
@@ -175,7 +175,7 @@ def test_approving_in_the_browser_needs_the_token_and_the_repair_tab_shows_it_wi
 
     browser.find_element(By.ID, "token").send_keys(web.token)
     browser.find_element(By.ID, "use-token").click()
-    until(browser, "the token taken", lambda b: text_of(b, "#who") == "operator token set")
+    until(browser, "the token taken", lambda b: text_of(b, "#who") == "operator: alice (token)")
     browser.find_element(By.CSS_SELECTOR, approve).click()
     until(browser, "the approval", lambda b: "approved reboot of node wnode2" in text_of(b, "#message")
           and "(by alice)" in text_of(b, "#message"))
@@ -238,7 +238,7 @@ def test_a_rejection_in_the_browser_and_the_health_checks_tab_filters(web, brows
     browser.get(web.url + "#repair")
     ops = "#recommendations tr[data-node=wnode3] .ops"
     until(browser, "wnode3's recommendation", lambda b: b.find_elements(By.CSS_SELECTOR, ops))
-    if not text_of(browser, "#who") == "operator token set":
+    if not text_of(browser, "#who") == "operator: alice (token)":
         browser.find_element(By.ID, "token").send_keys(web.token)
         browser.find_element(By.ID, "use-token").click()
     browser.find_element(By.CSS_SELECTOR, f"{ops} .op-why").send_keys("board swap booked for Monday")

@@ -4,7 +4,7 @@ GET routes only read the view the watcher keeps (one Slurm query per table
 per refresh, whatever the number of browsers): the page itself (its assets
 are package data: nothing is fetched from elsewhere, it works air-gapped),
 /api/cluster, /api/timeline, /api/health, /api/repairs and /api/session
-(the CSRF token, and who the proxy says you are). POST routes are the
+(the CSRF token, and who the token sent or the proxy says you are). POST routes are the
 operations: run a node's health checks, approve or reject its repair. Each
 needs an operator and a CSRF token (`auth`), and is recorded with the user
 in the repair history and the journal.
@@ -49,6 +49,9 @@ MAX_BODY = 16 * 1024
 MAX_HEADERS = 64 * 1024
 #: what /api/session says of a token file that cannot be used (the reason, which names the file, is in the log)
 _TOKENS_UNUSABLE = "the operators' tokens cannot be used now: the page's log says why"
+#: what /api/session says before the first operator's token is made (a fresh cluster: nothing is wrong)
+_NO_TOKEN_YET = ("viewing needs no token; to approve repairs or run checks from the page, make an operator's token "
+                 "on the controller: slurm-ext web add-token USER")
 #: longest limit= a list route takes
 _MAX_LIMIT = 5000
 #: sources of the timeline
@@ -237,9 +240,10 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
             return severity in (None, str(data.get("severity", "info"))) and (
                 event_text is None or event_text in f"{data.get('component', '?')}/{data.get('event', '?')}")
         if source in (None, "agent"):
-            # the controller's own journal repeats the repair records, which carry the user
-            for when, name, data in watcher.journal(limit, node=node, component=lambda name: name != "repair",
-                                                    keep=keep):
+            # the controller's own journal repeats the repair records, which carry the user; oldest first, as the
+            # other sources: in_causal_order keeps the order of one second's entries
+            for when, name, data in reversed(watcher.journal(limit, node=node, component=lambda name: name != "repair",
+                                                             keep=keep)):
                 add(Entry(when, name, "agent", f"{data.get('component', '?')}/{data.get('event', '?')}",
                           str(data.get("message", ""))), str(data.get("severity", "info")))
         # as `slurm-ext history` orders them: what a repair step caused after it, where clocks are whole seconds
@@ -289,16 +293,18 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
     @app.get("/api/session")
     def session():
         _query({})
-        user, via = None, None
-        problem = _TOKENS_UNUSABLE if settings.token_file and not tokens.usable() else ""
-        try:
-            if settings.proxy_user_header and request.headers.get(settings.proxy_user_header) is not None:
+        user, via, problem, hint = None, None, "", ""
+        if settings.token_file and not tokens.usable():
+            hint, problem = (_NO_TOKEN_YET, "") if tokens.none_yet else ("", _TOKENS_UNUSABLE)
+        try:  # who the credentials sent are: the header names the operator, a wrong token says so
+            sent_proxy = settings.proxy_user_header and request.headers.get(settings.proxy_user_header) is not None
+            if sent_proxy or request.headers.get("Authorization", "").startswith("Bearer "):
                 found = operator_of(request.headers, request.remote_addr, settings, tokens, proxy_secret)
                 user, via = found.user, found.via
         except RequestRefused as err:
             problem = str(err)
         return jsonify(csrf=csrf.issue(), user=user, via=via, tokens=bool(settings.token_file),
-                       proxy=settings.proxy_user_header or None, problem=problem, checks=list(CHECKS))
+                       proxy=settings.proxy_user_header or None, problem=problem, hint=hint, checks=list(CHECKS))
 
     # -- operations -------------------------------------------------------------------------------------
     # The CSRF token travels in a header of its own: another site's page cannot read one, and cannot send that

@@ -114,6 +114,8 @@ class Tokens:
         self._hashes: dict[bytes, str] = {}
         #: why the file gives no operator, or ignores some of its lines ("" when all is well): for the log only
         self.problem = "" if path else "web.token_file is empty: no tokens"
+        #: no token was made yet (the file is missing, or holds no line but comments): a fresh cluster, not a fault
+        self.none_yet = not path
         self._logged = ""
 
     def usable(self) -> bool:
@@ -143,12 +145,13 @@ class Tokens:
         try:
             content = self._file.read()
         except SecretFileError as err:
-            self._content, self._hashes = None, {}
+            self._content, self._hashes, self.none_yet = None, {}, err.kind == "missing"
             self._said(f"{err}: its tokens are not used")
             return
         if content is self._content:
             return  # unchanged: SecretFile gives the very same bytes
         self._content, self._hashes = content, {}
+        self.none_yet = not any(line.split("#", 1)[0].strip() for line in content.decode(errors="replace").splitlines())
         bad, plain = [], []
         for number, line in enumerate(content.decode(errors="replace").splitlines(), 1):
             words = line.split("#", 1)[0].split()

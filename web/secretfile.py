@@ -22,8 +22,9 @@ class SecretFileError(SlurmExtError):
     """The file cannot be used; the message names the setting, the file and what to do (for the log: never for an
     anonymous caller)."""
 
-    def __init__(self, key: str, path: str, problem: str):
-        self.key, self.path, self.problem = key, path, problem
+    def __init__(self, key: str, path: str, problem: str, kind: str = ""):
+        #: what went wrong, as slurm_ext.secretfile names it (missing, link, owner, mode, ...)
+        self.key, self.path, self.problem, self.kind = key, path, problem, kind
         super().__init__(f"{key} {path}: {problem}")
 
 
@@ -48,7 +49,7 @@ class SecretFile:
         try:
             found = read_secret(self.path, reader_group=self.reader_group)
         except _Refused as err:
-            raise SecretFileError(self.key, self.path, self._advice(err)) from None
+            raise SecretFileError(self.key, self.path, self._advice(err), err.kind) from None
         with self._lock:
             if found.identity != self._seen:
                 self._content, self._seen = found.content, found.identity

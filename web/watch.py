@@ -98,9 +98,12 @@ class _Agent:
     #: the newest journal time seen (epoch seconds) and the lines of that second already taken
     cursor: float = 0.0
     cursor_lines: set = field(default_factory=set)
-    #: its newest journal events by component, each (epoch, event), oldest first, in tuples that a new answer
-    #: replaces and nothing changes: a request takes them under the lock and reads them outside it
+    #: its newest journal events by component, each (epoch, sequence, event), oldest first, in tuples that a new
+    #: answer replaces and nothing changes: a request takes them under the lock and reads them outside it
     journal: dict = field(default_factory=dict)
+    #: journal events taken in so far: each event's sequence, which orders the events of one second (the journal's
+    #: times are whole seconds) as the node's journal wrote them, across its components
+    taken: int = 0
     #: the component of each event kept, in the order they came: the oldest beyond _JOURNAL_KEPT are dropped
     arrivals: deque = field(default_factory=deque)
     #: what its last journal page lacked (agentapi.EventsPage.shortfall: events the agent cut, odd lines skipped)
@@ -446,7 +449,8 @@ class Watcher:
             if when < agent.cursor or when == agent.cursor and line in agent.cursor_lines:
                 continue
             component = str(data.get("component", ""))
-            added.setdefault(component, []).append((when, data))
+            agent.taken += 1
+            added.setdefault(component, []).append((when, agent.taken, data))
             agent.arrivals.append(component)
             if when > newest:
                 newest, at_newest = when, set()
@@ -482,10 +486,10 @@ class Watcher:
                      for kind, events in agent.journal.items() if component(kind)]
 
         def newest_first(name: str, events: tuple):
-            return ((-when, name, data) for when, data in reversed(events))
-        merged = heapq.merge(*(newest_first(name, events) for name, events in taken), key=lambda item: item[0])
-        kept = (item for item in merged if keep(item[1], item[2]))
-        return [(-when, name, data) for when, name, data in itertools.islice(kept, limit)]
+            return ((-when, -sequence, name, data) for when, sequence, data in reversed(events))
+        merged = heapq.merge(*(newest_first(name, events) for name, events in taken), key=lambda item: item[:2])
+        kept = (item for item in merged if keep(item[2], item[3]))
+        return [(-when, name, data) for when, _, name, data in itertools.islice(kept, limit)]
 
     # -- the view --------------------------------------------------------------------------------------
 

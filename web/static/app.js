@@ -37,6 +37,8 @@ function bytes(perSecond) {
 }
 function gib(mib) { return mib == null ? "-" : `${(mib / 1024).toFixed(1)} GiB`; }
 function token() { return sessionStorage.getItem("slurm-ext-token") || ""; }
+// "1 node", "2 nodes", never "1 nodes" (the CLI's slurm_ext.words.counted)
+function counted(count, noun, plural = "") { return `${count} ${count === 1 ? noun : plural || noun + "s"}`; }
 
 function say(text, error = false) {
   const box = $("message");
@@ -44,22 +46,32 @@ function say(text, error = false) {
   box.className = error ? "message error" : "message";
   box.hidden = false;
 }
+function hint(text) {  // neither good nor bad news: what to do next
+  say(text);
+  $("message").className = "message hint";
+}
 
-async function getJSON(path) {
-  const answer = await fetch(path, {cache: "no-store"});
+async function getJSON(path, headers = {}) {
+  const answer = await fetch(path, {cache: "no-store", headers});
   const data = await answer.json().catch(() => ({error: `${answer.status} ${answer.statusText}`}));
   if (!answer.ok) throw new Error(data.error || `${answer.status}`);
   return data;
 }
 
+// the session (a CSRF token), asked with the tab's operator token: the server says whose it is, or that it is not known
+async function askSession() {
+  page.session = await getJSON("/api/session", token() ? {"Authorization": `Bearer ${token()}`} : {});
+  return page.session;
+}
+
 async function post(path, body, retried = false) {
-  if (!page.session) page.session = await getJSON("/api/session");
+  if (!page.session) await askSession();
   const headers = {"Content-Type": "application/json", "X-CSRF-Token": page.session.csrf};
   if (token()) headers["Authorization"] = `Bearer ${token()}`;
   const answer = await fetch(path, {method: "POST", headers, body: JSON.stringify(body || {})});
   const data = await answer.json().catch(() => ({error: `${answer.status} ${answer.statusText}`}));
   if (answer.status === 403 && /CSRF/.test(data.error || "") && !retried) {  // the server restarted: a new token
-    page.session = await getJSON("/api/session");
+    await askSession();
     return post(path, body, true);
   }
   if (!answer.ok) throw new Error(data.error || `${answer.status}`);
@@ -99,7 +111,7 @@ function sourcesBanner(view) {
   }
   const silent = Object.keys(view.agents.not_answering || {});
   if (silent.length) {
-    problems.push(`${silent.length} node agent(s) not answering: ${silent.slice(0, 8).join(", ")}` +
+    problems.push(`${counted(silent.length, "node agent")} not answering: ${silent.slice(0, 8).join(", ")}` +
       (silent.length > 8 ? " ..." : ""));
   }
   if (Date.now() / 1000 - page.lastGood > 3 * view.refresh) return;  // the server's own banner stands
@@ -112,7 +124,7 @@ function draw() {
   document.title = `slurm-ext: ${view.cluster.name || "cluster"}`;
   sourcesBanner(view);
   $("status-line").textContent = `read ${when(view.refreshed)} (every ${view.refresh} s, shared by every open page); ` +
-    `${view.agents.answering} of ${view.agents.nodes} node agents answering`;
+    `${view.agents.answering} of ${counted(view.agents.nodes, "node agent")} answering`;
   if (page.tab === "overview") drawOverview(view);
   if (page.tab === "nodes") drawNodes(view);
   if (page.tab === "health") drawHealth(view);
@@ -137,7 +149,7 @@ function drawOverview(view) {
     view.queue ? `${view.queue.running} ${view.queue.running === 1 ? "job" : "jobs"} running, ${view.queue.pending} ` +
       "pending" : ""].filter(Boolean).join("; ");
   $("usage-utilization").textContent = usage.gpu_utilization == null ? "-" :
-    `${usage.gpu_utilization.toFixed(1)} % of ${usage.gpus} GPUs`;
+    `${usage.gpu_utilization.toFixed(1)} % of ${counted(usage.gpus, "GPU")}`;
   $("usage-memory").textContent = usage.memory_total_mib ?
     `${gib(usage.memory_used_mib)} of ${gib(usage.memory_total_mib)}` : "-";
   $("usage-network").textContent = usage.rx_bps == null ? "-" : `in ${bytes(usage.rx_bps)}, out ${bytes(usage.tx_bps)}`;
@@ -210,8 +222,8 @@ function drawConfig(c) {
     ["cluster", c.name], ["controller", c.controller], ["Slurm", c.slurm_version],
     ["slurmd versions", c.slurmd_versions.join(", ")], ["nodes", c.nodes],
     ["GPUs by type", Object.entries(c.gpus_by_type).map(([t, n]) => `${n} ${t}`).join(", ") || "none"],
-    ["NVIDIA driver", Object.entries(c.drivers).map(([v, n]) => `${v} (${n} nodes)`).join(", ") || "-"],
-    ["OS image", Object.entries(c.os_images).map(([v, n]) => `${v} (${n} nodes)`).join(", ") || "-"],
+    ["NVIDIA driver", Object.entries(c.drivers).map(([v, n]) => `${v} (${counted(n, "node")})`).join(", ") || "-"],
+    ["OS image", Object.entries(c.os_images).map(([v, n]) => `${v} (${counted(n, "node")})`).join(", ") || "-"],
     ["kernel", c.kernels.join(", ") || "-"],
     ["network interfaces", Object.entries(c.interfaces).map(([name, i]) =>
       `${name} (${i.nodes} nodes${i.speeds_mbps.length ? ", " + i.speeds_mbps.map((s) => s / 1000 + " Gb/s").join("/") : ""})`).join(", ") || "-"],
@@ -264,7 +276,7 @@ function opsOf(n) {
 
 function drawNodes(view) {
   const rows = shownNodes(view);
-  $("node-shown").textContent = `${rows.length} of ${view.nodes.length} nodes`;
+  $("node-shown").textContent = `${rows.length} of ${counted(view.nodes.length, "node")}`;
   for (const th of document.querySelectorAll("#node-table th[data-sort]")) {
     th.classList.toggle("sorted", th.dataset.sort === page.sort.key);
     th.classList.toggle("desc", th.dataset.sort === page.sort.key && page.sort.desc);
@@ -440,8 +452,21 @@ function showTab() {
 
 function showOperator() {
   const who = page.session && page.session.user;
-  $("who").textContent = who ? `operator: ${who} (proxy)` : token() ? "operator token set" : "viewing";
+  $("who").textContent = who ? `operator: ${who} (${page.session.via})` : token() ? "this token is not known" : "viewing";
   $("forget-token").hidden = !token();
+}
+
+// what the server says of this tab's credentials and of the operators' tokens: a problem in red, a hint plainly
+async function showSession() {
+  try {
+    await askSession();
+  } catch (err) {
+    say(`session: ${err.message}`, true);
+  }
+  if (page.session && page.session.problem) say(page.session.problem, true);
+  else if (page.session && page.session.hint) hint(page.session.hint);
+  else $("message").hidden = true;
+  showOperator();
 }
 
 async function start() {
@@ -451,9 +476,9 @@ async function start() {
     const value = $("token").value.trim();
     if (value) sessionStorage.setItem("slurm-ext-token", value);
     $("token").value = "";
-    showOperator();
+    showSession();
   });
-  $("forget-token").addEventListener("click", () => { sessionStorage.removeItem("slurm-ext-token"); showOperator(); });
+  $("forget-token").addEventListener("click", () => { sessionStorage.removeItem("slurm-ext-token"); showSession(); });
   document.body.addEventListener("click", (event) => {
     const button = event.target.closest("button.op");
     if (button) operate(button);
@@ -480,15 +505,9 @@ async function start() {
   };
   for (const [id, view] of [["view-list", "list"], ["view-grid", "grid"]]) $(id).addEventListener("click", () => showView(view));
   showView(page.nodeView);
-  try {
-    page.session = await getJSON("/api/session");
-  } catch (err) {
-    say(`session: ${err.message}`, true);
-  }
-  if (page.session && page.session.problem) say(page.session.problem, true);
+  await showSession();
   $("health-check").innerHTML = `<option value="">all</option>` + (page.session ? page.session.checks || [] : [])
     .map((c) => `<option>${esc(c)}</option>`).join("");
-  showOperator();
   showTab();
   poll();
 }
