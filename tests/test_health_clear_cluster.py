@@ -10,9 +10,12 @@ import json
 
 import pytest
 
+from selenium.webdriver.common.by import By
+
 from helpers.cli import cli
 from helpers.cluster import TEST_CLUSTER, RepairCluster, cluster_of_its_own
 from helpers.wait import wait_for
+from test_web_cluster import browser, text_of, until  # noqa: F401 (browser: the fixture, one Chromium per module)
 
 pytestmark = pytest.mark.cluster
 
@@ -51,17 +54,19 @@ def _drained_for_xid(cluster: RepairCluster, node: str):
         "slurm-ext: xid 79") and n, 30, interval=0.3)
 
 
-def _cleared(cluster: RepairCluster, node: str) -> dict:
+def _cleared(cluster: RepairCluster, node: str, after: int) -> dict:
+    """The node's first operator's health-cleared event past the first `after` lines of its journal."""
     return wait_for(f"{node}'s health-cleared event", lambda: next(
-        (e for e in _journal(cluster, node) if e["event"] == "health-cleared" and e.get("why") == "operator"), None),
-        20, interval=0.3)
+        (e for e in _journal(cluster, node)[after:] if e["event"] == "health-cleared" and e.get("why") == "operator"),
+        None), 20, interval=0.3)
 
 
 def test_a_clear_on_the_node_records_the_invoking_user_with_the_check_gpu_and_signature(clear):
     _drained_for_xid(clear, "cnode2")
+    seen = len(_journal(clear, "cnode2"))
     done = clear.repair_cli("health", "clear", "--check", "xid", node="cnode2", user="dave")
     assert done.returncode == 0, done.stderr
-    event = _cleared(clear, "cnode2")
+    event = _cleared(clear, "cnode2", seen)
     assert (event["by"], event["check"], event["gpu"], event["signature"]) == ("dave", "xid", 1, "xid/79"), event
     assert "by dave" in event["message"], event["message"]
     wait_for("cnode2 resumed", lambda: not clear.slurm_node("cnode2").drained, 30, interval=0.3)
@@ -80,11 +85,12 @@ def test_a_clear_from_the_controller_needs_an_operator_token_and_records_its_ope
     assert not [e for e in _journal(clear, "cnode3") if e["event"] == "health-cleared"]
     assert clear.slurm_node("cnode3").drained
 
+    seen = len(_journal(clear, "cnode3"))
     done = cli("--config", conf, "health", "clear", "cnode3", "--check", "xid", "--gpu", "1",
                env={"SLURM_EXT_TOKEN": clear.token, "SUDO_USER": "mallory"})
     assert done.returncode == 0, done
     assert "cnode3" in done.stdout and "alice" in done.stdout, done.stdout
-    event = _cleared(clear, "cnode3")
+    event = _cleared(clear, "cnode3", seen)
     assert (event["by"], event["check"], event["gpu"], event["signature"]) == ("alice", "xid", 1, "xid/79"), event
     operations = [e for e in _journal(clear, "cnode1") if e["event"] == "web-operation" and e.get("operation") ==
                   "clear"]
@@ -121,3 +127,32 @@ def test_a_rejection_is_reopened_from_the_page_with_the_operators_name(clear):
     assert (reopened.event, reopened.user) == ("repair-reopened", "alice") and "rejected by bob" in reopened.message
     with pytest.raises(PageRefused, match="HTTP 409: node cnode4: its reboot awaits approval already"):
         page.operate("cnode4", "reopen", {})
+
+
+def test_the_page_clears_an_open_finding_and_reopens_a_rejection_with_the_operators_name(clear, browser):
+    """In a real Chromium: the Health checks tab's open finding has a Clear button, the Repair tab's rejected
+    recommendation a Reopen button; each asks as the tab's operator."""
+    url = f"http://127.0.0.1:{CLEAR_CLUSTER['web_port']}/"
+    _drained_for_xid(clear, "cnode2")
+    _drained_for_xid(clear, "cnode4")
+    clear.record("cnode4", "recommended")
+    assert clear.repair_cli("repair", "reject", "cnode4", "--why", "vendor on Monday", user="bob").returncode == 0
+    browser.get(url)
+    browser.execute_script("sessionStorage.setItem('slurm-ext-token', arguments[0])", clear.token)
+    browser.get(url + "#health")
+    seen = len(_journal(clear, "cnode2"))
+    button = "#open-findings tr[data-node=cnode2][data-check=xid] button.op-clear"
+    until(browser, "cnode2's open Xid finding with its Clear button", lambda b: b.find_elements(By.CSS_SELECTOR, button))
+    browser.find_element(By.CSS_SELECTOR, button).click()
+    until(browser, "the clear said", lambda b: "cnode2's health monitor cleared its open findings (check xid gpu 1) "
+                                                "for alice" in text_of(b, "#message"))
+    event = _cleared(clear, "cnode2", seen)
+    assert (event["by"], event["check"], event["gpu"]) == ("alice", "xid", 1), event
+    wait_for("cnode2 resumed", lambda: not clear.slurm_node("cnode2").drained, 30, interval=0.3)
+
+    browser.get(url + "#repair")
+    reopen = "#recommendations tr[data-node=cnode4] button.op-reopen"
+    until(browser, "cnode4's rejection with its Reopen button", lambda b: b.find_elements(By.CSS_SELECTOR, reopen))
+    browser.find_element(By.CSS_SELECTOR, reopen).click()
+    until(browser, "the reopen said", lambda b: "reopened reboot of node cnode4" in text_of(b, "#message"))
+    assert clear.record("cnode4", "recommended")["decided_by"] == ""

@@ -330,6 +330,7 @@ async function operate(button) {
   if (op === "ssh") return copy(button.dataset.command);
   let body = {};
   if (op === "approve") body = {action: ops.querySelector(".op-action").value || undefined};
+  if (op === "clear") body = {check: button.dataset.check, gpu: button.dataset.gpu};
   if (op === "reject") {
     body = {why: ops.querySelector(".op-why").value.trim()};
     if (!body.why) return say("a rejection needs its reason: type it beside the button", true);
@@ -399,8 +400,10 @@ function drawHealth(view) {
     $("open-findings").tBodies[0].innerHTML = data.open.map((f) =>
       `<tr data-node="${esc(f.node)}" data-check="${esc(f.check)}"><td class="time">${when(f.opened || f.first_seen)}</td>` +
       `<td>${esc(f.node)}</td><td>${esc(f.check)}</td><td>${esc(f.severity)}</td><td>${esc(f.gpu ?? "")}</td>` +
-      `<td>${esc(f.evidence)}</td><td>${esc(f.action)}</td></tr>`).join("") ||
-      `<tr><td colspan="7" class="muted">no finding open</td></tr>`;
+      `<td>${esc(f.evidence)}</td><td>${esc(f.action)}</td><td><span class="ops" data-node="${esc(f.node)}">` +
+      `<button type="button" class="op op-clear" data-op="clear" data-check="${esc(f.check)}" data-gpu="${esc(f.gpu ?? "")}" ` +
+      `title="clear this finding and its drain (recorded with your name)">clear</button></span></td></tr>`).join("") ||
+      `<tr><td colspan="8" class="muted">no finding open</td></tr>`;
     $("health-events").tBodies[0].innerHTML = data.entries.map((e) =>
       `<tr data-node="${esc(e.node)}" data-check="${esc(e.check)}" data-state="${esc(e.state)}"><td class="time">${when(e.time)}</td><td>${esc(e.node)}</td>` +
       `<td>${esc(e.event)}</td><td>${esc(e.check)}</td>` +
@@ -424,7 +427,9 @@ function drawRepairs() {
         return `<tr data-node="${esc(r.node)}" data-state="${esc(r.state)}"><td>${esc(r.node)}</td><td>${esc(r.state)}${r.step ? " (" + esc(r.step) + ")" : ""}</td>` +
           `<td>${esc(r.action)}</td><td>${esc(r.signature)}</td><td>${esc(r.evidence)}</td><td>${esc(r.jobs.join(", ")) || "-"}</td>` +
           `<td class="time">${when(r.opened)}</td><td>${esc(r.decided_by) || "-"}${r.note ? ": " + esc(r.note) : ""}</td>` +
-          `<td>${r.state === "recommended" ? opsOf({...node, repair: "recommended"}) : ""}</td></tr>`;
+          `<td>${r.state === "recommended" ? opsOf({...node, repair: "recommended"}) : r.state === "rejected" ?
+            `<span class="ops" data-node="${esc(r.node)}"><button type="button" class="op op-reopen" data-op="reopen" ` +
+            `title="make it await approval again (recorded with your name)">reopen</button></span>` : ""}</td></tr>`;
       }).join("") || `<tr><td colspan="9" class="muted">no recommendation open</td></tr>`;
     }
     $("repairs").tBodies[0].innerHTML = data.history.map((r) =>
