@@ -243,6 +243,18 @@ def test_drop_clears_for_the_operator():
         ["opened"]
 
 
+def test_an_operators_clear_names_who_and_the_finding_its_signature():
+    """Issue 29 item 6: the clear carries who asked (the monitor's health-cleared event names them), and a finding
+    names its fault as its repair record does (xid/79), so the event says which fault was cleared."""
+    findings = Findings()
+    findings.event(XIDP, xid_obs(79, "critical", "reboot", sticky=True), 1000.0, no_jobs)
+    findings.polled(params("temperature", hold=0.0), [obs()], 1000.0, no_jobs)
+    assert sorted(f.signature for f in findings.open()) == ["temperature", "xid/79"]
+    changes = findings.drop(lambda f: f.check != "xid", "operator", "alice")
+    assert [(c.why, c.by, c.finding.signature) for c in changes] == [("operator", "alice", "xid/79")]
+    assert [c.by for c in findings.drop(lambda f: False, "disabled")] == [""]
+
+
 # -- persistence ----------------------------------------------------------------------------------
 
 def test_json_round_trip():
