@@ -262,6 +262,7 @@ def test_a_rejected_recommendation_is_recorded_and_nothing_runs(repair):
     assert node.drained and node.reason.startswith("slurm-ext: xid 79") and node.boot_time == boot_before
     again = repair.repair_cli("repair", "approve", "rnode3")
     assert again.returncode == 1 and "rejected by bob" in again.stderr
+    assert "`slurm-ext repair reopen rnode3` makes it await approval again" in again.stderr, again.stderr
     assert _in_order(repair.history("rnode3"), [("repair", "repair-rejected: reboot rejected by bob: vendor")])
 
 
