@@ -190,7 +190,14 @@ def test_one_of_each_count_reads_singular_on_the_page(tmp_path, browser):
         browser.get(url + "#overview")
         until(browser, "the usage", lambda b: _text(b, "usage-utilization") == "40.0 % of 1 GPU")
         until(browser, "the configuration", lambda b: "560.35.03 (1 node)" in _text(b, "config"))
+        assert "ib0 (1 node, 400 Gb/s)" in _text(browser, "config")
+        assert _text(browser, "usage-allocation") == "0 of 1 GPU (0.0 %)"
         assert "1 of 1 node agent answering" in _text(browser, "status-line")
+        browser.get(url + "#nodes")
+        browser.find_element(By.ID, "view-grid").click()
+        until(browser, "the grid's cell", lambda b: "0/1 GPU" in _text(b, "node-grid"))
+        assert "GPUs" not in _text(browser, "node-grid")
+        browser.find_element(By.ID, "view-list").click()
     with _page(tmp_path, 'token_file = ""', nodes=2) as url:
         _open(browser, url + "#nodes")
         until(browser, "two nodes", lambda b: _text(b, "node-shown") == "2 of 2 nodes")

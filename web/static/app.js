@@ -141,7 +141,7 @@ function drawOverview(view) {
   const usage = view.usage.now || {};
   const alloc = view.allocation || {};
   $("usage-allocation").textContent = alloc.gpus ?
-    `${alloc.allocated} of ${alloc.gpus} GPUs (${alloc.share.toFixed(1)} %)` : "-";
+    `${alloc.allocated} of ${counted(alloc.gpus, "GPU")} (${alloc.share.toFixed(1)} %)` : "-";
   $("allocation-detail").textContent = [
     Object.entries(alloc.by_type || {}).map(([t, n]) => `${t}: ${n.allocated} of ${n.total}`).join(", "),
     alloc.idle ? `${alloc.idle} allocated ${alloc.idle === 1 ? "GPU" : "GPUs"} idle (under ${alloc.idle_below} for ` +
@@ -226,7 +226,7 @@ function drawConfig(c) {
     ["OS image", Object.entries(c.os_images).map(([v, n]) => `${v} (${counted(n, "node")})`).join(", ") || "-"],
     ["kernel", c.kernels.join(", ") || "-"],
     ["network interfaces", Object.entries(c.interfaces).map(([name, i]) =>
-      `${name} (${i.nodes} nodes${i.speeds_mbps.length ? ", " + i.speeds_mbps.map((s) => s / 1000 + " Gb/s").join("/") : ""})`).join(", ") || "-"],
+      `${name} (${counted(i.nodes, "node")}${i.speeds_mbps.length ? ", " + i.speeds_mbps.map((s) => s / 1000 + " Gb/s").join("/") : ""})`).join(", ") || "-"],
     ...Object.entries(c.fields),
   ];
   $("config").tBodies[0].innerHTML = rows.map(([k, v]) => `<tr><th>${esc(k)}</th><td>${esc(v)}</td></tr>`).join("");
@@ -288,7 +288,7 @@ function drawNodes(view) {
       const f = nodeFigures(n);
       return `<div class="cell ${esc(n.state)}" data-node="${esc(n.name)}" title="${esc(n.name)}: ${esc(n.state)}` +
         `${n.reason ? " - " + esc(n.reason) : ""}${(n.held || []).length ? "; held: " + esc(n.held.join("; ")) : ""}` +
-        `">${esc(n.name)}<br>${esc(n.gpus_used)}/${esc(n.gpus_total)} GPUs` +
+        `">${esc(n.name)}<br>${esc(n.gpus_used)}/${esc(counted(n.gpus_total, "GPU"))}` +
         `${f.utilization == null ? "" : " " + f.utilization.toFixed(0) + "%"}</div>`;
     }).join("");
     return;
