@@ -16,6 +16,7 @@ import urllib.request
 
 import pytest
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import Select
 
 from slurm_ext.devcluster import fakenvml
 from slurm_ext.slurm import expand_hostlist, gpu_indexes
@@ -174,6 +175,28 @@ def test_the_check_table_shows_a_drilled_fault_on_its_node_and_check_once_and_it
         opened = _get("/api/health?node=unode3")["open"]
         assert len(findings) == len(opened) and [line for line in findings if " ecc " in line] == \
             ["critical: ecc gpu 2 double-bit ECC error (volatile)"], findings
+
+        # the Overview's timeline, filtered as the Health tab is: this node's health findings only
+        browser.get(site.url + "#overview")
+        until(browser, "the timeline's node list", lambda b: len(b.find_elements(By.CSS_SELECTOR,
+                                                                                 "#timeline-node option")) == 5)
+        Select(browser.find_element(By.ID, "timeline-node")).select_by_visible_text("unode3")
+        Select(browser.find_element(By.ID, "timeline-source")).select_by_visible_text("agent")
+        browser.find_element(By.ID, "timeline-event").send_keys("health-finding")
+
+        def timeline(b):
+            return [(r.get_attribute("data-source"), r.get_attribute("data-severity"), r.text)
+                    for r in b.find_elements(By.CSS_SELECTOR, "#timeline tbody tr[data-source]")]
+        until(browser, "only unode3's health findings", lambda b: timeline(b) and all(
+            source == "agent" and "unode3 agent health/health-finding" in text for source, _, text in timeline(b))
+            and any("ecc" in text for _, _, text in timeline(b)))
+        # Slurm's drain of the node warns; nothing of the agents under source slurm
+        Select(browser.find_element(By.ID, "timeline-source")).select_by_visible_text("slurm")
+        browser.find_element(By.ID, "timeline-event").clear()
+        Select(browser.find_element(By.ID, "timeline-severity")).select_by_visible_text("warning")
+        until(browser, "unode3's drain under slurm and warning", lambda b: timeline(b) and all(
+            source == "slurm" and severity == "warning" and " unode3 slurm " in f" {text} "
+            for source, severity, text in timeline(b)) and any("slurm-ext:" in text for _, _, text in timeline(b)))
 
         healed = cli(*dev, "heal", "unode3", timeout=60)
         assert healed.returncode == 0, healed.stderr

@@ -9,9 +9,16 @@ Debian's Chromium):
   plain boxes of a static page (target: under 1 s);
 - a journal cache of 1,000 nodes x 2,000 events (Slurm and the agents stood in by literal answers: four running
   nodes make no such cache): one refresh alone, and while eight clients loop over /api/timeline?node=X&limit=5000
-  (target: the refresh takes every agent's answer in, about as fast as alone).
+  (target: the refresh takes every agent's answer in, about as fast as alone);
+- "is it being used?" at 1,000 nodes of 8 GPUs with 2,000 running jobs (and 500 pending): Slurm's answers are
+  literal text in the shapes Slurm 22.05 gave on the dev cluster (sinfo --json, squeue --json with gres_detail),
+  parsed by the real SlurmClient, the agents stood in with 8 GPU readings and every check's state each. The
+  refresh time and the queries per table per refresh (each Slurm command and each repair-store query counted),
+  against the same refresh without the job table (the view as it was before, in the same run), and the Nodes
+  grid and list of that view drawn in headless Chromium (target: under 1 s).
 
     python tests/benchmarks/bench_web.py [--nodes 1000] [--clients 10] [--seconds 20] [--cache-nodes 1000]
+        [--usage-nodes 1000] [--usage-jobs 2000]
 """
 
 from __future__ import annotations
@@ -60,16 +67,46 @@ const [selector, count, done] = arguments;
 
 
 def table(issued: list[str]) -> dict[str, int]:
-    """Slurm commands by table: the node table, the event table, the configuration."""
-    kinds = {"nodes": 0, "events": 0, "config": 0}
+    """Slurm commands by table: the node table, the job queue, the event table, the configuration."""
+    kinds = {"nodes": 0, "jobs": 0, "events": 0, "config": 0}
     for line in issued:
-        if line.startswith("sacctmgr"):
+        if line.startswith(("squeue", "scontrol show job")):
+            kinds["jobs"] += 1
+        elif line.startswith("sacctmgr"):
             kinds["events"] += 1
         elif "show config" in line:
             kinds["config"] += 1
         elif line.startswith(("sinfo --json", "scontrol show", "scontrol --json")):
             kinds["nodes"] += 1
     return kinds
+
+
+def drawn_times(url: str, nodes: int, rounds: int = 3) -> dict[str, float]:
+    """Median ms from navigation to the Nodes tab drawn with `nodes` nodes, as a grid and as a list."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    profile = tempfile.mkdtemp(prefix="bench-web-chromium-")
+    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service("/usr/bin/chromedriver"))
+    driver.set_script_timeout(60)
+    try:
+        found = {}
+        for view, selector in (("grid", "#node-grid .cell"), ("list", "#node-table tbody tr")):
+            driver.get(url + "#nodes")
+            driver.execute_script(f"sessionStorage.setItem('slurm-ext-node-view', '{view}')")
+            times = []
+            for _ in range(rounds):
+                driver.get("about:blank")
+                driver.get(url + "#nodes")
+                times.append(driver.execute_async_script(_DRAWN, selector, nodes))
+            found[view] = statistics.median(times)
+        return found
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
 
 
 def browser_times(url: str, nodes: int, rounds: int = 3) -> tuple[float, float]:
@@ -101,7 +138,7 @@ def browser_times(url: str, nodes: int, rounds: int = 3) -> tuple[float, float]:
 
 
 class _CacheSlurm:
-    """Slurm as a literal answer: `count` idle nodes, no event, no configuration."""
+    """Slurm as a literal answer: `count` idle nodes, no job, no event, no configuration."""
 
     def __init__(self, count: int):
         self.listed = [Node(f"c{i}", "IDLE", addr="127.0.0.1") for i in range(count)]
@@ -110,6 +147,9 @@ class _CacheSlurm:
         return self.listed
 
     def node_events(self, node, since):
+        return []
+
+    def queue(self):
         return []
 
     def show_config(self):
@@ -167,6 +207,109 @@ def journal_cache(nodes: int, events: int, clients: int, state_dir: str) -> None
           f"{statistics.median(served) * 1000:.0f} ms, median of {len(served)})")
 
 
+class _Counted:
+    """The repair store, each query it is asked counted (records, events, paused's read)."""
+
+    def __init__(self, store, asked: list):
+        self._store, self._asked = store, asked
+
+    def __getattr__(self, name):
+        found = getattr(self._store, name)
+        if not callable(found) or name in ("close", "locked"):
+            return found
+
+        def counted(*args, **kwargs):
+            self._asked.append(name)
+            return found(*args, **kwargs)
+        return counted
+
+
+def usage_answers(nodes: int, jobs: int, pending: int) -> dict[str, str]:
+    """Slurm's answers for `nodes` nodes of 8 GPUs and `jobs` running jobs spread over them (each holding 8 //
+    (jobs // nodes) GPUs) and `pending` pending: the first word of each command -> its standard output."""
+    per_node = max(1, jobs // nodes)
+    gpus = 8 // per_node
+    listed = [{"name": f"u{i}", "state": "mixed", "gres": "gpu:h200:8", "address": "127.0.0.1",
+               "partitions": ["gpu"], "tres_used": f"cpu={per_node},gres/gpu={gpus * per_node}",
+               "slurmd_version": "22.05.8", "cpus": 64, "real_memory": 1000000} for i in range(nodes)]
+    queue = []
+    for number in range(jobs):
+        node, slot = divmod(number, per_node)
+        node %= nodes
+        first = slot * gpus
+        queue.append({"job_id": number + 1, "name": f"train-{number}", "user_name": f"user{number % 37}",
+                      "job_state": "RUNNING", "partition": "gpu", "nodes": f"u{node}",
+                      "gres_detail": [f"gpu:h200:{gpus}(IDX:{first}-{first + gpus - 1})"],
+                      "job_resources": {"nodes": f"u{node}", "allocated_nodes": [{"nodename": f"u{node}"}]},
+                      "start_time": 1_700_000_000})
+    queue += [{"job_id": jobs + number + 1, "name": "wait", "user_name": f"user{number % 37}", "job_state": "PENDING",
+               "partition": "gpu,debug", "nodes": "", "gres_detail": [], "job_resources": {}}
+              for number in range(pending)]
+    import json
+    return {"sinfo": json.dumps({"nodes": listed}), "squeue": json.dumps({"jobs": queue}), "sacctmgr": "",
+            "scontrol": "ClusterName = usage\nSLURM_VERSION = 22.05.8\n"}
+
+
+def usage_tables(nodes: int, jobs: int, state_dir: str) -> None:
+    """The refresh with the job table at `nodes` nodes and `jobs` running jobs, against the same refresh without it,
+    each Slurm command and store query counted; then the Nodes grid and list of that view in Chromium."""
+    from slurm_ext import command
+    from slurm_ext.config import SlurmSection
+    from slurm_ext.health.settings import CHECKS
+    from slurm_ext.repair.store import open_sqlite
+    from slurm_ext.slurm import SlurmClient
+    from waitress.server import create_server
+    path = os.path.join(state_dir, "usage.toml")
+    with open(path, "w") as file:
+        file.write(f'[node]\nstate_dir = "{state_dir}/usage-state"\n[web]\nrefresh = "3600s"\ntoken_file = ""\n'
+                   f'[repair]\nsqlite_file = "{state_dir}/usage-repair.db"\n')
+    loaded = config.load(path)
+    answers, issued, asked = usage_answers(nodes, jobs, jobs // 4), [], []
+
+    def runner(argv, timeout, **kwargs):
+        issued.append(" ".join(argv[:3]))
+        if argv[1:2] == ["--version"]:
+            return command.CommandResult(argv, 0, "slurm 22.05.8\n", "")
+        return command.CommandResult(argv, 0, answers[argv[0]], "")
+    slurm = SlurmClient(SlurmSection(), runner=runner)
+    store = _Counted(open_sqlite(f"{state_dir}/usage-repair.db"), asked)
+    per_node = max(1, jobs // nodes)
+    gpus = [{"gpu": {"index": i, "name": "NVIDIA H200", "uuid": f"GPU-{i}"}, "utilization": 3 if i < 2 else 70,
+             "fb_used_mib": 9000.0, "fb_free_mib": 130000.0, "fb_reserved_mib": 500.0, "temperature": 40,
+             "jobs": [1 + i // (8 // per_node)]} for i in range(8)]
+    answer = {"boot": "b", "time": 1.0, "monitor": {"readings_time": 1.0, "findings": [], "driver": "580.0",
+                                                    "checks": {c: "ok" for c in CHECKS}, "gpus": gpus}}
+    agents = StandInAgents([f"u{i}" for i in range(nodes)], journal_page(0, 0, node="u0"), answer)
+
+    class WithoutJobs(Watcher):
+        """The page as it was before: no job table read, no holders, no allocation."""
+
+        def _read_jobs(self, now):
+            pass
+
+    figures = {}
+    for name, kind in (("without the job table", WithoutJobs), ("with it", Watcher)):
+        watcher = kind(loaded, slurm, store, lambda url, timeout: (None, "refused"), agents)
+        watcher.refresh()
+        issued.clear()
+        asked.clear()
+        took, _ = timed(watcher.refresh)
+        figures[name] = took
+        print(f"usage view, {nodes} nodes x 8 GPUs, {jobs} running jobs, {jobs // 4} pending, {name}: one refresh "
+              f"{took * 1000:.0f} ms (median of 5; view {len(watcher.view.body) / 1024:.0f} KiB); per refresh: "
+              f"Slurm {({k: v / 5 for k, v in table(issued).items()})}, repair store "
+              f"{({q: asked.count(q) / 5 for q in sorted(set(asked))})}")
+    print(f"usage view: the job table costs a refresh x{figures['with it'] / figures['without the job table']:.2f}")
+    server = create_server(create_app(loaded, watcher), host="127.0.0.1", port=0, threads=4)
+    threading.Thread(target=server.run, daemon=True).start()
+    try:
+        drawn = drawn_times(f"http://127.0.0.1:{server.effective_port}/", nodes)
+    finally:
+        server.close()
+    print(f"Chromium, navigation to the Nodes tab of that view drawn: grid {drawn['grid']:.0f} ms, list "
+          f"{drawn['list']:.0f} ms (median of 3; target under 1 s)")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=1000, help="nodes defined in slurm.conf (4 run)")
@@ -174,7 +317,17 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=20.0, help="how long they poll")
     parser.add_argument("--cache-nodes", type=int, default=1000, help="nodes of the journal cache (0: not measured)")
     parser.add_argument("--cache-events", type=int, default=2000, help="journal events of each")
+    parser.add_argument("--usage-nodes", type=int, default=1000, help="nodes of the usage view (0: not measured)")
+    parser.add_argument("--usage-jobs", type=int, default=2000, help="running jobs of the usage view")
+    parser.add_argument("--only-usage", action="store_true", help="only the usage view (no dev cluster)")
     args = parser.parse_args()
+    if args.only_usage:
+        state_dir = tempfile.mkdtemp(prefix="slurm-ext-bench-web-")
+        try:
+            usage_tables(args.usage_nodes, args.usage_jobs, state_dir)
+        finally:
+            shutil.rmtree(state_dir, ignore_errors=True)
+        return 0
     state_dir = tempfile.mkdtemp(prefix="slurm-ext-bench-web-")
     os.chmod(state_dir, 0o755)
     settings = dev.DevSection(state_dir=state_dir, defined_nodes=args.nodes, **BENCH_CLUSTER)
@@ -228,13 +381,15 @@ def main() -> int:
         print(f"{args.clients} browsers polling every 0.25 s for {args.seconds:g} s: {len(served)} answers (median "
               f"{statistics.median(served) * 1000:.1f} ms, max {max(served) * 1000:.0f} ms); {refreshes} refreshes "
               f"(web.refresh 2 s); Slurm queries per refresh: node table {kinds['nodes'] / max(refreshes, 1):.2f}, "
-              f"event table {kinds['events'] / max(refreshes, 1):.2f}")
+              f"job queue {kinds['jobs'] / max(refreshes, 1):.2f}, event table {kinds['events'] / max(refreshes, 1):.2f}")
         grid, boxes = browser_times(url, args.nodes)
         print(f"Chromium, navigation to the Nodes grid of {args.nodes} nodes drawn: {grid:.0f} ms (median of 3); "
               f"a static page of {args.nodes} boxes: {boxes:.0f} ms (ratio {grid / boxes:.2f})")
         watcher.stop()
         if args.cache_nodes:
             journal_cache(args.cache_nodes, args.cache_events, 8, state_dir)
+        if args.usage_nodes:
+            usage_tables(args.usage_nodes, args.usage_jobs, state_dir)
         print("targets: a refresh and the grid under 1 s; one Slurm query per table per refresh whatever the number "
               "of browsers; a refresh over the journal cache takes every agent in while clients read it")
     finally:
