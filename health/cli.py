@@ -9,7 +9,7 @@ import sys
 import time
 
 from slurm_ext import config
-from slurm_ext.words import counted
+from slurm_ext.words import counted, moment, stamped
 
 __all__ = ["add_commands"]
 
@@ -64,13 +64,13 @@ def _show(args: argparse.Namespace) -> int:
     found = open_findings(loaded.node)
     unhealthy = any(row.get("severity") == "critical" for row in found)
     if args.json:
-        print(json.dumps(found, indent=1))
+        print(json.dumps([stamped(row, "first_seen", "last_seen", "opened") for row in found], indent=1))
         return 1 if unhealthy else 0
     if not found:
         print("no open findings")
     for row in found:
-        opened = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["opened"]))
-        print(f"{opened} {_line(row)}" + (f" (seen {row['count']} times)" if row.get("count", 1) > 1 else ""))
+        seen = f" (seen {row['count']} times)" if row.get("count", 1) > 1 else ""
+        print(f"{moment(row['opened'])} {_line(row)}{seen}")
     return 1 if unhealthy else 0
 
 

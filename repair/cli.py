@@ -6,10 +6,10 @@ import argparse
 import json
 import sys
 from dataclasses import asdict
-from datetime import datetime
 
 from slurm_ext import config
 from slurm_ext.log import printable
+from slurm_ext.words import moment, stamped
 
 from .settings import ACTIONS
 
@@ -29,8 +29,12 @@ def _say(line: str, stream=None) -> None:
     print(printable(line), file=stream or sys.stdout)
 
 
+#: the epoch-seconds fields of a repair record, said twice in JSON (slurm_ext.words.stamped)
+_RECORD_TIMES = ("opened", "updated", "closed", "decided_at")
+
+
 def _when(epoch: float | None) -> str:
-    return datetime.fromtimestamp(epoch).astimezone().strftime("%Y-%m-%d %H:%M:%S") if epoch else "-"
+    return moment(epoch) if epoch else "-"
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -45,8 +49,8 @@ def _list(args: argparse.Namespace) -> int:
     # a fault behind someone else's drain has no recommendation (that drain is theirs), but must not be unseen
     held = [s for s in held_findings(node_statuses(nodes, records, []), nodes, AgentClient.of(loaded)) if s.held]
     if args.json:
-        print(json.dumps({"paused": {"by": stop[0], "since": stop[1]} if stop else None,
-                          "records": [asdict(r) for r in records],
+        print(json.dumps({"paused": stamped({"by": stop[0], "since": stop[1]}, "since") if stop else None,
+                          "records": [stamped(asdict(r), *_RECORD_TIMES) for r in records],
                           "held": [{"node": s.name, "reason": s.reason, "owner": s.reason_owner, "findings": s.held}
                                    for s in held]}, indent=1))
         return 0
@@ -55,11 +59,11 @@ def _list(args: argparse.Namespace) -> int:
     if not records:
         print("no recommendations and no repairs under way")
     else:
-        print(f"{'NODE':<14} {'STATE':<12} {'ACTION':<12} {'STEP':<10} {'SINCE':<20} {'BY':<12} WHAT")
+        print(f"{'NODE':<14} {'STATE':<12} {'ACTION':<12} {'STEP':<10} {'SINCE':<25} {'BY':<12} WHAT")
     for r in records:
         jobs = f" jobs {','.join(map(str, r.jobs))}" if r.jobs else ""
         note = f" ({r.note})" if r.note else ""
-        _say(f"{r.node:<14} {r.state:<12} {r.action:<12} {r.step or '-':<10} {_when(r.opened):<20} "
+        _say(f"{r.node:<14} {r.state:<12} {r.action:<12} {r.step or '-':<10} {_when(r.opened):<25} "
              f"{r.decided_by or '-':<12} {r.signature}: {r.evidence}{jobs}{note}")
     for s in held:
         _say(f"{s.name:<14} paused, held behind {s.reason!r} (by {s.reason_owner}): {'; '.join(s.held)}")
@@ -161,7 +165,7 @@ def _history(args: argparse.Namespace) -> int:
     loaded, store = _store(args)
     timeline = gather(AgentClient.of(loaded), store, SlurmClient(loaded.slurm), since, node=args.node)
     if args.json:
-        print(json.dumps({"entries": [asdict(e) for e in timeline.entries], "unreachable": timeline.unreachable,
+        print(json.dumps({"entries": [stamped(asdict(e), "time") for e in timeline.entries], "unreachable": timeline.unreachable,
                           "incomplete": timeline.incomplete},
                          indent=1))
         return 0

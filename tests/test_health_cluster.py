@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
+from datetime import datetime
 from pathlib import Path
 
 import psutil
@@ -531,6 +532,11 @@ def test_health_check_judges_the_node_now_and_show_lists_the_monitors_findings(h
     health.wait_event("health-finding", check="gpu-lost", timeout=10)
     shown = health.cli("health", "show", "--json", check=False)
     assert [(f["check"], f["gpu"], f["severity"]) for f in json.loads(shown.stdout)] == [("gpu-lost", 1, "critical")]
+    # issue 29.7: one time format, and epoch seconds named as such (a bare "opened": 1733390000.2 before)
+    opened = json.loads(shown.stdout)[0]
+    assert datetime.fromisoformat(opened["opened"]).timestamp() == int(opened["opened_epoch"]), opened
+    assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d critical gpu-lost gpu 1",
+                    health.cli("health", "show", check=False).stdout)
     # issue 29.7: `health show` exited 0 with a critical finding open; and said "1 findings"
     assert shown.returncode == 1 and health.cli("health", "show", check=False).returncode == 1
     assert re.search(r"^unhealthy: 2 findings; \d+ checks ran now", lost.stdout, re.M), lost.stdout

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 
 import psutil
 import pytest
@@ -103,7 +104,9 @@ def test_a_gpu_fault_is_recommended_approved_and_repaired_through_slurms_reboot(
     # Slurm's own drain event reaches slurmdbd through slurmctld's DBD agent queue, which may lag under load
     entries = wait_for("slurm's drain event in the history", lambda: (h := repair.history("rnode2")) and any(
         e["source"] == "slurm" and "slurm-ext: repair reboot" in e["message"] for e in h) and h, 60, interval=1.0)
-    assert [e["time"] for e in entries] == sorted(e["time"] for e in entries)
+    assert [e["time_epoch"] for e in entries] == sorted(e["time_epoch"] for e in entries)
+    # issue 29.7: one time format (ISO 8601 with the zone), epoch seconds named as such
+    assert all(datetime.fromisoformat(e["time"]).timestamp() == int(e["time_epoch"]) for e in entries), entries
     steps = _in_order(entries, [("agent", "health/health-finding: critical: xid 79 gpu 1"),
                                 ("repair", "repair-recommended"), ("repair", "repair-approved"),
                                 ("repair", "drained rnode2"), ("slurm", "DRAIN: slurm-ext: repair reboot"),

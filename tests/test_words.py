@@ -6,7 +6,7 @@ import time
 from datetime import datetime
 
 from slurm_ext import events
-from slurm_ext.words import counted, moment
+from slurm_ext.words import counted, moment, stamped
 
 
 def test_one_finding_two_findings():
@@ -33,3 +33,15 @@ def test_the_journal_writes_the_same_format(tmp_path):
     events.emit(str(tmp_path), "supervisor", "started", "up")
     written = json.loads((tmp_path / "journal.jsonl").read_text())["time"]
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d", written), written
+
+
+def test_json_says_epoch_seconds_under_a_name_that_says_so(monkeypatch):
+    monkeypatch.setenv("TZ", "UTC0")
+    time.tzset()
+    try:
+        assert stamped({"node": "n1", "opened": 86400.5, "closed": None}, "opened", "closed") == {
+            "node": "n1", "opened": "1970-01-02T00:00:00+00:00", "opened_epoch": 86400.5, "closed": None,
+            "closed_epoch": None}
+    finally:
+        monkeypatch.undo()
+        time.tzset()
