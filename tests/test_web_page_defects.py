@@ -217,3 +217,24 @@ def test_events_of_one_second_stay_in_the_journals_order_newest_first(tmp_path, 
         until(browser, "the timeline", lambda b: len(b.find_elements(By.CSS_SELECTOR, "#timeline tbody tr")) == 4)
         rows = browser.find_elements(By.CSS_SELECTOR, "#timeline tbody tr td:nth-child(4)")
         assert [row.text for row in rows] == newest_first
+
+
+def test_a_wrong_token_the_session_is_asked_about_is_a_refusal_on_record(tmp_path):
+    """/api/session tells whose a token is: a wrong one is recorded as web-refused, as an operation with it is (at
+    most one such event a minute for an address), so that guessing through it is seen as guessing through a POST."""
+    from urllib.request import Request, urlopen
+    _token_file(tmp_path, f"alice {token_hash(TOKEN)}\n")
+    with _page(tmp_path, f'token_file = "{tmp_path / "tokens"}"') as url:
+        def session(token: str) -> dict:
+            with urlopen(Request(url + "api/session", headers={"Authorization": f"Bearer {token}"}), timeout=10) as a:
+                return json.load(a)
+        assert (session(TOKEN)["user"], session(TOKEN)["via"]) == ("alice", "token")
+        journal = tmp_path / "state" / "journal.jsonl"
+        refused = lambda: [e for e in map(json.loads, journal.read_text().splitlines())  # noqa: E731
+                           if e["event"] == "web-refused"] if journal.exists() else []
+        assert refused() == []
+        for _ in range(3):
+            answer = session("w" * 32)
+            assert answer["user"] is None and "this operator token is not known" in answer["problem"], answer
+        [event] = refused()
+        assert "/api/session" in event["message"] and event["address"] == "127.0.0.1", event

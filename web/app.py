@@ -168,8 +168,8 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
     def bad_request(err: BadRequest):
         return jsonify(error=err.message), err.status
 
-    @app.errorhandler(RequestRefused)
-    def refused(err: RequestRefused):
+    def on_record(err: RequestRefused) -> None:
+        """A web-refused event for this request, at most one a minute for its address."""
         now, address = time.monotonic(), request.remote_addr or "?"
         if now - refused_last.get(address, -_REFUSED_EVERY) >= _REFUSED_EVERY:
             if len(refused_last) > 10000:
@@ -177,6 +177,10 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
             refused_last[address] = now
             emit("web-refused", f"{request.method} {request.path} from {address} refused: {err} (at most one such "
                                 f"event a minute for an address)", "warning", address=address)
+
+    @app.errorhandler(RequestRefused)
+    def refused(err: RequestRefused):
+        on_record(err)
         return jsonify(error=str(err)), err.status
 
     @app.errorhandler(HTTPException)
@@ -301,8 +305,9 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
             if sent_proxy or request.headers.get("Authorization", "").startswith("Bearer "):
                 found = operator_of(request.headers, request.remote_addr, settings, tokens, proxy_secret)
                 user, via = found.user, found.via
-        except RequestRefused as err:
+        except RequestRefused as err:  # recorded as a refused operation is: guessing here is seen as there
             problem = str(err)
+            on_record(err)
         return jsonify(csrf=csrf.issue(), user=user, via=via, tokens=bool(settings.token_file),
                        proxy=settings.proxy_user_header or None, problem=problem, hint=hint, checks=list(CHECKS))
 
