@@ -115,3 +115,70 @@ def test_one_fault_is_listed_once_in_a_nodes_findings_cell():
     ecc = {"severity": "critical", "check": "ecc", "gpu": 2, "evidence": "gpu 2 double-bit ECC error (volatile)"}
     assert finding_lines(["ecc: gpu 2 double-bit ECC error (volatile)"], [ecc]) == \
         ["critical: ecc gpu 2 double-bit ECC error (volatile)"]
+
+
+class _Queue:
+    """Slurm as literal records: two nodes of 4 GPUs, one job on n1 holding GPUs 0 and 1; `down` makes the job
+    queue fail as an unreachable slurmctld does."""
+
+    def __init__(self):
+        self.down = False
+
+    def nodes(self):
+        return [Node("n1", "MIXED", gres="gpu:h200:4", gpus_used=2, addr="127.0.0.1"),
+                Node("n2", "IDLE", gres="gpu:h200:4", addr="127.0.0.1")]
+
+    def queue(self):
+        if self.down:
+            from slurm_ext.errors import SlurmUnreachable
+            raise SlurmUnreachable("squeue: Slurm unreachable: Unable to contact slurm controller", ["squeue"])
+        return [Job(7, "train", "alice", "RUNNING", "n1", "gpu", gpus=(("n1", "h200", (0, 1)),)),
+                Job(8, "wait", "bob", "PENDING", "", "gpu")]
+
+    def node_events(self, node, since):
+        return []
+
+    def show_config(self):
+        return {}
+
+
+def _watcher(tmp_path, clock):
+    from helpers.page import StandInAgents, journal_page
+    from slurm_ext import config
+    from slurm_ext.repair.store import open_sqlite
+    from slurm_ext.web.watch import Watcher
+    path = tmp_path / "slurm-ext.toml"
+    path.write_text(f'[node]\nstate_dir = "{tmp_path / "state"}"\n[web]\ntoken_file = ""\nidle_gpu_after = "60s"\n')
+    gpus = [{"gpu": {"index": i}, "utilization": 1 if i == 0 else 90, "fb_used_mib": 10.0, "fb_free_mib": 90.0}
+            for i in range(4)]
+    answer = {"boot": "b", "time": 1.0, "monitor": {"readings_time": 1.0, "findings": [], "gpus": gpus,
+                                                    "checks": {"xid": "ok", "ecc": "critical", "nvlink": "disabled"}}}
+    slurm = _Queue()
+    agents = StandInAgents(["n1", "n2"], journal_page(0, 0), answer)
+    return Watcher(config.load(path), slurm, open_sqlite(str(tmp_path / "r.db")),
+                   lambda url, timeout: (None, "refused"), agents, clock=clock), slurm
+
+
+def test_the_view_names_each_gpus_holder_flags_it_idle_after_the_window_and_keeps_the_queue_slurm_last_gave(
+        tmp_path):
+    now = [1000.0]
+    watcher, slurm = _watcher(tmp_path, lambda: now[0])
+    view = watcher.refresh().data
+    n1 = next(n for n in view["nodes"] if n["name"] == "n1")
+    assert [(g["index"], [h["user"] for h in g["holders"]], g["idle"]) for g in n1["gpu_readings"]] == \
+        [(0, ["alice"], False), (1, ["alice"], False), (2, [], False), (3, [], False)]
+    assert n1["jobs"] == [{"job_id": 7, "user": "alice", "partition": "gpu", "name": "train", "gpus": [0, 1]}]
+    assert n1["checks"] == {"xid": "ok", "ecc": "critical", "nvlink": "disabled"}  # as the agent's /metrics has them
+    assert (view["queue"]["running"], view["queue"]["pending"]) == (1, 1)
+    assert view["allocation"]["share"] == 25.0 and view["usage"]["history"][-1][6] == 25.0
+    now[0] += 61  # GPU 0 held and under 5 % for longer than idle_gpu_after; GPU 1 busy
+    view = watcher.refresh().data
+    n1 = next(n for n in view["nodes"] if n["name"] == "n1")
+    assert [(g["index"], g["idle"], g["idle_since"]) for g in n1["gpu_readings"][:2]] == \
+        [(0, True, 1000.0), (1, False, None)]
+    assert view["allocation"]["idle"] == 1
+    slurm.down = True  # slurmctld away for the queue: the last answer stays, said to be old
+    now[0] += 5
+    view = watcher.refresh().data
+    assert view["sources"]["slurm-jobs"]["ok"] is False and "Unable to contact" in view["sources"]["slurm-jobs"]["error"]
+    assert view["queue"]["running"] == 1 and view["allocation"]["idle"] == 1

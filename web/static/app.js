@@ -101,7 +101,8 @@ function banner(text, error) {
 
 function sourcesBanner(view) {
   const problems = [];
-  const names = {"slurm": "slurmctld (the node table)", "slurm-events": "slurmdbd (the event table)",
+  const names = {"slurm": "slurmctld (the node table)", "slurm-jobs": "slurmctld (the job queue)",
+                 "slurm-events": "slurmdbd (the event table)",
                  "repair": "the repair database", "prometheus": "Prometheus"};
   for (const [name, source] of Object.entries(view.sources)) {
     if (!source.ok) {
@@ -375,9 +376,11 @@ function checkSummary(checks) {
   if (!entries.length) return `<span class="muted">no readings</span>`;
   const ok = entries.filter(([, s]) => s === "ok").length;
   const off = entries.filter(([, s]) => checkWord(s) === "n/a").length;
-  const bad = entries.filter(([, s]) => !["ok"].includes(s) && checkWord(s) !== "n/a");
-  return bad.map(([c, s]) => `<span class="check ${esc(checkWord(s))}" data-check="${esc(c)}">${esc(c)}: ${esc(checkWord(s))}</span>`).join(" ") +
-    `${bad.length ? "<br>" : ""}<span class="muted">${ok} ok${off ? `, ${off} n/a` : ""}</span>`;
+  const bad = entries.filter(([, s]) => s !== "ok" && checkWord(s) !== "n/a");
+  const every = entries.map(([c, s]) => `${c}: ${checkWord(s)}`).join("\n");  // each check's state, on hover
+  return `<span title="${esc(every)}">` + bad.map(([c, s]) =>
+    `<span class="check ${esc(checkWord(s))}" data-check="${esc(c)}">${esc(c)}: ${esc(checkWord(s))}</span>`).join(" ") +
+    `${bad.length ? "<br>" : ""}<span class="muted">${ok} ok${off ? `, ${off} n/a` : ""}</span></span>`;
 }
 
 function drawHealth(view) {
