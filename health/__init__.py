@@ -61,10 +61,12 @@ def monitor_missing(node: "slurm_ext.config.NodeSection") -> str:
     return ""
 
 
-def request_clear(state_dir: str, check: str = "", subject: str = "", action: str = "", by: str = "") -> str:
+def request_clear(state_dir: str, check: str = "", subject: str = "", action: str = "", by: str = "",
+                  why: str = "operator") -> str:
     """Ask the running monitor to clear open findings (of `check`, about `subject`: a GPU index, UUID, bus id;
-    whose action is `action`: a GPU reset clears only what a reset repairs) for operator `by`; returns the request
-    file. The monitor takes it up within a second and journals what it cleared, and who asked."""
+    whose action is `action`: a GPU reset clears only what a reset repairs) for operator `by`, or because the GPU
+    was reset (`why` "reset"); returns the request file. The monitor takes it up within a second and journals what
+    it cleared, why, and who asked."""
     import json
 
     from slurm_ext.fileio import atomic_write
@@ -72,5 +74,6 @@ def request_clear(state_dir: str, check: str = "", subject: str = "", action: st
     from .monitor import clear_path
     path = clear_path(state_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, json.dumps({"check": check, "subject": subject, "action": action, "by": by}) + "\n", mode=0o600)
+    atomic_write(path, json.dumps({"check": check, "subject": subject, "action": action, "by": by,
+                                  "why": why}) + "\n", mode=0o600)
     return str(path)

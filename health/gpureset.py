@@ -118,7 +118,7 @@ def _clear_findings(state_dir: str, gpu: int) -> None:
     (briefly) for it to take the request up."""
     from . import request_clear
     from .monitor import clear_path
-    request_clear(state_dir, "", str(gpu), action="reset-gpu")
+    request_clear(state_dir, "", str(gpu), action="reset-gpu", why="reset")
     deadline = time.monotonic() + _CLEAR_WAIT
     while clear_path(state_dir).exists() and time.monotonic() < deadline:
         time.sleep(0.05)

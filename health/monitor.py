@@ -612,10 +612,11 @@ class Monitor:
             return
         check, subject = str(request.get("check") or ""), str(request.get("subject") or "")
         action, by = str(request.get("action") or ""), str(request.get("by") or "")[:128]
+        why = "reset" if request.get("why") == "reset" else "operator"
         changes = self.findings.drop(lambda f: not ((not check or f.check == check)
                                                     and (not action or f.action == action)
                                                     and (not subject or subject in (f.subject, f.uuid, f.pci_bus_id,
-                                                                                    str(f.gpu)))), "operator", by)
+                                                                                    str(f.gpu)))), why, by)
         self._apply(changes)
         for changed in {c.finding.check for c in changes}:
             self._drains.sync(changed, self.findings.open())
@@ -656,7 +657,8 @@ class Monitor:
 
 
 _WHY = {"quiet": "its condition stayed away for its quiet window", "operator": "an operator's slurm-ext health clear",
-        "disabled": "its check was disabled", "reboot": "the node rebooted"}
+        "disabled": "its check was disabled", "reboot": "the node rebooted",
+        "reset": "its GPU was reset for an approved reset-gpu repair"}
 
 
 class _DrainPoster:

@@ -114,6 +114,10 @@ def test_a_gpu_fault_is_recommended_approved_and_repaired_through_slurms_reboot(
                                 ("repair", "scontrol reboot rnode2"), ("agent", "supervisor/started"),
                                 ("repair", "rnode2 is back"), ("repair", "checks pass"), ("repair", "repair-done")])
     assert steps[2]["user"] == "alice"
+    # the reset's clear says why (it said "an operator's slurm-ext health clear", with no operator)
+    cleared = [e for e in entries if e["event"] == "health/health-cleared" and e["message"].startswith("row-remap ")]
+    assert cleared and all("cleared (its GPU was reset for an approved reset-gpu repair)" in e["message"]
+                           for e in cleared), cleared
 
 
 def _remap_pending(cluster: RepairCluster, node: str, gpu: int) -> None:
