@@ -3,7 +3,8 @@
 Real slurmctld and slurmd with GPU jobs (sbatch --gres=gpu), the nodes' agents with fake NVML GPUs whose load the
 test sets, and the page standalone (`slurm-ext web`) with a refresh of 1 s and a short idle window, so that an
 allocated idle GPU is flagged within seconds. What the page shows is held to what squeue and `scontrol show job -d`
-say; the check table to a fault drilled with `slurm-ext dev inject`.
+say; the check table to a fault drilled with `slurm-ext dev inject`; the health history to a finding that a real
+repair's reboot ended (the monitor writes no event for it).
 """
 
 from __future__ import annotations
@@ -210,3 +211,28 @@ def test_the_check_table_shows_a_drilled_fault_on_its_node_and_check_once_and_it
     finally:
         cli(*dev, "heal", "unode3", timeout=60)
         site.settle(["unode3"])
+
+
+def test_a_finding_that_a_reboot_ended_reads_cleared_by_the_reboot(site, browser):
+    dev = ("--config", str(site.layout.dev_conf), "dev")
+    done = cli(*dev, "inject", "unode4", "xid-79", "--gpu", "1", timeout=60)
+    assert done.returncode == 0, done.stderr
+    try:
+        record = site.record("unode4", "recommended", timeout=60)
+        healed = cli(*dev, "heal", "unode4", timeout=60)  # the GPU back for the node's next boot
+        assert healed.returncode == 0, healed.stderr
+        assert site.repair_cli("repair", "approve", "unode4").returncode == 0
+        wait_for("unode4's reboot done", lambda: any(r["id"] == record["id"] and r["state"] == "done"
+                                                     for r in site.all_records("unode4")), 120, interval=1.0)
+        # the monitor of the new boot starts without the finding and writes no health-cleared for it
+        journal = [json.loads(line) for line in
+                   (site.layout.node("unode4").node_state / "journal.jsonl").read_text().splitlines()]
+        assert not [e for e in journal if e.get("event") == "health-cleared" and e.get("check") == "xid"]
+        browser.get(site.url + "#health")
+        row = "#health-events tr[data-node=unode4][data-check=xid][data-state=cleared]"
+        until(browser, "the Xid's cleared row, by the reboot", lambda b: "cleared (reboot)" in text_of(b, row)
+              and "the node rebooted" in text_of(b, row), timeout=60)
+        assert not browser.find_elements(By.CSS_SELECTOR, "#open-findings tr[data-node=unode4]")
+    finally:
+        cli(*dev, "heal", "unode4", timeout=60)
+        site.settle(["unode4"])
