@@ -180,5 +180,6 @@ def test_the_view_names_each_gpus_holder_flags_it_idle_after_the_window_and_keep
     slurm.down = True  # slurmctld away for the queue: the last answer stays, said to be old
     now[0] += 5
     view = watcher.refresh().data
-    assert view["sources"]["slurm-jobs"]["ok"] is False and "Unable to contact" in view["sources"]["slurm-jobs"]["error"]
+    jobs = view["sources"]["slurm-jobs"]
+    assert jobs["ok"] is False and "Unable to contact" in jobs["error"]
     assert view["queue"]["running"] == 1 and view["allocation"]["idle"] == 1

@@ -169,7 +169,8 @@ def finding_lines(drained: list[str], findings: list) -> list[str]:
             continue
         gpu, evidence = found.get("gpu"), str(found.get("evidence", ""))
         named = gpu is None or re.match(rf"gpu {gpu}\b", evidence)  # the evidence names its GPU first (29.3's words)
-        lines.append(f"{found.get('severity')}: {found.get('check')} {'' if named else f'gpu {gpu} '}{evidence}".rstrip())
+        where = "" if named else f"gpu {gpu} "
+        lines.append(f"{found.get('severity')}: {found.get('check')} {where}{evidence}".rstrip())
         told.append((str(found.get("check", "")), str(found.get("evidence", ""))))
     for line in drained:
         signature, _, evidence = line.partition(": ")

@@ -381,7 +381,8 @@ def main() -> int:
         print(f"{args.clients} browsers polling every 0.25 s for {args.seconds:g} s: {len(served)} answers (median "
               f"{statistics.median(served) * 1000:.1f} ms, max {max(served) * 1000:.0f} ms); {refreshes} refreshes "
               f"(web.refresh 2 s); Slurm queries per refresh: node table {kinds['nodes'] / max(refreshes, 1):.2f}, "
-              f"job queue {kinds['jobs'] / max(refreshes, 1):.2f}, event table {kinds['events'] / max(refreshes, 1):.2f}")
+              f"job queue {kinds['jobs'] / max(refreshes, 1):.2f}, "
+              f"event table {kinds['events'] / max(refreshes, 1):.2f}")
         grid, boxes = browser_times(url, args.nodes)
         print(f"Chromium, navigation to the Nodes grid of {args.nodes} nodes drawn: {grid:.0f} ms (median of 3); "
               f"a static page of {args.nodes} boxes: {boxes:.0f} ms (ratio {grid / boxes:.2f})")
