@@ -4,6 +4,7 @@ cleared finding reads as cleared, and a finding the node ended by rebooting gets
 from __future__ import annotations
 
 from slurm_ext.web.healthview import history_rows
+from test_web import page  # noqa: F401 (the page over literal records, its fixture)
 
 XID = {"component": "health", "check": "xid", "subject": "gpu 1", "evidence": "79 gpu 1 fallen off the bus",
        "action": "reboot", "finding_severity": "critical", "gpu": 1}
@@ -43,3 +44,18 @@ def test_no_cleared_row_is_made_for_a_finding_the_agent_still_holds_or_whose_age
     # opened again after a start: only a later start ends it
     again = events + [(500.0, "n1", _event("health-finding", "critical", **XID))]
     assert not [r for r in history_rows(again, {"n1": set()}) if r["made_by_page"]]
+
+
+def test_the_routes_filter_the_timeline_and_say_each_health_events_state(page):  # noqa: F811 (test_web's page)
+    slurm = page.get("/api/timeline?source=slurm&severity=warning").get_json()["entries"]
+    assert [(e["message"], e["severity"]) for e in slurm] == [("DRAIN: slurm-ext: xid 79 (by root)", "warning")]
+    assert page.get("/api/timeline?source=slurm&severity=info").get_json()["entries"] == []
+    found = page.get("/api/timeline?node=n2&source=agent&event=health-finding&severity=error").get_json()["entries"]
+    assert [e["message"] for e in found] == ["critical 2", "critical 1", "critical 0"]
+    assert page.get("/api/timeline?source=agent&event=health-cleared").get_json()["entries"] == []
+    answer = page.get("/api/timeline?event=%3Cb%3E")
+    assert answer.status_code == 400 and "part of an event's name" in answer.get_json()["error"]
+    health = page.get("/api/health?node=n2").get_json()
+    assert [(e["state"], e["severity"]) for e in health["entries"]] == [("open", "critical")] * 3
+    assert page.get("/api/health?state=cleared").get_json()["entries"] == []
+    assert health["open"] == [f for f in health["open"] if f["node"] == "n2"]
