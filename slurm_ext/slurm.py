@@ -11,8 +11,9 @@ Node-state ownership lives here too: `drain` writes reasons that start with
 ``slurm-ext:`` and `resume` refuses any node whose reason does not, so an
 admin's drain is never undone by us.
 
-Main API: `SlurmClient.node`, `.nodes`, `.jobs`, `.job`, `.wait_accounted`,
-`.drain`, `.resume`, `.node_events`; records `Node`, `Job`, `NodeEvent`.
+Main API: `SlurmClient.node`, `.nodes`, `.jobs`, `.queue` (jobs with the GPU
+indexes each holds per node), `.job`, `.wait_accounted`, `.drain`, `.resume`,
+`.node_events`; records `Node`, `Job`, `NodeEvent`.
 """
 
 from __future__ import annotations
