@@ -20,6 +20,8 @@ agents that do not answer, repairs paused.
 
 from __future__ import annotations
 
+import re
+
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
@@ -127,17 +129,19 @@ def held_findings(statuses: list[NodeStatus], nodes: list[Node], agents: AgentCl
 
 
 def finding_lines(drained: list[str], findings) -> list[str]:
-    """A node's faults, each once: its agent's open findings (severity, check, GPU, evidence), then what its drain
-    states (`signature: evidence`) only where no finding says it already (the drain is written from the finding)."""
+    """A node's faults, each once, as `status` and the page's findings cell list them: its agent's open findings
+    (severity, check, GPU, evidence; the GPU not said twice where the evidence names it: `critical: xid 79 gpu 1 GPU
+    has fallen off the bus`), then what its drain states (`signature: evidence`) only where no finding says it
+    already (the drain is written from the finding: listing both showed one Xid twice), and no line twice."""
     lines: list[str] = []
     told = []
     for found in findings or ():
         if not isinstance(found, dict):
             continue
-        gpu = found.get("gpu")
-        lines.append(f"{found.get('severity')}: {found.get('check')} "
-                     f"{'gpu ' + str(gpu) + ' ' if gpu is not None else ''}{found.get('evidence', '')}".rstrip())
-        told.append((str(found.get("check", "")), str(found.get("evidence", ""))))
+        gpu, evidence = found.get("gpu"), str(found.get("evidence", ""))
+        where = "" if gpu is None or re.search(rf"\bgpu {gpu}\b", evidence) else f"gpu {gpu} "
+        lines.append(f"{found.get('severity')}: {found.get('check')} {where}{evidence}".rstrip())
+        told.append((str(found.get("check", "")), evidence))
     for line in drained:
         signature, _, evidence = line.partition(": ")
         check = signature.split("/", 1)[0]

@@ -47,10 +47,10 @@ def test_status_shows_the_warnings_the_page_shows(two):
         def told():
             data, text, _ = _status(cluster)
             node = next(n for n in data["nodes"] if n["name"] == "snode2")
-            return any(f.startswith("warning: xid gpu 0") for f in node["findings"]) and (data, text)
+            return any(f.startswith("warning: xid 13 gpu 0") for f in node["findings"]) and (data, text)
         data, text = wait_for("status tells snode2's xid 13 warning", told, 30, interval=0.5)
         row = next(line for line in text.splitlines() if line.startswith("snode2"))
-        assert "warning: xid gpu 0" in row and "healthy" in row, row
+        assert "warning: xid 13 gpu 0" in row and "healthy" in row, row
         assert data["warnings"] == [], data["warnings"]
 
         # repairs paused: the page's repair tab says so; status too

@@ -106,12 +106,13 @@ def test_one_fault_is_listed_once_in_a_nodes_findings_cell():
     # the drain is written from the agent's finding: the cell listed both (seen: an Xid 79 twice in one cell)
     finding = {"severity": "critical", "check": "xid", "gpu": 1, "evidence": "79 gpu 1 fallen off the bus"}
     assert finding_lines(["xid/79: 79 gpu 1 fallen off the bus"], [finding]) == \
-        ["critical: xid gpu 1 79 gpu 1 fallen off the bus"]
+        ["critical: xid 79 gpu 1 fallen off the bus"]
     # a drain no open finding states (the monitor restarted, an older drain) is still listed, once
     assert finding_lines(["ecc: 2 volatile double-bit", "ecc: 2 volatile double-bit"], [finding]) == \
-        ["critical: xid gpu 1 79 gpu 1 fallen off the bus", "ecc: 2 volatile double-bit"]
-    assert finding_lines([], [finding, dict(finding)]) == ["critical: xid gpu 1 79 gpu 1 fallen off the bus"]
-    # an evidence that names its GPU first does not get it twice (seen: "ecc gpu 2 gpu 2 double-bit ECC error")
+        ["critical: xid 79 gpu 1 fallen off the bus", "ecc: 2 volatile double-bit"]
+    assert finding_lines([], [finding, dict(finding)]) == ["critical: xid 79 gpu 1 fallen off the bus"]
+    # an evidence that names its GPU does not get it twice (seen: "ecc gpu 2 gpu 2 double-bit ECC error", and in
+    # `slurm-ext status`, "xid gpu 1 79 gpu 1 GPU has fallen off the bus")
     ecc = {"severity": "critical", "check": "ecc", "gpu": 2, "evidence": "gpu 2 double-bit ECC error (volatile)"}
     assert finding_lines(["ecc: gpu 2 double-bit ECC error (volatile)"], [ecc]) == \
         ["critical: ecc gpu 2 double-bit ECC error (volatile)"]

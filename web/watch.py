@@ -38,7 +38,7 @@ from datetime import datetime, timezone
 from slurm_ext import events
 from slurm_ext.agentapi import AgentAnswerError, AgentClient, HealthAnswer, JournalLine, FactsReading, get_text
 from slurm_ext.errors import SlurmExtError
-from slurm_ext.repair.status import counts, held, node_statuses
+from slurm_ext.repair.status import counts, finding_lines, held, node_statuses
 from slurm_ext.slurm import Node, SlurmClient, is_our_reason
 
 from . import allocation, usage
@@ -155,30 +155,6 @@ def ssh_command(template: str, node: Node) -> str:
     values = {"node": node.name, "addr": node.addr or node.name}
     # in one pass: a value is never read for a field
     return _SSH_FIELD.sub(lambda found: shlex.quote(values[found.group(1)]), template)
-
-
-def finding_lines(drained: list[str], findings: list) -> list[str]:
-    """A node's faults as its findings cell lists them, each once: its agent's open findings (severity, check, GPU,
-    evidence, the GPU not said twice where the evidence names it), then what its drain states (`signature:
-    evidence`) only where no finding says it already (the drain is written from the finding: listing both showed one
-    Xid twice), and no line twice."""
-    lines: list[str] = []
-    told = []
-    for found in findings:
-        if not isinstance(found, dict):
-            continue
-        gpu, evidence = found.get("gpu"), str(found.get("evidence", ""))
-        named = gpu is None or re.match(rf"gpu {gpu}\b", evidence)  # the evidence names its GPU first (29.3's words)
-        where = "" if named else f"gpu {gpu} "
-        lines.append(f"{found.get('severity')}: {found.get('check')} {where}{evidence}".rstrip())
-        told.append((str(found.get("check", "")), str(found.get("evidence", ""))))
-    for line in drained:
-        signature, _, evidence = line.partition(": ")
-        check = signature.split("/", 1)[0]
-        if any(check == c and evidence and (e.startswith(evidence) or evidence.startswith(e)) for c, e in told):
-            continue
-        lines.append(line)
-    return list(dict.fromkeys(lines))
 
 
 def gpus_by_type(nodes: list[Node]) -> dict[str, int]:
