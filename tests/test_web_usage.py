@@ -184,3 +184,31 @@ def test_the_view_names_each_gpus_holder_flags_it_idle_after_the_window_and_keep
     jobs = view["sources"]["slurm-jobs"]
     assert jobs["ok"] is False and "Unable to contact" in jobs["error"]
     assert view["queue"]["running"] == 1 and view["allocation"]["idle"] == 1
+
+
+def test_a_node_whose_agent_stopped_answering_shows_no_check_as_ok(tmp_path):
+    """The review of 29: the check table is what the node's agent measured. Once its agent stops answering, the
+    watcher keeps the agent's last answer (its figures are shown with their age), but a check state "ok" from it
+    is not a measurement of now: the node has no check states (the page says "no readings" beside the agent's
+    error) until its agent answers again."""
+    from slurm_ext.agentapi import AgentAnswerError
+    now = [1000.0]
+    watcher, _ = _watcher(tmp_path, lambda: now[0])
+    n1 = next(n for n in watcher.refresh().data["nodes"] if n["name"] == "n1")
+    assert n1["checks"]["xid"] == "ok"
+    agents = watcher.agent_client
+    answered = agents.health
+
+    def silent(node, addr="", timeout=None):
+        if node == "n1":
+            raise AgentAnswerError(node, addr or "127.0.0.1", "no answer: connection refused")
+        return answered(node, addr, timeout)
+    agents.health = silent
+    now[0] += 30
+    n1 = next(n for n in watcher.refresh().data["nodes"] if n["name"] == "n1")
+    assert n1["agent"]["error"], n1["agent"]
+    assert n1["checks"] == {}, n1["checks"]
+    agents.health = answered
+    now[0] += 30
+    n1 = next(n for n in watcher.refresh().data["nodes"] if n["name"] == "n1")
+    assert n1["checks"]["xid"] == "ok"

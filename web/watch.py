@@ -526,7 +526,9 @@ class Watcher:
                          "jobs": jobs_of.get(node.name, []),
                          "agent_findings": findings,
                          "findings_shown": finding_lines(status.findings, findings),
-                         "checks": dict(monitor.checks) if monitor is not None else {},
+                         # what the agent measures now: none from the last answer of an agent that no longer
+                         # answers (a check read "ok" then is not "ok" now)
+                         "checks": dict(monitor.checks) if monitor is not None and not agent.error else {},
                          "held": held(findings) if status.state == "paused" else [],
                          "agent": {"answered": agent.answered or None, "error": agent.error,
                                    "readings_time": monitor.readings_time if monitor is not None else None,
