@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -217,6 +218,10 @@ def test_events_of_one_second_stay_in_the_journals_order_newest_first(tmp_path, 
         until(browser, "the timeline", lambda b: len(b.find_elements(By.CSS_SELECTOR, "#timeline tbody tr")) == 4)
         rows = browser.find_elements(By.CSS_SELECTOR, "#timeline tbody tr td:nth-child(4)")
         assert [row.text for row in rows] == newest_first
+        # one time format, the CLI's: ISO 8601 with the zone's offset (it was `2026-12-01 10:00:00`, no zone)
+        shown = browser.find_element(By.CSS_SELECTOR, "#timeline tbody tr td:nth-child(1)").text
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d", shown), shown
+        assert datetime.fromisoformat(shown) == datetime(2026, 12, 1, 10, 0, 0, tzinfo=timezone.utc), shown
 
 
 def test_a_wrong_token_the_session_is_asked_about_is_a_refusal_on_record(tmp_path):

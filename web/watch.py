@@ -40,6 +40,7 @@ from slurm_ext.agentapi import AgentAnswerError, AgentClient, HealthAnswer, Jour
 from slurm_ext.errors import SlurmExtError
 from slurm_ext.repair.status import counts, finding_lines, held, node_statuses
 from slurm_ext.slurm import Node, SlurmClient, is_our_reason
+from slurm_ext.words import moment
 
 from . import allocation, usage
 
@@ -353,7 +354,7 @@ class Watcher:
         source = self.sources[name]
         if source.ok or not source.failing_since:
             self.emit("web-source-failed", f"{name}: {error}; the page shows its last answer"
-                      + (f" of {datetime.fromtimestamp(source.answered).isoformat(timespec='seconds')}"
+                      + (f" of {moment(source.answered)}"
                          if source.answered else ""), "warning", source=name)
         source.failure(error, now)
 

@@ -16,11 +16,15 @@ function esc(value) {
   return String(value ?? "").replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;",
     "'": "&#39;"}[c]));
 }
+// The one time format of slurm-ext (the CLI's too): ISO 8601 to the second with the zone's offset, here the
+// browser's zone, so that a time read off the page can be pasted into `slurm-ext history --since` as it is.
 function when(epoch) {
   if (!epoch) return "-";
   const d = new Date(epoch * 1000);
-  const pad = (n) => String(n).padStart(2, "0");
-  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+  const pad = (n) => String(Math.abs(n)).padStart(2, "0");
+  const east = -d.getTimezoneOffset();  // minutes east of UTC
+  const zone = `${east < 0 ? "-" : "+"}${pad(Math.trunc(east / 60))}:${pad(east % 60)}`;
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())}T${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}${zone}`;
 }
 function age(seconds) {
   if (seconds == null) return "never";
