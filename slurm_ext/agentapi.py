@@ -549,8 +549,9 @@ _MAX_OUTPUT = 4000
 
 #: an operator's name as it crosses the boundary (a clear's `by`): the page's user names (a proxy may pass an email)
 OPERATOR_NAME = re.compile(r"^[A-Za-z0-9._@+-]{1,128}$")
-#: what a clear names its findings by: a GPU's index, UUID or PCI bus id
-CLEAR_SUBJECT = re.compile(r"^[A-Za-z0-9:._-]{1,64}$")
+#: what a clear names its findings by: a GPU's index, UUID or PCI bus id, or one finding's subject as its monitor
+#: names it (`<uuid>/xid48`, a mount point, an interface): any printable text, bounded (\Z: `$` takes a last "\n")
+CLEAR_SUBJECT = re.compile(r"^[^\x00-\x1f\x7f]{1,256}\Z")
 
 
 @dataclass(frozen=True, slots=True)

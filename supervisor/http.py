@@ -257,7 +257,7 @@ def _clear(agent, query: str, clearer: AnswerWorker) -> Answer | Later:
     if check and check not in clear_checks():
         return 400, f"check: {check[:40]!r} is not a check; checks: {', '.join(clear_checks())}\n".encode(), _TEXT
     if gpu and not agentapi.CLEAR_SUBJECT.match(gpu):
-        return 400, b"gpu: expected a GPU's index, UUID or PCI bus id\n", _TEXT
+        return 400, b"gpu: expected a GPU's index, UUID or PCI bus id, or a finding's subject (printable)\n", _TEXT
     if clearer.busy:
         return 409, b"another clear is being taken up on this node: ask again in a few seconds\n", _TEXT
     if not agent.poll_health_now():  # the monitor wakes for its poll, and takes the request up with it

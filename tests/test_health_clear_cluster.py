@@ -144,8 +144,10 @@ def test_the_page_clears_an_open_finding_and_reopens_a_rejection_with_the_operat
     button = "#open-findings tr[data-node=cnode2][data-check=xid] button.op-clear"
     until(browser, "cnode2's open Xid finding with its Clear button", lambda b: b.find_elements(By.CSS_SELECTOR, button))
     browser.find_element(By.CSS_SELECTOR, button).click()
-    until(browser, "the clear said", lambda b: "cnode2's health monitor cleared its open findings (check xid gpu 1) "
-                                                "for alice" in text_of(b, "#message"))
+    # the row's finding alone, by its subject (the review of 29: not every xid finding of the node)
+    until(browser, "the clear said", lambda b: "cnode2's health monitor cleared its open findings (check xid subject "
+                                                "'" in text_of(b, "#message") and "/xid79') for alice" in
+          text_of(b, "#message"))
     event = _cleared(clear, "cnode2", seen)
     assert (event["by"], event["check"], event["gpu"]) == ("alice", "xid", 1), event
     wait_for("cnode2 resumed", lambda: not clear.slurm_node("cnode2").drained, 30, interval=0.3)

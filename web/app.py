@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -65,6 +66,8 @@ _HEALTH_SCAN = 20000
 _CHECK_WAIT = 20.0
 #: "run the health checks" at once (each holds a server thread while its node reads itself)
 _CHECKS_AT_ONCE = 3
+#: a GPU as a clear's gpu names it: its index, UUID or PCI bus id
+_GPU_NAME = re.compile(r"^[A-Za-z0-9:._-]{1,64}\Z")
 #: longest wait for a node's agent to answer a clear (it waits up to 5 s for its health monitor)
 _CLEAR_TIMEOUT = 15.0
 #: seconds between two web-refused events of one address (a client refused in a loop must not rotate the journal)
@@ -393,16 +396,22 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
         NODE` on the controller, which comes here with the operator's token."""
         who, row = operation(node)
         asked = body()
-        check, gpu = str(asked.get("check") or ""), str(asked.get("gpu") or "")
+        # gpu: the command line's --gpu (every finding about that GPU); subject: the one finding of a row of the
+        # Health checks tab, as its monitor names it (an xid 48 beside the same GPU's xid 79, one mount point)
+        check, gpu, subject = (str(asked.get(key) or "") for key in ("check", "gpu", "subject"))
         if check and check not in CHECKS:
             raise BadRequest(400, f"check {check[:40]!r}: expected one of {', '.join(CHECKS)}")
-        if gpu and not CLEAR_SUBJECT.match(gpu):
+        if gpu and not _GPU_NAME.match(gpu):
             raise BadRequest(400, f"gpu {gpu[:40]!r}: expected a GPU's index, UUID or PCI bus id")
-        what = " ".join(part for part in (f"check {check}" if check else "", f"gpu {gpu}" if gpu else "") if part)
+        if subject and (gpu or not CLEAR_SUBJECT.match(subject)):
+            raise BadRequest(400, f"subject {subject[:40]!r}: expected one finding's subject (printable, at most 256 "
+                                  "characters), and no gpu beside it")
+        what = " ".join(part for part in (f"check {check}" if check else "", f"gpu {gpu}" if gpu else "",
+                                          f"subject {subject!r}" if subject else "") if part)
         what = f" ({what})" if what else ""
         record(who, row["name"], "clear", f"asked node {row['name']}'s health monitor to clear its findings{what}")
         try:
-            answer = watcher.agent_client.clear_findings(row["name"], who.user, check, gpu, row["addr"],
+            answer = watcher.agent_client.clear_findings(row["name"], who.user, check, gpu or subject, row["addr"],
                                                          _CLEAR_TIMEOUT)
         except AgentAnswerError as err:
             raise BadRequest(409 if err.status in (400, 409) else 502, str(err)) from None

@@ -335,7 +335,8 @@ async function operate(button) {
   if (op === "ssh") return copy(button.dataset.command);
   let body = {};
   if (op === "approve") body = {action: ops.querySelector(".op-action").value || undefined};
-  if (op === "clear") body = {check: button.dataset.check, gpu: button.dataset.gpu};
+  // the row's finding alone (its subject: xid 48 of a GPU is not its xid 79, one mount point not another)
+  if (op === "clear") body = {check: button.dataset.check, subject: button.dataset.subject || undefined};
   if (op === "reject") {
     body = {why: ops.querySelector(".op-why").value.trim()};
     if (!body.why) return say("a rejection needs its reason: type it beside the button", true);
@@ -408,7 +409,7 @@ function drawHealth(view) {
       `<tr data-node="${esc(f.node)}" data-check="${esc(f.check)}"><td class="time">${when(f.opened || f.first_seen)}</td>` +
       `<td>${esc(f.node)}</td><td>${esc(f.check)}</td><td>${esc(f.severity)}</td><td>${esc(f.gpu ?? "")}</td>` +
       `<td>${esc(f.evidence)}</td><td>${esc(f.action)}</td><td><span class="ops" data-node="${esc(f.node)}">` +
-      `<button type="button" class="op op-clear" data-op="clear" data-check="${esc(f.check)}" data-gpu="${esc(f.gpu ?? "")}" ` +
+      `<button type="button" class="op op-clear" data-op="clear" data-check="${esc(f.check)}" data-subject="${esc(f.subject ?? "")}" ` +
       `title="clear this finding and its drain (recorded with your name)">clear</button></span></td></tr>`).join("") ||
       `<tr><td colspan="8" class="muted">no finding open</td></tr>`;
     $("health-events").tBodies[0].innerHTML = data.entries.map((e) =>
