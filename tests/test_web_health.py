@@ -59,3 +59,21 @@ def test_the_routes_filter_the_timeline_and_say_each_health_events_state(page): 
     assert [(e["state"], e["severity"]) for e in health["entries"]] == [("open", "critical")] * 3
     assert page.get("/api/health?state=cleared").get_json()["entries"] == []
     assert health["open"] == [f for f in health["open"] if f["node"] == "n2"]
+
+
+def test_one_seconds_events_are_taken_in_the_order_the_journal_wrote_them():
+    """The review of 29: the watcher gives a node's journal newest first, and the journal's times are whole
+    seconds. A monitor that starts and finds a fault in the same second wrote health-started first: the finding came
+    after that start, so the start does not end it (no "cleared (reboot)" row for a finding opened after it, which
+    the agent's last answer may not hold yet), while the finding before the reboot gets its row; the rows stay
+    newest first, one second's too."""
+    before = {**XID, "subject": "gpu 1"}
+    after = {**XID, "subject": "gpu 2", "gpu": 2, "evidence": "79 gpu 2 fallen off the bus"}
+    newest_first = [(300.0, "n1", _event("health-finding", "critical", **after)),
+                    (300.0, "n1", _event("health-started")),
+                    (100.0, "n1", _event("health-finding", "critical", **before))]
+    rows = history_rows(newest_first, {"n1": set()})
+    made = [(r["time"], r["subject"]) for r in rows if r["made_by_page"]]
+    assert made == [(300.0, "gpu 1")], made
+    assert [(r["time"], r["event"], r["subject"]) for r in rows if not r["made_by_page"]] == \
+        [(300.0, "health-finding", "gpu 2"), (300.0, "health-started", ""), (100.0, "health-finding", "gpu 1")]

@@ -36,13 +36,15 @@ def _row(when: float, node: str, data: dict, state: str, why: str = "", made: bo
 
 
 def history_rows(events: list[tuple[float, str, dict]], open_now: dict[str, set]) -> list[dict]:
-    """The rows of health events `events` (epoch, node, event), newest first, with a "cleared" row added for each
+    """The rows of health events `events` (epoch, node, event; newest first, as `Watcher.journal` gives them: the
+    journal's times are whole seconds, and one second's events are taken in the order written), newest first, with
+    a "cleared" row added for each
     finding ended by a reboot. `open_now`: node -> the (check, subject) its agent holds open now; a node missing
     from it (its agent does not answer) gets no added row, since what it holds is not known."""
     rows = []
     #: (node, check, subject) -> the finding's last opening event, and the first start of the monitor after it
     opened: dict[tuple[str, str, str], tuple[dict, float | None]] = {}
-    for when, node, data in sorted(events, key=lambda item: item[0]):
+    for when, node, data in sorted(reversed(events), key=lambda item: item[0]):  # oldest first, stable
         name = data.get("event", "")
         state = _STATE_OF.get(name, "")
         rows.append(_row(when, node, data, state, str(data.get("why", "")) if state == "cleared" else ""))
@@ -62,5 +64,6 @@ def history_rows(events: list[tuple[float, str, dict]], open_now: dict[str, set]
                    "message": f"{check} {subject}: cleared (the node rebooted: its health monitor started again "
                               "without it; no health-cleared event was written, this row is the page's)"}
         rows.append(_row(started, node, cleared, "cleared", "reboot", made=True))
-    rows.sort(key=lambda row: row["time"], reverse=True)
+    rows.sort(key=lambda row: row["time"])  # stable: one second's rows as written, a made row after its start
+    rows.reverse()
     return rows
