@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from slurm_ext import command
 from slurm_ext.config import SlurmSection
+from slurm_ext.agentapi import HealthAnswer
 from slurm_ext.slurm import Job, Node, SlurmClient, gpu_indexes
 from slurm_ext.web import allocation
 from slurm_ext.web.watch import finding_lines
@@ -212,3 +213,27 @@ def test_a_node_whose_agent_stopped_answering_shows_no_check_as_ok(tmp_path):
     now[0] += 30
     n1 = next(n for n in watcher.refresh().data["nodes"] if n["name"] == "n1")
     assert n1["checks"]["xid"] == "ok"
+
+
+def test_a_job_record_slurm_no_longer_runs_holds_no_gpu_on_the_page(tmp_path):
+    """The review of 29: a node's agent names the jobs its job records say hold each GPU, and a record outlives a job
+    whose Epilog never ran. Where Slurm's queue does not run that job, the GPU is free: not held by a gone job, and
+    not flagged as an allocated GPU left idle (the waste operators hunt). A job Slurm runs there still holds it."""
+    now = [1000.0]
+    watcher, _ = _watcher(tmp_path, lambda: now[0])
+    agents = watcher.agent_client
+    for name, answer in agents.answers.items():  # GPU 2: a record of job 99 (gone); GPU 0: of job 7 (running)
+        gpus = [{"gpu": {"index": i}, "utilization": 0, "fb_used_mib": 0.0, "fb_free_mib": 100.0,
+                 "jobs": {0: [7], 2: [99]}.get(i, [])} for i in range(4)]
+        agents.answers[name] = HealthAnswer.of({"boot": "b", "time": 1.0, "node": name, "monitor": {
+            "readings_time": 1.0, "findings": [], "gpus": gpus, "checks": {}}})
+    watcher.refresh()
+    now[0] += 61
+    view = watcher.refresh().data
+    n2 = next(n for n in view["nodes"] if n["name"] == "n2")
+    assert [(g["index"], g["holders"], g["idle"]) for g in n2["gpu_readings"]][2] == (2, [], False)
+    assert n2["gpu_readings"][0]["holders"] == []  # job 7 runs, but on n1: n2's record of it is stale too
+    n1 = next(n for n in view["nodes"] if n["name"] == "n1")
+    assert [(g["index"], [h["job_id"] for h in g["holders"]], g["idle"]) for g in n1["gpu_readings"]][:3] == \
+        [(0, [7], True), (1, [7], True), (2, [], False)]
+    assert view["allocation"]["idle"] == 2

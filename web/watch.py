@@ -481,6 +481,7 @@ class Watcher:
         held_by = allocation.holders(self._jobs)
         jobs_of = allocation.node_jobs(self._jobs)
         known = {j.job_id: j for j in self._jobs}
+        queue_read = bool(self.sources["slurm-jobs"].answered)
         read, idle = set(), 0
         rows, node_usages, rates = [], [], []
         drivers, images, interfaces = {}, {}, {}
@@ -506,11 +507,15 @@ class Watcher:
                 if interface.speed_mbps is not None:
                     seen["speeds_mbps"].add(interface.speed_mbps)
             gpu_readings = []
+            running_here = {job["job_id"] for job in jobs_of.get(node.name, [])}
             for gpu in usage.gpu_rows(answer):
-                # Slurm's allocation names the holders; the agent's own records (its Prolog's) where Slurm names none
+                # Slurm's allocation names the holders; the agent's own records (its Prolog's) where Slurm names none,
+                # of jobs Slurm runs on the node (a record outlives a job whose Epilog never ran: a gone job holds
+                # no GPU), or all of them while Slurm's queue was never read
                 holders = held_by.get((node.name, gpu.index)) or [
                     allocation.GpuHolder(j, known[j].user if j in known else "", known[j].partition if j in known
-                                         else "", known[j].name if j in known else "") for j in gpu.jobs]
+                                         else "", known[j].name if j in known else "") for j in gpu.jobs
+                    if not queue_read or j in running_here]
                 since = None
                 if not agent.error:  # a reading of an agent that no longer answers is not counted idle or busy
                     read.add((node.name, gpu.index))
