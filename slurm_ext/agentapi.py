@@ -482,12 +482,15 @@ class Readings:
     #: the NVIDIA driver's version, empty when unknown (cut to _MAX_TEXT characters)
     driver: str
     gpus: tuple[GpuReading, ...]
+    #: seconds between the monitor's polls (health.interval on the node; 0: not said)
+    interval: float = 0.0
 
     @classmethod
     def of(cls, data: dict) -> Readings:
         """Raises _Odd: a field of the wrong shape (see above)."""
         return cls(_number(data, "readings_time", 0.0), _objects(data, "findings"), _table(data, "checks"),
-                   _text(data, "driver", "")[:_MAX_TEXT], tuple(GpuReading.of(row) for row in _objects(data, "gpus")))
+                   _text(data, "driver", "")[:_MAX_TEXT], tuple(GpuReading.of(row) for row in _objects(data, "gpus")),
+                   _number(data, "interval", 0.0))
 
     def critical(self) -> list[dict]:
         return [f for f in self.findings if f.get("severity") == "critical"]

@@ -237,3 +237,30 @@ def test_a_job_record_slurm_no_longer_runs_holds_no_gpu_on_the_page(tmp_path):
     assert [(g["index"], [h["job_id"] for h in g["holders"]], g["idle"]) for g in n1["gpu_readings"]][:3] == \
         [(0, [7], True), (1, [7], True), (2, [], False)]
     assert view["allocation"]["idle"] == 2
+
+
+def test_a_gpu_whose_readings_stopped_is_not_flagged_idle(tmp_path):
+    """The review of 29: the agent serves the monitor's last readings, and during an NVML hang (or with its health
+    monitor stopped) their time stops while the agent answers on. A utilization read minutes ago says nothing of now:
+    a held GPU is not flagged idle from it, and is counted again once readings come."""
+    now = [1000.0]
+    watcher, _ = _watcher(tmp_path, lambda: now[0])
+    agents = watcher.agent_client
+
+    def answers(agent_time: float, readings_time: float) -> None:
+        for name in list(agents.answers):
+            gpus = [{"gpu": {"index": i}, "utilization": 0, "fb_used_mib": 0.0, "fb_free_mib": 100.0}
+                    for i in range(4)]
+            agents.answers[name] = HealthAnswer.of({"boot": "b", "time": agent_time, "node": name, "monitor": {
+                "readings_time": readings_time, "interval": 10.0, "findings": [], "gpus": gpus, "checks": {}}})
+    answers(5000.0, 4990.0)  # read 10 s before the answer: fresh
+    watcher.refresh()
+    now[0] += 61
+    answers(5061.0, 5055.0)
+    assert watcher.refresh().data["allocation"]["idle"] == 2  # GPUs 0 and 1 of n1, held by job 7
+    now[0] += 61
+    answers(5122.0, 5055.0)  # the agent answers; its monitor's readings stopped 67 s ago
+    view = watcher.refresh().data
+    n1 = next(n for n in view["nodes"] if n["name"] == "n1")
+    assert [(g["idle"], g["idle_since"]) for g in n1["gpu_readings"][:2]] == [(False, None)] * 2
+    assert view["allocation"]["idle"] == 0

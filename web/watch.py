@@ -64,6 +64,10 @@ _SLURM_EVENTS_KEPT = 5000
 _SSH_FIELD = re.compile(r"\{(node|addr)\}")
 #: a refresh runs only while a request came within this many refresh intervals
 _LOOKING = 3
+#: a monitor's GPU readings older than this, by its agent's clock (and than _STALE_POLLS of its polls), say nothing of
+#: now: an NVML hang or a stopped monitor (a held GPU is not flagged idle from them)
+_STALE_READINGS = 60.0
+_STALE_POLLS = 6
 
 
 @dataclass
@@ -508,6 +512,8 @@ class Watcher:
                     seen["speeds_mbps"].add(interface.speed_mbps)
             gpu_readings = []
             running_here = {job["job_id"] for job in jobs_of.get(node.name, [])}
+            stale = monitor is not None and answer.time - monitor.readings_time > max(
+                _STALE_READINGS, _STALE_POLLS * monitor.interval)
             for gpu in usage.gpu_rows(answer):
                 # Slurm's allocation names the holders; the agent's own records (its Prolog's) where Slurm names none,
                 # of jobs Slurm runs on the node (a record outlives a job whose Epilog never ran: a gone job holds
@@ -519,8 +525,10 @@ class Watcher:
                 since = None
                 if not agent.error:  # a reading of an agent that no longer answers is not counted idle or busy
                     read.add((node.name, gpu.index))
+                    # a utilization its monitor read long ago (an NVML hang, a stopped monitor) is not known now
                     since = self._idle.update(node.name, gpu.index, tuple(h.job_id for h in holders),
-                                              gpu.utilization, self.settings.idle_utilization, now)
+                                              None if stale else gpu.utilization, self.settings.idle_utilization,
+                                              now)
                 flagged = since is not None and now - since >= self.settings.idle_gpu_after
                 idle += flagged
                 gpu_readings.append({**asdict(gpu), "holders": [asdict(h) for h in holders],
