@@ -253,7 +253,13 @@ def _reset_gpu(record: Record, seen: Seen, now: float) -> None:
             return
         raise ExecutorFailed(f"the reset of gpu {gpu} was not done: {err}") from None
     if answer.held_by:
-        _wait_for_gpu_jobs(record, seen, now, gpu, _slurm_runs(record, seen, now, gpu, answer.held_by))
+        jobs = _slurm_runs(record, seen, now, gpu, answer.held_by)
+        if jobs:
+            _wait_for_gpu_jobs(record, seen, now, gpu, jobs)
+        else:  # the node still counts them (a live slurmstepd, a record in its Prolog's grace): asked again each
+            # pass, and waited for no longer than jobs Slurm runs
+            _wait_or_fail(record, seen, now, sorted(answer.held_by), f" holding gpu {gpu} (on the node; Slurm "
+                                                                      "lists none of them)")
         return
     said = f"{answer.command}" + (f": {answer.output[-OUTPUT_LIMIT:]}" if answer.output else "")
     if not answer.ok:
@@ -277,10 +283,8 @@ def _slurm_runs(record: Record, seen: Seen, now: float, gpu: int, held_by) -> li
 
 
 def _wait_for_gpu_jobs(record: Record, seen: Seen, now: float, gpu: int, jobs: list[int]) -> None:
-    """Jobs hold the GPU to reset: requeued where repair.requeue says so, else waited for until drain_deadline;
-    none Slurm runs: the reset is asked again next pass."""
-    if not jobs:
-        return
+    """Jobs Slurm runs hold the GPU to reset: requeued where repair.requeue says so, else waited for until
+    drain_deadline."""
     if seen.settings.requeue and record.detail.get("requeued") != jobs:
         answer = seen.slurm.requeue(jobs)
         record.detail["requeued"] = jobs

@@ -96,6 +96,9 @@ def _seen(store, *, health=None, reset=None, requeued=None, now=1000.0, **settin
         def resume(self, name):
             self.resumed.append(name)
 
+        def drain(self, name, reason, *args, **kwargs):  # a failed repair re-words its drain
+            self.drained = (name, reason)
+
     def reset_gpu(node, gpu):  # as the service's pool gives it: an error of the ask is the future's
         done = Future()
         try:
@@ -229,3 +232,25 @@ def test_a_stale_job_record_alone_holds_no_gpu_reset_on_the_node(tmp_path):
     write(JobRecord(424243, 0, 0, "root", "n1", (1,), time.time(), ()), str(state))  # in its Prolog
     outcome = reset_gpu(health, str(state), readings, 1)
     assert not outcome.ran and outcome.held_by == (424243,), outcome
+
+
+def test_a_gpu_the_node_says_is_held_by_jobs_slurm_does_not_run_fails_the_repair_past_the_drain_deadline(store):
+    """The review of 29: the node's agent counts a job record with a live slurmstepd (or one younger than
+    STARTING_GRACE) as holding the GPU, and refuses the reset; Slurm may list none of those jobs (a slurmstepd hung
+    past its job's end). The reset is asked again each pass, but not forever: past repair.drain_deadline after the
+    drain the repair fails, as for jobs Slurm runs, and the node stays drained (it was never a dead end before)."""
+    from slurm_ext.agentapi import GpuResetAnswer
+    from slurm_ext.repair import flow
+    held = lambda node, gpu: GpuResetAnswer(gpu, False, False, "", "", (12,))  # noqa: E731
+    record = _running(store, "act")
+    seen = _seen(store, reset=held, requeued=[], requeue=True, drain_deadline=600.0, now=1000.0)
+    seen.jobs = {"n1": []}  # Slurm runs nothing there
+    flow.advance(record, seen)  # asks
+    flow.advance(record, seen)  # held by job 12, which Slurm does not list: asked again, waited for
+    assert (record.state, record.step) == ("running", "act"), record.note
+    late = _seen(store, reset=held, requeued=[], requeue=True, drain_deadline=600.0, now=2000.0)
+    late.jobs = {"n1": []}
+    for _ in range(2):
+        flow.advance(record, late)  # asks again; held still, 1050 s after the drain
+    assert record.state == "failed", (record.state, record.step, record.note)
+    assert "jobs [12] holding gpu 2" in record.note and "drain_deadline" in record.note, record.note
