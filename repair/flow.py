@@ -270,15 +270,15 @@ def _reset_gpu(record: Record, seen: Seen, now: float) -> None:
 
 def _slurm_runs(record: Record, seen: Seen, now: float, gpu: int, held_by) -> list[int]:
     """Of the jobs the node's agent says hold the GPU (its job records), those Slurm runs on the node now (this pass's
-    squeue). A record outlives a job whose Epilog never ran: such a job is neither waited for nor requeued (Slurm
-    refuses to requeue a finished one); said once."""
+    squeue). A record outlives a job whose Epilog never ran: such a job is not requeued (Slurm refuses to requeue a
+    finished one), and the reset is asked again each pass (the agent drops a record with no slurmstepd); said once."""
     runs = {job.job_id for job in seen.jobs.get(record.node, []) if not job.finished}
     jobs = sorted(job for job in held_by if job in runs)
     gone = sorted(job for job in held_by if job not in runs)
     if gone and record.detail.get("not_running") != gone:
         record.detail["not_running"] = gone
         _save(record, seen, now, "repair-step", f"gpu {gpu}'s job records of jobs {gone} that Slurm no longer runs on "
-                                                f"{record.node}: not waited for; the reset is asked again")
+                                                f"{record.node}: not requeued; the reset is asked again each pass")
     return jobs
 
 
