@@ -77,3 +77,34 @@ def test_one_seconds_events_are_taken_in_the_order_the_journal_wrote_them():
     assert made == [(300.0, "gpu 1")], made
     assert [(r["time"], r["event"], r["subject"]) for r in rows if not r["made_by_page"]] == \
         [(300.0, "health-finding", "gpu 2"), (300.0, "health-started", ""), (100.0, "health-finding", "gpu 1")]
+
+
+def test_no_cleared_row_is_made_while_the_nodes_agent_serves_no_monitor_readings(tmp_path):
+    """The review of 29: an agent that answers without its health monitor's readings (the monitor starting, or
+    stopped) does not say what is open on the node: a finding opened before the monitor's last start is not shown as
+    cleared by a reboot from that answer (it may be open still: a monitor restarted on the same boot keeps it)."""
+    import json
+
+    from slurm_ext import config
+    from slurm_ext.repair.store import open_sqlite
+    from slurm_ext.web.app import create_app
+    from slurm_ext.web.watch import Watcher
+    from test_web import _Agents, _Slurm
+    path = tmp_path / "slurm-ext.toml"
+    path.write_text(f'[node]\nstate_dir = "{tmp_path / "state"}"\n[web]\ntoken_file = ""\n'
+                    f'[repair]\nagents = {{ n1 = "127.0.0.1:1", n2 = "127.0.0.1:2" }}\n')
+    finding = {"time": "2026-12-01T10:00:00+00:00", "component": "health", "event": "health-finding",
+               "severity": "critical", "message": "critical: xid 79", **XID}
+    started = {"time": "2026-12-01T10:05:00+00:00", "component": "health", "event": "health-started",
+               "severity": "info", "message": "health monitor on node n2"}
+    journal = "\n".join(json.dumps(e) for e in (finding, started))
+    no_monitor = {"boot": "boot-1", "time": 1.0, "facts": {}}
+    store = open_sqlite(str(tmp_path / "repair.db"))
+    watcher = Watcher(config.load(path), _Slurm(), store, lambda url, timeout: (None, "refused"),
+                      _Agents(no_monitor, {"n2": journal}))
+    app = create_app(config.load(path), watcher, store_opener=lambda: open_sqlite(str(tmp_path / "repair.db")))
+    watcher.refresh()
+    health = app.test_client().get("/api/health?node=n2").get_json()
+    assert [(e["event"], e["state"]) for e in health["entries"]] == \
+        [("health-started", ""), ("health-finding", "open")], health["entries"]
+    store.close()

@@ -273,7 +273,9 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
                          if isinstance(found, dict) and wanted(found)]
         open_now = {row["name"]: {(f.get("check"), f.get("subject")) for f in row["agent_findings"]
                                   if isinstance(f, dict)}
-                    for row in rows if row["agent"]["answered"] and not row["agent"]["error"]}
+                    # only where the agent served its monitor's readings: without them it says nothing of what is open
+                    for row in rows if row["agent"]["answered"] and not row["agent"]["error"]
+                    and row["agent"]["readings_time"] is not None}
         found = watcher.journal(_HEALTH_SCAN, node=node, component=lambda name: name == "health")
         entries = [e for e in history_rows(found, open_now) if wanted(e) and state in (None, e["state"])]
         return jsonify(open=open_findings, entries=entries[:int(asked.get("limit", 300))])
