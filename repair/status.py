@@ -139,7 +139,7 @@ def finding_lines(drained: list[str], findings) -> list[str]:
         if not isinstance(found, dict):
             continue
         gpu, evidence = found.get("gpu"), str(found.get("evidence", ""))
-        where = "" if gpu is None or re.search(rf"\bgpu {gpu}\b", evidence) else f"gpu {gpu} "
+        where = "" if gpu is None or re.search(rf"\bgpu {re.escape(str(gpu))}\b", evidence) else f"gpu {gpu} "
         lines.append(f"{found.get('severity')}: {found.get('check')} {where}{evidence}".rstrip())
         told.append((str(found.get("check", "")), evidence))
     for line in drained:

@@ -264,3 +264,10 @@ def test_a_gpu_whose_readings_stopped_is_not_flagged_idle(tmp_path):
     n1 = next(n for n in view["nodes"] if n["name"] == "n1")
     assert [(g["idle"], g["idle_since"]) for g in n1["gpu_readings"][:2]] == [(False, None)] * 2
     assert view["allocation"]["idle"] == 0
+
+
+def test_a_findings_odd_gpu_field_costs_nothing_but_its_own_words():
+    """The review of 29: the agent's findings are JSON it sends (checked for shape, not each field): a GPU field that
+    is not a number (a regular expression's "(") is said as it is, and never stops the view or `status`."""
+    assert finding_lines([], [{"severity": "critical", "check": "xid", "gpu": "1 (", "evidence": "79 lost"}]) == \
+        ["critical: xid gpu 1 ( 79 lost"]
