@@ -557,14 +557,22 @@ def gpu_indexes(detail: str) -> tuple[str, tuple[int, ...]]:
     return found.group(1) or "gpu", tuple(indexes)
 
 
-def _job_gpus(nodes: list[str], details: list) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
-    """Each node's GPUs of a job, its GRES details in the order of its node list (as Slurm prints both)."""
-    held = []
-    for node, detail in zip(nodes, details):
-        kind, indexes = gpu_indexes(str(detail))
+def _gpu_kinds(detail: str) -> list[tuple[str, tuple[int, ...]]]:
+    """(type, indexes) of each GPU type of one node's GRES detail: Slurm joins the types with ","
+    ("gpu:a100:1(IDX:0),gpu:h100:1(IDX:1)", src/stepmgr/gres_stepmgr.c), and a type holding no index is left out."""
+    found = []
+    for match in _GPU_DETAIL.finditer(detail or ""):
+        kind, indexes = gpu_indexes(match.group(0).lstrip(","))
         if indexes:
-            held.append((node, kind, indexes))
-    return tuple(held)
+            found.append((kind, indexes))
+    return found
+
+
+def _job_gpus(nodes: list[str], details: list) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
+    """Each node's GPUs of a job, each type's apart, its GRES details in the order of its node list (as Slurm prints
+    both)."""
+    return tuple((node, kind, indexes) for node, detail in zip(nodes, details)
+                 for kind, indexes in _gpu_kinds(str(detail)))
 
 
 def _job_from_squeue_json(data: dict) -> Job:
@@ -624,9 +632,7 @@ def _job_from_scontrol_text(line: str) -> Job:
         return found.group(1) if found else ""
     held = []
     for nodes, detail in re.findall(r"\bNodes=(\S+) CPU_IDs=\S+ Mem=\S+ GRES=(\S*)", line):
-        kind, indexes = gpu_indexes(detail)
-        if indexes:
-            held += [(node, kind, indexes) for node in expand_hostlist(nodes)]
+        held += [(node, kind, indexes) for node in expand_hostlist(nodes) for kind, indexes in _gpu_kinds(detail)]
     job_id = field_of("JobId")
     return Job(int(job_id) if job_id.isdigit() else 0, field_of("JobName"), field_of("UserId").split("(")[0],
                (field_of("JobState") or "UNKNOWN").upper(), field_of("NodeList").replace("(null)", ""),

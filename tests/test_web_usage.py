@@ -271,3 +271,17 @@ def test_a_findings_odd_gpu_field_costs_nothing_but_its_own_words():
     is not a number (a regular expression's "(") is said as it is, and never stops the view or `status`."""
     assert finding_lines([], [{"severity": "critical", "check": "xid", "gpu": "1 (", "evidence": "79 lost"}]) == \
         ["critical: xid gpu 1 ( 79 lost"]
+
+
+def test_a_job_holding_gpus_of_two_types_on_one_node_holds_each():
+    """The review of 29: Slurm's GRES detail of one node joins each type's allocation with "," (src/stepmgr/
+    gres_stepmgr.c): `gpu:a100:1(IDX:0),gpu:h100:1(IDX:1)` for a job given one GPU of each type on a node that has
+    both. Each type's indexes are the job's (the page read the first type's only: GPU 1 looked free)."""
+    detail = "gpu:a100:1(IDX:0),gpu:h100:1(IDX:1)"
+    json_job = {**SQUEUE_JOB, "gres_detail": [detail]}
+    text_job = SCONTROL_JOB.replace("GRES=gpu:h200:2(IDX:0-1)", f"GRES={detail}")
+    from slurm_ext.slurm import _job_from_scontrol_text, _job_from_squeue_json
+    for job in (_job_from_squeue_json(json_job), _job_from_scontrol_text(text_job)):
+        assert job.gpus == (("unode2", "a100", (0,)), ("unode2", "h100", (1,))), job.gpus
+        assert sorted(allocation.holders([job])) == [("unode2", 0), ("unode2", 1)]
+        assert allocation.node_jobs([job])["unode2"][0]["gpus"] == [0, 1]

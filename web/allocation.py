@@ -75,7 +75,9 @@ def node_jobs(jobs: list[Job]) -> dict[str, list[dict]]:
     for job in jobs:
         if job.state != "RUNNING":
             continue
-        gpus = {node: list(indexes) for node, _, indexes in job.gpus}
+        gpus: dict[str, list[int]] = {}
+        for node, _, indexes in job.gpus:  # one entry per GPU type on a node
+            gpus.setdefault(node, []).extend(indexes)
         for node in expand_hostlist(job.nodes):
             found.setdefault(node, []).append({"job_id": job.job_id, "user": job.user, "partition": job.partition,
                                                "name": job.name, "gpus": gpus.get(node, [])})
