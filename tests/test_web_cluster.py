@@ -130,10 +130,11 @@ def counts(browser) -> dict[str, int]:
 
 
 def test_the_overview_shows_the_five_states_the_fake_gpus_usage_and_a_drain_the_test_made(web, browser):
-    web.inject_xid("wnode2")
+    web.drill("wnode2", "xid-79", gpu=1)  # the README's drill: the screenshots show what an operator rehearses
     web.record("wnode2", "recommended")  # pending
     web.run("scontrol", "update", "nodename=wnode3", "state=drain", "reason=admin: fan replacement")  # paused
-    job = web.sbatch("-w", "wnode4", "--wrap", "sleep 300")
+    job = web.sbatch("-w", "wnode4", "--wrap", "sleep 300")  # no GPU: every GPU here shows memory in use and no
+    # process, which the job-start hook refuses (test_web_usage_cluster allocates GPUs on idle ones)
     wait_for("the job runs", lambda: any(j.job_id == job and j.state == "RUNNING" for j in web.client().jobs()),
              30, interval=0.3)
     web.run("scontrol", "reboot", "wnode4")  # booting: REBOOT_REQUESTED while its job runs
@@ -147,6 +148,7 @@ def test_the_overview_shows_the_five_states_the_fake_gpus_usage_and_a_drain_the_
                      "wnode5": "unhealthy"}, cells
     # every running node's 4 GPUs at 10, 20, 30, 40 % and 8, 16, 24, 32 GiB of an H200's 141 GiB
     until(browser, "the fake GPUs' utilization", lambda b: text_of(b, "#usage-utilization") == "25.0 % of 16 GPUs")
+    until(browser, "no GPU allocated", lambda b: text_of(b, "#usage-allocation").startswith("0 of 20 GPUs"))
     # in use is what is used beyond the driver's reserve (NVML memory v2); the total holds the reserve too
     memory = (f"{sum(gib for _, gib in GPU_LOAD.values()) * len(NODES):.1f} GiB of "
               f"{16 * fakenvml.H200_MEMORY / 2**30:.1f} GiB")
@@ -162,7 +164,7 @@ def test_the_overview_shows_the_five_states_the_fake_gpus_usage_and_a_drain_the_
 
 
 def test_approving_in_the_browser_needs_the_token_and_the_repair_tab_shows_it_with_the_user(web, browser):
-    web.inject_xid("wnode2")
+    web.drill("wnode2", "xid-79", gpu=1)
     record = web.record("wnode2", "recommended")
     browser.get(web.url + "#nodes")
     approve = "#node-table tr[data-node=wnode2] button.op-approve"
@@ -233,7 +235,7 @@ def test_approving_in_the_browser_needs_the_token_and_the_repair_tab_shows_it_wi
 
 
 def test_a_rejection_in_the_browser_and_the_health_checks_tab_filters(web, browser):
-    web.inject_xid("wnode3")
+    web.drill("wnode3", "xid-79", gpu=1)
     web.record("wnode3", "recommended")
     browser.get(web.url + "#repair")
     ops = "#recommendations tr[data-node=wnode3] .ops"

@@ -136,6 +136,15 @@ class RepairCluster(Cluster):
                         None)
         return wait_for(f"{node}: a record in {states}", found, timeout, interval=0.5)
 
+    def drill(self, node: str, fault: str, gpu: int | None = None) -> str:
+        """`slurm-ext dev inject NODE FAULT [--gpu N]`, as an operator rehearses (the page's screenshots come from
+        these); `settle` heals it. Its output."""
+        done = cli("--config", str(self.layout.dev_conf), "dev", "inject", node, fault,
+                   *(("--gpu", str(gpu)) if gpu is not None else ()), timeout=60)
+        assert done.returncode == 0, done.stderr
+        self.drilled = getattr(self, "drilled", set()) | {node}
+        return done.stdout
+
     def inject_xid(self, node: str, xid: int = 79) -> None:
         """The kernel line of Xid `xid` on the node's GPU 1, appended to its kernel log."""
         spec = json.loads(self.layout.node(node).gpu_spec.read_text())
@@ -178,6 +187,10 @@ class RepairCluster(Cluster):
     def settle(self, nodes: list[str]) -> None:
         """The cluster idle, every fault cleared and nothing open (a test's teardown: one failure does not fail
         the tests after it)."""
+        for drilled in sorted(getattr(self, "drilled", ())):
+            healed = cli("--config", str(self.layout.dev_conf), "dev", "heal", drilled, timeout=60)
+            assert healed.returncode == 0, healed.stderr
+        self.drilled = set()
         slurm = self.client()
         jobs = [str(j.job_id) for j in slurm.jobs() if not j.finished]
         if jobs:

@@ -40,6 +40,8 @@ function bytes(perSecond) {
   return `${value.toFixed(value < 10 ? 1 : 0)} ${units[unit]}`;
 }
 function gib(mib) { return mib == null ? "-" : `${(mib / 1024).toFixed(1)} GiB`; }
+// a sparkline's axis has room for about six characters: 2246.4 GiB is 2.2 TiB there
+function gibShort(mib) { return mib >= 1024 * 1000 ? `${(mib / 1024 / 1024).toFixed(1)} TiB` : `${Math.round(mib / 1024)} GiB`; }
 function token() { return sessionStorage.getItem("slurm-ext-token") || ""; }
 // "1 node", "2 nodes", never "1 nodes" (the CLI's slurm_ext.words.counted)
 function counted(count, noun, plural = "") { return `${count} ${count === 1 ? noun : plural || noun + "s"}`; }
@@ -162,7 +164,7 @@ function drawOverview(view) {
   const percent = (v) => `${Math.round(v)} %`;
   spark("spark-allocation", history, (p) => p[6], 100, percent);
   spark("spark-utilization", history, (p) => p[1], 100, percent);
-  spark("spark-memory", history, (p) => p[2], Math.max(1, ...history.map((p) => p[3] || 0)), gib);
+  spark("spark-memory", history, (p) => p[2], Math.max(1, ...history.map((p) => p[3] || 0)), gibShort);
   spark("spark-network", history, (p) => (p[4] || 0) + (p[5] || 0), null, bytes);
   for (const link of document.querySelectorAll(".panel .grafana")) {
     link.hidden = !view.usage.grafana;
