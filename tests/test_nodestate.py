@@ -216,7 +216,7 @@ def test_a_crash_loop_reason_is_its_workers():
     owner = NodeState("n1")
     owner.want("crash-loop/slurmd", CRASH)
     node, _ = settle(owner, IDLE)
-    node = drained(f"slurm-ext: munged crash loop: 5 exits in 10s (last: died)")  # another agent's
+    node = drained("slurm-ext: munged crash loop: 5 exits in 10s (last: died)")  # another agent's
     node, _ = settle(owner, node)
     assert node.reason == f"slurm-ext: {CRASH} (+1 more)"  # as severe, and older
     owner.clear("crash-loop/slurmd")
