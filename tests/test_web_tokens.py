@@ -4,11 +4,16 @@ change recorded in the journal, and a missing or empty user name says what to pa
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from slurm_ext.web.auth import Tokens
 
@@ -132,3 +137,31 @@ def test_add_token_without_a_user_or_with_an_empty_one_says_what_to_pass(tmp_pat
     for command in ("revoke-token",):
         said = cli("web", command, "", env=env)
         assert said.returncode == 2 and "needs the operator's user name" in said.stderr, said.stderr
+
+
+def test_a_blank_fingerprint_revokes_nothing_and_two_changes_at_once_both_hold(tmp_path):
+    """--fingerprint " " matched every token of the user (the empty prefix); and revoke-token, add-token --replace
+    rewrote the file from what each had read, so a token added meanwhile was lost (review of 29.7)."""
+    env, path = _setup(tmp_path)
+    token = cli("web", "add-token", "alice", env=env).stdout.strip()
+    for blank in (" ", "", "xyz1"):
+        refused = cli("web", "revoke-token", "alice", "--fingerprint", blank, env=env)
+        assert refused.returncode == 2 and "nothing written" in refused.stderr, (blank, refused.stderr)
+    assert Tokens(str(path)).user_of(token) == "alice"
+
+    # while another change holds the file's lock, a revoke waits for it rather than writing what it read
+    lock = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    waiting = subprocess.Popen([sys.executable, "-m", "slurm_ext.cli", "web", "revoke-token", "alice"], env={
+        **os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            waiting.wait(timeout=2)
+        path.write_text(path.read_text() + f"bob sha256:{hashlib.sha256(b'b' * 32).hexdigest()}\n")  # meanwhile
+    finally:
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        os.close(lock)
+    _, err = waiting.communicate(timeout=30)
+    assert waiting.returncode == 0, err
+    assert Tokens(str(path)).user_of("b" * 32) == "bob"  # the change made meanwhile is kept
+    assert Tokens(str(path)).user_of(token) is None

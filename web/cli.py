@@ -41,6 +41,31 @@ def _token_file(args: argparse.Namespace) -> str | None:
     return path or None
 
 
+def _one_at_a_time(command):
+    """`command` (add-token, revoke-token, hash-tokens: a read, then a write of the whole file) holding an exclusive
+    lock on `<token file>.lock`: two at once each wrote what it read, and one's token or revocation was lost."""
+    import fcntl
+    import functools
+
+    @functools.wraps(command)
+    def run(args: argparse.Namespace) -> int:
+        path = _token_file(args)
+        if path is None:
+            return 1
+        os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
+        try:
+            lock = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as err:
+            print(f"slurm-ext: error: web.token_file's lock {path}.lock: {err.strerror or err}", file=sys.stderr)
+            return 1
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return command(args)
+        finally:
+            os.close(lock)
+    return run
+
+
 def _open_token_file(path: str, flags: int) -> int:
     """The token file opened with `flags` (never through a link), checked root's and readable by no one else.
 
@@ -236,6 +261,10 @@ def _revoke_token(args: argparse.Namespace) -> int:
     if text is None:
         return 1
     fingerprint = (args.fingerprint or "").strip().lower()
+    if args.fingerprint is not None and not re.fullmatch(r"[0-9a-f]{4,64}", fingerprint):
+        print(f"slurm-ext: error: --fingerprint {args.fingerprint!r}: expected at least 4 of a fingerprint's hex "
+              "digits, as `slurm-ext web list-tokens` shows it; nothing written", file=sys.stderr)
+        return 2
     kept, revoked = without(text, lambda found: found.user == user and found.fingerprint.startswith(fingerprint))
     if not revoked:
         which = f" with fingerprint {fingerprint}" if fingerprint else ""
@@ -291,7 +320,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                                                                "more (without this or --replace, refused)")
     again.add_argument("--replace", action="store_true", help="the user has a token already: revoke it and make "
                                                                "a new one")
-    add.set_defaults(func=_add_token)
+    add.set_defaults(func=_one_at_a_time(_add_token))
     listing = actions.add_parser("list-tokens", help="each token of web.token_file: its user, when it was made, "
                                                      "its fingerprint (the first 12 hex digits of its SHA-256); "
                                                      "never the token")
@@ -304,9 +333,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     revoke.add_argument("--fingerprint", metavar="HEX", help="only the token of this fingerprint (as "
                                                              "list-tokens shows it, or its start)")
     revoke.add_argument("--file", metavar="PATH", help="instead of web.token_file")
-    revoke.set_defaults(func=_revoke_token)
+    revoke.set_defaults(func=_one_at_a_time(_revoke_token))
     hashing = actions.add_parser("hash-tokens", help="replace each token kept in plain text in web.token_file by "
                                                      "its hash (a file written before tokens were hashed): the "
                                                      "tokens stay valid")
     hashing.add_argument("--file", metavar="PATH", help="instead of web.token_file")
-    hashing.set_defaults(func=_hash_tokens)
+    hashing.set_defaults(func=_one_at_a_time(_hash_tokens))
