@@ -200,7 +200,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         if name in ("reboot-node", "inject", "heal"):
             sub.add_argument("node", help="the node's name")
         if name == "inject":
-            from .drills import KINDS
+            from .faults import KINDS  # not .drills: every process builds this parser
             sub.add_argument("fault", metavar="FAULT", help="one of: " + "; ".join(
                 f"{kind}: {k.doc}" for kind, k in KINDS.items()))
             sub.add_argument("--gpu", type=_gpu_index, metavar="N",

@@ -38,6 +38,7 @@ from slurm_ext.errors import DevClusterError, SlurmExtError
 from slurm_ext.words import moment
 
 from . import fakenvml, nodenet
+from .faults import FS_SIZE, KINDS, Kind
 from .layout import Layout, NodeLayout
 from .settings import DevSection
 
@@ -46,45 +47,12 @@ __all__ = ["KINDS", "Kind", "Drill", "Injected", "Healed", "parse_fault", "injec
 
 #: the journal's component for drill events (the folder's name)
 COMPONENT = "devcluster"
-#: the size of the tmpfs fs-full fills: full whatever the filesystem check's threshold
-FS_SIZE = "16m"
 #: the file fs-full fills its tmpfs with
 FILL = "drill-fill"
 #: seconds `inject xid-NN` waits for the node's monitor to take the event before it leaves it in the spec
 XID_WAIT = 15.0
 #: clocks event reasons of a GPU held in hardware thermal slowdown: HwSlowdown 0x8 + HwThermalSlowdown 0x40
 THERMAL_SLOWDOWN = 0x48
-
-
-@dataclass(frozen=True, slots=True)
-class Kind:
-    """One kind of fault a drill makes."""
-
-    #: what the drill does, in the words of `dev inject --help`
-    doc: str
-    #: a fault of one GPU (`--gpu N`, default 0)
-    gpu: bool
-    #: the health checks whose findings it makes
-    checks: tuple[str, ...]
-
-
-#: every fault a drill makes; `xid-NN` stands for any Xid number
-KINDS: dict[str, Kind] = {
-    "xid-NN": Kind("Xid NN on the GPU, as NVML's event set delivers it (79 fallen off the bus, 48 double-bit ECC, "
-                   "94/95 contained/uncontained ECC, 63/64 row remapping)", True, ("xid",)),
-    "gpu-lost": Kind("the GPU has fallen off the bus: NVML answers GPU_IS_LOST for it", True, ("gpu-lost",)),
-    "ecc": Kind("a double-bit (uncorrectable) ECC error: volatile and aggregate counts 1 and a row remap pending",
-                True, ("ecc", "row-remap")),
-    "throttle": Kind("the GPU held in hardware thermal slowdown (clocks event reasons HW slowdown + HW thermal)",
-                     True, ("throttle",)),
-    "nvlink-down": Kind("the GPU's last active NVLink inactive", True, ("nvlink",)),
-    "link-down": Kind("the node's watched interface down: lo of the node's own network namespace, never the host's",
-                      False, ("link-down",)),
-    "fs-full": Kind(f"a file system of the node's health.paths full: a {FS_SIZE[:-1]} MiB tmpfs mounted on the "
-                    "node's drill-fs directory, filled", False, ("filesystem",)),
-    "slurmd-hang": Kind("the node's slurmd stopped (SIGSTOP, by its pidfile): Slurm's pings time out", False,
-                        ("slurmd",)),
-}
 
 
 @dataclass(frozen=True, slots=True)

@@ -313,3 +313,18 @@ def test_the_agents_loop_stays_small_and_names_no_role_or_worker():
     source = (REPO / "supervisor" / "agent.py").read_text()
     assert len(source.splitlines()) < 400
     assert not re.findall(r"\brole\s*[!=]=|[!=]=\s*self\.role\b|spec\.name\s*[!=]=", source)
+
+
+def test_building_the_command_line_imports_no_drill_and_no_fake_nvml(tmp_path):
+    """Every slurm-ext process (the agent and its workers) builds the parser: `dev inject --help`'s list of faults
+    imported devcluster.drills and through it the fake NVML, about 5 MB more in each (bench_supervisor, bench_health
+    after issue 29.4)."""
+    probe = ("import json, sys\n"
+             "from slurm_ext import cli\n"
+             "cli._parser()\n"
+             "print(json.dumps(sorted(m for m in sys.modules if m.startswith('slurm_ext.devcluster.'))))\n")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                            cwd=tmp_path, env={**os.environ, "PYTHONPATH": ""})
+    assert result.returncode == 0, result.stderr
+    loaded = json.loads(result.stdout)
+    assert not {"slurm_ext.devcluster.drills", "slurm_ext.devcluster.fakenvml"} & set(loaded), loaded
