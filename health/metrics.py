@@ -51,7 +51,8 @@ _DCGM = (
      "loaded.", "nvlink_errors"),
 )
 _GPU_LABELS = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "hostname", "hpc_job"]
-_CHECK_STATES = {"disabled": -1, "not-applicable": -2, "ok": 0, "warning": 1, "critical": 2, "failed": 3}
+_CHECK_STATES = {"pending": -3, "disabled": -1, "not-applicable": -2, "ok": 0, "warning": 1, "critical": 2,
+                 "failed": 3}
 
 
 def families(runtime_dir: str):
@@ -103,7 +104,9 @@ def families(runtime_dir: str):
 def _health_states(data: dict, host: str):
     """Each check's state and the open findings: served whenever the monitor writes, NVML answering or not."""
     checks = GaugeMetricFamily("slurm_ext_health_check_state", "Each check's state: 0 ok, 1 warning, 2 critical "
-                               "(drained), 3 failed (the check itself), -1 disabled, -2 not applicable (no fabric, say)", labels=["check", "hostname"])
+                               "(drained), 3 failed (the check itself), -1 disabled, -2 not applicable (no fabric, "
+                               "say), -3 pending (no reading judged since the monitor started: not measured)",
+                               labels=["check", "hostname"])
     for check, state in (data.get("checks") or {}).items():
         checks.add_metric([check, host], _CHECK_STATES.get(state, 3))
     yield checks

@@ -507,6 +507,18 @@ class Monitor:
                       traceback=traceback.format_exception(err)[-3:])
         self.check_state[check_id] = "failed"
 
+    def _unjudged(self, check_id: str) -> str:
+        """A check's state before its first verdict. A polled check is "pending" until it has judged a reading: "ok"
+        said healthy without having measured anything. An event check's verdict is the absence of events, so it is
+        "ok" while something delivers them (the kernel log; NVML's event set for Xids). A check with nothing to
+        read (no kernel log, no interface configured) is "not-applicable"."""
+        check = REGISTRY[check_id]
+        fed = {"kernel": bool(self.health.kernel_log) or (check_id == "xid" and self.health.nvml_events),
+               "netlink": bool(self.health.interfaces)}.get(check.source, True)
+        if not fed:  # no kernel log, no interface to watch: nothing this check could ever judge
+            return "not-applicable"
+        return "pending" if check.on_event is None else "ok"
+
     def _update_state(self, check_id: str) -> None:
         severities = [f.severity for f in self.findings.open() if f.check == check_id]
         self.check_state[check_id] = ("critical" if "critical" in severities else
@@ -590,8 +602,9 @@ class Monitor:
         data = {"time": time.time(), "readings_time": readings, "interval": self.health.interval, "node": self.node,
                 "driver": snapshot.driver if snapshot else "", "gpus": gpus,
                 "nvml_error": snapshot.error_text if snapshot else "", "xid_counts": list(self.xid_counts.values()),
-                "last_xid": self.last_xid, "checks": {c: ("disabled" if not self.health.params(c).enabled
-                                                     else self.check_state.get(c, "ok")) for c in CHECKS},
+                "last_xid": self.last_xid, "checks": {c: ("disabled" if not self.health.params(c).enabled else
+                                                          self.check_state.get(c) or self._unjudged(c))
+                                                      for c in CHECKS},
                 "findings": [asdict(f) for f in self.findings.open()]}
         try:
             atomic_write(metrics_path(self.runtime_dir), json.dumps(data) + "\n", mode=0o644, fsync="none")

@@ -372,9 +372,10 @@ function copy(text) {
 
 // -- health checks ----------------------------------------------------------------------------------------------------
 
-//: how the page says each state of a check (the health monitor's words; n/a: disabled or not applicable)
+//: how the page says each state of a check (the health monitor's words; n/a: disabled or not applicable; not yet:
+//: no reading judged since its monitor started, never shown as ok)
 const CHECK_WORDS = {"ok": "ok", "warning": "warning", "critical": "critical", "failed": "failed",
-  "disabled": "n/a", "not-applicable": "n/a"};
+  "disabled": "n/a", "not-applicable": "n/a", "pending": "not yet"};
 
 function checkWord(state) { return CHECK_WORDS[state] || state || "-"; }
 
