@@ -114,10 +114,6 @@ def test_a_gpu_fault_is_recommended_approved_and_repaired_through_slurms_reboot(
                                 ("repair", "scontrol reboot rnode2"), ("agent", "supervisor/started"),
                                 ("repair", "rnode2 is back"), ("repair", "checks pass"), ("repair", "repair-done")])
     assert steps[2]["user"] == "alice"
-    # the reset's clear says why (it said "an operator's slurm-ext health clear", with no operator)
-    cleared = [e for e in entries if e["event"] == "health/health-cleared" and e["message"].startswith("row-remap ")]
-    assert cleared and all("cleared (its GPU was reset for an approved reset-gpu repair)" in e["message"]
-                           for e in cleared), cleared
 
 
 def _remap_pending(cluster: RepairCluster, node: str, gpu: int) -> None:
@@ -179,6 +175,10 @@ def test_a_gpu_fault_whose_fix_is_a_reset_is_repaired_by_resetting_that_gpu_whil
                                 ("repair", "gpu 2 of rnode3 reset"), ("repair", "checks pass after the reset-gpu"),
                                 ("repair", "repair-done")])
     assert steps[2]["user"] == "alice"
+    # the reset's clear says why (it said "an operator's slurm-ext health clear", with no operator)
+    cleared = [e for e in entries if e["event"] == "health/health-cleared" and e["message"].startswith("row-remap ")]
+    assert cleared and all("cleared (its GPU was reset for an approved reset-gpu repair)" in e["message"]
+                           for e in cleared), cleared
 
 
 def test_a_gpu_reset_that_fails_leaves_the_node_drained_and_recommends_a_reboot(repair):
