@@ -80,10 +80,14 @@ def check_now(config, nvml_module=None, slurm: SlurmClient | None = None) -> Rep
         # one failed reading is not a GPU fault (the monitor drains after health.checks.nvml.threshold in a row)
         found[("nvml", "node")] = _row(Observation("nvml", "node", "warning", params.action,
                                                    f"nvml failed now: {problem} (the monitor judges repeats)"))
+    # the monitor's open findings, each fault once: one this run judged too on the same GPU is that fault (a GPU
+    # lost now has no UUID to key it by, the monitor's finding has the one it read before)
+    judged = {(row["check"], row["gpu"]) for row in found.values() if row.get("gpu") is not None}
     for item in load_state(config.node.state_dir, boot_id(config.node.boot_id_file)).get("findings") or ():
         if isinstance(item, dict) and item.get("opened") is not None:
             finding = Finding(**{k: v for k, v in item.items() if k in Finding.__dataclass_fields__})
-            found.setdefault(finding.key, {**asdict(finding), "from": "monitor"})
+            if (finding.check, finding.gpu) not in judged:
+                found.setdefault(finding.key, {**asdict(finding), "from": "monitor"})
     return Report(tuple(ran), tuple(found.values()), tuple(not_applicable))
 
 
