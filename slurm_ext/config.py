@@ -158,6 +158,7 @@ _SECTION_OWNERS = {
     "accounting": "accounting",
     "health": "health",
     "repair": "repair",
+    "acceptance": "acceptance",
     "web": "web",
     "dev": "devcluster",
 }
@@ -441,6 +442,11 @@ def _check(rules: dict, value: Any) -> Any:
         if not isinstance(value, bool):
             raise ValueError(f"expected true or false, got {_describe(value)}")
         return value
+    if kind == "number":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"expected a number, got {_describe(value)}")
+        _check_range(rules, value)
+        return float(value)
     if kind == "int":
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"expected an integer, got {_describe(value)}")
@@ -560,6 +566,8 @@ def toml_value(value: Any, rules: dict) -> str:
         return "true" if value else "false"
     if isinstance(value, int):
         return str(value)
+    if isinstance(value, float):
+        return f"{value:g}" if "e" not in f"{value:g}" else repr(value)
     return _toml_string(str(value))
 
 
