@@ -44,6 +44,7 @@ _SUPERVISOR, _GRES, _HOOKS, _NODESTATE = ("supervisor",), ("gres",), ("prolog_ep
 _ACCOUNTING = ("accounting",)
 _HEALTH = ("health",)
 _REPAIR = ("repair",)
+_ACCEPTANCE = ("acceptance",)
 _WEB = ("web",)
 
 _ENTRIES = (
@@ -215,6 +216,24 @@ _ENTRIES = (
               "a pushing source (kernel log, NVML events, netlink) cannot be read: the monitor goes on without it "
               "and retries every 30 s"),
     EventName("health-source-ok", _HEALTH, "info", "a source that had failed is read again"),
+    # -- active acceptance tests (acceptance/) -------------------------------------------------
+    EventName("acceptance-started", _ACCEPTANCE, "info",
+              "an acceptance run started on the node: its level, trigger (start, cluster, repair, idle, manual) and "
+              "tests"),
+    EventName("acceptance-profile", _ACCEPTANCE, "warning",
+              "the limits' SKU profile was not the GPUs' own (an unknown GPU: the generic profile's limits)"),
+    EventName("acceptance-test", _ACCEPTANCE, "error",
+              "a test did not pass: fail (critical: measured bad, its figures against their limits and the "
+              "recommended action) or error (the test could not run: never a drain); test, target (gpu N, an "
+              "interface, a path) and figures"),
+    EventName("acceptance-done", _ACCEPTANCE, "info",
+              "an acceptance run ended: its verdict (pass; fail, critical: the node is drained with a "
+              "recommendation; error: a test could not run), the failed tests and the time it took"),
+    EventName("acceptance-drain", _ACCEPTANCE, "critical",
+              "the node failed its acceptance at start: it registers drained with the reason, and a repair is "
+              "recommended"),
+    EventName("acceptance-cleared", _ACCEPTANCE, "info",
+              "the node passed its acceptance: an acceptance drain of an earlier run is lifted"),
     EventName("backup-done", _ACCOUNTING, "info",
               "a backup of the accounting database was written, with its manifest"),
     EventName("backup-failed", _ACCOUNTING, "error",

@@ -20,6 +20,7 @@ PLUGINS = (
     "slurm_ext.gres.plugin",
     "slurm_ext.prolog_epilog.plugin",
     "slurm_ext.health.plugin",
+    "slurm_ext.acceptance.plugin",
     "slurm_ext.repair.plugin",
     "slurm_ext.web.plugin",
 )

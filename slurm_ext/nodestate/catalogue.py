@@ -99,6 +99,10 @@ CATALOGUE: tuple[DrainKind, ...] = (
               "a health check's critical finding (owner health/<check>): the evidence (a GPU's: the GPU and the fault "
               "in NVIDIA's words) and the recommended action; lifted by the check once its condition has stayed away for its quiet window "
               "(a sticky Xid: at the next boot or `slurm-ext health clear`)"),
+    DrainKind("acceptance", "acceptance", "acceptance {level} failed: {detail} action={action}", 46, WHEN_CLEARED,
+              "the node failed an active acceptance test (slurm_ext.acceptance) at its start: the test, the GPU and "
+              "what was measured against its limit, and the recommended action; lifted when a later run on the node "
+              "passes (after a repair, or `slurm-ext accept run`); a test that could not run never drains"),
     DrainKind("crash-loop", "crash-loop", "{worker} crash loop: {detail}", 30, WHEN_CLEARED,
               "a worker exited crash_loop_count times within crash_loop_window; lifted once it has run the "
               "window", stale_at_start=True),

@@ -1,0 +1,153 @@
+"""`slurm-ext accept ...`: run the acceptance tests on this node, show the last run, list the tests."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from slurm_ext import config
+from slurm_ext.words import moment
+
+__all__ = ["add_commands"]
+
+#: exit codes: 0 pass, 1 fail (measured bad), 3 a test could not run (not measured: Nagios's UNKNOWN), 2 refused
+_EXIT = {"pass": 0, "fail": 1, "error": 3}
+
+
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def _run(args: argparse.Namespace) -> int:
+    from slurm_ext.errors import SlurmExtError
+
+    from . import apply_verdict
+    from .catalog import TESTS
+    from .records import AREAS
+    from .runner import run_tests
+    loaded = config.load(args.config)
+    areas, only = _csv(args.only or ""), _csv(args.test or "")
+    bad = [a for a in areas if a not in AREAS] + [t for t in only if t not in TESTS]
+    if bad:
+        print(f"slurm-ext accept run: unknown area or test {bad[0]!r}; areas: {', '.join(AREAS)}; tests: "
+              f"{', '.join(TESTS)}", file=sys.stderr)
+        return 2
+    node = loaded.node.slurm_name
+    level = args.level or (loaded.acceptance.at_start if loaded.acceptance.at_start != "off" else "quick")
+    if not args.json:
+        print(f"{loaded.origin}; acceptance {level} on {node}", file=sys.stderr)
+    try:
+        run = run_tests(loaded, node, level, trigger=args.trigger, areas=areas, only=only,
+                        on_result=None if args.json else _print_result)
+        outcome = apply_verdict(loaded, run, full=not areas and not only) if args.apply else ""
+    except SlurmExtError as err:
+        print(f"slurm-ext accept run: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({**run.to_json(), "drain": outcome}, indent=1))
+    else:
+        _print_tail(run)
+        if outcome:
+            print(f"node state: {outcome}", file=sys.stderr)
+    return _EXIT[run.verdict]
+
+
+def _print_result(result) -> None:
+    figures = "; ".join(f.text() for f in result.figures)
+    where = f" {result.target}" if result.target else ""
+    print(f"{result.outcome.upper():5} {result.test}{where} ({result.seconds:.1f}s): {result.message}"
+          + (f" [{figures}]" if figures and figures not in result.message else ""))
+
+
+def _print_tail(run) -> None:
+    for test, why in run.not_applicable.items():
+        print(f"n/a   {test}: {why}")
+    counts = {o: sum(r.outcome == o for r in run.results) for o in ("pass", "fail", "error")}
+    print(f"{run.verdict}: {counts['pass']} passed, {counts['fail']} failed, {counts['error']} could not run, "
+          f"{len(run.not_applicable)} not applicable; profile {run.profile or 'none'}; "
+          f"{run.finished - run.started:.1f}s")
+
+
+def _show(args: argparse.Namespace) -> int:
+    from slurm_ext.errors import SlurmExtError
+
+    from .runner import last_run
+    loaded = config.load(args.config)
+    try:
+        run = last_run(loaded.node.state_dir, args.trigger or "")
+    except SlurmExtError as err:
+        print(f"slurm-ext accept show: {err}", file=sys.stderr)
+        return 2
+    if run is None:
+        if args.json:
+            print(json.dumps(None))
+        else:
+            print(f"no acceptance run kept under {loaded.node.state_dir}"
+                  + ("" if loaded.acceptance.enabled else f" ([acceptance] is {_off()})"))
+        return 3
+    if args.json:
+        print(json.dumps(run.to_json(), indent=1))
+        return _EXIT[run.verdict]
+    print(f"acceptance {run.level} on {run.node} ({run.trigger}), {moment(run.started)}, profile "
+          f"{run.profile or 'none'}")
+    for result in run.results:
+        _print_result(result)
+    _print_tail(run)
+    return _EXIT[run.verdict]
+
+
+def _off() -> str:
+    from .settings import WHY_OFF
+    return WHY_OFF
+
+
+def _list(args: argparse.Namespace) -> int:
+    from .catalog import TESTS
+    loaded = config.load(args.config)
+    settings = loaded.acceptance
+    print(f"[acceptance] enabled = {str(settings.enabled).lower()}: "
+          + ("tests run at node start, after repairs and on demand" if settings.enabled else _off()))
+    for spec in TESTS.values():
+        state = "" if settings.test_enabled(spec.name) else " (disabled)"
+        limits = f"; limits: {', '.join(spec.limits)}" if spec.limits else ""
+        print(f"{spec.name:14} {spec.area:8} {'/'.join(spec.levels)}{state}{limits}\n    {spec.doc}")
+    return 0
+
+
+def add_commands(commands: argparse._SubParsersAction) -> None:
+    """Add this component's commands to the core CLI's subcommands."""
+    from .records import LEVELS
+    from .runner import TRIGGERS
+    accept = commands.add_parser("accept", help="active acceptance tests: GPU memory and bandwidth, NVLink, network, "
+                                 "storage (off by default: [acceptance] enabled)",
+                                 description="Active tests that prove a node before it takes work: at node start "
+                                             "(the worker agent, when [acceptance] enabled), after every repair, and "
+                                             "here by hand. Each test runs in a process of its own with a deadline "
+                                             "and ends pass, fail (measured bad: the node is drained with a "
+                                             "recommendation) or error (it could not run: never a drain).")
+    actions = accept.add_subparsers(dest="action", metavar="ACTION", required=True)
+    run = actions.add_parser("run", help="run the tests on this node now; exit 0 pass, 1 fail, 3 a test could not "
+                             "run, 2 refused (another run holds the node, a bad option)",
+                             description="Runs the tests of a level here, one at a time, each in a child process "
+                                         "killed at its deadline. Run it on a node with no jobs (the GPU tests use "
+                                         "most of each GPU's free memory). With --apply, a fail drains the node and "
+                                         "a full pass lifts an acceptance drain, through the node's agent.")
+    run.add_argument("--level", choices=LEVELS, help="quick (seconds), standard (about two minutes), extended (up to "
+                     "an hour); default: acceptance.at_start, or quick")
+    run.add_argument("--only", metavar="AREAS", help="comma-separated areas: gpu,network,storage (default: "
+                     "acceptance.areas)")
+    run.add_argument("--test", metavar="TESTS", help="comma-separated test names (`accept list`)")
+    run.add_argument("--json", action="store_true", help="machine-readable: the run with every figure")
+    run.add_argument("--apply", action="store_true", help="drain the node on a fail, lift an acceptance drain on a "
+                     "pass of every test (not with --only or --test), through the node-state owner")
+    run.add_argument("--trigger", choices=TRIGGERS, default="manual", help=argparse.SUPPRESS)
+    run.set_defaults(func=_run)
+    show = actions.add_parser("show", help="the node's last acceptance run with its figures; exit as `run`, 3 when "
+                              "there is none")
+    show.add_argument("--json", action="store_true", help="machine-readable")
+    show.add_argument("--trigger", choices=TRIGGERS, help="the last run of this trigger (start, cluster, repair, "
+                      "idle, manual)")
+    show.set_defaults(func=_show)
+    listing = actions.add_parser("list", help="the tests, their levels and the limits each judges by")
+    listing.set_defaults(func=_list)

@@ -1,0 +1,71 @@
+"""What acceptance gives the node agent (slurm_ext.plugin): the tests before the node takes work, and their metrics.
+
+The start step runs once per boot, before slurmd starts, so that a node that fails registers drained
+(our reason names the test, the GPU and what was measured) and takes no job; a node that passes has
+an acceptance drain of an earlier run lifted. A test that could not run drains nothing.
+"""
+
+from __future__ import annotations
+
+from slurm_ext.plugin import Live, Plugin, StartStep, StepContext
+
+__all__ = ["PLUGIN"]
+
+
+def accept_at_start(context: StepContext) -> None:
+    """The at-start level, before slurmd registers the node: drain on a fail, lift our old drain on a pass.
+
+    Switched off ([acceptance] enabled = false, or at_start = off), an acceptance drain of an earlier run is
+    lifted as health's are when health is switched off: no run will lift it otherwise."""
+    from slurm_ext import events
+    from slurm_ext.errors import SlurmExtError
+
+    from .runner import last_run, run_tests
+    from .verdict import OWNER, drain_reason
+    settings = context.config.acceptance
+    if not settings.enabled or settings.at_start == "off":
+        context.node_state.clear(OWNER)
+        return
+    emit = events.emitter(context.config.node.state_dir, "acceptance", role=context.role)
+    try:
+        before = last_run(context.config.node.state_dir)
+    except SlurmExtError:
+        before = None
+    run = run_tests(context.config, context.node, settings.at_start, trigger="start", emit=emit)
+    if run.verdict == "pass":
+        context.node_state.clear(OWNER)
+        if before is not None and before.verdict == "fail":
+            emit("acceptance-cleared", f"node {context.node} passed its {run.level} acceptance: the drain of its "
+                 f"failed {before.level} run ({before.trigger}) is lifted")
+        return
+    if run.verdict != "fail":
+        return  # nothing measured bad: no drain (an earlier run's stays until a pass)
+    reason = drain_reason(run)
+    emit("acceptance-drain", f"node {context.node} failed its {run.level} acceptance at start: drained "
+         f"(slurm-ext: {reason}); a repair is recommended", reason=reason)
+    timeout = 2.0 if context.configless else context.config.slurm.timeout + 1.0
+    if context.node_state.want(OWNER, reason).wait(timeout) is None and not context.configless:
+        raise SlurmExtError(f"node {context.node} failed its acceptance and needs a drain ({reason}) that Slurm "
+                            f"has not shown within {timeout:g}s; slurmd stays down until it does")
+
+
+def _steps(role: str) -> list[StartStep]:
+    if role != "worker":
+        return []
+    return [StartStep("acceptance", accept_at_start, once_per_boot=True, on_failure="block")]
+
+
+class _Results(Live):
+    def __init__(self, host):
+        self.host = host
+
+    def metrics(self):
+        from .metrics import families
+        return families(self.host.config.node.state_dir)
+
+
+def _attach(host) -> Live | None:
+    return _Results(host) if host.role == "worker" else None
+
+
+PLUGIN = Plugin(name="acceptance", steps=_steps, attach=_attach)
