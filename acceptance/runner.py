@@ -103,8 +103,15 @@ def run_tests(config: Config, node: str, level: str, *, trigger: str = "manual",
     emit("acceptance-done", _summary(run), _SEVERITY[verdict], level=level, trigger=trigger, verdict=verdict,
          profile=run.profile, seconds=round(run.finished - run.started, 1),
          failed=[f"{r.test} {r.target}".strip() for r in run.failures()],
-         errors=[f"{r.test} {r.target}".strip() for r in run.errors()])
+         errors=[f"{r.test} {r.target}".strip() for r in run.errors()], results=[_line(r) for r in run.results])
     return run
+
+
+def _line(result: Result) -> str:
+    """'gpu-bandwidth gpu 0: pass: h2d 55.4 GB/s (>= 48); ...': a result with its figures, as history shows it."""
+    figures = "; ".join(f.text() for f in result.figures)
+    return (f"{result.test} {result.target}".strip() + f": {result.outcome}: "
+            + (figures if result.outcome == PASS and figures else result.message))
 
 
 def _summary(run: Run) -> str:
