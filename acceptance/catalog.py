@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from .records import LEVELS
 
-__all__ = ["TestSpec", "TESTS", "DEADLINES", "Given", "tests_for"]
+__all__ = ["TestSpec", "TESTS", "DEADLINES", "Given", "specs_for"]
 
 _ALL = LEVELS
 _LONGER = ("standard", "extended")
@@ -70,7 +70,7 @@ TESTS: dict[str, TestSpec] = {spec.name: spec for spec in (
 )}
 
 
-def tests_for(level: str, areas: tuple[str, ...] = ()) -> list[TestSpec]:
+def specs_for(level: str, areas: tuple[str, ...] = ()) -> list[TestSpec]:
     """The tests of `level`, in the table's order, of `areas` (all when empty)."""
     return [spec for spec in TESTS.values() if level in spec.levels and (not areas or spec.area in areas)]
 

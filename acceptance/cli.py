@@ -115,6 +115,33 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _health_check(args: argparse.Namespace) -> int:
+    """Slurm's HealthCheckProgram at slurmd's start (HealthCheckNodeState=START_ONLY): the at-start level, unless
+    the worker agent's start step has run it on this boot already; its verdict applied through the node-state
+    owner (slurmd does nothing with the exit code but log it)."""
+    from slurm_ext.errors import SlurmExtError
+    from slurm_ext.procfs import boot_id
+
+    from . import apply_verdict
+    from .runner import last_run, run_tests
+    loaded = config.load(args.config)
+    settings = loaded.acceptance
+    if not settings.enabled or settings.at_start == "off":
+        return 0
+    try:
+        done = last_run(loaded.node.state_dir, "start")
+        if done is not None and done.boot_id and done.boot_id == boot_id(loaded.node.boot_id_file):
+            print(f"acceptance {done.level} ran at this boot's start already: {done.verdict}")
+            return _EXIT[done.verdict]
+        run = run_tests(loaded, loaded.node.slurm_name, settings.at_start, trigger="start")
+        apply_verdict(loaded, run, full=True)
+    except SlurmExtError as err:
+        print(f"slurm-ext accept health-check: {err}", file=sys.stderr)
+        return 2
+    _print_tail(run)
+    return _EXIT[run.verdict]
+
+
 def add_commands(commands: argparse._SubParsersAction) -> None:
     """Add this component's commands to the core CLI's subcommands."""
     from .records import LEVELS
@@ -149,5 +176,14 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     show.add_argument("--trigger", choices=TRIGGERS, help="the last run of this trigger (start, cluster, repair, "
                       "idle, manual)")
     show.set_defaults(func=_show)
+    check = actions.add_parser("health-check", help="Slurm's HealthCheckProgram with HealthCheckNodeState="
+                               "START_ONLY (Slurm 25.11 and later): the at-start level when slurmd starts, where the "
+                               "worker agent has not run it on this boot",
+                               description="For a slurmd that slurm-ext's worker agent does not start. Drains the "
+                                           "node on a fail, lifts an acceptance drain on a pass. Exit as `run`. "
+                                           "slurm.conf: HealthCheckProgram=<a script running this> and "
+                                           "HealthCheckNodeState=START_ONLY (no HealthCheckInterval needed); on "
+                                           "26.05, HealthCheckTimeout above the level's time (quick: 60s is enough).")
+    check.set_defaults(func=_health_check)
     listing = actions.add_parser("list", help="the tests, their levels and the limits each judges by")
     listing.set_defaults(func=_list)

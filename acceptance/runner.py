@@ -29,7 +29,7 @@ from slurm_ext.errors import SlurmExtError
 from slurm_ext.fileio import atomic_write
 from slurm_ext.procfs import boot_id
 
-from .catalog import TestSpec, tests_for
+from .catalog import TestSpec, specs_for
 from .records import ERROR, FAIL, PASS, Result, Run
 
 __all__ = ["RunBusy", "run_tests", "planned", "last_run", "runs_path", "TRIGGERS"]
@@ -56,7 +56,7 @@ def planned(config: Config, level: str, areas: tuple[str, ...] = (), only: tuple
     """The tests a run of `level` runs: of the configured areas (narrowed by `areas`), enabled, `only` if given."""
     settings = config.acceptance
     wanted = tuple(a for a in settings.areas if not areas or a in areas)
-    return [spec for spec in tests_for(level, wanted)
+    return [spec for spec in specs_for(level, wanted)
             if settings.test_enabled(spec.name) and (not only or spec.name in only)]
 
 

@@ -95,14 +95,15 @@ CATALOGUE: tuple[DrainKind, ...] = (
               "a GPU still holds memory after its job's processes are gone"),
     DrainKind("jobs", "record-failed", "cannot record job {job} in {where}", 35, BY_OPERATOR,
               "the Prolog could not write the job's record (a full disk?): cleanup could not tell jobs apart"),
-    DrainKind("health", "health", "{check} {evidence} action={action}", 47, WHEN_CLEARED,
-              "a health check's critical finding (owner health/<check>): the evidence (a GPU's: the GPU and the fault "
-              "in NVIDIA's words) and the recommended action; lifted by the check once its condition has stayed away for its quiet window "
-              "(a sticky Xid: at the next boot or `slurm-ext health clear`)"),
+    # before health's kind: its template matches any reason that ends in action=X
     DrainKind("acceptance", "acceptance", "acceptance {level} failed: {detail} action={action}", 46, WHEN_CLEARED,
               "the node failed an active acceptance test (slurm_ext.acceptance) at its start: the test, the GPU and "
               "what was measured against its limit, and the recommended action; lifted when a later run on the node "
               "passes (after a repair, or `slurm-ext accept run`); a test that could not run never drains"),
+    DrainKind("health", "health", "{check} {evidence} action={action}", 47, WHEN_CLEARED,
+              "a health check's critical finding (owner health/<check>): the evidence (a GPU's: the GPU and the fault "
+              "in NVIDIA's words) and the recommended action; lifted by the check once its condition has stayed away for its quiet window "
+              "(a sticky Xid: at the next boot or `slurm-ext health clear`)"),
     DrainKind("crash-loop", "crash-loop", "{worker} crash loop: {detail}", 30, WHEN_CLEARED,
               "a worker exited crash_loop_count times within crash_loop_window; lifted once it has run the "
               "window", stale_at_start=True),
