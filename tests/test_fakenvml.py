@@ -1121,7 +1121,7 @@ def test_missing_entry_point_is_not_supported(fakenvml_lib: Path, spec_path: Pat
         out = {}
         for name, call in {
             "fan": lambda: n.nvmlDeviceGetFanSpeed(h),
-            "vbios": lambda: n.nvmlDeviceGetVbiosVersion(h),
+            "inforom": lambda: n.nvmlDeviceGetInforomImageVersion(h),
         }.items():
             try:
                 call()
@@ -1131,7 +1131,7 @@ def test_missing_entry_point_is_not_supported(fakenvml_lib: Path, spec_path: Pat
         print(json.dumps(out))
         """,
     )
-    assert got == {name: ["NVMLError_NotSupported", True] for name in ("fan", "vbios")}
+    assert got == {name: ["NVMLError_NotSupported", True] for name in ("fan", "inforom")}
 
 
 def test_init_error_driver_not_loaded(fakenvml_lib: Path, spec_path: Path) -> None:

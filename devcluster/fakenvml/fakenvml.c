@@ -931,6 +931,16 @@ NVML_API nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t device, char *serial, uns
     return fake_leave(copy_string(serial, length, g->serial));
 }
 
+NVML_API nvmlReturn_t nvmlDeviceGetVbiosVersion(nvmlDevice_t device, char *version, unsigned int length)
+{
+    LATENCY(-1);
+    const struct fake_gpu *g;
+    nvmlReturn_t rc = enter_gpu(device, &g);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    return fake_leave(copy_string(version, length, g->vbios));
+}
+
 NVML_API nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minorNumber)
 {
     LATENCY(-1);

@@ -159,6 +159,8 @@ static void gpu_defaults(struct fake_gpu *g, unsigned index)
     snprintf(g->uuid, sizeof(g->uuid), "GPU-%08x-0000-4000-8000-%012x",
              0xfa4e0000u + index, index);
     snprintf(g->serial, sizeof(g->serial), "165492400%04u", index);
+    /* The recorded H200's (nvidia-smi -q: "VBIOS Version : 96.00.A5.00.1A"). */
+    snprintf(g->vbios, sizeof(g->vbios), "96.00.A5.00.1A");
     g->minor = index;
     g->pci.domain = index / 30;
     g->pci.bus = 0x10 + 8 * (index % 30);
@@ -790,7 +792,7 @@ static int parse_gpu(ctx *c, const json_value *gobj, unsigned index,
         "cuda_compute_capability", "supported_event_types", "process_list_delay_ms",
         "temperature_thresholds", "memory_temperature", "gpu_recovery_action", "pcie",
         "fabric", "energy", "query_error", "query_delay_ms", "memory_reserved",
-        "nvlink_past_last", NULL};
+        "nvlink_past_last", "vbios_version", NULL};
     char where[32], buf[160];
     const json_value *v;
     unsigned long long lost = 0;
@@ -804,6 +806,7 @@ static int parse_gpu(ctx *c, const json_value *gobj, unsigned index,
     if (opt_str(c, where, gobj, "name", g->name, sizeof(g->name)) < 0 ||
         opt_str(c, where, gobj, "uuid", g->uuid, sizeof(g->uuid)) < 0 ||
         opt_str(c, where, gobj, "serial", g->serial, sizeof(g->serial)) < 0 ||
+        opt_str(c, where, gobj, "vbios_version", g->vbios, sizeof(g->vbios)) < 0 ||
         opt_uint(c, where, gobj, "minor", UINT_MAX, &g->minor) < 0 ||
         opt_uint(c, where, gobj, "pci_device_id", UINT_MAX, &g->pci_device_id) < 0 ||
         opt_uint(c, where, gobj, "pci_subsystem_id", UINT_MAX, &g->pci_subsystem_id) < 0 ||

@@ -62,6 +62,8 @@ struct fake_gpu {
     char name[FAKE_NAME_LEN];
     char uuid[FAKE_UUID_LEN];
     char serial[FAKE_SERIAL_LEN];
+    /* nvmlDeviceGetVbiosVersion (NVML_DEVICE_VBIOS_VERSION_BUFFER_SIZE 32) */
+    char vbios[32];
     unsigned minor;
     struct fake_pci pci;
     unsigned pci_device_id, pci_subsystem_id;
