@@ -194,8 +194,8 @@ def choose(setting: str, load=nvml.load) -> tuple[Profile, str]:
     note = "" if profile else f"unknown GPU {names[0]!r}: the generic profile's limits"
     others = sorted({n for n in names if n != names[0]})
     if others:
-        note = "; ".join(filter(None, (note, f"GPUs differ: gpu 0 is {names[0]!r}, others {', '.join(map(repr, others))}"
-                                      f" (the limits are gpu 0's)")))
+        differ = f"GPUs differ: gpu 0 is {names[0]!r}, others {', '.join(map(repr, others))} (the limits are gpu 0's)"
+        note = "; ".join(filter(None, (note, differ)))
     return profile or GENERIC, note
 
 

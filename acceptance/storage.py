@@ -77,7 +77,10 @@ def _path(path: str, count: int, size: int, fio: str | None, budget: float, limi
     except _Fault as fault:
         return Result("storage", "storage", path, FAIL, f"{path}: {fault.what}", (), time.monotonic() - started)
     try:
-        free = shutil.disk_usage(scratch).free
+        try:
+            free = shutil.disk_usage(scratch).free
+        except OSError as err:
+            raise _fault(err) from err
         if free < count * _SMALL + _MIB:
             raise _Fault(f"full ({free} bytes free)")
         size = max(_MIB, min(size, int(free * _SHARE) // _MIB * _MIB))
@@ -179,7 +182,9 @@ def _p99(times: list[float]) -> float:
 
 
 def _with_fio(fio: str, scratch: str, count: int, size: int, budget: float) -> tuple[float, float, float, float]:
-    common = ["--directory", scratch, "--output-format=json", "--ioengine=psync", "--group_reporting"]
+    # fio splits --directory at ':' (a list of directories) unless it is escaped
+    common = ["--directory", scratch.replace(":", "\\:"), "--output-format=json", "--ioengine=psync",
+              "--group_reporting"]
     fsync = _fio(fio, ["--name=fsync", "--rw=write", f"--bs={_SMALL}", f"--size={count * _SMALL}", "--fsync=1",
                        *common], budget / 3)
     lat = _field(fsync, "sync", "lat_ns")
