@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from slurm_ext.config import Config
 
-from .records import FAIL, PASS, Result, Run
+from .records import ACTIONS, FAIL, PASS, Result, Run
 
 __all__ = ["OWNER", "drain_reason", "apply_verdict"]
 
@@ -32,7 +32,6 @@ def drain_reason(run: Run) -> str:
 
 def worst_action(failures: list[Result]) -> str:
     """The most disruptive action any failure recommends (a reboot covers a GPU reset)."""
-    from slurm_ext.health.settings import ACTIONS
     return max((f.action for f in failures), key=lambda a: ACTIONS.index(a) if a in ACTIONS else 0)
 
 

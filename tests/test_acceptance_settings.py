@@ -115,3 +115,9 @@ def test_health_check_timeout_only_from_26_05():
     assert not any("Timeout" in line for line in slurm_conf_lines("25.11.2", "/x", timeout=300))
     with pytest.raises(ValueError, match="not a Slurm version"):
         version_tuple("latest")
+
+
+def test_a_fail_recommends_in_health_s_words():
+    from slurm_ext.acceptance.records import ACTIONS
+    from slurm_ext.health.settings import ACTIONS as HEALTH_ACTIONS
+    assert ACTIONS == HEALTH_ACTIONS
