@@ -299,7 +299,8 @@ def test_every_plugin_gives_the_agent_a_plugin_of_its_own_name_and_the_start_ord
               for role in config.ROLES}
     assert orders == {
         "worker": (["hooks", "slurmd", "health"],
-                   ["preflight", "clear-stale-drains", "gres-regenerate", "validate-scripts", "node-boot-scripts"]),
+                   ["preflight", "clear-stale-drains", "gres-regenerate", "validate-scripts", "node-boot-scripts",
+                    "acceptance"]),
         "controller": (["slurmctld", "repair", "web"],
                        ["preflight", "check-storage", "validate-scripts", "node-boot-scripts"]),
         "accounting": (["slurmdbd"], ["preflight", "accounting-config", "check-storage"]),
