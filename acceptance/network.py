@@ -12,7 +12,6 @@ ib_write_bw's text report is parsed, not its --out_json: perftest's JSON "produc
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import time
@@ -122,15 +121,14 @@ def _loopback(program: str, hca: str, port: int, seconds: int, budget: float, li
     started = time.monotonic()
     args = ["-d", hca, "-p", str(port), "-F", "--report_gbits", "-s", str(_MESSAGE), "-D", str(seconds)]
     server = subprocess.Popen([program, *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                              stderr=subprocess.STDOUT, text=True)
     try:
         if not _listening(port, server, min(10.0, budget / 2)):
             out = _finish(server)
             return _error(hca, started, f"its ib_write_bw server did not start: {_last(out)}")
         try:
             client = subprocess.run([program, *args, "127.0.0.1"], stdin=subprocess.DEVNULL, capture_output=True,
-                                    text=True, timeout=max(5.0, budget - (time.monotonic() - started)),
-                                    start_new_session=True)
+                                    text=True, timeout=max(5.0, budget - (time.monotonic() - started)))
         except subprocess.TimeoutExpired:
             return _error(hca, started, f"ib_write_bw did not finish within {budget:.0f}s")
         if client.returncode != 0:
@@ -168,10 +166,7 @@ def _listening(port: int, server: subprocess.Popen, wait: float, proc_net: Path 
 
 def _finish(server: subprocess.Popen) -> str:
     if server.poll() is None:
-        try:
-            os.killpg(server.pid, 9)
-        except ProcessLookupError:
-            pass
+        server.kill()  # in the test's own process group: the runner's kill at the deadline takes it too
     try:
         out, _ = server.communicate(timeout=5)
     except subprocess.TimeoutExpired:
