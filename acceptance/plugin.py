@@ -7,9 +7,13 @@ an acceptance drain of an earlier run lifted. A test that could not run drains n
 
 from __future__ import annotations
 
+import logging
+
 from slurm_ext.plugin import Live, Plugin, StartStep, StepContext
 
 __all__ = ["PLUGIN"]
+
+log = logging.getLogger("acceptance")
 
 
 def accept_at_start(context: StepContext) -> None:
@@ -64,7 +68,33 @@ class _Results(Live):
         return families(self.host.config.node.state_dir)
 
 
+class _Offer(Live):
+    """The controller's: turning acceptance on for a running cluster offers `accept cluster` once (acceptance.offer),
+    seen at the agent's start and at each reload of its config."""
+
+    def __init__(self, host):
+        self.host = host
+        self._look(host.config)
+
+    def reloaded(self, old, new) -> None:
+        self._look(new)
+
+    def _look(self, config) -> None:
+        from slurm_ext import events
+
+        from .offer import OFFER, noted
+        try:
+            turned_on = noted(config.node.state_dir, config.acceptance.enabled)
+        except OSError as err:
+            log.warning("acceptance: cannot keep the switch's state under %s: %s", config.node.state_dir, err)
+            return
+        if turned_on:
+            events.emitter(config.node.state_dir, "acceptance", role=self.host.role)("acceptance-offer", OFFER)
+
+
 def _attach(host) -> Live | None:
+    if host.role == "controller":
+        return _Offer(host)
     return _Results(host) if host.role == "worker" else None
 
 

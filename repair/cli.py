@@ -126,7 +126,7 @@ def _status(args: argparse.Namespace) -> int:
     from slurm_ext.slurm import SlurmClient
     from slurm_ext.agentapi import AgentClient
     from .decide import paused
-    from .status import counts, node_statuses, warnings, with_agents
+    from .status import acceptance_line, acceptance_state, counts, node_statuses, warnings, with_agents
     loaded, store = _store(args)
     print(f"{loaded.origin}; slurm.conf {loaded.slurm.conf_path()}", file=sys.stderr)
     nodes = SlurmClient(loaded.slurm).nodes()
@@ -135,12 +135,23 @@ def _status(args: argparse.Namespace) -> int:
     statuses, unreachable = with_agents(statuses, nodes, AgentClient.of(loaded))
     summary = counts(statuses)
     said = warnings(paused(store), unreachable)
+    accepting = acceptance_state(loaded, statuses)
     for line in said:  # what the page's banners say
         _say(f"slurm-ext: warning: {line}", sys.stderr)
     if args.json:
-        print(json.dumps({"counts": summary, "nodes": [asdict(s) for s in statuses], "warnings": said}, indent=1))
+        nodes = [{**asdict(s), "acceptance": stamped(s.acceptance, "finished") if s.acceptance else None}
+                 for s in statuses]
+        print(json.dumps({"counts": summary, "acceptance": stamped(accepting, "offered"), "nodes": nodes,
+                          "warnings": said}, indent=1))
         return 0
     print("  ".join(f"{state} {count}" for state, count in summary.items()))
+    if accepting["enabled"]:
+        print(f"acceptance on: at start {accepting['at_start']}, after a repair {accepting['after_repair']}, after a "
+              f"reset or reprovision {accepting['after_reset']}")
+    else:
+        print(f"acceptance {accepting['why_off']}")
+    if accepting["offer"]:
+        print(f"{accepting['offer']} (offered {_when(accepting['offered'])})")
     print(f"{'NODE':<14} {'STATUS':<10} {'SLURM':<24} {'GPUS':<8} {'REPAIR':<18} REASON / FINDINGS / LAST EVENT")
     for s in statuses:
         gpus = f"{s.gpus_used}/{s.gpus.rsplit(':', 1)[-1] if s.gpus else 0}"
@@ -148,6 +159,8 @@ def _status(args: argparse.Namespace) -> int:
         told += f"; held: {'; '.join(s.held)}" if s.held else ""
         last = f"  [{s.events[-1]}]" if s.events else ""
         _say(f"{s.name:<14} {s.state:<10} {s.slurm_state:<24} {gpus:<8} {s.repair or '-':<18} {told}{last}")
+        if s.acceptance:
+            _say(f"{'':<14} {acceptance_line(s.acceptance)}")
     return 0
 
 
@@ -172,6 +185,8 @@ def _history(args: argparse.Namespace) -> int:
     for e in timeline.entries:
         who = f" [{e.user}]" if e.user and e.source == "repair" else ""
         _say(f"{_when(e.time)}  {e.node:<12} {e.source:<6} {e.event}: {e.message}{who}")
+        for line in e.lines:  # an acceptance run's results, each with its figures
+            _say(f"{'':<47}  {line}")
     if timeline.unreachable:
         _say(f"slurm-ext: warning: no journal from {len(timeline.unreachable)} node agent(s): "
              + ", ".join(f"{n} ({why})" for n, why in sorted(timeline.unreachable.items())[:10])
@@ -219,9 +234,10 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                        "admin's drain)",
         description="One Slurm query for the whole cluster, one read of the repair records and every node agent's "
                     "health asked at once: each node's status, Slurm state, GPUs in use, open findings (warnings "
-                    "included, beside what its drain states) and latest repair events; on standard error (and in "
-                    "--json's warnings) what the cluster page's banners say: node agents that do not answer, repairs "
-                    "paused. Exits 0: a report, whatever it finds.")
+                    "included, beside what its drain states), latest repair events and, under it, its last "
+                    "acceptance run (verdict, level, trigger, when); whether acceptance is on for the cluster (why "
+                    "not, when off); on standard error (and in --json's warnings) what the cluster page's banners "
+                    "say: node agents that do not answer, repairs paused. Exits 0: a report, whatever it finds.")
     status.add_argument("--json", action="store_true", help="one JSON document")
     status.set_defaults(func=_status)
     history = commands.add_parser(

@@ -8,7 +8,9 @@ Three sources, merged in time order:
 - the repair records: recommendations, decisions (with the operator) and
   every step.
 An agent that does not answer is named in the answer, not skipped in
-silence: its node's own events are then missing from the timeline.
+silence: its node's own events are then missing from the timeline. An
+acceptance run's end (acceptance-done) carries its results, each with its
+figures against their limits: they are the entry's `lines`.
 
 The order is causal where clocks are coarse (`in_causal_order`). Slurm's
 event table and the journals keep whole seconds, the repair records keep the
@@ -37,12 +39,14 @@ from slurm_ext.slurm import Node, SlurmClient
 
 from .store import ACTS, Record, Store
 
-__all__ = ["Entry", "Timeline", "gather", "in_causal_order"]
+__all__ = ["Entry", "Timeline", "gather", "in_causal_order", "result_lines"]
 
 #: agents asked at once
 _PARALLEL = 32
 #: longest wait for one agent
 _AGENT_TIMEOUT = 3.0
+#: most result lines shown under one acceptance-done (8 GPUs' tests, and a node's interfaces and paths, are fewer)
+_RESULT_LINES = 200
 #: how far after the step that caused it a whole-second entry is put: a microsecond, still inside its own second
 _AFTER_CAUSE = 1e-6
 #: what can cause each kind of whole-second entry of a node, of the actions a repair step records (store.ACTS)
@@ -79,6 +83,9 @@ class Entry:
     check: str = ""
     gpu: int | None = None
     severity: str = ""
+    #: lines shown under the message: an acceptance run's results (acceptance-done), each with its figures against
+    #: their limits (`gpu-bandwidth gpu 0: pass: h2d_gbps 55.4 GB/s (>= 48)`); empty for anything else
+    lines: tuple[str, ...] = ()
 
 
 @dataclass
@@ -127,9 +134,23 @@ def gather(agents: AgentClient, store: Store, slurm: SlurmClient, since: float, 
                     continue  # the controller's journal: the same as the repair records, which hold the user
                 timeline.entries.append(Entry(_epoch(data.get("time", "")), name, "agent",
                                               f"{data.get('component', '?')}/{data.get('event', '?')}",
-                                              str(data.get("message", "")), **_of_finding(data)))
+                                              str(data.get("message", "")), **_of_finding(data),
+                                              lines=result_lines(data)))
     timeline.entries = in_causal_order(timeline.entries)
     return timeline
+
+
+def result_lines(data: dict) -> tuple[str, ...]:
+    """The result lines of a journal's acceptance-done event (its `results` field: one line per test and target, with
+    its outcome and figures), the first `_RESULT_LINES`; none for any other event or an odd field."""
+    if data.get("component") != "acceptance" or data.get("event") != "acceptance-done":
+        return ()
+    found = data.get("results")
+    if not isinstance(found, list):
+        return ()
+    lines = tuple(str(line) for line in found[:_RESULT_LINES])
+    return lines + ((f"+{len(found) - _RESULT_LINES} more (`slurm-ext accept show` on the node)",)
+                    if len(found) > _RESULT_LINES else ())
 
 
 def _of_record(record: Record | None) -> dict:

@@ -14,18 +14,26 @@ records, never a query per node:
 
 `with_agents` adds what every node's agent says, as the cluster page shows
 it: its open findings, warnings that drain nothing included, beside what its
-drain states, each once; `warnings` says what the page's banners say: node
-agents that do not answer, repairs paused.
+drain states, each once, and its last acceptance run (verdict, level, trigger,
+when; GET /acceptance, asked with /health); `warnings` says what the page's
+banners say: node agents that do not answer, repairs paused.
+`acceptance_state` says whether acceptance is on for the cluster (the
+controller's [acceptance] enabled), why it is off in the setting's own words,
+and the offer of `accept cluster` while it stands.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from slurm_ext.agentapi import AgentAnswerError, AgentClient
+from slurm_ext.config import section_class
 from slurm_ext.nodestate.catalogue import HEALTH
 from slurm_ext.slurm import Node, is_our_reason
 from slurm_ext.words import counted, moment
@@ -35,11 +43,17 @@ from .recommend import fault_of
 from .store import IN_PROGRESS, Event, Record
 
 __all__ = ["STATES", "NodeStatus", "classify", "node_statuses", "counts", "held", "held_findings", "finding_lines",
-           "with_agents", "warnings"]
+           "with_agents", "warnings", "run_summary", "acceptance_line", "acceptance_state", "OFFER"]
 
 STATES = ("healthy", "booting", "unhealthy", "pending", "paused")
 #: Slurm's flags of a node on its way back (a reboot asked or under way, a node powering up)
 _REBOOTING = REBOOT_FLAGS | {"POWERING_UP"}
+#: what the offer of `accept cluster` says (acceptance.offer.OFFER, which a test holds to this: acceptance is on
+#: this floor, read, not imported)
+OFFER = ("acceptance is on: nodes are tested at their next start; run `slurm-ext accept cluster` once to test the "
+         "nodes running now")
+#: failures and errors a run's summary names, of each
+_SUMMARY_NAMED = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +76,8 @@ class NodeStatus:
     events: list = field(default_factory=list)
     #: paused: the critical findings its agent holds behind someone else's drain, as our drain would state them
     held: list = field(default_factory=list)
+    #: its last acceptance run (run_summary: verdict, level, trigger, finished, what failed), None when none is known
+    acceptance: dict | None = None
 
 
 def classify(node: Node, record: Record | None) -> str:
@@ -151,34 +167,99 @@ def finding_lines(drained: list[str], findings) -> list[str]:
     return list(dict.fromkeys(lines))
 
 
+def run_summary(run: dict | None) -> dict | None:
+    """A node's acceptance run (acceptance.records.Run.to_json, as agentapi checked it) as `status` and the page's
+    node row show it: verdict, level, trigger, profile, when it ended, and the tests that failed or could not run
+    (`test target: message`, the first few); None for no run."""
+    if not run:
+        return None
+
+    def named(outcome: str) -> list[str]:
+        found = [f"{r['test']} {r['target']}".strip() + f": {r['message']}" for r in run["results"]
+                 if r["outcome"] == outcome]
+        return found[:_SUMMARY_NAMED] + ([f"+{len(found) - _SUMMARY_NAMED} more"] if len(found) > _SUMMARY_NAMED
+                                         else [])
+    return {"verdict": run["verdict"], "level": run["level"], "trigger": run["trigger"], "profile": run["profile"],
+            "finished": run["finished"] or run["started"], "tests": len(run["results"]),
+            "failed": named("fail"), "errors": named("error")}
+
+
+def acceptance_line(summary: dict | None) -> str:
+    """`acceptance fail (quick, start) 2026-12-05T09:00:00+00:00: gpu-memory gpu 1: ...`, or "" for no run."""
+    if not summary:
+        return ""
+    line = (f"acceptance {summary['verdict']} ({summary['level']}, {summary['trigger']}) "
+            f"{moment(summary['finished'])}")
+    worst = summary["failed"] or summary["errors"]
+    return line + (f": {'; '.join(worst)}" if worst else "")
+
+
 def with_agents(statuses: list[NodeStatus], nodes: list[Node], agents: AgentClient, timeout: float = 3.0
                 ) -> tuple[list[NodeStatus], dict[str, str]]:
     """`statuses` with what every node's agent says (asked at once, as the page asks them): its open findings beside
-    its drain's (finding_lines), and for a paused node the critical ones held behind that drain; and node -> why its
-    agent gave no answer."""
+    its drain's (finding_lines), for a paused node the critical ones held behind that drain, and its last acceptance
+    run (its /acceptance, asked right after its /health: none from an agent that gave no health answer); and node ->
+    why its agent gave no answer. An agent that does not serve /acceptance (one older than it) says no run."""
     from concurrent.futures import ThreadPoolExecutor
 
     addrs = {n.name: n.addr for n in nodes}
 
-    def ask(status: NodeStatus) -> tuple[tuple, str]:
+    def ask(status: NodeStatus) -> tuple[tuple, str, dict | None]:
+        addr = addrs.get(status.name, "")
         try:
-            answer = agents.health(status.name, addrs.get(status.name, ""), timeout)
+            answer = agents.health(status.name, addr, timeout)
         except AgentAnswerError as err:
-            return (), str(err)
-        return (answer.monitor.findings if answer.monitor else ()), ""
+            return (), str(err), None
+        try:
+            run = agents.acceptance(status.name, addr, timeout=timeout).run
+        except AgentAnswerError:
+            run = None  # its health stands; a run it cannot say is not known (`accept show` on the node says why)
+        return (answer.monitor.findings if answer.monitor else ()), "", run_summary(run)
     if not statuses:
         return statuses, {}
     with ThreadPoolExecutor(max_workers=min(16, len(statuses))) as pool:
         answers = dict(zip((s.name for s in statuses), pool.map(ask, statuses)))
     told, unreachable = [], {}
     for status in statuses:
-        findings, error = answers[status.name]
+        findings, error, accepted = answers[status.name]
         if error:
             unreachable[status.name] = error
         paused = status.state == "paused"
         told.append(replace(status, findings=finding_lines(status.findings, findings),
-                            held=([f"unknown: {error}"] if error else held(findings)) if paused else []))
+                            held=([f"unknown: {error}"] if error else held(findings)) if paused else [],
+                            acceptance=accepted))
     return told, unreachable
+
+
+def acceptance_state(config, statuses: list[NodeStatus] = ()) -> dict:
+    """Whether acceptance is on for the cluster (this config's [acceptance], the controller's): when on, the levels it
+    runs at; when off, why, in the words of the setting's own description (acceptance.settings.WHY_OFF: what it is off
+    for and when to turn it on); and the offer of `accept cluster` while it stands (acceptance.offer: made when the
+    controller saw the switch turned on, until a cluster run ends after it, by the controller's record or by a
+    node's last run of trigger cluster in `statuses`)."""
+    settings = config.acceptance
+    why_off = {f.name: f.metadata["doc"] for f in dataclasses.fields(section_class("acceptance"))}["enabled"]
+    ran = tuple(s.acceptance["finished"] for s in statuses if s.acceptance and s.acceptance["trigger"] == "cluster")
+    offered = _offered(config.node.state_dir, ran) if settings.enabled else None
+    return {"enabled": settings.enabled, "at_start": settings.at_start if settings.enabled else None,
+            "after_repair": settings.after_repair if settings.enabled else None,
+            "after_reset": settings.after_reset if settings.enabled else None,
+            "why_off": None if settings.enabled else why_off,
+            "offer": OFFER if offered is not None else None, "offered": offered}
+
+
+def _offered(state_dir: str, cluster_runs: tuple[float, ...]) -> float | None:
+    """acceptance.offer.pending's answer, read from the file it keeps (the controller's switch.json); None where
+    the file is absent or unreadable (at worst no offer is said)."""
+    try:
+        seen = json.loads((Path(state_dir) / "acceptance" / "switch.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(seen, dict) or not seen.get("enabled") or not isinstance(seen.get("offered"), (int, float)):
+        return None
+    offered = float(seen["offered"])
+    ran = [float(seen["cluster_run"])] if isinstance(seen.get("cluster_run"), (int, float)) else []
+    return None if any(t >= offered for t in (*ran, *cluster_runs)) else offered
 
 
 def warnings(paused: tuple[str, float] | None, unreachable: dict[str, str]) -> list[str]:

@@ -46,6 +46,8 @@ def _allowed(rules: dict) -> str:
         return "text" + (f" matching `{rules['pattern']}`" if rules.get("pattern") else "")
     if kind == "int":
         return "an integer" + span
+    if kind == "number":
+        return "a number" + span
     if kind == "bool":
         return "true or false"
     if kind == "duration":

@@ -234,6 +234,9 @@ _ENTRIES = (
               "recommended"),
     EventName("acceptance-cleared", _ACCEPTANCE, "info",
               "the node passed its acceptance: an acceptance drain of an earlier run is lifted"),
+    EventName("acceptance-offer", _ACCEPTANCE, "info",
+              "the controller saw [acceptance] enabled turned on: nodes are tested at their next start, and one "
+              "`slurm-ext accept cluster` tests the nodes running now (said once)"),
     EventName("backup-done", _ACCOUNTING, "info",
               "a backup of the accounting database was written, with its manifest"),
     EventName("backup-failed", _ACCOUNTING, "error",

@@ -18,7 +18,8 @@ from slurm_ext import clidoc
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 #: the component folders whose code may serve metrics
-SOURCES = ("slurm_ext", "supervisor", "gres", "accounting", "prolog_epilog", "health", "repair", "web", "devcluster")
+SOURCES = ("slurm_ext", "supervisor", "gres", "accounting", "prolog_epilog", "health", "repair", "acceptance", "web",
+           "devcluster")
 
 
 def pages() -> list[Path]:

@@ -201,6 +201,10 @@ class _Agents:
         self.asked.append(("events", node))
         return EventsPage.of(node, "boot-1", self.journals.get(node, ""))
 
+    def acceptance(self, node, addr="", trigger="", timeout=None):
+        self.asked.append(("acceptance", node))
+        raise AgentAnswerError(node, "127.0.0.1:1", "HTTP 404: try /livez, ...", 404)  # an agent older than /acceptance
+
 
 def test_an_agent_answering_junk_costs_its_figures_never_the_refresh(tmp_path):
     path = tmp_path / "slurm-ext.toml"

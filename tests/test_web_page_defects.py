@@ -19,7 +19,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from slurm_ext import config
-from slurm_ext.agentapi import EventsPage, HealthAnswer
+from slurm_ext.agentapi import AcceptanceAnswer, EventsPage, HealthAnswer
 from slurm_ext.repair.store import open_sqlite
 from slurm_ext.slurm import Node
 from slurm_ext.web.app import create_app
@@ -67,6 +67,9 @@ class _Agents:
         return EventsPage.of(node, "b", "\n".join(
             json.dumps({"time": second, "component": component, "event": event, "severity": "info",
                         "message": message}) for component, event, message in SAME_SECOND))
+
+    def acceptance(self, node, addr="", trigger="", timeout=None):
+        return AcceptanceAnswer(node, "b", False, False, None)  # no run kept
 
 
 @contextmanager

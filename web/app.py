@@ -3,7 +3,8 @@
 GET routes only read the view the watcher keeps (one Slurm query per table
 per refresh, whatever the number of browsers): the page itself (its assets
 are package data: nothing is fetched from elsewhere, it works air-gapped),
-/api/cluster, /api/timeline, /api/health, /api/repairs and /api/session
+/api/cluster, /api/timeline, /api/health, /api/acceptance (each node's last
+acceptance run with its results), /api/repairs and /api/session
 (the CSRF token, and who the token sent or the proxy says you are). POST routes are the
 operations: run a node's health checks, approve or reject its repair. Each
 needs an operator and a CSRF token (`auth`), and is recorded with the user
@@ -224,7 +225,7 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
         severity, event_text = asked.get("severity"), asked.get("event")
         if node is not None:
             known_node(node)
-        from slurm_ext.repair.history import Entry, in_causal_order
+        from slurm_ext.repair.history import Entry, in_causal_order, result_lines
         entries, severities = [], {}
 
         def add(entry: Entry, level: str) -> None:
@@ -252,7 +253,7 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
             for when, name, data in reversed(watcher.journal(limit, node=node, component=lambda name: name != "repair",
                                                              keep=keep)):
                 add(Entry(when, name, "agent", f"{data.get('component', '?')}/{data.get('event', '?')}",
-                          str(data.get("message", ""))), str(data.get("severity", "info")))
+                          str(data.get("message", "")), lines=result_lines(data)), str(data.get("severity", "info")))
         # as `slurm-ext history` orders them: what a repair step caused after it, where clocks are whole seconds
         entries = [{**asdict(e), "severity": severities[id(e)]} for e in reversed(in_causal_order(entries))]
         return jsonify(entries=entries[:limit])
@@ -279,6 +280,17 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
         found = watcher.journal(_HEALTH_SCAN, node=node, component=lambda name: name == "health")
         entries = [e for e in history_rows(found, open_now) if wanted(e) and state in (None, e["state"])]
         return jsonify(open=open_findings, entries=entries[:int(asked.get("limit", 300))])
+
+    @app.get("/api/acceptance")
+    def acceptance():
+        """Each node's last acceptance run, with every result and its figures against their limits (the Health checks
+        tab's Acceptance table), and whether acceptance is on for the cluster."""
+        asked = _query({"node": _name})
+        node = asked.get("node")
+        if node is not None:
+            known_node(node)
+        view = current()
+        return jsonify(acceptance=view.data["acceptance"], nodes=watcher.acceptance_runs(node))
 
     @app.get("/api/repairs")
     def repairs():

@@ -32,13 +32,14 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 
 from slurm_ext import events
 from slurm_ext.agentapi import AgentAnswerError, AgentClient, HealthAnswer, JournalLine, FactsReading, get_text
 from slurm_ext.errors import SlurmExtError
-from slurm_ext.repair.status import counts, finding_lines, held, node_statuses
+from slurm_ext.repair.history import result_lines
+from slurm_ext.repair.status import acceptance_state, counts, finding_lines, held, node_statuses, run_summary
 from slurm_ext.slurm import Node, SlurmClient, is_our_reason
 from slurm_ext.words import moment
 
@@ -113,6 +114,11 @@ class _Agent:
     arrivals: deque = field(default_factory=deque)
     #: what its last journal page lacked (agentapi.EventsPage.shortfall: events the agent cut, odd lines skipped)
     journal_note: str = ""
+    #: its last acceptance run as its /acceptance sent it (agentapi checked it), None while none is known; asked at
+    #: its first answer and again only after its journal told of a run that ended (acceptance-done)
+    acceptance: dict | None = None
+    #: /acceptance is to be asked at its next answer
+    acceptance_due: bool = True
     busy: bool = False
 
 
@@ -128,6 +134,37 @@ class PageView:
     #: the repair records still open, and those that changed within web.timeline
     open_records: list = field(default_factory=list)
     records: list = field(default_factory=list)
+
+
+def _newest_done(told: tuple) -> tuple | None:
+    """The newest acceptance-done of a node's cached acceptance events ((epoch, sequence, event), oldest first), as
+    that item."""
+    for item in reversed(told):
+        if item[2].get("event") == "acceptance-done":
+            return item
+    return None
+
+
+def _run_ended(now: tuple, before: tuple) -> bool:
+    """Whether a node's acceptance events `now` hold an acceptance-done that `before` did not (a run that ended)."""
+    return _newest_done(now) is not _newest_done(before)
+
+
+def _done_summary(done: tuple | None) -> dict | None:
+    """An acceptance-done event as repair.status.run_summary says a run (the names of what failed, not their
+    messages: the event's own message has them), for a node whose agent sent no run; None for no event."""
+    if not done:
+        return None
+    finished, _, data = done
+
+    def texts(key: str) -> list[str]:
+        found = data.get(key)
+        return [str(item) for item in found[:4]] if isinstance(found, list) else []
+    results = data.get("results")
+    return {"verdict": str(data.get("verdict", "")), "level": str(data.get("level", "")),
+            "trigger": str(data.get("trigger", "")), "profile": str(data.get("profile", "")), "finished": finished,
+            "tests": len(results) if isinstance(results, list) else 0, "failed": texts("failed"),
+            "errors": texts("errors")}
 
 
 def _finite(value):
@@ -407,7 +444,19 @@ class Watcher:
                 lines = ()
             figures = usage.node_usage(health)
             journal = self._take_journal(agent, lines)  # outside the lock: only this thread changes its cursor
+            if journal is not agent.journal and _run_ended(journal.get("acceptance", ()),
+                                                           agent.journal.get("acceptance", ())):
+                agent.acceptance_due = True
+            run = agent.acceptance
+            if agent.acceptance_due:
+                try:
+                    run = self.agent_client.acceptance(node.name, node.addr, timeout=timeout).run
+                    agent.acceptance_due = False
+                except AgentAnswerError as err:  # the last run known stands (an agent older than /acceptance: none)
+                    log.info("web: %s", err)
+                    agent.acceptance_due = err.status != 404
             with self._lock:
+                agent.acceptance = run
                 agent.journal = journal
                 previous = agent.usage
                 agent.answer, agent.answered, agent.error = health, now, ""
@@ -420,6 +469,21 @@ class Watcher:
             agent.error = "its agent's answer could not be read (see the page's log)"
         finally:
             agent.busy = False
+
+    def acceptance_runs(self, node: str | None = None) -> list[dict]:
+        """Each node's last acceptance run (of `node`; None: every node), by node name: {"node", "run": its
+        /acceptance's run or None, "summary": run_summary's (or its journal's newest acceptance-done's where its agent
+        sent no run: an agent older than /acceptance, or one that did not answer it yet), "lines": that event's result
+        lines, each with its figures}."""
+        with self._lock:
+            agents = [(name, agent.acceptance, agent.journal.get("acceptance", ()))
+                      for name, agent in sorted(self._agents.items()) if node in (None, name)]
+        found = []
+        for name, run, told in agents:
+            done = _newest_done(told) if run is None else None
+            found.append({"node": name, "run": run, "summary": run_summary(run) or _done_summary(done),
+                          "lines": list(result_lines(done[2])) if done else []})
+        return found
 
     @staticmethod
     def _take_journal(agent: _Agent, lines: tuple[JournalLine, ...]) -> dict[str, tuple]:
@@ -492,6 +556,7 @@ class Watcher:
         for status in statuses:
             node = by_name[status.name]
             agent = self._agents.get(node.name, _Agent())
+            accepted = run_summary(agent.acceptance) or _done_summary(_newest_done(agent.journal.get("acceptance", ())))
             answer = agent.answer
             monitor = answer.monitor if answer is not None else None
             facts = answer.facts if answer is not None else FactsReading()
@@ -544,6 +609,7 @@ class Watcher:
                          # answers (a check read "ok" then is not "ok" now)
                          "checks": dict(monitor.checks) if monitor is not None and not agent.error else {},
                          "held": held(findings) if status.state == "paused" else [],
+                         "acceptance": accepted,
                          "agent": {"answered": agent.answered or None, "error": agent.error,
                                    "readings_time": monitor.readings_time if monitor is not None else None,
                                    "journal": agent.journal_note},
@@ -557,6 +623,8 @@ class Watcher:
             self.history.append([round(now, 3), figures.gpu_utilization, figures.memory_used_mib,
                                  figures.memory_total_mib, figures.rx_bps, figures.tx_bps, allocated["share"]])
         answering = [n for n in self._nodes if not self._agents.get(n.name, _Agent()).error]
+        accepting = acceptance_state(self.config, [replace(s, acceptance=r["acceptance"]) for s, r in
+                                                   zip(statuses, rows)])
         data = {
             "refreshed": now,
             "refresh": self.settings.refresh,
@@ -568,6 +636,7 @@ class Watcher:
                                          if n.name in self._agents and self._agents[n.name].error}},
             "counts": counts(statuses),
             "paused": self._paused,
+            "acceptance": accepting,
             "cluster": {"name": self._config.get("ClusterName", ""), "controller": self._config.get("SlurmctldHost", ""),
                         "slurm_version": self._config.get("SLURM_VERSION", ""),
                         "slurmd_versions": sorted({n.version for n in self._nodes if n.version}),

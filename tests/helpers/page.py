@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 
-from slurm_ext.agentapi import EventsPage, HealthAnswer
+from slurm_ext.agentapi import AcceptanceAnswer, EventsPage, HealthAnswer
 
 #: the components the stand-in journal's events take in turn
 COMPONENTS = ("health", "supervisor", "prolog_epilog")
@@ -26,6 +26,9 @@ class StandInAgents:
 
     def events(self, node, addr="", since=0.0, limit=None, timeout=None):
         return self.page
+
+    def acceptance(self, node, addr="", trigger="", timeout=None):
+        return AcceptanceAnswer(node, "b", False, False, None)  # no run kept
 
 
 def journal_page(start: int, count: int, node: str = "n0", boot: str = "b") -> EventsPage:

@@ -127,6 +127,9 @@ function sourcesBanner(view) {
 
 function draw() {
   const view = page.view;
+  const offer = view.acceptance && view.acceptance.offer;  // said until a cluster run ends after it
+  $("offer").hidden = !offer;
+  $("offer").textContent = offer ? `${offer} (offered ${when(view.acceptance.offered)})` : "";
   $("cluster-name").textContent = view.cluster.name || "cluster";
   document.title = `slurm-ext: ${view.cluster.name || "cluster"}`;
   sourcesBanner(view);
@@ -177,7 +180,7 @@ function drawOverview(view) {
   $("users").tBodies[0].innerHTML = queue.users.slice(0, 20).map((u) =>
     `<tr data-user="${esc(u.user)}"><td>${esc(u.user)}</td><td>${esc(u.running)}</td><td>${esc(u.pending)}</td>` +
     `<td>${esc(u.gpus)}</td></tr>`).join("") || `<tr><td colspan="4" class="muted">no job in Slurm's queue</td></tr>`;
-  drawConfig(view.cluster);
+  drawConfig(view.cluster, view.acceptance);
   nodeChoices($("timeline-node"), view);
   drawTimeline();
 }
@@ -200,7 +203,8 @@ function drawTimeline() {
   getJSON(`/api/timeline?${query}`).then((data) => {
     $("timeline").tBodies[0].innerHTML = data.entries.map((e) =>
       `<tr data-source="${esc(e.source)}" data-severity="${esc(e.severity)}"><td class="time">${when(e.time)}</td><td>${esc(e.node)}</td><td>${esc(e.source)}</td>` +
-      `<td>${esc(e.event)}</td><td>${esc(e.message)}${e.user ? ` <span class="muted">[${esc(e.user)}]</span>` : ""}</td></tr>`).join("") ||
+      `<td>${esc(e.event)}</td><td>${esc(e.message)}${e.user ? ` <span class="muted">[${esc(e.user)}]</span>` : ""}` +
+      `${(e.lines || []).length ? `<ul class="lines">${e.lines.map((l) => `<li>${esc(l)}</li>`).join("")}</ul>` : ""}</td></tr>`).join("") ||
       `<tr><td colspan="5" class="muted">no event matches in the timeline window</td></tr>`;
   }).catch((err) => say(`timeline: ${err.message}`, true));
 }
@@ -224,8 +228,17 @@ function spark(id, history, valueOf, top, format) {
     `<polyline points="${coords.join(" ")}"></polyline>`;
 }
 
-function drawConfig(c) {
+// whether acceptance is on for the cluster: its levels when on, the setting's own words (what it is off for, when to
+// turn it on) when off
+function acceptanceWords(a) {
+  if (!a) return "-";
+  return a.enabled ? `on: at start ${a.at_start}, after a repair ${a.after_repair}, after a reset or reprovision ` +
+    `${a.after_reset}` : a.why_off;
+}
+
+function drawConfig(c, accepting) {
   const rows = [
+    ["acceptance tests", acceptanceWords(accepting)],
     ["cluster", c.name], ["controller", c.controller], ["Slurm", c.slurm_version],
     ["slurmd versions", c.slurmd_versions.join(", ")], ["nodes", c.nodes],
     ["GPUs by type", Object.entries(c.gpus_by_type).map(([t, n]) => `${n} ${t}`).join(", ") || "none"],
@@ -407,6 +420,7 @@ function drawHealth(view) {
   for (const [key, id] of [["node", "health-node"], ["check", "health-check"], ["severity", "health-severity"]]) {
     if ($(id).value) query.set(key, $(id).value);
   }
+  drawAcceptance(node);
   getJSON(`/api/health?${query}`).then((data) => {
     $("open-findings").tBodies[0].innerHTML = data.open.map((f) =>
       `<tr data-node="${esc(f.node)}" data-check="${esc(f.check)}"><td class="time">${when(f.opened || f.first_seen)}</td>` +
@@ -422,6 +436,42 @@ function drawHealth(view) {
       `<td>${esc(e.evidence || e.message)}${e.made_by_page ? ` <span class="muted">(${esc(e.message)})</span>` : ""}</td><td>${esc(e.action)}</td></tr>`).join("") ||
       `<tr><td colspan="8" class="muted">no health check events in the timeline window</td></tr>`;
   }).catch((err) => say(`health checks: ${err.message}`, true));
+}
+
+// a figure against its limit, as `slurm-ext accept show` says it: "h2d_gbps 55.4 GB/s (>= 48)"
+function figureText(f) {
+  const value = f.value == null ? "-" : Number(f.value.toPrecision(4));
+  return `${f.name} ${value}${f.unit ? " " + f.unit : ""}` +
+    (f.limit == null ? "" : ` (${f.at_least ? ">=" : "<="} ${f.limit})`);
+}
+
+function resultsTable(run) {
+  return `<table class="results">` + run.results.map((r) =>
+    `<tr data-test="${esc(r.test)}" data-outcome="${esc(r.outcome)}"><td>${esc(r.test)}</td><td>${esc(r.target) || "node"}</td>` +
+    `<td class="verdict ${esc(r.outcome)}">${esc(r.outcome)}</td>` +
+    `<td>${r.outcome === "pass" && r.figures.length ? r.figures.map((f) => esc(figureText(f))).join("; ") :
+      esc(r.message) + (r.figures.length ? ` <span class="muted">(${r.figures.map((f) => esc(figureText(f))).join("; ")})</span>` : "")}` +
+    `${r.outcome === "fail" && r.action !== "none" ? ` <span class="muted">recommended: ${esc(r.action)}</span>` : ""}</td></tr>`).join("") +
+    Object.entries(run.not_applicable || {}).map(([test, why]) =>
+      `<tr data-test="${esc(test)}" data-outcome="n/a"><td>${esc(test)}</td><td></td><td class="muted">n/a</td><td class="muted">${esc(why)}</td></tr>`).join("") +
+    `</table>`;
+}
+
+function drawAcceptance(node) {
+  getJSON(`/api/acceptance${node ? "?node=" + encodeURIComponent(node) : ""}`).then((data) => {
+    $("acceptance-switch").textContent = `acceptance tests ${acceptanceWords(data.acceptance)}` +
+      (data.acceptance.offer ? `; ${data.acceptance.offer}` : "");
+    const rows = data.nodes.filter((n) => n.summary);
+    $("acceptance-runs").tBodies[0].innerHTML = rows.map((n) => {
+      const s = n.summary;
+      const results = n.run ? resultsTable(n.run) :  // from the journal's acceptance-done: its lines, as `history` shows them
+        `<ul class="lines">${n.lines.map((l) => `<li>${esc(l)}</li>`).join("")}</ul>`;
+      return `<tr data-node="${esc(n.node)}" data-verdict="${esc(s.verdict)}"><td>${esc(n.node)}</td>` +
+        `<td class="verdict ${esc(s.verdict)}">${esc(s.verdict)}</td><td>${esc(s.level)}</td><td>${esc(s.trigger)}</td>` +
+        `<td class="time">${when(s.finished)}</td><td>${esc(s.profile) || "-"}</td><td>${results}</td></tr>`;
+    }).join("") || `<tr><td colspan="7" class="muted">no acceptance run known` +
+      `${data.acceptance.enabled ? "" : " (acceptance is off: `slurm-ext accept run` on a node runs it by hand)"}</td></tr>`;
+  }).catch((err) => say(`acceptance: ${err.message}`, true));
 }
 
 // -- repair -------------------------------------------------------------------------------------------------------------
