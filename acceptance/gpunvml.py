@@ -105,10 +105,10 @@ def _expected(given: Given) -> tuple[int | None, str]:
 
 def _count_result(given: Given, count: int, driver: str, started: float) -> Result:
     expected, source = _expected(given)
-    figures = [Figure("gpus", count, "", None if expected is None else float(expected))]
+    figures = [Figure("gpu_count", count, "", None if expected is None else float(expected))]
     major = _major(driver)
     if major is not None:
-        figures.append(Figure("driver", major, "", given.limits.get("driver_major")))
+        figures.append(Figure("driver_major", major, "", given.limits.get("driver_major")))
     outside = [f for f in figures if not f.within]
     seconds = time.monotonic() - started
     what = f"{count} GPUs" + (f" (expected {expected}, from {source})" if expected is not None
@@ -144,7 +144,7 @@ def _gpu_result(m: Any, index: int, given: Given, caught: tuple) -> Result:
         found.shown.append(name)
         _judge_name(name, given, found)
         total = m.nvmlDeviceGetMemoryInfo(h).total
-        figures.append(Figure("memory", round(total / _GIB, 2), "GiB", given.limits.get("memory_gib")))
+        figures.append(Figure("memory_gib", round(total / _GIB, 2), "GiB", given.limits.get("memory_gib")))
         vbios = _optional(m, m.nvmlDeviceGetVbiosVersion, h)
         found.shown.append(f"VBIOS {nvml.text(vbios)}" if vbios is not None else "VBIOS not reported")
         persistence = _optional(m, m.nvmlDeviceGetPersistenceMode, h)
@@ -247,7 +247,7 @@ def nvlink(given: Given) -> list[Result]:
             continue
         seconds, links, active = reading
         target = f"gpu {index}"
-        figure = Figure("active nvlinks", len(active), "", limit)
+        figure = Figure("nvlink_links", len(active), "", limit)
         if figure.within:
             results.append(Result("gpu-nvlink", "gpu", target, PASS, f"{target}: {len(active)} of {links} NVLinks "
                                   f"active", (figure,), seconds))

@@ -75,7 +75,7 @@ def _link(root: Path, name: str, section) -> Result:
     speed_text = _read(where / "speed")
     speed = int(speed_text) if speed_text and speed_text.lstrip("-").isdigit() else -1
     if speed >= 0 or expected_speed:
-        figures.append(Figure("speed", float(max(speed, 0)), "Mb/s", float(expected_speed) if expected_speed else None))
+        figures.append(Figure("speed_mbps", float(max(speed, 0)), "Mb/s", float(expected_speed) if expected_speed else None))
         if expected_speed and speed < expected_speed:
             shown = f"{speed} Mb/s" if speed >= 0 else "speed unknown"
             faults.append((f"{shown} (expected {expected_speed} Mb/s)", "reboot"))
@@ -140,7 +140,7 @@ def _loopback(program: str, hca: str, port: int, seconds: int, budget: float, li
             return _error(hca, started, str(err))
     finally:
         _finish(server)
-    figure = Figure("write", gbps, "Gb/s", limit)
+    figure = Figure("rdma_gbps", gbps, "Gb/s", limit)
     seconds_taken = time.monotonic() - started
     if figure.within:
         return Result("network-rdma", "network", hca, PASS, f"{hca}: loopback {figure.text()}", (figure,),

@@ -92,10 +92,10 @@ def _path(path: str, count: int, size: int, fio: str | None, budget: float, limi
         return Result("storage", "storage", path, ERROR, f"{path}: {err}", (), time.monotonic() - started)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    figures = (Figure("fsync median", fsync_median, "ms", limits.get("fsync_ms"), at_least=False),
-               Figure("fsync p99", fsync_p99, "ms"),
-               Figure("write", write_mbps, "MB/s", limits.get("write_mbps")),
-               Figure("read", read_mbps, "MB/s", limits.get("read_mbps")))
+    figures = (Figure("fsync_ms", fsync_median, "ms", limits.get("fsync_ms"), at_least=False),
+               Figure("fsync_p99_ms", fsync_p99, "ms"),
+               Figure("write_mbps", write_mbps, "MB/s", limits.get("write_mbps")),
+               Figure("read_mbps", read_mbps, "MB/s", limits.get("read_mbps")))
     seconds = time.monotonic() - started
     tool = "fio" if fio else "python"
     text = ", ".join(f.text() for f in figures) + f" ({tool}, {size // _MIB} MiB)"

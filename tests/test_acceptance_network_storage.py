@@ -161,9 +161,9 @@ def test_rdma_loopback_per_hca_against_the_profiles_limit(tmp_path: Path, fake_p
                     extra_env={"FAKE_GBPS_mlx5_1": "212.40", "FAKE_FAIL_mlx5_2": "1"})
     results = _by_target(answer)
     assert results["mlx5_0"]["outcome"] == "pass"
-    assert results["mlx5_0"]["message"] == "mlx5_0: loopback write 391.8 Gb/s (>= 360)"
+    assert results["mlx5_0"]["message"] == "mlx5_0: loopback rdma_gbps 391.8 Gb/s (>= 360)"
     assert (results["mlx5_1"]["outcome"], results["mlx5_1"]["action"]) == ("fail", "reboot")
-    assert results["mlx5_1"]["message"].startswith("mlx5_1: loopback write 212.4 Gb/s (>= 360): below the limit")
+    assert results["mlx5_1"]["message"].startswith("mlx5_1: loopback rdma_gbps 212.4 Gb/s (>= 360): below the limit")
     assert results["mlx5_2"]["outcome"] == "error"
     assert results["mlx5_2"]["message"] == ("mlx5_2: ib_write_bw exited with status 1: Unable to open file "
                                             "descriptor for socket connection Unable to init the socket connection")
@@ -212,8 +212,8 @@ def test_storage_on_a_path_measures_fsync_and_throughput_and_leaves_nothing(tmp_
     assert result["outcome"] == "pass", result
     assert result["message"].endswith(f"({tool}, 64 MiB)")
     figures = {f["name"]: f for f in result["figures"]}
-    assert set(figures) == {"fsync median", "fsync p99", "write", "read"}
-    assert figures["fsync median"]["limit"] == 1000 and figures["fsync median"]["at_least"] is False
+    assert set(figures) == {"fsync_ms", "fsync_p99_ms", "write_mbps", "read_mbps"}
+    assert figures["fsync_ms"]["limit"] == 1000 and figures["fsync_ms"]["at_least"] is False
     assert all(f["value"] > 0 for f in figures.values())
     assert list(target.iterdir()) == [], "the scratch directory was left"
 
@@ -223,7 +223,7 @@ def test_storage_slower_than_its_limit_fails_naming_the_figure(tmp_path: Path, f
                     "limits = { write_mbps = 1e9 }\n", level="quick", path=fio_path)
     (result,) = answer["results"]
     assert (result["outcome"], result["action"]) == ("fail", "none")
-    assert result["message"].startswith(f"{tmp_path}: too slow: write ")
+    assert result["message"].startswith(f"{tmp_path}: too slow: write_mbps ")
     assert result["message"].endswith("MB/s (>= 1e+09)")
 
 
