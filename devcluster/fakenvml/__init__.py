@@ -61,6 +61,10 @@ LIB_NAME = "libnvidia-ml.so.1"
 LINK_NAME = "libnvidia-ml.so"
 STUBS_NAME = "fakenvml_stubs.c"
 STAMP_NAME = LIB_NAME + ".sha256"
+#: the fake driver API (fakecuda.c, with json.c), built beside the fake NVML from the same spec
+CUDA_LIB_NAME = "libcuda.so.1"
+CUDA_LINK_NAME = "libcuda.so"
+CUDA_SOURCES = ("fakecuda.c", "json.c")
 
 # -fvisibility=hidden: only functions marked NVML_API in the C sources are
 # exported, so internal helpers cannot clash with symbols of the host process.
@@ -178,7 +182,10 @@ def _ensure_symlink(out_dir: Path) -> None:
 def build(out_dir: Path) -> Path:
     """Compile the fake into ``out_dir/libnvidia-ml.so.1`` and return its path.
 
-    Also creates ``libnvidia-ml.so`` -> ``libnvidia-ml.so.1``.  Recompiles
+    Also creates ``libnvidia-ml.so`` -> ``libnvidia-ml.so.1``, and the fake
+    driver API ``libcuda.so.1`` (+ ``libcuda.so``) from fakecuda.c, which
+    reads the same spec (its GPUs' "cuda" objects), so that one
+    LD_LIBRARY_PATH gives a process both.  Recompiles
     only when the sources, the generated stubs or the flags changed (a
     sha256 stamp next to the library).  The library is compiled under a
     temporary name and renamed into place, so processes that load it
@@ -189,7 +196,7 @@ def build(out_dir: Path) -> Path:
     src = source_dir()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    sources = sorted(src.glob("*.c"))
+    sources = sorted(p for p in src.glob("*.c") if p.name != CUDA_SOURCES[0])
     headers = sorted(src.glob("*.h"))
 
     missing = sorted(_pynvml_entry_points() - _defined_entry_points(sources))
@@ -209,6 +216,7 @@ def build(out_dir: Path) -> Path:
         up_to_date = False
     if up_to_date:
         _ensure_symlink(out_dir)
+        _build_cuda(src, out_dir)
         return lib
 
     stub_file = out_dir / STUBS_NAME
@@ -231,6 +239,46 @@ def build(out_dir: Path) -> Path:
         tmp.unlink(missing_ok=True)
     atomic_write(stamp, stamp_value + "\n", fsync="file")
     _ensure_symlink(out_dir)
+    _build_cuda(src, out_dir)
+    return lib
+
+
+def _build_cuda(src: Path, out_dir: Path) -> Path | None:
+    """``out_dir/libcuda.so.1`` from fakecuda.c and json.c (+ ``libcuda.so``), unless its stamp matches; nothing
+    where `src` has no fakecuda.c."""
+    sources = [src / name for name in CUDA_SOURCES]
+    if not sources[0].is_file():
+        return None
+    flags = (*GCC_FLAGS, "-lm")
+    digest = hashlib.sha256()
+    for path in [*sources, src / "json.h"]:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    digest.update(" ".join(flags).encode())
+    lib, stamp = out_dir / CUDA_LIB_NAME, out_dir / (CUDA_LIB_NAME + ".sha256")
+    try:
+        up_to_date = lib.is_file() and stamp.read_text().strip() == digest.hexdigest()
+    except FileNotFoundError:
+        up_to_date = False
+    if not up_to_date:
+        fd, tmp_name = tempfile.mkstemp(dir=out_dir, prefix=f".{CUDA_LIB_NAME}.", suffix=".tmp")
+        os.close(fd)
+        tmp = Path(tmp_name)
+        try:
+            cmd = ["gcc", *GCC_FLAGS, "-o", str(tmp), *map(str, sources), "-lm"]
+            proc = subprocess.run(cmd, capture_output=True, timeout=GCC_TIMEOUT_S)
+            if proc.returncode != 0:
+                raise RuntimeError(f"building the fake libcuda failed (gcc exit {proc.returncode}):\n"
+                                   f"{' '.join(cmd)}\n{proc.stderr.decode(errors='replace')}")
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, lib)
+        finally:
+            tmp.unlink(missing_ok=True)
+        atomic_write(stamp, digest.hexdigest() + "\n", fsync="file")
+    link = out_dir / CUDA_LINK_NAME
+    if not (link.is_symlink() and os.readlink(link) == CUDA_LIB_NAME):
+        tmp_link = out_dir / f".{CUDA_LINK_NAME}.{os.getpid()}.{time.monotonic_ns()}.tmp"
+        os.symlink(CUDA_LIB_NAME, tmp_link)
+        os.replace(tmp_link, link)
     return lib
 
 
