@@ -30,8 +30,8 @@ class TestSection:
     enabled: bool | None = setting(None, "run this test", "bool")
     deadline: float | None = setting(None, "kill the test's process after this long (an error, never a drain)",
                                      "duration", minimum=1.0, maximum=6 * 3600.0)
-    limits: dict = setting({}, "limits over the SKU profile's: { h2d_gbps = 40 } (`accept list` names each test's)",
-                           "table", item={"kind": "number"})
+    limits: dict | None = setting(None, "limits over the SKU profile's: { h2d_gbps = 40 } (`accept list` names each "
+                                  "test's)", "table", item={"kind": "number"})
 
     __test__ = False  # not a pytest class
 
@@ -40,16 +40,16 @@ class TestSection:
 class InterfaceSection:
     """[acceptance.interfaces.<name>]: an interface that must be up, at this speed and MTU."""
 
-    speed_mbps: int = setting(0, "its expected link speed in Mb/s (400000 for NDR); 0: any", "int", minimum=0,
-                              maximum=10_000_000)
-    mtu: int = setting(0, "its expected MTU; 0: any", "int", minimum=0, maximum=65536)
+    speed_mbps: int | None = setting(None, "its expected link speed in Mb/s (400000 for NDR); left out: any", "int",
+                                     minimum=1, maximum=10_000_000)
+    mtu: int | None = setting(None, "its expected MTU; left out: any", "int", minimum=68, maximum=65536)
 
 
 def _validate_test(name: str, section: TestSection) -> None:
     if name not in TESTS:
         raise ValueError("", f"unknown test {name!r}; tests: {', '.join(TESTS)}")
     known = TESTS[name].limits
-    for key in section.limits:
+    for key in section.limits or ():
         if key not in known:
             allowed = ", ".join(known) if known else "none (this test judges by what it finds, not by a limit)"
             raise ValueError("limits", f"unknown limit {key!r} for {name}; its limits: {allowed}")
@@ -88,6 +88,11 @@ class AcceptanceSection:
                            "made in each and removed)", "list", item={"kind": "path"})
     idle_period: float = setting(0.0, "run the quick level on an idle node this often, as the lowest-priority "
                                  "preemptible job; 0: never", "duration", minimum=0.0, maximum=30 * 86400.0)
+    job_command: tuple = setting(("slurm-ext", "accept", "run"), "what `accept cluster`'s job runs on each node: a "
+                                 "program and its arguments (never `sh -c`), given --level, --json, --trigger cluster "
+                                 "and --apply after them; it must run the node's own `slurm-ext accept run` with the "
+                                 "node's config (the job does not inherit the controller's SLURM_EXT_CONFIG)", "list",
+                                 item={"kind": "str"}, min_items=1)
     tests: dict = setting({}, "per-test settings, [acceptance.tests.<test>]", "sections", section=TestSection,
                           validate=_validate_test)
 
@@ -105,7 +110,7 @@ class AcceptanceSection:
         known = TESTS[name].limits
         own = self.tests.get(name)
         merged = {key: profile_limits[key] for key in known if key in profile_limits}
-        if own is not None:
+        if own is not None and own.limits:
             merged.update(own.limits)
         return merged
 
