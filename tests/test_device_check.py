@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 DEVICE = REPO / "tests" / "device"
 STEPS = ["environment", "install", "fake NVML", "NVML", "gres inventory", "monitor imports (tracemalloc)",
          "health check", "monitor idle and under load", "health check (under load)", "epilog GPU release",
-         "recordings"]
+         "acceptance GPU tests", "recordings"]
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +106,19 @@ def test_the_epilog_release_and_the_recording(fake_run):
     assert {"nvmlInit", "nvmlDeviceGetComputeRunningProcesses", "nvmlEventSetCreate"} <= calls
     # compared with each committed recording of an H200 (exit 1: it differs), or "none matches" said
     assert rec["diffs"] and all(d.get("exit") in (0, 1) or d["differs"] is None for d in rec["diffs"])
+
+
+def test_the_acceptance_phase_runs_gpu_memory_and_bandwidth_through_libcuda(fake_run):
+    """The fake libcuda beside the fake NVML: the acceptance child's answers, the H2D share of PCIe Gen5 x16, and
+    PyTorch's copy said absent where the machine has no PyTorch."""
+    _, out = fake_run
+    found = json.loads((out / "summary.json").read_text())["acceptance"]
+    for test in ("gpu-memory", "gpu-bandwidth"):
+        assert [r["outcome"] for r in found[test]["results"]] == ["pass"], found[test]
+    assert round(found["h2d_share"], 3) == round(55.4 / 63, 3)
+    assert "d2d_gbps" in found["torch"] or found["torch"]["error"]
+    text = (out / "summary.txt").read_text()
+    assert "acceptance (libcuda, PTX; standard):" in text and "H2D 87.9% of PCIe Gen5 x16's 63 GB/s" in text
 
 
 def test_a_python_older_than_3_11_is_named_and_the_check_exits_2(tmp_path):

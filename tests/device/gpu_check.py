@@ -14,7 +14,12 @@ next one runs):
    minute; beside it, once, the same monitor with tracemalloc for what its imports keep;
 4. the Epilog's GPU release: a process holding GPU memory through libcuda is SIGKILLed and
    `prolog_epilog.gpus.release_gpus` is timed until it says released;
-5. every NVML call of steps 2-4 recorded (SLURM_EXT_NVML_RECORD; the measured monitor runs without the
+5. the acceptance tests gpu-memory and gpu-bandwidth (standard level) through their child process
+   (`python -m slurm_ext.acceptance.child`: libcuda through ctypes, PTX kernels), and, where the machine's
+   Python imports PyTorch, a PyTorch device-to-device copy of the same size in the same run: D2D as a
+   share of PyTorch's (target >= 95 %) and H2D as a share of PCIe Gen5 x16's 63 GB/s (target >= 85 %);
+   `--no-acceptance` leaves it out;
+6. every NVML call of steps 2-4 recorded (SLURM_EXT_NVML_RECORD; the measured monitor runs without the
    recorder) and merged into one recording, compared with the recordings of the same GPU in
    tests/data/real-gpu/ and with the fake NVML's recording made by build-wheels.
 
@@ -53,6 +58,28 @@ COMMITTED_RECORDINGS = REPO / "tests" / "data" / "real-gpu"
 #: the monitor's targets at its default settings (issue 26)
 TARGET_CPU_PERCENT = 0.2
 TARGET_RSS_MB = 50.0
+#: the acceptance phase's targets: our D2D copy against PyTorch's of the same size, H2D against PCIe Gen5 x16
+TARGET_D2D_SHARE_OF_TORCH = 0.95
+PCIE5_X16_GBPS = 63.0
+TARGET_H2D_SHARE = 0.85
+#: the D2D copy size of gpu-bandwidth at standard (slurm_ext.acceptance.gpucuda._COPY), for PyTorch's copy
+D2D_BYTES = 4 * 2**30
+#: PyTorch's device-to-device copy, best of 5, counting bytes read and written (as gpu-bandwidth does)
+TORCH_D2D = r"""
+import json, sys
+import torch
+if not torch.cuda.is_available():
+    print(json.dumps({"error": "torch sees no GPU"})); sys.exit(0)
+n = int(sys.argv[1])
+a = torch.empty(n, dtype=torch.uint8, device="cuda"); b = torch.empty_like(a)
+b.copy_(a); torch.cuda.synchronize()
+best = float("inf")
+for _ in range(5):
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record(); b.copy_(a); e.record(); e.synchronize(); best = min(best, s.elapsed_time(e))
+print(json.dumps({"d2d_gbps": 2 * n / (best / 1e3) / 1e9, "bytes": n, "torch": torch.__version__}))
+"""
+
 #: what the monitor cost on the H200 before (tests/data/real-gpu/original/README.md), for the summary
 H200_BEFORE = {"idle_cpu_percent": 0.36, "load_cpu_percent": 0.30, "rss_mb": 67.5}
 
@@ -89,14 +116,16 @@ class Result:
         return self.returncode is None
 
 
-def run(argv: list, timeout: float, env: dict | None = None, cwd: Path | None = None) -> Result:
-    """`argv` in a session of its own; at `timeout` the whole session is killed and what it printed is kept."""
+def run(argv: list, timeout: float, env: dict | None = None, cwd: Path | None = None,
+        input: str | None = None) -> Result:
+    """`argv` in a session of its own (`input` on its stdin); at `timeout` the whole session is killed and what it
+    printed is kept."""
     argv = [str(a) for a in argv]
     started = time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
-                            start_new_session=True)
+                            start_new_session=True, stdin=None if input is None else subprocess.PIPE)
     try:
-        out, err = proc.communicate(timeout=max(1.0, timeout))
+        out, err = proc.communicate(input=input, timeout=max(1.0, timeout))
         code = proc.returncode
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -685,6 +714,49 @@ class Check:
                        + (f"released {found['release_s']:.3f}s after SIGKILL" if found.get("released") else
                           f"still held after {found.get('release_s')}s: {found.get('still_held')}"))
 
+    # -- the acceptance tests through libcuda ------------------------------------------------------------
+
+    def acceptance(self, step: Step) -> None:
+        """gpu-memory and gpu-bandwidth at standard through the acceptance child, then PyTorch's D2D copy."""
+        found: dict = {"targets": {"d2d_share_of_torch": TARGET_D2D_SHARE_OF_TORCH, "h2d_share": TARGET_H2D_SHARE,
+                                   "pcie5_x16_gbps": PCIE5_X16_GBPS}}
+        self.summary["acceptance"] = found
+        problems = []
+        for test in ("gpu-memory", "gpu-bandwidth"):
+            deadline = self.limit(120, 30)
+            request = {"test": test, "level": "standard", "config": str(self.config), "deadline": deadline,
+                       "profile": "auto"}
+            done = run([self.python, "-m", "slurm_ext.acceptance.child"], deadline + 15, env=self.env, cwd=self.work,
+                       input=json.dumps(request))
+            self.keep(f"acceptance-{test}", done)
+            try:
+                answer = json.loads(done.stdout)
+            except ValueError:
+                answer = {"error": f"exit {done.returncode}: {done.stderr.strip()[-400:] or 'no answer'}"}
+            found[test] = answer
+            if "results" not in answer:
+                problems.append(f"{test}: {answer.get('error') or answer.get('not_applicable')}")
+            else:
+                problems += [f"{r['target']} {test} {r['outcome']}: {r['message']}" for r in answer["results"]
+                             if r["outcome"] != "pass"]
+        figures = {f["name"]: f["value"] for r in (found.get("gpu-bandwidth") or {}).get("results", [])[:1]
+                   for f in r["figures"]}
+        if "h2d_gbps" in figures:
+            found["h2d_share"] = figures["h2d_gbps"] / PCIE5_X16_GBPS
+        torch = self.run([sys.executable, "-c", TORCH_D2D, str(D2D_BYTES)], self.limit(90, 10))
+        self.keep("acceptance-torch-d2d", torch)
+        try:
+            found["torch"] = json.loads(torch.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            last = torch.stderr.strip().splitlines()[-1:] or ["no answer"]
+            found["torch"] = {"error": "PyTorch absent" if "No module named 'torch'" in torch.stderr else last[0]}
+        if "d2d_gbps" in found["torch"] and "d2d_gbps" in figures:
+            found["d2d_share_of_torch"] = figures["d2d_gbps"] / found["torch"]["d2d_gbps"]
+        (self.out / "acceptance.json").write_text(json.dumps(found, indent=1))
+        step.ok = not problems
+        step.detail = "; ".join(line.strip() for line in _render_acceptance(found)[1:3]) + (
+            f"; {'; '.join(problems)[:300]}" if problems else "")
+
     # -- recordings -------------------------------------------------------------------------------------
 
     def recordings_diff(self, step: Step) -> None:
@@ -756,6 +828,8 @@ class Check:
                 self.step("health check", self.health_check, "health-check")
                 self.step("monitor idle and under load", self.monitor)
                 self.step("epilog GPU release", self.release)
+                if self.args.acceptance:
+                    self.step("acceptance GPU tests", self.acceptance)
             self.step("recordings", self.recordings_diff)
         except CannotRun as err:
             self.steps[-1].detail = str(err)
@@ -977,6 +1051,35 @@ def _render_release(rel: dict | None) -> list[str]:
     return lines
 
 
+def _render_acceptance(found: dict | None) -> list[str]:
+    """gpu-memory's and gpu-bandwidth's figures of the first GPU, and how they compare."""
+    if not found:
+        return []
+    lines = ["acceptance (libcuda, PTX; standard):"]
+    for test in ("gpu-memory", "gpu-bandwidth"):
+        answer = found.get(test) or {}
+        results = answer.get("results") or []
+        if not results:
+            lines.append(f"  {test}: {answer.get('error') or answer.get('not_applicable') or 'no answer'}")
+            continue
+        first = results[0]
+        lines.append(f"  {test} ({len(results)} GPUs) {first['target']}: {first['outcome']}, "
+                     + "; ".join(f"{f['name']} {f['value']:.4g}" for f in first["figures"]) + f" ({first['seconds']}s)")
+    torch = found.get("torch") or {}
+    if "d2d_share_of_torch" in found:
+        share = found["d2d_share_of_torch"]
+        lines.append(f"  D2D {share:.1%} of PyTorch's {torch['d2d_gbps']:.0f} GB/s (torch {torch.get('torch')}, "
+                     f"{torch['bytes'] / 2**30:.0f} GiB; target >= {TARGET_D2D_SHARE_OF_TORCH:.0%}) "
+                     f"{'ok' if share >= TARGET_D2D_SHARE_OF_TORCH else 'BELOW'}")
+    else:
+        lines.append(f"  D2D against PyTorch: not measured ({torch.get('error', 'no figure')})")
+    if "h2d_share" in found:
+        share = found["h2d_share"]
+        lines.append(f"  H2D {share:.1%} of PCIe Gen5 x16's {PCIE5_X16_GBPS:.0f} GB/s (target >= "
+                     f"{TARGET_H2D_SHARE:.0%}) {'ok' if share >= TARGET_H2D_SHARE else 'BELOW'}")
+    return lines
+
+
 def _render_recording(rec: dict | None) -> list[str]:
     if not rec:
         return []
@@ -1014,6 +1117,7 @@ def render(s: dict) -> str:
                      f"{step['detail']}"[:400])
     lines += _render_monitor(s)
     lines += _render_release(s.get("release"))
+    lines += _render_acceptance(s.get("acceptance"))
     lines += _render_recording(s.get("recording"))
     for name, row in (s.get("health_check") or {}).items():
         if row.get("findings"):
@@ -1043,6 +1147,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--monitor-env", action="append", default=[], metavar="NAME=VALUE",
                         help="an environment variable for the measured monitor only (e.g. MALLOC_ARENA_MAX=2), to "
                              "measure what it changes; repeatable")
+    parser.add_argument("--no-acceptance", dest="acceptance", action="store_false",
+                        help="leave out the acceptance tests through libcuda (gpu-memory, gpu-bandwidth)")
     parser.add_argument("--work", help="work directory (default: a temporary one, removed at the end)")
     parser.add_argument("--keep-work", action="store_true", help="keep the temporary work directory")
     parser.add_argument("--no-compile", action="store_true", help="install without byte-compiling (faster)")
