@@ -21,8 +21,7 @@ from dataclasses import dataclass
 
 from .records import TestError
 
-__all__ = ["CudaError", "Device", "Driver", "open_driver", "bus_key", "nvml_indexes", "MIN_VERSION", "LIBRARY",
-           "LOST_CODES"]
+__all__ = ["CudaError", "Device", "Driver", "open_driver", "bus_key", "nvml_indexes", "MIN_VERSION", "LIBRARY"]
 
 LIBRARY = "libcuda.so.1"
 #: CUDA 12.0, what driver 525 offers: the oldest driver these tests are written for
@@ -33,8 +32,7 @@ CUDA_ERROR_JIT_COMPILER_NOT_FOUND = 221
 CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704
 CU_MEMHOSTALLOC_PORTABLE = 0x1
 
-#: codes that mean the GPU itself is in trouble (fell off the bus, an uncorrectable ECC error, a kernel
-#: that faulted): what an operator does about each
+#: what an operator does about each code (the GPU itself in trouble: 214, 700, 719, 999)
 _MEANING = {
     1: "an invalid argument: a slurm-ext bug, please report it",
     2: "the GPU's memory is held by another process: run the test on an idle node",
@@ -51,11 +49,8 @@ _MEANING = {
     222: "the driver is too old for the test's PTX: upgrade the NVIDIA driver",
     700: "a kernel read or wrote an illegal address: reset the GPU, and report it if it repeats",
     719: "a kernel failed on the GPU: drain the node and reset the GPU; see the kernel log for an Xid",
-    999: "an unknown error: the GPU may have fallen off the bus (Xid 79); see the kernel log, reset the GPU or "
-         "reboot",
+    999: "the GPU may have fallen off the bus (Xid 79): see the kernel log; reset the GPU or reboot",
 }
-#: codes after which the GPU is not usable until it is reset: the test stops on that GPU
-LOST_CODES = frozenset({214, 700, 719, 999})
 
 
 class CudaError(TestError):
@@ -71,11 +66,6 @@ class CudaError(TestError):
     def on(self, gpu: str) -> "CudaError":
         """The same error, said of `gpu` ("gpu 3")."""
         return CudaError(self.call, self.code, self.name, self.text, gpu)
-
-    @property
-    def lost(self) -> bool:
-        """The GPU is unusable after it (a reset is needed)."""
-        return self.code in LOST_CODES
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ import itertools
 import statistics
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from slurm_ext import nvml
@@ -444,12 +444,10 @@ class _Burner:
     iters: int = 0
     launches: int = 0
     error: BaseException | None = None
-    clocks: list = None  # type: ignore[assignment]
-    powers: list = None  # type: ignore[assignment]
-    reasons: list = None  # type: ignore[assignment]
-
-    def __post_init__(self) -> None:
-        self.clocks, self.powers, self.reasons = [], [], []
+    #: NVML's samples under the burn: SM clock MHz, power W, clocks event reasons
+    clocks: list[int] = field(default_factory=list)
+    powers: list[float] = field(default_factory=list)
+    reasons: list[int] = field(default_factory=list)
 
 
 def burn(given: Given) -> list[Result]:
@@ -473,7 +471,7 @@ def burn(given: Given) -> list[Result]:
                 if b.ctx:
                     with contextlib.suppress(CudaError):
                         driver.release(b.gpu.device)
-    return [_burn_result(b, given, time.monotonic() - started) for b in burners]
+    return [_burn_result(b, given, started) for b in burners]
 
 
 def _burn_setup(driver: Driver, b: _Burner, seconds: float) -> None:
@@ -544,10 +542,10 @@ def _burn_run(driver: Driver, module: Any, handles: dict, burners: list[_Burner]
                     b.error = err
 
 
-def _burn_result(b: _Burner, given: Given, seconds: float) -> Result:
-    test = "gpu-burn"
+def _burn_result(b: _Burner, given: Given, started: float) -> Result:
+    test, seconds = "gpu-burn", time.monotonic() - started
     if b.error is not None:
-        return _error(test, b.gpu.name, b.error, time.monotonic() - seconds)
+        return _error(test, b.gpu.name, b.error, started)
     if not b.clocks:
         return Result(test, _AREA, b.gpu.name, ERROR, f"{b.gpu.name}: NVML gave no clock reading under the burn",
                       (), seconds)
