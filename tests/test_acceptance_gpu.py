@@ -22,9 +22,8 @@ import pytest
 from slurm_ext.acceptance import cudadriver, gpucuda, ptx
 from slurm_ext.devcluster import fakenvml
 
-#: the GPU object's key of the fake libcuda's settings (README.md there, "The fake libcuda"); "_cuda" while the
-#: fake NVML's strict parser does not list "cuda" among a GPU's keys (it ignores keys starting with "_")
-CUDA_KEY = "_cuda"
+#: the GPU object's key of the fake libcuda's settings (README.md there, "The fake libcuda")
+CUDA_KEY = "cuda"
 #: a burn of 0.4 x this: short, still several NVML samples
 BURN_DEADLINE = 5.0
 

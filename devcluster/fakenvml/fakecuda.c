@@ -231,8 +231,6 @@ static void read_gpu(const json_value *obj, unsigned index, struct gpu *g)
     g->lost = flag(obj, "lost");
     cuda = json_get(obj, "cuda");
     if (!cuda || cuda->type != JSON_OBJECT)
-        cuda = json_get(obj, "_cuda");   /* for a fake NVML that does not know "cuda" yet */
-    if (!cuda || cuda->type != JSON_OBJECT)
         return;
     g->memory = (unsigned long long)num(cuda, "memory_mib", 256) * MIB;
     g->h2d_gbps = num(cuda, "h2d_gbps", g->h2d_gbps);

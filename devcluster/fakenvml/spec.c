@@ -792,7 +792,9 @@ static int parse_gpu(ctx *c, const json_value *gobj, unsigned index,
         "cuda_compute_capability", "supported_event_types", "process_list_delay_ms",
         "temperature_thresholds", "memory_temperature", "gpu_recovery_action", "pcie",
         "fabric", "energy", "query_error", "query_delay_ms", "memory_reserved",
-        "nvlink_past_last", "vbios_version", NULL};
+        "nvlink_past_last", "vbios_version",
+        "cuda", /* the fake libcuda's (fakecuda.c): NVML's answers ignore it */
+        NULL};
     char where[32], buf[160];
     const json_value *v;
     unsigned long long lost = 0;

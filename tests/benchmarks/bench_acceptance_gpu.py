@@ -80,7 +80,7 @@ def main() -> None:
         lib = fakenvml.build(root / "lib")
         spec = fakenvml.default_gpus(GPUS)
         for gpu in spec["gpus"]:
-            gpu["_cuda"] = {"memory_mib": 256, "p2p_gbps": 400}
+            gpu["cuda"] = {"memory_mib": 256, "p2p_gbps": 400}
         fakenvml.write_spec(root / "gpus.json", spec)
         (root / "slurm-ext.toml").write_text(f'[node]\nstate_dir = "{root / "state"}"\n')
         env = {"PATH": os.environ.get("PATH", ""), **fakenvml.environ(lib.parent, root / "gpus.json")}
