@@ -270,6 +270,15 @@ def _make_nvlink_down(node: NodeLayout, drill: Drill) -> tuple[str, Drill]:
            f"{node.gpu_spec}", drill
 
 
+#: where the stuck-bit drill's bit is: 1 MiB into the GPU's memory (inside the quick level's slice), bit 3
+STUCK_OFFSET, STUCK_BIT = 0x100000, 3
+
+
+def _make_stuck_bit(node: NodeLayout, drill: Drill) -> tuple[str, Drill]:
+    _change_gpu(node, drill, {"cuda": {"stuck_bits": [{"offset": STUCK_OFFSET, "bit": STUCK_BIT, "value": 0}]}})
+    return f"gpu {drill.gpu}: bit {STUCK_BIT} of the byte at {STUCK_OFFSET:#x} stuck at 0 in {node.gpu_spec}", drill
+
+
 def _heal_gpu(node: NodeLayout, drill: Drill) -> str:
     s = node.cluster.settings
     healthy = fakenvml.default_gpus(s.gpu_count, s.gpu_name)["gpus"]
@@ -439,9 +448,10 @@ def _start_epoch(pid: int) -> float:
 
 _MAKE = {"xid": _make_xid, "gpu-lost": _make_gpu_lost, "ecc": _make_ecc, "throttle": _make_throttle,
          "nvlink-down": _make_nvlink_down, "link-down": _make_link_down, "fs-full": _make_fs_full,
-         "slurmd-hang": _make_slurmd_hang}
+         "slurmd-hang": _make_slurmd_hang, "stuck-bit": _make_stuck_bit}
 _UNDO = {"xid": _heal_xid, "gpu-lost": _heal_gpu, "ecc": _heal_gpu, "throttle": _heal_gpu, "nvlink-down": _heal_gpu,
-         "link-down": _heal_link_down, "fs-full": _heal_fs_full, "slurmd-hang": _heal_slurmd_hang}
+         "link-down": _heal_link_down, "fs-full": _heal_fs_full, "slurmd-hang": _heal_slurmd_hang,
+         "stuck-bit": _heal_gpu}
 
 
 # -- what the node's checks make of it ----------------------------------------------------------------------------
@@ -452,6 +462,12 @@ def expectations(node: NodeLayout, drill: Drill) -> tuple[str, ...]:
     from slurm_ext.health import xids
     conf = config.load(str(node.slurm_ext_conf))
     lines = []
+    if drill.kind == "stuck-bit":
+        level = conf.acceptance.at_start if conf.acceptance.enabled and conf.acceptance.at_start != "off" else ""
+        return (f"gpu-memory: a fail naming gpu {drill.gpu} and {STUCK_OFFSET:#x}, "
+                + (f"at the node's next start ({level} level: `slurm-ext dev reboot-node {node.name}`), which drains "
+                   "it 'slurm-ext: acceptance ...'" if level else
+                   "in `slurm-ext accept run` on the node ([acceptance] is off: no start test drains it)"),)
     for check in KINDS["xid-NN" if drill.kind == "xid" else drill.kind].checks:
         params = conf.health.params(check)
         severity, action = params.severity, params.action

@@ -41,6 +41,9 @@ KINDS: dict[str, Kind] = {
                       False, ("link-down",)),
     "fs-full": Kind(f"a file system of the node's health.paths full: a {FS_SIZE[:-1]} MiB tmpfs mounted on the "
                     "node's drill-fs directory, filled", False, ("filesystem",)),
+    "stuck-bit": Kind("a bit of the GPU's memory stuck at 0 (the fake libcuda's stuck_bits): no passive check sees it; "
+                      "the acceptance memory test fails it (`slurm-ext accept run`, the node's next start with "
+                      "[acceptance] enabled)", True, ()),
     "slurmd-hang": Kind("the node's slurmd stopped (SIGSTOP, by its pidfile): Slurm's pings time out", False,
                         ("slurmd",)),
 }

@@ -48,7 +48,7 @@ def test_faults_are_the_kinds_and_any_xid_number():
             assert parse_fault(kind) == (kind, None)
     for bad in ("xid-NN", "xid-0", "xid-1000", "xid", "meltdown", "gpu_lost"):
         with pytest.raises(DevClusterError, match="faults: xid-NN, gpu-lost, ecc, throttle, nvlink-down, "
-                                                  "link-down, fs-full, slurmd-hang"):
+                                                  "link-down, fs-full, stuck-bit, slurmd-hang"):
             parse_fault(bad)
 
 
@@ -93,7 +93,7 @@ def test_a_gpu_drill_changes_only_its_gpu_is_recorded_and_journaled_and_heal_und
                                            "(dnode1, dnode2)"),
     (("heal", "nosuchnode"), "dev heal: 'nosuchnode' is not a node of the dev cluster in {root} (dnode1, dnode2)"),
     (("inject", "dnode1", "meltdown"), "dev inject: unknown fault 'meltdown'; faults: xid-NN, gpu-lost, ecc, "
-                                       "throttle, nvlink-down, link-down, fs-full, slurmd-hang (NN: an Xid number"),
+                                       "throttle, nvlink-down, link-down, fs-full, stuck-bit, slurmd-hang (NN: an Xid number"),
     (("inject", "dnode1", "ecc", "--gpu", "4"), "dev inject: --gpu 4 is out of range: dnode1 has gpus 0-3 ("),
     (("inject", "dnode1", "ecc", "--gpu", "-1"), "'-1': a GPU index"),
     (("inject", "dnode1", "link-down", "--gpu", "1"), "dev inject: link-down is a fault of the node, not of a GPU: "
