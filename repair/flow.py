@@ -31,17 +31,27 @@ health.gpu_reset_command and clears that GPU's findings; the node's own
 checks must then pass on a reading taken after the reset before it is
 resumed. A reset that fails or does not clear the fault leaves the node
 drained, and a reboot is recommended in its place.
+
+Where [acceptance] is on, passing health checks is not enough: the node
+must also pass an acceptance run taken after the action, on the boot it
+runs now, of at least the level the repair calls for (after_repair;
+after_reset for a GPU reset or a reprovision). The at-start run of the
+boot a reboot gave it does; else the flow asks the node's agent for one,
+once (POST /acceptance/run, trigger repair), and waits for it within
+repair.verify_timeout. A fail or a test that could not run fails the
+repair, and the node stays drained: never resumed on a bad or an
+unmeasured answer.
 """
 
 from __future__ import annotations
 
 import logging
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from slurm_ext import nodestate
-from slurm_ext.agentapi import AgentAnswerError, GpuResetAnswer, HealthAnswer
+from slurm_ext.agentapi import ACCEPTANCE_LEVELS, AcceptanceAnswer, AgentAnswerError, GpuResetAnswer, HealthAnswer
 from slurm_ext.errors import SlurmExtError
 from slurm_ext.slurm import Job, Node, SlurmClient
 
@@ -50,7 +60,7 @@ from .settings import RepairSection
 from .store import Record, Store
 from .executors import OUTPUT_LIMIT
 
-__all__ = ["Seen", "advance", "STEPS", "REBOOT_FLAGS"]
+__all__ = ["Seen", "advance", "acceptance_trigger", "acceptance_level", "STEPS", "REBOOT_FLAGS"]
 
 log = logging.getLogger("repair")
 
@@ -83,6 +93,14 @@ class Seen:
     clock: Callable[[], float]
     #: ask a node's agent to reset one of its GPUs on a thread: (node, gpu) -> Future of its GpuResetAnswer
     reset_gpu: Callable[[str, int], Future] | None = None
+    #: the controller's [acceptance] section (config.acceptance); None or enabled false: no acceptance before a resume
+    accept: object | None = None
+    #: node -> its agent's /acceptance answer (None: none to believe), for the repairs `acceptance_trigger` names; a
+    #: node not in it was not asked in this pass
+    acceptance: dict[str, AcceptanceAnswer | None] = field(default_factory=dict)
+    #: ask a node's agent for an acceptance run on a thread: (node, level) -> Future of True (it started) or False
+    #: (refused: another run holds the node, or its acceptance is off)
+    run_acceptance: Callable[[str, str], Future] | None = None
 
 
 def advance(record: Record, seen: Seen) -> None:
@@ -333,6 +351,9 @@ def _wait_boot(record: Record, seen: Seen) -> None:
 
 
 def _verify(record: Record, seen: Seen) -> None:
+    if "checks_passed" in record.detail:
+        _accept(record, seen)
+        return
     answer = seen.health(record.node)
     now = seen.clock()
     back_at = record.detail.get("back_at", now)
@@ -362,6 +383,13 @@ def _verify(record: Record, seen: Seen) -> None:
             _fail(record, seen, "its health checks fail after the repair: " + "; ".join(
                 f"{f.get('check')} {f.get('evidence')}" for f in critical))
             return
+        level = acceptance_level(record.action, seen.accept)
+        if level:
+            record.detail["checks_passed"], record.detail["accept_level"] = now, level
+            _save(record, seen, now, "repair-step", f"{record.node}'s health checks pass after the {record.action}; "
+                                                    f"its acceptance {level} must pass before the resume")
+            _accept(record, seen)
+            return
         record.step = "resume"
         _save(record, seen, now, "repair-step", f"{record.node}'s health checks pass after the {record.action}")
         return
@@ -369,6 +397,124 @@ def _verify(record: Record, seen: Seen) -> None:
         why = "its agent does not answer" if answer is None else "its health monitor has not read it since"
         _fail(record, seen, f"no health verdict {now - back_at:.0f}s after it came back ({why}; "
                             "repair.verify_timeout)")
+
+
+def acceptance_level(action: str, accept) -> str:
+    """The acceptance level a node repaired by `action` must pass before its resume, "" when none: [acceptance]
+    of the controller's config (`accept`), taken as the cluster's (one config for every node: the dev cluster's, a
+    Slinky chart's); a node whose own says enabled = false refuses the run, and its repair fails saying so."""
+    if accept is None or not getattr(accept, "enabled", False):
+        return ""
+    return accept.after_reset if action in ("reset-gpu", "reprovision") else accept.after_repair
+
+
+def acceptance_trigger(record: Record, accept) -> str | None:
+    """Which kept run of the node this pass needs from its agent (GET /acceptance?trigger=): "" its last run of any
+    trigger, "repair" the run the flow asked for; None: no acceptance answer needed (not in verify, or none wanted)."""
+    if record.state != "running" or record.step != "verify" or not acceptance_level(record.action, accept):
+        return None
+    return "repair" if "accept_asked" in record.detail else ""
+
+
+#: the kept runs that can prove a repaired node: its at-start run, and the run a repair asked for
+_PROVING = ("start", "repair")
+
+
+def _proves(run: dict | None, boot: str, since: float, level: str) -> bool:
+    """Whether `run` proves the node as it is now: ended, of its current boot, started after the action (`since`),
+    at `level` or a longer one. The run's times are the node's clock and `since` the controller's: they are taken
+    to agree within the seconds between an action and its node's next run (NTP; the dev cluster's one host)."""
+    return (run is not None and run["trigger"] in _PROVING and bool(boot) and run["boot_id"] == boot
+            and run["finished"] > 0 and run["started"] >= since
+            and ACCEPTANCE_LEVELS.index(run["level"]) >= ACCEPTANCE_LEVELS.index(level))
+
+
+def _accept(record: Record, seen: Seen) -> None:
+    """The node's health checks passed: its acceptance run decides. A run that proves it (`_proves`) passes, fails
+    or could not run; without one, the node's agent is asked for one, once, and waited for."""
+    now = seen.clock()
+    level = record.detail["accept_level"]
+    # after a reset the boot is the same: its at-start run came before the reset and proves nothing of the GPU now
+    since = record.detail.get("back_at" if record.action == "reset-gpu" else "acted_at", 0.0)
+    asking = seen.actions.get(record.id)
+    if asking is not None:
+        if asking.done():
+            del seen.actions[record.id]
+            _asked(record, seen, now, level, asking)
+        return
+    if record.node not in seen.acceptance:
+        return  # not asked in this pass (its health checks passed in it): the next pass asks
+    answer = seen.acceptance[record.node]
+    if answer is not None and not answer.enabled:
+        _fail(record, seen, f"[acceptance] enabled is true on the controller and false on {record.node}: it cannot "
+                            "prove itself after the repair (one [acceptance] for the whole cluster: turn it on there, "
+                            "or off on the controller)")
+        return
+    if answer is not None and _proves(answer.run, answer.boot, since, level):
+        _judge(record, seen, now, answer.run)
+        return
+    if answer is not None and not answer.running and "accept_asked" not in record.detail:
+        record.detail["accept_asked"] = now  # saved before the ask: a restarted controller does not ask twice
+        _save(record, seen, now, "repair-step", f"asked {record.node}'s agent for an acceptance {level} run (it "
+                                                f"has none of this boot after the {record.action})")
+        if seen.run_acceptance is not None:
+            seen.actions[record.id] = seen.run_acceptance(record.node, level)
+        return
+    waited = now - record.detail["checks_passed"]
+    if waited > seen.settings.verify_timeout and not (answer is not None and answer.running):
+        why = ("its agent does not answer" if answer is None else
+               f"asked {now - record.detail['accept_asked']:.0f}s ago, no run of it kept" if "accept_asked" in
+               record.detail else "none of this boot after the action")
+        _fail(record, seen, f"no acceptance {level} verdict {waited:.0f}s after its health checks passed ({why}; "
+                            "repair.verify_timeout)")
+
+
+def _asked(record: Record, seen: Seen, now: float, level: str, asking: Future) -> None:
+    """The agent's answer to the ask for a run: taken (the run goes on: waited for), refused (another run holds the
+    node: asked again once none runs), or none (asked again next pass)."""
+    try:
+        taken = asking.result()
+    except AgentAnswerError as err:
+        if err.status:
+            _fail(record, seen, f"its agent did not start the acceptance {level} run: {err.problem}")
+            return
+        log.warning("repair of %s: asking for its acceptance run: %s (asked again next pass)", record.node, err)
+        taken = False
+    if not taken:
+        del record.detail["accept_asked"]
+        _save(record, seen, now)
+        return
+    _save(record, seen, now, "repair-step", f"{record.node}'s agent runs its acceptance {level} tests")
+
+
+def _judge(record: Record, seen: Seen, now: float, run: dict) -> None:
+    """The repair on the proving run's verdict: a pass resumes, a fail or a test that could not run fails it."""
+    what = f"acceptance {run['level']} ({run['trigger']} run of this boot)"
+    if run["verdict"] == "pass":
+        record.step, record.detail["accepted"] = "resume", run["finished"]
+        figures = "; ".join(f"{r['test']}{' ' + r['target'] if r['target'] else ''}: {_figures(r) or r['message']}"
+                            for r in run["results"])
+        _save(record, seen, now, "repair-step", f"{record.node} passes its {what}: {len(run['results'])} test(s) "
+                                                f"passed: {figures[:OUTPUT_LIMIT]}")
+        return
+    bad = [r for r in run["results"] if r["outcome"] == run["verdict"]]
+    said = "; ".join(f"{r['test']}{' ' + r['target'] if r['target'] else ''}: {r['message']}"
+                     + (f" [{_figures(r)}]" if _figures(r) and _figures(r) not in r["message"] else "") for r in bad)
+    if run["verdict"] == "fail":
+        _fail(record, seen, f"it fails its {what}: {said[:OUTPUT_LIMIT]}; its acceptance drain stays")
+    else:
+        _fail(record, seen, f"its {what} could not run every test, so nothing proves it fit: "
+                            f"{(said or 'no test ran')[:OUTPUT_LIMIT]}")
+
+
+def _figures(result: dict) -> str:
+    """'h2d 55.4 GB/s (>= 48); ...' of a result's figures (acceptance.records.Figure.text)."""
+    said = []
+    for f in result["figures"]:
+        value = "?" if f["value"] is None else f"{f['value']:.4g}"
+        limit = "" if f["limit"] is None else f" ({'>=' if f['at_least'] else '<='} {f['limit']:g})"
+        said.append(f"{f['name']} {value}{' ' + f['unit'] if f['unit'] else ''}{limit}")
+    return "; ".join(said)
 
 
 def _resume(record: Record, seen: Seen) -> None:

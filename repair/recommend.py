@@ -8,9 +8,12 @@ per node and signature), with the action from the [repair] actions table
 or else the finding's own; it escalates in place when the fault gets worse
 (its action does) or came back after escalate_after reboots (to remove) or
 escalate_after resets of the same GPU (to reboot); it goes away when the
-monitor lifts the drain (its quiet window passed). A reboot recommended
-because a GPU reset failed stays while that failure drains the node. Records
-under repair are the flow's, not touched here.
+monitor lifts the drain (its quiet window passed). A node that failed its
+acceptance tests (`slurm-ext: acceptance quick failed: gpu-memory gpu 1:
+... action=reset-gpu`) is a fault the same way: acceptance/<test>, with the
+action and the GPU its reason names (a later run that passes lifts it). A
+reboot recommended because a GPU reset failed stays while that failure
+drains the node. Records under repair are the flow's, not touched here.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 import re
 
 from slurm_ext import nodestate
-from slurm_ext.nodestate.catalogue import HEALTH, fault_signature, split_more
+from slurm_ext.nodestate.catalogue import HEALTH, fault_signature, kind_named, split_more
 from slurm_ext.slurm import REASON_PREFIX, Node
 
 from .settings import ACTIONS, RepairSection
@@ -34,6 +37,11 @@ _AS_REPAIR = {"reset-gpu": "reset-gpu", "reboot": "reboot", "reprovision": "repr
 _UNDECIDED = ("recommended", "rejected")
 #: the GPU a health drain's evidence names ("48 gpu 2 ...", "gpu 3 row remapping pending")
 _GPU = re.compile(r"(?:^|\s)gpu (\d+)(?=\s|$)")
+#: the GPU an acceptance drain's detail names: its failed test's target ("gpu-memory gpu 1: ...")
+_TARGET_GPU = re.compile(r"^\S+ gpu (\d+):")
+#: a failed acceptance run's drain: written by acceptance (verdict.drain_reason), its detail the first failed test,
+#: its target and what was measured
+_ACCEPTANCE = kind_named("acceptance")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,10 +65,16 @@ class RecordChange:
 
 
 def fault_of(node: Node) -> Fault | None:
-    """The fault a node's health drain names, or None (not drained by a health check)."""
+    """The fault a node's health or acceptance drain names, or None (drained by neither)."""
     if not (node.drained or node.state == "DOWN") or not node.reason.startswith(REASON_PREFIX):
         return None
     text, _ = split_more(node.reason.removeprefix(REASON_PREFIX).strip())
+    failed = _ACCEPTANCE.parse(text)  # before health's, whose template matches any reason that ends in action=X
+    if failed is not None:
+        detail = failed["detail"]
+        gpu = _TARGET_GPU.match(detail)
+        return Fault(node.name, f"acceptance/{detail.split(maxsplit=1)[0].rstrip(':')}", failed["action"].split()[0],
+                     f"acceptance {failed['level']}: {detail}", int(gpu.group(1)) if gpu else None)
     found = HEALTH.parse(text)
     if found is None:
         return None

@@ -18,7 +18,7 @@ from pathlib import Path
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from slurm_ext import config as config_mod, events
-from slurm_ext.agentapi import AgentAnswerError, AgentClient, HealthAnswer
+from slurm_ext.agentapi import AcceptanceAnswer, AgentAnswerError, AgentClient, HealthAnswer
 from slurm_ext.errors import SlurmExtError
 from slurm_ext.slurm import Job, Node, SlurmClient, expand_hostlist
 
@@ -163,8 +163,12 @@ class Service:
         self._auto_approve(len(nodes), clock())
         under_way = self.store.records(open_only=True, states=IN_PROGRESS)
         health = self._health_of([r.node for r in under_way if r.step in ("wait-boot", "verify")])
+        accept = self.config.acceptance
+        acceptance = self._acceptance_of({r.node: trigger for r in under_way
+                                          if (trigger := flow.acceptance_trigger(r, accept)) is not None})
         seen = flow.Seen(self.slurm, self.store, self.settings, nodes, jobs, health.get, self._start_action,
-                         self._actions, self.emit, clock, self._start_reset)
+                         self._actions, self.emit, clock, self._start_reset, accept, acceptance,
+                         self._start_acceptance)
         for record in under_way:
             try:
                 flow.advance(record, seen)
@@ -266,6 +270,27 @@ class Service:
                 return None
         with ThreadPoolExecutor(max_workers=min(16, len(names))) as pool:
             return dict(zip(names, pool.map(ask, names)))
+
+    def _acceptance_of(self, triggers: dict[str, str]) -> dict[str, AcceptanceAnswer | None]:
+        """The /acceptance answers (of each node's trigger) of the agents of repaired nodes whose acceptance decides
+        their resume, asked at once, as `_health_of`."""
+        if not triggers:
+            return {}
+
+        def ask(name: str) -> AcceptanceAnswer | None:
+            known = self._nodes.get(name)
+            try:
+                return self.agents.acceptance(name, known.addr if known else "", triggers[name])
+            except AgentAnswerError as err:
+                (log.warning if err.status else log.debug)("repair: %s", err)
+                return None
+        with ThreadPoolExecutor(max_workers=min(16, len(triggers))) as pool:
+            return dict(zip(triggers, pool.map(ask, triggers)))
+
+    def _start_acceptance(self, node: str, level: str) -> Future:
+        """Ask the node's agent for an acceptance run of `level` (trigger repair), on a thread."""
+        known = self._nodes.get(node)
+        return self._pool.submit(self.agents.run_acceptance, node, level, "repair", known.addr if known else "")
 
     def _start_action(self, action: str, node: str) -> Future:
         return self._pool.submit(executors.run_action, self.settings, action, node)

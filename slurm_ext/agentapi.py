@@ -5,7 +5,9 @@ history`, the cluster page) ask a node's agent for its health (`HealthAnswer`:
 the health monitor's `Readings`, a `GpuReading` per GPU, and the node's
 `FactsReading`), for a page of its journal (`EventsPage`), to read the node
 now (`AgentClient.check_now`) and to clear its findings for an operator
-(`AgentClient.clear_findings`). Every one of them goes through `AgentClient`,
+(`AgentClient.clear_findings`), for its last acceptance run and to start one
+(`AcceptanceAnswer`, `AgentClient.acceptance`, `AgentClient.run_acceptance`:
+the repair flow's proof before a resume). Every one of them goes through `AgentClient`,
 which:
 
 - proves it holds the cluster's agent credential (a secret in a root-only
@@ -55,7 +57,9 @@ from .secretfile import SecretFileError, read_secret
 
 __all__ = ["DEFAULT_CREDENTIAL", "Credential", "CredentialError", "CredentialFile", "create_credential",
            "AgentAnswerError", "GpuReading", "InterfaceReading", "FactsReading", "Readings", "HealthAnswer",
-           "GpuResetAnswer", "ClearAnswer", "JournalLine", "EventsPage", "AgentClient",
+           "GpuResetAnswer", "ClearAnswer", "AcceptanceAnswer", "ACCEPTANCE_LEVELS", "ACCEPTANCE_TRIGGERS",
+           "ACCEPTANCE_ASKED",
+           "MAX_ACCEPTANCE", "JournalLine", "EventsPage", "AgentClient",
            "request_signature", "answer_signature", "request_refusal", "NonceMemory", "FetchError", "fetch",
            "get_text", "NONCE_HEADER", "TIME_HEADER", "SIGNATURE_HEADER", "BOOT_HEADER", "NODE_HEADER", "AUTH_SCHEME",
            "REQUEST_WINDOW", "REFUSED", "BUSY", "BUSY_RETRY", "MAX_HEALTH", "MAX_EVENTS", "EVENTS_SENT", "CUT_KEY",
@@ -95,6 +99,8 @@ EVENTS_SENT = MAX_EVENTS - 2**16
 #: the key of an /events answer's first line when the agent cut it: {"cut": <older events not sent>,
 #: "from": <the time of the first event sent>}; a journal event has no such key
 CUT_KEY = "cut"
+#: most bytes of an /acceptance answer (a run of 8 GPUs' tests, each with its figures, is about 30 KiB)
+MAX_ACCEPTANCE = 2 * 2**20
 #: most bytes of the answer to a POST or of any other GET through `get_text`
 MAX_OTHER = 4 * 2**20
 _CHUNK = 65536
@@ -574,6 +580,93 @@ class ClearAnswer:
         return cls(data["taken"], _figure(data.get("waited")) or 0.0)
 
 
+#: acceptance's levels, least first (acceptance.records.LEVELS, which a test holds to this): the controller compares
+#: a run's level with the one a repair needs without importing acceptance, a floor above this one
+ACCEPTANCE_LEVELS = ("quick", "standard", "extended")
+#: why a run ran (acceptance.runner.TRIGGERS), and those a run may be asked for from the controller (start and idle
+#: runs are the node's own)
+ACCEPTANCE_TRIGGERS = ("start", "cluster", "repair", "idle", "manual")
+ACCEPTANCE_ASKED = ("repair", "cluster", "manual")
+_OUTCOMES = ("pass", "fail", "error")
+#: most results one run may hold (8 GPUs' and a few interfaces' and paths' tests are far fewer)
+_MAX_RESULTS = 1000
+#: characters kept of a result's message (a fail's address ranges, an error's last lines)
+_MAX_MESSAGE = 2000
+
+
+def _acceptance_run(data) -> dict:
+    """A run as acceptance.records.Run.to_json writes it, checked field by field and rebuilt: texts cut, an odd
+    figure's value None, and a verdict that is the one its results give (a run that says pass with a failed test, or
+    with no test at all, is no answer: a repair must never resume a node on it).
+
+    Raises _Odd: not a run."""
+    if not isinstance(data, dict):
+        raise _Odd("expected an object or null")
+    level = _text(data, "level")
+    if level not in ACCEPTANCE_LEVELS:
+        raise _Odd(f"level {level[:40]!r} is none of {', '.join(ACCEPTANCE_LEVELS)}")
+    results = []
+    for item in _objects(data, "results")[:_MAX_RESULTS + 1]:
+        outcome = _text(item, "outcome")
+        if outcome not in _OUTCOMES:
+            raise _Odd(f"a result's outcome {outcome[:40]!r} is none of {', '.join(_OUTCOMES)}")
+        figures = [{"name": _text(f, "name")[:_MAX_TEXT], "value": _figure(f.get("value")),
+                    "unit": _words(f.get("unit")) or "", "limit": _figure(f.get("limit")),
+                    "at_least": f.get("at_least") is not False} for f in _objects(item, "figures")]
+        results.append({"test": _text(item, "test")[:_MAX_TEXT], "area": _text(item, "area", "")[:_MAX_TEXT],
+                        "target": _text(item, "target", "")[:_MAX_TEXT], "outcome": outcome,
+                        "message": _text(item, "message", "")[:_MAX_MESSAGE], "figures": figures,
+                        "seconds": _number(item, "seconds", 0.0), "action": _text(item, "action", "none")[:_MAX_TEXT]})
+    if len(results) > _MAX_RESULTS:
+        raise _Odd(f"more than {_MAX_RESULTS} results")
+    outcomes = {r["outcome"] for r in results}
+    verdict = "fail" if "fail" in outcomes else "error" if "error" in outcomes or not results else "pass"
+    if _text(data, "verdict") != verdict:
+        raise _Odd(f"its verdict {str(data.get('verdict'))[:40]!r} is not its results' ({verdict})")
+    skipped = _table(data, "not_applicable")
+    return {"node": _text(data, "node")[:_MAX_TEXT], "level": level, "trigger": _text(data, "trigger")[:_MAX_TEXT],
+            "started": _number(data, "started"), "finished": _number(data, "finished", 0.0),
+            "profile": _text(data, "profile", "")[:_MAX_TEXT], "verdict": verdict,
+            "boot_id": _text(data, "boot_id", "")[:_MAX_TEXT], "results": results,
+            "not_applicable": {str(k)[:_MAX_TEXT]: str(v)[:_MAX_MESSAGE] for k, v in list(skipped.items())[:_MAX_RESULTS]}}
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptanceAnswer:
+    """A node agent's /acceptance: who answers, whether its acceptance is on, whether it runs tests now, and its last
+    run (of the trigger asked) as acceptance.records.Run.to_json writes it, checked (`_acceptance_run`)."""
+
+    node: str
+    #: the node's boot id (node.boot_id_file): a run of another boot proves nothing of this one
+    boot: str
+    #: the agent runs tests now (a run it was asked for); a run started by hand is not seen until POST is refused
+    running: bool
+    #: [acceptance] enabled on the node: False, and it runs nothing asked of it
+    enabled: bool
+    #: None when the node has kept no run (of that trigger)
+    run: dict | None
+
+    @classmethod
+    def of(cls, data) -> AcceptanceAnswer:
+        """Raises _Odd: not an acceptance answer."""
+        if not isinstance(data, dict):
+            raise _Odd("expected a JSON object")
+        running, enabled = data.get("running"), data.get("enabled")
+        if type(running) is not bool or type(enabled) is not bool:
+            raise _Odd("running and enabled: expected booleans")
+        run = data.get("run")
+        try:
+            checked = None if run is None else _acceptance_run(run)
+        except _Odd as err:
+            raise _Odd(f"run: {err}") from None
+        return cls(_text(data, "node"), _text(data, "boot", ""), running, enabled, checked)
+
+    @property
+    def verdict(self) -> str:
+        """The run's verdict (pass, fail, error), "" when there is no run."""
+        return self.run["verdict"] if self.run else ""
+
+
 @dataclass(frozen=True, slots=True)
 class JournalLine:
     #: epoch seconds
@@ -902,6 +995,54 @@ class AgentClient:
             return ClearAnswer.of(json.loads(body))
         except (ValueError, RecursionError) as err:
             raise AgentAnswerError(node, address, f"its clear answer is not one: {err}") from None
+
+    def acceptance(self, node: str, addr: str = "", trigger: str = "", timeout: float | None = None) -> AcceptanceAnswer:
+        """The node's agent's acceptance answer: its last run (of `trigger`, when given), and whether one runs now.
+
+        Raises:
+            AgentAnswerError: as `health`; also when the run it sends is of another trigger than asked; status 500
+            when the node's kept run is unreadable (its text says the file)."""
+        address = self.address(node, addr)
+        if trigger and trigger not in ACCEPTANCE_TRIGGERS:
+            raise AgentAnswerError(node, address, f"not asked: trigger {trigger[:40]!r} is none of "
+                                                  f"{', '.join(ACCEPTANCE_TRIGGERS)}")
+        target = "/acceptance" + (f"?trigger={trigger}" if trigger else "")
+        boot, body = self._ask(node, address, "GET", target, MAX_ACCEPTANCE, timeout)
+        try:
+            answer = AcceptanceAnswer.of(json.loads(body))
+        except (ValueError, RecursionError) as err:
+            raise AgentAnswerError(node, address, f"its /acceptance is not an acceptance answer: {err}") from None
+        if answer.node != node or answer.boot != boot:
+            raise AgentAnswerError(node, address, f"its /acceptance names node {answer.node[:60]!r} boot "
+                                                  f"{answer.boot[:40]!r}, not the {node!r} boot {boot[:40]!r} "
+                                                  "it signed")
+        if trigger and answer.run is not None and answer.run["trigger"] != trigger:
+            raise AgentAnswerError(node, address, f"asked for its last {trigger} run, it sent a "
+                                                  f"{answer.run['trigger'][:40]} run")
+        return answer
+
+    def run_acceptance(self, node: str, level: str, trigger: str, addr: str = "", timeout: float | None = None) -> bool:
+        """Have the node's agent run its acceptance tests of `level` now, for `trigger` (repair, cluster, manual),
+        and apply the verdict through its node-state owner (a fail drains the node, a pass lifts acceptance's drain,
+        a test that could not run does neither). True once the agent holds the node for the run (202: the run goes
+        on there; `acceptance` says when it has ended and what it found); False when the agent refused (409):
+        [acceptance] enabled is false on the node, or another run holds it (`acceptance` tells which).
+
+        Raises:
+            AgentAnswerError: as `health`; status 400 for a level or trigger the agent does not take."""
+        address = self.address(node, addr)
+        if level not in ACCEPTANCE_LEVELS or trigger not in ACCEPTANCE_ASKED:
+            raise AgentAnswerError(node, address, f"not asked: level {level[:40]!r} or trigger {trigger[:40]!r} is "
+                                                  f"none of {', '.join(ACCEPTANCE_LEVELS)} or "
+                                                  f"{', '.join(ACCEPTANCE_ASKED)}")
+        try:
+            self._ask(node, address, "POST", f"/acceptance/run?level={level}&trigger={trigger}", MAX_OTHER, timeout,
+                      expect=(202,))
+        except AgentAnswerError as err:
+            if err.status == 409:
+                return False
+            raise
+        return True
 
     def _ask(self, node: str, address: str, method: str, target: str, limit: int, timeout: float | None,
              expect: tuple[int, ...] = (200,)) -> tuple[str, bytes]:

@@ -230,8 +230,9 @@ _ENTRIES = (
               "an acceptance run ended: its verdict (pass; fail, critical: the node is drained with a "
               "recommendation; error: a test could not run), the failed tests and the time it took"),
     EventName("acceptance-drain", _ACCEPTANCE, "critical",
-              "the node failed its acceptance at start: it registers drained with the reason, and a repair is "
-              "recommended"),
+              "the node failed its acceptance at start (it registers drained with the reason) or in a run the "
+              "controller asked of its agent (a repair's before its resume, `accept cluster`'s: drained by the agent, "
+              "behind a repair's drain while one holds the node); a repair is recommended"),
     EventName("acceptance-cleared", _ACCEPTANCE, "info",
               "the node passed its acceptance: an acceptance drain of an earlier run is lifted"),
     EventName("acceptance-offer", _ACCEPTANCE, "info",

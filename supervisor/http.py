@@ -6,8 +6,11 @@ page's "run the health checks"); it changes nothing but the time of the next pol
 `slurm-ext health clear NODE` through it): the same request the node's own command writes, with the operator's name.
 /health/reset-gpu?gpu=N resets one GPU for an approved reset-gpu repair (health.gpu_reset_command, never a shell;
 refused for a GPU the node does not have, not run while a job holds the GPU: the answer names the jobs).
+/acceptance/run?level=L&trigger=T starts an acceptance run the controller asks for (a repair's proof before its
+resume, `accept cluster`): on a thread of the agent's (`acceptruns`), its verdict applied through the agent's own
+node-state owner; GET /acceptance[?trigger=T] says whether it is under way and what the node's last run found.
 
-/events, /health and POST /health/check answer only an asker that proves it holds the cluster's agent credential
+/events, /health, /acceptance and every POST answer only an asker that proves it holds the cluster's agent credential
 (node.agent_credential; `slurm_ext.agentapi`) in a request meant for this node, within a minute of this clock, and
 taken once (`Guard`); they sign their answer with it, bound to this node, this boot and the asker's nonce: the
 journal holds other users' job details, and the controller resumes a repaired node on what /health says. /events
@@ -60,6 +63,7 @@ from typing import Callable
 from slurm_ext import agentapi
 from slurm_ext.errors import AgentError
 
+from .acceptruns import AcceptanceRuns
 from .later import AnswerWorker, Later
 
 
@@ -169,15 +173,17 @@ class Guard:
         log.warning("http: %s %s refused (401): %s", method, target.partition("?")[0][:100], why)
 
 
-def agent_routes(agent, guard: Guard | None = None) -> Callable[[str, dict], Answer | Later]:
+def agent_routes(agent, guard: Guard | None = None, runs: AcceptanceRuns | None = None
+                 ) -> Callable[[str, dict], Answer | Later]:
     """The answer to a GET of each path (with its query) and the request's headers, from the agent's state."""
     exposition = []
     guard = guard or Guard(agent)
+    runs = runs or AcceptanceRuns(agent)
     journal_reader = AnswerWorker("http-events")
 
     def answer(target: str, headers: dict) -> Answer:
         path, _, query = target.partition("?")
-        if path in ("/events", "/health") or path == "/metrics" and not agent.config.supervisor.open_metrics:
+        if path in ("/events", "/health", "/acceptance") or path == "/metrics" and not agent.config.supervisor.open_metrics:
             return guard.guarded("GET", target, headers, lambda: answer_of(path, query))
         return answer_of(path, query)
 
@@ -198,7 +204,9 @@ def agent_routes(agent, guard: Guard | None = None) -> Callable[[str, dict], Ans
             return _events(agent, query, journal_reader)
         if path == "/health":
             return _health(agent)
-        return 404, b"try /livez, /readyz, /metrics, /events?since=EPOCH or /health\n", _TEXT
+        if path == "/acceptance":
+            return _acceptance(agent, runs, query)
+        return 404, b"try /livez, /readyz, /metrics, /events?since=EPOCH, /health or /acceptance\n", _TEXT
 
     return answer
 
@@ -207,14 +215,19 @@ def agent_routes(agent, guard: Guard | None = None) -> Callable[[str, dict], Ans
 _CHECK_SPACING = 1.0
 
 
-def agent_posts(agent, guard: Guard | None = None) -> Callable[[str, dict], Answer | Later]:
+def agent_posts(agent, guard: Guard | None = None, runs: AcceptanceRuns | None = None
+                ) -> Callable[[str, dict], Answer | Later]:
     """The answer to a POST of each path: /health/check, which has the health monitor read the node now,
-    /health/reset-gpu?gpu=N, which resets one GPU for an approved reset-gpu repair (health.gpureset), and
-    /health/clear?by=USER[&check=ID][&gpu=GPU], an operator's `health clear` asked from the controller."""
+    /health/reset-gpu?gpu=N, which resets one GPU for an approved reset-gpu repair (health.gpureset),
+    /health/clear?by=USER[&check=ID][&gpu=GPU], an operator's `health clear` asked from the controller, and
+    /acceptance/run?level=L&trigger=T, an acceptance run the controller asks for (`runs`, shared with GET
+    /acceptance)."""
     last = [0.0]
     guard = guard or Guard(agent)
+    runs = runs or AcceptanceRuns(agent)
     resetter = AnswerWorker("http-reset-gpu")
     clearer = AnswerWorker("http-clear")
+    starter = AnswerWorker("http-acceptance")
 
     def answer(target: str, headers: dict) -> Answer | Later:
         path, _, query = target.partition("?")
@@ -222,8 +235,11 @@ def agent_posts(agent, guard: Guard | None = None) -> Callable[[str, dict], Answ
             return guard.guarded("POST", target, headers, lambda: _reset_gpu(agent, query, resetter))
         if path == "/health/clear":
             return guard.guarded("POST", target, headers, lambda: _clear(agent, query, clearer))
+        if path == "/acceptance/run":
+            return guard.guarded("POST", target, headers, lambda: _run_acceptance(agent, query, runs, starter))
         if path != "/health/check":
-            return 405, b"POST only to /health/check, /health/reset-gpu?gpu=N and /health/clear?by=USER\n", _TEXT
+            return 405, (b"POST only to /health/check, /health/reset-gpu?gpu=N, /health/clear?by=USER and "
+                         b"/acceptance/run?level=L&trigger=T\n"), _TEXT
         return guard.guarded("POST", target, headers, check_now)
 
     def check_now() -> Answer:
@@ -305,6 +321,51 @@ def _reset_answer(agent, gpu: int) -> Answer:
     body = {"gpu": outcome.gpu, "ran": outcome.ran, "ok": outcome.ok, "command": outcome.command,
             "output": outcome.output, "held_by": list(outcome.held_by)}
     return 200, (json.dumps(body) + "\n").encode(), "application/json"
+
+
+def _acceptance(agent, runs: AcceptanceRuns, query: str) -> Answer:
+    """The node's last acceptance run (of `trigger`, when asked) as it kept it, whether a run asked of this agent is
+    under way, and whether [acceptance] is on here: what the repair service asks before it resumes a repaired node
+    (agentapi.AcceptanceAnswer). 500 when the kept run is unreadable (said, never taken as no run)."""
+    from urllib.parse import parse_qs
+    from slurm_ext.errors import SlurmExtError
+    from slurm_ext.procfs import boot_id
+    from .plugins import acceptance_enabled, last_acceptance
+    trigger = parse_qs(query).get("trigger", [""])[0]
+    if trigger and trigger not in agentapi.ACCEPTANCE_TRIGGERS:
+        return 400, f"trigger: expected one of {', '.join(agentapi.ACCEPTANCE_TRIGGERS)}\n".encode(), _TEXT
+    try:
+        run = last_acceptance(agent.config, trigger)
+    except SlurmExtError as err:
+        return 500, f"{err}\n".encode(), _TEXT
+    body = {"node": agent.config.node.slurm_name, "boot": boot_id(agent.config.node.boot_id_file),
+            "running": runs.running, "enabled": acceptance_enabled(agent.config), "run": run}
+    return 200, (json.dumps(body) + "\n").encode(), "application/json"
+
+
+def _run_acceptance(agent, query: str, runs: AcceptanceRuns, starter: AnswerWorker) -> Answer | Later:
+    """Start an acceptance run the controller asks for (only the agent credential gets here): 400 for a level or
+    trigger not taken, 409 when [acceptance] enabled is false here, this is no worker's agent, or a run is under way;
+    else 202 once the run holds the node (`acceptruns`), on `starter`'s thread."""
+    from urllib.parse import parse_qs
+    from .plugins import acceptance_enabled
+    asked = parse_qs(query)
+    level, trigger = asked.get("level", [""])[0], asked.get("trigger", [""])[0]
+    if level not in agentapi.ACCEPTANCE_LEVELS or trigger not in agentapi.ACCEPTANCE_ASKED:
+        return 400, (f"level and trigger: expected one of {', '.join(agentapi.ACCEPTANCE_LEVELS)} and one of "
+                     f"{', '.join(agentapi.ACCEPTANCE_ASKED)}\n").encode(), _TEXT
+    if agent.role != "worker":
+        return 409, f"this is the {agent.role} agent: acceptance runs on a worker's\n".encode(), _TEXT
+    if not acceptance_enabled(agent.config):
+        return 409, (f"[acceptance] enabled is false on this node ({agent.config.origin}): it runs no acceptance "
+                     "test\n").encode(), _TEXT
+    if runs.running or starter.busy:
+        return 409, b"an acceptance run asked of this agent is under way: ask again once it has ended\n", _TEXT
+
+    def start() -> Answer:
+        code, said = runs.start(level, trigger)
+        return code, f"{said}\n".encode(), _TEXT
+    return Later(start, starter)
 
 
 def _events(agent, query: str, reader: AnswerWorker) -> Answer | Later:
@@ -673,8 +734,8 @@ def serve(agent, host: str, port: int) -> ProbeServer:
         AgentError: the address cannot be listened on (port taken, address not local).
     """
     try:
-        guard = Guard(agent)
-        server = ProbeServer(host, port, agent_routes(agent, guard), post=agent_posts(agent, guard))
+        guard, runs = Guard(agent), AcceptanceRuns(agent)
+        server = ProbeServer(host, port, agent_routes(agent, guard, runs), post=agent_posts(agent, guard, runs))
     except OSError as err:
         raise AgentError(f"cannot listen on {host}:{port} for probes and metrics: {err.strerror} "
                          "(another agent of this role running? set supervisor.ports or --port)") from err

@@ -13,7 +13,8 @@ import importlib
 
 from slurm_ext.plugin import Plugin, WorkerSpec
 
-__all__ = ["PLUGINS", "plugins", "builtin_workers", "health_readings_path"]
+__all__ = ["PLUGINS", "plugins", "builtin_workers", "health_readings_path", "acceptance_enabled", "last_acceptance",
+           "acceptance_refused", "run_acceptance"]
 
 PLUGINS = (
     "slurm_ext.accounting.plugin",
@@ -70,3 +71,60 @@ def health_readings_path(runtime_dir: str):
     """Where the health monitor writes its readings each poll, which the agent's /health serves as they are."""
     from slurm_ext.health import metrics_path  # a floor below the agent's: imported, not named
     return metrics_path(runtime_dir)
+
+
+def acceptance_enabled(config) -> bool:
+    """[acceptance] enabled on this node: the controller may ask it for runs (POST /acceptance/run)."""
+    return bool(config.acceptance.enabled)
+
+
+def last_acceptance(config, trigger: str = "") -> dict | None:
+    """The node's last acceptance run (of `trigger`, when given) as acceptance.records.Run.to_json writes it, or None.
+
+    Raises:
+        SlurmExtError: the kept run is there and unreadable (acceptance.last_run)."""
+    from slurm_ext.acceptance import last_run  # a floor below the agent's: imported, not named
+    run = last_run(config.node.state_dir, trigger)
+    return None if run is None else run.to_json()
+
+
+def acceptance_refused(err: Exception) -> bool:
+    """Whether `err` is acceptance's refusal of a run because another holds the node (acceptance.RunBusy)."""
+    from slurm_ext.acceptance import RunBusy  # a floor below the agent's: imported, not named
+    return isinstance(err, RunBusy)
+
+
+def run_acceptance(config, node: str, level: str, trigger: str, node_state, began) -> str:
+    """Run the acceptance tests of `level` here now, for `trigger` (a run the controller asked for), and apply the
+    verdict through the agent's node-state owner `node_state`: a fail wants acceptance's drain (its reason names the
+    test, the target and what was measured), a pass clears it, a run with a test that could not run does neither
+    (nothing measured). `began()` is called once the run holds the node. Returns the verdict.
+
+    Raises:
+        acceptance.RunBusy (a SlurmExtError): another run holds the node; nothing ran.
+        SlurmExtError: the run could not start."""
+    from slurm_ext import events
+    from slurm_ext.acceptance import OWNER, drain_reason, last_run, run_tests  # a floor below the agent's: imported
+    from slurm_ext.errors import SlurmExtError
+    emit = events.emitter(config.node.state_dir, "acceptance", role="worker")
+    try:
+        before = last_run(config.node.state_dir)
+    except SlurmExtError:
+        before = None
+
+    def told(event: str, *args, **fields):
+        if event == "acceptance-started":
+            began()
+        return emit(event, *args, **fields)
+    run = run_tests(config, node, level, trigger=trigger, emit=told)
+    if run.verdict == "fail":
+        reason = drain_reason(run)
+        emit("acceptance-drain", f"node {node} failed its {run.level} acceptance ({trigger}): drained (slurm-ext: "
+             f"{reason}); a repair is recommended", reason=reason, trigger=trigger)
+        node_state.want(OWNER, reason)
+    elif run.verdict == "pass":
+        if before is not None and before.verdict == "fail":
+            emit("acceptance-cleared", f"node {node} passed its {run.level} acceptance ({trigger}): the drain of its "
+                 f"failed {before.level} run ({before.trigger}) is lifted", trigger=trigger)
+        node_state.clear(OWNER)
+    return run.verdict
