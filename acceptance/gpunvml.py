@@ -220,7 +220,8 @@ def _judge_remap(m: Any, h: Any, found: _Findings) -> None:
 
 
 def nvlink(given: Given) -> list[Result]:
-    """Active NVLinks per GPU against the profile's nvlink_links (reboot below it, as health's nvlink check acts).
+    """Active NVLinks per GPU: every link it has, at most the profile's nvlink_links (reboot below it, as health's
+    nvlink check acts).
 
     Raises:
         NotApplicable: no GPU has NVLink (NVML answers NOT_SUPPORTED for link 0, as on a PCIe part or the real
@@ -247,7 +248,10 @@ def nvlink(given: Given) -> list[Result]:
             continue
         seconds, links, active = reading
         target = f"gpu {index}"
-        figure = Figure("nvlink_links", len(active), "", limit)
+        # every link the GPU has must be up; the SKU's count caps that (a board that wires fewer links than the
+        # part has, such as a mesh, is judged by what NVML shows it has)
+        expected = float(links) if limit is None else min(float(limit), float(links))
+        figure = Figure("nvlink_links", len(active), "", expected)
         if figure.within:
             results.append(Result("gpu-nvlink", "gpu", target, PASS, f"{target}: {len(active)} of {links} NVLinks "
                                   f"active", (figure,), seconds))
@@ -255,7 +259,7 @@ def nvlink(given: Given) -> list[Result]:
         down = [k for k in range(links) if k not in active]
         shown = ", ".join(map(str, down[:8])) + (" ..." if len(down) > 8 else "")
         results.append(Result("gpu-nvlink", "gpu", target, FAIL,
-                              f"{target}: {len(active)} active NVLinks (expected >= {limit:g}); "
+                              f"{target}: {len(active)} active NVLinks (expected >= {expected:g}); "
                               f"{'inactive: ' + shown if down else 'it has ' + str(links)}", (figure,), seconds,
                               "reboot"))
     return results

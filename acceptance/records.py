@@ -85,6 +85,12 @@ class Result:
     #: a fail's recommended repair (health's actions: reset-gpu, reboot, reprovision, remove), "none" otherwise
     action: str = "none"
 
+    def told(self) -> str:
+        """'gpu-memory gpu 1: 1 bad word in ...': the test, its target and the message, the target said once."""
+        where = f"{self.test} {self.target}".strip()
+        message = self.message.removeprefix(f"{self.target}: ") if self.target else self.message
+        return f"{where}: {message}"
+
     def to_json(self) -> dict:
         return {"test": self.test, "area": self.area, "target": self.target, "outcome": self.outcome,
                 "message": self.message, "figures": [f.to_json() for f in self.figures],

@@ -91,8 +91,7 @@ def run_tests(config: Config, node: str, level: str, *, trigger: str = "manual",
             for result in _results(spec, answer):
                 run.results.append(result)
                 if result.outcome != PASS:
-                    emit("acceptance-test", f"{result.test} {result.target or node}: {result.outcome}: "
-                         f"{result.message}", _SEVERITY[result.outcome], test=result.test, target=result.target,
+                    emit("acceptance-test", f"{node}: {result.outcome}: {result.told()}", _SEVERITY[result.outcome], test=result.test, target=result.target,
                          outcome=result.outcome, action=result.action, level=level,
                          figures={f.name: f.value for f in result.figures})
                 if on_result is not None:
@@ -110,8 +109,8 @@ def run_tests(config: Config, node: str, level: str, *, trigger: str = "manual",
 def _line(result: Result) -> str:
     """'gpu-bandwidth gpu 0: pass: h2d 55.4 GB/s (>= 48); ...': a result with its figures, as history shows it."""
     figures = "; ".join(f.text() for f in result.figures)
-    return (f"{result.test} {result.target}".strip() + f": {result.outcome}: "
-            + (figures if result.outcome == PASS and figures else result.message))
+    where, said = result.told().split(": ", 1)
+    return f"{where}: {result.outcome}: " + (figures if result.outcome == PASS and figures else said)
 
 
 def _summary(run: Run) -> str:
@@ -121,7 +120,7 @@ def _summary(run: Run) -> str:
             f"(profile {run.profile or 'none'})")
     worst = run.failures() or run.errors()
     if worst:
-        text += "; " + "; ".join(f"{r.test} {r.target}: {r.message}".replace(" :", ":") for r in worst[:3])
+        text += "; " + "; ".join(r.told() for r in worst[:3])
         if len(worst) > 3:
             text += f"; +{len(worst) - 3} more"
     return text

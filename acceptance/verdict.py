@@ -23,7 +23,7 @@ def drain_reason(run: Run) -> str:
     from slurm_ext.nodestate import catalogue
     failures = run.failures()
     first = failures[0]
-    detail = f"{first.test} {first.target}: {first.message}".replace(" :", ":")
+    detail = first.told()
     detail = detail if len(detail) <= _DETAIL else detail[:_DETAIL - 3] + "..."
     if len(failures) > 1:
         detail += f" (+{len(failures) - 1} failed)"

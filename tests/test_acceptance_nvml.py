@@ -36,6 +36,7 @@ def _hgx(name: str = H100, count: int = 8) -> dict:
     spec = fakenvml.default_gpus(count, name)
     for gpu in spec["gpus"]:
         gpu["nvlink_peers"] = [f"00000000:{0xA0 + k:02X}:00.0" for k in range(18)]
+        gpu["nvlink_count"] = 18
     return spec
 
 
@@ -205,9 +206,9 @@ def test_an_unknown_gpu_gets_the_generic_profile_with_a_note(nvml_lib: Path, tmp
     assert answer["profile_note"] == ("unknown GPU 'NVIDIA RTX PRO 6000 Blackwell Server Edition': the generic "
                                       "profile's limits")
     assert {r["outcome"] for r in answer["results"]} == {"pass"}
-    # the generic profile judges no NVLink count: shown, never failed
+    # the generic profile has no NVLink count: every link the GPU has must be up, whatever the SKU
     links = _child(nvml_lib, tmp_path, "gpu-nvlink", spec)
-    assert all(r["outcome"] == "pass" and r["figures"][0]["limit"] is None for r in links["results"])
+    assert all(r["outcome"] == "pass" and r["figures"][0]["limit"] == 18 for r in links["results"])
 
 
 def test_gpus_that_differ_are_noted_and_the_odd_one_fails_the_profile(nvml_lib: Path, tmp_path: Path) -> None:

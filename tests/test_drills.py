@@ -113,7 +113,7 @@ def test_nvlink_down_takes_one_link_of_the_gpu_and_refuses_a_gpu_without_nvlink(
     node = layout.node("dnode1")
     assert dev("inject", "dnode1", "nvlink-down", "--gpu", "0").returncode == 0
     gpu = json.loads(node.gpu_spec.read_text())["gpus"][0]
-    assert len(gpu["nvlink_peers"]) == 2 and gpu["nvlink_count"] == 18  # 3 peers of 4 GPUs: the last one inactive
+    assert len(gpu["nvlink_peers"]) == 2 and gpu["nvlink_count"] == 3  # 3 peers of 4 GPUs: the last one inactive
     assert dev("heal", "dnode1").returncode == 0
     spec = json.loads(node.gpu_spec.read_text())
     spec["gpus"][3]["nvlink_peers"] = []

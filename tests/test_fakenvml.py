@@ -315,6 +315,8 @@ def test_pynvml_reads_configured_devices(fakenvml_lib: Path, spec_path: Path) ->
 
 def test_nvlink_beyond_device_links_is_not_supported(fakenvml_lib: Path, spec_path: Path) -> None:
     spec = fakenvml.default_gpus(2)
+    assert spec["gpus"][0]["nvlink_count"] == 1  # a healthy board: every link it has active
+    spec["gpus"][0]["nvlink_count"] = 18  # Hopper's 18, one of them to a peer
     fakenvml.write_spec(spec_path, spec)
     got = run_json(
         fakenvml_lib,
@@ -351,7 +353,7 @@ def test_a_gpu_without_nvlink_and_a_driver_that_answers_invalid_argument_past_th
     """No peers: no NVLink, link 0 NOT_SUPPORTED (the recorded H200); `nvlink_past_last` INVALID_ARGUMENT: what a
     GB200 driver answers past its last link. MIG off: the instance ids are INVALID_ARGUMENT, as recorded."""
     spec = fakenvml.default_gpus(3)
-    spec["gpus"][0]["nvlink_peers"] = []
+    spec["gpus"][0].update(nvlink_peers=[], nvlink_count=0)
     spec["gpus"][1].update(nvlink_count=2, nvlink_past_last="INVALID_ARGUMENT")
     fakenvml.write_spec(spec_path, spec)
     got = run_json(
@@ -372,7 +374,9 @@ def test_a_gpu_without_nvlink_and_a_driver_that_answers_invalid_argument_past_th
         }))
         """,
     )
-    assert got["links"] == [["NVMLError_NotSupported"] * 3, [1, 1, "NVMLError_InvalidArgument"], [1, 1, 0]]
+    # GPU 2 as default_gpus leaves it: a link per peer, all active, none past them
+    assert got["links"] == [["NVMLError_NotSupported"] * 3, [1, 1, "NVMLError_InvalidArgument"],
+                            [1, 1, "NVMLError_NotSupported"]]
     assert got["ids"] == ["NVMLError_InvalidArgument"] * 2
 
 

@@ -51,6 +51,7 @@ __all__ = [
     "write_spec",
     "environ",
     "make_device",
+    "nccl_library",
 ]
 
 SPEC_ENV = "SLURM_EXT_FAKE_NVML"
@@ -65,6 +66,11 @@ STAMP_NAME = LIB_NAME + ".sha256"
 CUDA_LIB_NAME = "libcuda.so.1"
 CUDA_LINK_NAME = "libcuda.so"
 CUDA_SOURCES = ("fakecuda.c", "json.c")
+#: the fake NCCL (fakenccl.c, with json.c), built into a subdirectory: off the library path, so that a process sees
+#: NCCL only where SLURM_EXT_NCCL_LIBRARY names it (`nccl_library()`)
+NCCL_DIR = "nccl"
+NCCL_LIB_NAME = "libnccl.so.2"
+NCCL_SOURCES = ("fakenccl.c", "json.c")
 
 # -fvisibility=hidden: only functions marked NVML_API in the C sources are
 # exported, so internal helpers cannot clash with symbols of the host process.
@@ -196,7 +202,7 @@ def build(out_dir: Path) -> Path:
     src = source_dir()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    sources = sorted(p for p in src.glob("*.c") if p.name != CUDA_SOURCES[0])
+    sources = sorted(p for p in src.glob("*.c") if p.name not in (CUDA_SOURCES[0], NCCL_SOURCES[0]))
     headers = sorted(src.glob("*.h"))
 
     missing = sorted(_pynvml_entry_points() - _defined_entry_points(sources))
@@ -217,6 +223,7 @@ def build(out_dir: Path) -> Path:
     if up_to_date:
         _ensure_symlink(out_dir)
         _build_cuda(src, out_dir)
+        _build_nccl(src, out_dir)
         return lib
 
     stub_file = out_dir / STUBS_NAME
@@ -240,45 +247,70 @@ def build(out_dir: Path) -> Path:
     atomic_write(stamp, stamp_value + "\n", fsync="file")
     _ensure_symlink(out_dir)
     _build_cuda(src, out_dir)
+    _build_nccl(src, out_dir)
     return lib
 
 
 def _build_cuda(src: Path, out_dir: Path) -> Path | None:
     """``out_dir/libcuda.so.1`` from fakecuda.c and json.c (+ ``libcuda.so``), unless its stamp matches; nothing
     where `src` has no fakecuda.c."""
-    sources = [src / name for name in CUDA_SOURCES]
+    lib = _build_side_library(src, out_dir, CUDA_LIB_NAME, CUDA_SOURCES, "the fake libcuda", ("-lm",))
+    if lib is None:
+        return None
+    link = out_dir / CUDA_LINK_NAME
+    if not (link.is_symlink() and os.readlink(link) == CUDA_LIB_NAME):
+        tmp_link = out_dir / f".{CUDA_LINK_NAME}.{os.getpid()}.{time.monotonic_ns()}.tmp"
+        os.symlink(CUDA_LIB_NAME, tmp_link)
+        os.replace(tmp_link, link)
+    return lib
+
+
+def _build_nccl(src: Path, out_dir: Path) -> Path | None:
+    """``out_dir/nccl/libnccl.so.2`` from fakenccl.c and json.c, unless its stamp matches; nothing where `src` has
+    no fakenccl.c. It calls the fake libcuda's helpers, which it finds with dlopen("libcuda.so.1")."""
+    nccl_dir = out_dir / NCCL_DIR
+    nccl_dir.mkdir(exist_ok=True)
+    return _build_side_library(src, nccl_dir, NCCL_LIB_NAME, NCCL_SOURCES, "the fake NCCL", ("-lm", "-ldl"))
+
+
+def nccl_library(lib_dir: Path) -> Path:
+    """Where `build(lib_dir)` put the fake ``libnccl.so.2``: what SLURM_EXT_NCCL_LIBRARY names for a test that
+    wants NCCL (README.md here, "The fake NCCL")."""
+    return Path(lib_dir) / NCCL_DIR / NCCL_LIB_NAME
+
+
+def _build_side_library(src: Path, out_dir: Path, name: str, names: tuple[str, ...], what: str,
+                        libs: tuple[str, ...]) -> Path | None:
+    """``out_dir/<name>`` from `names` under `src` (and json.h), unless its sha256 stamp matches; compiled under a
+    temporary name and renamed into place. Nothing where `src` lacks the first source."""
+    sources = [src / n for n in names]
     if not sources[0].is_file():
         return None
-    flags = (*GCC_FLAGS, "-lm")
+    flags = (*GCC_FLAGS, *libs)
     digest = hashlib.sha256()
     for path in [*sources, src / "json.h"]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     digest.update(" ".join(flags).encode())
-    lib, stamp = out_dir / CUDA_LIB_NAME, out_dir / (CUDA_LIB_NAME + ".sha256")
+    lib, stamp = out_dir / name, out_dir / (name + ".sha256")
     try:
         up_to_date = lib.is_file() and stamp.read_text().strip() == digest.hexdigest()
     except FileNotFoundError:
         up_to_date = False
     if not up_to_date:
-        fd, tmp_name = tempfile.mkstemp(dir=out_dir, prefix=f".{CUDA_LIB_NAME}.", suffix=".tmp")
+        fd, tmp_name = tempfile.mkstemp(dir=out_dir, prefix=f".{name}.", suffix=".tmp")
         os.close(fd)
         tmp = Path(tmp_name)
         try:
-            cmd = ["gcc", *GCC_FLAGS, "-o", str(tmp), *map(str, sources), "-lm"]
+            cmd = ["gcc", *GCC_FLAGS, "-o", str(tmp), *map(str, sources), *libs]
             proc = subprocess.run(cmd, capture_output=True, timeout=GCC_TIMEOUT_S)
             if proc.returncode != 0:
-                raise RuntimeError(f"building the fake libcuda failed (gcc exit {proc.returncode}):\n"
+                raise RuntimeError(f"building {what} failed (gcc exit {proc.returncode}):\n"
                                    f"{' '.join(cmd)}\n{proc.stderr.decode(errors='replace')}")
             os.chmod(tmp, 0o755)
             os.replace(tmp, lib)
         finally:
             tmp.unlink(missing_ok=True)
         atomic_write(stamp, digest.hexdigest() + "\n", fsync="file")
-    link = out_dir / CUDA_LINK_NAME
-    if not (link.is_symlink() and os.readlink(link) == CUDA_LIB_NAME):
-        tmp_link = out_dir / f".{CUDA_LINK_NAME}.{os.getpid()}.{time.monotonic_ns()}.tmp"
-        os.symlink(CUDA_LIB_NAME, tmp_link)
-        os.replace(tmp_link, link)
     return lib
 
 
@@ -305,7 +337,8 @@ def default_gpus(
 
     GPU i has minor number i, UUID ``GPU-fa4e000i-...`` (deterministic and
     distinct), PCI bus id ``0000000D:BB:00.0`` with increasing bus numbers,
-    NVLinks to every other GPU (at most 18; a single GPU has none), no
+    NVLinks to every other GPU (at most 18; a single GPU has none), every
+    link it has active, no
     faults, no processes, no events.  What an idle GPU says is what the
     recorded H200 said: 615 MiB kept by the driver, idle clocks (345 MHz)
     with the idle clock reason.  `cpus` (default: this host's CPU count) is
@@ -338,6 +371,8 @@ def default_gpus(
                 "power_limit": power_limit,
                 "cpu_affinity": _cpu_split(i, count, host_cpus),
                 "nvlink_peers": peers,
+                # every link the GPU has is active, as on a healthy board: a mesh of one link per peer
+                **({"nvlink_count": len(peers)} if peers else {}),
                 # No "mig_mode": it then follows mig_devices (on when any are
                 # listed), so a test only has to add MIG devices.
                 "mig_devices": [],
