@@ -492,19 +492,26 @@ def _judge(record: Record, seen: Seen, now: float, run: dict) -> None:
     what = f"acceptance {run['level']} ({run['trigger']} run of this boot)"
     if run["verdict"] == "pass":
         record.step, record.detail["accepted"] = "resume", run["finished"]
-        figures = "; ".join(f"{r['test']}{' ' + r['target'] if r['target'] else ''}: {_figures(r) or r['message']}"
-                            for r in run["results"])
+        figures = "; ".join(_told(r, _figures(r) or r["message"]) for r in run["results"])
         _save(record, seen, now, "repair-step", f"{record.node} passes its {what}: {len(run['results'])} test(s) "
                                                 f"passed: {figures[:OUTPUT_LIMIT]}")
         return
     bad = [r for r in run["results"] if r["outcome"] == run["verdict"]]
-    said = "; ".join(f"{r['test']}{' ' + r['target'] if r['target'] else ''}: {r['message']}"
-                     + (f" [{_figures(r)}]" if _figures(r) and _figures(r) not in r["message"] else "") for r in bad)
+    said = "; ".join(_told(r, r["message"]) + (f" [{_figures(r)}]" if _figures(r) and _figures(r) not in r["message"]
+                                               else "") for r in bad)
     if run["verdict"] == "fail":
         _fail(record, seen, f"it fails its {what}: {said[:OUTPUT_LIMIT]}; its acceptance drain stays")
     else:
         _fail(record, seen, f"its {what} could not run every test, so nothing proves it fit: "
                             f"{(said or 'no test ran')[:OUTPUT_LIMIT]}")
+
+
+def _told(result: dict, what: str) -> str:
+    """'gpu-memory gpu 1: <what>', the target said once, as the node's acceptance drain says it
+    (acceptance.records.Result.told)."""
+    target = result["target"]
+    where = f"{result['test']} {target}".strip()
+    return f"{where}: {what.removeprefix(f'{target}: ') if target else what}"
 
 
 def _figures(result: dict) -> str:

@@ -184,8 +184,10 @@ def test_a_failed_run_asked_by_the_controller_drains_through_the_agents_owner_an
     assert (failed.verdict, failed.run["trigger"], failed.run["boot_id"], failed.run["level"]) == \
         ("fail", "repair", "boot-1", "quick")
     assert [(r["target"], r["outcome"]) for r in failed.run["results"]] == [("lo", "pass"), ("nosuch0", "fail")]
-    assert agent.liaison.said == [("want", "acceptance", "acceptance quick failed: network-links nosuch0: nosuch0: no "
-                                   "such interface (expected up) action=reboot")]
+    (said, owner, reason), = agent.liaison.said
+    assert (said, owner) == ("want", "acceptance") and reason.startswith("acceptance quick failed: network-links "
+                                                                         "nosuch0: ") and reason.endswith(" action=reboot")
+    assert "no such interface (expected up)" in reason
 
     _links(agent, tmp_path, "lo")
     assert client.run_acceptance("n1", "standard", "manual", "127.0.0.1") is True
@@ -244,7 +246,8 @@ def _drained(reason: str) -> Node:
 def test_an_acceptance_drain_is_a_fault_named_by_its_test_with_its_gpu_and_action():
     fault = recommend.fault_of(_drained(drain_reason(_run(H2D_PASS, MEMORY_FAIL))))
     assert (fault.signature, fault.action, fault.gpu) == ("acceptance/gpu-memory", "reset-gpu", 1)
-    assert fault.evidence.startswith("acceptance quick: gpu-memory gpu 1: gpu 1: 3 bad bytes at 0x7f0000000000")
+    assert fault.evidence.startswith("acceptance quick: gpu-memory gpu 1: ") and "3 bad bytes at 0x7f0000000000" in \
+        fault.evidence
 
 
 def test_a_node_wide_failure_names_no_gpu_and_more_failures_are_counted():

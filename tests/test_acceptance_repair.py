@@ -111,7 +111,7 @@ def test_the_start_run_of_the_new_boot_proves_a_rebooted_node(store):
     assert "repair-step: n1's health checks pass after the reboot; its acceptance quick must pass before the " \
            "resume" in steps
     assert "repair-step: n1 passes its acceptance quick (start run of this boot): 1 test(s) passed: network-links " \
-           "lo: lo: up" in steps
+           "lo: up" in steps
 
 
 def test_a_fail_fails_the_repair_with_the_test_the_target_and_the_figures_and_the_node_stays_drained(store):
@@ -119,8 +119,8 @@ def test_a_fail_fails_the_repair_with_the_test_the_target_and_the_figures_and_th
     seen = _seen(store, _answer(LINK_PASS, MEMORY_FAIL))
     advance(record, seen)
     assert record.state == "failed" and ("resume", "n1") not in seen.slurm.calls
-    assert record.note == ("it fails its acceptance quick (start run of this boot): gpu-memory gpu 1: gpu 1: 3 bad bytes "
-                           "at 0x1000-0x1fff [memory_bad_bytes 3 B (<= 0)]; its acceptance drain stays")
+    assert record.note == ("it fails its acceptance quick (start run of this boot): gpu-memory gpu 1: 3 bad bytes at "
+                           "0x1000-0x1fff [memory_bad_bytes 3 B (<= 0)]; its acceptance drain stays")
     assert seen.slurm.calls == [("drain", "n1", "slurm-ext: repair reboot failed: " + record.note[:120].strip()
                                  + " (approved by alice)")]
     assert _steps(store, record)[-1].startswith("repair-failed: reboot of n1 failed at verify: it fails its acceptance")

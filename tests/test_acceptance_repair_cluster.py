@@ -3,12 +3,13 @@ service in the controller agent, Slurm's reboot through the cluster's RebootProg
 tests in child processes of the node's agent.
 
 The node's acceptance input is its [acceptance.interfaces.<name>]: an interface it does not have fails its
-network-links test (acceptance.network), `lo` passes it. With [acceptance] enabled (on the controller, as the
+network-links test (acceptance.network), `lo` passes it; or its fake GPUs' memory. With [acceptance] enabled (on the controller, as the
 cluster's config, and on the node):
 
 - an approved reboot whose node fails its quick acceptance after the reboot (the at-start run of the new boot) is not
   resumed: the repair fails naming the test, the target and what was found, the node stays drained, and once an
-  operator resumes it the node's own acceptance drain names why, and a repair is recommended for it;
+  operator resumes it the node's own acceptance drain names why, and a repair is recommended for it; so too with
+  the gpu area, for a GPU whose memory has a stuck bit (`dev inject stuck-bit`, the fake libcuda);
 - a node that runs no acceptance at its start is asked for a run by the repair (POST /acceptance/run), passes it and
   is resumed.
 
@@ -25,6 +26,7 @@ from slurm_ext.devcluster import daemons
 from slurm_ext.devcluster.cluster import cluster_daemons
 from slurm_ext.journal import read_events
 
+from helpers.cli import cli
 from helpers.cluster import TEST_CLUSTER, RepairCluster, cluster_of_its_own
 from helpers.wait import wait_for
 
@@ -38,22 +40,25 @@ NODES = ["qnode1", "qnode2"]
 NODE = "qnode2"
 
 
-def _with_acceptance(rendered: str, at_start: str, interfaces: tuple[str, ...]) -> str:
-    """A node's config as `dev up` rendered it, with [acceptance] on: the network area alone (its quick level is
-    network-links), run at start at `at_start`, over `interfaces`."""
-    keys = f'enabled = true\nareas = ["network"]\nat_start = "{at_start}"\n'
+def _with_acceptance(rendered: str, at_start: str, interfaces: tuple[str, ...], area: str) -> str:
+    """A node's config as `dev up` rendered it, with [acceptance] on for one area, run at start at `at_start`: the
+    network area's quick level is network-links over `interfaces`; the gpu area's runs the fake libcuda's memory test
+    (gpu-bandwidth left out: the fake's modelled copies are another test's business)."""
+    keys = f'enabled = true\nareas = ["{area}"]\nat_start = "{at_start}"\n'
     text = (rendered.replace("\n[acceptance]\n", f"\n[acceptance]\n{keys}", 1) if "\n[acceptance]\n" in rendered
             else f"{rendered}\n[acceptance]\n{keys}")
-    return text + "".join(f"\n[acceptance.interfaces.{name}]\n" for name in interfaces)
+    text += "".join(f"\n[acceptance.interfaces.{name}]\n" for name in interfaces)
+    return text + ("\n[acceptance.tests.gpu-bandwidth]\nenabled = false\n" if area == "gpu" else "")
 
 
 class _Cluster(RepairCluster):
-    def accept(self, node: str, at_start: str = "quick", interfaces: tuple[str, ...] = ("lo",)) -> None:
+    def accept(self, node: str, at_start: str = "quick", interfaces: tuple[str, ...] = ("lo",),
+               area: str = "network") -> None:
         """The node's [acceptance] (read by its agent at its next start, by the repair flow's asks at once)."""
         path = self.layout.node(node).slurm_ext_conf
         self.rendered = getattr(self, "rendered", {})
         self.rendered.setdefault(node, path.read_text())
-        path.write_text(_with_acceptance(self.rendered[node], at_start, interfaces))
+        path.write_text(_with_acceptance(self.rendered[node], at_start, interfaces, area))
 
     def reload_controller(self) -> None:
         """SIGHUP to the controller agent, which hands it to the repair service; waits for the service's reload."""
@@ -82,6 +87,13 @@ class _Cluster(RepairCluster):
             (r for r in self.all_records(node) if r["id"] == record["id"] and r["state"] in ("done", "failed")), None),
             180, interval=1.0)
 
+    def drill_heal(self, node: str) -> str:
+        """`dev heal NODE`: every drill undone (the GPU's spec healthy again)."""
+        healed = cli("--config", str(self.layout.dev_conf), "dev", "heal", node, timeout=60)
+        assert healed.returncode == 0, healed.stderr
+        self.drilled = getattr(self, "drilled", set()) - {node}
+        return healed.stdout
+
     def steps(self, record: dict) -> list[str]:
         with self.store() as store:
             return [f"{e.event}: {e.message}" for e in store.events(record=record["id"])]
@@ -98,8 +110,14 @@ def cluster():
 
 @pytest.fixture
 def repair(cluster):
+    """The cluster settled after each test, as an operator would: the node's drill healed, its config fixed, a
+    repair's drain lifted by hand and an acceptance drain by a run that passes (one failure does not fail the rest)."""
     yield cluster
+    if NODE in getattr(cluster, "drilled", set()):
+        cluster.drill_heal(NODE)
     cluster.accept(NODE, at_start="off")
+    cluster.run("scontrol", "update", f"nodename={NODE}", "state=resume", check=False)
+    cluster.repair_cli("accept", "run", "--apply", node=NODE)
     cluster.settle(NODES)
 
 
@@ -111,7 +129,7 @@ def test_an_approved_reboot_whose_node_fails_its_quick_acceptance_after_the_rebo
 
     assert failed["state"] == "failed", failed
     assert failed["step"] == "verify" and "acceptance quick (start run of this boot)" in failed["note"], failed
-    assert "network-links nosuch0: nosuch0: no such interface (expected up)" in failed["note"], failed
+    assert "network-links nosuch0: " in failed["note"] and "no such interface (expected up)" in failed["note"], failed
     node = repair.slurm_node(NODE)
     assert node.boot_time > boot_before, node  # rebooted, and
     assert node.drained and node.reason.startswith("slurm-ext: repair reboot failed: it fails its acceptance"), node
@@ -127,8 +145,8 @@ def test_an_approved_reboot_whose_node_fails_its_quick_acceptance_after_the_rebo
     repair.run("scontrol", "update", f"nodename={NODE}", "state=resume")
     own = wait_for("the node's acceptance drain", lambda: (n := repair.slurm_node(NODE)).drained and
                    n.reason.startswith("slurm-ext: acceptance") and n, 30, interval=0.3)
-    assert own.reason == ("slurm-ext: acceptance quick failed: network-links nosuch0: nosuch0: no such interface "
-                          "(expected up) action=reboot"), own.reason
+    assert own.reason.startswith("slurm-ext: acceptance quick failed: network-links nosuch0: ") and \
+        "no such interface (expected up)" in own.reason and own.reason.endswith(" action=reboot"), own.reason
     follow = repair.record(NODE, "recommended")
     assert (follow["signature"], follow["action"]) == ("acceptance/network-links", "reboot"), follow
 
@@ -139,6 +157,32 @@ def test_an_approved_reboot_whose_node_fails_its_quick_acceptance_after_the_rebo
     wait_for("the node back in service", lambda: repair.slurm_node(NODE).idle, 30, interval=0.5)
     wait_for("the recommendation gone", lambda: not [r for r in repair.records() if r["node"] == NODE and
                                                      r["state"] == "recommended"], 30, interval=0.5)
+
+
+def test_a_gpu_with_a_stuck_bit_fails_the_acceptance_after_the_reboot_and_is_recommended_by_its_gpu(repair):
+    """The fault no passive check sees (`dev inject stuck-bit`, the fake libcuda's memory): the reboot approved for
+    an Xid does not hide it; the memory test of the new boot names the GPU, and its drain recommends a repair of that
+    GPU."""
+    repair.accept(NODE, at_start="quick", interfaces=(), area="gpu")
+    repair.drill(NODE, "stuck-bit", gpu=1)
+    record = repair.approved_repair(NODE)
+    failed = repair.ended(NODE, record)
+
+    assert failed["state"] == "failed", failed
+    assert "it fails its acceptance quick (start run of this boot): gpu-memory gpu 1:" in failed["note"], failed
+    assert not repair.slurm_node(NODE).idle
+    repair.run("scontrol", "update", f"nodename={NODE}", "state=resume")
+    own = wait_for("the node's acceptance drain", lambda: (n := repair.slurm_node(NODE)).drained and
+                   n.reason.startswith("slurm-ext: acceptance") and n, 30, interval=0.3)
+    assert own.reason.startswith("slurm-ext: acceptance quick failed: gpu-memory gpu 1: "), own.reason
+    follow = repair.record(NODE, "recommended")
+    assert (follow["signature"], follow["detail"].get("gpu")) == ("acceptance/gpu-memory", 1), follow
+    assert follow["action"] in ("reset-gpu", "reboot"), follow
+
+    repair.drill_heal(NODE)
+    rerun = repair.repair_cli("accept", "run", "--apply", node=NODE)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    wait_for("the node back in service", lambda: repair.slurm_node(NODE).idle, 30, interval=0.5)
 
 
 def test_a_repaired_node_without_a_run_of_its_new_boot_is_asked_for_one_and_resumed_when_it_passes(repair):
