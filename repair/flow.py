@@ -38,7 +38,9 @@ runs now, of at least the level the repair calls for (after_repair;
 after_reset for a GPU reset or a reprovision). The at-start run of the
 boot a reboot gave it does; else the flow asks the node's agent for one,
 once (POST /acceptance/run, trigger repair), and waits for it within
-repair.verify_timeout. A fail or a test that could not run fails the
+repair.verify_timeout. (After a GPU reset, whose repair let the jobs on
+the node's other GPUs run on, it asks once they have ended: the tests
+load every GPU.) A fail or a test that could not run fails the
 repair, and the node stays drained: never resumed on a bad or an
 unmeasured answer.
 """
@@ -454,18 +456,22 @@ def _accept(record: Record, seen: Seen) -> None:
         _judge(record, seen, now, answer.run)
         return
     if answer is not None and not answer.running and "accept_asked" not in record.detail:
+        jobs = sorted(j.job_id for j in seen.jobs.get(record.node, []) if not j.finished)
+        if jobs:  # after a GPU reset the jobs on the node's other GPUs ran on; the tests load every GPU
+            _wait_or_fail(record, seen, now, jobs, " on its other GPUs (its acceptance tests load every GPU)")
+            return
         record.detail["accept_asked"] = now  # saved before the ask: a restarted controller does not ask twice
         _save(record, seen, now, "repair-step", f"asked {record.node}'s agent for an acceptance {level} run (it "
                                                 f"has none of this boot after the {record.action})")
         if seen.run_acceptance is not None:
             seen.actions[record.id] = seen.run_acceptance(record.node, level)
         return
-    waited = now - record.detail["checks_passed"]
+    waited = now - record.detail.get("accept_asked", record.detail["checks_passed"])
     if waited > seen.settings.verify_timeout and not (answer is not None and answer.running):
         why = ("its agent does not answer" if answer is None else
-               f"asked {now - record.detail['accept_asked']:.0f}s ago, no run of it kept" if "accept_asked" in
-               record.detail else "none of this boot after the action")
-        _fail(record, seen, f"no acceptance {level} verdict {waited:.0f}s after its health checks passed ({why}; "
+               "no run of it kept" if "accept_asked" in record.detail else "none of this boot after the action")
+        since_what = "it was asked for" if "accept_asked" in record.detail else "its health checks passed"
+        _fail(record, seen, f"no acceptance {level} verdict {waited:.0f}s after {since_what} ({why}; "
                             "repair.verify_timeout)")
 
 

@@ -15,7 +15,7 @@ from slurm_ext.config import from_dict
 from slurm_ext.repair.flow import Seen, acceptance_level, acceptance_trigger, advance
 from slurm_ext.repair.settings import RepairSection
 from slurm_ext.repair.store import Record, open_sqlite
-from slurm_ext.slurm import Node
+from slurm_ext.slurm import Job, Node
 
 REASON = "slurm-ext: repair reboot: xid/79 79 gpu 1 (approved by alice)"
 ON = from_dict({"acceptance": {"enabled": True}}).acceptance
@@ -177,6 +177,26 @@ def test_after_a_gpu_reset_the_boots_start_run_proves_nothing_and_the_standard_l
     assert record.state == "done"
 
 
+def test_after_a_gpu_reset_the_run_waits_for_the_jobs_on_the_other_gpus(store):
+    """A reset-gpu repair lets the jobs on the node's other GPUs run on; its acceptance tests load every GPU, so they
+    are asked for once those jobs have ended (or the repair fails at repair.drain_deadline, the node drained)."""
+    record = _verifying(store, action="reset-gpu")
+    asked = []
+    seen = _seen(store, _answer(none=True), asked=asked)
+    seen.jobs = {"n1": [Job(7, "train", "bob", "RUNNING", "n1")]}
+    advance(record, seen)
+    assert asked == [] and record.state == "running"
+    assert _steps(store, record)[-1] == ("repair-step: waiting for jobs [7] on its other GPUs (its acceptance tests "
+                                         "load every GPU) to end (until 7200s after the drain)")
+    seen.jobs = {}
+    advance(record, seen)
+    assert asked == [("n1", "standard")]
+    seen.jobs, seen.clock = {"n1": [Job(8, "train", "bob", "RUNNING", "n1")]}, lambda: 90.0 + 7201
+    record2 = _verifying(store, action="reset-gpu")
+    advance(record2, seen)
+    assert record2.state == "failed" and "jobs [8] on its other GPUs" in record2.note
+
+
 def test_a_refused_ask_is_asked_again_and_an_answerless_one_too(store):
     record = _verifying(store)
     asked = []
@@ -203,8 +223,8 @@ def test_a_restarted_controller_does_not_ask_twice_and_gives_up_at_verify_timeou
     seen.clock = lambda: NOW + 301
     advance(record, seen)
     assert record.state == "failed" and asked == []
-    assert record.note == ("no acceptance quick verdict 301s after its health checks passed (asked 301s ago, no run of "
-                           "it kept; repair.verify_timeout)")
+    assert record.note == ("no acceptance quick verdict 301s after it was asked for (no run of it kept; "
+                           "repair.verify_timeout)")
 
 
 def test_a_node_whose_own_acceptance_is_off_fails_the_repair_saying_so(store):
