@@ -937,6 +937,42 @@ CUDA_API CUresult cuEventElapsedTime(float *ms, void *start, void *end)
     return CUDA_SUCCESS;
 }
 
+/* ---- for the fake NCCL ------------------------------------------------------ */
+
+/* fakenccl.c (the fake libnccl.so.2) finds these two with dlsym, as the real
+ * NCCL reaches the driver: device pointers here are host addresses, so it
+ * sums the buffers itself and needs only to know whose memory they are and
+ * to put its modelled time on a stream, where events see it. */
+
+/* The CUDA ordinal whose allocations hold [ptr, ptr+bytes), or -1. */
+CUDA_API int fakecuda_owner(CUdeviceptr ptr, unsigned long long bytes)
+{
+    pthread_mutex_lock(&lock);
+    int gpu = initialised ? owner(ptr, bytes) : -1;
+    pthread_mutex_unlock(&lock);
+    return gpu;
+}
+
+/* `ms` modelled milliseconds on `stream` (NULL: the GPU's null stream),
+ * which must be GPU `gpu`'s; CUDA_ERROR_UNKNOWN when the GPU is lost. */
+CUDA_API CUresult fakecuda_spend(int gpu, void *stream, double ms)
+{
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&lock);
+    if (!initialised)
+        rc = CUDA_ERROR_NOT_INITIALIZED;
+    else if (gpu < 0 || gpu >= n_gpus || !gpus[gpu].mem)
+        rc = CUDA_ERROR_INVALID_CONTEXT;
+    else if (gone(&gpus[gpu]))
+        rc = CUDA_ERROR_UNKNOWN;
+    else if (stream && ((struct stream *)stream)->gpu != gpu)
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    else
+        spend(stream ? (struct stream *)stream : &contexts[gpu].null_stream, ms);
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
 /* ---- modules and the project's kernels ----------------------------------- */
 
 /* The PTX's ".entry <name>(" lines say which of the known kernels it has:

@@ -1004,7 +1004,9 @@ static int parse_root(ctx *c, const json_value *root, struct fake_spec *s)
 {
     static const char *const keys[] = {"driver_version", "nvml_version",
                                        "cuda_driver_version", "init_error", "gpus",
-                                       "count", "events", "latency", NULL};
+                                       "count", "events", "latency",
+                                       "nccl", /* the fake NCCL's (fakenccl.c): NVML's answers ignore it */
+                                       NULL};
     const json_value *gpus, *events;
     unsigned count = 0;
 
