@@ -185,5 +185,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                                            "HealthCheckNodeState=START_ONLY (no HealthCheckInterval needed); on "
                                            "26.05, HealthCheckTimeout above the level's time (quick: 60s is enough).")
     check.set_defaults(func=_health_check)
+    from .clustercli import add_command as add_cluster
+    add_cluster(actions)
     listing = actions.add_parser("list", help="the tests, their levels and the limits each judges by")
     listing.set_defaults(func=_list)

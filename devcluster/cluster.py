@@ -189,6 +189,7 @@ def _write_files(layout: Layout) -> set[Path]:
         hook = str(layout.node_hook)
     _write(layout.reboot_program, render.reboot_program(layout, _entry_point("slurm-ext")), 0o755)
     _write(layout.nvidia_smi, render.nvidia_smi(sys.executable), 0o755)
+    _write(layout.accept_program, render.accept_program(layout, _entry_point("slurm-ext")), 0o755)
     _write(layout.dev_conf, config.render_section("dev", s))
     topology = render.parse_topology(command.run(["slurmd", "-C"], 30, env=layout.daemon_environ()).stdout)
     files = {

@@ -125,6 +125,12 @@ class Layout:
         return self.root / "bin" / "slurm-ext-node-hook"
 
     @property
+    def accept_program(self) -> Path:
+        """[acceptance] job_command of every node: `accept cluster`'s job on a node hands itself to that node's own
+        `slurm-ext accept run` (its config, its fake GPUs), by SLURMD_NODENAME, as node_hook does the hooks."""
+        return self.root / "bin" / "slurm-ext-accept"
+
+    @property
     def reboot_program(self) -> Path:
         """RebootProgram=: `scontrol reboot` ends here, and restarts the node's agent and slurmd."""
         return self.root / "bin" / "slurm-ext-reboot"

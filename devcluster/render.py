@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from .layout import Layout, NodeLayout, node_names
 
 __all__ = ["Topology", "parse_topology", "slurm_conf", "cgroup_conf", "slurm_ext_toml", "hook_wrapper", "node_hook",
-           "reboot_program", "nvidia_smi"]
+           "reboot_program", "nvidia_smi", "accept_program"]
 
 _HEADER = "# written by `slurm-ext dev up`; edits are overwritten at the next `dev up`\n"
 
@@ -187,6 +187,11 @@ drain_deadline = "10m"
 boot_timeout = "{s.resume_timeout + 30}s"
 verify_timeout = "2m"
 
+[acceptance]
+# `accept cluster`'s job runs this node's own `slurm-ext accept run`: the nodes share one host, so one program hands
+# the job to its node's config and fake GPUs (SLURMD_NODENAME)
+job_command = ["{layout.accept_program}"]
+
 [web]
 enabled = {"true" if s.web_port else "false"}
 listen = "127.0.0.1:{s.web_port or 9820}"
@@ -240,3 +245,14 @@ def reboot_program(layout: Layout, slurm_ext: str) -> str:
             "    *) echo \"slurm-ext-reboot: no node of the dev cluster has config '$SLURM_EXT_CONFIG'\" >&2; exit 1 ;;\n"
             f"esac\nexec setsid -f '{slurm_ext}' --config '{layout.dev_conf}' dev reboot-node \"$node\" "
             f">> '{layout.log}/reboot.out' 2>&1 < /dev/null\n")
+
+
+def accept_program(layout: Layout, slurm_ext: str) -> str:
+    """[acceptance] job_command of the dev cluster: slurm.conf's nodes share this host and every job inherits the
+    submitter's environment, so `accept cluster`'s job on a node finds that node by SLURMD_NODENAME (slurmd sets it
+    in every job) and runs `slurm-ext accept run` with the node's environment: its config and its fake GPUs."""
+    cases = "".join(f"  {node.name})\n" + "".join(f"    export {k}='{v}'\n" for k, v in node.daemon_environ().items())
+                    + f"    exec '{slurm_ext}' accept run \"$@\" ;;\n" for node in layout.nodes)
+    return (f"#!/bin/sh\n{_HEADER}case \"$SLURMD_NODENAME\" in\n{cases}"
+            f"  *) echo \"slurm-ext-accept: node '$SLURMD_NODENAME' is not one of the dev cluster's\" >&2; exit 2 ;;\n"
+            "esac\n")

@@ -235,6 +235,13 @@ _ENTRIES = (
               "behind a repair's drain while one holds the node); a repair is recommended"),
     EventName("acceptance-cleared", _ACCEPTANCE, "info",
               "the node passed its acceptance: an acceptance drain of an earlier run is lifted"),
+    EventName("acceptance-cluster-started", _ACCEPTANCE, "info",
+              "`accept cluster` (on the controller) made its MAINT reservation and starts one job per node: the "
+              "level, the reservation, the nodes, and the ones not tested (drained, down) with why"),
+    EventName("acceptance-cluster-done", _ACCEPTANCE, "info",
+              "`accept cluster` ended and removed its reservation: its verdict (fail, critical: a node failed and "
+              "was drained by its agent; error: a node could not be tested or a test could not run), each node's "
+              "outcome"),
     EventName("acceptance-offer", _ACCEPTANCE, "info",
               "the controller saw [acceptance] enabled turned on: nodes are tested at their next start, and one "
               "`slurm-ext accept cluster` tests the nodes running now (said once)"),
