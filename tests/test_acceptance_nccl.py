@@ -89,12 +89,12 @@ def test_eight_healthy_gpus_pass_at_the_modelled_bus_bandwidth_against_the_h200_
     result = _result(answer)
     assert result["outcome"] == "pass", result
     busbw = _figure(result, "nccl_busbw_gbps")
-    assert busbw["limit"] == 431 and busbw["unit"] == "GB/s" and busbw["at_least"]
+    assert busbw["limit"] == 388 and busbw["unit"] == "GB/s" and busbw["at_least"]
     # the fake's events count exactly the modelled time: busbw back as set, algbw = busbw x n / 2(n-1)
     assert busbw["value"] == pytest.approx(480, rel=1e-3)
     assert _figure(result, "nccl_algbw_gbps")["value"] == pytest.approx(480 * 8 / 14, rel=1e-3)
     assert result["message"].startswith(f"NCCL {VERSION}, 8 GPUs (gpu 0-7), a 6 MiB all-reduce x 20: "
-                                        f"nccl_busbw_gbps 480 GB/s (>= 431)"), result["message"]
+                                        f"nccl_busbw_gbps 480 GB/s (>= 388)"), result["message"]
     assert "the sum is right on every GPU" in result["message"]
     assert result["action"] == "none"
 
@@ -103,7 +103,7 @@ def test_a_slow_all_reduce_fails_with_its_figure_and_a_reboot(tmp_path, lib_dir)
     result = _result(_run(tmp_path, lib_dir, _spec(busbw_gbps=200)))
     assert result["outcome"] == "fail" and result["action"] == "reboot"
     assert _figure(result, "nccl_busbw_gbps")["value"] == pytest.approx(200, rel=1e-3)
-    assert "nccl_busbw_gbps 200 GB/s (>= 431), too slow" in result["message"], result["message"]
+    assert "nccl_busbw_gbps 200 GB/s (>= 388), too slow" in result["message"], result["message"]
     assert "NVLink" in result["message"] and "reboot" in result["message"]
 
 
@@ -166,7 +166,7 @@ def test_four_gpus_show_the_8_gpu_limit_unjudged_unless_the_operator_sets_one(tm
     assert _figure(result, "nccl_busbw_gbps")["limit"] is None
     assert _figure(result, "nccl_busbw_gbps")["value"] == pytest.approx(300, rel=1e-3)
     assert "4 GPUs (gpu 0-3)" in result["message"]
-    assert "not judged: the h200-sxm profile's 431 GB/s is for 8 GPUs and this node has 4" in result["message"]
+    assert "not judged: the h200-sxm profile's 388 GB/s is for 8 GPUs and this node has 4" in result["message"]
 
     own = _result(_run(tmp_path, lib_dir, _spec(count=4, busbw_gbps=300),
                        config='[acceptance.tests.gpu-nccl]\nlimits = { nccl_busbw_gbps = 350 }\n'))
