@@ -200,25 +200,26 @@ def accept_cluster(config: Config, level: str, *, nodes: str = "", batch: int = 
         waves = math.ceil(len(testable) / batch)
         run.reservation = _reserve(slurm, [n.name for n in testable],
                                    math.ceil(wait_jobs / 60.0) + waves * minutes + 10)
-        say(f"reservation {run.reservation} (MAINT, IGNORE_JOBS) over {len(testable)} nodes")
-    emit("acceptance-cluster-started", f"accept cluster {level} over {len(wanted)} nodes"
-         + (f" in reservation {run.reservation}" if run.reservation else ": none can run a job")
-         + (f"; not tested: {', '.join(n.node for n in run.nodes)}" if run.nodes else ""),
-         level=level, reservation=run.reservation, nodes=[n.name for n in testable],
-         not_tested={n.node: n.why for n in run.nodes})
     jobs: dict[int, _Job] = {}
+    # idle nodes first: a node still running a job waits in the reservation while the others are tested
+    queue = deque(sorted(testable, key=lambda n: n.state != "IDLE"))
     try:
-        if testable:
-            # idle nodes first: a node still running a job waits in the reservation while the others are tested
-            queue = deque(sorted(testable, key=lambda n: n.state != "IDLE"))
-            _drive(config, slurm, agents, run, queue, jobs, level, minutes, batch, wait_jobs, output_dir, on_node,
-                   stop)
+        if run.reservation:  # from here on, whatever happens, the finally below removes it
+            say(f"reservation {run.reservation} (MAINT, IGNORE_JOBS) over {len(testable)} nodes")
+        emit("acceptance-cluster-started", f"accept cluster {level} over {len(wanted)} nodes"
+             + (f" in reservation {run.reservation}" if run.reservation else ": none can run a job")
+             + (f"; not tested: {', '.join(n.node for n in run.nodes)}" if run.nodes else ""),
+             level=level, reservation=run.reservation, nodes=[n.name for n in testable],
+             not_tested={n.node: n.why for n in run.nodes})
+        _drive(config, slurm, agents, run, queue, jobs, level, minutes, batch, wait_jobs, output_dir, on_node, stop)
     except Interrupted:
         run.interrupted = True
     finally:
+        why = "the run was stopped" if run.interrupted else "the run ended on an error"
         if jobs:
-            _cancel(slurm, jobs, run, on_node, "the run was stopped before its job ended" if run.interrupted
-                    else "the run ended on an error before its job did")
+            _cancel(slurm, jobs, run, on_node, f"{why} before its job ended")
+        for node in queue:
+            _told(run, NodeOutcome(node.name, NOT_TESTED, f"{why} before its turn"), on_node)
         if run.reservation:
             run.reservation_end = _unreserve(slurm, run.reservation)
             say(f"reservation {run.reservation}: {run.reservation_end}")
@@ -400,7 +401,7 @@ def _ended(slurm: SlurmClient, agents, job: _Job, since: float, now: float) -> N
     state, code = _exit_status(slurm, job.job_id)
     seconds = now - job.started if job.started else 0.0
     run = _agent_run(agents, job.node, since)
-    if state == "COMPLETED" or state == "FAILED" and code in (1, 3):
+    if state in ("COMPLETED", "FAILED") and code in (0, 1, 3):
         if code == 0:
             return NodeOutcome(job.node, PASS, _passed(run), job.job_id, seconds, run)
         if code == 1:

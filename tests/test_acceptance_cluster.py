@@ -23,14 +23,14 @@ from helpers.cli import cli
 from helpers.cluster import TEST_CLUSTER, RepairCluster, cluster_of_its_own
 from helpers.wait import wait_for
 
-ACCEPT_CLUSTER = {**TEST_CLUSTER, "cluster_name": "slurmextaccept", "node_name": "anode1", "nodes": 4,
+ACCEPT_CLUSTER = {**TEST_CLUSTER, "cluster_name": "slurmextaccept", "node_name": "cnode1", "nodes": 4,
                   "defined_nodes": 4, "slurmctld_port": 18977, "slurmd_port": 18978, "slurmdbd_port": 18979,
                   "mariadb_port": 13333, "controller_probe_port": 19891, "worker_probe_port": 19890,
                   "accounting_probe_port": 19892, "web_port": 0, "node_port_base": 26000, "gpu_count": 2,
                   "health_interval": 1.0, "repair_interval": 1.0}
-NODES = ["anode1", "anode2", "anode3", "anode4"]
+NODES = ["cnode1", "cnode2", "cnode3", "cnode4"]
 #: the node whose GPU 1 has a stuck bit
-BAD = "anode3"
+BAD = "cnode3"
 
 
 def _small_gpus(cluster: RepairCluster) -> None:
@@ -130,12 +130,12 @@ def _by_node(answer: dict) -> dict[str, dict]:
 
 
 def test_a_bad_node_list_or_no_permission_is_refused_and_leaves_nothing(four):
-    done = cli("--config", str(four.layout.slurm_ext_conf), "accept", "cluster", "--nodes", "anode[1-2],nosuch7",
+    done = cli("--config", str(four.layout.slurm_ext_conf), "accept", "cluster", "--nodes", "cnode[1-2],nosuch7",
                env=four.env)
     assert done.returncode == 2, done.stderr
     assert "slurmctld knows no node nosuch7" in done.stderr
     # not a Slurm operator: slurmctld refuses the reservation, and says so with what it takes
-    code, err = _as_nobody(four.env, "--config", str(four.layout.slurm_ext_conf), "accept", "cluster", "--nodes", "anode4")
+    code, err = _as_nobody(four.env, "--config", str(four.layout.slurm_ext_conf), "accept", "cluster", "--nodes", "cnode4")
     assert code == 2, err
     assert "cannot make the maintenance reservation slurm-ext-accept-" in err and "operator or admin" in err, err
     assert "No reservations in the system" in _reservations(four)
@@ -144,15 +144,15 @@ def test_a_bad_node_list_or_no_permission_is_refused_and_leaves_nothing(four):
 
 def test_every_node_is_tested_in_a_reservation_that_waits_for_a_running_job_and_is_gone_at_the_end(four, tmp_path):
     release = tmp_path / "release"
-    blocker = _blocker(four, "anode2", release)
-    proc = _accept_cluster(four, "--nodes", "anode[1-4]", "--level", "quick", "--wait-jobs", "2m")
+    blocker = _blocker(four, "cnode2", release)
+    proc = _accept_cluster(four, "--nodes", "cnode[1-4]", "--level", "quick", "--wait-jobs", "2m")
     try:
         reservation = wait_for("the MAINT reservation", lambda: re.search(
             r"ReservationName=(slurm-ext-accept-\S+) .*", _reservations(four)), 60, interval=0.3)
-        assert re.search(r"Nodes=anode\[1-4\]", reservation.group(0)), reservation.group(0)
+        assert re.search(r"Nodes=cnode\[1-4\]", reservation.group(0)), reservation.group(0)
         assert "MAINT" in reservation.group(0) and "IGNORE_JOBS" in reservation.group(0)
-        # anode2's test waits in the reservation for the job running there, which is left alone
-        wait_for("anode2's test job waiting", lambda: _our_jobs(four).get("anode2") == "PENDING", 60, interval=0.3)
+        # cnode2's test waits in the reservation for the job running there, which is left alone
+        wait_for("cnode2's test job waiting", lambda: _our_jobs(four).get("cnode2") == "PENDING", 60, interval=0.3)
         assert any(j.job_id == blocker and j.state == "RUNNING" for j in four.client().jobs())
     except BaseException:
         proc.terminate()
@@ -177,6 +177,10 @@ def test_every_node_is_tested_in_a_reservation_that_waits_for_a_running_job_and_
                                                                            "gpu-memory gpu 1"), slurm_nodes[BAD]
     assert all(not slurm_nodes[n].drained for n in NODES if n != BAD), slurm_nodes
     assert "No reservations in the system" in _reservations(four)
+    # and the repair service recommends from that reason: a GPU reset of that GPU
+    record = four.record(BAD, "recommended")
+    assert (record["signature"], record["action"]) == ("acceptance/gpu-memory", "reset-gpu"), record
+    assert not [r for r in four.records() if r["node"] != BAD], four.records()
     # each node's run is its own (trigger cluster), kept under its state directory; the controller's journal tells
     for name in NODES:
         kept = json.loads((four.layout.node(name).node_state / "acceptance" / "cluster.json").read_text())
@@ -189,38 +193,38 @@ def test_every_node_is_tested_in_a_reservation_that_waits_for_a_running_job_and_
 
 def test_a_busy_node_past_wait_jobs_and_a_drained_node_are_not_tested(four, tmp_path):
     release = tmp_path / "release"
-    blocker = _blocker(four, "anode2", release)
-    four.run("scontrol", "update", "nodename=anode1", "state=drain", "reason=admin: new cables")
+    blocker = _blocker(four, "cnode2", release)
+    four.run("scontrol", "update", "nodename=cnode1", "state=drain", "reason=admin: new cables")
     try:
-        proc = _accept_cluster(four, "--nodes", "anode1,anode2,anode4", "--wait-jobs", "3s")
+        proc = _accept_cluster(four, "--nodes", "cnode1,cnode2,cnode4", "--wait-jobs", "3s")
         code, answer, err = _finished(proc)
         nodes = _by_node(answer)
         assert code == 3, (answer, err)
-        assert nodes["anode1"]["outcome"] == "not-tested" and nodes["anode1"]["why"] == "drained (admin: new cables)"
-        assert nodes["anode2"]["outcome"] == "not-tested" and nodes["anode2"]["why"].startswith(
-            "busy: its job waited 3s (--wait-jobs)"), nodes["anode2"]
-        assert nodes["anode4"]["outcome"] == "pass", nodes["anode4"]
+        assert nodes["cnode1"]["outcome"] == "not-tested" and nodes["cnode1"]["why"] == "drained (admin: new cables)"
+        assert nodes["cnode2"]["outcome"] == "not-tested" and nodes["cnode2"]["why"].startswith(
+            "busy: its job waited 3s (--wait-jobs)"), nodes["cnode2"]
+        assert nodes["cnode4"]["outcome"] == "pass", nodes["cnode4"]
         assert answer["reservation_end"] == "removed"
         assert "No reservations in the system" in _reservations(four)
         assert not _our_jobs(four)
         assert any(j.job_id == blocker and j.state == "RUNNING" for j in four.client().jobs())  # never killed
     finally:
         release.touch()
-        four.run("scontrol", "update", "nodename=anode1", "state=resume", check=False)
+        four.run("scontrol", "update", "nodename=cnode1", "state=resume", check=False)
 
 
 def test_sigterm_cancels_the_runs_jobs_and_removes_the_reservation(four, tmp_path):
     release = tmp_path / "release"
-    blocker = _blocker(four, "anode4", release)
-    proc = _accept_cluster(four, "--nodes", "anode4", "--wait-jobs", "10m")
+    blocker = _blocker(four, "cnode4", release)
+    proc = _accept_cluster(four, "--nodes", "cnode4", "--wait-jobs", "10m")
     try:
-        wait_for("anode4's test job waiting", lambda: _our_jobs(four).get("anode4") == "PENDING", 60, interval=0.3)
+        wait_for("cnode4's test job waiting", lambda: _our_jobs(four).get("cnode4") == "PENDING", 60, interval=0.3)
         assert "slurm-ext-accept-" in _reservations(four)
         proc.terminate()
         code, answer, err = _finished(proc, timeout=90)
         assert code == 3, (answer, err)
         assert answer["interrupted"] and answer["reservation_end"] == "removed", answer
-        node = _by_node(answer)["anode4"]
+        node = _by_node(answer)["cnode4"]
         assert node["outcome"] == "not-tested" and "stopped" in node["why"] and node["job_id"], node
         assert "No reservations in the system" in _reservations(four)
         assert not _our_jobs(four)
