@@ -73,9 +73,12 @@ def copy_for(config: Config, worker: str, uid: int, gid: int, keys: tuple[str, .
     return folder
 
 
-def remove_all(runtime_dir: str | os.PathLike) -> None:
-    """Remove every worker's copies (the agent stops)."""
-    shutil.rmtree(Path(runtime_dir) / "credentials", ignore_errors=True)
+def remove_all(runtime_dir: str | os.PathLike, workers: list[str] | tuple[str, ...]) -> None:
+    """Remove the copies of `workers` (the agent that runs them stops): only theirs, since agents of other roles on
+    the same host may share the runtime directory (a controller and an accounting agent, the dev cluster's first
+    node), and their workers' copies are theirs to remove."""
+    for worker in workers:
+        shutil.rmtree(folder_of(runtime_dir, worker), ignore_errors=True)
 
 
 def adopt(config: Config, environ: dict[str, str]) -> Config:

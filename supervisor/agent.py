@@ -371,7 +371,8 @@ class Agent:
             close_channels(self, worker)
             unwatch(self, worker)
         self.steps.close()
-        credentials.remove_all(self.config.node.runtime_dir)  # the copies of root's secrets made for workers
+        # the copies of root's secrets made for its workers
+        credentials.remove_all(self.config.node.runtime_dir, [w.spec.name for w in self.workers])
         if self.pidfile:
             self.pidfile.unlink(missing_ok=True)
         signal.set_wakeup_fd(-1)

@@ -11,7 +11,7 @@ import dataclasses
 import signal
 import time
 
-from slurm_ext import config as config_mod, events
+from slurm_ext import config as config_mod, credentials, events
 from slurm_ext.config import Config
 from slurm_ext.errors import ConfigError
 from slurm_ext.plugin import WorkerSpec
@@ -111,6 +111,7 @@ def forget(agent, worker: Worker) -> None:
     closed; the plug-ins are told (a removed health monitor may have posted a drain while it was stopping)."""
     agent.workers = [w for w in agent.workers if w is not worker]
     close_channels(agent, worker)
+    credentials.remove_all(agent.config.node.runtime_dir, [worker.spec.name])  # its copies of root's secrets
     for live in agent.live_plugins:
         live.worker_gone(worker.spec.name)
 

@@ -45,3 +45,16 @@ def test_a_link_in_a_folder_others_can_change_is_not_followed_to_copy_roots_file
                              ("node.agent_credential",))
     copies = credentials.folder_of(tmp_path / "run", "web")
     assert not (copies / "node.agent_credential").exists()
+
+
+def test_an_agent_removes_only_its_own_workers_copies(tmp_path):
+    """Two agents share a runtime directory (a controller and an accounting agent on one host, the dev cluster's
+    first node and its controller): the one that stops takes only its own workers' copies."""
+    original = tmp_path / "agent-credential"
+    original.write_bytes(b"s" * 32)
+    original.chmod(0o600)
+    for worker in ("web", "health"):
+        credentials.copy_for(_config(tmp_path, original), worker, NOBODY, NOBODY, ("node.agent_credential",))
+    credentials.remove_all(tmp_path / "run", ["health"])
+    assert not credentials.folder_of(tmp_path / "run", "health").exists()
+    assert (credentials.folder_of(tmp_path / "run", "web") / "node.agent_credential").exists()
