@@ -8,7 +8,16 @@ at-start level before slurmd registers the node (acceptance.plugin). Off by defa
 
 from __future__ import annotations
 
-__all__ = ["run_tests", "last_run", "apply_verdict", "drain_reason", "OWNER", "RunBusy"]
+__all__ = ["run_tests", "last_run", "apply_verdict", "drain_reason", "OWNER", "RunBusy", "health_check_main"]
+
+
+def health_check_main() -> int:
+    """`slurm-ext-accept-start`: Slurm's HealthCheckProgram (a path, no arguments) at slurmd's start, which is
+    `slurm-ext accept health-check` (HealthCheckNodeState=START_ONLY, Slurm 25.11 and later)."""
+    import sys
+
+    from slurm_ext.cli import main
+    sys.exit(main(["accept", "health-check", *sys.argv[1:]]))
 
 
 def __getattr__(name: str):

@@ -33,7 +33,8 @@ def version_tuple(version: str) -> tuple[int, int]:
 
 
 def slurm_conf_lines(version: str, program: str, timeout: float = 0.0) -> list[str]:
-    """The slurm.conf lines that run `program` (`slurm-ext accept health-check`) at slurmd's start, for Slurm
+    """The slurm.conf lines that run `program` (the `slurm-ext-accept-start` entry point: `slurm-ext accept
+    health-check`) at slurmd's start, for Slurm
     `version`; none for a Slurm before 25.11, which cannot run it only then. `timeout` > 0: HealthCheckTimeout
     (26.05 and later) for a level longer than Slurm's default 60 s."""
     have = version_tuple(version)

@@ -140,3 +140,20 @@ def test_an_unknown_area_or_test_is_refused_with_the_choices(tmp_path, option, v
 def test_health_check_does_nothing_when_acceptance_is_off(tmp_path):
     done = cli("--config", str(_config(tmp_path, "")), "accept", "health-check")
     assert done.returncode == 0 and not (tmp_path / "state" / "acceptance").exists()
+
+
+def test_the_health_check_program_entry_point_takes_no_arguments_and_runs_health_check(tmp_path):
+    """Slurm runs HealthCheckProgram by path alone: `slurm-ext-accept-start` is `slurm-ext accept health-check`."""
+    import subprocess
+    import sys
+    program = Path(sys.executable).parent / "slurm-ext-accept-start"
+    config = _config(tmp_path, 'enabled = true\nareas = ["storage"]')
+    done = subprocess.run([str(program)], env={**os.environ, "SLURM_EXT_CONFIG": str(config)}, capture_output=True,
+                          text=True, timeout=120)
+    # the run passed; lifting an acceptance drain needs Slurm, which this host's test has not: said, exit 2
+    assert done.returncode == 2 and "slurm-ext accept health-check: " in done.stderr, done.stdout + done.stderr
+    shown = json.loads(cli("--config", str(config), "accept", "show", "--json").stdout)
+    assert (shown["trigger"], shown["verdict"]) == ("start", "pass")
+    again = subprocess.run([str(program)], env={**os.environ, "SLURM_EXT_CONFIG": str(config)}, capture_output=True,
+                           text=True, timeout=60)
+    assert again.returncode == 0 and "ran at this boot's start already: pass" in again.stdout
