@@ -37,11 +37,11 @@ def lib_dir(tmp_path_factory) -> Path:
 
 
 def _spec(count: int = 2, **cuda) -> dict:
-    """A healthy node as the h200-sxm profile judges it: NVLink peers (p2p), a held clock at the power cap under
-    load (the real H200's 1,980 MHz with reason 0x4), the fake's default 256 MiB of device memory per GPU."""
+    """A healthy node as the h200-sxm profile judges it: NVLink peers (p2p), idle as recorded (345 MHz, reason
+    0x1) and, while the fake libcuda runs its work, as recorded under load (1,470 MHz at the power cap, reason 0x4:
+    the fake NVML's default "load"), the fake's default 256 MiB of device memory per GPU."""
     spec = fakenvml.default_gpus(count)
     for gpu in spec["gpus"]:
-        gpu.update(clock_sm=1980, clocks_event_reasons=0x4)
         gpu[CUDA_KEY] = {"memory_mib": 256, "p2p_gbps": 400, **cuda}
     return spec
 
@@ -98,7 +98,7 @@ def test_a_healthy_node_passes_memory_bandwidth_p2p_and_burn(tmp_path, lib_dir):
     for result in burn.values():
         # the software power cap (0x4) is no fault
         assert result["outcome"] == "pass", result
-        assert _figure(result, "burn_sm_clock_mhz")["value"] == 1980
+        assert _figure(result, "burn_sm_clock_mhz")["value"] == 1470  # the recorded H200 under load
         assert _figure(result, "burn_throttled_share")["value"] == 0
         assert _figure(result, "burn_samples")["value"] >= 3
 
@@ -236,8 +236,8 @@ def test_p2p_pairs_without_peer_access_and_a_single_gpu(tmp_path, lib_dir):
 
 def test_a_throttled_burn_fails_and_limits_come_from_the_config(tmp_path, lib_dir):
     spec = _spec()
-    spec["gpus"][1]["clocks_event_reasons"] = 0x4 | 0x40  # power cap and HW thermal slowdown
-    spec["gpus"][0]["clock_sm"] = 1100
+    spec["gpus"][1]["load"] = {"clocks_event_reasons": 0x4 | 0x40}  # under load: power cap and HW thermal slowdown
+    spec["gpus"][0]["load"] = {"clock_sm": 1100}
     results = _by_target(_run(tmp_path, lib_dir, spec, "gpu-burn", deadline=BURN_DEADLINE,
                               config="[acceptance.tests.gpu-burn]\nlimits = { burn_sm_clock_mhz = 1300 }\n"))
     assert results["gpu 0"]["outcome"] == "fail"

@@ -121,6 +121,7 @@ struct gpu {
     double context_at;                /* monotonic seconds */
     int retained;
     int peers[MAX_GPUS];
+    double busy_until;                /* monotonic seconds: work queued on it runs until then */
 };
 
 struct stream { int gpu; double t_ms, busy_until; };
@@ -388,6 +389,8 @@ static void spend(struct stream *s, double ms)
     if (wall > MAX_SLEEP_S)
         wall = MAX_SLEEP_S;
     s->busy_until = (s->busy_until > t ? s->busy_until : t) + wall;
+    if (s->busy_until > gpus[s->gpu].busy_until)
+        gpus[s->gpu].busy_until = s->busy_until;
 }
 
 static double copy_ms(unsigned long long bytes, double gbps)
@@ -951,6 +954,29 @@ CUDA_API int fakecuda_owner(CUdeviceptr ptr, unsigned long long bytes)
     int gpu = initialised ? owner(ptr, bytes) : -1;
     pthread_mutex_unlock(&lock);
     return gpu;
+}
+
+/* ---- for the fake NVML ------------------------------------------------------- */
+
+/* How long a GPU keeps its load clocks after its last work: a real GPU does not
+ * drop to idle between two kernels of a burn. */
+#define LOAD_TAIL_S 0.5
+
+/* Whether the GPU at PCI domain:bus:device has work running now (or ended
+ * within LOAD_TAIL_S): fakenvml.c finds this with dlsym, in the same process,
+ * and answers as the recorded H200 under load (its "load" object) while it
+ * has, as the real driver shows a GPU's clocks, power and reasons rise with
+ * the work a process gives it. */
+CUDA_API int fakecuda_busy(unsigned domain, unsigned bus, unsigned device)
+{
+    int busy = 0;
+    pthread_mutex_lock(&lock);
+    double t = now();
+    for (int k = 0; initialised && k < n_gpus; k++)
+        if (gpus[k].domain == domain && gpus[k].bus == bus && gpus[k].device == device)
+            busy = gpus[k].busy_until + LOAD_TAIL_S > t;
+    pthread_mutex_unlock(&lock);
+    return busy;
 }
 
 /* `ms` modelled milliseconds on `stream` (NULL: the GPU's null stream),

@@ -19,6 +19,7 @@
 #define _GNU_SOURCE
 #include "internal.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -1208,6 +1209,26 @@ NVML_API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory
     return fake_leave(NVML_SUCCESS);
 }
 
+/* Whether the fake libcuda, loaded in this process, runs work on this GPU now:
+ * then it answers as the recorded H200 under load (the spec's "load"). Looked
+ * up until found: a process may load libcuda after its first NVML call. */
+static int under_load(const struct fake_gpu *g)
+{
+    static int (*busy)(unsigned, unsigned, unsigned);
+    int (*found)(unsigned, unsigned, unsigned) = __atomic_load_n(&busy, __ATOMIC_ACQUIRE);
+    if (!found) {
+        void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+        if (!cuda)
+            return 0;
+        *(void **)&found = dlsym(cuda, "fakecuda_busy");
+        dlclose(cuda); /* the process's own handle keeps it loaded */
+        if (!found)
+            return 0;
+        __atomic_store_n(&busy, found, __ATOMIC_RELEASE);
+    }
+    return found(g->pci.domain, g->pci.bus, g->pci.device);
+}
+
 NVML_API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization)
 {
     LATENCY(-1);
@@ -1217,7 +1238,7 @@ NVML_API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUti
         return rc;
     if (!utilization)
         return fake_leave(NVML_ERROR_INVALID_ARGUMENT);
-    utilization->gpu = g->util_gpu;
+    utilization->gpu = under_load(g) ? g->load.util_gpu : g->util_gpu;
     utilization->memory = g->util_memory;
     return fake_leave(NVML_SUCCESS);
 }
@@ -1276,7 +1297,14 @@ NVML_API nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t device, uns
 NVML_API nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power)
 {
     LATENCY(-1);
-    return UINT_FIELD(device, power, power_usage);
+    const struct fake_gpu *g;
+    nvmlReturn_t rc = enter_gpu(device, &g);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!power)
+        return fake_leave(NVML_ERROR_INVALID_ARGUMENT);
+    *power = under_load(g) ? g->load.power_usage : g->power_usage;
+    return fake_leave(NVML_SUCCESS);
 }
 
 /* A counter in mJ: the spec's "energy" plus power_usage (mW) for every
@@ -1333,8 +1361,8 @@ NVML_API nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, unsigned int t
     if (!clock)
         return fake_leave(NVML_ERROR_INVALID_ARGUMENT);
     switch (type) {
-    case 0: *clock = g->clock_graphics; break;
-    case 1: *clock = g->clock_sm; break;
+    case 0: *clock = under_load(g) ? g->load.clock_graphics : g->clock_graphics; break;
+    case 1: *clock = under_load(g) ? g->load.clock_sm : g->clock_sm; break;
     case 2: *clock = g->clock_mem; break;
     case 3: *clock = g->clock_video; break;
     default: return fake_leave(NVML_ERROR_INVALID_ARGUMENT);
@@ -1344,16 +1372,28 @@ NVML_API nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, unsigned int t
 
 /* The throttle-reason call is the deprecated name of the event-reason one;
  * callers use either depending on their pynvml version. */
+static nvmlReturn_t clocks_event_reasons(nvmlDevice_t device, unsigned long long *reasons)
+{
+    const struct fake_gpu *g;
+    nvmlReturn_t rc = enter_gpu(device, &g);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!reasons)
+        return fake_leave(NVML_ERROR_INVALID_ARGUMENT);
+    *reasons = under_load(g) ? g->load.clocks_event_reasons : g->clocks_event_reasons;
+    return fake_leave(NVML_SUCCESS);
+}
+
 NVML_API nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device, unsigned long long *reasons)
 {
     LATENCY(-1);
-    return U64_FIELD(device, reasons, clocks_event_reasons);
+    return clocks_event_reasons(device, reasons);
 }
 
 NVML_API nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device, unsigned long long *reasons)
 {
     LATENCY(-1);
-    return U64_FIELD(device, reasons, clocks_event_reasons);
+    return clocks_event_reasons(device, reasons);
 }
 
 /* ---- CPU affinity ---------------------------------------------------- */

@@ -187,6 +187,13 @@ static void gpu_defaults(struct fake_gpu *g, unsigned index)
     g->clocks_event_reasons = 0x1;
     g->clock_sm = 345;
     g->clock_graphics = 345;
+    /* h200-580-load.json: SM and graphics 1470 MHz, 693,219 mW, utilization
+     * 100 %, clocks event reasons 0x4 (software power cap) */
+    g->load.clock_sm = 1470;
+    g->load.clock_graphics = 1470;
+    g->load.power_usage = 693219;
+    g->load.util_gpu = 100;
+    g->load.clocks_event_reasons = 0x4;
     g->clock_mem = 3201;
     g->clock_video = 765;
     g->persistence = 1;
@@ -792,7 +799,7 @@ static int parse_gpu(ctx *c, const json_value *gobj, unsigned index,
         "cuda_compute_capability", "supported_event_types", "process_list_delay_ms",
         "temperature_thresholds", "memory_temperature", "gpu_recovery_action", "pcie",
         "fabric", "energy", "query_error", "query_delay_ms", "memory_reserved",
-        "nvlink_past_last", "vbios_version",
+        "nvlink_past_last", "vbios_version", "load",
         "cuda", /* the fake libcuda's (fakecuda.c): NVML's answers ignore it */
         NULL};
     char where[32], buf[160];
@@ -864,6 +871,22 @@ static int parse_gpu(ctx *c, const json_value *gobj, unsigned index,
             return errf(c, "%s: expected [major, minor]", buf);
         g->cc_major = (int)v->items[0].i;
         g->cc_minor = (int)v->items[1].i;
+    }
+
+    if ((v = member(gobj, "load"))) {
+        static const char *const load_keys[] = {"clock_sm", "clock_graphics", "power_usage",
+                                                "utilization_gpu", "clocks_event_reasons", NULL};
+        join(buf, sizeof(buf), where, "load");
+        if (expect_object(c, buf, v) < 0 || check_keys(c, buf, v, load_keys) < 0 ||
+            opt_uint(c, buf, v, "clock_sm", UINT_MAX, &g->load.clock_sm) < 0 ||
+            opt_uint(c, buf, v, "power_usage", UINT_MAX, &g->load.power_usage) < 0 ||
+            opt_uint(c, buf, v, "utilization_gpu", 100, &g->load.util_gpu) < 0 ||
+            opt_u64(c, buf, v, "clocks_event_reasons", ULLONG_MAX,
+                    &g->load.clocks_event_reasons) < 0)
+            return -1;
+        g->load.clock_graphics = g->load.clock_sm;  /* as the idle clocks: one domain */
+        if (opt_uint(c, buf, v, "clock_graphics", UINT_MAX, &g->load.clock_graphics) < 0)
+            return -1;
     }
 
     if (parse_nvlink(c, where, gobj, g) < 0 || parse_mig(c, where, gobj, g, index) < 0 ||

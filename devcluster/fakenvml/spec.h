@@ -129,6 +129,12 @@ struct fake_gpu {
     int query_error;
     unsigned query_delay_ms;
     unsigned clock_graphics, clock_sm, clock_mem, clock_video; /* MHz */
+    /* What it answers while the fake libcuda runs work on it (its "load"
+     * object; the recorded H200 under a bf16 matmul by default). */
+    struct {
+        unsigned clock_sm, clock_graphics, power_usage, util_gpu;
+        unsigned long long clocks_event_reasons;
+    } load;
     unsigned persistence;
     unsigned brand, architecture;
     int cc_major, cc_minor;
