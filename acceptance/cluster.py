@@ -40,7 +40,8 @@ from slurm_ext.slurm import Node, SlurmClient, expand_hostlist
 
 from .records import ERROR, FAIL, PASS
 
-__all__ = ["NOT_TESTED", "JOB_NAME", "ClusterRefused", "NodeOutcome", "ClusterRun", "accept_cluster", "job_minutes"]
+__all__ = ["NOT_TESTED", "JOB_NAME", "ClusterRefused", "NodeOutcome", "ClusterRun", "accept_cluster", "job_minutes",
+           "job_script", "submit_node_job"]
 
 #: a node that ran no test: drained, down, busy past --wait-jobs, or the run stopped before its turn
 NOT_TESTED = "not-tested"
@@ -155,11 +156,11 @@ def job_minutes(config: Config, level: str) -> int:
     return math.ceil((seconds + 120.0) / 60.0)
 
 
-def job_script(command: tuple[str, ...], level: str) -> str:
-    """The batch script of a node's job: the node's `accept run` with the cluster's options, each word quoted (the
-    command is a list in the config, never a shell string)."""
-    argv = [*command, "--level", level, "--json", "--trigger", "cluster", "--apply"]
-    return ("#!/bin/sh\n# slurm-ext accept cluster: this node's acceptance run (exit 0 pass, 1 fail, 3 a test could "
+def job_script(command: tuple[str, ...], level: str, trigger: str = "cluster") -> str:
+    """The batch script of a node's job: the node's `accept run` with the cluster's options (`trigger`: cluster, or
+    idle for acceptance.idle's jobs), each word quoted (the command is a list in the config, never a shell string)."""
+    argv = [*command, "--level", level, "--json", "--trigger", trigger, "--apply"]
+    return (f"#!/bin/sh\n# slurm-ext accept {trigger}: this node's acceptance run (exit 0 pass, 1 fail, 3 a test could "
             "not run)\nexec " + " ".join(shlex.quote(word) for word in argv) + "\n")
 
 
@@ -355,16 +356,26 @@ def _gpus(node: Node) -> int:
     return sum(int(count) for count in re.findall(r"(?:^|,)gpu(?::[^:,(]+)?:(\d+)", node.gres))
 
 
-def _submit(slurm: SlurmClient, node: Node, reservation: str, minutes: int, output_dir: str, script: str) -> int:
+def submit_node_job(slurm: SlurmClient, node: Node, script: str, *, job_name: str, minutes: int, output_dir: str,
+                    output: str, options: tuple[str, ...] = ()) -> int:
+    """sbatch `script` as one exclusive job on `node` with all its memory and GPUs; its job id. `output` is the
+    output file's name in `output_dir` (sbatch's %j and %N patterns work); `options` more of sbatch's.
+
+    Raises:
+        SlurmError: sbatch refused it (its words), or printed no job id."""
     gpus = _gpus(node)
-    out = slurm._run(["sbatch", "--parsable", f"--reservation={reservation}", "-w", node.name, "-N1", "--exclusive",
-                      "--mem=0", *([f"--gres=gpu:{gpus}"] if gpus else []), f"--time={minutes}",
-                      f"--job-name={JOB_NAME}", f"--chdir={output_dir}",
-                      f"--output={output_dir}/{JOB_NAME}-{node.name}-%j.out"], input=script).stdout
+    out = slurm._run(["sbatch", "--parsable", *options, "-w", node.name, "-N1", "--exclusive", "--mem=0",
+                      *([f"--gres=gpu:{gpus}"] if gpus else []), f"--time={minutes}", f"--job-name={job_name}",
+                      f"--chdir={output_dir}", f"--output={output_dir}/{output}"], input=script).stdout
     try:
         return int(out.strip().split(";")[0])
     except ValueError:
         raise SlurmError(f"sbatch printed no job id: {out.strip()!r}") from None
+
+
+def _submit(slurm: SlurmClient, node: Node, reservation: str, minutes: int, output_dir: str, script: str) -> int:
+    return submit_node_job(slurm, node, script, job_name=JOB_NAME, minutes=minutes, output_dir=output_dir,
+                           output=f"{JOB_NAME}-{node.name}-%j.out", options=(f"--reservation={reservation}",))
 
 
 def _states(slurm: SlurmClient, job_ids: list[int]) -> dict[int, tuple[str, str]]:

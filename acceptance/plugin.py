@@ -8,8 +8,10 @@ an acceptance drain of an earlier run lifted. A test that could not run drains n
 from __future__ import annotations
 
 import logging
+import sys
 
-from slurm_ext.plugin import Live, Plugin, StartStep, StepContext
+from slurm_ext.config import Config
+from slurm_ext.plugin import Live, Plugin, PluginWorker, StartStep, StepContext, WorkerSpec
 
 __all__ = ["PLUGIN"]
 
@@ -24,33 +26,22 @@ def accept_at_start(context: StepContext) -> None:
     from slurm_ext import events
     from slurm_ext.errors import SlurmExtError
 
-    from .runner import last_run, run_tests
-    from .verdict import OWNER, drain_reason
+    from .runner import run_tests
+    from .verdict import OWNER, settle
     settings = context.config.acceptance
     if not settings.enabled or settings.at_start == "off":
         context.node_state.clear(OWNER)
         return
     emit = events.emitter(context.config.node.state_dir, "acceptance", role=context.role)
-    try:
-        before = last_run(context.config.node.state_dir)
-    except SlurmExtError:
-        before = None
     run = run_tests(context.config, context.node, settings.at_start, trigger="start", emit=emit)
-    if run.verdict == "pass":
-        context.node_state.clear(OWNER)
-        if before is not None and before.verdict == "fail":
-            emit("acceptance-cleared", f"node {context.node} passed its {run.level} acceptance: the drain of its "
-                 f"failed {before.level} run ({before.trigger}) is lifted")
-        return
+    ticket = settle(context.config.node.state_dir, run, True, want=lambda reason: context.node_state.want(OWNER, reason),
+                    clear=lambda: context.node_state.clear(OWNER), emit=emit)
     if run.verdict != "fail":
-        return  # nothing measured bad: no drain (an earlier run's stays until a pass)
-    reason = drain_reason(run)
-    emit("acceptance-drain", f"node {context.node} failed its {run.level} acceptance at start: drained "
-         f"(slurm-ext: {reason}); a repair is recommended", reason=reason)
+        return
     timeout = 2.0 if context.configless else context.config.slurm.timeout + 1.0
-    if context.node_state.want(OWNER, reason).wait(timeout) is None and not context.configless:
-        raise SlurmExtError(f"node {context.node} failed its acceptance and needs a drain ({reason}) that Slurm "
-                            f"has not shown within {timeout:g}s; slurmd stays down until it does")
+    if ticket.wait(timeout) is None and not context.configless:
+        raise SlurmExtError(f"node {context.node} failed its acceptance and needs a drain that Slurm has not shown "
+                            f"within {timeout:g}s; slurmd stays down until it does")
 
 
 def _steps(role: str) -> list[StartStep]:
@@ -98,4 +89,20 @@ def _attach(host) -> Live | None:
     return _Results(host) if host.role == "worker" else None
 
 
-PLUGIN = Plugin(name="acceptance", steps=_steps, attach=_attach)
+def _enabled(config: Config, role: str) -> bool:
+    """The controller's idle testing runs with [acceptance] enabled and an idle_period (a reload starts or stops it);
+    acceptance has no worker of another role."""
+    return role != "controller" or (config.acceptance.enabled and config.acceptance.idle_period > 0)
+
+
+PLUGIN = Plugin(
+    name="acceptance",
+    # idle nodes tested at the lowest priority (acceptance.idle): a helper, never the controller's readiness; SIGHUP
+    # after the agent's reload (a new period or QOS)
+    workers=(PluginWorker(WorkerSpec("accept-idle", ("controller",), (sys.executable, "-I", "-m", "slurm_ext.cli",
+                                                                      "accept", "idle"),
+                                     reload_signal="HUP", gates_ready=False, after=("slurmctld",))),),
+    enabled=_enabled,
+    steps=_steps,
+    attach=_attach,
+)

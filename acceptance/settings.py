@@ -86,8 +86,14 @@ class AcceptanceSection:
                                validate=_validate_interface)
     paths: tuple = setting((), "file systems whose fsync latency and throughput are tested (a scratch directory is "
                            "made in each and removed)", "list", item={"kind": "path"})
-    idle_period: float = setting(0.0, "run the quick level on an idle node this often, as the lowest-priority "
-                                 "preemptible job; 0: never", "duration", minimum=0.0, maximum=30 * 86400.0)
+    idle_period: float = setting(0.0, "test each idle node at the quick level this often, as one exclusive job of "
+                                 "the lowest priority (the controller's agent submits it; at most 1 % of the nodes "
+                                 "at once, at least one); 0: never", "duration", minimum=0.0, maximum=30 * 86400.0)
+    idle_qos: str = setting("", "the QOS of the idle nodes' test jobs: one the site made preemptible by every other "
+                            "job (PreemptType=preempt/qos, the other QOSes' Preempt listing it, PreemptMode cancel or "
+                            "requeue); without one (\"\") such a job is only of the lowest priority, not "
+                            "preemptible, and holds its node until it ends (the quick level: a few minutes at most)",
+                            "str", pattern=r"^[A-Za-z0-9._-]*$")
     job_command: tuple = setting(("slurm-ext", "accept", "run"), "what `accept cluster`'s job runs on each node: a "
                                  "program and its arguments (never `sh -c`), given --level, --json, --trigger cluster "
                                  "and --apply after them; it must run the node's own `slurm-ext accept run` with the "

@@ -233,6 +233,9 @@ _ENTRIES = (
               "the node failed its acceptance at start (it registers drained with the reason) or in a run the "
               "controller asked of its agent (a repair's before its resume, `accept cluster`'s: drained by the agent, "
               "behind a repair's drain while one holds the node); a repair is recommended"),
+    EventName("acceptance-kept", _ACCEPTANCE, "warning",
+              "the node passed a shorter level than the failed run that drained it (a quick pass after a standard "
+              "fail): the drain stays until a pass of that level"),
     EventName("acceptance-cleared", _ACCEPTANCE, "info",
               "the node passed its acceptance: an acceptance drain of an earlier run is lifted"),
     EventName("acceptance-cluster-started", _ACCEPTANCE, "info",
@@ -245,6 +248,13 @@ _ENTRIES = (
     EventName("acceptance-offer", _ACCEPTANCE, "info",
               "the controller saw [acceptance] enabled turned on: nodes are tested at their next start, and one "
               "`slurm-ext accept cluster` tests the nodes running now (said once)"),
+    EventName("acceptance-idle-submitted", _ACCEPTANCE, "info",
+              "the controller's idle testing ([acceptance] idle_period) submitted a node's quick acceptance as one "
+              "exclusive job of the lowest priority (preemptible with idle_qos): the node, the job, when its last "
+              "test ended"),
+    EventName("acceptance-idle-refused", _ACCEPTANCE, "error",
+              "sbatch refused an idle node's acceptance job (a wrong idle_qos, a partition the node left): its words, "
+              "said once until they change; the node is tried again after idle_period"),
     EventName("backup-done", _ACCOUNTING, "info",
               "a backup of the accounting database was written, with its manifest"),
     EventName("backup-failed", _ACCOUNTING, "error",
