@@ -8,7 +8,7 @@ at-start level before slurmd registers the node (acceptance.plugin). Off by defa
 
 from __future__ import annotations
 
-__all__ = ["run_tests", "last_run", "apply_verdict", "drain_reason", "OWNER", "RunBusy", "health_check_main"]
+__all__ = ["run_tests", "last_run", "apply_verdict", "settle", "drain_reason", "OWNER", "RunBusy", "health_check_main"]
 
 
 def health_check_main() -> int:
@@ -25,7 +25,7 @@ def __getattr__(name: str):
     if name in ("run_tests", "last_run", "RunBusy"):
         from . import runner
         return getattr(runner, name)
-    if name in ("apply_verdict", "drain_reason", "OWNER"):
+    if name in ("apply_verdict", "settle", "drain_reason", "OWNER"):
         from . import verdict
         return getattr(verdict, name)
     raise AttributeError(name)

@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import signal
 import sys
+import threading
+import time
 import traceback
 
 __all__ = ["main"]
@@ -41,7 +45,27 @@ def _answer(request: dict) -> dict:
     return {"profile": profile.name, "profile_note": note, "results": [r.to_json() for r in results]}
 
 
+#: how often the child looks whether its parent (the runner) is still there
+_ORPHAN_CHECK = 0.5
+
+
+def _die_with_parent() -> None:
+    """The runner kills this test's process group at its deadline; if the runner itself dies first (the agent
+    killed, slurmd's HealthCheckTimeout), nothing would: the test and what it started then kill their own group.
+    A thread, not a signal handler: the main thread may be stuck in a driver call that no handler interrupts."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(_ORPHAN_CHECK)
+        if os.getpgrp() == os.getpid():  # the runner made it a group of its own: all of it
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+    threading.Thread(target=watch, name="orphan-watch", daemon=True).start()
+
+
 def main() -> int:
+    _die_with_parent()
     try:
         answer = _answer(json.loads(sys.stdin.read()))
     except Exception as err:  # the test's own bug or a library's: an error result, with its traceback for the log

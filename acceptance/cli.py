@@ -40,16 +40,23 @@ def _run(args: argparse.Namespace) -> int:
     try:
         run = run_tests(loaded, node, level, trigger=args.trigger, areas=areas, only=only,
                         on_result=None if args.json else _print_result)
-        outcome = apply_verdict(loaded, run, full=not areas and not only) if args.apply else ""
     except SlurmExtError as err:
         print(f"slurm-ext accept run: {err}", file=sys.stderr)
         return 2
+    outcome, unapplied = "", ""
+    if args.apply:  # the verdict stands whether or not the node's state could be changed: both are said
+        try:
+            outcome = apply_verdict(loaded, run, full=not areas and not only) or ""
+        except SlurmExtError as err:
+            unapplied = f"the {run.verdict} was not applied to node {node}'s state: {err}"
     if args.json:
-        print(json.dumps({**run.to_json(), "drain": outcome}, indent=1))
+        print(json.dumps({**run.to_json(), "drain": outcome, "drain_error": unapplied}, indent=1))
     else:
         _print_tail(run)
         if outcome:
             print(f"node state: {outcome}", file=sys.stderr)
+    if unapplied:
+        print(f"slurm-ext accept run: {unapplied}", file=sys.stderr)
     return _EXIT[run.verdict]
 
 
@@ -132,6 +139,8 @@ def _health_check(args: argparse.Namespace) -> int:
         done = last_run(loaded.node.state_dir, "start")
         if done is not None and done.boot_id and done.boot_id == boot_id(loaded.node.boot_id_file):
             print(f"acceptance {done.level} ran at this boot's start already: {done.verdict}")
+            if done.verdict == "fail":  # its drain again (the same want): an earlier try may not have reached Slurm
+                apply_verdict(loaded, done, full=True)
             return _EXIT[done.verdict]
         run = run_tests(loaded, loaded.node.slurm_name, settings.at_start, trigger="start")
         apply_verdict(loaded, run, full=True)

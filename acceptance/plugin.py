@@ -26,33 +26,22 @@ def accept_at_start(context: StepContext) -> None:
     from slurm_ext import events
     from slurm_ext.errors import SlurmExtError
 
-    from .runner import last_run, run_tests
-    from .verdict import OWNER, drain_reason
+    from .runner import run_tests
+    from .verdict import OWNER, settle
     settings = context.config.acceptance
     if not settings.enabled or settings.at_start == "off":
         context.node_state.clear(OWNER)
         return
     emit = events.emitter(context.config.node.state_dir, "acceptance", role=context.role)
-    try:
-        before = last_run(context.config.node.state_dir)
-    except SlurmExtError:
-        before = None
     run = run_tests(context.config, context.node, settings.at_start, trigger="start", emit=emit)
-    if run.verdict == "pass":
-        context.node_state.clear(OWNER)
-        if before is not None and before.verdict == "fail":
-            emit("acceptance-cleared", f"node {context.node} passed its {run.level} acceptance: the drain of its "
-                 f"failed {before.level} run ({before.trigger}) is lifted")
-        return
+    ticket = settle(context.config.node.state_dir, run, True, want=lambda reason: context.node_state.want(OWNER, reason),
+                    clear=lambda: context.node_state.clear(OWNER), emit=emit)
     if run.verdict != "fail":
-        return  # nothing measured bad: no drain (an earlier run's stays until a pass)
-    reason = drain_reason(run)
-    emit("acceptance-drain", f"node {context.node} failed its {run.level} acceptance at start: drained "
-         f"(slurm-ext: {reason}); a repair is recommended", reason=reason)
+        return
     timeout = 2.0 if context.configless else context.config.slurm.timeout + 1.0
-    if context.node_state.want(OWNER, reason).wait(timeout) is None and not context.configless:
-        raise SlurmExtError(f"node {context.node} failed its acceptance and needs a drain ({reason}) that Slurm "
-                            f"has not shown within {timeout:g}s; slurmd stays down until it does")
+    if ticket.wait(timeout) is None and not context.configless:
+        raise SlurmExtError(f"node {context.node} failed its acceptance and needs a drain that Slurm has not shown "
+                            f"within {timeout:g}s; slurmd stays down until it does")
 
 
 def _steps(role: str) -> list[StartStep]:

@@ -194,8 +194,12 @@ class _node_lock:
         self.path = Path(runtime_dir) / "acceptance.lock"
 
     def __enter__(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as err:  # not root, or [node] runtime_dir on a full or read-only file system
+            raise SlurmExtError(f"cannot take the acceptance lock {self.path}: {err.strerror} (the tests run as "
+                                "root, the node agent's user)") from err
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

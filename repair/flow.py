@@ -48,6 +48,7 @@ unmeasured answer.
 from __future__ import annotations
 
 import logging
+import re
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -385,7 +386,7 @@ def _verify(record: Record, seen: Seen) -> None:
             _fail(record, seen, "its health checks fail after the repair: " + "; ".join(
                 f"{f.get('check')} {f.get('evidence')}" for f in critical))
             return
-        level = acceptance_level(record.action, seen.accept)
+        level = acceptance_level(record, seen.accept)
         if level:
             record.detail["checks_passed"], record.detail["accept_level"] = now, level
             _save(record, seen, now, "repair-step", f"{record.node}'s health checks pass after the {record.action}; "
@@ -401,19 +402,29 @@ def _verify(record: Record, seen: Seen) -> None:
                             "repair.verify_timeout)")
 
 
-def acceptance_level(action: str, accept) -> str:
-    """The acceptance level a node repaired by `action` must pass before its resume, "" when none: [acceptance]
-    of the controller's config (`accept`), taken as the cluster's (one config for every node: the dev cluster's, a
-    Slinky chart's); a node whose own says enabled = false refuses the run, and its repair fails saying so."""
+def acceptance_level(record: Record, accept) -> str:
+    """The acceptance level a node repaired by the record's action must pass before its resume, "" when none:
+    [acceptance] of the controller's config (`accept`), taken as the cluster's (one config for every node: the dev
+    cluster's, a Slinky chart's); a node whose own says enabled = false refuses the run, and its repair fails saying
+    so. A repair of a failed acceptance run (its evidence "acceptance standard: ...") needs at least that run's
+    level: a quick pass proves nothing of a test only the standard level runs (a burn, NCCL)."""
     if accept is None or not getattr(accept, "enabled", False):
         return ""
-    return accept.after_reset if action in ("reset-gpu", "reprovision") else accept.after_repair
+    level = accept.after_reset if record.action in ("reset-gpu", "reprovision") else accept.after_repair
+    failed = _FAILED_LEVEL.match(record.evidence or "")
+    if failed and ACCEPTANCE_LEVELS.index(failed.group(1)) > ACCEPTANCE_LEVELS.index(level):
+        return failed.group(1)
+    return level
+
+
+#: the level of the failed acceptance run a repair's evidence names (recommend.fault_of writes it so)
+_FAILED_LEVEL = re.compile(r"acceptance (" + "|".join(ACCEPTANCE_LEVELS) + r"):")
 
 
 def acceptance_trigger(record: Record, accept) -> str | None:
     """Which kept run of the node this pass needs from its agent (GET /acceptance?trigger=): "" its last run of any
     trigger, "repair" the run the flow asked for; None: no acceptance answer needed (not in verify, or none wanted)."""
-    if record.state != "running" or record.step != "verify" or not acceptance_level(record.action, accept):
+    if record.state != "running" or record.step != "verify" or not acceptance_level(record, accept):
         return None
     return "repair" if "accept_asked" in record.detail else ""
 
@@ -461,8 +472,12 @@ def _accept(record: Record, seen: Seen) -> None:
             _wait_or_fail(record, seen, now, jobs, " on its other GPUs (its acceptance tests load every GPU)")
             return
         record.detail["accept_asked"] = now  # saved before the ask: a restarted controller does not ask twice
-        _save(record, seen, now, "repair-step", f"asked {record.node}'s agent for an acceptance {level} run (it "
-                                                f"has none of this boot after the {record.action})")
+        if "accept_first_asked" in record.detail:  # asked again after a refusal (another run held the node): no news
+            _save(record, seen, now)
+        else:
+            record.detail["accept_first_asked"] = now
+            _save(record, seen, now, "repair-step", f"asked {record.node}'s agent for an acceptance {level} run (it "
+                                                    f"has none of this boot after the {record.action})")
         if seen.run_acceptance is not None:
             seen.actions[record.id] = seen.run_acceptance(record.node, level)
         return

@@ -233,6 +233,9 @@ _ENTRIES = (
               "the node failed its acceptance at start (it registers drained with the reason) or in a run the "
               "controller asked of its agent (a repair's before its resume, `accept cluster`'s: drained by the agent, "
               "behind a repair's drain while one holds the node); a repair is recommended"),
+    EventName("acceptance-kept", _ACCEPTANCE, "warning",
+              "the node passed a shorter level than the failed run that drained it (a quick pass after a standard "
+              "fail): the drain stays until a pass of that level"),
     EventName("acceptance-cleared", _ACCEPTANCE, "info",
               "the node passed its acceptance: an acceptance drain of an earlier run is lifted"),
     EventName("acceptance-cluster-started", _ACCEPTANCE, "info",

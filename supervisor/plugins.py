@@ -97,34 +97,22 @@ def acceptance_refused(err: Exception) -> bool:
 def run_acceptance(config, node: str, level: str, trigger: str, node_state, began) -> str:
     """Run the acceptance tests of `level` here now, for `trigger` (a run the controller asked for), and apply the
     verdict through the agent's node-state owner `node_state`: a fail wants acceptance's drain (its reason names the
-    test, the target and what was measured), a pass clears it, a run with a test that could not run does neither
-    (nothing measured). `began()` is called once the run holds the node. Returns the verdict.
+    test, the target and what was measured), a pass of its drain's level lifts it (acceptance.settle), a run with a
+    test that could not run does neither (nothing measured). `began()` is called once the run holds the node.
+    Returns the verdict.
 
     Raises:
         acceptance.RunBusy (a SlurmExtError): another run holds the node; nothing ran.
         SlurmExtError: the run could not start."""
     from slurm_ext import events
-    from slurm_ext.acceptance import OWNER, drain_reason, last_run, run_tests  # a floor below the agent's: imported
-    from slurm_ext.errors import SlurmExtError
+    from slurm_ext.acceptance import OWNER, run_tests, settle  # a floor below the agent's: imported, not named
     emit = events.emitter(config.node.state_dir, "acceptance", role="worker")
-    try:
-        before = last_run(config.node.state_dir)
-    except SlurmExtError:
-        before = None
 
     def told(event: str, *args, **fields):
         if event == "acceptance-started":
             began()
         return emit(event, *args, **fields)
     run = run_tests(config, node, level, trigger=trigger, emit=told)
-    if run.verdict == "fail":
-        reason = drain_reason(run)
-        emit("acceptance-drain", f"node {node} failed its {run.level} acceptance ({trigger}): drained (slurm-ext: "
-             f"{reason}); a repair is recommended", reason=reason, trigger=trigger)
-        node_state.want(OWNER, reason)
-    elif run.verdict == "pass":
-        if before is not None and before.verdict == "fail":
-            emit("acceptance-cleared", f"node {node} passed its {run.level} acceptance ({trigger}): the drain of its "
-                 f"failed {before.level} run ({before.trigger}) is lifted", trigger=trigger)
-        node_state.clear(OWNER)
+    settle(config.node.state_dir, run, True, want=lambda reason: node_state.want(OWNER, reason),
+           clear=lambda: node_state.clear(OWNER), emit=emit)
     return run.verdict

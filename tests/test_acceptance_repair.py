@@ -89,10 +89,23 @@ def _steps(store, record: Record) -> list[str]:
     return [f"{e.event}: {e.message}" for e in store.events(record=record.id)]
 
 
+def _of(action: str, evidence: str = "79 gpu 1") -> Record:
+    return Record("n1", "xid/79", action, evidence)
+
+
 def test_the_level_is_after_repair_or_after_reset_and_none_when_acceptance_is_off():
-    assert [acceptance_level(a, ON) for a in ("reboot", "reset-gpu", "reprovision", "remove")] == \
+    assert [acceptance_level(_of(a), ON) for a in ("reboot", "reset-gpu", "reprovision", "remove")] == \
         ["quick", "standard", "standard", "quick"]
-    assert acceptance_level("reboot", OFF) == "" and acceptance_level("reboot", None) == ""
+    assert acceptance_level(_of("reboot"), OFF) == "" and acceptance_level(_of("reboot"), None) == ""
+
+
+def test_a_repair_of_a_failed_acceptance_needs_at_least_that_run_s_level():
+    """A reboot for a standard run's failed burn must not resume on a quick pass, which runs no burn."""
+    burn = "acceptance standard: gpu-burn gpu 2: burn_sm_clock_mhz 900 MHz (>= 1200)"
+    assert acceptance_level(_of("reboot", burn), ON) == "standard"
+    assert acceptance_level(_of("reboot", "acceptance quick: gpu-memory gpu 1: 1 bad word"), ON) == "quick"
+    assert acceptance_level(_of("reboot", "acceptance extended: gpu-memory gpu 1: 1 bad word"), ON) == "extended"
+    assert acceptance_level(_of("reboot", burn), OFF) == ""
 
 
 def test_acceptance_off_resumes_on_the_health_checks_as_before(store):

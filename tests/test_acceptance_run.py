@@ -157,3 +157,29 @@ def test_the_health_check_program_entry_point_takes_no_arguments_and_runs_health
     again = subprocess.run([str(program)], env={**os.environ, "SLURM_EXT_CONFIG": str(config)}, capture_output=True,
                            text=True, timeout=60)
     assert again.returncode == 0 and "ran at this boot's start already: pass" in again.stdout
+
+
+def test_a_test_whose_runner_is_killed_ends_with_it(tmp_path):
+    """The agent (or slurmd's HealthCheckTimeout) kills the runner mid-test: the test's process and what it
+    started go too, with no deadline left to end them."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    bin_dir = _fake_ib_write_bw(tmp_path, "exec sleep 600")
+    config = _config(tmp_path, 'hcas = ["mlx5_0"]\nareas = ["network"]')
+    runner = subprocess.Popen([sys.executable, "-m", "slurm_ext.cli", "--config", str(config), "accept", "run",
+                               "--level", "standard"], env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pids_file = tmp_path / "fake.pids"
+    deadline = time.monotonic() + 30
+    while not pids_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert pids_file.exists(), "the test never started its ib_write_bw"
+    runner.send_signal(signal.SIGKILL)
+    runner.wait(10)
+    pids = [int(p) for p in pids_file.read_text().split()]
+    deadline = time.monotonic() + 10
+    while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert all(_gone(pid) for pid in pids), "the test's processes outlived their runner"

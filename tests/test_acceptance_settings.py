@@ -121,3 +121,29 @@ def test_a_fail_recommends_in_health_s_words():
     from slurm_ext.acceptance.records import ACTIONS
     from slurm_ext.health.settings import ACTIONS as HEALTH_ACTIONS
     assert ACTIONS == HEALTH_ACTIONS
+
+
+def test_a_pass_lifts_only_a_drain_of_its_own_level_or_a_shorter_one(tmp_path):
+    """A standard run's failed burn drains; a quick pass (no burn) keeps the drain; a standard pass lifts it."""
+    from slurm_ext.acceptance.verdict import drained_level, settle
+    calls, told = [], []
+
+    def run(level: str, outcome: str) -> Run:
+        return Run("n1", level, "manual", 0.0, 1.0, "h200-sxm",
+                   [Result("gpu-burn" if outcome == FAIL else "gpu-memory", "gpu", "gpu 0", outcome, "measured",
+                           action="reboot" if outcome == FAIL else "none")])
+
+    def apply(level: str, outcome: str, full: bool = True):
+        return settle(str(tmp_path), run(level, outcome), full, want=lambda reason: calls.append(("want", reason)),
+                      clear=lambda: calls.append(("clear",)), emit=lambda event, *a, **k: told.append(event))
+    apply("standard", FAIL)
+    assert calls[-1][0] == "want" and drained_level(str(tmp_path)) == "standard"
+    apply("quick", FAIL)  # a quick fail after it: the standard level still stands
+    assert drained_level(str(tmp_path)) == "standard"
+    calls.clear()
+    apply("quick", PASS)
+    assert calls == [] and told[-1] == "acceptance-kept"
+    apply("standard", PASS, full=False)  # a pass of some tests only lifts nothing
+    assert calls == []
+    apply("standard", PASS)
+    assert calls == [("clear",)] and told[-1] == "acceptance-cleared" and drained_level(str(tmp_path)) == ""

@@ -183,7 +183,7 @@ def test_status_says_each_nodes_last_run_and_the_page_shows_its_results_with_the
         assert n1["run"]["not_applicable"] == {"gpu-nvlink": "no NVLink on this part"}
         assert n2["run"] is None and n2["lines"] == [
             "gpu-bandwidth gpu 0: pass: h2d_gbps 55.4 GB/s (>= 48); d2d_gbps 4265 GB/s (>= 3800)",
-            "gpu-memory gpu 1: fail: gpu 1: stuck bit at 0x1000-0x1fff (4 KiB)",
+            "gpu-memory gpu 1: fail: stuck bit at 0x1000-0x1fff (4 KiB)",
             "storage /scratch: error: fio not installed and /scratch not writable"]
         assert client.get("/api/acceptance?node=n2").get_json()["nodes"] == [n2]
         assert client.get("/api/acceptance?node=n9").status_code == 404

@@ -99,6 +99,22 @@ def main() -> None:
                     memory[level] = answer
             print(f"  {level:8} {'all':14} {total:6.2f} s")
 
+        print("whole levels, `slurm-ext accept run --only gpu` as an operator or the agent's start step runs it "
+              "(targets: quick < 15 s, standard < 3 min for 8 GPUs):")
+        (root / "slurm-ext.toml").write_text(f'[node]\nstate_dir = "{root / "state"}"\nruntime_dir = "{root / "run"}"'
+                                             '\n[acceptance]\nenabled = true\n')
+        for level in ("quick", "standard"):
+            start = time.perf_counter()
+            done = subprocess.run([sys.executable, "-m", "slurm_ext.cli", "--config", str(root / "slurm-ext.toml"),
+                                   "accept", "run", "--level", level, "--only", "gpu", "--json"], env=env,
+                                  capture_output=True, text=True, cwd=root)
+            seconds = time.perf_counter() - start
+            run = json.loads(done.stdout)
+            slowest = sorted(run["results"], key=lambda r: -r["seconds"])[0]
+            print(f"  {level:8} {seconds:6.1f} s  verdict {run['verdict']}, {len(run['results'])} results, "
+                  f"not applicable: {', '.join(run['not_applicable']) or 'none'}; slowest {slowest['test']} "
+                  f"{slowest['target']} {slowest['seconds']:.1f} s")
+
         figures = [f["value"] for r in memory["standard"]["results"] for f in r["figures"]
                    if f["name"] == "memory_gibps"]
         ours = sum(figures) / len(figures)
