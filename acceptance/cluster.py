@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from slurm_ext.config import Config
-from slurm_ext.errors import SlurmError, SlurmExtError
+from slurm_ext.errors import SlurmError, SlurmExtError, SlurmUnreachable
 from slurm_ext.slurm import Node, SlurmClient, expand_hostlist
 
 from .records import ERROR, FAIL, PASS
@@ -273,6 +273,10 @@ def _reserve(slurm: SlurmClient, nodes: list[str], minutes: int) -> str:
                     "StartTime=now", f"Duration={minutes}", "Flags=MAINT,IGNORE_JOBS", f"Users={users}"])
     except SlurmError as err:
         detail = str(err).split(": ", 1)[-1]
+        # no answer in time (slurmctld busy): it may have made it all the same; a reservation left behind would keep
+        # these nodes from work for its whole duration
+        if isinstance(err, SlurmUnreachable):
+            _unreserve(slurm, name)
         # slurmctld answers "Invalid user id" (ESLURM_USER_ID_MISSING) to a user who may not create reservations
         hint = (f" (making a reservation takes a Slurm operator or admin, which {_user()} is not: root, SlurmUser, or "
                 "a user given `sacctmgr modify user NAME set adminlevel=operator`)"
@@ -415,8 +419,9 @@ def _ended(slurm: SlurmClient, agents, job: _Job, since: float, now: float) -> N
     if state in ("COMPLETED", "FAILED") and code in (0, 1, 3):
         if code == 0:
             return NodeOutcome(job.node, PASS, _passed(run), job.job_id, seconds, run)
-        if code == 1:
-            return NodeOutcome(job.node, FAIL, _fail_reason(slurm, job.node, run), job.job_id, seconds, run)
+        failed = _fail_reason(slurm, job.node, run) if code == 1 else None
+        if failed:
+            return NodeOutcome(job.node, FAIL, failed, job.job_id, seconds, run)
         if code == 3:
             return NodeOutcome(job.node, ERROR, "a test could not run: " + _not_run(run), job.job_id, seconds, run)
     how = {"TIMEOUT": "ran past its time limit", "CANCELLED": "was cancelled (by someone else)",
@@ -447,8 +452,9 @@ def _passed(run: dict | None) -> str:
             f"{float(run.get('finished', 0)) - float(run.get('started', 0)):.1f}s")
 
 
-def _fail_reason(slurm: SlurmClient, node: str, run: dict | None) -> str:
-    """The node's acceptance drain reason as Slurm shows it, else the run's failures."""
+def _fail_reason(slurm: SlurmClient, node: str, run: dict | None) -> str | None:
+    """The node's acceptance drain reason as Slurm shows it, else the run's failures; None when neither confirms
+    that a test failed."""
     try:
         shown = slurm.node(node)
         if shown.drained and shown.reason_is_ours and "acceptance" in shown.reason:
@@ -459,7 +465,8 @@ def _fail_reason(slurm: SlurmClient, node: str, run: dict | None) -> str:
     if failed:
         return "; ".join(f"{r.get('test')} {r.get('target')}: {r.get('message')}".replace(" :", ":")
                          for r in failed[:3])
-    return "a test failed (its job exited 1); `slurm-ext history --node NODE` has the figures"
+    # exit 1 with no failing run kept and no acceptance drain: Python's own exit for a crash, not a measurement
+    return None
 
 
 def _not_run(run: dict | None) -> str:
