@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from .records import LEVELS
 
-__all__ = ["TestSpec", "TESTS", "DEADLINES", "Given", "specs_for"]
+__all__ = ["TestSpec", "TESTS", "DEADLINES", "LIMIT_UNITS", "Given", "specs_for", "limit_words"]
 
 _ALL = LEVELS
 _LONGER = ("standard", "extended")
@@ -32,6 +32,15 @@ class TestSpec:
 
     __test__ = False  # not a pytest class
 
+
+#: each limit's unit, said wherever a limit is named (`accept list`, a refused key): `_gbps` keys of GPU copies are
+#: gigabytes a second, rdma_gbps gigabits (perftest's and InfiniBand's own unit, as [acceptance.interfaces] speed)
+LIMIT_UNITS = {"gpu_count": "GPUs", "memory_gib": "GiB", "driver_major": "driver major version",
+               "nvlink_links": "active links per GPU", "memory_bad_bytes": "bytes", "h2d_gbps": "GB/s",
+               "d2h_gbps": "GB/s", "d2d_gbps": "GB/s, read + written", "pcie_gen": "PCIe generation",
+               "pcie_width": "lanes", "p2p_gbps": "GB/s", "burn_sm_clock_mhz": "MHz",
+               "burn_throttled_share": "share of samples, 0-1", "nccl_busbw_gbps": "GB/s, 8 GPUs",
+               "rdma_gbps": "Gb/s (bits)", "fsync_ms": "ms, at most", "write_mbps": "MB/s", "read_mbps": "MB/s"}
 
 #: how long a test may run at each level before its child is killed (an error result, never a drain);
 #: [acceptance.tests.<test>] deadline overrides it
@@ -68,6 +77,11 @@ TESTS: dict[str, TestSpec] = {spec.name: spec for spec in (
              "each path of acceptance.paths: fsync latency and sequential write and read throughput (fio's JSON "
              "where installed, Python otherwise)"),
 )}
+
+
+def limit_words(keys: tuple[str, ...]) -> str:
+    """'h2d_gbps (GB/s), rdma_gbps (Gb/s (bits))': limits with their units, for an operator writing one."""
+    return ", ".join(f"{key} ({LIMIT_UNITS[key]})" for key in keys)
 
 
 def specs_for(level: str, areas: tuple[str, ...] = ()) -> list[TestSpec]:

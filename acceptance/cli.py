@@ -110,14 +110,14 @@ def _off() -> str:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from .catalog import TESTS
+    from .catalog import TESTS, limit_words
     loaded = config.load(args.config)
     settings = loaded.acceptance
     print(f"[acceptance] enabled = {str(settings.enabled).lower()}: "
           + ("tests run at node start, after repairs and on demand" if settings.enabled else _off()))
     for spec in TESTS.values():
         state = "" if settings.test_enabled(spec.name) else " (disabled)"
-        limits = f"; limits: {', '.join(spec.limits)}" if spec.limits else ""
+        limits = f"; limits: {limit_words(spec.limits)}" if spec.limits else ""
         print(f"{spec.name:14} {spec.area:8} {'/'.join(spec.levels)}{state}{limits}\n    {spec.doc}")
     return 0
 

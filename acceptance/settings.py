@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from slurm_ext.config import register_section, setting
 
-from .catalog import TESTS
+from .catalog import TESTS, limit_words
 from .records import AREAS, LEVELS
 
 __all__ = ["AcceptanceSection", "TestSection", "InterfaceSection", "WHY_OFF"]
@@ -51,7 +51,7 @@ def _validate_test(name: str, section: TestSection) -> None:
     known = TESTS[name].limits
     for key in section.limits or ():
         if key not in known:
-            allowed = ", ".join(known) if known else "none (this test judges by what it finds, not by a limit)"
+            allowed = limit_words(known) if known else "none (this test judges by what it finds, not by a limit)"
             raise ValueError("limits", f"unknown limit {key!r} for {name}; its limits: {allowed}")
 
 

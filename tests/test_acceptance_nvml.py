@@ -83,7 +83,7 @@ def test_the_recorded_h200_passes_inventory_with_the_h200_sxm_profile(nvml_lib: 
     assert {f["name"]: (f["value"], f["limit"]) for f in node["figures"]} == {"gpu_count": (1, 1), "driver_major": (580, 550)}
     gpu = results["gpu 0"]
     # 150,754,820,096 bytes, as the real H200 answered, against the profile's 140 GiB
-    assert gpu["figures"] == [{"name": "memory_gib", "value": 140.4, "unit": "GiB", "limit": 140, "at_least": True}]
+    assert gpu["figures"] == [{"name": "memory_gib", "value": 140.4, "unit": "GiB", "limit": 139, "at_least": True}]
     for shown in ("NVIDIA H200", "VBIOS 96.00.A5.00.1A", "persistence on", "ECC on"):
         assert shown in gpu["message"]
 
@@ -193,7 +193,7 @@ def test_less_memory_than_the_model_fails(nvml_lib: Path, tmp_path: Path) -> Non
     spec["gpus"][0]["memory_total"] = 100 * 2**30
     gpu = _by_target(_child(nvml_lib, tmp_path, "gpu-inventory", spec))["gpu 0"]
     assert gpu["outcome"] == "fail"
-    assert gpu["message"] == "gpu 0: memory_gib 100 GiB (>= 140): less memory than the model has"
+    assert gpu["message"] == "gpu 0: memory_gib 100 GiB (>= 139): less memory than the model has"
 
 
 # -- the profile's choice ----------------------------------------------------------------------------------------

@@ -147,3 +147,12 @@ def test_a_pass_lifts_only_a_drain_of_its_own_level_or_a_shorter_one(tmp_path):
     assert calls == []
     apply("standard", PASS)
     assert calls == [("clear",)] and told[-1] == "acceptance-cleared" and drained_level(str(tmp_path)) == ""
+
+
+def test_every_limit_has_its_unit_said_and_a_profile_names_no_other():
+    from slurm_ext.acceptance.catalog import LIMIT_UNITS
+    from slurm_ext.acceptance.profiles import PROFILES
+    keys = {key for spec in TESTS.values() for key in spec.limits}
+    assert keys == set(LIMIT_UNITS)
+    assert all(set(p.limits) <= keys for p in (PROFILES.values() if isinstance(PROFILES, dict) else PROFILES))
+    assert "rdma_gbps (Gb/s (bits))" in refused({"tests": {"network-rdma": {"limits": {"rdma": 1}}}}).problem
