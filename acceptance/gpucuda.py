@@ -15,6 +15,7 @@ no PTX compiler raise TestError (cudadriver.open_driver): the whole test is an e
 from __future__ import annotations
 
 import contextlib
+import os
 import ctypes
 import itertools
 import statistics
@@ -308,6 +309,28 @@ def bandwidth(given: Given) -> list[Result]:
         return [_bandwidth_one(driver, module, handles[gpu.index], gpu, given) for gpu in gpus]
 
 
+#: words of 64 CPUs asked of nvmlDeviceGetCpuAffinity (4096 CPUs), as gres asks
+_AFFINITY_WORDS = 64
+
+
+@contextlib.contextmanager
+def _near(module: Any, handle: Any):
+    """This thread on the CPUs near the GPU (NVML's CPU affinity: its socket) while it copies: pinned host memory
+    is placed where it is first touched, and on a two-socket HGX board a copy across sockets reads below the
+    floor of a healthy GPU. NVML or the kernel refusing leaves the thread where it was (the figure says so)."""
+    from slurm_ext.gres.topology import cpus_from_masks
+    before = os.sched_getaffinity(0)
+    try:
+        near = set(cpus_from_masks([int(w) for w in module.nvmlDeviceGetCpuAffinity(handle, _AFFINITY_WORDS)]))
+        os.sched_setaffinity(0, (near & before) or before)
+    except Exception:  # NVML's error, or the kernel's: an affinity is an optimisation, never the test's failure
+        pass
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
 def _bandwidth_one(driver: Driver, module: Any, handle: Any, gpu: _Gpu, given: Given) -> Result:
     test, started = "gpu-bandwidth", time.monotonic()
     copy_bytes, d2d_bytes, repeats = _COPY[given.level]
@@ -316,7 +339,7 @@ def _bandwidth_one(driver: Driver, module: Any, handle: Any, gpu: _Gpu, given: G
                              module.nvmlDeviceGetCurrPcieLinkWidth(handle)), 0.005)
     host = 0
     try:
-        with _context(driver, gpu):
+        with _context(driver, gpu), _near(module, handle):
             free, _ = driver.mem_info()
             size = _align(min(copy_bytes, free * 0.25))
             stream = driver.stream()
