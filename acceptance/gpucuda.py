@@ -467,6 +467,9 @@ class _Burner:
     iters: int = 0
     launches: int = 0
     error: BaseException | None = None
+    #: events around each batch's launch: its time on the GPU resizes the next (the GPU speeds up under load)
+    began: int = 0
+    ended: int = 0
     #: NVML's samples under the burn: SM clock MHz, power W, clocks event reasons
     clocks: list[int] = field(default_factory=list)
     powers: list[float] = field(default_factory=list)
@@ -506,16 +509,28 @@ def _burn_setup(driver: Driver, b: _Burner, seconds: float) -> None:
         b.buf = driver.alloc(_BURN_FLOATS * 4)
         driver.memset32(b.buf, 0x3F800000, _BURN_FLOATS)  # 1.0f
         b.function = driver.function(driver.load_module(ptx.MODULE), ptx.BURN)
-        start, end = driver.event(), driver.event()
+        b.began, b.ended = driver.event(), driver.event()
         calibration = 256
-        driver.record(start, b.stream)
+        _burn_launch(driver, b, calibration)  # a warm-up: the first launch also pays for the clocks' ramp
+        driver.record(b.began, b.stream)
         _burn_launch(driver, b, calibration)
-        driver.record(end, b.stream)
-        driver.event_sync(end)
-        per_iter_s = max(driver.elapsed_ms(start, end), 1e-3) / 1e3 / calibration
-        b.iters = max(16, min(2**31 - 1, int(min(0.25, seconds / 8) / per_iter_s)))
+        driver.record(b.ended, b.stream)
+        driver.event_sync(b.ended)
+        b.iters = _resized(calibration, driver.elapsed_ms(b.began, b.ended) / 1e3, _burn_window(seconds))
     except CudaError as err:
         b.error = err
+
+
+def _burn_window(seconds: float) -> float:
+    """How long one launch should keep a GPU busy: a quarter of a second, shorter in a short burn."""
+    return min(0.25, seconds / 8)
+
+
+def _resized(iters: int, took: float, window: float) -> int:
+    """The iterations that fill `window`, from `iters` that took `took` seconds on the GPU (a tenth more: a launch
+    that ends early leaves the GPU idle while NVML samples it, and an idle GPU's clocks fail a healthy one)."""
+    per_iter = max(took, 1e-6) / iters
+    return max(16, min(2**31 - 1, int(window * 1.1 / per_iter)))
 
 
 def _burn_launch(driver: Driver, b: _Burner, iters: int) -> None:
@@ -531,15 +546,19 @@ def _burn_run(driver: Driver, module: Any, handles: dict, burners: list[_Burner]
     reasons = getattr(module, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
         module.nvmlDeviceGetCurrentClocksThrottleReasons
     end = time.monotonic() + seconds
+    window = _burn_window(seconds)
     while time.monotonic() < end and any(b.error is None for b in burners):
         for b in burners:
             if b.error is None:
                 try:
+                    driver.set_current(b.ctx)
+                    driver.record(b.began, b.stream)
                     _burn_launch(driver, b, b.iters)
+                    driver.record(b.ended, b.stream)
                     b.launches += 1
                 except CudaError as err:
                     b.error = err
-        batch_end = min(end, time.monotonic() + min(0.25, seconds / 8))
+        batch_end = min(end, time.monotonic() + window)
         while True:
             for b in burners:
                 if b.error is not None:
@@ -561,6 +580,7 @@ def _burn_run(driver: Driver, module: Any, handles: dict, burners: list[_Burner]
                 try:
                     driver.set_current(b.ctx)
                     driver.sync(b.stream)
+                    b.iters = _resized(b.iters, driver.elapsed_ms(b.began, b.ended) / 1e3, window)
                 except CudaError as err:
                     b.error = err
 
