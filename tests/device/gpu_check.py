@@ -14,7 +14,7 @@ next one runs):
    minute; beside it, once, the same monitor with tracemalloc for what its imports keep;
 4. the Epilog's GPU release: a process holding GPU memory through libcuda is SIGKILLed and
    `prolog_epilog.gpus.release_gpus` is timed until it says released;
-5. the acceptance tests gpu-memory and gpu-bandwidth (standard level) through their child process
+5. the acceptance tests gpu-memory, gpu-bandwidth and gpu-burn (standard level) through their child process
    (`python -m slurm_ext.acceptance.child`: libcuda through ctypes, PTX kernels), and, where the machine's
    Python imports PyTorch, a PyTorch device-to-device copy of the same size in the same run: D2D as a
    share of PyTorch's (target >= 95 %) and H2D as a share of PCIe Gen5 x16's 63 GB/s (target >= 85 %);
@@ -62,6 +62,8 @@ TARGET_RSS_MB = 50.0
 TARGET_D2D_SHARE_OF_TORCH = 0.95
 PCIE5_X16_GBPS = 63.0
 TARGET_H2D_SHARE = 0.85
+#: the acceptance tests run on the real GPU: the burn too, whose clock and power under load only a real GPU shows
+ACCEPTANCE_TESTS = ("gpu-memory", "gpu-bandwidth", "gpu-burn")
 #: the D2D copy size of gpu-bandwidth at standard (slurm_ext.acceptance.gpucuda._COPY), for PyTorch's copy
 D2D_BYTES = 4 * 2**30
 #: PyTorch's device-to-device copy, best of 5, counting bytes read and written (as gpu-bandwidth does)
@@ -717,12 +719,12 @@ class Check:
     # -- the acceptance tests through libcuda ------------------------------------------------------------
 
     def acceptance(self, step: Step) -> None:
-        """gpu-memory and gpu-bandwidth at standard through the acceptance child, then PyTorch's D2D copy."""
+        """gpu-memory, gpu-bandwidth and gpu-burn at standard through the acceptance child, then PyTorch's D2D copy."""
         found: dict = {"targets": {"d2d_share_of_torch": TARGET_D2D_SHARE_OF_TORCH, "h2d_share": TARGET_H2D_SHARE,
                                    "pcie5_x16_gbps": PCIE5_X16_GBPS}}
         self.summary["acceptance"] = found
         problems = []
-        for test in ("gpu-memory", "gpu-bandwidth"):
+        for test in ACCEPTANCE_TESTS:
             deadline = self.limit(120, 30)
             request = {"test": test, "level": "standard", "config": str(self.config), "deadline": deadline,
                        "profile": "auto"}
@@ -1052,11 +1054,11 @@ def _render_release(rel: dict | None) -> list[str]:
 
 
 def _render_acceptance(found: dict | None) -> list[str]:
-    """gpu-memory's and gpu-bandwidth's figures of the first GPU, and how they compare."""
+    """gpu-memory's, gpu-bandwidth's and gpu-burn's figures of the first GPU, and how they compare."""
     if not found:
         return []
     lines = ["acceptance (libcuda, PTX; standard):"]
-    for test in ("gpu-memory", "gpu-bandwidth"):
+    for test in ACCEPTANCE_TESTS:
         answer = found.get(test) or {}
         results = answer.get("results") or []
         if not results:
@@ -1148,7 +1150,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="an environment variable for the measured monitor only (e.g. MALLOC_ARENA_MAX=2), to "
                              "measure what it changes; repeatable")
     parser.add_argument("--no-acceptance", dest="acceptance", action="store_false",
-                        help="leave out the acceptance tests through libcuda (gpu-memory, gpu-bandwidth)")
+                        help="leave out the acceptance tests through libcuda (gpu-memory, gpu-bandwidth, gpu-burn)")
     parser.add_argument("--work", help="work directory (default: a temporary one, removed at the end)")
     parser.add_argument("--keep-work", action="store_true", help="keep the temporary work directory")
     parser.add_argument("--no-compile", action="store_true", help="install without byte-compiling (faster)")
