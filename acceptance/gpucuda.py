@@ -380,6 +380,9 @@ def _bandwidth_one(driver: Driver, module: Any, handle: Any, gpu: _Gpu, given: G
     # reset does not do; slow copies on a healthy link are the GPU's (its copy engines, its memory): reset it
     action = "reboot" if any(n.startswith("pcie_") for n in outside) else "reset-gpu"
     text = "; ".join(f.text() for f in figures)
+    if not link.samples and (limits.get("pcie_gen") or limits.get("pcie_width")):
+        # the copies were measured, the link was not: said, so that a pass does not read as the link's too
+        text += f"; PCIe link not read ({link.error or 'no sample under the copies'})"
     return judged(test, _AREA, gpu.name, figures, time.monotonic() - started, action,
                   passed=f"{gpu.name}: {text}",
                   failed=f"{gpu.name}: " + "; ".join(f.text() for f in figures if not f.within) +
