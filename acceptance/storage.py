@@ -24,6 +24,7 @@ import os
 import shutil
 import statistics
 import tempfile
+from pathlib import Path
 import time
 
 from slurm_ext.command import run
@@ -110,9 +111,17 @@ def _fault(err: OSError) -> _Fault:
     return _Fault(f"{_FAULTS.get(err.errno, 'unusable')} ({err.strerror or err})")
 
 
+#: the scratch directories' prefix
+_SCRATCH = ".slurm-ext-accept-"
+
+
 def _scratch(path: str) -> str:
+    """A scratch directory of this run's in `path`, after removing any an earlier run left there: one killed at its
+    deadline cannot remove its own (up to 4 GiB at extended), and one run at a time holds the node."""
+    for left in Path(path).glob(_SCRATCH + "*"):
+        shutil.rmtree(left, ignore_errors=True)
     try:
-        return tempfile.mkdtemp(prefix=".slurm-ext-accept-", dir=path)
+        return tempfile.mkdtemp(prefix=_SCRATCH, dir=path)
     except OSError as err:
         raise _fault(err) from err
 

@@ -183,3 +183,13 @@ def test_a_test_whose_runner_is_killed_ends_with_it(tmp_path):
     while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert all(_gone(pid) for pid in pids), "the test's processes outlived their runner"
+
+
+def test_a_storage_run_removes_what_a_killed_run_left_behind(tmp_path):
+    config = _config(tmp_path, "")
+    left = tmp_path / "scratch" / ".slurm-ext-accept-killed"
+    left.mkdir()
+    (left / "data").write_bytes(b"x" * 4096)
+    done = cli("--config", str(config), "accept", "run", "--only", "storage", "--level", "quick")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert list((tmp_path / "scratch").iterdir()) == []
