@@ -19,7 +19,7 @@ import pytest
 from slurm_ext import events
 from slurm_ext.acceptance.cluster import JOB_NAME
 
-from helpers.cli import cli
+from helpers.cli import cli, cli_as_nobody
 from helpers.cluster import TEST_CLUSTER, RepairCluster, cluster_of_its_own
 from helpers.wait import wait_for
 
@@ -95,36 +95,6 @@ def _blocker(cluster: RepairCluster, node: str, release) -> int:
     return job
 
 
-def _as_nobody(env: dict[str, str], *args: str) -> tuple[int, str]:
-    """The CLI's main() in a forked child as user nobody (who cannot start this Python), in the node's environment
-    (so that it does not exec itself again to get it): (exit status, its standard error, with the traceback of
-    anything it raised)."""
-    import os
-    import traceback
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 99
-        try:
-            os.dup2(write_end, 2)
-            sys.stderr = os.fdopen(2, "w", closefd=False)
-            os.environ.update(env)
-            os.setgid(65534)
-            os.setuid(65534)
-            from slurm_ext import cli as slurm_ext_cli
-            code = slurm_ext_cli.main(list(args))
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            sys.stderr.flush()
-            os._exit(code)
-    os.close(write_end)
-    with os.fdopen(read_end) as pipe:
-        stderr = pipe.read()
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status), stderr
-
-
 def _by_node(answer: dict) -> dict[str, dict]:
     return {n["node"]: n for n in answer["nodes"]}
 
@@ -135,7 +105,8 @@ def test_a_bad_node_list_or_no_permission_is_refused_and_leaves_nothing(four):
     assert done.returncode == 2, done.stderr
     assert "slurmctld knows no node nosuch7" in done.stderr
     # not a Slurm operator: slurmctld refuses the reservation, and says so with what it takes
-    code, err = _as_nobody(four.env, "--config", str(four.layout.slurm_ext_conf), "accept", "cluster", "--nodes", "cnode4")
+    code, err = cli_as_nobody("--config", str(four.layout.slurm_ext_conf), "accept", "cluster", "--nodes", "cnode4",
+                              env=four.env)
     assert code == 2, err
     assert "cannot make the maintenance reservation slurm-ext-accept-" in err and "operator or admin" in err, err
     assert "No reservations in the system" in _reservations(four)
