@@ -264,8 +264,9 @@ def _make_nvlink_down(node: NodeLayout, drill: Drill) -> tuple[str, Drill]:
     if not peers:
         raise DevClusterError(f"dev inject: gpu {drill.gpu} of {node.name} has no active NVLink to take down "
                               f"({node.gpu_spec} lists no nvlink_peers)")
-    # the link count stays what it was (18 on Hopper): the last link goes inactive, it does not vanish
-    _change_gpu(node, drill, {"nvlink_peers": peers[:-1], "nvlink_count": gpu.get("nvlink_count") or 18})
+    # the link count stays what it was (a link per peer unless the spec gives more): the last link goes inactive,
+    # it does not vanish
+    _change_gpu(node, drill, {"nvlink_peers": peers[:-1], "nvlink_count": gpu.get("nvlink_count") or len(peers)})
     return f"gpu {drill.gpu}: NVLink {len(peers) - 1} inactive ({len(peers) - 1} of {len(peers)} active) in " \
            f"{node.gpu_spec}", drill
 

@@ -371,8 +371,6 @@ def default_gpus(
                 "power_limit": power_limit,
                 "cpu_affinity": _cpu_split(i, count, host_cpus),
                 "nvlink_peers": peers,
-                # every link the GPU has is active, as on a healthy board: a mesh of one link per peer
-                **({"nvlink_count": len(peers)} if peers else {}),
                 # No "mig_mode": it then follows mig_devices (on when any are
                 # listed), so a test only has to add MIG devices.
                 "mig_devices": [],

@@ -452,12 +452,11 @@ static int parse_nvlink(ctx *c, const char *where, const json_value *gobj,
             return -1;
         if (peers->count > FAKE_NVLINK_MAX_LINKS)
             return errf(c, "%s: more than %d links", buf, FAKE_NVLINK_MAX_LINKS);
-        /* Peers make it an NVLink GPU: Hopper's 18 links, or as many as
-         * there are peers. */
+        /* Peers make it an NVLink GPU with a link per peer, all of them
+         * active, as on a healthy board; "nvlink_count" gives it more links
+         * than peers (Hopper's 18 with some inactive). */
         if (!count_given && peers->count > 0)
-            g->nvlink_count = peers->count > FAKE_NVLINK_DEFAULT_LINKS
-                                  ? (unsigned)peers->count
-                                  : FAKE_NVLINK_DEFAULT_LINKS;
+            g->nvlink_count = (unsigned)peers->count;
         if (peers->count > g->nvlink_count)
             return errf(c, "%s: %zu peers but nvlink_count is %u", buf,
                         peers->count, g->nvlink_count);

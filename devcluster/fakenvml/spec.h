@@ -21,7 +21,6 @@
 /* NVML_NVLINK_MAX_LINKS in current nvml.h / pynvml 13.x is 36; a Hopper GPU
  * has 18 links, which is the per-device default ("nvlink_count"). */
 #define FAKE_NVLINK_MAX_LINKS 36
-#define FAKE_NVLINK_DEFAULT_LINKS 18
 #define FAKE_NVLINK_ERROR_COUNTERS 5
 
 #define FAKE_NAME_LEN 96   /* NVML_DEVICE_NAME_V2_BUFFER_SIZE */
