@@ -98,10 +98,11 @@ def _enabled(config: Config, role: str) -> bool:
 PLUGIN = Plugin(
     name="acceptance",
     # idle nodes tested at the lowest priority (acceptance.idle): a helper, never the controller's readiness; SIGHUP
-    # after the agent's reload (a new period or QOS)
+    # after the agent's reload (a new period or QOS). Not `after` slurmctld: a pass with Slurm away is skipped, and a
+    # controller that runs no slurmctld (a page-only host) must not need to take out a worker it does not run
     workers=(PluginWorker(WorkerSpec("accept-idle", ("controller",), (sys.executable, "-I", "-m", "slurm_ext.cli",
                                                                       "accept", "idle"),
-                                     reload_signal="HUP", gates_ready=False, after=("slurmctld",))),),
+                                     reload_signal="HUP", gates_ready=False)),),
     enabled=_enabled,
     steps=_steps,
     attach=_attach,

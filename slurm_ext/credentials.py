@@ -79,6 +79,10 @@ def remove_all(runtime_dir: str | os.PathLike, workers: list[str] | tuple[str, .
     node), and their workers' copies are theirs to remove."""
     for worker in workers:
         shutil.rmtree(folder_of(runtime_dir, worker), ignore_errors=True)
+    try:
+        (Path(runtime_dir) / "credentials").rmdir()  # the last agent's stop leaves no folder behind
+    except OSError:
+        pass  # another agent's workers' copies are still in it
 
 
 def adopt(config: Config, environ: dict[str, str]) -> Config:
