@@ -161,8 +161,7 @@ def _idle(args: argparse.Namespace) -> int:
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
     """Add this component's commands to the core CLI's subcommands."""
-    from .records import LEVELS
-    from .runner import TRIGGERS
+    from .records import LEVELS, TRIGGERS
     accept = commands.add_parser("accept", help="active acceptance tests: GPU memory and bandwidth, NVLink, network, "
                                  "storage (off by default: [acceptance] enabled)",
                                  description="Active tests that prove a node before it takes work: at node start "

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-__all__ = ["PASS", "FAIL", "ERROR", "OUTCOMES", "LEVELS", "AREAS", "ACTIONS", "Figure", "Result", "Run", "judged", "NotApplicable",
+__all__ = ["PASS", "FAIL", "ERROR", "OUTCOMES", "LEVELS", "AREAS", "TRIGGERS", "ACTIONS", "Figure", "Result", "Run", "judged", "NotApplicable",
            "TestError"]
 
 PASS, FAIL, ERROR = "pass", "fail", "error"
@@ -19,6 +19,8 @@ OUTCOMES = (PASS, FAIL, ERROR)
 #: sized like DCGM's diag levels: quick in seconds, standard in about two minutes a node, extended up to an hour
 LEVELS = ("quick", "standard", "extended")
 AREAS = ("gpu", "network", "storage")
+#: why a run ran
+TRIGGERS = ("start", "cluster", "repair", "idle", "manual")
 #: what a fail recommends, least disruptive first: health's words (health.settings.ACTIONS, which a layout on one
 #: floor cannot import), which the repair service reads from a drain reason
 ACTIONS = ("none", "restart-job", "reset-gpu", "reboot", "reprovision", "failover", "remove")

@@ -30,12 +30,10 @@ from slurm_ext.fileio import atomic_write
 from slurm_ext.procfs import boot_id
 
 from .catalog import TestSpec, specs_for
-from .records import ERROR, FAIL, PASS, Result, Run
+from .records import ERROR, FAIL, PASS, TRIGGERS, Result, Run
 
 __all__ = ["RunBusy", "run_tests", "planned", "last_run", "runs_path", "TRIGGERS"]
 
-#: why a run ran
-TRIGGERS = ("start", "cluster", "repair", "idle", "manual")
 #: a child's answer larger than this is a broken test, not a result
 _MAX_ANSWER = 4 << 20
 #: after the deadline's SIGKILL, how long to wait for the child to be reaped
