@@ -4,7 +4,7 @@ The parent (slurm_ext.acceptance.runner) writes the request as JSON on stdin and
 process's group at the test's deadline; the answer is one JSON object on stdout. A GPU fault, a
 crashing libcuda or a hung driver call ends this process, never the node agent.
 
-Request: {"test", "level", "config", "profile"}; answer: {"profile", "profile_note", "results"} or
+Request: {"test", "level", "config", "deadline"} (the profile comes from the config); answer: {"profile", "profile_note", "results"} or
 {"not_applicable": why} or {"error": why}.
 """
 

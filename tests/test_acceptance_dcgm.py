@@ -12,14 +12,14 @@ from __future__ import annotations
 import json
 import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from slurm_ext.acceptance import dcgm
 from slurm_ext.acceptance.records import TestError
+
+from helpers.acceptance import ask_child
 
 
 def _result(gpu: int, status: str, warning: str = "") -> dict:
@@ -143,11 +143,7 @@ def _child(tmp_path: Path, path: str, level: str = "quick", deadline: float = 60
     config = tmp_path / "slurm-ext.toml"
     config.write_text(f'[node]\nstate_dir = "{tmp_path / "state"}"\n\n[acceptance]\nprofile = "generic"\n')
     env = {**os.environ, "PATH": path, "FAKE_DCGMI_ARGS": str(tmp_path / "args"), **fake}
-    request = {"test": "gpu-dcgm", "level": level, "config": str(config), "deadline": deadline, "profile": ""}
-    proc = subprocess.run([sys.executable, "-I", "-m", "slurm_ext.acceptance.child"], input=json.dumps(request),
-                          env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+    return ask_child(config, "gpu-dcgm", level, deadline, env)
 
 
 def test_a_failed_diag_exiting_226_is_judged_from_its_json(tmp_path: Path, fake_dcgmi: Path) -> None:

@@ -22,6 +22,8 @@ import pytest
 from slurm_ext.acceptance import cudadriver, gpucuda, ptx
 from slurm_ext.devcluster import fakenvml
 
+from helpers.acceptance import ask_child, by_target, figure
+
 #: the GPU object's key of the fake libcuda's settings (README.md there, "The fake libcuda")
 CUDA_KEY = "cuda"
 #: a burn of 0.4 x this: short, still several NVML samples
@@ -52,55 +54,42 @@ def _run(tmp: Path, lib: Path, spec: dict, test: str, level: str = "standard", d
     spec_path, cfg = tmp / "spec.json", tmp / "slurm-ext.toml"
     fakenvml.write_spec(spec_path, spec)
     cfg.write_text(f'[node]\nstate_dir = "{tmp / "state"}"\n{config}')
-    request = {"test": test, "level": level, "config": str(cfg), "deadline": deadline, "profile": "auto"}
     environment = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **fakenvml.environ(lib, spec_path), **(env or {})}
-    proc = subprocess.run([sys.executable, "-I", "-m", "slurm_ext.acceptance.child"], input=json.dumps(request),
-                          capture_output=True, text=True, env=environment, timeout=120, cwd=tmp)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
-
-
-def _by_target(answer: dict) -> dict[str, dict]:
-    assert "results" in answer, answer
-    return {r["target"]: r for r in answer["results"]}
-
-
-def _figure(result: dict, name: str) -> dict:
-    return next(f for f in result["figures"] if f["name"] == name)
+    return ask_child(cfg, test, level, deadline, environment, cwd=tmp)
 
 
 def test_a_healthy_node_passes_memory_bandwidth_p2p_and_burn(tmp_path, lib_dir):
     spec = _spec()
-    memory = _by_target(_run(tmp_path, lib_dir, spec, "gpu-memory"))
+    memory = by_target(_run(tmp_path, lib_dir, spec, "gpu-memory"))
     assert set(memory) == {"gpu 0", "gpu 1"}
     for result in memory.values():
         assert result["outcome"] == "pass", result
-        assert _figure(result, "memory_bad_bytes") == {"name": "memory_bad_bytes", "value": 0.0, "unit": "B",
+        assert figure(result, "memory_bad_bytes") == {"name": "memory_bad_bytes", "value": 0.0, "unit": "B",
                                                        "limit": 0, "at_least": False}
         assert "8 of 8 patterns" in result["message"]
 
     answer = _run(tmp_path, lib_dir, spec, "gpu-bandwidth")
     assert answer["profile"] == "h200-sxm"
-    for result in _by_target(answer).values():
+    for result in by_target(answer).values():
         assert result["outcome"] == "pass", result
         # the fake's defaults are the real H200's (tests/data/real-gpu): 55.4 / 55.2 / 4,265 GB/s, Gen5 x16
-        assert round(_figure(result, "h2d_gbps")["value"], 1) == 55.4
-        assert round(_figure(result, "d2h_gbps")["value"], 1) == 55.2
-        assert round(_figure(result, "d2d_gbps")["value"]) == 4265
-        assert (_figure(result, "pcie_gen")["value"], _figure(result, "pcie_width")["value"]) == (5, 16)
-        assert _figure(result, "h2d_gbps")["limit"] == 48
+        assert round(figure(result, "h2d_gbps")["value"], 1) == 55.4
+        assert round(figure(result, "d2h_gbps")["value"], 1) == 55.2
+        assert round(figure(result, "d2d_gbps")["value"]) == 4265
+        assert (figure(result, "pcie_gen")["value"], figure(result, "pcie_width")["value"]) == (5, 16)
+        assert figure(result, "h2d_gbps")["limit"] == 48
 
-    pairs = _by_target(_run(tmp_path, lib_dir, spec, "gpu-p2p"))
+    pairs = by_target(_run(tmp_path, lib_dir, spec, "gpu-p2p"))
     assert set(pairs) == {"gpu 0->gpu 1", "gpu 1->gpu 0"}
-    assert all(r["outcome"] == "pass" and round(_figure(r, "p2p_gbps")["value"]) == 400 for r in pairs.values())
+    assert all(r["outcome"] == "pass" and round(figure(r, "p2p_gbps")["value"]) == 400 for r in pairs.values())
 
-    burn = _by_target(_run(tmp_path, lib_dir, spec, "gpu-burn", deadline=BURN_DEADLINE))
+    burn = by_target(_run(tmp_path, lib_dir, spec, "gpu-burn", deadline=BURN_DEADLINE))
     for result in burn.values():
         # the software power cap (0x4) is no fault
         assert result["outcome"] == "pass", result
-        assert _figure(result, "burn_sm_clock_mhz")["value"] == 1470  # the recorded H200 under load
-        assert _figure(result, "burn_throttled_share")["value"] == 0
-        assert _figure(result, "burn_samples")["value"] >= 3
+        assert figure(result, "burn_sm_clock_mhz")["value"] == 1470  # the recorded H200 under load
+        assert figure(result, "burn_throttled_share")["value"] == 0
+        assert figure(result, "burn_samples")["value"] >= 3
 
 
 def test_a_stuck_bit_fails_memory_naming_the_gpu_and_the_address_range(tmp_path, lib_dir):
@@ -108,12 +97,12 @@ def test_a_stuck_bit_fails_memory_naming_the_gpu_and_the_address_range(tmp_path,
     spec["gpus"][1][CUDA_KEY]["stuck_bits"] = [{"offset": 0x100000, "bit": 3, "value": 0}]
     spec["gpus"][0][CUDA_KEY]["stuck_bits"] = [{"offset": 0x2345679, "bit": 6, "value": 1},
                                                {"offset": 0x300002, "bit": 0, "value": 1}]
-    results = _by_target(_run(tmp_path, lib_dir, spec, "gpu-memory", level="quick"))
+    results = by_target(_run(tmp_path, lib_dir, spec, "gpu-memory", level="quick"))
     one, zero = results["gpu 1"], results["gpu 0"]
     assert one["outcome"] == "fail" and one["action"] == "reset-gpu"
     assert one["message"].startswith("gpu 1: 1 bad 32-bit word(s) in bytes 0x100000-0x100000 ")
     assert "bits 0x00000008 differ" in one["message"]
-    assert _figure(one, "memory_bad_bytes")["value"] == 4
+    assert figure(one, "memory_bad_bytes")["value"] == 4
     # two stuck bits: the range runs from the first bad byte to the last
     assert zero["outcome"] == "fail"
     assert "2 bad 32-bit word(s) in bytes 0x300002-0x2345679 of the 230 MiB tested (3 of 3 patterns)" in \
@@ -164,7 +153,7 @@ def test_a_slow_copy_fails_bandwidth_and_a_narrow_link_asks_for_a_reboot(tmp_pat
     spec = _spec()
     spec["gpus"][0][CUDA_KEY]["h2d_gbps"] = 20.0
     spec["gpus"][1]["pcie"] = {"gen": 5, "width": 8, "max_gen": 5, "max_width": 16}
-    results = _by_target(_run(tmp_path, lib_dir, spec, "gpu-bandwidth", level="quick"))
+    results = by_target(_run(tmp_path, lib_dir, spec, "gpu-bandwidth", level="quick"))
     slow, narrow = results["gpu 0"], results["gpu 1"]
     assert slow["outcome"] == "fail" and slow["action"] == "reset-gpu"
     assert slow["message"].startswith("gpu 0: h2d_gbps 20 GB/s (>= 48)"), slow["message"]
@@ -177,7 +166,7 @@ def test_a_failing_context_and_a_lost_gpu_are_errors_not_fails(tmp_path, lib_dir
     spec["gpus"][0][CUDA_KEY]["context_error"] = 999
     spec["gpus"][1][CUDA_KEY]["lost_after_ms"] = 0
     for test in ("gpu-memory", "gpu-bandwidth"):
-        results = _by_target(_run(tmp_path, lib_dir, spec, test, level="quick"))
+        results = by_target(_run(tmp_path, lib_dir, spec, test, level="quick"))
         assert results["gpu 0"]["outcome"] == "error"
         assert results["gpu 0"]["message"].startswith(
             "gpu 0: cuDevicePrimaryCtxRetain failed: CUDA_ERROR_UNKNOWN (999)"), results["gpu 0"]["message"]
@@ -188,14 +177,14 @@ def test_a_failing_context_and_a_lost_gpu_are_errors_not_fails(tmp_path, lib_dir
     # lost mid-burn: that GPU's error, the other still judged
     spec = _spec()
     spec["gpus"][1][CUDA_KEY]["lost_after_ms"] = 700
-    burn = _by_target(_run(tmp_path, lib_dir, spec, "gpu-burn", deadline=BURN_DEADLINE))
+    burn = by_target(_run(tmp_path, lib_dir, spec, "gpu-burn", deadline=BURN_DEADLINE))
     assert burn["gpu 0"]["outcome"] == "pass"
     assert burn["gpu 1"]["outcome"] == "error" and "CUDA_ERROR_UNKNOWN (999)" in burn["gpu 1"]["message"]
 
     # lost after the memory check counted bad words: still a fail, the error said (extended: 78 patterns of about
     # 30 ms each on 28 MiB, the GPU lost at 300 ms)
     spec = _spec(1, memory_mib=32, stuck_bits=[{"offset": 64, "bit": 1, "value": 1}], lost_after_ms=300)
-    result = _by_target(_run(tmp_path, lib_dir, spec, "gpu-memory", level="extended"))["gpu 0"]
+    result = by_target(_run(tmp_path, lib_dir, spec, "gpu-memory", level="extended"))["gpu 0"]
     assert result["outcome"] == "fail" and "then gpu 0: " in result["message"], result["message"]
 
 
@@ -221,15 +210,15 @@ def test_without_libcuda_an_old_driver_or_no_ptx_compiler_the_test_cannot_run(tm
 
 def test_p2p_pairs_without_peer_access_and_a_single_gpu(tmp_path, lib_dir):
     # no peer access where the profile expects NVLink (h200-sxm: p2p >= 335 GB/s): a fail per pair
-    results = _by_target(_run(tmp_path, lib_dir, _spec(p2p_gbps=0), "gpu-p2p"))
+    results = by_target(_run(tmp_path, lib_dir, _spec(p2p_gbps=0), "gpu-p2p"))
     assert results["gpu 0->gpu 1"]["outcome"] == "fail"
     assert results["gpu 0->gpu 1"]["message"].startswith("gpu 0->gpu 1: no peer access between them")
     # the generic profile expects nothing of it: a pass that says so
-    results = _by_target(_run(tmp_path, lib_dir, _spec(p2p_gbps=0), "gpu-p2p",
+    results = by_target(_run(tmp_path, lib_dir, _spec(p2p_gbps=0), "gpu-p2p",
                               config='[acceptance]\nprofile = "generic"\n'))
     assert results["gpu 1->gpu 0"]["outcome"] == "pass" and "no peer access" in results["gpu 1->gpu 0"]["message"]
     # a slow pair against a limit of the config
-    results = _by_target(_run(tmp_path, lib_dir, _spec(p2p_gbps=100), "gpu-p2p"))
+    results = by_target(_run(tmp_path, lib_dir, _spec(p2p_gbps=100), "gpu-p2p"))
     assert results["gpu 1->gpu 0"]["message"] == "gpu 1->gpu 0: p2p_gbps 100 GB/s (>= 335)"
     assert _run(tmp_path, lib_dir, _spec(1), "gpu-p2p")["not_applicable"] == "one GPU: no pair to copy between"
 
@@ -238,7 +227,7 @@ def test_a_throttled_burn_fails_and_limits_come_from_the_config(tmp_path, lib_di
     spec = _spec()
     spec["gpus"][1]["load"] = {"clocks_event_reasons": 0x4 | 0x40}  # under load: power cap and HW thermal slowdown
     spec["gpus"][0]["load"] = {"clock_sm": 1100}
-    results = _by_target(_run(tmp_path, lib_dir, spec, "gpu-burn", deadline=BURN_DEADLINE,
+    results = by_target(_run(tmp_path, lib_dir, spec, "gpu-burn", deadline=BURN_DEADLINE,
                               config="[acceptance.tests.gpu-burn]\nlimits = { burn_sm_clock_mhz = 1300 }\n"))
     assert results["gpu 0"]["outcome"] == "fail"
     assert results["gpu 0"]["message"].startswith("gpu 0: burn_sm_clock_mhz 1100 MHz (>= 1300)")
@@ -256,7 +245,7 @@ def test_a_process_sees_only_the_gpus_of_its_device_files(tmp_path, lib_dir):
     spec = _spec(3)
     spec["gpus"][1][CUDA_KEY]["stuck_bits"] = [{"offset": 4096, "bit": 7, "value": 0}]
     env = fakenvml.environ(lib_dir, tmp_path / "spec.json", dev_dir=dev)
-    results = _by_target(_run(tmp_path, lib_dir, spec, "gpu-memory", level="quick", env=env))
+    results = by_target(_run(tmp_path, lib_dir, spec, "gpu-memory", level="quick", env=env))
     assert list(results) == ["gpu 0"] and "0x1000-0x1000" in results["gpu 0"]["message"]
 
 

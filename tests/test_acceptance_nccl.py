@@ -9,9 +9,7 @@ The fake NCCL really sums the fake GPUs' buffers; its time follows the spec's bu
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,6 +18,8 @@ import pytest
 
 from slurm_ext.acceptance import gpunccl
 from slurm_ext.devcluster import fakenvml
+
+from helpers.acceptance import CHILD, ask_child, figure
 
 #: the fake NCCL's default version code (fakenccl.c): 2.32.3
 VERSION = "2.32.3"
@@ -55,21 +55,15 @@ def _run(tmp: Path, lib: Path, spec: dict, level: str = "standard", deadline: fl
     spec_path, cfg = tmp / "spec.json", tmp / "slurm-ext.toml"
     fakenvml.write_spec(spec_path, spec)
     cfg.write_text(f'[node]\nstate_dir = "{tmp / "state"}"\n{config}')
-    request = {"test": "gpu-nccl", "level": level, "config": str(cfg), "deadline": deadline, "profile": "auto"}
     environment = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **fakenvml.environ(lib, spec_path)}
     if nccl:
         environment[gpunccl.LIBRARY_ENV] = str(fakenvml.nccl_library(lib))
     environment.update(env or {})
-    if extra_path is None:
-        command = [sys.executable, "-I", "-m", "slurm_ext.acceptance.child"]
-    else:
+    command = CHILD if extra_path is None else (
         # the real child module, with one more entry on its sys.path, as a site-packages of the interpreter
-        command = [sys.executable, "-I", "-c", f"import runpy, sys; sys.path.append({str(extra_path)!r}); "
-                   f"runpy.run_module('slurm_ext.acceptance.child', run_name='__main__')"]
-    proc = subprocess.run(command, input=json.dumps(request), capture_output=True, text=True, env=environment,
-                          timeout=120, cwd=tmp)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+        sys.executable, "-I", "-c", f"import runpy, sys; sys.path.append({str(extra_path)!r}); "
+        f"runpy.run_module('slurm_ext.acceptance.child', run_name='__main__')")
+    return ask_child(cfg, "gpu-nccl", level, deadline, environment, command=command, cwd=tmp)
 
 
 def _result(answer: dict) -> dict:
@@ -79,20 +73,17 @@ def _result(answer: dict) -> dict:
     return result
 
 
-def _figure(result: dict, name: str) -> dict:
-    return next(f for f in result["figures"] if f["name"] == name)
-
 
 def test_eight_healthy_gpus_pass_at_the_modelled_bus_bandwidth_against_the_h200_sxm_limit(tmp_path, lib_dir):
     answer = _run(tmp_path, lib_dir, _spec(busbw_gbps=480))
     assert answer["profile"] == "h200-sxm"
     result = _result(answer)
     assert result["outcome"] == "pass", result
-    busbw = _figure(result, "nccl_busbw_gbps")
+    busbw = figure(result, "nccl_busbw_gbps")
     assert busbw["limit"] == 388 and busbw["unit"] == "GB/s" and busbw["at_least"]
     # the fake's events count exactly the modelled time: busbw back as set, algbw = busbw x n / 2(n-1)
     assert busbw["value"] == pytest.approx(480, rel=1e-3)
-    assert _figure(result, "nccl_algbw_gbps")["value"] == pytest.approx(480 * 8 / 14, rel=1e-3)
+    assert figure(result, "nccl_algbw_gbps")["value"] == pytest.approx(480 * 8 / 14, rel=1e-3)
     assert result["message"].startswith(f"NCCL {VERSION}, 8 GPUs (gpu 0-7), a 6 MiB all-reduce x 20: "
                                         f"nccl_busbw_gbps 480 GB/s (>= 388)"), result["message"]
     assert "the sum is right on every GPU" in result["message"]
@@ -102,7 +93,7 @@ def test_eight_healthy_gpus_pass_at_the_modelled_bus_bandwidth_against_the_h200_
 def test_a_slow_all_reduce_fails_with_its_figure_and_a_reboot(tmp_path, lib_dir):
     result = _result(_run(tmp_path, lib_dir, _spec(busbw_gbps=200)))
     assert result["outcome"] == "fail" and result["action"] == "reboot"
-    assert _figure(result, "nccl_busbw_gbps")["value"] == pytest.approx(200, rel=1e-3)
+    assert figure(result, "nccl_busbw_gbps")["value"] == pytest.approx(200, rel=1e-3)
     assert "nccl_busbw_gbps 200 GB/s (>= 388), too slow" in result["message"], result["message"]
     assert "NVLink" in result["message"] and "reboot" in result["message"]
 
@@ -117,7 +108,7 @@ def test_a_wrong_sum_fails_naming_each_gpu_even_at_full_speed(tmp_path, lib_dir)
         assert f"gpu {index}: element 0 reads 7" in result["message"]
     # every element of the start, middle and end read (1 MiB each) is wrong
     assert f"{3 * 2**20 // 4} of the {3 * 2**20 // 4} elements read are wrong" in result["message"]
-    assert _figure(result, "nccl_busbw_gbps")["value"] == pytest.approx(480, rel=1e-3)
+    assert figure(result, "nccl_busbw_gbps")["value"] == pytest.approx(480, rel=1e-3)
 
 
 def test_an_nccl_error_is_an_error_with_nccls_words_never_a_fail(tmp_path, lib_dir):
@@ -163,14 +154,14 @@ def test_one_gpu_is_not_applicable(tmp_path, lib_dir):
 def test_four_gpus_show_the_8_gpu_limit_unjudged_unless_the_operator_sets_one(tmp_path, lib_dir):
     result = _result(_run(tmp_path, lib_dir, _spec(count=4, busbw_gbps=300)))
     assert result["outcome"] == "pass", result
-    assert _figure(result, "nccl_busbw_gbps")["limit"] is None
-    assert _figure(result, "nccl_busbw_gbps")["value"] == pytest.approx(300, rel=1e-3)
+    assert figure(result, "nccl_busbw_gbps")["limit"] is None
+    assert figure(result, "nccl_busbw_gbps")["value"] == pytest.approx(300, rel=1e-3)
     assert "4 GPUs (gpu 0-3)" in result["message"]
     assert "not judged: the h200-sxm profile's 388 GB/s is for 8 GPUs and this node has 4" in result["message"]
 
     own = _result(_run(tmp_path, lib_dir, _spec(count=4, busbw_gbps=300),
                        config='[acceptance.tests.gpu-nccl]\nlimits = { nccl_busbw_gbps = 350 }\n'))
-    assert own["outcome"] == "fail" and _figure(own, "nccl_busbw_gbps")["limit"] == 350
+    assert own["outcome"] == "fail" and figure(own, "nccl_busbw_gbps")["limit"] == 350
 
 
 def test_extended_asks_8_gib_and_takes_what_memory_allows(tmp_path, lib_dir):
@@ -187,7 +178,7 @@ def test_a_slow_all_reduce_stays_inside_its_deadline(tmp_path, lib_dir):
     assert time.monotonic() - started < 3.0 + 2.0  # the child's start and the fakes' build are outside its deadline
     iterations = int(result["message"].split(" all-reduce x ")[1].split(":")[0])
     assert 1 <= iterations <= 6, result["message"]
-    assert _figure(result, "nccl_busbw_gbps")["value"] == pytest.approx(0.05, rel=1e-2)
+    assert figure(result, "nccl_busbw_gbps")["value"] == pytest.approx(0.05, rel=1e-2)
 
 
 def test_a_gpu_lost_mid_test_is_an_error_naming_it(tmp_path, lib_dir):

@@ -6,7 +6,6 @@ tmpfs mounts made full or read-only here. Needs root (namespaces, mounts) and De
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import stat
@@ -19,6 +18,8 @@ import pytest
 
 from slurm_ext.acceptance import network
 
+from helpers.acceptance import CHILD, ask_child, by_target
+
 
 
 def _child(tmp_path: Path, test: str, acceptance: str, level: str = "standard", path: str = "/usr/bin:/bin",
@@ -27,19 +28,8 @@ def _child(tmp_path: Path, test: str, acceptance: str, level: str = "standard", 
     config.write_text(f'[node]\nstate_dir = "{tmp_path / "state"}"\n\n[acceptance]\nprofile = "h200-sxm"\n'
                       f'{acceptance}\n')
     env = {**os.environ, "PATH": path, **(extra_env or {})}
-    request = {"test": test, "level": level, "config": str(config), "deadline": deadline, "profile": ""}
-    cmd = [sys.executable, "-I", "-m", "slurm_ext.acceptance.child"]
-    if netns is not None:
-        cmd = ["ip", "netns", "exec", netns, *cmd]
-    proc = subprocess.run(cmd, input=json.dumps(request), env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    answer = json.loads(proc.stdout)
-    assert "crashed" not in answer.get("error", ""), proc.stderr
-    return answer
-
-
-def _by_target(answer: dict) -> dict[str, dict]:
-    return {r["target"]: r for r in answer["results"]}
+    command = CHILD if netns is None else ("ip", "netns", "exec", netns, *CHILD)
+    return ask_child(config, test, level, deadline, env, command=command, timeout=300)
 
 
 # -- network-links ---------------------------------------------------------------------------------------------
@@ -67,7 +57,7 @@ def test_interfaces_up_at_their_mtu_and_speed_pass(tmp_path: Path, netns: str) -
     answer = _child(tmp_path, "network-links", "[acceptance.interfaces.data0]\nmtu = 9000\n"
                     "[acceptance.interfaces.eth0]\nspeed_mbps = 10000\nmtu = 1500\n"
                     "[acceptance.interfaces.lo]\n", netns=netns)
-    results = _by_target(answer)
+    results = by_target(answer)
     assert {r["outcome"] for r in results.values()} == {"pass"}, results
     assert results["data0"]["message"] == "data0: up, 10000 Mb/s, MTU 9000"
     assert results["eth0"]["message"] == "eth0: up, 10000 Mb/s (expected >= 10000), MTU 1500"
@@ -78,7 +68,7 @@ def test_a_wrong_mtu_a_slow_link_a_down_one_and_a_missing_one_fail(tmp_path: Pat
     answer = _child(tmp_path, "network-links", "[acceptance.interfaces.data0]\nmtu = 4200\n"
                     "[acceptance.interfaces.eth0]\nspeed_mbps = 400000\n"
                     "[acceptance.interfaces.ib1]\n[acceptance.interfaces.ib7]\n", netns=netns)
-    results = _by_target(answer)
+    results = by_target(answer)
     assert {t: (r["outcome"], r["action"]) for t, r in results.items()} == {
         "data0": ("fail", "none"), "eth0": ("fail", "reboot"), "ib1": ("fail", "reboot"), "ib7": ("fail", "reboot")}
     assert results["data0"]["message"] == ("data0: MTU 9000 (expected 4200: set it, ip link set data0 mtu 4200, or "
@@ -159,7 +149,7 @@ def test_rdma_loopback_per_hca_against_the_profiles_limit(tmp_path: Path, fake_p
     answer = _child(tmp_path, "network-rdma", 'hcas = ["mlx5_0", "mlx5_1", "mlx5_2"]',
                     path=f"{fake_perftest}:/usr/bin:/bin",
                     extra_env={"FAKE_GBPS_mlx5_1": "212.40", "FAKE_FAIL_mlx5_2": "1"})
-    results = _by_target(answer)
+    results = by_target(answer)
     assert results["mlx5_0"]["outcome"] == "pass"
     assert results["mlx5_0"]["message"] == "mlx5_0: loopback rdma_gbps 391.8 Gb/s (>= 360)"
     assert (results["mlx5_1"]["outcome"], results["mlx5_1"]["action"]) == ("fail", "reboot")
@@ -262,7 +252,7 @@ def test_a_read_only_file_system_and_a_missing_path_fail(tmp_path: Path, small_t
     subprocess.run(["mount", "-o", "remount,ro", str(small_tmpfs)], check=True)
     answer = _child(tmp_path, "storage", f'paths = ["{small_tmpfs}", "{tmp_path / "gone"}"]', level="quick",
                     path=fio_path)
-    results = _by_target(answer)
+    results = by_target(answer)
     assert results[str(small_tmpfs)]["message"] == f"{small_tmpfs}: read-only (Read-only file system)"
     assert results[str(tmp_path / "gone")]["message"] == f"{tmp_path / 'gone'}: missing (No such file or directory)"
     assert {r["outcome"] for r in results.values()} == {"fail"}

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from slurm_ext.acceptance import profiles
 from slurm_ext.devcluster import fakenvml
+
+from helpers.acceptance import ask_child, by_target
 
 DATA = Path(__file__).parent / "data" / "real-gpu"
 H100 = "NVIDIA H100 80GB HBM3"
@@ -56,17 +56,7 @@ def _child(nvml_lib: Path, tmp_path: Path, test: str, spec: dict, acceptance: st
     env = {**os.environ, **fakenvml.environ(nvml_lib, tmp_path / "gpus.json")}
     if path is not None:
         env["PATH"] = path
-    request = {"test": test, "level": level, "config": str(config), "deadline": 60.0, "profile": ""}
-    proc = subprocess.run([sys.executable, "-I", "-m", "slurm_ext.acceptance.child"], input=json.dumps(request),
-                          env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    answer = json.loads(proc.stdout)
-    assert "crashed" not in answer.get("error", ""), proc.stderr
-    return answer
-
-
-def _by_target(answer: dict) -> dict[str, dict]:
-    return {r["target"]: r for r in answer["results"]}
+    return ask_child(config, test, level, 60.0, env)
 
 
 # -- the recorded H200 -------------------------------------------------------------------------------------------
@@ -76,7 +66,7 @@ def test_the_recorded_h200_passes_inventory_with_the_h200_sxm_profile(nvml_lib: 
     _baseline(tmp_path / "state", 1)
     answer = _child(nvml_lib, tmp_path, "gpu-inventory", _recorded_h200())
     assert (answer["profile"], answer["profile_note"]) == ("h200-sxm", "")
-    results = _by_target(answer)
+    results = by_target(answer)
     assert {r["outcome"] for r in results.values()} == {"pass"}, results
     node = results[""]
     assert "1 GPUs (expected 1, from gres/baseline.json); driver 580.159.04" == node["message"]
@@ -95,7 +85,7 @@ def test_the_recorded_h200_has_no_nvlink_to_test(nvml_lib: Path, tmp_path: Path)
 
 def test_without_an_expected_count_the_count_is_shown_not_judged(nvml_lib: Path, tmp_path: Path) -> None:
     answer = _child(nvml_lib, tmp_path, "gpu-inventory", _recorded_h200())
-    node = _by_target(answer)[""]
+    node = by_target(answer)[""]
     assert node["outcome"] == "pass"
     assert "count not judged: no [acceptance] gpus and no gres baseline yet" in node["message"]
     assert node["figures"][0]["limit"] is None
@@ -121,7 +111,7 @@ def test_nvlinks_down_fail_naming_the_gpu_and_links_with_reboot(nvml_lib: Path, 
     spec = _hgx()
     spec["gpus"][5]["nvlink_peers"] = spec["gpus"][5]["nvlink_peers"][:16]
     spec["gpus"][5]["nvlink_count"] = 18
-    results = _by_target(_child(nvml_lib, tmp_path, "gpu-nvlink", spec))
+    results = by_target(_child(nvml_lib, tmp_path, "gpu-nvlink", spec))
     assert results["gpu 5"]["outcome"] == "fail"
     assert results["gpu 5"]["action"] == "reboot"
     assert results["gpu 5"]["message"] == "gpu 5: 16 active NVLinks (expected >= 18); inactive: 16, 17"
@@ -132,7 +122,7 @@ def test_a_missing_gpu_fails_the_count_with_reboot(nvml_lib: Path, tmp_path: Pat
     _baseline(tmp_path / "state", 8)
     spec = _hgx()
     del spec["gpus"][3]
-    results = _by_target(_child(nvml_lib, tmp_path, "gpu-inventory", spec))
+    results = by_target(_child(nvml_lib, tmp_path, "gpu-inventory", spec))
     node = results[""]
     assert (node["outcome"], node["action"]) == ("fail", "reboot")
     assert node["message"] == "1 GPU missing: 7 of 8 (from gres/baseline.json)"
@@ -147,7 +137,7 @@ def test_row_remapping_pending_fails_with_reset_gpu_and_failed_with_remove(nvml_
     spec = _hgx()
     spec["gpus"][2]["remapped_rows"] = {"corrected": 0, "uncorrected": 1, "pending": 1, "failure": 0}
     spec["gpus"][6]["remapped_rows"] = {"corrected": 0, "uncorrected": 512, "pending": 0, "failure": 1}
-    results = _by_target(_child(nvml_lib, tmp_path, "gpu-inventory", spec, "gpus = 8"))
+    results = by_target(_child(nvml_lib, tmp_path, "gpu-inventory", spec, "gpus = 8"))
     assert (results["gpu 2"]["outcome"], results["gpu 2"]["action"]) == ("fail", "reset-gpu")
     assert results["gpu 2"]["message"] == "gpu 2: row remapping pending (applied at the next GPU reset)"
     assert (results["gpu 6"]["outcome"], results["gpu 6"]["action"]) == ("fail", "remove")
@@ -159,21 +149,21 @@ def test_ecc_off_fails_a_data_centre_gpu_with_reboot_and_is_shown_under_generic(
                                                                                  tmp_path: Path) -> None:
     spec = _hgx(count=2)
     spec["gpus"][1]["ecc_mode"] = {"current": 0, "pending": 0}
-    results = _by_target(_child(nvml_lib, tmp_path, "gpu-inventory", spec))
+    results = by_target(_child(nvml_lib, tmp_path, "gpu-inventory", spec))
     assert (results["gpu 1"]["outcome"], results["gpu 1"]["action"]) == ("fail", "reboot")
     assert "gpu 1: ECC off (memory errors go uncorrected and unreported" in results["gpu 1"]["message"]
     assert "enable it (nvidia-smi -e 1) and reboot" in results["gpu 1"]["message"]
     spec["gpus"][1]["ecc_mode"] = {"current": 0, "pending": 1}
-    results = _by_target(_child(nvml_lib, tmp_path, "gpu-inventory", spec))
+    results = by_target(_child(nvml_lib, tmp_path, "gpu-inventory", spec))
     assert "on at the next reboot" in results["gpu 1"]["message"]
-    generic = _by_target(_child(nvml_lib, tmp_path, "gpu-inventory", spec, 'profile = "generic"'))
+    generic = by_target(_child(nvml_lib, tmp_path, "gpu-inventory", spec, 'profile = "generic"'))
     assert generic["gpu 1"]["outcome"] == "pass" and "ECC off" in generic["gpu 1"]["message"]
 
 
 def test_retired_pages_pending_fails_with_reset_gpu(nvml_lib: Path, tmp_path: Path) -> None:
     spec = _hgx(count=2)
     spec["gpus"][0].update(retired_pages=[{"address": 4096, "cause": "double_bit"}], retired_pages_pending=1)
-    results = _by_target(_child(nvml_lib, tmp_path, "gpu-inventory", spec))
+    results = by_target(_child(nvml_lib, tmp_path, "gpu-inventory", spec))
     assert (results["gpu 0"]["outcome"], results["gpu 0"]["action"]) == ("fail", "reset-gpu")
     assert "page retirement pending" in results["gpu 0"]["message"]
     assert results["gpu 1"]["outcome"] == "pass"
@@ -183,7 +173,7 @@ def test_a_lost_gpu_fails_with_reboot(nvml_lib: Path, tmp_path: Path) -> None:
     spec = _hgx(count=2)
     spec["gpus"][1]["lost"] = True
     answer = _child(nvml_lib, tmp_path, "gpu-inventory", spec, 'profile = "h100-sxm"')
-    lost = _by_target(answer)["gpu 1"]
+    lost = by_target(answer)["gpu 1"]
     assert (lost["outcome"], lost["action"]) == ("fail", "reboot")
     assert "GPU is lost" in lost["message"] and "drain the node" in lost["message"]
 
@@ -191,7 +181,7 @@ def test_a_lost_gpu_fails_with_reboot(nvml_lib: Path, tmp_path: Path) -> None:
 def test_less_memory_than_the_model_fails(nvml_lib: Path, tmp_path: Path) -> None:
     spec = _recorded_h200()
     spec["gpus"][0]["memory_total"] = 100 * 2**30
-    gpu = _by_target(_child(nvml_lib, tmp_path, "gpu-inventory", spec))["gpu 0"]
+    gpu = by_target(_child(nvml_lib, tmp_path, "gpu-inventory", spec))["gpu 0"]
     assert gpu["outcome"] == "fail"
     assert gpu["message"] == "gpu 0: memory_gib 100 GiB (>= 139): less memory than the model has"
 
@@ -217,7 +207,7 @@ def test_gpus_that_differ_are_noted_and_the_odd_one_fails_the_profile(nvml_lib: 
     answer = _child(nvml_lib, tmp_path, "gpu-inventory", spec)
     assert answer["profile"] == "h100-sxm"
     assert "GPUs differ: gpu 0 is 'NVIDIA H100 80GB HBM3', others 'NVIDIA H200'" in answer["profile_note"]
-    odd = _by_target(answer)["gpu 1"]
+    odd = by_target(answer)["gpu 1"]
     assert odd["outcome"] == "fail" and "'NVIDIA H200' is not the profile's (h100-sxm" in odd["message"]
 
 
@@ -225,7 +215,7 @@ def test_gpus_that_differ_are_noted_and_the_odd_one_fails_the_profile(nvml_lib: 
 def test_a_named_profile_is_taken_whatever_the_gpus_are(nvml_lib: Path, tmp_path: Path, name: str) -> None:
     answer = _child(nvml_lib, tmp_path, "gpu-inventory", _recorded_h200(), f'profile = "{name}"')
     assert (answer["profile"], answer["profile_note"]) == (name, "")
-    memory = _by_target(answer)["gpu 0"]["figures"][0]
+    memory = by_target(answer)["gpu 0"]["figures"][0]
     assert memory["limit"] == profiles.PROFILES[name].limits.get("memory_gib")
 
 
