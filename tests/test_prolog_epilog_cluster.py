@@ -281,6 +281,9 @@ def test_an_unkillable_leftover_drains_the_node_naming_the_pid(running_cluster):
         pid = int(wait_for("the job's sleep", lambda: (p := out / f"frozen-{job}").exists() and p.read_text()
                            .strip(), timeout=30))
         sleeper = Proc.of(pid)
+        # $! is the pid of setsid, which execs sleep: freeze it only once it is sleep, or the
+        # reason names the process it was a moment before.
+        wait_for("setsid to exec sleep", lambda: psutil.Process(pid).name() == "sleep", timeout=10)
         (frozen / "cgroup.procs").write_text(str(pid))
         (frozen / "freezer.state").write_text("FROZEN")
         started = time.monotonic()
