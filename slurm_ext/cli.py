@@ -26,7 +26,7 @@ GLOBAL_OPTIONS = ("config", "verbose")
 #: Each has a `cli` module whose `add_commands(commands)` adds its subcommands; the core names
 #: them here, like the config's sections (`slurm_ext.config`), and imports nothing else of a
 #: component: those modules import their component's work only when a command runs.
-_COMMAND_OWNERS = ("supervisor", "prolog_epilog", "gres", "accounting", "health", "repair", "acceptance", "web",
+_COMMAND_OWNERS = ("supervisor", "prolog_epilog", "gres", "accounting", "health", "repair", "acceptance", "oidc", "web",
                    "devcluster")
 
 

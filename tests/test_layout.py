@@ -57,7 +57,7 @@ def _imported_modules(path: Path, package: str) -> list[tuple[int, str]]:
 FLOORS = {
     "slurm_ext": 0,
     "slurm_ext.nodestate": 1,
-    "slurm_ext.gres": 2, "slurm_ext.accounting": 2, "slurm_ext.prolog_epilog": 2,
+    "slurm_ext.gres": 2, "slurm_ext.accounting": 2, "slurm_ext.prolog_epilog": 2, "slurm_ext.oidc": 2,
     "slurm_ext.health": 3, "slurm_ext.repair": 3, "slurm_ext.acceptance": 3,
     "slurm_ext.supervisor": 4, "slurm_ext.web": 4, "slurm_ext.devcluster": 4,
 }
