@@ -159,6 +159,7 @@ _SECTION_OWNERS = {
     "health": "health",
     "repair": "repair",
     "acceptance": "acceptance",
+    "oidc": "oidc",
     "web": "web",
     "dev": "devcluster",
 }
