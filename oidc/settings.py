@@ -27,6 +27,16 @@ class OidcSection:
                                 "clock and ours differ a little)", "duration", minimum=0.0, maximum=600.0)
     timeout: float = setting(10.0, "longest wait for one answer of the IdP (discovery, JWKS, token endpoint)",
                              "duration", minimum=1.0, maximum=120.0)
+    slurm_jwks_file: str = setting("/etc/slurm/jwks.json", "where `oidc slurm` writes the IdP's signing keys for "
+                                   "Slurm's auth/jwt (AuthAltParameters=jwks=...): SlurmUser's, mode 0400", "path")
+    slurm_userclaimfield: str = setting("preferred_username", "the token claim Slurm takes as the user name "
+                                        "(AuthAltParameters userclaimfield=; a `username` or `sun` claim in a token "
+                                        "wins over it); lower case: Slinky lower-cases AuthAltParameters",
+                                        "str", pattern=r"^[a-z0-9_.:-]+$")
+    slurm_user: str = setting("", "owner of the JWKS file; empty: SlurmUser from `scontrol show config`, and "
+                              "`slurm` when slurmctld does not answer", "str", pattern=r"^[A-Za-z0-9._-]*$")
+    slurm_refresh: float = setting(300.0, "how often `oidc slurm --watch` reads the IdP's keys again (a rotated "
+                                   "key reaches Slurm at most this late)", "duration", minimum=10.0, maximum=86400.0)
 
 
 register_section("oidc", OidcSection)
