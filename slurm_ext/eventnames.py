@@ -312,6 +312,16 @@ _ENTRIES = (
               "fingerprint: never the token)"),
     EventName("web-token-revoked", _WEB, "info", "`slurm-ext web revoke-token` (or `add-token --replace`) removed "
               "an operator's tokens (user, fingerprints): the page refuses them from its next request"),
+    # -- oidc (oidc/: `slurm-ext oidc slurm`) -------------------------------------------------------------
+    EventName("oidc-slurm-jwks-written", ("oidc",), "info",
+              "`oidc slurm` wrote the IdP's RSA signing keys for Slurm's auth/jwt, first or after the IdP rotated "
+              "them (file, kids, added, removed, dropped: the IdP's keys left out and why, reconfigured)"),
+    EventName("oidc-slurm-jwks-refused", ("oidc",), "error",
+              "`oidc slurm` could not use the IdP's keys (unreachable, a discovery document or JWKS that is not "
+              "OpenID Connect's, no RSA signing key) or write the file: Slurm keeps the JWKS file it has"),
+    EventName("oidc-slurm-reconfigure-failed", ("oidc",), "error",
+              "the JWKS file changed but `scontrol reconfigure` failed: Slurm reads the new keys only when its "
+              "daemons restart or reconfigure"),
     # -- drills on the dev cluster (devcluster/: `slurm-ext dev inject`, `dev heal`) -------------------------
     EventName("drill-injected", ("devcluster",), "warning",
               "DRILL, not a real fault: `slurm-ext dev inject` made a fault on this dev node (fault, gpu, user; "
