@@ -305,6 +305,14 @@ _ENTRIES = (
               "address)"),
     EventName("web-refused", _WEB, "warning", "an operation was refused: no or unknown credentials, a proxy header "
               "from an untrusted address, a missing, forged or stale CSRF token, another site's request"),
+    EventName("web-signin", _WEB, "info", "a person signed in to the page with the IdP ([oidc]): their name and "
+              "subject, role, address and the session's end"),
+    EventName("web-signout", _WEB, "info", "a person signed out of the page (their session ended; the browser is sent "
+              "to the IdP's logout where it has one)"),
+    EventName("web-signin-refused", _WEB, "warning", "a sign-in was refused, with no session: the IdP's error, a "
+              "state mismatch or a replayed callback, a code the token endpoint refused, an ID token not believed "
+              "(signature, issuer, audience, expiry, issue time, nonce), a groups claim that is not a list, no mapped "
+              "group where viewing needs sign-in, the IdP away (at most one a minute for an address)"),
     EventName("web-source-failed", _WEB, "warning", "Slurm, the repair database or Prometheus stopped answering the "
               "page; it shows their last answer, with its age"),
     EventName("web-source-ok", _WEB, "info", "a source of the page answers again"),

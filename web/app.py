@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from flask import Flask, Response, jsonify, request, send_from_directory
+from flask import Flask, Response, jsonify, redirect, request, send_from_directory
 from werkzeug.exceptions import HTTPException
 
 from slurm_ext import events
@@ -36,6 +36,8 @@ from slurm_ext.health.settings import CHECKS, SEVERITIES
 from slurm_ext.repair.settings import ACTIONS
 
 from .auth import Csrf, Operator, ProxySecret, RequestRefused, Tokens, operator_of
+from .session import COOKIE, SessionRefused, Sessions
+from .signin import STATE_COOKIE, SIGN_IN_WAIT, SignIn, SignInRefused
 from .healthview import history_rows
 from .watch import Watcher
 
@@ -73,6 +75,15 @@ _GPU_NAME = re.compile(r"^[A-Za-z0-9:._-]{1,64}\Z")
 _CLEAR_TIMEOUT = 15.0
 #: seconds between two web-refused events of one address (a client refused in a loop must not rotate the journal)
 _REFUSED_EVERY = 60.0
+#: what each operation is, in a refusal of a role that may not do it
+_OPERATIONS = {"approve": "approve repairs", "reject": "reject repairs", "reopen": "reopen repairs",
+               "clear": "clear health findings", "check": "run health checks"}
+#: the roles that may operate
+_OPERATOR_ROLES = ("operator", "admin")
+#: routes anyone may reach where viewing needs sign-in: the page's shell (it shows the sign-in prompt), its assets,
+#: the session (what the prompt says) and the sign-in itself
+_OPEN_PATHS = ("/", "/api/session")
+_OPEN_PREFIXES = ("/static/", "/auth/")
 #: headers of every answer: no other site may frame the page or run scripts in it
 _HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
             "X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY", "Referrer-Policy": "no-referrer"}
@@ -124,17 +135,25 @@ def _query(allowed: dict[str, Callable[[str], object]]) -> dict[str, object]:
     return found
 
 
-def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Flask:
-    """The page's Flask app over `watcher` (made from `config` when not given; the caller starts it)."""
+def create_app(config, watcher: Watcher | None = None, store_opener=None, clock=time.time) -> Flask:
+    """The page's Flask app over `watcher` (made from `config` when not given; the caller starts it); `clock` is
+    the sign-in sessions' and the IdP's keys' (tests move it)."""
     settings = config.web
     watcher = watcher or Watcher(config)
     tokens = Tokens(settings.token_file)
     proxy_secret = ProxySecret(settings.proxy_secret_file) if settings.proxy_secret_file else None
     tokens.usable()  # what is wrong with the file is logged at the start, not first at an operator's request
     csrf = Csrf()
+    sessions = Sessions(settings.session_lifetime, settings.session_key_file, clock=clock)
+    oidc = getattr(config, "oidc", None)
+    signin = SignIn(oidc, settings, sessions, clock=clock) if settings.oidc_client_id and oidc is not None and oidc.issuer \
+        else None
+    if settings.oidc_client_id and signin is None:
+        log.warning("web: web.oidc_client_id is set but [oidc] issuer is empty: no sign-in")
     emit = events.emitter(config.node.state_dir, "web")
     checks_running = threading.BoundedSemaphore(_CHECKS_AT_ONCE)
     refused_last: dict[str, float] = {}
+    signin_refused_last: dict[str, float] = {}
     app = Flask(__name__, static_folder=None)
     app.config.update(PROPAGATE_EXCEPTIONS=False, JSON_SORT_KEYS=False, MAX_CONTENT_LENGTH=MAX_BODY)
     app.extensions["slurm_ext_watcher"] = watcher
@@ -159,7 +178,55 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
                                   f"{time.time() - view.data['refreshed']:.0f}s ago)")
         return found
 
+    def secure() -> bool:
+        """Whether the browser reached the page over https: directly, or through a trusted proxy that says so."""
+        if request.scheme == "https":
+            return True
+        return request.remote_addr in settings.trusted_proxies and \
+            request.headers.get("X-Forwarded-Proto", "").lower() == "https"
+
+    def signed_in() -> Operator | None:
+        """The person of the request's session cookie, or None without one.
+
+        Raises:
+            RequestRefused (401): a cookie that gives no session (expired, ended, not this page's): sign in again.
+        """
+        value = request.cookies.get(COOKIE)
+        if not value:
+            return None
+        try:
+            person = sessions.read(value)
+        except SessionRefused as err:
+            refusal = RequestRefused(401, str(err))
+            refusal.clear_session = True
+            raise refusal from None
+        return Operator(person.user, "oidc", person.role)
+
+    def who_asks() -> Operator | None:
+        """Who the request's credentials name (a proxy's header, a token, a session), or None without any."""
+        header = settings.proxy_user_header
+        if (header and request.headers.get(header) is not None) or \
+                request.headers.get("Authorization", "").startswith("Bearer "):
+            return operator_of(request.headers, request.remote_addr, settings, tokens, proxy_secret)
+        return signed_in()
+
     # -- answers ---------------------------------------------------------------------------------
+
+    @app.before_request
+    def viewing():
+        """Every request's session is checked (an expired one: 401, sign in again); where viewing needs sign-in,
+        the API answers only a viewer."""
+        if request.path in _OPEN_PATHS or request.path.startswith(_OPEN_PREFIXES):
+            return None
+        if not request.path.startswith("/api/"):
+            return None
+        # viewing open: only a session cookie is checked (an expired one says so); a token or proxy header means
+        # something only to an operation, as before sign-in
+        who = signed_in() if settings.viewing == "anyone" else who_asks()
+        if who is None and settings.viewing == "signed-in":
+            raise RequestRefused(401, "viewing this page needs sign-in: sign in (/auth/login)"
+                                 + (" or send an operator token" if settings.token_file else ""))
+        return None
 
     @app.after_request
     def headers(answer: Response) -> Response:
@@ -185,7 +252,74 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
     @app.errorhandler(RequestRefused)
     def refused(err: RequestRefused):
         on_record(err)
-        return jsonify(error=str(err)), err.status
+        answer = jsonify(error=str(err), signin=signin is not None)
+        if getattr(err, "clear_session", False):  # the browser forgets it: the page goes on as anyone's, or asks
+            answer.delete_cookie(COOKIE, path="/")
+        return answer, err.status
+
+    def on_signin_refused(err: SignInRefused) -> None:
+        """A web-signin-refused event for this request, at most one a minute for its address."""
+        now, address = time.monotonic(), request.remote_addr or "?"
+        if now - signin_refused_last.get(address, -_REFUSED_EVERY) >= _REFUSED_EVERY:
+            if len(signin_refused_last) > 10000:
+                signin_refused_last.clear()
+            signin_refused_last[address] = now
+            emit("web-signin-refused", f"sign-in from {address} refused: {err} (at most one such event a minute for "
+                                       "an address)", "warning", address=address)
+
+    @app.errorhandler(SignInRefused)
+    def signin_refused(err: SignInRefused):
+        on_signin_refused(err)
+        text = f"Sign-in refused: {err}\n\nBegin again: /auth/login\n"
+        answer = Response(text, err.status, mimetype="text/plain")
+        answer.delete_cookie(STATE_COOKIE, path="/auth/")
+        return answer
+
+    # -- sign-in (web.oidc_client_id, [oidc] issuer) ---------------------------------------------------
+
+    def redirect_uri() -> str:
+        return settings.oidc_redirect_url or request.host_url.rstrip("/") + "/auth/callback"
+
+    def page_url() -> str:
+        url = settings.oidc_redirect_url
+        return url.removesuffix("auth/callback") if url else request.host_url
+
+    @app.get("/auth/login")
+    def login():
+        _query({})
+        if signin is None:
+            raise BadRequest(404, "sign-in is not configured (web.oidc_client_id and [oidc] issuer)")
+        url, state = signin.start(redirect_uri())
+        answer = redirect(url, 302)
+        answer.set_cookie(STATE_COOKIE, state, max_age=int(SIGN_IN_WAIT), path="/auth/", httponly=True,
+                          samesite="Lax", secure=secure())
+        return answer
+
+    @app.get("/auth/callback")
+    def callback():
+        if signin is None:
+            raise BadRequest(404, "sign-in is not configured (web.oidc_client_id and [oidc] issuer)")
+        value, person = signin.finish(request.args, request.cookies.get(STATE_COOKIE))
+        emit("web-signin", f"{person.user} signed in as {person.role or 'no role (viewing only)'} from "
+                           f"{request.remote_addr}, until {time.strftime('%H:%M:%S %Z', time.localtime(person.expires))}",
+             user=person.user, role=person.role or "none", address=request.remote_addr)
+        answer = redirect(page_url(), 302)
+        answer.set_cookie(COOKIE, value, max_age=int(settings.session_lifetime), path="/", httponly=True,
+                          samesite="Lax", secure=secure())
+        answer.delete_cookie(STATE_COOKIE, path="/auth/")
+        return answer
+
+    @app.route("/auth/logout", methods=["GET", "POST"])
+    def logout():
+        value = request.cookies.get(COOKIE)
+        person = sessions.end(value) if value else None
+        if person is not None:
+            emit("web-signout", f"{person.user} signed out from {request.remote_addr}", user=person.user,
+                 address=request.remote_addr)
+        target = signin.logout_url(page_url()) if signin is not None and person is not None else page_url()
+        answer = redirect(target, 302) if request.method == "GET" else jsonify(message="signed out", redirect=target)
+        answer.delete_cookie(COOKIE, path="/")
+        return answer
 
     @app.errorhandler(HTTPException)
     def http_error(err: HTTPException):
@@ -314,19 +448,23 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
     @app.get("/api/session")
     def session():
         _query({})
-        user, via, problem, hint = None, None, "", ""
+        user, via, role, problem, hint, expired = None, None, None, "", "", False
         if settings.token_file and not tokens.usable():
             hint, problem = (_NO_TOKEN_YET, "") if tokens.none_yet else ("", _TOKENS_UNUSABLE)
         try:  # who the credentials sent are: the header names the operator, a wrong token says so
-            sent_proxy = settings.proxy_user_header and request.headers.get(settings.proxy_user_header) is not None
-            if sent_proxy or request.headers.get("Authorization", "").startswith("Bearer "):
-                found = operator_of(request.headers, request.remote_addr, settings, tokens, proxy_secret)
-                user, via = found.user, found.via
+            found = who_asks()
+            if found is not None:
+                user, via, role = found.user, found.via, found.role
         except RequestRefused as err:  # recorded as a refused operation is: guessing here is seen as there
-            problem = str(err)
+            problem, expired = str(err), getattr(err, "clear_session", False)
             on_record(err)
-        return jsonify(csrf=csrf.issue(), user=user, via=via, tokens=bool(settings.token_file),
-                       proxy=settings.proxy_user_header or None, problem=problem, hint=hint, checks=list(CHECKS))
+        answer = jsonify(csrf=csrf.issue(), user=user, via=via, role=role, tokens=bool(settings.token_file),
+                         proxy=settings.proxy_user_header or None, problem=problem, hint=hint, checks=list(CHECKS),
+                         signin=signin is not None, viewing=settings.viewing,
+                         signin_needed=settings.viewing == "signed-in" and user is None)
+        if expired:
+            answer.delete_cookie(COOKIE, path="/")
+        return answer
 
     # -- operations -------------------------------------------------------------------------------------
     # The CSRF token travels in a header of its own: another site's page cannot read one, and cannot send that
@@ -334,9 +472,19 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None) -> Fla
     # proxy that rewrites Host would break).
 
     def operation(node_name: str) -> tuple[Operator, dict]:
-        """Who asks (an operator, with a CSRF token from this server), about which node."""
+        """Who asks (an operator or admin, with a CSRF token from this server), about which node.
+
+        Raises:
+            RequestRefused: no CSRF token (403), no credentials (401), a role that may not operate (403).
+        """
         csrf.check(request.headers.get("X-CSRF-Token"))
-        who = operator_of(request.headers, request.remote_addr, settings, tokens, proxy_secret)
+        who = who_asks()
+        if who is None:
+            who = operator_of(request.headers, request.remote_addr, settings, tokens, proxy_secret)  # says how
+        if who.role not in _OPERATOR_ROLES:
+            what = _OPERATIONS.get(request.path.rstrip("/").rsplit("/", 1)[-1], "do this")
+            raise RequestRefused(403, f"your role {who.role or 'none'} cannot {what}: operator or admin needed "
+                                      f"({who.user})")
         return who, known_node(_checked_name(node_name))
 
     def body() -> dict:

@@ -44,7 +44,7 @@ from slurm_ext.errors import SlurmExtError
 
 from .secretfile import SecretFile, SecretFileError
 
-__all__ = ["RequestRefused", "Operator", "Tokens", "ProxySecret", "Csrf", "operator_of", "token_hash",
+__all__ = ["RequestRefused", "Operator", "TOKEN_ROLES", "Tokens", "ProxySecret", "Csrf", "operator_of", "token_hash",
            "hashed_lines", "MIN_TOKEN", "PROXY_SECRET_HEADER"]
 
 log = logging.getLogger("web")
@@ -60,6 +60,8 @@ HASH_PREFIX = "sha256:"
 #: a user name as the history keeps it (a proxy may pass an email address)
 _USER = re.compile(r"^[A-Za-z0-9._@+-]{1,128}$")
 _HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
+#: the roles a token line may name after its hash (the page's roles: web/session.py ROLES)
+TOKEN_ROLES = ("viewer", "operator", "admin")
 #: the migration of a file of plain tokens, named in its error
 HASH_COMMAND = "slurm-ext web hash-tokens"
 
@@ -75,9 +77,14 @@ class RequestRefused(SlurmExtError):
 
 @dataclass(frozen=True, slots=True)
 class Operator:
+    """Who a request comes from: a person or an automation, named in the repair history by `user`."""
+
     user: str
-    #: token or proxy
+    #: token, proxy or oidc
     via: str
+    #: the page's role: viewer, operator or admin ("" for a person signed in whom no group maps: viewing only);
+    #: a proxy's user is an operator (as before roles), a token's is its line's (operator when it names none)
+    role: str = "operator"
 
 
 def token_hash(token: str) -> str:
@@ -102,7 +109,9 @@ def hashed_lines(text: str) -> tuple[str, int]:
 
 
 class Tokens:
-    """The operators' token file (`USER sha256:HASH` lines), read again whenever it changes on disk."""
+    """The operators' token file (`USER sha256:HASH [ROLE]` lines), read again whenever it changes on disk. Each
+    token is tied to its line's USER, the identity the repair history names; ROLE (viewer, operator, admin) is
+    operator when left out, so files of before roles keep working."""
 
     def __init__(self, path: str):
         self.path = path
@@ -112,6 +121,7 @@ class Tokens:
         self._lock = threading.Lock()
         self._content: bytes | None = None
         self._hashes: dict[bytes, str] = {}
+        self._roles: dict[bytes, str] = {}
         #: why the file gives no operator, or ignores some of its lines ("" when all is well): for the log only
         self.problem = "" if path else "web.token_file is empty: no tokens"
         #: no token was made yet (the file is missing, or holds no line but comments): a fresh cluster, not a fault
@@ -129,36 +139,44 @@ class Tokens:
 
     def user_of(self, token: str) -> str | None:
         """The operator whose token this is, or None."""
+        found = self.holder_of(token)
+        return found[0] if found else None
+
+    def holder_of(self, token: str) -> tuple[str, str] | None:
+        """(user, role) of the token, or None."""
         if self._file is None:
             return None
         with self._lock:
             self._load()
-            hashes = dict(self._hashes)
+            hashes, roles = dict(self._hashes), dict(self._roles)
         digest = hashlib.sha256(token.encode(errors="replace")).digest()
         found = None
         for known, user in hashes.items():  # every entry compared, in constant time each
             if hmac.compare_digest(known, digest):
-                found = user
+                found = (user, roles.get(known, "operator"))
         return found
 
     def _load(self) -> None:
         try:
             content = self._file.read()
         except SecretFileError as err:
-            self._content, self._hashes, self.none_yet = None, {}, err.kind == "missing"
+            self._content, self._hashes, self._roles, self.none_yet = None, {}, {}, err.kind == "missing"
             self._said(f"{err}: its tokens are not used")
             return
         if content is self._content:
             return  # unchanged: SecretFile gives the very same bytes
-        self._content, self._hashes = content, {}
+        self._content, self._hashes, self._roles = content, {}, {}
         self.none_yet = not any(line.split("#", 1)[0].strip() for line in content.decode(errors="replace").splitlines())
         bad, plain = [], []
         for number, line in enumerate(content.decode(errors="replace").splitlines(), 1):
             words = line.split("#", 1)[0].split()
             if not words:
                 continue
-            if len(words) == 2 and _USER.match(words[0]) and _HASH.match(words[1]):
-                self._hashes[bytes.fromhex(words[1].removeprefix(HASH_PREFIX))] = words[0]
+            if len(words) in (2, 3) and _USER.match(words[0]) and _HASH.match(words[1]) \
+                    and (len(words) == 2 or words[2] in TOKEN_ROLES):
+                digest = bytes.fromhex(words[1].removeprefix(HASH_PREFIX))
+                self._hashes[digest] = words[0]
+                self._roles[digest] = words[2] if len(words) == 3 else "operator"
             elif len(words) == 2 and _USER.match(words[0]) and len(words[1]) >= MIN_TOKEN:
                 plain.append(number)
             else:
@@ -227,11 +245,13 @@ def operator_of(headers, remote_addr: str, settings, tokens: Tokens, proxy_secre
         return Operator(user, "proxy")
     authorization = headers.get("Authorization", "")
     if authorization.startswith("Bearer "):
-        user = tokens.user_of(authorization.removeprefix("Bearer ").strip())
-        if user is None:
+        found = tokens.holder_of(authorization.removeprefix("Bearer ").strip())
+        if found is None:
             raise RequestRefused(401, "this operator token is not known (revoked, or mistyped)")
-        return Operator(user, "token")
+        return Operator(found[0], "token", found[1])
     how = ["an operator token (Authorization: Bearer, from web.token_file)"]
+    if getattr(settings, "oidc_client_id", ""):
+        how.insert(0, "sign-in (/auth/login)")
     if header:
         how.append(f"sign-in through the trusted proxy ({header})")
     raise RequestRefused(401, "an operation needs an authenticated operator: " + " or ".join(how))

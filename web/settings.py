@@ -46,6 +46,37 @@ class WebSection:
                                      "X-Slurm-Ext-Proxy-Secret header: proxy_user_header is then believed only beside "
                                      "it (for a proxy address others can send from too); empty: off", "path",
                                      empty_ok=True)
+    oidc_client_id: str = setting("", "the page's client id at the IdP of [oidc] (its ID tokens' audience): the page "
+                                  "signs people in with OpenID Connect (authorization code flow with PKCE); empty: no "
+                                  "sign-in (tokens and the trusted proxy only)", "str", pattern=r"^\S{0,255}$")
+    oidc_client_secret_file: str = setting("", "a file of root's (mode 600) holding the client's secret, for an IdP "
+                                           "that registered the page as a confidential client (the agent copies it "
+                                           "for web.user); empty: a public client (PKCE only)", "path", empty_ok=True)
+    oidc_redirect_url: str = setting("", "the URL the IdP sends people back to: the page's public URL + "
+                                     "/auth/callback, registered at the IdP (needed behind a reverse proxy); empty: "
+                                     "the URL the request came to + /auth/callback", "str",
+                                     pattern=r"^(https?://\S+/auth/callback)?$")
+    oidc_scopes: tuple = setting(("openid", "profile", "email"), "the scopes the sign-in asks for (openid always; "
+                                 "add the one your IdP needs to put the groups claim in the ID token)", "list",
+                                 item={"kind": "str", "pattern": r"^[\x21\x23-\x5b\x5d-\x7e]{1,64}$"})
+    oidc_groups_claim: str = setting("groups", "the ID token's claim that lists the person's groups (a list of "
+                                     "strings), mapped to a role by roles", "str", pattern=r"^[A-Za-z0-9_:./-]{1,128}$")
+    roles: dict = setting({}, "the IdP's groups each role of the page takes: { viewer = [\"slurm-users\"], operator = "
+                          "[\"slurm-operators\"], admin = [\"slurm-admins\"] }; a person in groups of several roles "
+                          "has the highest; viewer views, operator and admin also approve, reject, reopen, clear and "
+                          "check", "table", keys=("viewer", "operator", "admin"),
+                          item={"kind": "list", "item": {"kind": "str", "pattern": r"^[^\n]{1,256}$"}})
+    viewing: str = setting("anyone", "who may view the page: anyone (as without sign-in) or signed-in (a person the "
+                           "IdP signed in with a role, or an operator token); operations always need an operator",
+                           "choice", choices=("anyone", "signed-in"))
+    session_lifetime: float = setting(3600.0, "how long a sign-in lasts before the page asks again (the IdP's own "
+                                      "session usually makes that one click): short, so a person removed from a "
+                                      "group loses the role soon and a stolen cookie soon stops working", "duration",
+                                      minimum=60.0, maximum=8 * 3600.0)
+    session_key_file: str = setting("", "a file of root's (mode 600, at least 32 bytes: `openssl rand -hex 32`) with "
+                                    "the key that signs the sign-in cookies, so sessions outlive a restart of the "
+                                    "page; empty: a random key per process (a restart signs everyone out)", "path",
+                                    empty_ok=True)
     prometheus_url: str = setting("", "a Prometheus that scrapes the agents (DCGM_FI_DEV_*, slurm_ext_network_*): the "
                                   "usage panels ask it instead of the agents; empty: the agents", "str",
                                   pattern=r"^(https?://[A-Za-z0-9.:\[\]_-]+(/[A-Za-z0-9._/-]*)?)?$")

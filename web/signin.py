@@ -1,0 +1,256 @@
+"""The page's own OpenID Connect sign-in: the authorization code flow with PKCE (S256) against [oidc]'s issuer.
+
+`SignIn.start(redirect_uri)` makes a sign-in (state, nonce, PKCE verifier, kept here, once) and the IdP's
+authorization URL; `SignIn.finish(args, state_cookie, redirect_uri)` checks the IdP's answer, exchanges the code
+at the token endpoint with the verifier, verifies the ID token (`oidc.provider.verify_token`: signature by the
+JWKS with its rotation, iss, aud, exp, iat, nonce) and maps its groups claim to a role (web.roles); `logout_url`
+is the IdP's end_session_endpoint, where it has one. `add_routes` serves them as /auth/login, /auth/callback and
+/auth/logout.
+
+Each refusal is a `SignInRefused` with its HTTP status (400, 401, 403; 502 where the IdP does not answer) and a
+message for the person and the operator, never a session. The state is kept server-side and used once (a
+replayed callback is refused) and also in a short cookie of the browser that began the sign-in: a callback
+carried into another browser (a forged sign-in) does not match it.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import secrets
+import ssl
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+
+from slurm_ext.errors import SlurmExtError
+from slurm_ext.oidc import provider
+
+from .secretfile import SecretFile, SecretFileError
+from .session import ROLES, Person, SessionRefused, Sessions
+
+__all__ = ["SignIn", "SignInRefused", "Pending", "role_of", "STATE_COOKIE", "SIGN_IN_WAIT"]
+
+#: the cookie that binds a sign-in to the browser that began it
+STATE_COOKIE = "slurm_ext_signin"
+#: how long a sign-in begun may take at the IdP before its callback is refused
+SIGN_IN_WAIT = 600.0
+#: sign-ins begun and not finished that are kept (the oldest are dropped beyond it: /auth/login needs no login)
+_PENDING_MAX = 10000
+#: how long a discovery document is kept before it is read again
+_DISCOVERY_MAX_AGE = 3600.0
+#: the largest token endpoint answer read
+_MAX_ANSWER = 256 * 1024
+
+
+class SignInRefused(SlurmExtError):
+    """A sign-in that gives no session; `status` is the HTTP answer, the message says why and what to do."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A sign-in begun: what its callback must match."""
+
+    nonce: str
+    #: the PKCE code verifier (its S256 challenge went to the IdP)
+    verifier: str
+    redirect_uri: str
+    #: when it began (Unix time)
+    began: float
+
+
+def role_of(groups, roles: dict, claim: str) -> str:
+    """The highest role whose groups (web.roles) `groups` shares, "" for none.
+
+    Raises:
+        SignInRefused (403): the claim is present but not a list of strings.
+    """
+    if groups is None:
+        groups = []
+    if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+        raise SignInRefused(403, f"the ID token's {claim} claim is not a list of strings: the groups claim is not a "
+                                 "list of strings (web.oidc_groups_claim names the claim that lists them)")
+    found = ""
+    for role in ROLES:
+        if set(groups) & set(roles.get(role, ())):
+            found = role
+    return found
+
+
+def _challenge(verifier: str) -> str:
+    return base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
+
+
+class SignIn:
+    """The sign-in of one page process: the IdP's discovery and keys, the sign-ins begun."""
+
+    def __init__(self, oidc, web, sessions: Sessions, clock=time.time):
+        self.issuer, self.client_id = oidc.issuer, web.oidc_client_id
+        self._oidc, self._web, self.sessions, self._clock = oidc, web, sessions, clock
+        self._secret = SecretFile(web.oidc_client_secret_file, "web.oidc_client_secret_file") \
+            if web.oidc_client_secret_file else None
+        self._lock = threading.Lock()
+        self._pending: dict[str, Pending] = {}
+        self._discovery: provider.Discovery | None = None
+        self._discovered = 0.0
+        self._keys: provider.KeySet | None = None
+
+    def discovery(self) -> provider.Discovery:
+        """The IdP's discovery document (read again after an hour). Raises SignInRefused (502) naming what is
+        wrong with it."""
+        with self._lock:
+            if self._discovery is None or self._clock() - self._discovered >= _DISCOVERY_MAX_AGE:
+                try:
+                    found = provider.discover(self.issuer, self._oidc.timeout, self._oidc.ca_file)
+                except provider.OidcError as err:
+                    raise SignInRefused(502, f"the IdP cannot be used for sign-in: {err}") from None
+                if self._keys is None or self._keys.jwks_uri != found.jwks_uri:
+                    self._keys = provider.KeySet(found.jwks_uri, self._oidc.timeout, self._oidc.ca_file,
+                                                 clock=self._clock)
+                self._discovery, self._discovered = found, self._clock()
+            return self._discovery
+
+    def start(self, redirect_uri: str) -> tuple[str, str]:
+        """A new sign-in: (the IdP's authorization URL to send the browser to, its state)."""
+        found = self.discovery()
+        if found.code_challenge_methods and "S256" not in found.code_challenge_methods:
+            raise SignInRefused(502, f"the IdP {self.issuer} does not take PKCE S256 (its discovery document offers "
+                                     f"{', '.join(found.code_challenge_methods)}): the page signs in only with it")
+        state, nonce, verifier = (secrets.token_urlsafe(24) for _ in range(3))
+        now = self._clock()
+        with self._lock:
+            for old in [s for s, p in self._pending.items() if now - p.began > SIGN_IN_WAIT]:
+                del self._pending[old]
+            while len(self._pending) >= _PENDING_MAX:
+                del self._pending[next(iter(self._pending))]
+            self._pending[state] = Pending(nonce, verifier, redirect_uri, now)
+        query = urllib.parse.urlencode({"response_type": "code", "client_id": self.client_id,
+                                        "redirect_uri": redirect_uri, "scope": " ".join(self._scopes()),
+                                        "state": state, "nonce": nonce, "code_challenge": _challenge(verifier),
+                                        "code_challenge_method": "S256"})
+        separator = "&" if "?" in found.authorization_endpoint else "?"
+        return f"{found.authorization_endpoint}{separator}{query}", state
+
+    def _scopes(self) -> list[str]:
+        scopes = list(self._web.oidc_scopes)
+        return scopes if "openid" in scopes else ["openid", *scopes]
+
+    def finish(self, args, state_cookie: str | None) -> tuple[str, Person]:
+        """The IdP's callback (`args`: its query): (the session cookie's value, the person).
+
+        Raises:
+            SignInRefused: the IdP's error, a state missing, not this browser's, unknown or used already (403), the
+                code refused by the token endpoint, an ID token not believed (401), a groups claim that is not a
+                list, no role where viewing needs one (403), the IdP away (502).
+        """
+        if args.get("error"):
+            raise SignInRefused(401, f"the IdP refused the sign-in: {str(args.get('error'))[:80]}"
+                                     + (f" ({str(args.get('error_description'))[:200]})"
+                                        if args.get("error_description") else ""))
+        state, code = args.get("state") or "", args.get("code") or ""
+        if not state or not code:
+            raise SignInRefused(400, "the callback carries no state or no code: begin the sign-in at /auth/login")
+        if not state_cookie or not secrets.compare_digest(state.encode(), state_cookie.encode()):
+            raise SignInRefused(403, "state mismatch: this callback is not of the sign-in this browser began (a "
+                                     "forged or foreign sign-in): begin again at /auth/login")
+        with self._lock:
+            pending = self._pending.pop(state, None)
+        if pending is None:
+            raise SignInRefused(403, "this sign-in's state was used already or is unknown (a replayed callback, or the "
+                                     "page restarted): begin again at /auth/login")
+        if self._clock() - pending.began > SIGN_IN_WAIT:
+            raise SignInRefused(403, f"this sign-in took longer than {SIGN_IN_WAIT / 60:g} min at the IdP: begin "
+                                     "again at /auth/login")
+        found = self.discovery()
+        id_token = self._exchange(found, code, pending)
+        try:
+            claims = provider.verify_token(id_token, self._keys, found.issuer, self.client_id,
+                                           self._oidc.clock_skew, nonce=pending.nonce)
+        except provider.TokenRefused as err:
+            raise SignInRefused(401, f"the IdP's ID token is not believed: {err}") from None
+        except provider.OidcError as err:
+            raise SignInRefused(502, f"the IdP's keys cannot be read: {err}") from None
+        claim = self._web.oidc_groups_claim
+        role = role_of(claims.get(claim), self._web.roles, claim)
+        if not role and self._web.viewing == "signed-in":
+            raise SignInRefused(403, f"you are not in any group the page maps (web.roles; your {claim}: "
+                                     f"{', '.join(map(str, claims.get(claim) or []))[:200] or 'none'}): ask an "
+                                     "administrator for a role")
+        name = claims.get("name") or claims.get("preferred_username") or ""
+        email = claims.get("email") or ""
+        subject = claims["sub"]
+        if not isinstance(subject, str) or not subject:
+            raise SignInRefused(401, "the IdP's ID token names no subject (sub)")
+        try:
+            return self.sessions.issue(subject, name if isinstance(name, str) else "",
+                                       email if isinstance(email, str) else "", role)
+        except SessionRefused as err:
+            raise SignInRefused(503, str(err)) from None
+
+    def _exchange(self, found: provider.Discovery, code: str, pending: Pending) -> str:
+        """The ID token the token endpoint gives for `code` (with the PKCE verifier, and the client's secret where
+        there is one)."""
+        form = {"grant_type": "authorization_code", "code": code, "redirect_uri": pending.redirect_uri,
+                "code_verifier": pending.verifier, "client_id": self.client_id}
+        headers = {"Content-Type": "application/x-www-form-urlencoded", "Accept": "application/json",
+                   "User-Agent": "slurm-ext"}
+        if self._secret is not None:
+            try:
+                secret = self._secret.read().strip().decode(errors="replace")
+            except SecretFileError as err:
+                raise SignInRefused(503, f"sign-in is off: {err}") from None
+            pair = f"{urllib.parse.quote(self.client_id, safe='')}:{urllib.parse.quote(secret, safe='')}"
+            headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
+        request = urllib.request.Request(found.token_endpoint, data=urllib.parse.urlencode(form).encode(),
+                                         headers=headers, method="POST")
+        try:
+            context = ssl.create_default_context(cafile=self._oidc.ca_file or None)
+        except (OSError, ssl.SSLError) as err:
+            raise SignInRefused(502, f"the IdP's CA file {self._oidc.ca_file}: {err}") from None
+        try:
+            with urllib.request.urlopen(request, timeout=self._oidc.timeout, context=context) as answer:
+                body = answer.read(_MAX_ANSWER + 1)
+        except urllib.error.HTTPError as err:
+            detail = _error_of(err.read(4096))
+            status = 401 if err.code in (400, 401) else 502
+            raise SignInRefused(status, f"the IdP's token endpoint refused the code: {err.code} {detail}") from None
+        except (urllib.error.URLError, OSError) as err:
+            raise SignInRefused(502, f"the IdP's token endpoint {found.token_endpoint} does not answer "
+                                     f"({getattr(err, 'reason', err)})") from None
+        try:
+            data = json.loads(body[:_MAX_ANSWER])
+        except ValueError:
+            data = None
+        if not isinstance(data, dict) or not isinstance(data.get("id_token"), str):
+            raise SignInRefused(502, f"the IdP's token endpoint {found.token_endpoint} gave no ID token")
+        return data["id_token"]
+
+    def logout_url(self, after: str) -> str:
+        """Where to send the browser after the page's own logout: the IdP's end_session_endpoint (back to `after`)
+        where it has one, else `after`."""
+        try:
+            found = self.discovery()
+        except SignInRefused:
+            return after
+        if not found.end_session_endpoint:
+            return after
+        query = urllib.parse.urlencode({"client_id": self.client_id, "post_logout_redirect_uri": after})
+        separator = "&" if "?" in found.end_session_endpoint else "?"
+        return f"{found.end_session_endpoint}{separator}{query}"
+
+
+def _error_of(body: bytes) -> str:
+    """An OAuth error answer's `error (description)`, or its first bytes."""
+    try:
+        data = json.loads(body)
+        return f"{data.get('error', '?')}" + (f" ({data['error_description']})" if data.get("error_description") else "")
+    except (ValueError, AttributeError, TypeError):
+        return body[:200].decode(errors="replace")
