@@ -59,6 +59,14 @@ def _discover(issuer: str, ca_file: str, timeout: float) -> None:
                           "too); give --issuer exactly as the IdP names itself")
 
 
+def _claim_value(text: str) -> tuple[str, str]:
+    from .kubernetes import KubeRefused
+    claim, equals, value = text.partition("=")
+    if not equals or not claim.strip():
+        raise KubeRefused(f"--required-claim {text!r}: expected CLAIM=VALUE (e.g. hd=example.com)")
+    return claim.strip(), value
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.check:
         return _check_file(args.check)
@@ -89,6 +97,7 @@ def _run(args: argparse.Namespace) -> int:
         ca_pem=ca_pem, discovery_url=args.discovery_url or "", api_version=api_version,
         viewer_groups=tuple(args.viewer_group or ()), operator_groups=tuple(args.operator_group or ()),
         admin_groups=tuple(args.admin_group or ()), namespace=args.namespace or "",
+        required_claims=tuple(_claim_value(text) for text in args.required_claim or ()),
         extra_scopes=tuple(args.extra_scope or ()), kubelogin_args=tuple(args.kubelogin_arg or ()),
         user_name=args.user_name)
     files = kubernetes.build(request)
@@ -146,6 +155,9 @@ def add_command(actions: argparse._SubParsersAction) -> None:
         kube.add_argument(f"--{role}-group", action="append", metavar="GROUP",
                           help=f"an IdP group (its name in the groups claim, without the prefix) bound to "
                                f"slurm-ext-{role}; repeatable")
+    kube.add_argument("--required-claim", action="append", metavar="CLAIM=VALUE",
+                      help="take only tokens whose string claim CLAIM is VALUE (Google Workspace: hd=example.com); "
+                           "repeatable")
     kube.add_argument("--namespace", metavar="NS", help="bind the roles in this namespace only (RoleBindings; "
                       "nodes are then not covered) instead of cluster-wide (ClusterRoleBindings)")
     version = kube.add_mutually_exclusive_group()

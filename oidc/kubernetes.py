@@ -75,6 +75,8 @@ class KubeRequest:
     admin_groups: tuple[str, ...] = ()
     #: bind in this namespace only (RoleBindings to the ClusterRoles); empty: ClusterRoleBindings
     namespace: str = ""
+    #: (claim, value) pairs every token must carry as strings (Google Workspace's hd: the organisation's domain)
+    required_claims: tuple[tuple[str, str], ...] = ()
     #: OAuth scopes kubelogin asks for beyond openid (email, profile, groups...)
     extra_scopes: tuple[str, ...] = ()
     #: more arguments for kubelogin (--oidc-client-secret=..., --listen-address=...)
@@ -118,12 +120,14 @@ def _authentication(request: KubeRequest) -> dict:
     if request.groups_claim:
         mappings["groups"] = {"claim": request.groups_claim, "prefix": request.groups_prefix}
     authenticator = {"issuer": issuer}
+    rules = [{"claim": claim, "requiredValue": value} for claim, value in request.required_claims]
     if request.username_claim == "email":
         # the API server itself only refuses email_verified: false; an IdP that leaves the claim out would let
         # an address nobody proved be a username
-        authenticator["claimValidationRules"] = [{
-            "expression": "has(claims.email_verified) && claims.email_verified == true",
-            "message": "the IdP does not say this email address is verified (email_verified)"}]
+        rules.append({"expression": "has(claims.email_verified) && claims.email_verified == true",
+                      "message": "the IdP does not say this email address is verified (email_verified)"})
+    if rules:
+        authenticator["claimValidationRules"] = rules
     authenticator["claimMappings"] = mappings
     authenticator["userValidationRules"] = [
         {"expression": "!user.username.startsWith('system:')",

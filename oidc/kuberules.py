@@ -400,8 +400,8 @@ def check(document) -> Verdict:
         authenticator = judge.mapping(authenticator, path, "jwt[]")
         issuer = judge.mapping(authenticator.get("issuer"), f"{path}.issuer", "issuer")
         judge.issuer(issuer, f"{path}.issuer")
-        rules = judge.claim_validation_rules(judge.items(authenticator.get("claimValidationRules"),
-                                                         f"{path}.claimValidationRules"), f"{path}.claimValidationRules")
+        where = f"{path}.claimValidationRules"
+        rules = judge.claim_validation_rules(judge.items(authenticator.get("claimValidationRules"), where), where)
         mappings = judge.mapping(authenticator.get("claimMappings"), f"{path}.claimMappings", "claimMappings")
         judge.claim_mappings(mappings, f"{path}.claimMappings", rules)
         judge.user_validation_rules(judge.items(authenticator.get("userValidationRules"),

@@ -118,7 +118,8 @@ def test_every_problem_is_listed_not_only_the_first(capsys):
     document["jwt"][0]["issuer"]["url"] = "http://idp.example.com?x=1"
     document["jwt"][0]["claimMappings"]["username"].pop("prefix")
     problems = [str(problem) for problem in kuberules.check(document).problems]
-    assert problems == ["jwt[0].issuer.url: URL scheme must be https", "jwt[0].issuer.url: URL must not contain a query",
+    assert problems == ["jwt[0].issuer.url: URL scheme must be https",
+                        "jwt[0].issuer.url: URL must not contain a query",
                         "jwt[0].claimMappings.username.prefix: Required value: prefix is required when claim is set. "
                         "It can be set to an empty string to disable prefixing"]
 
@@ -297,6 +298,16 @@ def test_several_client_ids_match_any_and_kubelogin_takes_the_first(tmp_path, ca
     args = kubeconfig["users"][0]["user"]["exec"]["args"]
     assert "--oidc-client-id=kubernetes" in args and "--oidc-extra-scope=groups" in args
     assert "--oidc-extra-scope=email" not in args and args[-1] == "--oidc-client-secret=public-desktop-secret"
+
+
+def test_required_claims_become_claim_rules(tmp_path, capsys):
+    code, _, err, files = _generate(tmp_path, capsys, "--required-claim", "hd=example.com",
+                                    issuer="https://accounts.google.com")
+    assert code == 0, err
+    rules = _load(files)[0]["jwt"][0]["claimValidationRules"]
+    assert rules[0] == {"claim": "hd", "requiredValue": "example.com"} and "email_verified" in rules[1]["expression"]
+    code, _, err, _ = _generate(tmp_path, capsys, "--required-claim", "hd")
+    assert code == 2 and "expected CLAIM=VALUE" in err
 
 
 def test_namespace_binds_there_only(tmp_path, capsys):
