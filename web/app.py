@@ -5,10 +5,12 @@ per refresh, whatever the number of browsers): the page itself (its assets
 are package data: nothing is fetched from elsewhere, it works air-gapped),
 /api/cluster, /api/timeline, /api/health, /api/acceptance (each node's last
 acceptance run with its results), /api/repairs and /api/session
-(the CSRF token, and who the token sent or the proxy says you are). POST routes are the
-operations: run a node's health checks, approve or reject its repair. Each
-needs an operator and a CSRF token (`auth`), and is recorded with the user
-in the repair history and the journal.
+(the CSRF token, and who the token sent, the proxy says or the sign-in session is, with the role).
+/auth/login, /auth/callback and /auth/logout are the page's own OIDC sign-in (signin.py; the session
+cookie: session.py), checked on every request. POST routes are the operations: run a node's health
+checks, approve or reject its repair. Each needs an operator or admin and a CSRF token (`auth`), and is
+recorded with the user in the repair history and the journal. With web.viewing = "signed-in" the GET
+routes of /api/ answer only a signed-in person, a token or the proxy's user (401 otherwise).
 
 Bad input is a 4xx whose JSON says what was wrong (an unknown node, a query
 key the route does not take, a limit out of range); a bug is a 500 that
@@ -451,6 +453,8 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None, clock=
         user, via, role, problem, hint, expired = None, None, None, "", "", False
         if settings.token_file and not tokens.usable():
             hint, problem = (_NO_TOKEN_YET, "") if tokens.none_yet else ("", _TOKENS_UNUSABLE)
+            if signin is not None and tokens.none_yet:
+                hint = ""  # people sign in: no token is missing
         try:  # who the credentials sent are: the header names the operator, a wrong token says so
             found = who_asks()
             if found is not None:

@@ -1,8 +1,11 @@
 """Who may act on the cluster page, and the CSRF tokens its POSTs carry.
 
-Viewing needs nothing. An operation (run a node's health checks, approve or
-reject its repair) needs an operator, named in the repair history:
-- `Authorization: Bearer TOKEN`, where a line `USER sha256:HASH` of
+Viewing needs nothing (unless web.viewing is signed-in: app.py). An operation
+(run a node's health checks, approve or reject its repair) needs an operator
+or an admin, named in the repair history: a person signed in with the page's
+own OIDC sign-in (signin.py, session.py) with that role, or, for automation
+and behind a proxy:
+- `Authorization: Bearer TOKEN`, where a line `USER sha256:HASH [ROLE]` of
   web.token_file holds the token's SHA-256: the file keeps no token itself,
   so reading it (a backup, a copy) gives no operator's power. The file is a
   `secretfile.SecretFile` (root's, readable by no one else, never through a

@@ -16,7 +16,8 @@ def _enabled(config: Config, role: str) -> bool:
 
 def _spec_changes(config: Config, role: str) -> dict[str, dict]:
     """The page runs as web.user, with copies of the secrets it reads (slurm_ext.credentials): the agent
-    credential (to ask the agents), the proxy's shared secret, and its own database account's password
+    credential (to ask the agents), the proxy's shared secret, the sign-in's client secret and session key, and its own
+    database account's password
     (accounting.page_password_file), never slurmdbd's: where slurm-ext runs the database every part's account
     has slurmdbd's password unless given one of its own. The token file of hashes is read in place
     (root:<its group> 0640)."""
@@ -24,6 +25,7 @@ def _spec_changes(config: Config, role: str) -> dict[str, dict]:
         return {}
     return {"web": {"user": config.web.user, "events": "web",
                     "credentials": ("node.agent_credential", "web.proxy_secret_file",
+                                    "web.oidc_client_secret_file", "web.session_key_file",
                                     "accounting.page_password_file")}}
 
 

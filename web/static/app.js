@@ -60,7 +60,7 @@ function hint(text) {  // neither good nor bad news: what to do next
 async function getJSON(path, headers = {}) {
   const answer = await fetch(path, {cache: "no-store", headers});
   const data = await answer.json().catch(() => ({error: `${answer.status} ${answer.statusText}`}));
-  if (!answer.ok) throw new Error(data.error || `${answer.status}`);
+  if (!answer.ok) throw Object.assign(new Error(data.error || `${answer.status}`), {status: answer.status});
   return data;
 }
 
@@ -80,6 +80,7 @@ async function post(path, body, retried = false) {
     await askSession();
     return post(path, body, true);
   }
+  if (answer.status === 401) await showSession(data.error || "");  // an expired sign-in: offered again
   if (!answer.ok) throw new Error(data.error || `${answer.status}`);
   return data;
 }
@@ -92,6 +93,11 @@ async function poll() {
     page.view = await getJSON("/api/cluster");
     page.lastGood = Date.now() / 1000;
   } catch (err) {
+    if (err.status === 401) {  // viewing needs sign-in, or the sign-in expired: the prompt says which
+      await showSession(err.message);
+      page.timer = setTimeout(poll, 1000 * ((page.view && page.view.refresh) || 5));
+      return;
+    }
     banner(`The page's server does not answer (${err.message}); shown: what it said ${age(Date.now() / 1000 - page.lastGood)} ago.`, true);
   }
   if (page.view) draw();
@@ -516,23 +522,49 @@ function showTab() {
   if (page.view) draw();
 }
 
+// who this tab is: `ROLE: NAME (token|proxy)`, or a signed-in person as the history names them (`ROLE: NAME (oidc:SUB)`)
 function showOperator() {
-  const who = page.session && page.session.user;
-  $("who").textContent = who ? `operator: ${who} (${page.session.via})` : token() ? "this token is not known" : "viewing";
+  const s = page.session || {}, who = s.user;
+  const role = s.role || "no role";
+  $("who").textContent = !who ? (token() ? "this token is not known" : "viewing") :
+    s.via === "oidc" ? `${role}: ${who}` : `${role}: ${who} (${s.via})`;
   $("forget-token").hidden = !token();
+  $("signin").hidden = !s.signin || s.via === "oidc";
+  $("signout").hidden = s.via !== "oidc";
+  // viewing needs sign-in and there is none: only the prompt is shown
+  const prompt = Boolean(s.signin_needed);
+  $("signin-prompt").hidden = !prompt;
+  document.querySelector("main").hidden = prompt;
+  $("tabs").hidden = prompt;
 }
 
-// what the server says of this tab's credentials and of the operators' tokens: a problem in red, a hint plainly
-async function showSession() {
+// what the server says of this tab's credentials and of the operators' tokens: a problem in red, a hint plainly;
+// `why`: what a refused request said (an expired sign-in), shown with the sign-in prompt
+async function showSession(why = "") {
   try {
     await askSession();
   } catch (err) {
     say(`session: ${err.message}`, true);
   }
-  if (page.session && page.session.problem) say(page.session.problem, true);
+  const problem = (page.session && page.session.problem) || why;
+  if (problem) say(problem, true);
   else if (page.session && page.session.hint) hint(page.session.hint);
   else $("message").hidden = true;
   showOperator();
+  const again = Boolean(page.session && page.session.signin && !page.session.user && /sign in again/.test(problem));
+  if (again || (page.session && page.session.signin_needed)) {
+    $("signin-said").textContent = again ? problem : "Viewing this page needs sign-in.";
+    $("signin-prompt").hidden = false;
+  }
+}
+
+async function signOut() {
+  try {
+    const done = await post("/auth/logout", {});
+    location.href = done.redirect || "/";
+  } catch (err) {
+    say(`sign-out: ${err.message}`, true);
+  }
 }
 
 async function start() {
@@ -544,6 +576,7 @@ async function start() {
     $("token").value = "";
     showSession();
   });
+  $("signout").addEventListener("click", signOut);
   $("forget-token").addEventListener("click", () => { sessionStorage.removeItem("slurm-ext-token"); showSession(); });
   document.body.addEventListener("click", (event) => {
     const button = event.target.closest("button.op");
