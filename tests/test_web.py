@@ -751,3 +751,29 @@ def test_a_refresh_takes_every_agent_in_while_clients_loop_over_a_large_journal_
         store.close()
     print(f"a refresh of {_MANY_NODES} nodes while {_LOOPING} clients looped over /api/timeline?node=n7&limit=5000 "
           f"({_MANY_NODES * _EVENTS_EACH} events cached): {took:.2f}s; {len(answers)} answers")
+
+
+def test_the_timeline_keeps_the_severity_of_an_entry_moved_after_the_repair_step_that_caused_it(tmp_path):
+    """An agent's whole-second event after a reboot of its second is moved just after that step, as a copy: its
+    severity goes with it (it was looked up by the original's id, a 500 of the timeline)."""
+    second = float(int(time.time()) - 60)
+    path = tmp_path / "slurm-ext.toml"
+    path.write_text(f'[node]\nstate_dir = "{tmp_path / "state"}"\n'
+                    f'[repair]\nagents = {{ n1 = "127.0.0.1:1", n2 = "127.0.0.1:2" }}\n')
+    loaded = config.load(path)
+    store = open_sqlite(str(tmp_path / "repair.db"))
+    with store.locked():
+        record = store.add(Record("n2", "xid/79", "reboot", "79 gpu 1", opened=second, updated=second))
+        store.event("n2", "repair-rebooting", "scontrol reboot n2", "alice", record, now=second + 0.5, acts="reboot")
+    journal = json.dumps({"time": datetime.fromtimestamp(second, timezone.utc).isoformat(), "component": "supervisor",
+                          "event": "agent-started", "severity": "warning", "message": "the agent started"})
+    watcher = Watcher(loaded, _Slurm(), store, lambda url, timeout: (None, "refused"),
+                      _Agents(_sent(100.0), {"n2": journal}))
+    client = create_app(loaded, watcher).test_client()
+    watcher.refresh()
+    answer = client.get("/api/timeline?node=n2")
+    assert answer.status_code == 200, answer.data
+    entries = answer.get_json()["entries"]
+    moved = next(e for e in entries if e["event"] == "supervisor/agent-started")
+    assert moved["severity"] == "warning" and moved["time"] > second + 0.5
+    store.close()

@@ -306,8 +306,10 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None, clock=
                            f"{request.remote_addr}, until {time.strftime('%H:%M:%S %Z', time.localtime(person.expires))}",
              user=person.user, role=person.role or "none", address=request.remote_addr)
         answer = redirect(page_url(), 302)
-        answer.set_cookie(COOKIE, value, max_age=int(settings.session_lifetime), path="/", httponly=True,
-                          samesite="Lax", secure=secure())
+        # no Max-Age: the browser keeps it until it closes, the expiry signed inside decides; a cookie the browser
+        # dropped by itself would leave the page showing a person it no longer sends, where this one says "sign in
+        # again" at its first request after its time
+        answer.set_cookie(COOKIE, value, path="/", httponly=True, samesite="Lax", secure=secure())
         answer.delete_cookie(STATE_COOKIE, path="/auth/")
         return answer
 
@@ -367,7 +369,7 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None, clock=
         def add(entry: Entry, level: str) -> None:
             if severity in (None, level) and (event_text is None or event_text in entry.event):
                 entries.append(entry)
-                severities[id(entry)] = level
+                severities[_same(entry)] = level
         if source in (None, "slurm"):
             for event in view.slurm_events:
                 if node in (None, event.node):
@@ -391,7 +393,9 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None, clock=
                 add(Entry(when, name, "agent", f"{data.get('component', '?')}/{data.get('event', '?')}",
                           str(data.get("message", "")), lines=result_lines(data)), str(data.get("severity", "info")))
         # as `slurm-ext history` orders them: what a repair step caused after it, where clocks are whole seconds
-        entries = [{**asdict(e), "severity": severities[id(e)]} for e in reversed(in_causal_order(entries))]
+        # in_causal_order moves an entry after its cause as a copy (another time): its severity is found by the rest
+        entries = [{**asdict(e), "severity": severities.get(_same(e), "info")}
+                   for e in reversed(in_causal_order(entries))]
         return jsonify(entries=entries[:limit])
 
     @app.get("/api/health")
@@ -633,6 +637,11 @@ def _event_text(text: str) -> str:
     if not text or len(text) > 64 or not all(c.isalnum() or c in "-_/." for c in text):
         raise ValueError("part of an event's name (letters, digits, - _ / .)")
     return text
+
+
+def _same(entry) -> tuple:
+    """A timeline entry but its time: what a copy that in_causal_order moved keeps of it."""
+    return (entry.node, entry.source, entry.event, entry.message, entry.user, entry.acts, entry.record, entry.lines)
 
 
 def _slurm_severity(state: str) -> str:
