@@ -39,7 +39,7 @@ import docker
 HERE = Path(__file__).resolve().parent
 CHECKOUT = HERE.parent
 #: the images: one per role, and MariaDB for slurmdbd
-IMAGES = ("worker", "controller", "accounting", "login", "mariadb")
+IMAGES = ("worker", "controller", "accounting", "login", "restapi", "mariadb")
 #: Slurm in each suite Debian has (Slinky 1.2 needs 26.05, 1.0/1.1 need 25.11: sid is the default)
 SUITES = {"sid": "26.05", "trixie": "24.11"}
 DEFAULT_MIRROR = "http://deb.debian.org/debian"

@@ -53,6 +53,24 @@ SLURM_UID = 64030  # the Debian package's slurm user, in every image
 FAKE_NVML_LIB = "/usr/local/lib/slurm-ext-fakenvml"
 GPU_NAME, GPU_TYPE = "NVIDIA H200", "h200"
 MODES = ("cgroup-v1", "linuxproc")
+
+
+@dataclass(frozen=True, slots=True)
+class Ports:
+    """A cluster's ports on 127.0.0.1 (every container is on the host network): two clusters side by side need
+    two sets."""
+
+    ctld: int = CTLD_PORT
+    dbd: int = DBD_PORT
+    mariadb: int = MARIADB_PORT
+    #: worker i's slurmd listens on slurmd + i, its agent on worker_agent + i
+    slurmd: int = SLURMD_PORT
+    worker_agent: int = WORKER_AGENT_PORT
+    controller_agent: int = AGENT_PORTS["controller"]
+    accounting_agent: int = AGENT_PORTS["accounting"]
+    mariadb_agent: int = AGENT_PORTS["mariadb"]
+    #: slurmrestd's (the restapi image), when the cluster runs one
+    restapi: int = 26818
 #: the images a cluster runs: all of containers/build.py's
 IMAGE_NAMES = IMAGES
 #: the label on every container and volume of a cluster: its prefix
@@ -98,18 +116,18 @@ _MODE_CONF = {
                   "CgroupPlugin=disabled\n"),
 }
 
-_SLURMDBD_CONF = f"""\
+_SLURMDBD_CONF = """\
 AuthType=auth/slurm
 DbdHost=localhost
 DbdAddr=127.0.0.1
-DbdPort={DBD_PORT}
+DbdPort={dbd}
 CommunicationParameters=NoInAddrAny
 SlurmUser=slurm
 StorageType=accounting_storage/mysql
 StorageHost=127.0.0.1
-StoragePort={MARIADB_PORT}
+StoragePort={mariadb}
 StorageUser=slurm
-StoragePass={{password}}
+StoragePass={password}
 StorageLoc=slurm_acct_db
 """
 
@@ -124,16 +142,19 @@ class Worker:
     started: float
     #: when slurmctld was first seen showing it registered and idle (time.time() seconds; 0: not yet)
     registered: float = 0.0
-
-    @property
-    def agent_port(self) -> int:
-        return WORKER_AGENT_PORT + self.index
+    #: its agent's port
+    agent_port: int = 0
 
 
 class ContainerCluster:
-    def __init__(self, client: docker.DockerClient, images: dict[str, str], mode: str, root: Path | None = None):
+    def __init__(self, client: docker.DockerClient, images: dict[str, str], mode: str, root: Path | None = None,
+                 *, ports: Ports = Ports(), prefix: str = "", workers: tuple[tuple[int, int], ...] = ((1, 2), (2, 1)),
+                 slurm_conf: str = "", slurmdbd_conf: str = ""):
         """`images`: image name (build.py's IMAGES) -> tag; `root`: where the cluster's files go (a new
-        temporary directory by default; removed by stop())."""
+        temporary directory by default; removed by stop()). `ports`, `prefix` (of its containers' and volumes'
+        names; default ct-<mode>): another cluster's beside the default one; `workers`: (index, GPUs) of the
+        workers start() starts; `slurm_conf`, `slurmdbd_conf`: lines added to those files (auth/jwt's: files the
+        lines name are put in root/etc and root/dbd before start())."""
         if mode not in MODES:
             raise ValueError(f"mode {mode!r}; one of {', '.join(MODES)}")
         self.client, self.images, self.mode = client, images, mode
@@ -142,7 +163,9 @@ class ContainerCluster:
         self.root = Path(root) if root else Path(tempfile.mkdtemp(prefix="slurm-ext-containers-"))
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.root.chmod(0o700)
-        self.prefix = f"ct-{mode}"
+        self.prefix = prefix or f"ct-{mode}"
+        self.ports, self.start_workers = ports, workers
+        self.slurm_conf_extra, self.slurmdbd_conf_extra = slurm_conf, slurmdbd_conf
         self.containers: dict[str, object] = {}
         self.workers: dict[str, Worker] = {}
         self.volumes: set[str] = set()
@@ -155,14 +178,16 @@ class ContainerCluster:
         slurm_conf, cgroup_conf = _MODE_CONF[self.mode]
         etc = self.root / "etc"
         etc.mkdir(exist_ok=True)
-        (etc / "slurm.conf").write_text(_SLURM_CONF.format(cluster=CLUSTER, ctld=CTLD_PORT, slurmd=SLURMD_PORT,
-                                                           dbd=DBD_PORT, mode=slurm_conf))
+        ports = self.ports
+        (etc / "slurm.conf").write_text(_SLURM_CONF.format(cluster=CLUSTER, ctld=ports.ctld, slurmd=ports.slurmd,
+                                                           dbd=ports.dbd, mode=slurm_conf) + self.slurm_conf_extra)
         (etc / "cgroup.conf").write_text(cgroup_conf)
         # each node's GPUs, from the file its agent writes from NVML (slurmd_args.CONFIGLESS_GRES)
         (etc / "gres.conf").write_text("Include /etc/slurm-local/gres.conf\n")
         dbd = self.root / "dbd"
         dbd.mkdir(exist_ok=True)
-        (dbd / "slurmdbd.conf").write_text(_SLURMDBD_CONF.format(password=self._db_password))
+        (dbd / "slurmdbd.conf").write_text(_SLURMDBD_CONF.format(password=self._db_password, dbd=ports.dbd,
+                                                                 mariadb=ports.mariadb) + self.slurmdbd_conf_extra)
         for directory in (etc, dbd):
             (directory / "slurm.key").write_bytes(key)
             for name in ("slurm.key", "slurmdbd.conf"):
@@ -172,13 +197,13 @@ class ContainerCluster:
         # the cluster's agent credential, one secret in every container (Slinky: one Secret mounted into every pod)
         create_credential(self.root / "agent-credential")
         # the repair service and `slurm-ext history` find each worker's agent on its own port
-        agents = ", ".join(f'{self.node_name(i)} = "127.0.0.1:{WORKER_AGENT_PORT + i}"' for i in range(1, 10))
-        self._agent_config("controller", f"[supervisor.ports]\ncontroller = {AGENT_PORTS['controller']}\n"
+        agents = ", ".join(f'{self.node_name(i)} = "127.0.0.1:{ports.worker_agent + i}"' for i in range(1, 10))
+        self._agent_config("controller", f"[supervisor.ports]\ncontroller = {ports.controller_agent}\n"
                                          f"[repair]\nagents = {{{agents}}}\n")
-        self._agent_config("accounting", f"[supervisor.ports]\naccounting = {AGENT_PORTS['accounting']}\n")
+        self._agent_config("accounting", f"[supervisor.ports]\naccounting = {ports.accounting_agent}\n")
         self._agent_config("mariadb", (HERE / "mariadb" / "slurm-ext.toml").read_text()
-                           .replace("accounting = 9814", f"accounting = {AGENT_PORTS['mariadb']}")
-                           .replace("db_port = 3306", f'db_port = {MARIADB_PORT}\ncluster = "{CLUSTER}"\nmemory = 512'))
+                           .replace("accounting = 9814", f"accounting = {ports.mariadb_agent}")
+                           .replace("db_port = 3306", f'db_port = {ports.mariadb}\ncluster = "{CLUSTER}"\nmemory = 512'))
 
     def _agent_config(self, name: str, text: str) -> Path:
         directory = self.root / f"ext-{name}"
@@ -212,7 +237,7 @@ class ContainerCluster:
         self.add_user("controller")
         wait_for("slurmctld to answer", lambda: self.exec("controller", "scontrol", "ping", check=False)[0] == 0,
                  timeout=60, interval=0.2)
-        for index, gpus in ((1, 2), (2, 1)):
+        for index, gpus in self.start_workers:
             self.start_worker(index, gpus)
         self.wait_registered(list(self.workers.values()))
         return self
@@ -252,7 +277,7 @@ class ContainerCluster:
         is merged over the fake NVML's (a None value removes a variable); `options` go to the engine
         (cap_add=[] takes SYS_ADMIN away)."""
         node = self.node_name(index)
-        ext = self._agent_config(f"n{index}", f"[supervisor.ports]\nworker = {WORKER_AGENT_PORT + index}\n"
+        ext = self._agent_config(f"n{index}", f"[supervisor.ports]\nworker = {self.ports.worker_agent + index}\n"
                                  f'[gres]\ntypes = {{"{GPU_NAME}" = "{GPU_TYPE}"}}\n')
         spec = fakenvml.default_gpus(gpus, GPU_NAME, cpus=os.cpu_count())
         fakenvml.write_spec(ext / "gpus.json", spec)
@@ -265,8 +290,8 @@ class ContainerCluster:
             volumes[str(self.root / "etc" / "slurm.key")] = {"bind": "/etc/slurm/slurm.key", "mode": "ro"}
         if self.mode == "cgroup-v1":
             options = {"cgroupns": "private", "cap_add": ["SYS_ADMIN"], **options}
-        args = ["-Z", "--conf-server", f"127.0.0.1:{CTLD_PORT}", "--conf",
-                f"Features=fake Port={SLURMD_PORT + index}", "-N", node, *extra_args]
+        args = ["-Z", "--conf-server", f"127.0.0.1:{self.ports.ctld}", "--conf",
+                f"Features=fake Port={self.ports.slurmd + index}", "-N", node, *extra_args]
         env = {"LD_LIBRARY_PATH": FAKE_NVML_LIB, fakenvml.SPEC_ENV: "/etc/slurm-ext/gpus.json",
                fakenvml.DEV_DIR_ENV: "/dev", **(environment or {})}
         env = {name: value for name, value in env.items() if value is not None}
@@ -274,10 +299,30 @@ class ContainerCluster:
                               devices=device_list if devices else [],
                               environment=env, **options)
         container.reload()
-        worker = Worker(index, node, gpus, container, _engine_time(container.attrs["State"]["StartedAt"]))
+        worker = Worker(index, node, gpus, container, _engine_time(container.attrs["State"]["StartedAt"]),
+                        agent_port=self.ports.worker_agent + index)
         self.workers[node] = worker
         self.add_user(f"n{index}")
         return worker
+
+    def start_restapi(self) -> object:
+        """slurmrestd (the restapi image) on 127.0.0.1:<ports.restapi>, as its own unprivileged user, on auth/jwt:
+        it reads slurm.conf (and the files it names) from the controller's etc."""
+        container = self._run("restapi", "restapi", [f"127.0.0.1:{self.ports.restapi}"], volumes={
+            str(self.root / "etc"): {"bind": "/etc/slurm", "mode": "ro"}})
+        wait_for(f"slurmrestd on 127.0.0.1:{self.ports.restapi}", lambda: self._answers(self.ports.restapi),
+                 timeout=30, interval=0.1)
+        return container
+
+    def _answers(self, port: int) -> bool:
+        import socket
+        if not self._running("restapi"):
+            raise AssertionError(f"slurmrestd exited: {self.logs('restapi')[-3000:]}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return True
+        except OSError:
+            return False
 
     def remove(self, name: str) -> None:
         container = self.containers.pop(name)
