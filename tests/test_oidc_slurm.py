@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -22,6 +25,7 @@ import yaml
 
 from helpers.cli import cli
 from helpers.idp import TestIdP, ec_key, public_jwk, rsa_key
+from helpers.wait import wait_for
 from slurm_ext.oidc.provider import OidcError
 from slurm_ext.oidc.slurmjwks import SLURM_FIELDS, NoSlurmKey, clean_jwks
 
@@ -227,3 +231,31 @@ def test_bad_flags_are_refused_before_the_idp_is_asked(site, idp):
     result = _run(site, idp, "--userclaimfield", "preferredUsername")
     assert result.returncode == 1 and "lower-case claim" in result.stderr
     assert not (site / "etc" / "jwks.json").exists() and idp.requests == []
+
+
+def test_watch_rewrites_the_file_when_the_idp_rotates_and_stops_on_sigterm(site, idp):
+    with (site / "slurm-ext.toml").open("a") as conf:
+        conf.write('[oidc]\nslurm_refresh = "10s"\n')
+    path = site / "etc" / "jwks.json"
+    watch = subprocess.Popen([sys.executable, "-m", "slurm_ext.cli", "oidc", "slurm", "--config",
+                              str(site / "slurm-ext.toml"), "--issuer", idp.issuer, "--ca-file", idp.ca_file,
+                              "--jwks-file", str(path), "--watch"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
+    try:
+        wait_for("the first file", lambda: read_kids_of(path) == [idp.signing_kid], timeout=30, interval=0.2)
+        new = idp.rotate()
+        wait_for("the rotated key in the file", lambda: new in read_kids_of(path), timeout=30, interval=0.2)
+        wait_for("the reconfigure", lambda: "reconfigure" in _calls(site), timeout=10, interval=0.1)
+    finally:
+        watch.send_signal(signal.SIGTERM)
+        out, _ = watch.communicate(timeout=30)
+    assert watch.returncode == 0, out
+    assert f"added {new}" in out and "reconfigured Slurm" in out and "not its issuer (iss)" in out
+    assert [e["event"] for e in _journal(site)] == ["oidc-slurm-jwks-written"] * 2
+
+
+def read_kids_of(path: Path) -> list[str]:
+    try:
+        return [key["kid"] for key in json.loads(path.read_text())["keys"]]
+    except (OSError, ValueError):
+        return []
