@@ -221,9 +221,10 @@ def _conf_out(args: argparse.Namespace, options: Options, jwks: SlurmJwks, out) 
               f"{directory / 'jwks-configmap.yaml'} (Slinky)", file=out)
         return
     print(f"\n# slurm.conf and slurmdbd.conf (both check tokens):\n{lines}", file=out)
-    slinky = conf_lines(SLINKY_PATH, options.userclaimfield, options.client_ids_only).splitlines()[1]
-    print(f"# Slinky: the operator writes jwks={SLINKY_PATH} itself; add userclaimfield (lower case) through the "
-          f"Controller's extraConf as {slinky}\n{configmap}", file=out)
+    slinky = f"AuthAltParameters=userclaimfield={options.userclaimfield}" + (
+        ",use_jwt_client_ids_only" if options.client_ids_only else "")
+    print(f"# Slinky: its operator writes AuthAltTypes and jwks={SLINKY_PATH} itself; add, in the Controller's "
+          f"extraConf (merged, lower-cased):\n#   {slinky}\n{configmap}", file=out)
 
 
 def main(args: argparse.Namespace, out) -> int:

@@ -127,6 +127,8 @@ def test_writes_the_cleaned_jwks_slurm_users_0400_and_prints_the_lines_the_confi
     assert "AuthAltTypes=auth/jwt\n" in out
     assert f"AuthAltParameters=jwks={path},userclaimfield=preferred_username\n" in out
     assert "not its issuer (iss), not its\n  audience (aud)" in out and "use_jwt_client_ids_only" in out
+    # Slinky: the ConfigMap (checked in the next test) and the extraConf line its operator merges
+    assert "#   AuthAltParameters=userclaimfield=preferred_username\n" in out and "kind: ConfigMap" in out
     assert _calls(site) == ["show config"]  # the owner from slurmctld; a first file: no reconfigure
     [event] = _journal(site)
     assert event["event"] == "oidc-slurm-jwks-written" and event["kids"] == [idp.signing_kid]
