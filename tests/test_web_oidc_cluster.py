@@ -37,6 +37,8 @@ NODES = ["onode1", "onode2"]
 browser = test_web_cluster.browser
 #: the standalone page with sign-in
 PAGE_PORT = 19949
+#: a second page, where viewing needs sign-in
+SIGNED_IN_PORT = 19948
 #: short, so that the expiry is seen within the test (the lowest the setting takes)
 LIFETIME = 60
 USERS = {"ada": {"groups": ["slurm-users", "slurm-operators"], "name": "Ada Lovelace", "email": "ada@example.org"},
@@ -66,7 +68,7 @@ def site(tmp_path_factory):
         try:
             cluster.url = f"http://127.0.0.1:{PAGE_PORT}/"
             wait_for("the page with sign-in", lambda: _reachable(cluster.url), 30, interval=0.2)
-            cluster.idp, cluster.page_log = idp, scratch / "web.out"
+            cluster.idp, cluster.page_log, cluster.conf = idp, scratch / "web.out", conf
             yield cluster
         finally:
             page.terminate()
@@ -166,3 +168,34 @@ def test_an_expired_session_asks_to_sign_in_again(web, browser):
     assert text_of(browser, "#who") == "viewing" and browser.get_cookie("slurm_ext_session") is None
     shoot(browser, "oidc-expired")
     assert browser.find_element(By.ID, "signin-prompt-button").is_displayed()
+
+
+def test_where_viewing_needs_sign_in_the_page_shows_only_the_prompt_until_one_signs_in(web, browser, tmp_path):
+    """A second page on the same cluster with web.viewing = "signed-in" (its own port; its cookie is its own key's)."""
+    conf = tmp_path / "signed-in.toml"
+    conf.write_text(web.conf.read_text().replace("[web]\n", '[web]\nviewing = "signed-in"\n'))
+    log = (tmp_path / "web.out").open("w")
+    page = subprocess.Popen([sys.executable, "-m", "slurm_ext.cli", "--config", str(conf), "web", "--listen",
+                             f"127.0.0.1:{SIGNED_IN_PORT}"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{SIGNED_IN_PORT}/"
+        wait_for("the page where viewing needs sign-in", lambda: _reachable(url), 30, interval=0.2)
+        browser.delete_all_cookies()
+        browser.get(url + "#overview")
+        until(browser, "only the sign-in prompt", lambda b: b.find_element(By.ID, "signin-prompt").is_displayed()
+              and not b.find_element(By.TAG_NAME, "main").is_displayed())
+        assert "Viewing this page needs sign-in." in text_of(browser, "#signin-prompt")
+        shoot(browser, "oidc-signin-needed")
+        browser.find_element(By.ID, "signin-prompt-button").click()
+        until(browser, "the IdP's form", lambda b: b.find_elements(By.ID, "user") and "Test IdP" in b.title)
+        browser.find_element(By.ID, "user").send_keys("vic")
+        browser.find_element(By.ID, "signin").click()
+        until(browser, "the page shown to the viewer", lambda b: text_of(b, "#who") == f"viewer: {VIC}"
+              and b.find_element(By.TAG_NAME, "main").is_displayed()
+              and not b.find_element(By.ID, "signin-prompt").is_displayed())
+        until(browser, "the node states", lambda b: "healthy" in text_of(b, "#state-counts"))
+    finally:
+        browser.delete_all_cookies()
+        page.terminate()
+        page.wait(30)
+        log.close()
