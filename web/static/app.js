@@ -555,6 +555,7 @@ async function showSession(why = "") {
   if (again || (page.session && page.session.signin_needed)) {
     $("signin-said").textContent = again ? problem : "Viewing this page needs sign-in.";
     $("signin-prompt").hidden = false;
+    if (/needs sign-in|sign in again/.test($("message").textContent)) $("message").hidden = true;  // said once
   }
 }
 
