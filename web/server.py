@@ -63,7 +63,9 @@ def serve(config_path: str | None = None, listen: str | None = None) -> int:
                         + ("operations by token (" + config.web.token_file + ")" if config.web.token_file else
                            "no token file")
                         + (f", or by {config.web.proxy_user_header} from {', '.join(config.web.trusted_proxies)}"
-                           if config.web.proxy_user_header else ""))
+                           if config.web.proxy_user_header else "")
+                        + (f"; sign-in with {config.oidc.issuer} as client {config.web.oidc_client_id} (viewing: "
+                           f"{config.web.viewing})" if config.web.oidc_client_id and config.oidc.issuer else ""))
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: server.close())
     try:
