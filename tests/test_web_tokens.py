@@ -45,7 +45,7 @@ def _listed(env: dict) -> list[list[str]]:
     listed = cli("web", "list-tokens", env=env)
     assert listed.returncode == 0, listed.stderr
     lines = listed.stdout.splitlines()
-    assert lines[0].split() == ["USER", "ADDED", "FINGERPRINT"], listed.stdout
+    assert lines[0].split() == ["USER", "ROLE", "ADDED", "FINGERPRINT"], listed.stdout
     return [line.split() for line in lines[1:]]
 
 
@@ -91,10 +91,10 @@ def test_list_tokens_shows_user_when_made_and_a_fingerprint_never_the_token(tmp_
         assert token not in listed.stdout
         assert hashlib.sha256(token.encode()).hexdigest() not in listed.stdout  # nor the whole hash
     rows = _listed(env)
-    assert [row[0] for row in rows] == ["alice", "bob", "carol"], rows
+    assert [row[:2] for row in rows] == [["alice", "operator"], ["bob", "operator"], ["carol", "operator"]], rows
     for row, token in zip(rows, tokens.values()):
-        assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00$", row[1]) and row[2] == _fingerprint(token), row
-    assert rows[2][1] == "-" and _FINGERPRINT.match(rows[2][2]), rows  # a line without its date
+        assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00$", row[2]) and row[3] == _fingerprint(token), row
+    assert rows[2][2] == "-" and _FINGERPRINT.match(rows[2][3]), rows  # a line without its date
     assert Tokens(str(path)).user_of(tokens["alice"]) == "alice"  # the date, a comment, is not part of the hash
 
 
@@ -122,6 +122,19 @@ def test_revoke_token_by_user_or_fingerprint_and_the_journal_says_who_lost_which
     assert Tokens(str(path)).user_of(alice[0]) is None
     revoked = [(e["user"], e["fingerprints"]) for e in _journal(tmp_path) if e["event"] == "web-token-revoked"]
     assert revoked == [("alice", [_fingerprint(alice[1])]), ("alice", [_fingerprint(alice[0])])], revoked
+
+
+def test_a_token_with_a_role_is_made_listed_taken_with_its_role_and_revoked(tmp_path):
+    env, path = _setup(tmp_path)
+    made = cli("web", "add-token", "dana", "--role", "viewer", env=env)
+    assert made.returncode == 0 and "role viewer" in made.stderr, made.stderr
+    token = made.stdout.strip()
+    assert path.read_text().split()[2] == "viewer"
+    assert _listed(env)[0][:2] == ["dana", "viewer"]
+    assert Tokens(str(path)).holder_of(token) == ("dana", "viewer")
+    gone = cli("web", "revoke-token", "dana", env=env)
+    assert gone.returncode == 0, gone.stderr
+    assert Tokens(str(path)).holder_of(token) is None and _listed(env) == []
 
 
 def test_add_token_without_a_user_or_with_an_empty_one_says_what_to_pass(tmp_path):

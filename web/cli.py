@@ -180,7 +180,7 @@ def _add_token(args: argparse.Namespace) -> int:
     except OSError as err:
         print(f"slurm-ext: error: web.token_file {path}: {err.strerror or err}", file=sys.stderr)
         return 1
-    line = new_line(user, token, datetime.now(timezone.utc))
+    line = new_line(user, token, datetime.now(timezone.utc), args.role)
     try:
         text = _read(fd)
         theirs = [found for found in token_lines(text) if found.user == user]
@@ -204,11 +204,11 @@ def _add_token(args: argparse.Namespace) -> int:
     if args.replace and theirs:
         emit("web-token-revoked", f"revoked {len(theirs)} token(s) of {user} (fingerprint {_prints(theirs)}), "
                                   "replaced by a new one", user=user, fingerprints=[t.fingerprint for t in theirs])
-    emit("web-token-added", f"added a token for {user} (fingerprint {made.fingerprint})", user=user,
-         fingerprint=made.fingerprint)
+    emit("web-token-added", f"added a token for {user}, role {made.role} (fingerprint {made.fingerprint})",
+         user=user, fingerprint=made.fingerprint, role=made.role)
     print(token)
     print((f"revoked {len(theirs)} token(s) of {user} ({_prints(theirs)}); " if args.replace and theirs else "")
-          + f"added the hash of a token for {user} (fingerprint {made.fingerprint}) to {path}; give the token to "
+          + f"added the hash of a token for {user}, role {made.role} (fingerprint {made.fingerprint}) to {path}; give the token to "
           "them now: it is not kept anywhere (the page keeps it in the tab only)" + ("" if group is None else
           f"; the file holds hashes only and is readable by the page's group (gid {group}, web.user), "
           f"root:{group} 0640"), file=sys.stderr)
@@ -239,9 +239,9 @@ def _list_tokens(args: argparse.Namespace) -> int:
         return 1
     lines = token_lines(text)
     width = max([4, *(len(line.user) for line in lines)])
-    print(f"{'USER':<{width}}  {'ADDED':<25}  FINGERPRINT")
+    print(f"{'USER':<{width}}  {'ROLE':<8}  {'ADDED':<25}  FINGERPRINT")
     for line in lines:
-        print(f"{line.user:<{width}}  {line.added or '-':<25}  {line.fingerprint}")
+        print(f"{line.user:<{width}}  {line.role:<8}  {line.added or '-':<25}  {line.fingerprint}")
     if not lines:
         print(f"{path}: no token (`slurm-ext web add-token USER` makes one)", file=sys.stderr)
     return 0
@@ -315,6 +315,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     add.add_argument("user", nargs="?", help="the operator's user name, as the repair history records it "
                                              "(required: there is no default)")
     add.add_argument("--file", metavar="PATH", help="instead of web.token_file")
+    add.add_argument("--role", choices=("viewer", "operator", "admin"), default="operator",
+                     help="what the token may do on the page (default: operator: run checks, approve, reject)")
     again = add.add_mutually_exclusive_group()
     again.add_argument("--another", action="store_true", help="the user has a token already: keep it and add one "
                                                                "more (without this or --replace, refused)")

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from .auth import _HASH, _USER, HASH_PREFIX, token_hash
+from .auth import _HASH, _USER, HASH_PREFIX, TOKEN_ROLES, token_hash
 
 __all__ = ["TokenLine", "token_lines", "without", "new_line", "FINGERPRINT_DIGITS"]
 
@@ -33,6 +33,8 @@ class TokenLine:
     added: str
     #: its line in the file, from 1
     number: int
+    #: what the token may do on the page (a line without a role: operator, as before roles)
+    role: str = "operator"
 
     @property
     def fingerprint(self) -> str:
@@ -46,10 +48,11 @@ def token_lines(text: str) -> list[TokenLine]:
     for number, line in enumerate(text.splitlines(), 1):
         content, _, comment = line.partition("#")
         words = content.split()
-        if len(words) == 2 and _USER.match(words[0]) and _HASH.match(words[1]):
+        if len(words) in (2, 3) and _USER.match(words[0]) and _HASH.match(words[1]) \
+                and (len(words) == 2 or words[2] in TOKEN_ROLES):
             added = _ADDED.search(comment)
             found.append(TokenLine(words[0], words[1].removeprefix(HASH_PREFIX), added.group(1) if added else "",
-                                   number))
+                                   number, words[2] if len(words) == 3 else "operator"))
     return found
 
 
@@ -61,6 +64,8 @@ def without(text: str, drop: Callable[[TokenLine], bool]) -> tuple[str, list[Tok
     return "".join(f"{line}\n" for line in kept), dropped
 
 
-def new_line(user: str, token: str, now: datetime) -> str:
-    """The line of a new token of `user`, made at `now` (an aware time)."""
-    return f"{user} {token_hash(token)} # added {now.isoformat(timespec='seconds')}\n"
+def new_line(user: str, token: str, now: datetime, role: str = "operator") -> str:
+    """The line of a new token of `user`, made at `now` (an aware time); an operator's without a role word, as
+    before roles, so an older page reads it too."""
+    named = "" if role == "operator" else f" {role}"
+    return f"{user} {token_hash(token)}{named} # added {now.isoformat(timespec='seconds')}\n"
