@@ -138,7 +138,7 @@ _image_build = ImageBuild()
 #: clusters of its own on ports of its own, and they mostly wait on Slurm's timers, MariaDB and Docker, so the two
 #: halves share the two cores well; everything else (the session cluster's tests, the timing ones) is the other half
 SIDE_MODULES = frozenset({"test_accounting_cluster", "test_container_cluster", "test_containers",
-                          "test_repair_cluster", "test_web_cluster"})
+                          "test_oidc_slurm_images", "test_repair_cluster", "test_web_cluster"})
 #: the suite's own munged (see pytest_sessionstart)
 _munged = []
 
