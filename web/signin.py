@@ -76,8 +76,8 @@ def role_of(groups, roles: dict, claim: str) -> str:
     if groups is None:
         groups = []
     if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
-        raise SignInRefused(403, f"the ID token's {claim} claim is not a list of strings: the groups claim is not a "
-                                 "list of strings (web.oidc_groups_claim names the claim that lists them)")
+        raise SignInRefused(403, f"the groups claim is not a list of strings (the ID token's {claim!r}, which "
+                                 "web.oidc_groups_claim names)")
     found = ""
     for role in ROLES:
         if set(groups) & set(roles.get(role, ())):
