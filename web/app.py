@@ -241,15 +241,19 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None, clock=
     def bad_request(err: BadRequest):
         return jsonify(error=err.message), err.status
 
-    def on_record(err: RequestRefused) -> None:
-        """A web-refused event for this request, at most one a minute for its address."""
+    def once_a_minute(last: dict[str, float], event: str, what: str, why) -> None:
+        """Event `event`: `what` refused to this request's address and `why`, at most one a minute for an address
+        (a client refused in a loop must not rotate the journal)."""
         now, address = time.monotonic(), request.remote_addr or "?"
-        if now - refused_last.get(address, -_REFUSED_EVERY) >= _REFUSED_EVERY:
-            if len(refused_last) > 10000:
-                refused_last.clear()
-            refused_last[address] = now
-            emit("web-refused", f"{request.method} {request.path} from {address} refused: {err} (at most one such "
-                                f"event a minute for an address)", "warning", address=address)
+        if now - last.get(address, -_REFUSED_EVERY) >= _REFUSED_EVERY:
+            if len(last) > 10000:
+                last.clear()
+            last[address] = now
+            emit(event, f"{what} from {address} refused: {why} (at most one such event a minute for an address)",
+                 "warning", address=address)
+
+    def on_record(err: RequestRefused) -> None:
+        once_a_minute(refused_last, "web-refused", f"{request.method} {request.path}", err)
 
     @app.errorhandler(RequestRefused)
     def refused(err: RequestRefused):
@@ -260,14 +264,7 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None, clock=
         return answer, err.status
 
     def on_signin_refused(err: SignInRefused) -> None:
-        """A web-signin-refused event for this request, at most one a minute for its address."""
-        now, address = time.monotonic(), request.remote_addr or "?"
-        if now - signin_refused_last.get(address, -_REFUSED_EVERY) >= _REFUSED_EVERY:
-            if len(signin_refused_last) > 10000:
-                signin_refused_last.clear()
-            signin_refused_last[address] = now
-            emit("web-signin-refused", f"sign-in from {address} refused: {err} (at most one such event a minute for "
-                                       "an address)", "warning", address=address)
+        once_a_minute(signin_refused_last, "web-signin-refused", "sign-in", err)
 
     @app.errorhandler(SignInRefused)
     def signin_refused(err: SignInRefused):
