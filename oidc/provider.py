@@ -12,6 +12,7 @@ operator.
 
 from __future__ import annotations
 
+import http.client
 import ipaddress
 import json
 import ssl
@@ -26,8 +27,8 @@ import jwt
 
 from slurm_ext.errors import SlurmExtError
 
-__all__ = ["OidcError", "TokenRefused", "Discovery", "discover", "fetch_json", "check_issuer_url", "KeySet",
-           "verify_token", "ASYMMETRIC_ALGORITHMS"]
+__all__ = ["OidcError", "TokenRefused", "Discovery", "discover", "fetch_json", "open_url", "check_issuer_url",
+           "KeySet", "verify_token", "ASYMMETRIC_ALGORITHMS"]
 
 #: the largest discovery document or JWKS read (real ones are a few KiB)
 MAX_ANSWER = 512 * 1024
@@ -74,11 +75,15 @@ def _loopback(host: str | None) -> bool:
 
 def check_issuer_url(url: str, what: str = "issuer") -> str:
     """`url` without a trailing slash, or OidcError: not https (http only to a loopback host), with
-    user info, a query or a fragment."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("https", "http") or not parts.hostname:
+    user info, a query or a fragment, or not a URL at all."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host, _ = parts.hostname, parts.port
+    except (ValueError, TypeError, AttributeError):
+        raise OidcError(f"{what} {str(url)[:200]!r}: not a URL") from None
+    if parts.scheme not in ("https", "http") or not host:
         raise OidcError(f"{what} {url!r}: expected an https:// URL")
-    if parts.scheme == "http" and not _loopback(parts.hostname):
+    if parts.scheme == "http" and not _loopback(host):
         raise OidcError(f"{what} {url!r}: plain http is taken only for a test IdP on this host (127.0.0.1, "
                         "localhost); an IdP elsewhere needs https")
     if parts.username or parts.password or parts.query or parts.fragment:
@@ -93,19 +98,42 @@ def _context(ca_file: str) -> ssl.SSLContext:
         raise OidcError(f"the IdP's CA file {ca_file}: {err}") from None
 
 
+class _CheckedRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only to a URL the issuer's own rules allow: an https answer sent on to plain http would
+    let whoever sits on that leg hand out the keys."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        check_issuer_url(newurl, "a redirect")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def open_url(request: urllib.request.Request, what: str, timeout: float, ca_file: str, read: int) -> bytes:
+    """The first `read` bytes of the answer to `request` (its URL checked, and every redirect's). Raises
+    OidcError naming `what` and the URL: unreachable, a broken answer; urllib.error.HTTPError for a status
+    other than 2xx, for the caller to word (a token endpoint's error is not a discovery document's)."""
+    url = request.full_url
+    check_issuer_url(url, what)
+    opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=_context(ca_file)),
+                                         _CheckedRedirects())
+    try:
+        with opener.open(request, timeout=timeout) as answer:
+            return answer.read(read)
+    except urllib.error.HTTPError:
+        raise
+    except (urllib.error.URLError, OSError) as err:
+        raise OidcError(f"{what} {url}: unreachable ({getattr(err, 'reason', err)})") from None
+    except (http.client.HTTPException, ValueError) as err:  # a broken status line, a cut chunked answer
+        raise OidcError(f"{what} {url}: a broken answer ({type(err).__name__}: {str(err)[:120]})") from None
+
+
 def fetch_json(url: str, what: str, timeout: float = 10.0, ca_file: str = "") -> dict:
     """The JSON object at `url`. Raises OidcError naming `what` and the URL: unreachable, not 200, too
     large, not a JSON object."""
-    check_issuer_url(url, what)
     request = urllib.request.Request(url, headers={"Accept": "application/json", "User-Agent": "slurm-ext"})
     try:
-        with urllib.request.urlopen(request, timeout=timeout, context=_context(ca_file)) as answer:
-            body = answer.read(MAX_ANSWER + 1)
+        body = open_url(request, what, timeout, ca_file, MAX_ANSWER + 1)
     except urllib.error.HTTPError as err:
         raise OidcError(f"{what} {url}: the IdP answered {err.code} {err.reason}") from None
-    except (urllib.error.URLError, OSError) as err:
-        reason = getattr(err, "reason", err)
-        raise OidcError(f"{what} {url}: unreachable ({reason})") from None
     if len(body) > MAX_ANSWER:
         raise OidcError(f"{what} {url}: larger than {MAX_ANSWER // 1024} KiB, not read")
     try:
@@ -133,6 +161,10 @@ def discover(issuer: str, timeout: float = 10.0, ca_file: str = "") -> Discovery
     for name in ("authorization_endpoint", "token_endpoint", "jwks_uri"):
         check_issuer_url(data[name], f"the discovery document's {name}")
     end_session = data.get("end_session_endpoint")
+    try:  # optional: one the issuer's rules refuse is left out (the page's own logout still ends its session)
+        check_issuer_url(end_session if isinstance(end_session, str) else "", "end_session_endpoint")
+    except OidcError:
+        end_session = ""
     methods = data.get("code_challenge_methods_supported")
     return Discovery(issuer=data["issuer"], authorization_endpoint=data["authorization_endpoint"],
                      token_endpoint=data["token_endpoint"], jwks_uri=data["jwks_uri"],

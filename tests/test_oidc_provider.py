@@ -136,3 +136,51 @@ def test_keys_of_kinds_that_cannot_sign_here_are_skipped_not_fatal(idp):
         _refused(idp, keys, idp.mint(kid="enc-1"), "does not hold")
     finally:
         idp.jwks_extra = []
+
+
+def test_an_endpoint_that_is_not_a_url_is_refused_not_a_crash(idp):
+    idp.discovery_changes = {"token_endpoint": "https://[bad"}
+    try:
+        with pytest.raises(OidcError, match=r"token_endpoint 'https://\[bad': not a URL"):
+            discover(idp.issuer, ca_file=idp.ca_file)
+    finally:
+        idp.discovery_changes = {}
+
+
+def test_an_end_session_endpoint_in_plain_http_elsewhere_is_left_out(idp):
+    idp.discovery_changes = {"end_session_endpoint": "http://idp.example.org/logout"}
+    try:
+        assert discover(idp.issuer, ca_file=idp.ca_file).end_session_endpoint == ""
+    finally:
+        idp.discovery_changes = {}
+
+
+def test_a_redirect_from_https_to_plain_http_elsewhere_is_not_followed(idp):
+    idp.redirects = {"/jwks-moved": "http://idp.example.org/keys"}
+    try:
+        with pytest.raises(OidcError, match="a redirect 'http://idp.example.org/keys': plain http is taken only"):
+            KeySet(f"{idp.issuer}/jwks-moved", ca_file=idp.ca_file).key("any")
+        idp.redirects = {"/jwks-moved": f"{idp.issuer}/jwks"}  # within the issuer's rules: followed
+        assert KeySet(f"{idp.issuer}/jwks-moved", ca_file=idp.ca_file).key(idp.signing_kid)
+    finally:
+        idp.redirects = {}
+
+
+@pytest.mark.parametrize("answer", [b"garbage\r\n\r\n", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"])
+def test_a_broken_answer_is_an_error_naming_the_url(answer):
+    import threading
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        port = server.getsockname()[1]
+
+        def reply():
+            connection, _ = server.accept()
+            with connection:
+                connection.recv(65536)
+                connection.sendall(answer)
+        replier = threading.Thread(target=reply, daemon=True)
+        replier.start()
+        with pytest.raises(OidcError, match=rf"JWKS http://127.0.0.1:{port}/jwks: (a broken answer|unreachable)"):
+            provider.fetch_json(f"http://127.0.0.1:{port}/jwks", "the IdP's JWKS", timeout=5)
+        replier.join(5)

@@ -96,6 +96,8 @@ class TestIdP:
         self.id_token_changes: dict = {}
         #: every code the token endpoint took (a replayed one is refused: invalid_grant)
         self.codes: dict[str, dict] = {}
+        #: paths under the realm answered with a redirect to the URL given (a JWKS moved elsewhere)
+        self.redirects: dict[str, str] = {}
         self.requests: list[str] = []
         self._scratch = tempfile.TemporaryDirectory(prefix="slurm-ext-idp-")
         self.ca_file = ""
@@ -198,6 +200,8 @@ def _handler(idp: TestIdP):
             url = urllib.parse.urlsplit(self.path)
             query = dict(urllib.parse.parse_qsl(url.query))
             idp.requests.append(f"GET {url.path}")
+            if url.path.removeprefix(realm) in idp.redirects:
+                return self._redirect(idp.redirects[url.path.removeprefix(realm)])
             if url.path == f"{realm}/.well-known/openid-configuration":
                 return self._json(200, idp.discovery())
             if url.path == f"{realm}/jwks":
