@@ -96,7 +96,7 @@ def _run(args: argparse.Namespace) -> int:
         username_prefix=args.username_prefix, groups_claim=args.groups_claim, groups_prefix=args.groups_prefix,
         ca_pem=ca_pem, discovery_url=args.discovery_url or "", api_version=api_version,
         viewer_groups=tuple(args.viewer_group or ()), operator_groups=tuple(args.operator_group or ()),
-        admin_groups=tuple(args.admin_group or ()), namespace=args.namespace or "",
+        admin_groups=tuple(args.admin_group or ()), namespace=args.namespace,
         required_claims=tuple(_claim_value(text) for text in args.required_claim or ()),
         extra_scopes=tuple(args.extra_scope or ()), kubelogin_args=tuple(args.kubelogin_arg or ()),
         user_name=args.user_name)
@@ -116,10 +116,12 @@ Next:
      reloaded automatically; a file it cannot load is logged and the previous one kept.
   2. kubectl apply -f {rbac}
   3. Each person: install kubelogin (kubectl oidc-login), then merge the user into their kubeconfig:
-       KUBECONFIG=~/.kube/config:{kubeconfig} kubectl config view --flatten > /tmp/kubeconfig && \\
-         mv /tmp/kubeconfig ~/.kube/config
+       (umask 077; KUBECONFIG=~/.kube/config:{kubeconfig} kubectl config view --flatten > ~/.kube/config.new) && \\
+         mv ~/.kube/config.new ~/.kube/config
        kubectl config set-context --current --user={request.user_name}
-     and check who the API server takes them for: kubectl auth whoami""")
+     (the flattened kubeconfig holds every credential of ~/.kube/config, so it is written beside it, readable by
+     its owner only, never into a shared directory such as /tmp) and check who the API server takes them for:
+       kubectl auth whoami""")
     return 0
 
 
@@ -130,8 +132,9 @@ def add_command(actions: argparse._SubParsersAction) -> None:
         "kubeconfig user for kubelogin, checked offline",
         description="Writes authentication-config.yaml (the API server's --authentication-config: the IdP, its "
                     "client ids as audiences, username and groups claims with mandatory prefixes, no system: names), "
-                    "rbac.yaml (ClusterRoles slurm-ext-viewer, slurm-ext-operator, slurm-ext-admin over Slinky's "
-                    "resources and slurm-ext's objects, and bindings of the IdP's groups to them) and "
+                    "rbac.yaml (Roles slurm-ext-viewer, slurm-ext-operator, slurm-ext-admin over Slinky's "
+                    "resources and slurm-ext's objects in Slinky's namespace, a ClusterRole that reads nodes, and "
+                    "bindings of the IdP's groups to them) and "
                     "kubeconfig-user.yaml (an exec user for kubelogin). Everything is checked before it is written: "
                     "the AuthenticationConfiguration by the API server's own rules, the RBAC objects with "
                     "kubernetes-validate where installed. Refused: exit 2 with the rule's message. Defaults for "
@@ -158,8 +161,9 @@ def add_command(actions: argparse._SubParsersAction) -> None:
     kube.add_argument("--required-claim", action="append", metavar="CLAIM=VALUE",
                       help="take only tokens whose string claim CLAIM is VALUE (Google Workspace: hd=example.com); "
                            "repeatable")
-    kube.add_argument("--namespace", metavar="NS", help="bind the roles in this namespace only (RoleBindings; "
-                      "nodes are then not covered) instead of cluster-wide (ClusterRoleBindings)")
+    kube.add_argument("--namespace", metavar="NS", default="slurm",
+                      help="Slinky's namespace: the roles are Roles there, bound by RoleBindings, and hold no right "
+                           "in any other namespace; only reading nodes is cluster-wide (default: slurm)")
     version = kube.add_mutually_exclusive_group()
     version.add_argument("--kubernetes-version", metavar="X.Y", help="the cluster's version: apiserver.config.k8s.io/"
                          "v1 from 1.34, v1beta1 for 1.30 to 1.33 (default: 1.34 or later)")

@@ -1,17 +1,22 @@
 """What the Kubernetes API server, RBAC and kubectl need to take the people the organisation's IdP signs in.
 
 `build(request)` returns the `KubeFiles` of one `KubeRequest`: the API server's AuthenticationConfiguration
-(`--authentication-config`), the ClusterRoles `slurm-ext-viewer`, `slurm-ext-operator` and `slurm-ext-admin`
-over slurm-ext's objects and Slinky's custom resources with the bindings of the IdP's groups to them, and
-the kubeconfig user whose token kubelogin gets. `check(files)` judges them before anything is written: the
+(`--authentication-config`), the Roles `slurm-ext-viewer`, `slurm-ext-operator` and `slurm-ext-admin` in
+Slinky's namespace over slurm-ext's objects and Slinky's custom resources, the ClusterRole
+`slurm-ext-node-reader` (nodes, read only), the bindings of the IdP's groups to them, and the kubeconfig user
+whose token kubelogin gets. `check(files)` judges them before anything is written: the
 AuthenticationConfiguration by the API server's own rules (`kuberules`), the RBAC objects with
 kubernetes-validate where it is installed (said otherwise); `write(files, directory)` writes them.
 
-Why these roles: each person acts as themself (the audit log names them) with the least the job needs.
-A viewer reads; an operator does what a repair does by hand (the repair executor's own rights,
-containers/slinky/rbac.yaml: delete a worker pod, cordon a node) and scales NodeSets; an admin changes
-Slinky's resources and slurm-ext's config. None of them reads Secrets (the Slurm and database keys):
-that stays with the cluster's own administrators.
+Why these roles: each person acts as themself (the audit log names them) with the least the job needs, in
+the Slurm namespace only (Roles and RoleBindings: nothing in kube-system or any other namespace); the one
+cluster-wide right is reading nodes. A viewer reads; an operator deletes a worker pod (reprovision, as the
+repair executor does, containers/slinky/rbac.yaml) and scales NodeSets and LoginSets; an admin changes
+Slinky's resources and slurm-ext's config. Neither the viewer nor the operator can read a Secret (the Slurm
+and database keys), directly or through a pod: nobody gets secrets, pod or Job creation, exec, attach or
+port-forward, and no node patch (RBAC cannot narrow it to a cordon). The admin's Slinky rights are that
+much wider: a NodeSet's pod template may mount any Secret of the namespace and a Token mints Slurm JWTs,
+so bind slurm-ext-admin only to those trusted with the namespace's keys.
 """
 
 from __future__ import annotations
@@ -39,6 +44,19 @@ CONFIG_MAPS = ("slurm-ext-worker", "slurm-ext-controller", "slurm-ext-gres", "sl
 ROLE_NAMES = ("slurm-ext-viewer", "slurm-ext-operator", "slurm-ext-admin")
 FILE_NAMES = {"authentication": "authentication-config.yaml", "rbac": "rbac.yaml", "kubeconfig": "kubeconfig-user.yaml"}
 READ = ["get", "list", "watch"]
+WRITE = ["create", "update", "patch", "delete", "deletecollection"]
+#: the ClusterRole that reads nodes, the only cluster-wide right the roles need
+NODE_READER = "slurm-ext-node-reader"
+#: Slinky's namespace (its Helm chart's and containers/slinky's)
+DEFAULT_NAMESPACE = "slurm"
+#: a namespace's name: an RFC 1123 label
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+#: why no role patches nodes
+NODE_PATCH_NOTE = ("no role patches nodes: RBAC cannot say which fields a patch changes, so `patch` on nodes would "
+                   "let a person change any label or taint of every node; cordoning and the RMA label are done by "
+                   "`slurm-ext repair approve` through the repair executor, whose node patch a "
+                   "ValidatingAdmissionPolicy narrows (containers/slinky/rbac.yaml); uncordoning stays with the "
+                   "cluster's administrators")
 #: the kubeconfig's exec plugin API (kubectl 1.22 and later)
 EXEC_API = "client.authentication.k8s.io/v1"
 LABELS = {"app.kubernetes.io/part-of": "slurm-ext", "app.kubernetes.io/managed-by": "slurm-ext-oidc-kubernetes"}
@@ -73,8 +91,8 @@ class KubeRequest:
     viewer_groups: tuple[str, ...] = ()
     operator_groups: tuple[str, ...] = ()
     admin_groups: tuple[str, ...] = ()
-    #: bind in this namespace only (RoleBindings to the ClusterRoles); empty: ClusterRoleBindings
-    namespace: str = ""
+    #: Slinky's namespace: the Roles and RoleBindings are there, and no role has a right in any other
+    namespace: str = DEFAULT_NAMESPACE
     #: (claim, value) pairs every token must carry as strings (Google Workspace's hd: the organisation's domain)
     required_claims: tuple[tuple[str, str], ...] = ()
     #: OAuth scopes kubelogin asks for beyond openid (email, profile, groups...)
@@ -138,51 +156,66 @@ def _authentication(request: KubeRequest) -> dict:
 
 
 def _rules(role: str) -> list[dict]:
-    """The rules of `role`; each role holds the one before it."""
+    """The namespaced rules of `role` (a Role in the Slurm namespace); each role holds the one before it.
+
+    Left out on purpose, as each is as good as reading the namespace's Secrets (a pod or Job may mount any of
+    them and run as any service account there): creating pods or Jobs (a backup now: `kubectl create job
+    --from=cronjob/...` stays with the cluster's administrators), `pods/exec`, `pods/attach` and port-forward
+    (a shell in slurmctld or MariaDB reads the keys they mount). Verbs are named, never `*`: no escalate, bind
+    or impersonate can slip in."""
     slinky = list(SLINKY_RESOURCES)
     viewer = [
         {"apiGroups": [SLINKY_GROUP], "resources": slinky + [f"{name}/status" for name in slinky], "verbs": READ},
         {"apiGroups": [""], "resources": ["pods", "events", "services", "persistentvolumeclaims"], "verbs": READ},
         {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": READ},
         {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": list(CONFIG_MAPS), "verbs": ["get", "watch"]},
         {"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": READ},
         {"apiGroups": ["batch"], "resources": ["cronjobs", "jobs"], "verbs": READ},
     ]
     operator = [
-        # what a repair does by hand: reprovision (a new worker pod), failover and RMA (cordon, label a node)
+        # what a repair does by hand: reprovision (a new worker pod); cordoning and the RMA label are left to
+        # the repair executor, whose node patch a ValidatingAdmissionPolicy narrows (NODE_PATCH_NOTE)
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]},
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]},
         {"apiGroups": [SLINKY_GROUP], "resources": ["nodesets/scale", "loginsets/scale"],
          "verbs": ["get", "update", "patch"]},
-        # an accounting backup now: kubectl create job --from=cronjob/slurm-accounting-backup
-        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create"]},
     ]
     admin = [
-        {"apiGroups": [SLINKY_GROUP], "resources": ["*"], "verbs": ["*"]},
+        {"apiGroups": [SLINKY_GROUP], "resources": slinky + [f"{name}/status" for name in slinky]
+         + ["nodesets/scale", "loginsets/scale"], "verbs": READ + WRITE},
         {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": list(CONFIG_MAPS),
          "verbs": ["update", "patch"]},
-        {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create"]},
     ]
     return {"slurm-ext-viewer": viewer, "slurm-ext-operator": viewer + operator,
             "slurm-ext-admin": viewer + operator + admin}[role]
 
 
+def _binding(kind: str, name: str, role_kind: str, groups, prefix: str, namespace: str = "") -> dict:
+    metadata = {"name": name, "namespace": namespace} if namespace else {"name": name}
+    metadata["labels"] = dict(LABELS)
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": metadata,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": name},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": f"{prefix}{group}"}
+                         for group in groups]}
+
+
 def _rbac(request: KubeRequest) -> tuple[dict, ...]:
-    objects = [{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-                "metadata": {"name": role, "labels": dict(LABELS)}, "rules": _rules(role)} for role in ROLE_NAMES]
+    """Roles and RoleBindings in the Slurm namespace, so no right reaches kube-system or any other namespace; the
+    one cluster-wide right is reading nodes (they have no namespace), for everyone bound to any role."""
+    namespace = request.namespace
+    objects = [{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                "metadata": {"name": role, "namespace": namespace, "labels": dict(LABELS)}, "rules": _rules(role)}
+               for role in ROLE_NAMES]
+    objects.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                    "metadata": {"name": NODE_READER, "labels": dict(LABELS)},
+                    "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": READ}]})
+    everyone = []
     for role, groups in zip(ROLE_NAMES, (request.viewer_groups, request.operator_groups, request.admin_groups)):
-        if not groups:
-            continue
-        metadata = {"name": role, "labels": dict(LABELS)}
-        if request.namespace:
-            metadata["namespace"] = request.namespace
-        objects.append({
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding" if request.namespace else "ClusterRoleBinding", "metadata": metadata,
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
-                          "name": f"{request.groups_prefix}{group}"} for group in groups]})
+        if groups:
+            objects.append(_binding("RoleBinding", role, "Role", groups, request.groups_prefix, namespace))
+            everyone += groups
+    if everyone:
+        objects.append(_binding("ClusterRoleBinding", NODE_READER, "ClusterRole", dict.fromkeys(everyone),
+                                request.groups_prefix))
     return tuple(objects)
 
 
@@ -204,7 +237,7 @@ def _kubeconfig(request: KubeRequest) -> dict:
 
 def build(request: KubeRequest) -> KubeFiles:
     """The files for `request`. Raises KubeRefused for what no file could fix (no client id, a group with the
-    prefix already, bindings without a groups claim)."""
+    prefix already, bindings without a groups claim, no namespace)."""
     if not request.client_ids:
         raise KubeRefused("--client-id: at least one OAuth client id is needed (the audience of the ID tokens)")
     groups = request.viewer_groups + request.operator_groups + request.admin_groups
@@ -216,12 +249,16 @@ def build(request: KubeRequest) -> KubeFiles:
             raise KubeRefused(f"group {group!r}: give the IdP's group name; the prefix {request.groups_prefix!r} is "
                               "added (--groups-prefix)")
     notes = []
+    if not _NAMESPACE.fullmatch(request.namespace) or len(request.namespace) > 63:
+        raise KubeRefused(f"--namespace {request.namespace!r}: expected the Slurm namespace's name (a lower-case RFC "
+                          "1123 label such as slurm); the roles hold rights in that namespace only")
     if request.username_prefix == "":
         notes.append("--username-prefix '': IdP users share the namespace of Kubernetes' own users and groups; "
                      "only the userValidationRules keep them out of system:")
     if not groups:
-        notes.append("no --viewer-group, --operator-group or --admin-group: the ClusterRoles are written but "
+        notes.append("no --viewer-group, --operator-group or --admin-group: the roles are written but "
                      "nobody is bound to them")
+    notes.append(NODE_PATCH_NOTE)
     return KubeFiles(authentication=_authentication(request), rbac=_rbac(request), kubeconfig=_kubeconfig(request),
                      notes=tuple(notes))
 
@@ -277,9 +314,16 @@ def check(files: KubeFiles, kubernetes_version: str = "") -> tuple[str, ...]:
 def dump(documents) -> str:
     """YAML of one document (a dict) or several (a tuple), keys in the order written."""
     import yaml
+
+    class Dumper(yaml.SafeDumper):
+        """No anchors and aliases (`&id001`) for lists the rules share: the file is read by people too."""
+
+        def ignore_aliases(self, data):
+            return True
+
     if isinstance(documents, dict):
-        return yaml.safe_dump(documents, sort_keys=False, default_flow_style=False, width=120)
-    return yaml.safe_dump_all(documents, sort_keys=False, default_flow_style=False, width=120)
+        return yaml.dump(documents, Dumper=Dumper, sort_keys=False, default_flow_style=False, width=120)
+    return yaml.dump_all(documents, Dumper=Dumper, sort_keys=False, default_flow_style=False, width=120)
 
 
 def write(files: KubeFiles, directory: Path) -> dict[str, Path]:

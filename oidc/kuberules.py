@@ -60,9 +60,11 @@ _FIELDS = {
     "extra[]": {"key", "valueExpression"},
     "userValidationRules[]": {"expression", "message"},
 }
-#: a domain-prefixed path's domain: an RFC 1123 subdomain (k8s.io/apimachinery IsDomainPrefixedPath)
-_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_HTTP_PATH = re.compile(r"^[A-Za-z0-9/\-._~%!$&'()*+,;=:]+$")
+#: a domain-prefixed path's domain: an RFC 1123 subdomain (k8s.io/apimachinery IsDomainPrefixedPath). Used with
+#: fullmatch only: Go's `$` is the end of the text, Python's also matches before a trailing newline
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_SUBDOMAIN_MAX = 253
+_HTTP_PATH = re.compile(r"[A-Za-z0-9/\-._~%!$&'()*+,;=:]+")
 _STRING_LITERAL = re.compile(r"""[rR]?(\"\"\"[\s\S]*?\"\"\"|'''[\s\S]*?'''|"(\\.|[^"\\])*"|'(\\.|[^'\\])*')""")
 
 
@@ -281,7 +283,8 @@ class _Judge:
             if required:
                 self.refuse(path, "Required value: claim or expression is required")
         elif expression:
-            if "prefix" in mapping:
+            # Go checks Prefix != nil: `prefix: null` decodes to nil and is taken beside an expression
+            if mapping.get("prefix") is not None:
                 self.refuse(f"{path}.prefix", "prefix can't be set when expression is set")
             self.compiles(expression, f"{path}.expression")
         elif mapping.get("prefix") is None:
@@ -338,11 +341,17 @@ class _Judge:
             return
         if not slash or not domain or not rest:
             self.refuse(path, f"Invalid value: {key!r}: must be a domain-prefixed path (such as \"acme.io/foo\")")
-        elif not _SUBDOMAIN.match(domain.lower()) or len(domain) > 253:
-            self.refuse(path, f"Invalid value: {domain!r}: a lowercase RFC 1123 subdomain must consist of lower case "
-                        "alphanumeric characters, '-' or '.'")
-        elif not _HTTP_PATH.match(rest):
-            self.refuse(path, f"Invalid value: {rest!r}: must be a valid HTTP path")
+        else:
+            # as IsDomainPrefixedPath: the domain as written (an upper-case one is not a subdomain), and the
+            # domain's errors and the path's reported together
+            if len(domain) > _SUBDOMAIN_MAX:
+                self.refuse(path, f"Invalid value: {domain!r}: must be no more than {_SUBDOMAIN_MAX} characters")
+            if not _SUBDOMAIN.fullmatch(domain):
+                self.refuse(path, f"Invalid value: {domain!r}: a lowercase RFC 1123 subdomain must consist of lower "
+                            "case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric "
+                            "character")
+            if not _HTTP_PATH.fullmatch(rest):
+                self.refuse(path, f"Invalid value: {rest!r}: must be a valid HTTP path")
         if key != key.lower():
             self.refuse(path, "key must be lowercase")
         if domain in ("kubernetes.io", "k8s.io") or domain.endswith((".kubernetes.io", ".k8s.io")):

@@ -134,6 +134,35 @@ def test_email_in_a_string_literal_is_not_the_email_claim():
     assert kuberules.check(document).ok
 
 
+@pytest.mark.parametrize("key, problems", [
+    # the domain as written: an upper-case domain is no RFC 1123 subdomain (and the key is not lower-case)
+    ("Example.com/tenant", ["Invalid value: 'Example.com': a lowercase RFC 1123 subdomain", "key must be lowercase"]),
+    # the domain's problem and the path's are both reported, as IsDomainPrefixedPath does
+    ("exa_mple.com/ten ant", ["Invalid value: 'exa_mple.com': a lowercase RFC 1123 subdomain",
+                              "Invalid value: 'ten ant': must be a valid HTTP path"]),
+    # a trailing newline ends neither the domain nor the path (Go's `$` is the end of the text)
+    ("example.com\n/tenant", ["Invalid value: 'example.com\\n': a lowercase RFC 1123 subdomain"]),
+    ("example.com/tenant\n", ["Invalid value: 'tenant\\n': must be a valid HTTP path"]),
+    (f"{'a' * 250}.com/tenant", ["must be no more than 253 characters"]),
+    ("example.com/tenant", [])])
+def test_extra_keys_by_is_domain_prefixed_path(key, problems):
+    document = yaml.safe_load((FIXTURES / "valid-minimal.yaml").read_text())
+    document["jwt"][0]["claimMappings"]["extra"] = [{"key": key, "valueExpression": "claims.sub"}]
+    found = [str(problem) for problem in kuberules.check(document).problems]
+    assert len(found) == len(problems), found
+    for problem, expected in zip(found, problems):
+        assert problem.startswith("jwt[0].claimMappings.extra[0].key: ") and expected in problem, found
+
+
+def test_prefix_null_beside_an_expression_is_no_prefix():
+    document = yaml.safe_load((FIXTURES / "valid-expression-prefix-null.yaml").read_text())
+    assert document["jwt"][0]["claimMappings"]["username"] == {"expression": "'oidc:' + claims.sub", "prefix": None}
+    assert kuberules.check(document).ok
+    document["jwt"][0]["claimMappings"]["username"]["prefix"] = ""
+    assert [str(problem) for problem in kuberules.check(document).problems] == [
+        "jwt[0].claimMappings.username.prefix: prefix can't be set when expression is set"]
+
+
 @pytest.mark.parametrize("text, problem", [
     ("a: [", "not YAML"), ("", "found 0"), ("kind: A\n---\nkind: B\n", "found 2")])
 def test_check_of_a_file_that_is_not_one_configuration(tmp_path, capsys, text, problem):
@@ -179,11 +208,17 @@ def test_writes_three_checked_files(tmp_path, capsys):
     for document in rbac:  # for real and strictly, on the oldest and newest Kubernetes that read the file
         for version in ("1.30", kubernetes_validate.latest_version()):
             kubernetes_validate.validate(document, version, strict=True)
-    bindings = {document["metadata"]["name"]: document for document in rbac if document["kind"] == "ClusterRoleBinding"}
+    bindings = {document["metadata"]["name"]: document for document in rbac if document["kind"] == "RoleBinding"}
     assert {name: [subject["name"] for subject in binding["subjects"]] for name, binding in bindings.items()} == {
         "slurm-ext-viewer": ["oidc:hpc-users"], "slurm-ext-operator": ["oidc:hpc-ops"],
         "slurm-ext-admin": ["oidc:hpc-admins", "oidc:platform"]}
-    assert all(subject["kind"] == "Group" for binding in bindings.values() for subject in binding["subjects"])
+    assert all(binding["metadata"]["namespace"] == "slurm" and binding["roleRef"]["kind"] == "Role"
+               for binding in bindings.values())
+    (nodes,) = [document for document in rbac if document["kind"] == "ClusterRoleBinding"]
+    assert nodes["roleRef"]["name"] == "slurm-ext-node-reader"
+    assert [subject["name"] for subject in nodes["subjects"]] == [
+        "oidc:hpc-users", "oidc:hpc-ops", "oidc:hpc-admins", "oidc:platform"]
+    assert all(subject["kind"] == "Group" for binding in [*bindings.values(), nodes] for subject in binding["subjects"])
     exec_stanza = kubeconfig["users"][0]["user"]["exec"]
     assert exec_stanza["apiVersion"] == "client.authentication.k8s.io/v1" and exec_stanza["interactiveMode"] == "Never"
     assert exec_stanza["args"] == ["oidc-login", "get-token", "--oidc-issuer-url=https://idp.example.com/realms/hpc",
@@ -191,13 +226,17 @@ def test_writes_three_checked_files(tmp_path, capsys):
                                    "--token-cache-storage=keyring"]
     assert oct(files["authentication"].stat().st_mode & 0o777) == "0o600"
     for said in ("--authentication-config=", "--oidc-*", f"kubectl apply -f {files['rbac']}", "--flatten",
-                 "reloaded automatically", "pass kubernetes-validate"):
+                 "reloaded automatically", "pass kubernetes-validate", "no role patches nodes"):
         assert said in out
+    # the flattened kubeconfig holds the person's other credentials too: written beside ~/.kube/config, owner-only,
+    # never to a fixed path in /tmp (world-readable under the usual umask, and a symlink there redirects it)
+    assert "> /tmp/kubeconfig" not in out and "mv /tmp/" not in out
+    assert (f"(umask 077; KUBECONFIG=~/.kube/config:{files['kubeconfig']} kubectl config view --flatten > "
+            "~/.kube/config.new) && \\\n         mv ~/.kube/config.new ~/.kube/config") in out
 
 
 def _rules(rbac, role):
-    (found,) = [document for document in rbac if document["kind"] == "ClusterRole"
-                and document["metadata"]["name"] == role]
+    (found,) = [document for document in rbac if document["kind"] == "Role" and document["metadata"]["name"] == role]
     return found["rules"]
 
 
@@ -211,7 +250,7 @@ def test_roles_cover_slinky_and_what_a_repair_does(tmp_path, capsys):
     code, _, err, files = _generate(tmp_path, capsys)
     assert code == 0, err
     _, rbac, _ = _load(files)
-    assert [document["kind"] for document in rbac] == ["ClusterRole"] * 3  # no group given: nobody bound
+    assert [document["kind"] for document in rbac] == ["Role"] * 3 + ["ClusterRole"]  # no group given: nobody bound
     crds = [yaml.safe_load(path.read_text())["spec"] for path in sorted(SLINKY_CRDS.glob("*.yaml"))]
     assert {crd["group"] for crd in crds} == {kubernetes.SLINKY_GROUP}
     viewer, operator, admin = (_rules(rbac, role) for role in kubernetes.ROLE_NAMES)
@@ -223,15 +262,22 @@ def test_roles_cover_slinky_and_what_a_repair_does(tmp_path, capsys):
         if "scale" in crd["versions"][0].get("subresources", {}):
             assert _allows(operator, kubernetes.SLINKY_GROUP, f"{plural}/scale", "update")
             assert not _allows(viewer, kubernetes.SLINKY_GROUP, f"{plural}/scale", "update")
-    # an operator may do by hand what the repair executor does (containers/slinky/rbac.yaml)
+    # an operator may do by hand what the repair executor does (containers/slinky/rbac.yaml), but for patching
+    # nodes: RBAC cannot narrow that to a cordon (the executor's is narrowed by a ValidatingAdmissionPolicy)
+    (nodes,) = [document["rules"] for document in rbac if document["kind"] == "ClusterRole"]
     executor = [document for document in yaml.safe_load_all((REPO / "containers/slinky/rbac.yaml").read_text())
                 if document["kind"] in ("Role", "ClusterRole")]
     for role in executor:
         for rule in role["rules"]:
             for resource in rule["resources"]:
                 for verb in rule["verbs"]:
-                    assert _allows(operator, rule["apiGroups"][0], resource, verb), (resource, verb)
-                    assert not _allows(viewer, rule["apiGroups"][0], resource, verb) or verb == "get"
+                    granted = nodes if resource == "nodes" else operator
+                    if (resource, verb) == ("nodes", "patch"):
+                        assert not any(_allows(rules, "", "nodes", "patch") for rules in (nodes, operator, admin))
+                        continue
+                    assert _allows(granted, rule["apiGroups"][0], resource, verb), (resource, verb)
+                    if resource != "nodes":
+                        assert not _allows(viewer, rule["apiGroups"][0], resource, verb) or verb == "get"
     for rules in (viewer, operator, admin):  # nobody reads the Slurm and database keys
         assert not _allows(rules, "", "secrets", "get")
     assert _allows(viewer, "", "configmaps", "get", "slurm-ext-worker")
@@ -310,13 +356,71 @@ def test_required_claims_become_claim_rules(tmp_path, capsys):
     assert code == 2 and "expected CLAIM=VALUE" in err
 
 
-def test_namespace_binds_there_only(tmp_path, capsys):
-    code, _, err, files = _generate(tmp_path, capsys, "--namespace", "slurm", "--operator-group", "hpc-ops")
+#: what creates pods (and so may mount any Secret of the namespace and run as any of its service accounts), or
+#: reaches into a running one
+_POD_MAKERS = {("", "pods"), ("", "replicationcontrollers"), ("apps", "deployments"), ("apps", "statefulsets"),
+               ("apps", "daemonsets"), ("apps", "replicasets"), ("batch", "jobs"), ("batch", "cronjobs")}
+_INTO_PODS = ("pods/exec", "pods/attach", "pods/portforward", "pods/proxy", "pods/ephemeralcontainers",
+              "serviceaccounts/token")
+
+
+@pytest.mark.parametrize("namespace", [None, "hpc-slurm"])
+def test_roles_are_least_privilege(tmp_path, capsys, namespace):
+    """Issue 31 review: ClusterRoleBindings gave every right in every namespace (kube-system too), the operator
+    could create Jobs (any service account, any Secret mounted) and patch any node, the admin exec into any pod."""
+    flags = ["--viewer-group", "hpc-users", "--operator-group", "hpc-ops", "--admin-group", "hpc-admins"]
+    code, _, err, files = _generate(tmp_path, capsys, *flags, *(["--namespace", namespace] if namespace else []))
     assert code == 0, err
-    (binding,) = [document for document in _load(files)[1] if document["kind"].endswith("Binding")]
-    assert binding["kind"] == "RoleBinding" and binding["metadata"]["namespace"] == "slurm"
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+    rbac = _load(files)[1]
+    expected = namespace or "slurm"
+    for document in rbac:
+        kubernetes_validate.validate(document, kubernetes_validate.latest_version(), strict=True)
+        where = (document["kind"], document["metadata"]["name"])
+        if document["kind"] in ("Role", "RoleBinding"):
+            assert document["metadata"]["namespace"] == expected, where
+        else:  # nothing cluster-wide but reading nodes
+            assert document["kind"] in ("ClusterRole", "ClusterRoleBinding"), where
+            assert document["metadata"]["name"] == "slurm-ext-node-reader", where
+            if document["kind"] == "ClusterRole":
+                assert document["rules"] == [{"apiGroups": [""], "resources": ["nodes"],
+                                              "verbs": ["get", "list", "watch"]}]
+            else:
+                assert document["roleRef"]["kind"] == "ClusterRole"
+        if document["kind"].endswith("Binding") and document["kind"] != "ClusterRoleBinding":
+            assert document["roleRef"]["kind"] == "Role", where
+    roles = [document for document in rbac if document["kind"] in ("Role", "ClusterRole")]
+    assert len(roles) == 4
+    for role in roles:
+        for rule in role["rules"]:
+            where = (role["metadata"]["name"], rule)
+            assert "*" not in rule["apiGroups"] + rule["resources"] + rule["verbs"], where
+            assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), where
+            assert "secrets" not in rule["resources"] and "serviceaccounts" not in rule["resources"], where
+            assert not set(_INTO_PODS) & set(rule["resources"]), where
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    if (group, resource) in _POD_MAKERS:
+                        assert not {"create", "update", "patch"} & set(rule["verbs"]), where
+            assert not ("nodes" in rule["resources"] and set(rule["verbs"]) - {"get", "list", "watch"}), where
+
+
+@pytest.mark.parametrize("namespace", ["", "Slurm", "slurm_ns", "-slurm", "a" * 64, "slurm\n"])
+def test_a_namespace_that_is_no_name_is_refused(tmp_path, capsys, namespace):
+    code, _, err, files = _generate(tmp_path, capsys, f"--namespace={namespace}", "--viewer-group", "hpc-users")
+    assert code == 2 and f"--namespace {namespace!r}: expected the Slurm namespace's name" in err
+    assert not any(path.exists() for path in files.values())
+
+
+def test_namespace_binds_there_only(tmp_path, capsys):
+    code, _, err, files = _generate(tmp_path, capsys, "--namespace", "hpc", "--operator-group", "hpc-ops")
+    assert code == 0, err
+    (binding,) = [document for document in _load(files)[1] if document["kind"] == "RoleBinding"]
+    assert binding["metadata"]["namespace"] == "hpc"
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                                   "name": "slurm-ext-operator"}
+    (role,) = [document for document in _load(files)[1] if document["kind"] == "Role"
+               and document["metadata"]["name"] == "slurm-ext-operator"]
+    assert role["metadata"]["namespace"] == "hpc"
     kubernetes_validate.validate(binding, kubernetes_validate.latest_version(), strict=True)
 
 
