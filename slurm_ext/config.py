@@ -479,7 +479,7 @@ def _check(rules: dict, value: Any) -> Any:
             raise ValueError("no such directory")
         return os.path.normpath(value)
     pattern = rules.get("pattern")
-    if pattern and not re.match(pattern, value):
+    if pattern and not re.fullmatch(pattern, value):
         raise ValueError(f"expected text matching {pattern}")
     return value
 

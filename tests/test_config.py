@@ -327,3 +327,11 @@ def test_a_parsed_cache_that_cannot_be_kept_costs_only_the_parse(tmp_path):
     with pytest.raises(ConfigError, match="node.name"):
         config.load(dated, parsed_cache=cache)
     assert not cache.exists()
+
+
+def test_a_value_with_a_trailing_newline_does_not_pass_for_one_without(tmp_path):
+    """`$` matches before a final newline: a pattern is matched against the whole value."""
+    path = tmp_path / "slurm-ext.toml"
+    path.write_text('[oidc]\nissuer = "https://idp.example.org/realm\\n"\n')
+    with pytest.raises(config.ConfigError, match="oidc.issuer"):
+        config.load(str(path))
