@@ -14,6 +14,8 @@ refuses a JWKS it does not own), and never through a symbolic link.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import os
 import re
@@ -32,10 +34,14 @@ __all__ = ["DroppedKey", "SlurmJwks", "JwksChange", "NoSlurmKey", "clean_jwks", 
 SLURM_FIELDS = ("kty", "kid", "use", "alg", "n", "e")
 #: the one algorithm Slurm's auth/jwt verifies with a JWKS key
 SLURM_ALGORITHM = "RS256"
-#: base64url without padding, what RFC 7518 §6.3.1 says `n` and `e` are
-_BASE64URL = re.compile(r"^[A-Za-z0-9_-]+$")
-#: a key id as Slurm matches it against a token's header (printable, bounded)
-_KID = re.compile(r"^[\x21-\x7e]{1,256}$")
+#: base64url without padding, what RFC 7518 §6.3.1 says `n` and `e` are (used with fullmatch: `$` would let a
+#: trailing newline through, which Slurm's base64 decoder does not take)
+_BASE64URL = re.compile(r"[A-Za-z0-9_-]+")
+#: a key id as Slurm matches it against a token's header (printable, bounded; fullmatch, as above)
+_KID = re.compile(r"[\x21-\x7e]{1,256}")
+#: the smallest RSA modulus kept, in bits: RFC 7518 §3.3 asks 2048 or more for RS256, and a smaller key is one
+#: whoever factors it signs with, for any user Slurm knows
+MIN_RSA_BITS = 2048
 
 
 class NoSlurmKey(OidcError):
@@ -93,18 +99,30 @@ def _drop_reason(entry, seen: set[str]) -> str:
         return (f"kty {str(kty)[:20]!r}: Slurm verifies RSA keys only (before 26.05.3 a key that is not RSA makes "
                 "slurmctld abort at start)")
     kid = entry.get("kid")
-    if not isinstance(kid, str) or not _KID.match(kid):
+    if not isinstance(kid, str) or not _KID.fullmatch(kid):
         return "no usable kid: Slurm finds a token's key by the kid in its header"
     if entry.get("use", "sig") != "sig":
         return f"use {str(entry.get('use'))[:20]!r}: not a signing key"
     if entry.get("alg", SLURM_ALGORITHM) != SLURM_ALGORITHM:
         return f"alg {str(entry.get('alg'))[:20]!r}: Slurm verifies {SLURM_ALGORITHM} only"
     for name in ("n", "e"):
-        if not isinstance(entry.get(name), str) or not _BASE64URL.match(entry[name]):
+        if not isinstance(entry.get(name), str) or not _BASE64URL.fullmatch(entry[name]):
             return f"no RSA {name!r} (base64url): Slurm builds the key from n and e alone"
+    bits = _modulus_bits(entry["n"])
+    if bits < MIN_RSA_BITS:
+        return (f"an RSA modulus of {bits} bits: fewer than {MIN_RSA_BITS}, a key that can be factored and then "
+                "sign tokens for any user")
     if kid in seen:
         return "a second key with the same kid: Slurm would try only one of them"
     return ""
+
+
+def _modulus_bits(n: str) -> int:
+    """The bit length of the base64url modulus `n` (0 when it does not decode)."""
+    try:
+        return int.from_bytes(base64.urlsafe_b64decode(n + "=" * (-len(n) % 4)), "big").bit_length()
+    except (ValueError, binascii.Error):
+        return 0
 
 
 def clean_jwks(data: dict, source: str = "") -> SlurmJwks:
