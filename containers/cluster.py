@@ -334,6 +334,12 @@ class ContainerCluster:
         wait_for(f"{name}: running", lambda: self._running(name), timeout=30, interval=0.05)
         self.exec(name, "sh", "-c", f"id {USER} >/dev/null 2>&1 || useradd -u {UID} -m {USER}")
 
+    def restart(self, name: str, timeout: float = 60) -> None:
+        """Restart the container `name`: its daemon starts again and reads its files as they are now (slurmdbd
+        reads its JWKS only when it starts)."""
+        self.containers[name].restart(timeout=30)
+        wait_for(f"{name}: running again", lambda: self._running(name), timeout=timeout, interval=0.1)
+
     def _running(self, name: str) -> bool:
         self.containers[name].reload()
         return self.containers[name].status == "running"

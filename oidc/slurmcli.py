@@ -7,7 +7,9 @@ IdP, Slurm's tools) is imported when the command runs.
 Refresh: each run compares the IdP's keys with the file's and writes only on a change, so the command is also the
 refresh; `--watch` runs it every [oidc] slurm_refresh until stopped (a systemd service or a sidecar), and a run
 from a timer does the same. Slurm reads the file once when auth/jwt starts, so a rotation is followed by `scontrol
-reconfigure` (which re-execs slurmctld and makes slurmdbd reread; `--no-reconfigure` leaves it to the operator).
+reconfigure` (slurmctld re-execs, slurmd reconfigures: both read the new file; `--no-reconfigure` leaves it to the
+operator), retried by later runs until it succeeds. slurmdbd is reached by no reconfigure (`sacctmgr reconfigure`
+rereads slurmdbd.conf, not the auth plug-in's keys): a rotation says it needs a restart.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ warning: Slurm's auth/jwt checks a token's signature and its exp, nothing else: 
   application of the IdP) is taken by Slurm, for any user it names; a `username` or `sun` claim in it wins over
   userclaimfield. To close it: give Slurm a signing key or realm of its own at the IdP (a JWKS that signs for
   Slurm only), keep token lifetimes short (exp is all Slurm checks), and let no one mint a `username`/`sun`
-  claim; use_jwt_client_ids_only takes uid/gid from the token instead of the local user database."""
+  claim. use_jwt_client_ids_only (--client-ids-only) closes nothing: it widens what a token decides (its uid,
+  gid and groups, with no local user database), so a key of Slurm's own matters even more with it."""
 
 
 def add_command(actions: argparse._SubParsersAction) -> None:
@@ -37,7 +40,9 @@ def add_command(actions: argparse._SubParsersAction) -> None:
                     "keys without alg), owned by SlurmUser, mode 0400, written atomically and never through a "
                     "symbolic link. Says which keys it left out and why; refuses to write a set with no key (the "
                     "old file stays). Writes only when the keys changed, then runs `scontrol reconfigure` (Slurm "
-                    "reads the file once, at start); with --watch it does so every [oidc] slurm_refresh. Prints "
+                    "reads the file once, at start), and a failed one again at each later run until it succeeds; "
+                    "slurmdbd takes new keys only when restarted (said at each rotation). --watch runs this "
+                    "every [oidc] slurm_refresh. Prints "
                     "the slurm.conf/slurmdbd.conf lines and, for Slinky, the ConfigMap for jwksKeyRef.",
         epilog=WARNING + "\n\nSee docs/operator/oidc-slurm.md.")
     parser.add_argument("--issuer", metavar="URL", help="the IdP's issuer URL (default: [oidc] issuer)")

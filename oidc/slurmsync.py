@@ -2,18 +2,25 @@
 `--watch`, and the configuration text Slurm and Slinky need (`conf_lines`, `slinky_configmap`).
 
 A refresh writes only when the IdP's keys differ from the file's, and a rotation is followed by `scontrol
-reconfigure`: Slurm's auth/jwt reads the file once, when it starts. Every refresh that writes, and every one that
-cannot (the IdP unreachable, its answer not OpenID Connect's, no RSA key), is an event; a refused one leaves the
-file Slurm has as it was.
+reconfigure`: Slurm's auth/jwt reads the file once, when it starts. A reconfigure that fails is remembered (a
+marker in [node] state_dir) and retried by every later refresh until one succeeds: the file then already holds
+the IdP's keys, so without the marker nothing would tell a refresh that Slurm has not read them. slurmdbd is not
+reached by any reconfigure (its `reconfig()` rereads slurmdbd.conf but never re-initialises the auth plug-in),
+so a rotation says it needs a restart. Every refresh that writes, and every one that cannot (the IdP
+unreachable, its answer not OpenID Connect's, no RSA key), is an event; a refused one leaves the file Slurm has
+as it was.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import pwd
 import signal
+import stat
 import threading
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +67,17 @@ class Refreshed:
     reconfigured: bool
     #: why it did not reconfigure, or how it failed ("" when it did, or when nothing changed)
     reconfigure_note: str = ""
+    #: the reconfigure ran for an earlier rotation whose reconfigure had failed (the file was already right)
+    retried: bool = False
+    #: what slurmdbd needs to take the new keys ("" when the keys did not change or the file is a first one)
+    slurmdbd_note: str = ""
+
+
+#: a rotation reaches slurmdbd only by a restart: `sacctmgr reconfigure` (and SIGHUP) run slurmdbd's reconfig(),
+#: which rereads slurmdbd.conf but keeps the auth plug-in, and with it the keys it read at start
+SLURMDBD_NOTE = ("slurmdbd reads the JWKS only when it starts (neither `scontrol reconfigure` nor `sacctmgr "
+                 "reconfigure` makes it reread the file): restart slurmdbd, with its copy of the new file, for "
+                 "accounting requests (sacct, slurmrestd's /slurmdb/) to take the new key's tokens")
 
 
 def slurm_user(settings: config.Config, explicit: str | None) -> str:
@@ -96,59 +114,103 @@ def _owner_ids(user: str) -> tuple[int, int]:
 
 
 def refresh(options: Options, settings: config.Config, emit) -> Refreshed:
-    """Read the IdP's keys and, when they differ from the file's, write the file and reconfigure Slurm.
+    """Read the IdP's keys and, when they differ from the file's, write the file and reconfigure Slurm; when they
+    do not, retry a reconfigure that failed after an earlier write (its marker says so).
 
     Raises:
         OidcError: the IdP or its keys cannot be used, or the file cannot be written (an event says so; the old
             file is kept).
     """
+    pending = _pending_marker(settings, options.jwks_file)
     try:
         jwks = fetch_slurm_jwks(options.issuer, options.timeout, options.ca_file)
         uid, gid = _owner_ids(options.owner)
         diff = change(jwks, options.jwks_file)
         if not diff.changed:
             _own(options.jwks_file, uid, gid)
-            return Refreshed(jwks, False, (), (), False)
-        write_jwks(jwks, options.jwks_file, uid, gid)
+        else:
+            write_jwks(jwks, options.jwks_file, uid, gid)
     except OidcError as err:
         emit("oidc-slurm-jwks-refused", str(err), issuer=options.issuer, file=options.jwks_file)
         raise
+    if not diff.changed:
+        if options.reconfigure and pending is not None and pending.exists():
+            reconfigured, note = _reconfigure(settings, emit, options.jwks_file, pending)
+            if reconfigured:
+                emit("oidc-slurm-reconfigured", f"{options.jwks_file}: `scontrol reconfigure` succeeded at a "
+                     "retry: Slurm reads the keys written before", file=options.jwks_file, kids=list(jwks.kids))
+            return Refreshed(jwks, False, (), (), reconfigured, note, retried=True)
+        return Refreshed(jwks, False, (), (), False)
     reconfigured, note = False, ""
     if options.reconfigure and not diff.first:
-        reconfigured, note = _reconfigure(settings, emit, options.jwks_file)
+        reconfigured, note = _reconfigure(settings, emit, options.jwks_file, pending)
     elif not diff.first:
         note = "not asked (--no-reconfigure): run `scontrol reconfigure` for Slurm to read the new keys"
     else:
         note = "a first file: start (or restart) slurmctld and slurmdbd with AuthAltTypes=auth/jwt to use it"
+    slurmdbd = "" if diff.first else SLURMDBD_NOTE
     dropped = [f"{d.kid or '(no kid)'}: {d.reason}" for d in jwks.dropped]
     emit("oidc-slurm-jwks-written", f"{options.jwks_file}: {len(jwks.keys)} keys from {jwks.source}"
          + (f", added {' '.join(diff.added)}" if diff.added else "")
-         + (f", removed {' '.join(diff.removed)}" if diff.removed else ""),
+         + (f", removed {' '.join(diff.removed)}" if diff.removed else "")
+         + (f"; {slurmdbd}" if slurmdbd else ""),
          file=options.jwks_file, kids=list(jwks.kids), added=list(diff.added), removed=list(diff.removed),
-         dropped=dropped, reconfigured=reconfigured)
-    return Refreshed(jwks, True, diff.added, diff.removed, reconfigured, note)
+         dropped=dropped, reconfigured=reconfigured, slurmdbd_restart=bool(slurmdbd))
+    return Refreshed(jwks, True, diff.added, diff.removed, reconfigured, note, slurmdbd_note=slurmdbd)
+
+
+def _pending_marker(settings: config.Config, path: str) -> Path | None:
+    """Where a failed reconfigure for the JWKS file `path` is remembered: [node] state_dir (the journal's
+    directory), one marker per file, named by a hash of its path (None: no state_dir, nothing is remembered)."""
+    if not settings.node.state_dir:
+        return None
+    digest = hashlib.sha256(os.path.abspath(path).encode()).hexdigest()[:16]
+    return Path(settings.node.state_dir) / "oidc-slurm" / f"reconfigure-pending-{digest}"
 
 
 def _own(path: str, uid: int, gid: int) -> None:
-    """Keep an unchanged file SlurmUser's and 0400 (an operator's copy, a restore), never through a link."""
+    """Keep an unchanged file SlurmUser's and 0400 (an operator's copy, a restore), never through a link.
+
+    Raises:
+        OidcError: `path` is a symbolic link or not a regular file, as write_jwks refuses it: "unchanged" would
+            say the file is right when what Slurm reads is the link's target, which is not ours.
+    """
     try:
         info = os.lstat(path)
-        if (info.st_uid, info.st_gid) != (uid, gid) and not os.path.islink(path):
+        if not stat.S_ISREG(info.st_mode):
+            what = "a symbolic link" if stat.S_ISLNK(info.st_mode) else "not a regular file"
+            raise OidcError(f"the JWKS file {path} is {what}: refused (put the file itself there)")
+        if (info.st_uid, info.st_gid) != (uid, gid):
             os.chown(path, uid, gid, follow_symlinks=False)
-        if info.st_mode & 0o777 != 0o400 and not os.path.islink(path):
+        if info.st_mode & 0o777 != 0o400:
             os.chmod(path, 0o400)
     except OSError as err:
         raise OidcError(f"the JWKS file {path}: {err.strerror}") from None
 
 
-def _reconfigure(settings: config.Config, emit, path: str) -> tuple[bool, str]:
+def _reconfigure(settings: config.Config, emit, path: str, pending: Path | None) -> tuple[bool, str]:
+    """`scontrol reconfigure`; a failure leaves the marker `pending` for the next refresh to retry, a success
+    removes it."""
     try:
         _scontrol(settings, ["reconfigure"])
-        return True, ""
     except (CommandError, CommandTimeout) as err:
-        note = f"`scontrol reconfigure` failed ({str(err).strip()[-300:]}): Slurm keeps the old keys until it does"
+        note = (f"`scontrol reconfigure` failed ({str(err).strip()[-300:]}): Slurm keeps the old keys until it "
+                "does")
+        if pending is not None:
+            try:
+                pending.parent.mkdir(parents=True, exist_ok=True)
+                pending.write_text(os.path.abspath(path) + "\n")
+                note += "; retried at each refresh until it succeeds"
+            except OSError as why:
+                note += f"; cannot remember it for a retry ({pending}: {why.strerror or why}): run it yourself"
         emit("oidc-slurm-reconfigure-failed", note, file=path)
         return False, note
+    if pending is not None:
+        try:
+            pending.unlink(missing_ok=True)
+        except OSError:
+            pass  # a marker left makes the next refresh reconfigure once more: harmless
+    return True, ""
 
 
 def conf_lines(jwks_file: str, userclaimfield: str, client_ids_only: bool) -> str:
@@ -201,9 +263,12 @@ def _say(out, options: Options, done: Refreshed) -> None:
     for dropped in jwks.dropped:
         print(f"left out {dropped.kid or '(no kid)'}: {dropped.reason}", file=out)
     if done.reconfigured:
-        print("reconfigured Slurm (scontrol reconfigure): it reads the new keys", file=out)
+        again = " (a retry: the last one had failed)" if done.retried else ""
+        print(f"reconfigured Slurm (scontrol reconfigure){again}: slurmctld and slurmd read the new keys", file=out)
     elif done.reconfigure_note:
         print(f"Slurm: {done.reconfigure_note}", file=out)
+    if done.slurmdbd_note:
+        print(f"slurmdbd: {done.slurmdbd_note}", file=out)
 
 
 def _conf_out(args: argparse.Namespace, options: Options, jwks: SlurmJwks, out) -> None:
@@ -257,13 +322,21 @@ def _watch(args: argparse.Namespace, options: Options, settings: config.Config, 
     while not stop.is_set():
         try:
             done = refresh(options, settings, emit)
-            if done.written or first:
+            if done.written or done.retried or first:
                 _say(out, options, done)
                 if first:
                     _conf_out(args, options, done.jwks, out)
                 first = False
         except OidcError as err:
             print(f"slurm-ext: error: {err} (retried in {options.refresh_every:g}s)", file=out)
+        except Exception as err:  # noqa: BLE001 - a bug or an unforeseen error must not end the refresh for good
+            # (the file would then stay on the old keys until someone notices): said with its traceback, an
+            # event, and tried again at the next turn
+            trace = traceback.format_exc()
+            print(f"slurm-ext: error: unexpected {type(err).__name__} in the refresh of {options.jwks_file}: {err} "
+                  f"(retried in {options.refresh_every:g}s)\n{trace}", file=out)
+            emit("oidc-slurm-refresh-failed", f"{options.jwks_file}: unexpected {type(err).__name__}: {err}",
+                 issuer=options.issuer, file=options.jwks_file, traceback=trace)
         out.flush()
         stop.wait(options.refresh_every)
     return 0

@@ -330,6 +330,12 @@ _ENTRIES = (
     EventName("oidc-slurm-reconfigure-failed", ("oidc",), "error",
               "the JWKS file changed but `scontrol reconfigure` failed: Slurm reads the new keys only when its "
               "daemons restart or reconfigure"),
+    EventName("oidc-slurm-reconfigured", ("oidc",), "info",
+              "`oidc slurm` retried a `scontrol reconfigure` that had failed after it wrote the JWKS file, and it "
+              "succeeded: slurmctld and slurmd read the keys written before"),
+    EventName("oidc-slurm-refresh-failed", ("oidc",), "error",
+              "`oidc slurm --watch`: a refresh failed on an unexpected error (the message and the traceback say "
+              "which); the watch goes on and tries again at the next turn"),
     # -- drills on the dev cluster (devcluster/: `slurm-ext dev inject`, `dev heal`) -------------------------
     EventName("drill-injected", ("devcluster",), "warning",
               "DRILL, not a real fault: `slurm-ext dev inject` made a fault on this dev node (fault, gpu, user; "

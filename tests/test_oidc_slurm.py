@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import jsonschema
+from cryptography.hazmat.primitives.asymmetric import rsa
 import kubernetes_validate
 import pytest
 import yaml
@@ -26,7 +27,10 @@ import yaml
 from helpers.cli import cli
 from helpers.idp import TestIdP, ec_key, public_jwk, rsa_key
 from helpers.wait import wait_for
+from slurm_ext import config
+from slurm_ext.oidc import slurmsync
 from slurm_ext.oidc.provider import OidcError
+from slurm_ext.oidc.slurmcli import WARNING
 from slurm_ext.oidc.slurmjwks import SLURM_FIELDS, NoSlurmKey, clean_jwks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,6 +64,20 @@ def test_clean_jwks_keeps_rsa_signing_keys_only_each_with_alg_rs256_and_the_fiel
     assert "no usable kid" in reasons[""]
     assert jwks.dropped[-1].reason == "not a JSON object" and len(jwks.dropped) == 8
     assert json.loads(jwks.text()) == {"keys": list(jwks.keys)}
+
+
+def test_clean_jwks_drops_a_trailing_newline_in_n_e_or_kid_and_a_modulus_under_2048_bits():
+    good = _rsa("good")
+    small = public_jwk(rsa.generate_private_key(public_exponent=65537, key_size=1024), "small")
+    data = {"keys": [good, {**_rsa("nl-n"), "n": good["n"] + "\n"}, {**_rsa("nl-e"), "e": "AQAB\n"},
+                     {**_rsa("x"), "kid": "a\n"}, {**_rsa("tiny"), "n": "AQAB"}, small]}
+    jwks = clean_jwks(data, "https://idp/jwks")
+    assert jwks.kids == ("good",)
+    reasons = {d.kid: d.reason for d in jwks.dropped}
+    assert "no RSA 'n'" in reasons["nl-n"] and "no RSA 'e'" in reasons["nl-e"]
+    assert "no usable kid" in reasons["a\n"]
+    assert reasons["tiny"].startswith("an RSA modulus of 17 bits: fewer than 2048")
+    assert reasons["small"].startswith("an RSA modulus of 1024 bits: fewer than 2048")
 
 
 def test_clean_jwks_refuses_a_set_without_a_usable_key_and_a_set_that_is_no_jwks():
@@ -180,7 +198,46 @@ def test_an_unchanged_set_writes_nothing_and_a_rotation_rewrites_and_reconfigure
     idp.rotate()
     failed = _run(site, idp)
     assert failed.returncode == 0 and "`scontrol reconfigure` failed" in failed.stdout
+    assert "retried at each refresh until it succeeds" in failed.stdout
     assert "oidc-slurm-reconfigure-failed" in [e["event"] for e in _journal(site)]
+
+
+def test_a_failed_reconfigure_is_retried_by_the_next_refresh_until_one_succeeds(site, idp):
+    assert _run(site, idp).returncode == 0
+    idp.rotate()
+    (site / "reconfigure-fails").touch()
+    failed = _run(site, idp)
+    assert failed.returncode == 0 and "`scontrol reconfigure` failed" in failed.stdout
+    assert _calls(site).count("reconfigure") == 1
+    # the file holds the IdP's keys now: without the marker this run would say "unchanged" and stop there
+    still = _run(site, idp)
+    assert "unchanged:" in still.stdout and "`scontrol reconfigure` failed" in still.stdout
+    assert _calls(site).count("reconfigure") == 2
+    (site / "reconfigure-fails").unlink()
+    retried = _run(site, idp)
+    assert retried.returncode == 0, retried.stderr
+    assert "unchanged:" in retried.stdout and "reconfigured Slurm (scontrol reconfigure) (a retry" in retried.stdout
+    assert _calls(site).count("reconfigure") == 3
+    assert [e["event"] for e in _journal(site)][1:] == [
+        "oidc-slurm-reconfigure-failed", "oidc-slurm-jwks-written", "oidc-slurm-reconfigure-failed",
+        "oidc-slurm-reconfigured"]
+    done = _run(site, idp)  # succeeded: nothing pending, no more reconfigures
+    assert "unchanged:" in done.stdout and "reconfigured" not in done.stdout
+    assert _calls(site).count("reconfigure") == 3
+
+
+def test_a_rotation_says_slurmdbd_needs_a_restart_and_a_first_file_does_not(site, idp):
+    first = _run(site, idp)
+    assert "slurmdbd: " not in first.stdout
+    idp.rotate()
+    rotated = _run(site, idp, "--no-reconfigure")
+    assert rotated.returncode == 0, rotated.stderr
+    assert ("slurmdbd: slurmdbd reads the JWKS only when it starts (neither `scontrol reconfigure` nor `sacctmgr "
+            "reconfigure` makes it reread the file): restart slurmdbd") in rotated.stdout
+    event = _journal(site)[-1]
+    assert event["event"] == "oidc-slurm-jwks-written" and event["slurmdbd_restart"] is True
+    assert "restart slurmdbd" in event["message"]
+    assert _journal(site)[0]["slurmdbd_restart"] is False
 
 
 def _refused(site: Path, idp: TestIdP, want: str) -> None:
@@ -227,6 +284,71 @@ def test_a_symbolic_link_in_the_files_place_is_refused_and_its_target_untouched(
     result = _run(site, idp)
     assert result.returncode == 1 and "is a symbolic link: refused" in result.stderr
     assert target.read_text() == "precious" and (site / "etc" / "jwks.json").is_symlink()
+
+
+def test_a_symbolic_link_to_a_copy_of_the_same_keys_is_refused_not_unchanged(site, idp, tmp_path):
+    assert _run(site, idp).returncode == 0
+    path = site / "etc" / "jwks.json"
+    copy = tmp_path / "copy.json"
+    copy.write_text(path.read_text())
+    path.chmod(0o600)
+    path.unlink()
+    os.symlink(copy, path)
+    result = _run(site, idp)
+    assert result.returncode == 1 and "is a symbolic link: refused" in result.stderr, result.stdout
+    assert "unchanged" not in result.stdout and path.is_symlink()
+    assert _journal(site)[-1]["event"] == "oidc-slurm-jwks-refused"
+
+
+def test_the_warning_does_not_count_use_jwt_client_ids_only_as_a_way_to_close_it():
+    closing, _, after = WARNING.partition("To close it:")
+    rest = after.split("use_jwt_client_ids_only")
+    assert len(rest) == 2 and "closes nothing" in rest[1] and "widens" in rest[1]
+    assert "use_jwt_client_ids_only" not in closing
+
+
+def test_the_restapi_image_runs_as_a_fixed_numeric_uid_and_gid():
+    """Kubernetes' runAsNonRoot refuses an image whose USER is a name; the uid is fixed in the useradd."""
+    text = (REPO / "containers" / "Dockerfile").read_text()
+    stage = text.split("FROM base AS restapi", 1)[1].split("\nFROM ", 1)[0]
+    [user] = [line.split()[1] for line in stage.splitlines() if line.startswith("USER ")]
+    uid, _, gid = user.partition(":")
+    assert uid.isdigit() and gid.isdigit() and int(uid) > 0, user
+    assert f"--uid {uid} --gid {gid}" in stage and f"groupadd --system --gid {gid} slurmrestd" in stage
+
+
+def test_watch_goes_on_after_an_unexpected_error_with_its_traceback_and_an_event(monkeypatch, tmp_path):
+    """A bug or an error that is not an OidcError (a ValueError, an OSError) is said and retried, never the end of
+    the refresh process."""
+    calls, emitted = [], []
+    done = slurmsync.Refreshed(clean_jwks({"keys": [_rsa("k1")]}), False, (), (), False)
+
+    def refresh(options, settings, emit):
+        calls.append(1)
+        if len(calls) == 1:
+            raise ValueError("an answer nobody expected")
+        if len(calls) == 2:
+            raise OSError(5, "Input/output error")
+        os.kill(os.getpid(), signal.SIGTERM)  # the third turn: stop
+        return done
+    monkeypatch.setattr(slurmsync, "refresh", refresh)
+    monkeypatch.setattr(slurmsync, "_conf_out", lambda *a: None)
+    options = slurmsync.Options(issuer="https://idp", ca_file="", timeout=1, jwks_file=str(tmp_path / "jwks.json"),
+                                userclaimfield="preferred_username", owner="slurm", client_ids_only=False,
+                                reconfigure=True, refresh_every=0.01)
+    out = __import__("io").StringIO()
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        assert slurmsync._watch(None, options, config.Config(), lambda *a, **f: emitted.append((a, f)), out) == 0
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    assert len(calls) == 3
+    text = out.getvalue()
+    assert f"unexpected ValueError in the refresh of {options.jwks_file}: an answer nobody expected" in text
+    assert "Traceback (most recent call last)" in text and "unexpected OSError" in text
+    assert [a[0] for a, _ in emitted] == ["oidc-slurm-refresh-failed"] * 2
+    assert "ValueError: an answer nobody expected" in emitted[0][1]["traceback"]
 
 
 def test_bad_flags_are_refused_before_the_idp_is_asked(site, idp):

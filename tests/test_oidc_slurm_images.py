@@ -3,7 +3,9 @@ acceptance): slurmctld and slurmdbd on AuthAltTypes=auth/jwt with that file, slu
 unprivileged user, rest_auth/jwt) on 127.0.0.1. A token the tests' IdP minted for a user submits a job through
 slurmrestd and `sacct` shows it as that user; an expired token, one with an unknown kid, an HS256 one and one of
 another issuer signed by another key are refused; the IdP's JWKS holds an EC key, which the cleaned file leaves
-out, and slurmctld stays up; a rotation reaches Slurm by `oidc slurm` and its `scontrol reconfigure`.
+out, and slurmctld stays up; a rotation reaches slurmctld by `oidc slurm` and its `scontrol reconfigure`, and
+slurmdbd only by a restart (`sacctmgr reconfigure` leaves it on the keys it read at start), as `oidc slurm` says.
+The restapi image's USER is a fixed uid:gid (Kubernetes' runAsNonRoot refuses a name).
 
 The token's user (preferred_username, the file's userclaimfield) is a local user of the containers (ctuser, made
 by ContainerCluster in every container that runs or submits jobs), as on a cluster with SSSD: slurmctld resolves
@@ -19,6 +21,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -73,6 +76,25 @@ class JwtCluster:
             except ValueError:
                 return err.code, {"body": body.decode(errors="replace")}
 
+    def slurmdb_jobs(self, token: str) -> tuple[int, dict]:
+        """GET slurmrestd's /slurmdb/ jobs with `token`, which slurmrestd passes to slurmdbd: (HTTP status, its
+        JSON answer)."""
+        request = urllib.request.Request(f"http://127.0.0.1:{PORTS.restapi}/slurmdb/{API}/jobs",
+                                         headers={"X-SLURM-USER-TOKEN": token})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                return answer.status, json.loads(answer.read() or b"{}")
+        except urllib.error.HTTPError as err:
+            body = err.read()
+            try:
+                return err.code, json.loads(body or b"{}")
+            except ValueError:
+                return err.code, {"body": body.decode(errors="replace")}
+
+    def slurmdb_takes(self, token: str) -> bool:
+        status, answer = self.slurmdb_jobs(token)
+        return status == 200 and not answer.get("errors") and isinstance(answer.get("jobs"), list)
+
     def jobs(self) -> list[str]:
         _, text = self.cluster.exec("controller", "squeue", "-h", "-a", "-t", "all", "-o", "%i")
         return text.split()
@@ -102,6 +124,7 @@ def jwt(engine, images, tmp_path_factory):
         jwt.oidc_slurm("dbd")
         try:
             cluster.start()
+            cluster.add_user("accounting")  # slurmdbd, too, resolves the token's user (SSSD on a real cluster)
             cluster.start_restapi()
             yield jwt
         finally:
@@ -153,19 +176,28 @@ def test_the_idps_ec_key_is_left_out_and_slurmctld_stays_up(jwt):
 def test_slurmrestd_runs_as_its_own_unprivileged_user(jwt):
     _, text = jwt.cluster.exec("restapi", "ps", "-eo", "user:20,args", user="slurmrestd")
     assert [line.split()[0] for line in text.splitlines() if "slurmrestd -a rest_auth/jwt" in line] == ["slurmrestd"]
+    # numbers, as Kubernetes' runAsNonRoot needs them, and the same in every build
+    image = jwt.cluster.client.images.get(jwt.cluster.images["restapi"])
+    assert image.attrs["Config"]["User"] == "64031:64031"
+    _, ids = jwt.cluster.exec("restapi", "id", user="slurmrestd")
+    assert ids.startswith("uid=64031(slurmrestd) gid=64031(slurmrestd)"), ids
 
 
 def test_a_rotation_reaches_slurm_through_oidc_slurm_and_scontrol_reconfigure(jwt):
     """Last: the IdP signs with a new key; until `oidc slurm` writes it and reconfigures, Slurm refuses its
     tokens, then takes them."""
     old = jwt.idp.signing_kid
+    before = jwt.idp.mint(sub="0f3a-ada", aud="slurm", preferred_username=USER)
+    assert jwt.slurmdb_takes(before), jwt.slurmdb_jobs(before)  # slurmdbd takes the first key's tokens
     new = jwt.idp.rotate()
     token = jwt.idp.mint(sub="0f3a-ada", aud="slurm", preferred_username=USER)
     status, answer = jwt.submit(token)
     assert status != 200 or not answer.get("job_id"), answer
-    jwt.oidc_slurm("dbd", "--no-reconfigure")  # slurmdbd's copy; the reconfigure below rereads both daemons'
+    dbd = jwt.oidc_slurm("dbd", "--no-reconfigure")  # slurmdbd's copy
+    assert "slurmdbd: slurmdbd reads the JWKS only when it starts" in dbd.stdout, dbd.stdout
     done = jwt.oidc_slurm("etc")
     assert f"added {new}" in done.stdout and "reconfigured Slurm" in done.stdout, done.stdout
+    assert "restart slurmdbd" in done.stdout, done.stdout
     assert old in json.loads((jwt.cluster.root / "etc" / "jwks.json").read_text())["keys"][0]["kid"]
 
     def taken():
@@ -173,3 +205,15 @@ def test_a_rotation_reaches_slurm_through_oidc_slurm_and_scontrol_reconfigure(jw
         return answer if status == 200 and answer.get("job_id") else None
     answer = wait_for("slurmctld to take the new key's token", taken, timeout=60, interval=1)
     jwt.cluster.wait_job(int(answer["job_id"]))
+
+    # slurmdbd: its file holds the new key, but it read the old one at start; `scontrol reconfigure` (above) and
+    # `sacctmgr reconfigure` (slurmdbd's reconfig(): slurmdbd.conf, not the auth plug-in) leave it there
+    assert not jwt.slurmdb_takes(token), jwt.slurmdb_jobs(token)
+    jwt.cluster.exec("controller", "sacctmgr", "-i", "reconfigure")
+    time.sleep(3)  # slurmdbd runs its reconfig() in a thread of its own
+    assert not jwt.slurmdb_takes(token), ("sacctmgr reconfigure made slurmdbd take the new key: oidc slurm's "
+                                          "'restart slurmdbd' is wrong", jwt.slurmdb_jobs(token))
+    assert jwt.slurmdb_takes(before)  # the old key still works there
+    # a restart reads the file: then it takes the new key's tokens
+    jwt.cluster.restart("accounting")
+    wait_for("slurmdbd to take the new key's token", lambda: jwt.slurmdb_takes(token), timeout=90, interval=1)
