@@ -105,7 +105,7 @@ def _page(tmp_path: Path, idp: TestIdP, web: str = "", oidc: str = "", clock=tim
     with store.locked():
         store.add(Record("n2", "xid/79", "reboot", "79 gpu 1", opened=1.0, updated=1.0))
     watcher = Watcher(loaded, _Slurm(), store, lambda url, timeout: (None, "refused"), _Agents(_sent(100.0), {}))
-    app = create_app(loaded, watcher, store_opener=lambda: open_sqlite(db), clock=clock)
+    app = create_app(loaded, watcher, store_opener=lambda: open_sqlite(db), clock=clock, keys_clock=clock)
     watcher.refresh()
     client = app.test_client()
     client.db = db
@@ -131,7 +131,7 @@ def _post(client, path: str, body: dict | None = None, headers: dict | None = No
 
 def test_an_operator_signs_in_with_pkce_and_approves_and_the_history_names_the_person(page, idp, tmp_path):
     answer = sign_in(page, "ada")
-    assert answer.status_code == 302 and answer.headers["Location"] == "http://localhost/", answer.data
+    assert answer.status_code == 302 and answer.headers["Location"] == "/", answer.data
     cookie = answer.headers.getlist("Set-Cookie")
     session_cookie = next(c for c in cookie if c.startswith(COOKIE + "="))
     assert "HttpOnly" in session_cookie and "SameSite=Lax" in session_cookie and "Secure" not in session_cookie
@@ -167,9 +167,12 @@ def test_a_viewer_views_and_is_refused_an_approval_by_role(page, tmp_path):
 def test_logout_ends_the_session_and_sends_the_browser_to_the_idp(page, idp, tmp_path):
     sign_in(page, "ada")
     value = _session_cookie(page).value
-    out = page.get("/auth/logout")
-    assert out.status_code == 302 and out.headers["Location"].startswith(f"{idp.issuer}/logout?")
-    assert "post_logout_redirect_uri=http%3A%2F%2Flocalhost%2F" in out.headers["Location"]
+    out = _post(page, "/auth/logout")
+    target = out.get_json()["redirect"]
+    assert out.status_code == 200 and target.startswith(f"{idp.issuer}/logout?")
+    asked = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(target).query))
+    assert asked["post_logout_redirect_uri"] == "http://localhost/" and asked["client_id"] == idp.client_id
+    assert asked["id_token_hint"].count(".") == 2  # the session's ID token, which Okta requires
     assert _session_cookie(page) is None
     assert page.get("/api/session").get_json()["user"] is None
     assert _events(tmp_path, "web-signout")[0]["user"].endswith("(oidc:ada)")
@@ -232,12 +235,12 @@ def test_a_key_the_idp_rotates_in_is_fetched_and_a_retired_one_stops_verifying(p
     old = idp.signing_kid
     idp.rotate()
     clock.now += 11  # a JWKS is fetched again for an unknown key at most every 10 s
-    page.get("/auth/logout")
+    _post(page, "/auth/logout")
     assert sign_in(page, "ada").status_code == 302  # signed by the new key: fetched
     idp.retire(old)
     idp.signing_kid = old
     idp.keys[old] = rsa_key()  # signs with a key the IdP no longer publishes under that kid (as a forger would)
-    page.get("/auth/logout")
+    _post(page, "/auth/logout")
     forged = sign_in(page, "ada")
     assert forged.status_code == 401 and b"signature does not verify" in forged.data
 
@@ -278,7 +281,7 @@ def test_an_issue_time_within_the_clock_skew_is_taken(page, idp):
 def test_a_signature_by_a_key_the_jwks_does_not_hold_is_refused(page, idp):
     assert sign_in(page, "ada").status_code == 302  # the page has the IdP's keys now
     idp.keys[idp.signing_kid] = rsa_key()  # the same kid, another key: what the page holds does not verify it
-    page.get("/auth/logout")
+    _post(page, "/auth/logout")
     answer = sign_in(page, "ada")
     assert answer.status_code == 401 and b"its signature does not verify" in answer.data
     assert _session_cookie(page) is None
@@ -295,14 +298,14 @@ def test_a_discovery_document_without_a_required_field_is_said_and_no_sign_in_be
 
 def test_a_state_mismatch_and_a_replayed_callback_are_refused(page, idp, tmp_path):
     path = _callback(page, "ada")
+    began = page.get_cookie(STATE_COOKIE, path="/auth/").value  # the signed cookie of the sign-in begun
     stranger = page.application.test_client()  # the callback carried into another browser: no state of its own
     foreign = stranger.get(path)
     assert foreign.status_code == 403 and b"state mismatch" in foreign.data
     assert stranger.get_cookie(COOKIE) is None
     assert page.get(path).status_code == 302  # the browser that began it: signed in
-    state = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(path).query))["state"]
     replayer = page.application.test_client()
-    replayer.set_cookie(STATE_COOKIE, state, path="/auth/")
+    replayer.set_cookie(STATE_COOKIE, began, path="/auth/")
     replayed = replayer.get(path)
     assert replayed.status_code == 403 and b"used already" in replayed.data and replayer.get_cookie(COOKIE) is None
     error = page.get("/auth/callback?error=access_denied&error_description=no+thanks&state=x")
@@ -362,3 +365,225 @@ def test_a_session_key_file_keeps_sessions_across_a_restart(tmp_path):
     key.write_text("short")
     with pytest.raises(SessionRefused, match="at least 32"):
         Sessions(60.0, str(key)).read(value)
+
+
+# -- the review's defects (issue 31) ------------------------------------------------------------------------------
+
+def _served(app):
+    """`app` behind waitress as `slurm-ext web` serves it (server.wsgi_server): (server, its base URL)."""
+    import threading
+    from slurm_ext.web.server import wsgi_server
+    server = wsgi_server(app, "127.0.0.1", 0)
+    threading.Thread(target=server.run, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.effective_port}"
+
+
+def test_behind_a_tls_proxy_the_cookies_are_secure_through_waitress(tmp_path, idp):
+    # waitress drops X-Forwarded-Proto (no trusted_proxy): the https of web.oidc_redirect_url decides
+    page = _page(tmp_path, idp, web='trusted_proxies = ["127.0.0.1"]\nproxy_user_header = "X-Remote-User"\n'
+                                    'oidc_redirect_url = "https://page.example/auth/callback"\n')
+    server, url = _served(page.application)
+    try:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect)
+        with pytest.raises(urllib.error.HTTPError) as began:
+            opener.open(urllib.request.Request(f"{url}/auth/login", headers={"X-Forwarded-Proto": "https"}),
+                        timeout=10)
+        assert began.value.code == 302
+        cookie = began.value.headers["Set-Cookie"]
+        assert cookie.startswith(STATE_COOKIE + "=") and "Secure" in cookie and "HttpOnly" in cookie, cookie
+        assert "redirect_uri=https%3A%2F%2Fpage.example%2Fauth%2Fcallback" in began.value.headers["Location"]
+    finally:
+        server.close()
+
+
+def test_sign_in_behind_a_proxy_needs_the_redirect_url_and_never_uses_the_host_header(tmp_path, idp):
+    from slurm_ext.errors import ConfigError
+    with pytest.raises(ConfigError, match="web.oidc_redirect_url") as refused:
+        _page(tmp_path, idp, web='trusted_proxies = ["127.0.0.1"]\nproxy_user_header = "X-Remote-User"\n')
+    assert "reverse proxy" in str(refused.value)
+    (tmp_path / "plain").mkdir()
+    page = _page(tmp_path / "plain", idp)
+    began = page.get("/auth/login", headers={"Host": "evil.example"})
+    back = urllib.parse.urlsplit(_at_idp(began.headers["Location"], "ada"))
+    done = page.get(f"/auth/callback?{back.query}", headers={"Host": "evil.example"})
+    assert done.status_code == 302 and done.headers["Location"] == "/"
+    assert _post(page, "/auth/logout", headers={"Host": "evil.example"}).status_code == 200
+
+
+def test_under_a_sub_path_the_state_cookie_goes_to_the_callback(tmp_path, idp):
+    page = _page(tmp_path, idp, web='oidc_redirect_url = "http://localhost/prefix/auth/callback"\n')
+    began = page.get("/auth/login")
+    assert began.status_code == 302 and "Path=/prefix/auth/" in began.headers["Set-Cookie"]
+    state = page.get_cookie(STATE_COOKIE, path="/prefix/auth/").value
+    back = urllib.parse.urlsplit(_at_idp(began.headers["Location"], "ada"))
+    assert back.path == "/prefix/auth/callback"
+    # the proxy takes /prefix off; the browser sent the cookie because its path is the callback's
+    page.set_cookie(STATE_COOKIE, state, path="/auth/")
+    done = page.get(f"/auth/callback?{back.query}")
+    assert done.status_code == 302 and done.headers["Location"] == "http://localhost/prefix/", done.data
+
+
+def test_logout_is_a_post_with_the_csrf_token(page):
+    sign_in(page, "ada")
+    assert page.get("/auth/logout").status_code == 405  # a link or an image of another site signs no one out
+    forged = page.post("/auth/logout")
+    assert forged.status_code == 403 and "CSRF" in forged.get_json()["error"]
+    assert page.get("/api/session").get_json()["role"] == "operator"
+    assert _post(page, "/auth/logout").status_code == 200 and page.get("/api/session").get_json()["user"] is None
+
+
+def test_many_sign_ins_begun_cancel_no_one_elses(page, monkeypatch):
+    import slurm_ext.web.signin as signin_module
+    monkeypatch.setattr(signin_module, "_PENDING_MAX", 3, raising=False)  # the old bound on sign-ins kept here
+    path = _callback(page, "ada")
+    flood = page.application.test_client()
+    for _ in range(5):
+        assert flood.get("/auth/login").status_code == 302
+    assert page.get(path).status_code == 302 and page.get("/api/session").get_json()["role"] == "operator"
+
+
+def test_an_idp_down_keeps_the_last_discovery_and_is_not_asked_at_every_sign_in(page, idp, clock, tmp_path):
+    assert page.get("/auth/login").status_code == 302
+    read = lambda: idp.requests.count("GET /realm/.well-known/openid-configuration")  # noqa: E731
+    assert read() == 1
+    clock.now += 3601  # the document is old: read again, and the IdP answers with a broken one
+    idp.discovery_changes = {"token_endpoint": None}
+    assert page.get("/auth/login").status_code == 302 and read() == 2  # the last good one serves
+    assert page.get("/auth/login").status_code == 302 and read() == 2  # not asked again within 10 s
+    clock.now += 11
+    idp.discovery_changes = {}
+    assert page.get("/auth/login").status_code == 302 and read() == 3
+
+
+def _unreachable(tmp_path: Path, clock):
+    import types
+    return _page(tmp_path, types.SimpleNamespace(issuer="http://127.0.0.1:1/realm", client_id="slurm-ext-page"),
+                 oidc='timeout = "2s"\n', clock=clock)
+
+
+def test_an_unreachable_issuer_is_a_502_with_an_event_and_is_not_waited_for_again(tmp_path, clock):
+    page = _unreachable(tmp_path, clock)
+    answer = page.get("/auth/login")
+    assert answer.status_code == 502 and answer.data.startswith(b"Sign-in refused: the IdP cannot be used")
+    assert "Location" not in answer.headers and _events(tmp_path, "web-signin-refused")
+    again = page.get("/auth/login")
+    assert again.status_code == 502 and b"tried again 10s after" in again.data
+
+
+def test_a_malformed_endpoint_in_discovery_is_a_502(tmp_path, idp):
+    idp.discovery_changes = {"token_endpoint": "https://[bad"}
+    page = _page(tmp_path, idp)
+    answer = page.get("/auth/login")
+    if answer.status_code == 302:  # the provider took the document: the token endpoint is tried at the callback
+        answer = page.get(_callback(page, "ada"))
+    assert answer.status_code == 502 and answer.data.startswith(b"Sign-in refused: "), answer.data
+    assert _session_cookie(page) is None and _events(tmp_path, "web-signin-refused")
+
+
+@pytest.mark.parametrize("garbage", [b"this is not HTTP\r\n\r\n",
+                                     b"HTTP/1.1 400 Bad\r\nContent-Length: 1000\r\n\r\n{\"err"],
+                         ids=["no status line", "an error answer cut short"])
+def test_a_token_endpoint_answering_garbage_is_a_502(tmp_path, idp, garbage):
+    import socket
+    import threading
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+
+    def answer():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(garbage)
+    threading.Thread(target=answer, daemon=True).start()
+    try:
+        idp.discovery_changes = {"token_endpoint": f"http://127.0.0.1:{listener.getsockname()[1]}/token"}
+        page = _page(tmp_path, idp)
+        refused = sign_in(page, "ada")
+        assert refused.status_code in (401, 502) and refused.data.startswith(b"Sign-in refused: the IdP's token "
+                                                                             b"endpoint"), refused.data
+        assert _session_cookie(page) is None and _events(tmp_path, "web-signin-refused")
+    finally:
+        listener.close()
+
+
+@pytest.mark.parametrize("algorithm", ["HS256", "none"])
+def test_an_id_token_signed_with_a_shared_secret_or_unsigned_is_refused(page, idp, tmp_path, algorithm):
+    import jwt
+
+    def forged(user, nonce):
+        now = int(time.time())
+        claims = {"iss": idp.issuer, "sub": user, "aud": idp.client_id, "iat": now, "exp": now + 300, "nonce": nonce,
+                  "groups": ["slurm-admins"]}
+        return jwt.encode(claims, "s" * 32 if algorithm == "HS256" else None, algorithm=algorithm,
+                          headers={"kid": idp.signing_kid})
+    idp._id_token = forged
+    refused = sign_in(page, "ada")
+    assert refused.status_code == 401 and b"the IdP's ID token is not believed" in refused.data, refused.data
+    assert _session_cookie(page) is None and _events(tmp_path, "web-signin-refused")
+
+
+def test_an_id_token_without_a_nonce_is_refused(page, idp):
+    idp.id_token_changes = {"nonce": None}
+    refused = sign_in(page, "ada")
+    assert refused.status_code == 401 and b"nonce" in refused.data and _session_cookie(page) is None
+
+
+def test_a_jwks_with_ec_and_keyless_entries_beside_the_signing_key_still_signs_in(page, idp):
+    from helpers.idp import ec_key, public_jwk
+    idp.jwks_extra += [public_jwk(ec_key(), "ec-1", alg="ES256"), {"kty": "RSA", "kid": "keyless", "use": "sig"},
+                       {"kty": "oct", "kid": "shared"}]
+    assert sign_in(page, "ada").status_code == 302 and page.get("/api/session").get_json()["role"] == "operator"
+
+
+DATA_ROUTES = ["/api/cluster", "/api/timeline", "/api/health", "/api/acceptance", "/api/repairs", "/api/future",
+               "/future"]
+
+
+def test_viewing_signed_in_closes_every_route_but_the_allow_list_and_a_session_without_a_role(tmp_path, idp):
+    key = tmp_path / "session-key"
+    key.write_text("k" * 64)
+    os.chmod(key, 0o600)
+    (tmp_path / "open").mkdir()
+    (tmp_path / "closed").mkdir()
+    opened = _page(tmp_path / "open", idp, web=f'session_key_file = "{key}"\n')
+    assert sign_in(opened, "nob").status_code == 302  # no role: viewing only, while anyone may view
+    roleless = _session_cookie(opened).value
+    page = _page(tmp_path / "closed", idp, web=f'viewing = "signed-in"\nsession_key_file = "{key}"\n')
+    page.application.add_url_rule("/api/future", "future", lambda: {"secret": 1})  # a route added later
+    page.application.add_url_rule("/future", "future_page", lambda: "secret")
+    for path in DATA_ROUTES:
+        answer = page.get(path)
+        assert answer.status_code == 401 and "needs sign-in" in answer.get_json()["error"], path
+    for path in ("/", "/static/app.js", "/api/session"):
+        assert page.get(path).status_code == 200, path
+    page.set_cookie(COOKIE, roleless)
+    for path in DATA_ROUTES:
+        answer = page.get(path)
+        assert answer.status_code == 403 and "needs a role" in answer.get_json()["error"], path
+    page.delete_cookie(COOKIE)
+    assert sign_in(page, "vic").status_code == 302
+    for path in DATA_ROUTES:
+        assert page.get(path).status_code in (200, 503), path  # 503: the watcher has not read this one yet
+
+
+def test_with_a_session_key_file_a_logout_outlives_a_restart_and_sessions_sign_with_sha256(tmp_path):
+    key = tmp_path / "session-key"
+    key.write_text("k" * 64)
+    os.chmod(key, 0o600)
+    state = tmp_path / "state"
+    state.mkdir()
+    before = Sessions(600.0, str(key), state_dir=str(state))
+    value, _ = before.issue("ada", "Ada", "", "admin")
+    kept, _ = before.issue("bob", "Bob", "", "viewer")
+    assert len(value.rsplit(".", 1)[1]) == 43  # an HMAC-SHA256 (32 bytes, base64), not SHA1's 20
+    assert before.end(value) is not None
+    after = Sessions(600.0, str(key), state_dir=str(state))  # the page restarted
+    with pytest.raises(SessionRefused, match="signed out"):
+        after.read(value)
+    assert after.read(kept).subject == "bob"
+    assert (state / "web-sessions-ended.json").stat().st_mode & 0o777 == 0o600

@@ -10,7 +10,8 @@ acceptance run with its results), /api/repairs and /api/session
 cookie: session.py), checked on every request. POST routes are the operations: run a node's health
 checks, approve or reject its repair. Each needs an operator or admin and a CSRF token (`auth`), and is
 recorded with the user in the repair history and the journal. With web.viewing = "signed-in" the GET
-routes of /api/ answer only a signed-in person, a token or the proxy's user (401 otherwise).
+routes answer only a signed-in person with a role, a token or the proxy's user (401 otherwise): everything but
+an allow-list (the page's shell and assets, /api/session, /auth/*) is closed, so a route added later is too.
 
 Bad input is a 4xx whose JSON says what was wrong (an unknown node, a query
 key the route does not take, a limit out of range); a bug is a 500 that
@@ -24,6 +25,7 @@ import logging
 import re
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -33,7 +35,7 @@ from werkzeug.exceptions import HTTPException
 
 from slurm_ext import events
 from slurm_ext.agentapi import CLEAR_SUBJECT, AgentAnswerError, AgentClient, Readings
-from slurm_ext.errors import SlurmExtError
+from slurm_ext.errors import ConfigError, SlurmExtError
 from slurm_ext.health.settings import CHECKS, SEVERITIES
 from slurm_ext.repair.settings import ACTIONS
 
@@ -137,19 +139,34 @@ def _query(allowed: dict[str, Callable[[str], object]]) -> dict[str, object]:
     return found
 
 
-def create_app(config, watcher: Watcher | None = None, store_opener=None, clock=time.time) -> Flask:
+def create_app(config, watcher: Watcher | None = None, store_opener=None, clock=time.time,
+               keys_clock=time.monotonic) -> Flask:
     """The page's Flask app over `watcher` (made from `config` when not given; the caller starts it); `clock` is
-    the sign-in sessions' and the IdP's keys' (tests move it)."""
+    the sign-in sessions' (wall time: their expiry is in the cookie), `keys_clock` the IdP's keys' cache's (tests
+    move both).
+
+    Raises:
+        ConfigError: sign-in behind a reverse proxy (web.trusted_proxies) without web.oidc_redirect_url: the
+            page's URL would come from the request's Host header, which the client chooses.
+    """
     settings = config.web
     watcher = watcher or Watcher(config)
     tokens = Tokens(settings.token_file)
     proxy_secret = ProxySecret(settings.proxy_secret_file) if settings.proxy_secret_file else None
     tokens.usable()  # what is wrong with the file is logged at the start, not first at an operator's request
     csrf = Csrf()
-    sessions = Sessions(settings.session_lifetime, settings.session_key_file, clock=clock)
+    sessions = Sessions(settings.session_lifetime, settings.session_key_file, clock=clock,
+                        state_dir=config.node.state_dir or "")
     oidc = getattr(config, "oidc", None)
-    signin = SignIn(oidc, settings, sessions, clock=clock) if settings.oidc_client_id and oidc is not None and oidc.issuer \
-        else None
+    signin = SignIn(oidc, settings, sessions, clock=clock, keys_clock=keys_clock) \
+        if settings.oidc_client_id and oidc is not None and oidc.issuer else None
+    if signin is not None and settings.trusted_proxies and not settings.oidc_redirect_url:
+        raise ConfigError(getattr(config, "source", "") or "config", "sign-in behind a reverse proxy "
+                          "(web.trusted_proxies) needs the page's public URL + /auth/callback, as registered at the "
+                          "IdP (https://HOST/auth/callback)", key="web.oidc_redirect_url")
+    # the sign-in's state cookie goes where the callback is: under a sub-path of the proxy too
+    auth_path = urllib.parse.urlsplit(settings.oidc_redirect_url).path.removesuffix("callback") \
+        if settings.oidc_redirect_url else "/auth/"
     if settings.oidc_client_id and signin is None:
         log.warning("web: web.oidc_client_id is set but [oidc] issuer is empty: no sign-in")
     emit = events.emitter(config.node.state_dir, "web")
@@ -181,11 +198,11 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None, clock=
         return found
 
     def secure() -> bool:
-        """Whether the browser reached the page over https: directly, or through a trusted proxy that says so."""
-        if request.scheme == "https":
-            return True
-        return request.remote_addr in settings.trusted_proxies and \
-            request.headers.get("X-Forwarded-Proto", "").lower() == "https"
+        """Whether the cookies get Secure: the page is reached over https, directly or (web.oidc_redirect_url
+        https://...) through a TLS proxy. Not from X-Forwarded-Proto: waitress drops it (the proxy it would trust
+        is web.trusted_proxies, a list, where waitress trusts one address), and the configured URL says it for
+        every request."""
+        return request.scheme == "https" or settings.oidc_redirect_url.startswith("https://")
 
     def signed_in() -> Operator | None:
         """The person of the request's session cookie, or None without one.
@@ -217,17 +234,23 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None, clock=
     @app.before_request
     def viewing():
         """Every request's session is checked (an expired one: 401, sign in again); where viewing needs sign-in,
-        the API answers only a viewer."""
+        everything but the allow-list (_OPEN_PATHS, _OPEN_PREFIXES) answers only a viewer: a route added later is
+        closed unless it is listed. A sign-in without a role (issued while anyone could view) is no viewer."""
         if request.path in _OPEN_PATHS or request.path.startswith(_OPEN_PREFIXES):
             return None
-        if not request.path.startswith("/api/"):
+        if settings.viewing == "anyone" and not request.path.startswith("/api/"):
             return None
         # viewing open: only a session cookie is checked (an expired one says so); a token or proxy header means
         # something only to an operation, as before sign-in
         who = signed_in() if settings.viewing == "anyone" else who_asks()
-        if who is None and settings.viewing == "signed-in":
+        if settings.viewing != "signed-in":
+            return None
+        if who is None:
             raise RequestRefused(401, "viewing this page needs sign-in: sign in (/auth/login)"
                                  + (" or send an operator token" if settings.token_file else ""))
+        if who.via == "oidc" and not who.role:
+            raise RequestRefused(403, f"viewing this page needs a role, and your sign-in has none ({who.user}: in "
+                                      "no group web.roles maps): ask an administrator for a role, then sign in again")
         return None
 
     @app.after_request
@@ -271,15 +294,24 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None, clock=
         on_signin_refused(err)
         text = f"Sign-in refused: {err}\n\nBegin again: /auth/login\n"
         answer = Response(text, err.status, mimetype="text/plain")
-        answer.delete_cookie(STATE_COOKIE, path="/auth/")
+        answer.delete_cookie(STATE_COOKIE, path=auth_path)
         return answer
 
     # -- sign-in (web.oidc_client_id, [oidc] issuer) ---------------------------------------------------
 
     def redirect_uri() -> str:
+        """The callback URL the IdP is given: web.oidc_redirect_url, else the request's own (the IdP takes only a
+        registered one, so a Host header of another site gets nowhere; behind a proxy the setting is required)."""
         return settings.oidc_redirect_url or request.host_url.rstrip("/") + "/auth/callback"
 
     def page_url() -> str:
+        """Where the page's own redirects send the browser: the page under web.oidc_redirect_url, else "/" (never
+        the request's Host header)."""
+        url = settings.oidc_redirect_url
+        return url.removesuffix("auth/callback") if url else "/"
+
+    def public_page_url() -> str:
+        """The page's absolute URL for the IdP's post_logout_redirect_uri (which the IdP checks is registered)."""
         url = settings.oidc_redirect_url
         return url.removesuffix("auth/callback") if url else request.host_url
 
@@ -290,7 +322,7 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None, clock=
             raise BadRequest(404, "sign-in is not configured (web.oidc_client_id and [oidc] issuer)")
         url, state = signin.start(redirect_uri())
         answer = redirect(url, 302)
-        answer.set_cookie(STATE_COOKIE, state, max_age=int(SIGN_IN_WAIT), path="/auth/", httponly=True,
+        answer.set_cookie(STATE_COOKIE, state, max_age=int(SIGN_IN_WAIT), path=auth_path, httponly=True,
                           samesite="Lax", secure=secure())
         return answer
 
@@ -307,18 +339,22 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None, clock=
         # dropped by itself would leave the page showing a person it no longer sends, where this one says "sign in
         # again" at its first request after its time
         answer.set_cookie(COOKIE, value, path="/", httponly=True, samesite="Lax", secure=secure())
-        answer.delete_cookie(STATE_COOKIE, path="/auth/")
+        answer.delete_cookie(STATE_COOKIE, path=auth_path)
         return answer
 
-    @app.route("/auth/logout", methods=["GET", "POST"])
+    @app.post("/auth/logout")
     def logout():
+        """The page's sign-out button (POST with the CSRF token: another site cannot sign a person out); the
+        answer's `redirect` is where the browser goes next (the IdP's logout where it has one)."""
+        csrf.check(request.headers.get("X-CSRF-Token"))
         value = request.cookies.get(COOKIE)
         person = sessions.end(value) if value else None
         if person is not None:
             emit("web-signout", f"{person.user} signed out from {request.remote_addr}", user=person.user,
                  address=request.remote_addr)
-        target = signin.logout_url(page_url()) if signin is not None and person is not None else page_url()
-        answer = redirect(target, 302) if request.method == "GET" else jsonify(message="signed out", redirect=target)
+        target = (signin.logout_url(public_page_url(), person.sid) if signin is not None and person is not None
+                  else None) or page_url()
+        answer = jsonify(message="signed out", redirect=target)
         answer.delete_cookie(COOKIE, path="/")
         return answer
 

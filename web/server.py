@@ -20,7 +20,7 @@ from slurm_ext.errors import SlurmExtError
 from .app import MAX_BODY, MAX_HEADERS, create_app
 from .watch import Watcher
 
-__all__ = ["serve", "make_server"]
+__all__ = ["serve", "make_server", "wsgi_server"]
 
 log = logging.getLogger("web")
 
@@ -35,19 +35,31 @@ def make_server(config, listen: str | None = None):
     Raises:
         SlurmExtError: the address cannot be listened on (the message names it).
     """
-    from waitress.server import create_server
     host, _, port = (listen or config.web.listen).rpartition(":")
     watcher = Watcher(config).start()
     try:
-        # waitress refuses a body of max_request_body_size bytes or more: the app's own largest is let through
-        server = create_server(create_app(config, watcher), host=host.strip("[]"), port=int(port),
-                               threads=_THREADS, ident="slurm-ext", clear_untrusted_proxy_headers=True,
-                               max_request_body_size=MAX_BODY + 1, max_request_header_size=MAX_HEADERS)
+        server = wsgi_server(create_app(config, watcher), host.strip("[]"), int(port))
     except OSError as err:
         watcher.stop()
         raise SlurmExtError(f"web: cannot listen on {host}:{port}: {err.strerror or err} (another page running? "
                             "set web.listen or --listen)") from err
+    except BaseException:  # a config the app refuses: the watcher's thread must not keep the process
+        watcher.stop()
+        raise
     return server, watcher
+
+
+def wsgi_server(app, host: str, port: int):
+    """The waitress server of `app` on host:port, as the page runs it (the tests serve through it too).
+
+    clear_untrusted_proxy_headers with no trusted_proxy: every X-Forwarded-* header is dropped before the app
+    sees it, so the app never takes the scheme or host from a client (the cookies' Secure comes from
+    web.oidc_redirect_url, app.secure)."""
+    from waitress.server import create_server
+    # waitress refuses a body of max_request_body_size bytes or more: the app's own largest is let through
+    return create_server(app, host=host, port=port, threads=_THREADS, ident="slurm-ext",
+                         clear_untrusted_proxy_headers=True, max_request_body_size=MAX_BODY + 1,
+                         max_request_header_size=MAX_HEADERS)
 
 
 def serve(config_path: str | None = None, listen: str | None = None) -> int:

@@ -6,7 +6,9 @@ the person's name and email, the page's role and the expiry, signed with HMAC-SH
 of this process or web.session_key_file: it keeps no secret of the IdP (no ID or access token), so reading it
 gives nothing but what the page shows. Its expiry is inside the signed value, not only the cookie's Max-Age: a
 browser that keeps it longer gains nothing. A session ended by logout is remembered (its id, until its expiry)
-so a copy of the cookie stops working too.
+so a copy of the cookie stops working too; with web.session_key_file (sessions that outlive a restart) the ended
+ids are kept in [node] state_dir (web-sessions-ended.json, pruned at their expiry), else a restart would bring
+every signed-out cookie back.
 
 Without web.session_key_file the key is random per process: a restart of the page signs everyone out (the
 IdP's own session usually makes signing in again one click).
@@ -14,6 +16,9 @@ IdP's own session usually makes signing in again one click).
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import re
 import secrets
 import threading
@@ -24,9 +29,13 @@ from itsdangerous import BadSignature, URLSafeSerializer
 
 from slurm_ext.errors import SlurmExtError
 
+from slurm_ext.fileio import atomic_write
+
 from .secretfile import SecretFile, SecretFileError
 
-__all__ = ["Person", "Sessions", "SessionRefused", "COOKIE", "ROLES", "person_text", "MIN_KEY"]
+__all__ = ["Person", "Sessions", "SessionRefused", "COOKIE", "ROLES", "person_text", "MIN_KEY", "ENDED_FILE"]
+
+log = logging.getLogger("web")
 
 #: the sign-in session's cookie (the __Host- prefix is not used: the page is also served on plain http on loopback)
 COOKIE = "slurm_ext_session"
@@ -36,6 +45,10 @@ ROLES = ("viewer", "operator", "admin")
 MIN_KEY = 32
 #: the longest the history's user column holds (repair_events.user VARCHAR(255))
 _USER_MAX = 255
+#: the file of [node] state_dir that keeps the sessions ended by a logout (with web.session_key_file only)
+ENDED_FILE = "web-sessions-ended.json"
+#: most ended sessions kept (the ones nearest their expiry are forgotten first: they would end soon anyway)
+_ENDED_MAX = 20000
 _CONTROL = re.compile(r"[\x00-\x1f\x7f<>()]+")
 
 
@@ -84,15 +97,50 @@ def person_text(subject: str, name: str = "", email: str = "") -> str:
 class Sessions:
     """Issues and reads the session cookies of one page process."""
 
-    def __init__(self, lifetime: float, key_file: str = "", clock=time.time):
+    def __init__(self, lifetime: float, key_file: str = "", clock=time.time, state_dir: str = ""):
         self.lifetime = lifetime
         self._clock = clock
         self._key_file = SecretFile(key_file, "web.session_key_file") if key_file else None
         self._random_key = secrets.token_bytes(32)
-        self._ended: dict[str, float] = {}
         self._lock = threading.Lock()
         #: why web.session_key_file is not used ("" when it is, or none is set): for the log
         self.problem = ""
+        # with a random key no session outlives the process: nothing to keep
+        self._ended_path = f"{state_dir.rstrip('/')}/{ENDED_FILE}" if key_file and state_dir else ""
+        self._ended: dict[str, float] = self._load_ended()
+
+    def _load_ended(self) -> dict[str, float]:
+        """The sessions ended before a restart (those not expired yet); {} without the file, or a file that cannot
+        be read (logged: those sessions would come back)."""
+        if not self._ended_path:
+            return {}
+        try:
+            with open(self._ended_path, encoding="utf-8") as found:
+                data = json.load(found)
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as err:
+            log.warning("web: the sessions ended by logout cannot be read from %s (%s): signed-out cookies of "
+                        "before the restart work again until they expire", self._ended_path, err)
+            return {}
+        now = self._clock()
+        return {str(sid): float(until) for sid, until in data.items()
+                if isinstance(until, (int, float)) and until > now} if isinstance(data, dict) else {}
+
+    def _save_ended(self) -> None:
+        """Write the ended sessions (under the lock) where the next process finds them; a failure is logged."""
+        if not self._ended_path:
+            return
+        try:
+            atomic_write(self._ended_path, json.dumps(self._ended), mode=0o600, fsync="file")
+        except OSError as err:
+            log.warning("web: the sessions ended by logout cannot be kept in %s (%s): after a restart a "
+                        "signed-out cookie works again until it expires", self._ended_path, err)
+
+    def serializer(self, salt: str) -> URLSafeSerializer:
+        """A signer under the sessions' key for another short-lived value of the page (the sign-in's state
+        cookie); raises SessionRefused as `issue` does."""
+        return URLSafeSerializer(self._key(), salt=salt, signer_kwargs={"digest_method": hashlib.sha256})
 
     def _key(self) -> bytes:
         """The signing key: web.session_key_file's, read again when it changes; the process's random one when none
@@ -112,7 +160,7 @@ class Sessions:
         return key
 
     def _serializer(self) -> URLSafeSerializer:
-        return URLSafeSerializer(self._key(), salt="slurm-ext web session")
+        return self.serializer("slurm-ext web session")
 
     def issue(self, subject: str, name: str, email: str, role: str) -> tuple[str, Person]:
         """The cookie's value of a new session, and its person."""
@@ -149,4 +197,7 @@ class Sessions:
             for sid in [sid for sid, until in self._ended.items() if until <= now]:
                 del self._ended[sid]
             self._ended[person.sid] = person.expires
+            while len(self._ended) > _ENDED_MAX:
+                del self._ended[min(self._ended, key=self._ended.__getitem__)]
+            self._save_ended()
         return person

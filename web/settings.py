@@ -53,8 +53,9 @@ class WebSection:
                                            "that registered the page as a confidential client (the agent copies it "
                                            "for web.user); empty: a public client (PKCE only)", "path", empty_ok=True)
     oidc_redirect_url: str = setting("", "the URL the IdP sends people back to: the page's public URL + "
-                                     "/auth/callback, registered at the IdP (needed behind a reverse proxy); empty: "
-                                     "the URL the request came to + /auth/callback", "str",
+                                     "/auth/callback, registered at the IdP (required with trusted_proxies; "
+                                     "https://...: the cookies are Secure); empty: the URL the request came to + "
+                                     "/auth/callback", "str",
                                      pattern=r"^(https?://\S+/auth/callback)?$")
     oidc_scopes: tuple = setting(("openid", "profile", "email"), "the scopes the sign-in asks for (openid always; "
                                  "add the one your IdP needs to put the groups claim in the ID token)", "list",

@@ -1,23 +1,27 @@
 """The page's own OpenID Connect sign-in: the authorization code flow with PKCE (S256) against [oidc]'s issuer.
 
-`SignIn.start(redirect_uri)` makes a sign-in (state, nonce, PKCE verifier, kept here, once) and the IdP's
-authorization URL; `SignIn.finish(args, state_cookie, redirect_uri)` checks the IdP's answer, exchanges the code
-at the token endpoint with the verifier, verifies the ID token (`oidc.provider.verify_token`: signature by the
-JWKS with its rotation, iss, aud, exp, iat, nonce) and maps its groups claim to a role (web.roles); `logout_url`
-is the IdP's end_session_endpoint, where it has one. `add_routes` serves them as /auth/login, /auth/callback and
-/auth/logout.
+`SignIn.start(redirect_uri)` makes a sign-in (state, nonce, PKCE verifier) and the IdP's authorization URL, and the
+value of the state cookie that carries them; `SignIn.finish(args, state_cookie)` checks the IdP's answer, exchanges
+the code at the token endpoint with the verifier, verifies the ID token (`oidc.provider.verify_token`: signature by
+the JWKS with its rotation, iss, aud, exp, iat, nonce) and maps its groups claim to a role (web.roles);
+`logout_url` is the IdP's end_session_endpoint, where it has one (with the session's ID token as id_token_hint,
+which Okta requires: kept here by session id, never in a cookie).
 
 Each refusal is a `SignInRefused` with its HTTP status (400, 401, 403; 502 where the IdP does not answer) and a
-message for the person and the operator, never a session. The state is kept server-side and used once (a
-replayed callback is refused) and also in a short cookie of the browser that began the sign-in: a callback
-carried into another browser (a forged sign-in) does not match it.
+message for the person and the operator, never a session. A sign-in begun is kept in the browser that began it:
+a short cookie signed with the sessions' key (HMAC-SHA256) holding the state, nonce, verifier and start time, so
+/auth/login, which needs no login, keeps nothing here per request (no flood of sign-ins begun can push out real
+ones). A callback carried into another browser (a forged sign-in) has no such cookie; a state is taken once (a
+replayed callback is refused: the states used in the last SIGN_IN_WAIT are kept, bounded).
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import http.client
 import json
+import logging
 import secrets
 import ssl
 import threading
@@ -27,6 +31,8 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
+from itsdangerous import BadSignature
+
 from slurm_ext.errors import SlurmExtError
 from slurm_ext.oidc import provider
 
@@ -35,14 +41,23 @@ from .session import ROLES, Person, SessionRefused, Sessions
 
 __all__ = ["SignIn", "SignInRefused", "Pending", "role_of", "STATE_COOKIE", "SIGN_IN_WAIT"]
 
+log = logging.getLogger("web")
+
 #: the cookie that binds a sign-in to the browser that began it
 STATE_COOKIE = "slurm_ext_signin"
 #: how long a sign-in begun may take at the IdP before its callback is refused
 SIGN_IN_WAIT = 600.0
-#: sign-ins begun and not finished that are kept (the oldest are dropped beyond it: /auth/login needs no login)
-_PENDING_MAX = 10000
+#: states taken by a callback that are remembered (the oldest are dropped beyond it; each is refused anyway after
+#: SIGN_IN_WAIT, and its code, used once at the IdP, cannot be replayed there)
+_USED_MAX = 10000
 #: how long a discovery document is kept before it is read again
 _DISCOVERY_MAX_AGE = 3600.0
+#: after a discovery that failed, how long before it is tried again (the last good document serves meanwhile)
+_DISCOVERY_RETRY = 10.0
+#: ID tokens kept for the IdP's logout (id_token_hint), by session id; the oldest are dropped beyond it
+_HINTS_MAX = 2000
+#: the salt of the state cookie's signature (apart from the sessions')
+_STATE_SALT = "slurm-ext web sign-in state"
 #: the largest token endpoint answer read
 _MAX_ANSWER = 256 * 1024
 
@@ -90,54 +105,130 @@ def _challenge(verifier: str) -> str:
 
 
 class SignIn:
-    """The sign-in of one page process: the IdP's discovery and keys, the sign-ins begun."""
+    """The sign-in of one page process: the IdP's discovery and keys, the states used."""
 
-    def __init__(self, oidc, web, sessions: Sessions, clock=time.time):
+    def __init__(self, oidc, web, sessions: Sessions, clock=time.time, keys_clock=time.monotonic):
         self.issuer, self.client_id = oidc.issuer, web.oidc_client_id
         self._oidc, self._web, self.sessions, self._clock = oidc, web, sessions, clock
+        self._keys_clock = keys_clock
         self._secret = SecretFile(web.oidc_client_secret_file, "web.oidc_client_secret_file") \
             if web.oidc_client_secret_file else None
         self._lock = threading.Lock()
-        self._pending: dict[str, Pending] = {}
+        self._fetching = threading.Lock()
+        self._used: dict[str, float] = {}
+        self._hints: dict[str, str] = {}
         self._discovery: provider.Discovery | None = None
         self._discovered = 0.0
+        self._failed, self._failure = None, ""
         self._keys: provider.KeySet | None = None
 
     def discovery(self) -> provider.Discovery:
         """The IdP's discovery document (read again after an hour). Raises SignInRefused (502) naming what is
-        wrong with it."""
-        with self._lock:
-            if self._discovery is None or self._clock() - self._discovered >= _DISCOVERY_MAX_AGE:
-                try:
-                    found = provider.discover(self.issuer, self._oidc.timeout, self._oidc.ca_file)
-                except provider.OidcError as err:
-                    raise SignInRefused(502, f"the IdP cannot be used for sign-in: {err}") from None
+        wrong with it.
+
+        Read by one request at a time, outside the lock the others take: while it is read, or for
+        _DISCOVERY_RETRY after a read failed, the last good document serves (an IdP down for a moment stops no
+        sign-in), and without one the failure is answered at once (no request waits a whole timeout behind
+        another)."""
+        known = self._usable()
+        if known is not None:
+            return known
+        if not self._fetching.acquire(blocking=self._discovery is None):
+            return self._discovery  # another request is reading it: the last good one meanwhile
+        try:
+            known = self._usable()
+            if known is not None:
+                return known
+            try:
+                found = provider.discover(self.issuer, self._oidc.timeout, self._oidc.ca_file)
+            except provider.OidcError as err:
+                failure = f"the IdP cannot be used for sign-in: {err}"
+                with self._lock:
+                    self._failed, self._failure, last = self._clock(), failure, self._discovery
+                if last is None:
+                    raise SignInRefused(502, failure) from None
+                log.warning("web: %s; the discovery document read before serves, tried again in %gs", failure,
+                            _DISCOVERY_RETRY)
+                return last
+            with self._lock:
                 if self._keys is None or self._keys.jwks_uri != found.jwks_uri:
                     self._keys = provider.KeySet(found.jwks_uri, self._oidc.timeout, self._oidc.ca_file,
-                                                 clock=self._clock)
-                self._discovery, self._discovered = found, self._clock()
-            return self._discovery
+                                                 clock=self._keys_clock)
+                self._discovery, self._discovered, self._failed = found, self._clock(), None
+            return found
+        finally:
+            self._fetching.release()
+
+    def _usable(self) -> provider.Discovery | None:
+        """The document to use without reading it (fresh, or the last good one while a failed read backs off);
+        None: read it. Raises SignInRefused (502): none, and the last read failed less than _DISCOVERY_RETRY ago."""
+        with self._lock:
+            now = self._clock()
+            if self._discovery is not None and now - self._discovered < _DISCOVERY_MAX_AGE:
+                return self._discovery
+            if self._failed is not None and 0 <= now - self._failed < _DISCOVERY_RETRY:
+                if self._discovery is not None:
+                    return self._discovery
+                raise SignInRefused(502, f"{self._failure} (tried again {_DISCOVERY_RETRY:g}s after)")
+            return None
 
     def start(self, redirect_uri: str) -> tuple[str, str]:
-        """A new sign-in: (the IdP's authorization URL to send the browser to, its state)."""
+        """A new sign-in: (the IdP's authorization URL to send the browser to, the state cookie's value).
+
+        Raises:
+            SignInRefused: the IdP cannot be used (502), the sessions' key cannot (503).
+        """
         found = self.discovery()
         if found.code_challenge_methods and "S256" not in found.code_challenge_methods:
             raise SignInRefused(502, f"the IdP {self.issuer} does not take PKCE S256 (its discovery document offers "
                                      f"{', '.join(found.code_challenge_methods)}): the page signs in only with it")
         state, nonce, verifier = (secrets.token_urlsafe(24) for _ in range(3))
-        now = self._clock()
-        with self._lock:
-            for old in [s for s, p in self._pending.items() if now - p.began > SIGN_IN_WAIT]:
-                del self._pending[old]
-            while len(self._pending) >= _PENDING_MAX:
-                del self._pending[next(iter(self._pending))]
-            self._pending[state] = Pending(nonce, verifier, redirect_uri, now)
+        try:
+            cookie = self.sessions.serializer(_STATE_SALT).dumps(
+                {"state": state, "nonce": nonce, "verifier": verifier, "redirect_uri": redirect_uri,
+                 "began": self._clock()})
+        except SessionRefused as err:
+            raise SignInRefused(503, str(err)) from None
         query = urllib.parse.urlencode({"response_type": "code", "client_id": self.client_id,
                                         "redirect_uri": redirect_uri, "scope": " ".join(self._scopes()),
                                         "state": state, "nonce": nonce, "code_challenge": _challenge(verifier),
                                         "code_challenge_method": "S256"})
         separator = "&" if "?" in found.authorization_endpoint else "?"
-        return f"{found.authorization_endpoint}{separator}{query}", state
+        return f"{found.authorization_endpoint}{separator}{query}", cookie
+
+    def _pending(self, state: str, state_cookie: str | None) -> Pending:
+        """The sign-in this browser began, if `state` is its and not used yet (taken now: a second callback with
+        it is refused). Raises SignInRefused (403, 503)."""
+        mismatch = SignInRefused(403, "state mismatch: this callback is not of the sign-in this browser began (a "
+                                      "forged or foreign sign-in, or a cookie from before a restart): begin again at "
+                                      "/auth/login")
+        if not state_cookie:
+            raise mismatch
+        try:
+            data = self.sessions.serializer(_STATE_SALT).loads(state_cookie)
+            pending = Pending(str(data["nonce"]), str(data["verifier"]), str(data["redirect_uri"]),
+                              float(data["began"]))
+            began_state = str(data["state"])
+        except SessionRefused as err:
+            raise SignInRefused(503, str(err)) from None
+        except (BadSignature, KeyError, TypeError, ValueError):
+            raise mismatch from None
+        if not secrets.compare_digest(state.encode(), began_state.encode()):
+            raise mismatch
+        now = self._clock()
+        if not 0 <= now - pending.began <= SIGN_IN_WAIT:
+            raise SignInRefused(403, f"this sign-in took longer than {SIGN_IN_WAIT / 60:g} min at the IdP: begin "
+                                     "again at /auth/login")
+        with self._lock:
+            for old in [s for s, began in self._used.items() if now - began > SIGN_IN_WAIT]:
+                del self._used[old]
+            if state in self._used:
+                raise SignInRefused(403, "this sign-in's state was used already (a replayed callback): begin again "
+                                         "at /auth/login")
+            while len(self._used) >= _USED_MAX:
+                del self._used[next(iter(self._used))]
+            self._used[state] = pending.began
+        return pending
 
     def _scopes(self) -> list[str]:
         scopes = list(self._web.oidc_scopes)
@@ -158,17 +249,7 @@ class SignIn:
         state, code = args.get("state") or "", args.get("code") or ""
         if not state or not code:
             raise SignInRefused(400, "the callback carries no state or no code: begin the sign-in at /auth/login")
-        if not state_cookie or not secrets.compare_digest(state.encode(), state_cookie.encode()):
-            raise SignInRefused(403, "state mismatch: this callback is not of the sign-in this browser began (a "
-                                     "forged or foreign sign-in): begin again at /auth/login")
-        with self._lock:
-            pending = self._pending.pop(state, None)
-        if pending is None:
-            raise SignInRefused(403, "this sign-in's state was used already or is unknown (a replayed callback, or the "
-                                     "page restarted): begin again at /auth/login")
-        if self._clock() - pending.began > SIGN_IN_WAIT:
-            raise SignInRefused(403, f"this sign-in took longer than {SIGN_IN_WAIT / 60:g} min at the IdP: begin "
-                                     "again at /auth/login")
+        pending = self._pending(state, state_cookie)
         found = self.discovery()
         id_token = self._exchange(found, code, pending)
         try:
@@ -190,10 +271,16 @@ class SignIn:
         if not isinstance(subject, str) or not subject:
             raise SignInRefused(401, "the IdP's ID token names no subject (sub)")
         try:
-            return self.sessions.issue(subject, name if isinstance(name, str) else "",
-                                       email if isinstance(email, str) else "", role)
+            value, person = self.sessions.issue(subject, name if isinstance(name, str) else "",
+                                                email if isinstance(email, str) else "", role)
         except SessionRefused as err:
             raise SignInRefused(503, str(err)) from None
+        if found.end_session_endpoint:
+            with self._lock:
+                while len(self._hints) >= _HINTS_MAX:
+                    del self._hints[next(iter(self._hints))]
+                self._hints[person.sid] = id_token
+        return value, person
 
     def _exchange(self, found: provider.Discovery, code: str, pending: Pending) -> str:
         """The ID token the token endpoint gives for `code` (with the PKCE verifier, and the client's secret where
@@ -219,9 +306,15 @@ class SignIn:
             with urllib.request.urlopen(request, timeout=self._oidc.timeout, context=context) as answer:
                 body = answer.read(_MAX_ANSWER + 1)
         except urllib.error.HTTPError as err:
-            detail = _error_of(err.read(4096))
+            try:
+                detail = _error_of(err.read(4096))
+            except (OSError, http.client.HTTPException, ValueError):
+                detail = "(its answer could not be read)"
             status = 401 if err.code in (400, 401) else 502
             raise SignInRefused(status, f"the IdP's token endpoint refused the code: {err.code} {detail}") from None
+        except (http.client.HTTPException, ValueError) as err:  # not HTTP (a status line of garbage), a bad URL
+            raise SignInRefused(502, f"the IdP's token endpoint {found.token_endpoint} gave no HTTP answer "
+                                     f"({type(err).__name__}: {str(err)[:200]})") from None
         except (urllib.error.URLError, OSError) as err:
             raise SignInRefused(502, f"the IdP's token endpoint {found.token_endpoint} does not answer "
                                      f"({getattr(err, 'reason', err)})") from None
@@ -233,16 +326,21 @@ class SignIn:
             raise SignInRefused(502, f"the IdP's token endpoint {found.token_endpoint} gave no ID token")
         return data["id_token"]
 
-    def logout_url(self, after: str) -> str:
-        """Where to send the browser after the page's own logout: the IdP's end_session_endpoint (back to `after`)
-        where it has one, else `after`."""
+    def logout_url(self, after: str, sid: str = "") -> str | None:
+        """Where to send the browser after the page's own logout: the IdP's end_session_endpoint (back to `after`,
+        with the ID token of session `sid` as id_token_hint where it is kept) where it has one, else None."""
+        with self._lock:
+            hint = self._hints.pop(sid, None)
         try:
             found = self.discovery()
         except SignInRefused:
-            return after
+            return None
         if not found.end_session_endpoint:
-            return after
-        query = urllib.parse.urlencode({"client_id": self.client_id, "post_logout_redirect_uri": after})
+            return None
+        asked = {"client_id": self.client_id, "post_logout_redirect_uri": after}
+        if hint:
+            asked["id_token_hint"] = hint
+        query = urllib.parse.urlencode(asked)
         separator = "&" if "?" in found.end_session_endpoint else "?"
         return f"{found.end_session_endpoint}{separator}{query}"
 
