@@ -66,7 +66,7 @@ async function getJSON(path, headers = {}) {
 
 // the session (a CSRF token), asked with the tab's operator token: the server says whose it is, or that it is not known
 async function askSession() {
-  page.session = await getJSON("/api/session", token() ? {"Authorization": `Bearer ${token()}`} : {});
+  page.session = await getJSON("api/session", token() ? {"Authorization": `Bearer ${token()}`} : {});
   return page.session;
 }
 
@@ -90,7 +90,7 @@ async function post(path, body, retried = false) {
 async function poll() {
   clearTimeout(page.timer);
   try {
-    page.view = await getJSON("/api/cluster");
+    page.view = await getJSON("api/cluster");
     page.lastGood = Date.now() / 1000;
   } catch (err) {
     if (err.status === 401) {  // viewing needs sign-in, or the sign-in expired: the prompt says which
@@ -206,7 +206,7 @@ function drawTimeline() {
     const value = $(id).value.trim();
     if (value) query.set(key, value);
   }
-  getJSON(`/api/timeline?${query}`).then((data) => {
+  getJSON(`api/timeline?${query}`).then((data) => {
     $("timeline").tBodies[0].innerHTML = data.entries.map((e) =>
       `<tr data-source="${esc(e.source)}" data-severity="${esc(e.severity)}"><td class="time">${when(e.time)}</td><td>${esc(e.node)}</td><td>${esc(e.source)}</td>` +
       `<td>${esc(e.event)}</td><td>${esc(e.message)}${e.user ? ` <span class="muted">[${esc(e.user)}]</span>` : ""}` +
@@ -365,7 +365,7 @@ async function operate(button) {
   button.disabled = true;
   say(`${op} ${node}: asked...`);
   try {
-    const done = await post(`/api/nodes/${encodeURIComponent(node)}/${op}`, body);
+    const done = await post(`api/nodes/${encodeURIComponent(node)}/${op}`, body);
     say(op === "check" ? `health checks of ${node} (by ${done.user}): ${done.verdict}` :
       `${done.message} (by ${done.user})`);
     poll();
@@ -427,7 +427,7 @@ function drawHealth(view) {
     if ($(id).value) query.set(key, $(id).value);
   }
   drawAcceptance(node);
-  getJSON(`/api/health?${query}`).then((data) => {
+  getJSON(`api/health?${query}`).then((data) => {
     $("open-findings").tBodies[0].innerHTML = data.open.map((f) =>
       `<tr data-node="${esc(f.node)}" data-check="${esc(f.check)}"><td class="time">${when(f.opened || f.first_seen)}</td>` +
       `<td>${esc(f.node)}</td><td>${esc(f.check)}</td><td>${esc(f.severity)}</td><td>${esc(f.gpu ?? "")}</td>` +
@@ -464,7 +464,7 @@ function resultsTable(run) {
 }
 
 function drawAcceptance(node) {
-  getJSON(`/api/acceptance${node ? "?node=" + encodeURIComponent(node) : ""}`).then((data) => {
+  getJSON(`api/acceptance${node ? "?node=" + encodeURIComponent(node) : ""}`).then((data) => {
     $("acceptance-switch").textContent = `acceptance tests ${acceptanceWords(data.acceptance)}` +
       (data.acceptance.offer ? `; ${data.acceptance.offer}` : "");
     const rows = data.nodes.filter((n) => n.summary);
@@ -483,7 +483,7 @@ function drawAcceptance(node) {
 // -- repair -------------------------------------------------------------------------------------------------------------
 
 function drawRepairs() {
-  getJSON("/api/repairs").then((data) => {
+  getJSON("api/repairs").then((data) => {
     const paused = $("repair-paused");
     paused.hidden = !data.paused;
     if (data.paused) paused.textContent = `Repairs are paused by ${data.paused.by} since ${when(data.paused.since)}.`;
@@ -561,7 +561,7 @@ async function showSession(why = "") {
 
 async function signOut() {
   try {
-    const done = await post("/auth/logout", {});
+    const done = await post("auth/logout", {});
     location.href = done.redirect || "/";
   } catch (err) {
     say(`sign-out: ${err.message}`, true);
