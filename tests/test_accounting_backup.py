@@ -202,9 +202,9 @@ def workdir():
 @pytest.fixture(scope="module", autouse=True)
 def nothing_left_behind():
     """No scratch server, mount or temporary directory of these tests outlives them: they make theirs in a
-    TMPDIR of the module's own, so the scratch servers
-    the other half of the suite makes at the same time in /tmp are not taken for leftovers of these. It is
-    mode 1777 as /tmp: mariadbd, as mysql, makes its own temporary files in TMPDIR."""
+    TMPDIR of the module's own, so the scratch servers the other half of the suite makes at the same time in
+    /tmp are not taken for leftovers of these. It is mode 1777 as /tmp: mariadbd, as mysql, makes its own
+    temporary files in TMPDIR."""
     tmp = Path(tempfile.mkdtemp(prefix="slurm-ext-backup-tmp-"))
     tmp.chmod(0o1777)
     saved = os.environ.get("TMPDIR"), tempfile.tempdir
