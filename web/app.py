@@ -264,19 +264,22 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None, clock=
     def bad_request(err: BadRequest):
         return jsonify(error=err.message), err.status
 
-    def once_a_minute(last: dict[str, float], event: str, what: str, why) -> None:
-        """Event `event`: `what` refused to this request's address and `why`, at most one a minute for an address
-        (a client refused in a loop must not rotate the journal)."""
+    def first_this_minute(last: dict[str, float]) -> bool:
+        """Whether this request's address had no such event in the last minute (a client refused in a loop must not
+        rotate the journal); counts it."""
         now, address = time.monotonic(), request.remote_addr or "?"
-        if now - last.get(address, -_REFUSED_EVERY) >= _REFUSED_EVERY:
-            if len(last) > 10000:
-                last.clear()
-            last[address] = now
-            emit(event, f"{what} from {address} refused: {why} (at most one such event a minute for an address)",
-                 "warning", address=address)
+        if now - last.get(address, -_REFUSED_EVERY) < _REFUSED_EVERY:
+            return False
+        if len(last) > 10000:
+            last.clear()
+        last[address] = now
+        return True
 
     def on_record(err: RequestRefused) -> None:
-        once_a_minute(refused_last, "web-refused", f"{request.method} {request.path}", err)
+        if first_this_minute(refused_last):
+            address = request.remote_addr or "?"
+            emit("web-refused", f"{request.method} {request.path} from {address} refused: {err} (at most one such "
+                                "event a minute for an address)", "warning", address=address)
 
     @app.errorhandler(RequestRefused)
     def refused(err: RequestRefused):
@@ -287,7 +290,10 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None, clock=
         return answer, err.status
 
     def on_signin_refused(err: SignInRefused) -> None:
-        once_a_minute(signin_refused_last, "web-signin-refused", "sign-in", err)
+        if first_this_minute(signin_refused_last):
+            address = request.remote_addr or "?"
+            emit("web-signin-refused", f"sign-in from {address} refused: {err} (at most one such event a minute for "
+                                       "an address)", "warning", address=address)
 
     @app.errorhandler(SignInRefused)
     def signin_refused(err: SignInRefused):
