@@ -71,6 +71,7 @@ class Ports:
     mariadb_agent: int = AGENT_PORTS["mariadb"]
     #: slurmrestd's (the restapi image), when the cluster runs one
     restapi: int = 26818
+
 #: the images a cluster runs: all of containers/build.py's
 IMAGE_NAMES = IMAGES
 #: the label on every container and volume of a cluster: its prefix

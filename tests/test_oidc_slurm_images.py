@@ -46,6 +46,18 @@ API = "v0.0.45"
 LINES = conf_lines("/etc/slurm/jwks.json", "preferred_username", False)
 
 
+def _restapi(request: urllib.request.Request) -> tuple[int, dict]:
+    """slurmrestd's answer to `request`: (HTTP status, its JSON, or {"body": text} where it is not JSON)."""
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, json.loads(answer.read() or b"{}")
+    except urllib.error.HTTPError as err:
+        body = err.read()
+        try:
+            return err.code, json.loads(body or b"{}")
+        except ValueError:
+            return err.code, {"body": body.decode(errors="replace")}
+
 class JwtCluster:
     def __init__(self, cluster: ContainerCluster, idp: TestIdP, config: Path, scontrol_dir: Path):
         self.cluster, self.idp, self.config, self.scontrol_dir = cluster, idp, config, scontrol_dir
@@ -63,33 +75,15 @@ class JwtCluster:
         """POST a job to slurmrestd with `token`: (HTTP status, its JSON answer)."""
         job = {"script": "#!/bin/sh\nid -un\n", "name": "jwt-test", "current_working_directory": "/tmp",
                "environment": ["PATH=/usr/bin:/bin"], "partition": "debug"}
-        request = urllib.request.Request(f"http://127.0.0.1:{PORTS.restapi}/slurm/{API}/job/submit",
-                                         data=json.dumps({"job": job}).encode(), method="POST",
-                                         headers={"Content-Type": "application/json", "X-SLURM-USER-TOKEN": token})
-        try:
-            with urllib.request.urlopen(request, timeout=30) as answer:
-                return answer.status, json.loads(answer.read() or b"{}")
-        except urllib.error.HTTPError as err:
-            body = err.read()
-            try:
-                return err.code, json.loads(body or b"{}")
-            except ValueError:
-                return err.code, {"body": body.decode(errors="replace")}
+        return _restapi(urllib.request.Request(
+            f"http://127.0.0.1:{PORTS.restapi}/slurm/{API}/job/submit", data=json.dumps({"job": job}).encode(),
+            method="POST", headers={"Content-Type": "application/json", "X-SLURM-USER-TOKEN": token}))
 
     def slurmdb_jobs(self, token: str) -> tuple[int, dict]:
         """GET slurmrestd's /slurmdb/ jobs with `token`, which slurmrestd passes to slurmdbd: (HTTP status, its
         JSON answer)."""
-        request = urllib.request.Request(f"http://127.0.0.1:{PORTS.restapi}/slurmdb/{API}/jobs",
-                                         headers={"X-SLURM-USER-TOKEN": token})
-        try:
-            with urllib.request.urlopen(request, timeout=30) as answer:
-                return answer.status, json.loads(answer.read() or b"{}")
-        except urllib.error.HTTPError as err:
-            body = err.read()
-            try:
-                return err.code, json.loads(body or b"{}")
-            except ValueError:
-                return err.code, {"body": body.decode(errors="replace")}
+        return _restapi(urllib.request.Request(f"http://127.0.0.1:{PORTS.restapi}/slurmdb/{API}/jobs",
+                                               headers={"X-SLURM-USER-TOKEN": token}))
 
     def slurmdb_takes(self, token: str) -> bool:
         status, answer = self.slurmdb_jobs(token)
