@@ -12,9 +12,11 @@ operator.
 
 from __future__ import annotations
 
+import functools
 import http.client
 import ipaddress
 import json
+import os
 import ssl
 import threading
 import time
@@ -92,6 +94,17 @@ def check_issuer_url(url: str, what: str = "issuer") -> str:
 
 
 def _context(ca_file: str) -> ssl.SSLContext:
+    """The TLS context for the IdP: made once per CA file as it is now (loading the system's CAs takes about
+    25 ms, paid at every sign-in before), again when the file changes."""
+    try:
+        changed = os.stat(ca_file).st_mtime_ns if ca_file else 0
+    except OSError as err:
+        raise OidcError(f"the IdP's CA file {ca_file}: {err.strerror or err}") from None
+    return _made_context(ca_file, changed)
+
+
+@functools.lru_cache(maxsize=8)
+def _made_context(ca_file: str, changed: int) -> ssl.SSLContext:
     try:
         return ssl.create_default_context(cafile=ca_file or None)
     except (OSError, ssl.SSLError) as err:

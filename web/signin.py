@@ -23,7 +23,6 @@ import http.client
 import json
 import logging
 import secrets
-import ssl
 import threading
 import time
 import urllib.error
@@ -299,12 +298,8 @@ class SignIn:
         request = urllib.request.Request(found.token_endpoint, data=urllib.parse.urlencode(form).encode(),
                                          headers=headers, method="POST")
         try:
-            context = ssl.create_default_context(cafile=self._oidc.ca_file or None)
-        except (OSError, ssl.SSLError) as err:
-            raise SignInRefused(502, f"the IdP's CA file {self._oidc.ca_file}: {err}") from None
-        try:
-            with urllib.request.urlopen(request, timeout=self._oidc.timeout, context=context) as answer:
-                body = answer.read(_MAX_ANSWER + 1)
+            body = provider.open_url(request, "the IdP's token endpoint", self._oidc.timeout, self._oidc.ca_file,
+                                     _MAX_ANSWER + 1)
         except urllib.error.HTTPError as err:
             try:
                 detail = _error_of(err.read(4096))
@@ -312,12 +307,8 @@ class SignIn:
                 detail = "(its answer could not be read)"
             status = 401 if err.code in (400, 401) else 502
             raise SignInRefused(status, f"the IdP's token endpoint refused the code: {err.code} {detail}") from None
-        except (http.client.HTTPException, ValueError) as err:  # not HTTP (a status line of garbage), a bad URL
-            raise SignInRefused(502, f"the IdP's token endpoint {found.token_endpoint} gave no HTTP answer "
-                                     f"({type(err).__name__}: {str(err)[:200]})") from None
-        except (urllib.error.URLError, OSError) as err:
-            raise SignInRefused(502, f"the IdP's token endpoint {found.token_endpoint} does not answer "
-                                     f"({getattr(err, 'reason', err)})") from None
+        except provider.OidcError as err:  # unreachable, not HTTP, not a URL the issuer's rules allow
+            raise SignInRefused(502, str(err)) from None
         try:
             data = json.loads(body[:_MAX_ANSWER])
         except ValueError:
