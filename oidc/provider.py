@@ -30,13 +30,16 @@ import jwt
 from slurm_ext.errors import SlurmExtError
 
 __all__ = ["OidcError", "TokenRefused", "Discovery", "discover", "fetch_json", "open_url", "check_issuer_url",
-           "KeySet", "verify_token", "ASYMMETRIC_ALGORITHMS"]
+           "KeySet", "verify_token", "ASYMMETRIC_ALGORITHMS", "MIN_RSA_BITS"]
 
 #: the largest discovery document or JWKS read (real ones are a few KiB)
 MAX_ANSWER = 512 * 1024
 #: what a token may be signed with: never "none", never a shared secret (HS*), which would make the
 #: client's own secret, or a public key taken for one, a way to sign
 ASYMMETRIC_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
+#: the smallest RSA modulus a signing key may have, in bits: RFC 7518 §3.3 asks 2048 or more for RS256, and a
+#: smaller key is one whoever factors it signs with, for any user (Slurm's, the page's admins)
+MIN_RSA_BITS = 2048
 #: the fields of a discovery document that a sign-in needs (OpenID Connect Discovery 1.0 §3)
 REQUIRED_FIELDS = ("issuer", "authorization_endpoint", "token_endpoint", "jwks_uri")
 #: shortest wait between two fetches of a JWKS for a key id it did not have: a token with a made-up kid must not
@@ -207,9 +210,12 @@ class KeySet:
             if not isinstance(entry, dict) or entry.get("use", "sig") != "sig" or not isinstance(entry.get("kid"), str):
                 continue
             try:
-                found[entry["kid"]] = jwt.PyJWK(entry)
+                key = jwt.PyJWK(entry)
             except (jwt.PyJWTError, ValueError, TypeError, KeyError):
                 continue  # a key of a kind PyJWT cannot use (or a broken one) signs nothing we take
+            if getattr(key.key, "key_size", MIN_RSA_BITS) < MIN_RSA_BITS and entry.get("kty") == "RSA":
+                continue  # one that can be factored would sign for anyone, the page's admins included
+            found[entry["kid"]] = key
         self._keys, self._fetched = found, self._clock()
 
     def key(self, kid: str) -> jwt.PyJWK:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from slurm_ext.fileio import atomic_write
 
-from .provider import OidcError, discover, fetch_json
+from .provider import MIN_RSA_BITS, OidcError, discover, fetch_json
 
 __all__ = ["DroppedKey", "SlurmJwks", "JwksChange", "NoSlurmKey", "clean_jwks", "fetch_slurm_jwks", "read_kids",
            "write_jwks", "SLURM_FIELDS"]
@@ -39,9 +39,6 @@ SLURM_ALGORITHM = "RS256"
 _BASE64URL = re.compile(r"[A-Za-z0-9_-]+")
 #: a key id as Slurm matches it against a token's header (printable, bounded; fullmatch, as above)
 _KID = re.compile(r"[\x21-\x7e]{1,256}")
-#: the smallest RSA modulus kept, in bits: RFC 7518 §3.3 asks 2048 or more for RS256, and a smaller key is one
-#: whoever factors it signs with, for any user Slurm knows
-MIN_RSA_BITS = 2048
 
 
 class NoSlurmKey(OidcError):

@@ -184,3 +184,16 @@ def test_a_broken_answer_is_an_error_naming_the_url(answer):
         with pytest.raises(OidcError, match=rf"JWKS http://127.0.0.1:{port}/jwks: (a broken answer|unreachable)"):
             provider.fetch_json(f"http://127.0.0.1:{port}/jwks", "the IdP's JWKS", timeout=5)
         replier.join(5)
+
+
+@pytest.mark.filterwarnings("ignore::jwt.warnings.InsecureKeyLengthWarning")  # the forger's, minting with it
+def test_an_rsa_key_under_2048_bits_signs_nothing(idp):
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    weak = rsa.generate_private_key(public_exponent=65537, key_size=1024)
+    idp.jwks_extra = [public_jwk(weak, "weak-1")]
+    try:
+        keys = KeySet(f"{idp.issuer}/jwks", ca_file=idp.ca_file)
+        _refused(idp, keys, idp.mint(key=weak, kid="weak-1"), "does not hold")
+        assert verify_token(idp.mint(), keys, idp.issuer, idp.client_id)["sub"] == "ada"
+    finally:
+        idp.jwks_extra = []
