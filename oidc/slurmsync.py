@@ -2,11 +2,12 @@
 `--watch`, and the configuration text Slurm and Slinky need (`conf_lines`, `slinky_configmap`).
 
 A refresh writes only when the IdP's keys differ from the file's, and a rotation is followed by `scontrol
-reconfigure`: Slurm's auth/jwt reads the file once, when it starts. A reconfigure that fails is remembered (a
-marker in [node] state_dir) and retried by every later refresh until one succeeds: the file then already holds
-the IdP's keys, so without the marker nothing would tell a refresh that Slurm has not read them. slurmdbd is not
-reached by any reconfigure (its `reconfig()` rereads slurmdbd.conf but never re-initialises the auth plug-in),
-so a rotation says it needs a restart. Every refresh that writes, and every one that cannot (the IdP
+reconfigure`: Slurm's auth/jwt reads the file once, when it starts. The reconfigure a rotation owes is remembered
+(a marker in [node] state_dir) from before the file is written until a reconfigure succeeds, and every refresh
+that finds the marker retries it: once the file holds the IdP's keys nothing else would tell a refresh that Slurm
+has not read them, whether the reconfigure failed or the run died before it (a timer's TimeoutSec, SIGKILL, OOM).
+slurmdbd is not reached by any reconfigure (its `reconfig()` rereads slurmdbd.conf but never re-initialises the
+auth plug-in), so a rotation says it needs a restart. Every refresh that writes, and every one that cannot (the IdP
 unreachable, its answer not OpenID Connect's, no RSA key), is an event; a refused one leaves the file Slurm has
 as it was.
 """
@@ -65,7 +66,8 @@ class Refreshed:
     removed: tuple[str, ...]
     #: `scontrol reconfigure` ran and succeeded
     reconfigured: bool
-    #: why it did not reconfigure, or how it failed ("" when it did, or when nothing changed)
+    #: why it did not reconfigure, or how it failed, or (reconfigured) the error of a marker that stays ("" when
+    #: it reconfigured cleanly, or when nothing changed)
     reconfigure_note: str = ""
     #: the reconfigure ran for an earlier rotation whose reconfigure had failed (the file was already right)
     retried: bool = False
@@ -126,16 +128,21 @@ def refresh(options: Options, settings: config.Config, emit) -> Refreshed:
         jwks = fetch_slurm_jwks(options.issuer, options.timeout, options.ca_file)
         uid, gid = _owner_ids(options.owner)
         diff = change(jwks, options.jwks_file)
+        unmarked = ""
         if not diff.changed:
             _own(options.jwks_file, uid, gid)
         else:
+            if options.reconfigure and not diff.first:
+                # before the write: a run that dies between the write and the reconfigure leaves the marker, and
+                # the next refresh (which finds the file "unchanged") reconfigures
+                unmarked = _mark(pending, options.jwks_file)
             write_jwks(jwks, options.jwks_file, uid, gid)
     except OidcError as err:
         emit("oidc-slurm-jwks-refused", str(err), issuer=options.issuer, file=options.jwks_file)
         raise
     if not diff.changed:
         if options.reconfigure and pending is not None and pending.exists():
-            reconfigured, note = _reconfigure(settings, emit, options.jwks_file, pending)
+            reconfigured, note = _reconfigure(settings, emit, options.jwks_file, pending, "")
             if reconfigured:
                 emit("oidc-slurm-reconfigured", f"{options.jwks_file}: `scontrol reconfigure` succeeded at a "
                      "retry: Slurm reads the keys written before", file=options.jwks_file, kids=list(jwks.kids))
@@ -143,7 +150,7 @@ def refresh(options: Options, settings: config.Config, emit) -> Refreshed:
         return Refreshed(jwks, False, (), (), False)
     reconfigured, note = False, ""
     if options.reconfigure and not diff.first:
-        reconfigured, note = _reconfigure(settings, emit, options.jwks_file, pending)
+        reconfigured, note = _reconfigure(settings, emit, options.jwks_file, pending, unmarked)
     elif not diff.first:
         note = "not asked (--no-reconfigure): run `scontrol reconfigure` for Slurm to read the new keys"
     else:
@@ -188,28 +195,46 @@ def _own(path: str, uid: int, gid: int) -> None:
         raise OidcError(f"the JWKS file {path}: {err.strerror}") from None
 
 
-def _reconfigure(settings: config.Config, emit, path: str, pending: Path | None) -> tuple[bool, str]:
-    """`scontrol reconfigure`; a failure leaves the marker `pending` for the next refresh to retry, a success
-    removes it."""
+def _mark(pending: Path | None, path: str) -> str:
+    """Remember that Slurm owes a reconfigure for the JWKS file `path` (the marker `pending`); "" when it is
+    remembered, else why not (no state_dir, or the marker cannot be written: said if the reconfigure then fails)."""
+    if pending is None:
+        return "no [node] state_dir to remember it in"
+    try:
+        pending.parent.mkdir(parents=True, exist_ok=True)
+        pending.write_text(os.path.abspath(path) + "\n")
+    except OSError as why:
+        return f"{pending}: {why.strerror or why}"
+    return ""
+
+
+def _reconfigure(settings: config.Config, emit, path: str, pending: Path | None, unmarked: str) -> tuple[bool, str]:
+    """`scontrol reconfigure`; the marker `pending` (written before the file, or by an earlier refresh) stays
+    after a failure, for the next refresh to retry, and goes after a success. `unmarked`: why there is no marker.
+
+    A success whose marker cannot be removed is an error, said and an event: the marker would make every later
+    refresh reconfigure (slurmctld re-execs) again.
+    """
     try:
         _scontrol(settings, ["reconfigure"])
     except (CommandError, CommandTimeout) as err:
         note = (f"`scontrol reconfigure` failed ({str(err).strip()[-300:]}): Slurm keeps the old keys until it "
                 "does")
-        if pending is not None:
-            try:
-                pending.parent.mkdir(parents=True, exist_ok=True)
-                pending.write_text(os.path.abspath(path) + "\n")
-                note += "; retried at each refresh until it succeeds"
-            except OSError as why:
-                note += f"; cannot remember it for a retry ({pending}: {why.strerror or why}): run it yourself"
+        if unmarked:
+            note += f"; cannot remember it for a retry ({unmarked}): run it yourself"
+        else:
+            note += "; retried at each refresh until it succeeds"
         emit("oidc-slurm-reconfigure-failed", note, file=path)
         return False, note
     if pending is not None:
         try:
             pending.unlink(missing_ok=True)
-        except OSError:
-            pass  # a marker left makes the next refresh reconfigure once more: harmless
+        except OSError as why:
+            note = (f"`scontrol reconfigure` succeeded, but its marker {pending} cannot be removed "
+                    f"({why.strerror or why}): every refresh will reconfigure Slurm again (slurmctld re-execs) "
+                    "until it is removed: remove it")
+            emit("oidc-slurm-marker-stuck", note, file=path, marker=str(pending))
+            return True, note
     return True, ""
 
 
@@ -265,6 +290,8 @@ def _say(out, options: Options, done: Refreshed) -> None:
     if done.reconfigured:
         again = " (a retry: the last one had failed)" if done.retried else ""
         print(f"reconfigured Slurm (scontrol reconfigure){again}: slurmctld and slurmd read the new keys", file=out)
+        if done.reconfigure_note:
+            print(f"slurm-ext: error: {done.reconfigure_note}", file=out)
     elif done.reconfigure_note:
         print(f"Slurm: {done.reconfigure_note}", file=out)
     if done.slurmdbd_note:

@@ -331,8 +331,12 @@ _ENTRIES = (
               "the JWKS file changed but `scontrol reconfigure` failed: Slurm reads the new keys only when its "
               "daemons restart or reconfigure"),
     EventName("oidc-slurm-reconfigured", ("oidc",), "info",
-              "`oidc slurm` retried a `scontrol reconfigure` that had failed after it wrote the JWKS file, and it "
-              "succeeded: slurmctld and slurmd read the keys written before"),
+              "`oidc slurm` retried a `scontrol reconfigure` owed since it wrote the JWKS file (it had failed, or "
+              "the run ended before it), and it succeeded: slurmctld and slurmd read the keys written before"),
+    EventName("oidc-slurm-marker-stuck", ("oidc",), "error",
+              "`scontrol reconfigure` succeeded but the marker that remembers a reconfigure owed (in "
+              "node.state_dir, oidc-slurm/) cannot be removed: every refresh reconfigures Slurm again until it is "
+              "removed (marker)"),
     EventName("oidc-slurm-refresh-failed", ("oidc",), "error",
               "`oidc slurm --watch`: a refresh failed on an unexpected error (the message and the traceback say "
               "which); the watch goes on and tries again at the next turn"),

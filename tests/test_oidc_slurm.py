@@ -98,13 +98,15 @@ def idp():
 @pytest.fixture
 def site(tmp_path):
     """A config whose journal is here and whose `scontrol` is a stand-in that records each call (and answers
-    `show config` with SlurmUser=slurm(64030))."""
+    `show config` with SlurmUser=slurm(64030)); its reconfigure fails while `reconfigure-fails` exists and
+    SIGKILLs the `oidc slurm` that ran it while `reconfigure-kills` does."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     calls = tmp_path / "scontrol-calls"
     scontrol = bin_dir / "scontrol"
     scontrol.write_text(f"#!/bin/sh\necho \"$*\" >> {calls}\n"
                         "[ \"$1\" = show ] && echo 'SlurmUser               = slurm(64030)'\n"
+                        f"[ \"$1\" = reconfigure ] && [ -e {tmp_path}/reconfigure-kills ] && kill -9 $PPID\n"
                         f"[ -e {tmp_path}/reconfigure-fails ] && echo 'slurm_reconfigure error: Unable to contact "
                         "slurm controller' >&2 && exit 1\nexit 0\n")
     scontrol.chmod(0o755)
@@ -224,6 +226,52 @@ def test_a_failed_reconfigure_is_retried_by_the_next_refresh_until_one_succeeds(
     done = _run(site, idp)  # succeeded: nothing pending, no more reconfigures
     assert "unchanged:" in done.stdout and "reconfigured" not in done.stdout
     assert _calls(site).count("reconfigure") == 3
+
+
+def _marker(site: Path) -> Path:
+    return slurmsync._pending_marker(config.load(str(site / "slurm-ext.toml")), str(site / "etc" / "jwks.json"))
+
+
+def test_a_run_killed_between_the_write_and_the_reconfigure_leaves_the_marker_and_the_next_run_reconfigures(
+        site, idp):
+    """A timer's TimeoutSec, the OOM killer or a crash after the file is written: the file holds the IdP's keys,
+    so only the marker (written before the file) tells the next run that Slurm has not read them."""
+    assert _run(site, idp).returncode == 0
+    assert not _marker(site).exists()  # a first file owes no reconfigure
+    new = idp.rotate()
+    (site / "reconfigure-kills").touch()
+    killed = _run(site, idp)
+    assert killed.returncode == -signal.SIGKILL, (killed.stdout, killed.stderr)
+    assert new in read_kids_of(site / "etc" / "jwks.json") and _marker(site).exists()
+    assert _calls(site).count("reconfigure") == 1
+    (site / "reconfigure-kills").unlink()
+    retried = _run(site, idp)
+    assert retried.returncode == 0, retried.stderr
+    assert "unchanged:" in retried.stdout and "reconfigured Slurm (scontrol reconfigure) (a retry" in retried.stdout
+    assert _calls(site).count("reconfigure") == 2 and not _marker(site).exists()
+    assert _journal(site)[-1]["event"] == "oidc-slurm-reconfigured"
+    done = _run(site, idp)
+    assert "reconfigured" not in done.stdout and _calls(site).count("reconfigure") == 2
+    idp.rotate()  # --no-reconfigure: the reconfigure is the operator's, nothing is remembered
+    assert _run(site, idp, "--no-reconfigure").returncode == 0 and not _marker(site).exists()
+
+
+def test_a_marker_that_cannot_be_removed_after_a_reconfigure_is_an_error_said_and_an_event(site, idp):
+    """Left silently, it would make every later refresh reconfigure Slurm (slurmctld re-execs) again."""
+    assert _run(site, idp).returncode == 0
+    idp.rotate()
+    marker = _marker(site)
+    (marker / "in-the-way").mkdir(parents=True)  # a directory in the marker's place: unlink fails, even as root
+    rotated = _run(site, idp)
+    assert rotated.returncode == 0, rotated.stderr
+    assert "reconfigured Slurm" in rotated.stdout
+    assert (f"slurm-ext: error: `scontrol reconfigure` succeeded, but its marker {marker} cannot be removed (Is a "
+            "directory): every refresh will reconfigure Slurm again") in rotated.stdout
+    stuck = [e for e in _journal(site) if e["event"] == "oidc-slurm-marker-stuck"]
+    assert len(stuck) == 1 and stuck[0]["marker"] == str(marker) and str(marker) in stuck[0]["message"]
+    again = _run(site, idp)  # said at every refresh it costs a reconfigure
+    assert "unchanged:" in again.stdout and "cannot be removed" in again.stdout
+    assert len([e for e in _journal(site) if e["event"] == "oidc-slurm-marker-stuck"]) == 2
 
 
 def test_a_rotation_says_slurmdbd_needs_a_restart_and_a_first_file_does_not(site, idp):
