@@ -393,7 +393,16 @@ def _build_section(name: str, cls: type, table: dict, source, text: str):
             values[key] = _check(rules, value)
         except ValueError as err:
             raise ConfigError(source, f"{_show(value)}: {err}", key=dotted, line=line) from None
-    return cls(**values)
+    section = cls(**values)
+    together = getattr(cls, "check_together", None)  # keys that are wrong only beside each other
+    if together is not None:
+        try:
+            together(section)
+        except ValueError as err:
+            key, message = err.args
+            raise ConfigError(source, message, key=f"{name}.{key}",
+                              line=_line_of(text, name, key) or _line_of(text, name, None)) from None
+    return section
 
 
 def _build_subsections(name: str, cls: type, value: Any, source, text: str, validate=None) -> dict:

@@ -20,7 +20,7 @@ from pathlib import Path
 from .config import Config
 from .secretfile import SecretFileError, read_secret
 
-__all__ = ["ENV", "folder_of", "copy_for", "remove_all", "adopt", "setting_value"]
+__all__ = ["ENV", "folder_of", "copy_for", "remove_all", "adopt", "setting_value", "state_folder"]
 
 #: the environment variable a worker finds its copies' folder in (systemd's name for the same)
 ENV = "CREDENTIALS_DIRECTORY"
@@ -70,6 +70,26 @@ def copy_for(config: Config, worker: str, uid: int, gid: int, keys: tuple[str, .
             os.close(fd)
     os.chown(folder, uid, gid)
     os.chmod(folder, 0o500)
+    return folder
+
+
+def state_folder(config: Config, worker: str, uid: int, gid: int) -> Path:
+    """The worker's own folder of state, `<node.state_dir>/<worker>/`, made (or taken over) for `uid`, 0700: what
+    systemd's StateDirectory= does. [node] state_dir is root's; a worker run as another user keeps there what must
+    outlive its restarts (the page's sessions ended by logout). A link in its place is refused (root must not chown
+    what a link points at).
+
+    Raises:
+        OSError: the folder cannot be made, or a link or a file is in its place.
+    """
+    folder = Path(config.node.state_dir) / worker
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fchown(fd, uid, gid)
+        os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
     return folder
 
 

@@ -313,6 +313,9 @@ _ENTRIES = (
               "state mismatch or a replayed callback, a code the token endpoint refused, an ID token not believed "
               "(signature, issuer, audience, expiry, issue time, nonce), a groups claim that is not a list, no mapped "
               "group where viewing needs sign-in, the IdP away (at most one a minute for an address)"),
+    EventName("web-sessions-unkept", _WEB, "warning", "the page cannot write its file of sessions ended by logout "
+              "(state_dir's web/ folder, web.user's): after a restart a signed-out cookie works again until it expires "
+              "(said once, at the start)"),
     EventName("web-source-failed", _WEB, "warning", "Slurm, the repair database or Prometheus stopped answering the "
               "page; it shows their last answer, with its age"),
     EventName("web-source-ok", _WEB, "info", "a source of the page answers again"),

@@ -347,7 +347,8 @@ def spawn(agent, worker: Worker) -> tuple[int, tuple[str, ...]]:
     (pid, argv), the pid held by a pidfd the loop selects on.
 
     Raises:
-        OSError: the program is not found or cannot be executed, or its credentials' folder cannot be made.
+        OSError: the program is not found or cannot be executed, or its credentials' folder or its state folder
+            cannot be made.
         SlurmExtError: its user is not on this host (WorkerUserMissing), or a secret file it needs is refused
             (slurm_ext.secretfile.SecretFileError).
     """
@@ -374,6 +375,9 @@ def spawn(agent, worker: Worker) -> tuple[int, tuple[str, ...]]:
         if spec.credentials:
             env[credentials.ENV] = str(credentials.copy_for(agent.config, spec.name, account.pw_uid, account.pw_gid,
                                                             spec.credentials))
+            # its own folder of state, <state_dir>/<worker>/ (root's state_dir is not its to write): the page keeps
+            # its sessions ended by logout there
+            credentials.state_folder(agent.config, spec.name, account.pw_uid, account.pw_gid)
         file, args = _as_user(account, program, args[1:], env)
     pid = os.posix_spawn(file, args, env, setsid=True)
     worker.pid = worker.session = pid

@@ -578,12 +578,12 @@ def test_with_a_session_key_file_a_logout_outlives_a_restart_and_sessions_sign_w
     os.chmod(key, 0o600)
     state = tmp_path / "state"
     state.mkdir()
-    before = Sessions(600.0, str(key), state_dir=str(state))
+    before = Sessions(600.0, str(key), folder=str(state))
     value, _ = before.issue("ada", "Ada", "", "admin")
     kept, _ = before.issue("bob", "Bob", "", "viewer")
     assert len(value.rsplit(".", 1)[1]) == 43  # an HMAC-SHA256 (32 bytes, base64), not SHA1's 20
     assert before.end(value) is not None
-    after = Sessions(600.0, str(key), state_dir=str(state))  # the page restarted
+    after = Sessions(600.0, str(key), folder=str(state))  # the page restarted
     with pytest.raises(SessionRefused, match="signed out"):
         after.read(value)
     assert after.read(kept).subject == "bob"

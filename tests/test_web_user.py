@@ -202,3 +202,42 @@ def test_add_token_makes_the_file_of_hashes_readable_by_the_pages_group_only(pag
     assert _reads_as(page_user, site / "web-tokens") == {str(site / "web-tokens"): "read"}
     nobody = pwd.getpwuid(NOBODY)
     assert _reads_as(nobody, site / "web-tokens") == {str(site / "web-tokens"): "refused"}
+
+
+def test_the_page_as_its_user_keeps_a_logout_in_its_own_folder_across_its_restart(page_user, site):
+    """Review 2, defect 1: [node] state_dir is root's; the agent makes <state_dir>/web/ the page's (0700) and the
+    page, as web.user, writes the sessions ended by logout there, so a copied signed-out cookie stays refused."""
+    from slurm_ext.web.session import COOKIE, ENDED_FILE, Sessions
+    etc = site / "etc"
+    etc.mkdir(mode=0o755)
+    _secret(etc / "agent-credential", "c" * 64)
+    key = _secret(etc / "session-key", "k" * 64)
+    agent = _controller(site, f'token_file = ""\nsession_key_file = "{key}"')
+    try:
+        agent.wait_event("worker-state", worker="web", state="running", timeout=30)
+        wait_for("the page answers", _answers, 30, interval=0.2)
+        folder = site / "state" / "web"
+        info = folder.stat()
+        assert (info.st_uid, info.st_mode & 0o777) == (page_user.pw_uid, 0o700)
+        value, _ = Sessions(600.0, str(key)).issue("ada", "Ada", "", "admin")  # as the page signs one, same key
+        cookie = {"Cookie": f"{COOKIE}={value}"}
+        status, session = _ask("/api/session", headers=cookie)
+        assert status == 200 and session["user"] == "Ada (oidc:ada)", session
+        request = urllib.request.Request(f"http://127.0.0.1:{PAGE_PORT}/auth/logout", data=b"", method="POST",
+                                         headers={**cookie, "X-CSRF-Token": session["csrf"]})
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            assert answer.status == 200
+        kept = folder / ENDED_FILE
+        assert (kept.stat().st_uid, kept.stat().st_mode & 0o777) == (page_user.pw_uid, 0o600)
+        assert not agent.events("web-sessions-unkept")
+        assert "cannot be kept" not in agent.text()
+    finally:
+        assert agent.stop() == 0, agent.text()[-3000:]
+    agent = _controller(site, f'token_file = ""\nsession_key_file = "{key}"')  # the page restarted
+    try:
+        agent.wait_event("worker-state", worker="web", state="running", timeout=30)
+        wait_for("the page answers", _answers, 30, interval=0.2)
+        assert _ask("/api/session", headers={"Cookie": f"{COOKIE}={value}"})[1]["problem"].startswith(
+            "this sign-in was ended (signed out)")
+    finally:
+        assert agent.stop() == 0, agent.text()[-3000:]

@@ -41,7 +41,7 @@ from slurm_ext.repair.settings import ACTIONS
 
 from .auth import Csrf, Operator, ProxySecret, RequestRefused, Tokens, operator_of
 from .session import COOKIE, SessionRefused, Sessions
-from .signin import STATE_COOKIE, SIGN_IN_WAIT, SignIn, SignInRefused
+from .signin import RATE, STATE_COOKIE, SIGN_IN_WAIT, SignIn, SignInRefused
 from .healthview import history_rows
 from .watch import Watcher
 
@@ -155,24 +155,31 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None, clock=
     proxy_secret = ProxySecret(settings.proxy_secret_file) if settings.proxy_secret_file else None
     tokens.usable()  # what is wrong with the file is logged at the start, not first at an operator's request
     csrf = Csrf()
+    # the page's own folder (the agent makes it web.user's: credentials.state_folder), not root's state_dir
     sessions = Sessions(settings.session_lifetime, settings.session_key_file, clock=clock,
-                        state_dir=config.node.state_dir or "")
+                        folder=f"{config.node.state_dir}/web" if config.node.state_dir else "")
     oidc = getattr(config, "oidc", None)
     signin = SignIn(oidc, settings, sessions, clock=clock, keys_clock=keys_clock) \
         if settings.oidc_client_id and oidc is not None and oidc.issuer else None
+    # config.load refuses it already (WebSection.check_together): this is for a config made otherwise
     if signin is not None and settings.trusted_proxies and not settings.oidc_redirect_url:
         raise ConfigError(getattr(config, "source", "") or "config", "sign-in behind a reverse proxy "
                           "(web.trusted_proxies) needs the page's public URL + /auth/callback, as registered at the "
                           "IdP (https://HOST/auth/callback)", key="web.oidc_redirect_url")
-    # the sign-in's state cookie goes where the callback is: under a sub-path of the proxy too
-    auth_path = urllib.parse.urlsplit(settings.oidc_redirect_url).path.removesuffix("callback") \
-        if settings.oidc_redirect_url else "/auth/"
+    # the sign-in's state cookie goes where the callback is, the session cookie where the page is: under a sub-path
+    # of the proxy too (not sent to the proxy's other sites)
+    redirect_path = urllib.parse.urlsplit(settings.oidc_redirect_url).path
+    auth_path = redirect_path.removesuffix("callback") if settings.oidc_redirect_url else "/auth/"
+    cookie_path = redirect_path.removesuffix("auth/callback") if settings.oidc_redirect_url else "/"
     if settings.oidc_client_id and signin is None:
         log.warning("web: web.oidc_client_id is set but [oidc] issuer is empty: no sign-in")
     emit = events.emitter(config.node.state_dir, "web")
+    if sessions.unkept:  # said once here (and in the log), not at every logout
+        emit("web-sessions-unkept", sessions.unkept, "warning")
     checks_running = threading.BoundedSemaphore(_CHECKS_AT_ONCE)
     refused_last: dict[str, float] = {}
     signin_refused_last: dict[str, float] = {}
+    signin_rate = _Rate(RATE, 60.0)
     app = Flask(__name__, static_folder=None)
     app.config.update(PROPAGATE_EXCEPTIONS=False, JSON_SORT_KEYS=False, MAX_CONTENT_LENGTH=MAX_BODY)
     app.extensions["slurm_ext_watcher"] = watcher
@@ -286,7 +293,7 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None, clock=
         on_record(err)
         answer = jsonify(error=str(err), signin=signin is not None)
         if getattr(err, "clear_session", False):  # the browser forgets it: the page goes on as anyone's, or asks
-            answer.delete_cookie(COOKIE, path="/")
+            answer.delete_cookie(COOKIE, path=cookie_path)
         return answer, err.status
 
     def on_signin_refused(err: SignInRefused) -> None:
@@ -300,8 +307,18 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None, clock=
         on_signin_refused(err)
         text = f"Sign-in refused: {err}\n\nBegin again: /auth/login\n"
         answer = Response(text, err.status, mimetype="text/plain")
+        if err.retry_after:
+            answer.headers["Retry-After"] = str(err.retry_after)
         answer.delete_cookie(STATE_COOKIE, path=auth_path)
         return answer
+
+    def rate_limited() -> None:
+        """Raises SignInRefused (429) where this address asked /auth/login or /auth/callback more than RATE times in
+        the last minute: each callback may cost a POST to the IdP's token endpoint, held in a server thread."""
+        wait = signin_rate.take(request.remote_addr or "?", time.monotonic())
+        if wait:
+            raise SignInRefused(429, f"too many sign-ins from {request.remote_addr} (at most {RATE} a minute): try "
+                                     f"again in {wait}s", retry_after=wait)
 
     # -- sign-in (web.oidc_client_id, [oidc] issuer) ---------------------------------------------------
 
@@ -326,6 +343,7 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None, clock=
         _query({})
         if signin is None:
             raise BadRequest(404, "sign-in is not configured (web.oidc_client_id and [oidc] issuer)")
+        rate_limited()
         url, state = signin.start(redirect_uri())
         answer = redirect(url, 302)
         answer.set_cookie(STATE_COOKIE, state, max_age=int(SIGN_IN_WAIT), path=auth_path, httponly=True,
@@ -336,6 +354,7 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None, clock=
     def callback():
         if signin is None:
             raise BadRequest(404, "sign-in is not configured (web.oidc_client_id and [oidc] issuer)")
+        rate_limited()
         value, person = signin.finish(request.args, request.cookies.get(STATE_COOKIE))
         emit("web-signin", f"{person.user} signed in as {person.role or 'no role (viewing only)'} from "
                            f"{request.remote_addr}, until {time.strftime('%H:%M:%S %Z', time.localtime(person.expires))}",
@@ -344,7 +363,7 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None, clock=
         # no Max-Age: the browser keeps it until it closes, the expiry signed inside decides; a cookie the browser
         # dropped by itself would leave the page showing a person it no longer sends, where this one says "sign in
         # again" at its first request after its time
-        answer.set_cookie(COOKIE, value, path="/", httponly=True, samesite="Lax", secure=secure())
+        answer.set_cookie(COOKIE, value, path=cookie_path, httponly=True, samesite="Lax", secure=secure())
         answer.delete_cookie(STATE_COOKIE, path=auth_path)
         return answer
 
@@ -358,10 +377,10 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None, clock=
         if person is not None:
             emit("web-signout", f"{person.user} signed out from {request.remote_addr}", user=person.user,
                  address=request.remote_addr)
-        target = (signin.logout_url(public_page_url(), person.sid) if signin is not None and person is not None
-                  else None) or page_url()
-        answer = jsonify(message="signed out", redirect=target)
-        answer.delete_cookie(COOKIE, path="/")
+        target, note = (signin.logout_url(public_page_url(), person.sid) if signin is not None and person is not None
+                        else (None, ""))
+        answer = jsonify(message=note or "signed out", redirect=target or page_url(), idp_session_open=bool(note))
+        answer.delete_cookie(COOKIE, path=cookie_path)
         return answer
 
     @app.errorhandler(HTTPException)
@@ -510,7 +529,7 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None, clock=
                          signin=signin is not None, viewing=settings.viewing,
                          signin_needed=settings.viewing == "signed-in" and user is None)
         if expired:
-            answer.delete_cookie(COOKIE, path="/")
+            answer.delete_cookie(COOKIE, path=cookie_path)
         return answer
 
     # -- operations -------------------------------------------------------------------------------------
@@ -670,6 +689,34 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None, clock=
                        readings_time=monitor.readings_time, user=who.user)
 
     return app
+
+
+class _Rate:
+    """A token bucket per address: `rate` a `period`, as a burst too; the addresses kept are bounded (those whose
+    bucket is full again are forgotten first)."""
+
+    _MAX_ADDRESSES = 10000
+
+    def __init__(self, rate: int, period: float):
+        self.rate, self.period = rate, period
+        self._lock = threading.Lock()
+        self._buckets: dict[str, tuple[float, float]] = {}
+
+    def take(self, address: str, now: float) -> int:
+        """0 when `address` may go on (one token taken), else the seconds until it may."""
+        every = self.period / self.rate
+        with self._lock:
+            tokens, last = self._buckets.get(address, (float(self.rate), now))
+            tokens = min(float(self.rate), tokens + (now - last) / every)
+            if tokens < 1:
+                self._buckets[address] = (tokens, now)
+                return max(1, int((1 - tokens) * every + 0.999))
+            if len(self._buckets) >= self._MAX_ADDRESSES and address not in self._buckets:
+                full = [a for a, (t, at) in self._buckets.items() if t + (now - at) / every >= self.rate]
+                for gone in full or list(self._buckets):
+                    del self._buckets[gone]
+            self._buckets[address] = (tokens - 1, now)
+            return 0
 
 
 def _event_text(text: str) -> str:

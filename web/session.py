@@ -7,8 +7,10 @@ of this process or web.session_key_file: it keeps no secret of the IdP (no ID or
 gives nothing but what the page shows. Its expiry is inside the signed value, not only the cookie's Max-Age: a
 browser that keeps it longer gains nothing. A session ended by logout is remembered (its id, until its expiry)
 so a copy of the cookie stops working too; with web.session_key_file (sessions that outlive a restart) the ended
-ids are kept in [node] state_dir (web-sessions-ended.json, pruned at their expiry), else a restart would bring
-every signed-out cookie back.
+ids are kept in the page's own folder, <[node] state_dir>/web/ (web-sessions-ended.json, pruned at their expiry),
+else a restart would bring every signed-out cookie back. That folder is web.user's (the agent makes it, 0700, as
+it makes the page's credentials folder: state_dir itself is root's); a file that cannot be written there is said
+once, at the start (`unkept`), not at every logout.
 
 Without web.session_key_file the key is random per process: a restart of the page signs everyone out (the
 IdP's own session usually makes signing in again one click).
@@ -19,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
 import secrets
 import threading
@@ -45,7 +48,8 @@ ROLES = ("viewer", "operator", "admin")
 MIN_KEY = 32
 #: the longest the history's user column holds (repair_events.user VARCHAR(255))
 _USER_MAX = 255
-#: the file of [node] state_dir that keeps the sessions ended by a logout (with web.session_key_file only)
+#: the file of the page's own folder (<[node] state_dir>/web/) that keeps the sessions ended by a logout (with
+#: web.session_key_file only)
 ENDED_FILE = "web-sessions-ended.json"
 #: most ended sessions kept (the ones nearest their expiry are forgotten first: they would end soon anyway)
 _ENDED_MAX = 20000
@@ -97,17 +101,29 @@ def person_text(subject: str, name: str = "", email: str = "") -> str:
 class Sessions:
     """Issues and reads the session cookies of one page process."""
 
-    def __init__(self, lifetime: float, key_file: str = "", clock=time.time, state_dir: str = ""):
+    def __init__(self, lifetime: float, key_file: str = "", clock=time.time, folder: str = ""):
+        """`folder`: the page's own folder (web.user's), where the ended sessions are kept."""
         self.lifetime = lifetime
         self._clock = clock
         self._key_file = SecretFile(key_file, "web.session_key_file") if key_file else None
         self._random_key = secrets.token_bytes(32)
         self._lock = threading.Lock()
+        # the file is written outside _lock (every request's read() takes it), one writer at a time
+        self._write_lock = threading.Lock()
         #: why web.session_key_file is not used ("" when it is, or none is set): for the log
         self.problem = ""
+        #: why the ended sessions cannot be kept across a restart ("" when they can): said once (log, the start event)
+        self.unkept = ""
         # with a random key no session outlives the process: nothing to keep
-        self._ended_path = f"{state_dir.rstrip('/')}/{ENDED_FILE}" if key_file and state_dir else ""
+        self._folder = folder.rstrip("/") if key_file and folder else ""
+        self._ended_path = f"{self._folder}/{ENDED_FILE}" if self._folder else ""
         self._ended: dict[str, float] = self._load_ended()
+        if self._ended_path:  # written now: a folder the page cannot write is found at the start, not at a logout
+            try:
+                os.makedirs(self._folder, mode=0o700, exist_ok=True)  # run by hand as root; the agent makes it
+            except OSError:
+                pass  # said by the write
+            self._save_ended()
 
     def _load_ended(self) -> dict[str, float]:
         """The sessions ended before a restart (those not expired yet); {} without the file, or a file that cannot
@@ -124,18 +140,29 @@ class Sessions:
                         "before the restart work again until they expire", self._ended_path, err)
             return {}
         now = self._clock()
-        return {str(sid): float(until) for sid, until in data.items()
-                if isinstance(until, (int, float)) and until > now} if isinstance(data, dict) else {}
+        found = {str(sid): float(until) for sid, until in data.items()
+                 if isinstance(until, (int, float)) and until > now} if isinstance(data, dict) else {}
+        return _latest(found)
 
     def _save_ended(self) -> None:
-        """Write the ended sessions (under the lock) where the next process finds them; a failure is logged."""
+        """Write the ended sessions where the next process finds them: a copy taken under the lock, written outside
+        it (requests go on meanwhile), one writer at a time (the last copy written is the newest). A failure is
+        logged once (`unkept`), and again only after the file could be written in between."""
         if not self._ended_path:
             return
-        try:
-            atomic_write(self._ended_path, json.dumps(self._ended), mode=0o600, fsync="file")
-        except OSError as err:
-            log.warning("web: the sessions ended by logout cannot be kept in %s (%s): after a restart a "
-                        "signed-out cookie works again until it expires", self._ended_path, err)
+        with self._write_lock:
+            with self._lock:
+                ended = dict(self._ended)
+            try:
+                atomic_write(self._ended_path, json.dumps(ended), mode=0o600, fsync="file")
+            except OSError as err:
+                if not self.unkept:
+                    self.unkept = (f"the sessions ended by logout cannot be kept in {self._ended_path} "
+                                   f"({err.strerror or err}): after a restart a signed-out cookie works again until "
+                                   f"it expires (the folder must be writable by the page's user, uid {os.geteuid()})")
+                    log.warning("web: %s", self.unkept)
+                return
+            self.unkept = ""
 
     def serializer(self, salt: str) -> URLSafeSerializer:
         """A signer under the sessions' key for another short-lived value of the page (the sign-in's state
@@ -194,10 +221,14 @@ class Sessions:
             return None
         now = self._clock()
         with self._lock:
-            for sid in [sid for sid, until in self._ended.items() if until <= now]:
-                del self._ended[sid]
             self._ended[person.sid] = person.expires
-            while len(self._ended) > _ENDED_MAX:
-                del self._ended[min(self._ended, key=self._ended.__getitem__)]
-            self._save_ended()
+            self._ended = _latest({sid: until for sid, until in self._ended.items() if until > now})
+        self._save_ended()
         return person
+
+
+def _latest(ended: dict[str, float]) -> dict[str, float]:
+    """`ended` cut to the _ENDED_MAX latest expiries (one sort: a large or tampered file costs no more)."""
+    if len(ended) <= _ENDED_MAX:
+        return ended
+    return dict(sorted(ended.items(), key=lambda item: item[1])[-_ENDED_MAX:])

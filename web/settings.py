@@ -95,6 +95,19 @@ class WebSection:
     agent_timeout: float = setting(2.0, "longest wait for one node agent (its health, its journal) per refresh",
                                    "duration", minimum=0.1, maximum=60.0)
 
+    def check_together(self) -> None:
+        """Keys wrong only together (slurm_ext.config calls it at every load, so `config check` and the agent's
+        reload refuse them, not the page's start): sign-in behind a reverse proxy without web.oidc_redirect_url would
+        take the page's URL from the request's Host header, which the client chooses.
+
+        Raises:
+            ValueError(key, message)
+        """
+        if self.oidc_client_id and self.trusted_proxies and not self.oidc_redirect_url:
+            raise ValueError("oidc_redirect_url", "sign-in behind a reverse proxy (web.oidc_client_id with "
+                             "web.trusted_proxies) needs the page's public URL + /auth/callback, as registered at the "
+                             "IdP (https://HOST/auth/callback)")
+
     @property
     def idle_utilization(self) -> int:
         """idle_gpu_below as a whole percent."""

@@ -12,7 +12,11 @@ message for the person and the operator, never a session. A sign-in begun is kep
 a short cookie signed with the sessions' key (HMAC-SHA256) holding the state, nonce, verifier and start time, so
 /auth/login, which needs no login, keeps nothing here per request (no flood of sign-ins begun can push out real
 ones). A callback carried into another browser (a forged sign-in) has no such cookie; a state is taken once (a
-replayed callback is refused: the states used in the last SIGN_IN_WAIT are kept, bounded).
+replayed callback is refused: the states used in the last SIGN_IN_WAIT are kept, and state cookies made before this
+process started are refused, since its set of used states began empty). That set is bounded: when it is full of
+states younger than SIGN_IN_WAIT, callbacks are refused (503) rather than a used state forgotten, which would leave
+replay protection to the IdP alone; app.py limits /auth/login and /auth/callback per address (RATE), so one
+client cannot fill it, nor hold the server's threads on the token endpoint.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from slurm_ext.oidc import provider
 from .secretfile import SecretFile, SecretFileError
 from .session import ROLES, Person, SessionRefused, Sessions
 
-__all__ = ["SignIn", "SignInRefused", "Pending", "role_of", "STATE_COOKIE", "SIGN_IN_WAIT"]
+__all__ = ["SignIn", "SignInRefused", "Pending", "role_of", "STATE_COOKIE", "SIGN_IN_WAIT", "RATE"]
 
 log = logging.getLogger("web")
 
@@ -46,9 +50,12 @@ log = logging.getLogger("web")
 STATE_COOKIE = "slurm_ext_signin"
 #: how long a sign-in begun may take at the IdP before its callback is refused
 SIGN_IN_WAIT = 600.0
-#: states taken by a callback that are remembered (the oldest are dropped beyond it; each is refused anyway after
-#: SIGN_IN_WAIT, and its code, used once at the IdP, cannot be replayed there)
+#: states taken by a callback that are remembered (those older than SIGN_IN_WAIT are dropped: refused anyway); when
+#: it is full of younger ones, callbacks are refused (503) until some age out
 _USED_MAX = 10000
+#: sign-ins (/auth/login, /auth/callback) one address may ask a minute (app.py's token bucket); behind a reverse
+#: proxy the address is the proxy's, shared by everyone behind it
+RATE = 20
 #: how long a discovery document is kept before it is read again
 _DISCOVERY_MAX_AGE = 3600.0
 #: after a discovery that failed, how long before it is tried again (the last good document serves meanwhile)
@@ -64,9 +71,11 @@ _MAX_ANSWER = 256 * 1024
 class SignInRefused(SlurmExtError):
     """A sign-in that gives no session; `status` is the HTTP answer, the message says why and what to do."""
 
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, retry_after: int = 0):
         super().__init__(message)
         self.status = status
+        #: seconds to say in Retry-After (429, 503), 0: none
+        self.retry_after = retry_after
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +129,9 @@ class SignIn:
         self._discovered = 0.0
         self._failed, self._failure = None, ""
         self._keys: provider.KeySet | None = None
+        #: when this process began: a state cookie of before is refused (its state may have been used before the
+        #: restart, and the set of used states starts empty)
+        self.started = clock()
 
     def discovery(self) -> provider.Discovery:
         """The IdP's discovery document (read again after an hour). Raises SignInRefused (502) naming what is
@@ -215,6 +227,8 @@ class SignIn:
         if not secrets.compare_digest(state.encode(), began_state.encode()):
             raise mismatch
         now = self._clock()
+        if pending.began < self.started:
+            raise SignInRefused(403, "this sign-in was begun before the page restarted: begin again at /auth/login")
         if not 0 <= now - pending.began <= SIGN_IN_WAIT:
             raise SignInRefused(403, f"this sign-in took longer than {SIGN_IN_WAIT / 60:g} min at the IdP: begin "
                                      "again at /auth/login")
@@ -224,8 +238,12 @@ class SignIn:
             if state in self._used:
                 raise SignInRefused(403, "this sign-in's state was used already (a replayed callback): begin again "
                                          "at /auth/login")
-            while len(self._used) >= _USED_MAX:
-                del self._used[next(iter(self._used))]
+            if len(self._used) >= _USED_MAX:  # forgetting a used state would let its callback be replayed
+                log.warning("web: %d sign-ins finished in the last %g min: callbacks refused until some age out",
+                            len(self._used), SIGN_IN_WAIT / 60)
+                raise SignInRefused(503, f"too many sign-ins in the last {SIGN_IN_WAIT / 60:g} min ({_USED_MAX}): "
+                                         "the page takes no more for now; try again in a few minutes",
+                                    retry_after=60)
             self._used[state] = pending.began
         return pending
 
@@ -317,23 +335,27 @@ class SignIn:
             raise SignInRefused(502, f"the IdP's token endpoint {found.token_endpoint} gave no ID token")
         return data["id_token"]
 
-    def logout_url(self, after: str, sid: str = "") -> str | None:
-        """Where to send the browser after the page's own logout: the IdP's end_session_endpoint (back to `after`,
-        with the ID token of session `sid` as id_token_hint where it is kept) where it has one, else None."""
+    def logout_url(self, after: str, sid: str = "") -> tuple[str | None, str]:
+        """Where to send the browser after the page's own logout, and what to tell the person: the IdP's
+        end_session_endpoint (back to `after`, with the ID token of session `sid` as id_token_hint), where it has
+        one and the hint is kept; else (None, a note). Without the hint (a session of before a restart, or beyond
+        _HINTS_MAX) the browser stays at the page: some IdPs (Okta) answer a logout without one with an error page
+        and leave their session open, so the person is told that the IdP's session may still be open."""
         with self._lock:
             hint = self._hints.pop(sid, None)
         try:
             found = self.discovery()
         except SignInRefused:
-            return None
+            return None, ""
         if not found.end_session_endpoint:
-            return None
-        asked = {"client_id": self.client_id, "post_logout_redirect_uri": after}
-        if hint:
-            asked["id_token_hint"] = hint
-        query = urllib.parse.urlencode(asked)
+            return None, ""
+        if not hint:
+            return None, ("signed out of the page; your session at the IdP may still be open (sign out there too, "
+                          "or close the browser)")
+        query = urllib.parse.urlencode({"client_id": self.client_id, "post_logout_redirect_uri": after,
+                                        "id_token_hint": hint})
         separator = "&" if "?" in found.end_session_endpoint else "?"
-        return f"{found.end_session_endpoint}{separator}{query}"
+        return f"{found.end_session_endpoint}{separator}{query}", ""
 
 
 def _error_of(body: bytes) -> str:

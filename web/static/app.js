@@ -562,6 +562,8 @@ async function showSession(why = "") {
 async function signOut() {
   try {
     const done = await post("auth/logout", {});
+    // no id_token_hint kept (a session of before a restart): the IdP is not asked, its session may be open still
+    if (done.idp_session_open) window.alert(done.message);
     location.href = done.redirect || "/";
   } catch (err) {
     say(`sign-out: ${err.message}`, true);
