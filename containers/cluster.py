@@ -365,7 +365,10 @@ class ContainerCluster:
         code, text = self.exec("controller", "scontrol", "--json", "show", "node", node, check=False)
         if code != 0:
             return {}
-        nodes = json.loads(text).get("nodes", [])
+        try:  # the exec's output holds stderr too: a line of scontrol's (a node re-registering) before the JSON
+            nodes = json.loads(text[text.find("{"):] if "{" in text else text).get("nodes", [])
+        except ValueError:
+            return {}  # an answer that is not the node (yet): the callers wait for one that is
         return nodes[0] if nodes else {}
 
     def state(self, node: str) -> set[str]:
