@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from helpers.idp import TestIdP, ec_key, public_jwk, rsa_key
+from helpers.idp import TestIdP, ec_key, not_http, public_jwk, rsa_key
 from slurm_ext.oidc import provider
 from slurm_ext.oidc.provider import KeySet, OidcError, TokenRefused, discover, verify_token
 
@@ -168,22 +168,9 @@ def test_a_redirect_from_https_to_plain_http_elsewhere_is_not_followed(idp):
 
 @pytest.mark.parametrize("answer", [b"garbage\r\n\r\n", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"])
 def test_a_broken_answer_is_an_error_naming_the_url(answer):
-    import threading
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen(1)
-        port = server.getsockname()[1]
-
-        def reply():
-            connection, _ = server.accept()
-            with connection:
-                connection.recv(65536)
-                connection.sendall(answer)
-        replier = threading.Thread(target=reply, daemon=True)
-        replier.start()
+    with not_http(answer) as port:
         with pytest.raises(OidcError, match=rf"JWKS http://127.0.0.1:{port}/jwks: (a broken answer|unreachable)"):
             provider.fetch_json(f"http://127.0.0.1:{port}/jwks", "the IdP's JWKS", timeout=5)
-        replier.join(5)
 
 
 @pytest.mark.filterwarnings("ignore::jwt.warnings.InsecureKeyLengthWarning")  # the forger's, minting with it

@@ -22,7 +22,7 @@ from slurm_ext.web.session import COOKIE, Sessions, SessionRefused, person_text
 from slurm_ext.web.signin import STATE_COOKIE, SignInRefused, role_of
 from slurm_ext.web.watch import Watcher
 
-from helpers.idp import TestIdP, rsa_key
+from helpers.idp import TestIdP, not_http, rsa_key
 from test_web import TOKEN, _Agents, _hashed, _sent, _Slurm, _token_file
 
 ROLES = '{ viewer = ["slurm-users"], operator = ["slurm-operators"], admin = ["slurm-admins"] }'
@@ -485,31 +485,13 @@ def test_a_malformed_endpoint_in_discovery_is_a_502(tmp_path, idp):
                                      b"HTTP/1.1 400 Bad\r\nContent-Length: 1000\r\n\r\n{\"err"],
                          ids=["no status line", "an error answer cut short"])
 def test_a_token_endpoint_answering_garbage_is_a_502(tmp_path, idp, garbage):
-    import socket
-    import threading
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(4)
-
-    def answer():
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            with conn:
-                conn.recv(65536)
-                conn.sendall(garbage)
-    threading.Thread(target=answer, daemon=True).start()
-    try:
-        idp.discovery_changes = {"token_endpoint": f"http://127.0.0.1:{listener.getsockname()[1]}/token"}
+    with not_http(garbage) as port:
+        idp.discovery_changes = {"token_endpoint": f"http://127.0.0.1:{port}/token"}
         page = _page(tmp_path, idp)
         refused = sign_in(page, "ada")
         assert refused.status_code in (401, 502) and refused.data.startswith(b"Sign-in refused: the IdP's token "
                                                                              b"endpoint"), refused.data
         assert _session_cookie(page) is None and _events(tmp_path, "web-signin-refused")
-    finally:
-        listener.close()
 
 
 @pytest.mark.parametrize("algorithm", ["HS256", "none"])

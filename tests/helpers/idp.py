@@ -13,11 +13,13 @@ one field, the user's name, that a test's browser fills: `users` gives each name
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
 import hashlib
 import html
 import json
 import secrets
+import socket
 import ssl
 import tempfile
 import threading
@@ -32,7 +34,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
-__all__ = ["TestIdP", "rsa_key", "ec_key", "public_jwk"]
+__all__ = ["TestIdP", "rsa_key", "ec_key", "public_jwk", "not_http"]
 
 
 def rsa_key() -> rsa.RSAPrivateKey:
@@ -53,6 +55,30 @@ def public_jwk(key, kid: str, alg: str | None = "RS256", use: str | None = "sig"
     if use:
         jwk["use"] = use
     return jwk
+
+
+@contextlib.contextmanager
+def not_http(answer: bytes):
+    """A server on 127.0.0.1 that answers every connection with `answer` (a status line of garbage, an answer cut
+    short), as a broken IdP or a proxy in its place might: yields its port; closed after."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+
+    def serve():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(answer)
+    threading.Thread(target=serve, name="not-http", daemon=True).start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        listener.close()
 
 
 def _self_signed(directory: Path) -> tuple[Path, Path]:
