@@ -107,6 +107,8 @@ class Sessions:
         self._clock = clock
         self._key_file = SecretFile(key_file, "web.session_key_file") if key_file else None
         self._random_key = secrets.token_bytes(32)
+        #: salt -> (the key it was made with, the serializer): a key file that changes makes a new one
+        self._serializers: dict[str, tuple[bytes, URLSafeSerializer]] = {}
         self._lock = threading.Lock()
         # the file is written outside _lock (every request's read() takes it), one writer at a time
         self._write_lock = threading.Lock()
@@ -166,8 +168,14 @@ class Sessions:
 
     def serializer(self, salt: str) -> URLSafeSerializer:
         """A signer under the sessions' key for another short-lived value of the page (the sign-in's state
-        cookie); raises SessionRefused as `issue` does."""
-        return URLSafeSerializer(self._key(), salt=salt, signer_kwargs={"digest_method": hashlib.sha256})
+        cookie); raises SessionRefused as `issue` does. Made once per key and salt: every request reads its
+        cookie with it (a new one each time was a quarter of the session check)."""
+        key = self._key()
+        made = self._serializers.get(salt)
+        if made is None or made[0] != key:
+            made = key, URLSafeSerializer(key, salt=salt, signer_kwargs={"digest_method": hashlib.sha256})
+            self._serializers[salt] = made
+        return made[1]
 
     def _key(self) -> bytes:
         """The signing key: web.session_key_file's, read again when it changes; the process's random one when none
