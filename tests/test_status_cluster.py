@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from slurm_ext import devcluster as dev
+from slurm_ext import devcluster as dev, events
 from slurm_ext.devcluster import daemons
 from slurm_ext.devcluster.cluster import cluster_daemons
 
@@ -37,6 +37,13 @@ def _status(cluster: RepairCluster) -> tuple[dict, str, str]:
     return json.loads(as_json.stdout), text.stdout, text.stderr
 
 
+def _health_events(cluster: RepairCluster, node: str) -> list[str]:
+    """What the node's monitor journaled (started, findings, a source that failed): said when the test fails."""
+    journal = events.journal_path(str(cluster.layout.node(node).node_state))
+    records = [json.loads(line) for line in journal.read_text().splitlines()] if journal.exists() else []
+    return [f"{r['time']} {r['event']}: {r['message']}" for r in records if r.get("component") == "health"]
+
+
 def test_status_shows_the_warnings_the_page_shows(two):
     cluster = two
     injected = cli("--config", str(cluster.layout.dev_conf), "dev", "inject", "snode2", "xid-13", "--gpu", "0",
@@ -44,11 +51,17 @@ def test_status_shows_the_warnings_the_page_shows(two):
     assert injected.returncode == 0, injected.stderr
     try:
         # a warning finding drains nothing: the page lists it in the node's findings, and so does status
+        last = {}
+
         def told():
-            data, text, _ = _status(cluster)
+            data, text, _ = last["status"] = _status(cluster)
             node = next(n for n in data["nodes"] if n["name"] == "snode2")
             return any(f.startswith("warning: xid 13 gpu 0") for f in node["findings"]) and (data, text)
-        data, text = wait_for("status tells snode2's xid 13 warning", told, 30, interval=0.5)
+        try:
+            data, text = wait_for("status tells snode2's xid 13 warning", told, 60, interval=0.5)
+        except AssertionError as err:
+            raise AssertionError(f"{err}\ninject said: {injected.stdout}\nlast status: {last.get('status')}\n"
+                                 f"snode2's health events: {_health_events(cluster, 'snode2')}") from None
         row = next(line for line in text.splitlines() if line.startswith("snode2"))
         assert "warning: xid 13 gpu 0" in row and "healthy" in row, row
         assert data["warnings"] == [], data["warnings"]
