@@ -269,8 +269,7 @@ def _reserve(slurm: SlurmClient, nodes: list[str], minutes: int) -> str:
     name = f"slurm-ext-accept-{time.strftime('%Y%m%d-%H%M%S')}"
     users = ",".join(dict.fromkeys((_user(), "root")))
     try:
-        slurm._run(["scontrol", "create", "reservation", f"ReservationName={name}", f"Nodes={','.join(nodes)}",
-                    "StartTime=now", f"Duration={minutes}", "Flags=MAINT,IGNORE_JOBS", f"Users={users}"])
+        slurm.reserve(name, nodes, minutes, "MAINT,IGNORE_JOBS", users)
     except SlurmError as err:
         detail = str(err).split(": ", 1)[-1]
         # no answer in time (slurmctld busy): it may have made it all the same; a reservation left behind would keep
@@ -291,11 +290,8 @@ def _unreserve(slurm: SlurmClient, name: str) -> str:
     deadline = time.monotonic() + _DRAIN_JOBS
     while True:
         try:
-            slurm._run(["scontrol", "delete", f"ReservationName={name}"])
-            return "removed"
+            return "removed" if slurm.unreserve(name) else "removed (it was gone already)"
         except SlurmError as err:
-            if re.search(r"not found|Invalid reservation", str(err), re.I):
-                return "removed (it was gone already)"
             if time.monotonic() > deadline:
                 return (f"NOT removed ({str(err).split(': ', 1)[-1]}): remove it with `scontrol delete "
                         f"ReservationName={name}`")
@@ -341,7 +337,7 @@ def _drive(config: Config, slurm: SlurmClient, agents, run: ClusterRun, queue: d
             if state == "PENDING":
                 job.reason = reason
                 if now - job.submitted > wait_jobs:
-                    _scancel(slurm, [job.job_id])
+                    slurm.cancel([job.job_id])
                     del jobs[job.job_id]
                     _told(run, NodeOutcome(job.node, NOT_TESTED, f"busy: its job waited {wait_jobs:g}s (--wait-jobs) "
                                            f"and did not start ({reason or 'no reason given'}); jobs running there "
@@ -368,13 +364,9 @@ def submit_node_job(slurm: SlurmClient, node: Node, script: str, *, job_name: st
     Raises:
         SlurmError: sbatch refused it (its words), or printed no job id."""
     gpus = _gpus(node)
-    out = slurm._run(["sbatch", "--parsable", *options, "-w", node.name, "-N1", "--exclusive", "--mem=0",
-                      *([f"--gres=gpu:{gpus}"] if gpus else []), f"--time={minutes}", f"--job-name={job_name}",
-                      f"--chdir={output_dir}", f"--output={output_dir}/{output}"], input=script).stdout
-    try:
-        return int(out.strip().split(";")[0])
-    except ValueError:
-        raise SlurmError(f"sbatch printed no job id: {out.strip()!r}") from None
+    return slurm.submit(script, [*options, "-w", node.name, "-N1", "--exclusive", "--mem=0",
+                                 *([f"--gres=gpu:{gpus}"] if gpus else []), f"--time={minutes}",
+                                 f"--job-name={job_name}", f"--chdir={output_dir}", f"--output={output_dir}/{output}"])
 
 
 def _submit(slurm: SlurmClient, node: Node, reservation: str, minutes: int, output_dir: str, script: str) -> int:
@@ -386,24 +378,14 @@ def _states(slurm: SlurmClient, job_ids: list[int]) -> dict[int, tuple[str, str]
     """Job id -> (state, reason) of the jobs slurmctld still holds (pending, running, or ended within MinJobAge)."""
     if not job_ids:
         return {}
-    # by name, not --jobs: squeue refuses a list holding one id slurmctld no longer holds
-    out = slurm._run(["squeue", "--noheader", "--states=all", f"--name={JOB_NAME}", "--format=%i|%T|%r"]).stdout
-    found = {}
-    for line in out.splitlines():
-        job_id, _, rest = line.strip().partition("|")
-        state, _, reason = rest.partition("|")
-        if job_id.isdigit() and int(job_id) in job_ids:
-            found[int(job_id)] = (state.upper(), reason)
-    return found
+    return {job_id: found for job_id, found in slurm.jobs_named(JOB_NAME).items() if job_id in job_ids}
 
 
 def _exit_status(slurm: SlurmClient, job_id: int) -> tuple[str, int | None]:
     """(state, exit status) of an ended job: from scontrol while slurmctld holds it, else from sacct."""
-    shown = slurm._run(["scontrol", "show", "job", str(job_id), "--oneliner"], check=False)
-    state = re.search(r"\bJobState=(\S+)", shown.stdout)
-    code = re.search(r"\bExitCode=(\d+):(\d+)", shown.stdout)
-    if state and state.group(1) in _ENDED:
-        return state.group(1), int(code.group(1)) if code and code.group(2) == "0" else None
+    shown = slurm.job_end(job_id)
+    if shown and shown[0] in _ENDED:
+        return shown
     try:
         accounted = slurm.wait_accounted(job_id, timeout=30.0, interval=1.0)
     except SlurmError:
@@ -477,15 +459,11 @@ def _not_run(run: dict | None) -> str:
     return "see `slurm-ext history --node NODE`"
 
 
-def _scancel(slurm: SlurmClient, job_ids: list[int]) -> None:
-    slurm._run(["scancel", *map(str, job_ids)], check=False)
-
-
 def _cancel(slurm: SlurmClient, jobs: dict[int, _Job], run: ClusterRun, on_node: Callable[[NodeOutcome], None],
             why: str) -> None:
     """Cancel the run's unfinished jobs and wait (a while) until slurmctld holds none of them running."""
     try:
-        _scancel(slurm, list(jobs))
+        slurm.cancel(list(jobs))
         deadline = time.monotonic() + _DRAIN_JOBS
         while time.monotonic() < deadline:
             states = _states(slurm, list(jobs))

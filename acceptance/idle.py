@@ -261,7 +261,7 @@ class IdleTester:
                 self.seen[name] = Seen(seen.submitted, now, 0)
                 changed = True
             elif job.state == "PENDING" and now - seen.submitted > _PENDING_LIMIT:
-                self.slurm._run(["scancel", str(seen.job_id)], check=False)
+                self.slurm.cancel([seen.job_id])
                 log.info("acceptance: idle test job %d of %s still pending after %gs: cancelled (the node was given "
                          "to another job); tried again after idle_period", seen.job_id, name, _PENDING_LIMIT)
                 self.seen[name] = Seen(seen.submitted, seen.ended, 0)

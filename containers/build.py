@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build slurm-ext's images from this checkout: `python3 containers/build.py [--suite sid|trixie]`.
+"""Build slurm-ext's images from this checkout: `python3 containers/build.py [--suite sid|trixie|resolute]`.
 
 Steps, each skipped when its result is there already:
   1. wheels of the checkout and its dependencies into containers/dist/ (what the images install:
@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import docker
@@ -40,9 +41,31 @@ HERE = Path(__file__).resolve().parent
 CHECKOUT = HERE.parent
 #: the images: one per role, and MariaDB for slurmdbd
 IMAGES = ("worker", "controller", "accounting", "login", "restapi", "mariadb")
-#: Slurm in each suite Debian has (Slinky 1.2 needs 26.05, 1.0/1.1 need 25.11: sid is the default)
-SUITES = {"sid": "26.05", "trixie": "24.11"}
-DEFAULT_MIRROR = "http://deb.debian.org/debian"
+
+
+@dataclass(frozen=True, slots=True)
+class Suite:
+    """A distribution release the images build on, and so their Slurm."""
+
+    slurm: str
+    mirror: str
+    #: debootstrap's --components, and the keyring its Release file is checked with ("": debootstrap's own)
+    components: str = "main"
+    keyring: str = ""
+    #: debootstrap's script for it ("": the suite's own name; Debian 12's debootstrap knows no Ubuntu after 23.04,
+    #: and every Ubuntu script is gutsy's)
+    script: str = ""
+
+
+#: Slurm in each suite (Slinky 1.2 needs 26.05, 1.0/1.1 need 25.11: sid is the default). Debian has no 25.11
+#: (trixie 24.11, sid 26.05); Ubuntu 26.04 (resolute) has 25.11.2, from universe, checked with Ubuntu's keyring
+#: (the ubuntu-keyring package: Debian's from trixie on, or Ubuntu's)
+SUITES = {
+    "sid": Suite("26.05", "http://deb.debian.org/debian"),
+    "trixie": Suite("24.11", "http://deb.debian.org/debian"),
+    "resolute": Suite("25.11", "http://archive.ubuntu.com/ubuntu", "main,universe",
+                      "/usr/share/keyrings/ubuntu-archive-keyring.gpg", "gutsy"),
+}
 #: the images' third-party wheels, each by its sha256 (`--lock` writes it)
 LOCK = HERE / "requirements.lock"
 #: a registry image pinned by its content: NAME[:TAG]@sha256:<64 hex digits>
@@ -198,20 +221,28 @@ def has_image(client: docker.DockerClient, name: str) -> bool:
         return False
 
 
-def build_base(client: docker.DockerClient, suite: str, mirror: str) -> str:
-    """`slurm-ext-base:<suite>` from debootstrap, unless the engine has it; returns its name."""
+def build_base(client: docker.DockerClient, suite: str, mirror: str = "") -> str:
+    """`slurm-ext-base:<suite>` from debootstrap (from `mirror`, the suite's own by default), unless the engine has
+    it; returns its name."""
     name = f"slurm-ext-base:{suite}"
     if has_image(client, name):
         return name
     if shutil.which("debootstrap") is None:
         raise SystemExit("containers/build.py: debootstrap is not installed (apt-get install debootstrap), "
                          "or give --base debian:<suite> to start from a registry image")
+    known = SUITES[suite]
+    if known.keyring and not Path(known.keyring).is_file():
+        raise SystemExit(f"containers/build.py: {suite}'s packages are checked with {known.keyring}, which is not "
+                         "there: install the ubuntu-keyring package (Debian 13 and later have it)")
+    mirror = mirror or known.mirror
     with tempfile.TemporaryDirectory(prefix="slurm-ext-rootfs-") as work:
         root = Path(work) / "root"
         started = time.monotonic()
         log(f"debootstrap --variant=minbase {suite} from {mirror} (about 20 s)")
-        subprocess.run(["debootstrap", "--variant=minbase", suite, str(root), mirror], check=True,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(["debootstrap", "--variant=minbase", f"--components={known.components}",
+                        *([f"--keyring={known.keyring}"] if known.keyring else []), suite, str(root), mirror,
+                        *([f"/usr/share/debootstrap/scripts/{known.script}"] if known.script else [])],
+                       check=True, stdout=subprocess.DEVNULL)
         # apt's downloaded lists and packages are not part of a base
         for leftover in ("var/cache/apt/archives", "var/lib/apt/lists"):
             for entry in (root / leftover).glob("*"):
@@ -239,12 +270,14 @@ def build_role(client: docker.DockerClient, role: str, base: str, tag: str, apt_
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suite", choices=sorted(SUITES), default="sid",
-                        help="Debian suite, and so the Slurm in the images (sid: 26.05, trixie: 24.11)")
+                        help="the distribution release, and so the Slurm in the images (" +
+                        ", ".join(f"{name}: {suite.slurm}" for name, suite in SUITES.items()) + ")")
     parser.add_argument("--base", help="a registry base image pinned by digest (debian@sha256:...) instead of a "
                         "debootstrap one")
     parser.add_argument("--allow-unpinned", action="store_true",
                         help="take a --base named by a tag alone (debian:sid): development builds only")
-    parser.add_argument("--mirror", default=DEFAULT_MIRROR, help="Debian mirror for debootstrap")
+    parser.add_argument("--mirror", default="", help="the mirror debootstrap reads (default: the suite's own, "
+                        "deb.debian.org or archive.ubuntu.com)")
     parser.add_argument("--apt-release-max-age", type=int, default=0, metavar="DAYS",
                         help="take the mirror's Release files up to DAYS after their Date even past their Valid-Until "
                              "(a mirror snapshot: sid's Valid-Until is a week); default 0: apt's own check")

@@ -25,8 +25,9 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_ext import command, config, events
-from slurm_ext.errors import CommandError, CommandTimeout
+from slurm_ext import config, events
+from slurm_ext.errors import SlurmError
+from slurm_ext.slurm import SlurmClient
 
 from .provider import OidcError, check_issuer_url
 from .slurmjwks import SlurmJwks, change, fetch_slurm_jwks, write_jwks
@@ -87,23 +88,10 @@ def slurm_user(settings: config.Config, explicit: str | None) -> str:
     if explicit or settings.oidc.slurm_user:
         return explicit or settings.oidc.slurm_user
     try:
-        result = _scontrol(settings, ["show", "config"])
-    except (CommandError, CommandTimeout):
+        found = SlurmClient(settings.slurm).show_config().get("SlurmUser", "")
+    except SlurmError:
         return "slurm"
-    for line in result.stdout.splitlines():
-        key, _, value = line.partition("=")
-        if key.strip() == "SlurmUser" and value.strip():
-            return value.strip().split("(")[0]
-    return "slurm"
-
-
-def _scontrol(settings: config.Config, argv: list[str]) -> command.CommandResult:
-    slurm = settings.slurm
-    env = dict(os.environ)
-    if slurm.conf:
-        env["SLURM_CONF"] = slurm.conf
-    tool = os.path.join(slurm.bin_dir, "scontrol") if slurm.bin_dir else "scontrol"
-    return command.run([tool, *argv], slurm.timeout, env=env)
+    return found.split("(")[0] or "slurm"
 
 
 def _owner_ids(user: str) -> tuple[int, int]:
@@ -216,8 +204,8 @@ def _reconfigure(settings: config.Config, emit, path: str, pending: Path | None,
     refresh reconfigure (slurmctld re-execs) again.
     """
     try:
-        _scontrol(settings, ["reconfigure"])
-    except (CommandError, CommandTimeout) as err:
+        SlurmClient(settings.slurm).reconfigure()
+    except SlurmError as err:
         note = (f"`scontrol reconfigure` failed ({str(err).strip()[-300:]}): Slurm keeps the old keys until it "
                 "does")
         if unmarked:
