@@ -72,6 +72,30 @@ class Ports:
     #: slurmrestd's (the restapi image), when the cluster runs one
     restapi: int = 26818
 
+#: a worker's state directory: the node's volume
+STATE_DIR = "/var/lib/slurm-ext"
+#: RebootProgram of a cluster made with reboot=True, in each worker's /etc/slurm-ext
+REBOOT_PROGRAM = "/etc/slurm-ext/reboot"
+#: what slurmd runs for `scontrol reboot` in such a cluster: a container cannot reboot its host, so it is restarted
+#: (its agent, PID 1, stops on SIGTERM; the engine starts it again) and its start plays the boot (_BOOT)
+_REBOOT = f"""#!/bin/sh
+touch {STATE_DIR}/rebooting
+kill -TERM 1
+"""
+#: a worker's entry point in such a cluster: after the reboot program, a new boot id (the agent's
+#: node.boot_id_file: a sticky finding ends with the boot) and slurmd told it has just booted (-b: Slurm's boot time
+#: is now), so slurmctld sees the reboot it asked for completed, as on a host
+_BOOT = f"""#!/bin/sh
+[ -s {STATE_DIR}/boot_id ] || cat /proc/sys/kernel/random/uuid > {STATE_DIR}/boot_id
+if [ -e {STATE_DIR}/rebooting ]; then
+    echo "slurm-ext: booting after the RebootProgram ({REBOOT_PROGRAM}): a new boot id, slurmd -b" >&2
+    rm -f {STATE_DIR}/rebooting
+    cat /proc/sys/kernel/random/uuid > {STATE_DIR}/boot_id
+    set -- "$@" -b
+fi
+exec slurm-ext supervise --role worker -- "$@"
+"""
+
 #: the images a cluster runs: all of containers/build.py's
 IMAGE_NAMES = IMAGES
 #: the label on every container and volume of a cluster: its prefix
@@ -150,12 +174,15 @@ class Worker:
 class ContainerCluster:
     def __init__(self, client: docker.DockerClient, images: dict[str, str], mode: str, root: Path | None = None,
                  *, ports: Ports = Ports(), prefix: str = "", workers: tuple[tuple[int, int], ...] = ((1, 2), (2, 1)),
-                 slurm_conf: str = "", slurmdbd_conf: str = ""):
+                 slurm_conf: str = "", slurmdbd_conf: str = "", repair_conf: str = "", worker_conf: str = "",
+                 reboot: bool = False):
         """`images`: image name (build.py's IMAGES) -> tag; `root`: where the cluster's files go (a new
         temporary directory by default; removed by stop()). `ports`, `prefix` (of its containers' and volumes'
         names; default ct-<mode>): another cluster's beside the default one; `workers`: (index, GPUs) of the
         workers start() starts; `slurm_conf`, `slurmdbd_conf`: lines added to those files (auth/jwt's: files the
-        lines name are put in root/etc and root/dbd before start())."""
+        lines name are put in root/etc and root/dbd before start()); `repair_conf`: lines of the controller agent's
+        [repair]; `worker_conf`: TOML tables added to every worker agent's config (its [node] is the cluster's); `reboot`: Slurm's reboot of a worker
+        restarts its container as a booted node (REBOOT_PROGRAM)."""
         if mode not in MODES:
             raise ValueError(f"mode {mode!r}; one of {', '.join(MODES)}")
         self.client, self.images, self.mode = client, images, mode
@@ -167,6 +194,9 @@ class ContainerCluster:
         self.prefix = prefix or f"ct-{mode}"
         self.ports, self.start_workers = ports, workers
         self.slurm_conf_extra, self.slurmdbd_conf_extra = slurm_conf, slurmdbd_conf
+        self.repair_conf, self.worker_conf, self.reboot = repair_conf, worker_conf, reboot
+        if reboot:
+            self.slurm_conf_extra += f"RebootProgram={REBOOT_PROGRAM}\n"
         self.containers: dict[str, object] = {}
         self.workers: dict[str, Worker] = {}
         self.volumes: set[str] = set()
@@ -200,7 +230,7 @@ class ContainerCluster:
         # the repair service and `slurm-ext history` find each worker's agent on its own port
         agents = ", ".join(f'{self.node_name(i)} = "127.0.0.1:{ports.worker_agent + i}"' for i in range(1, 10))
         self._agent_config("controller", f"[supervisor.ports]\ncontroller = {ports.controller_agent}\n"
-                                         f"[repair]\nagents = {{{agents}}}\n")
+                                         f"[repair]\nagents = {{{agents}}}\n{self.repair_conf}")
         self._agent_config("accounting", f"[supervisor.ports]\naccounting = {ports.accounting_agent}\n")
         self._agent_config("mariadb", (HERE / "mariadb" / "slurm-ext.toml").read_text()
                            .replace("accounting = 9814", f"accounting = {ports.mariadb_agent}")
@@ -278,15 +308,24 @@ class ContainerCluster:
         is merged over the fake NVML's (a None value removes a variable); `options` go to the engine
         (cap_add=[] takes SYS_ADMIN away)."""
         node = self.node_name(index)
+        # the node's name: on the host network a container has the host's name, not the pod's
+        boot_id = f'boot_id_file = "{STATE_DIR}/boot_id"\n' if self.reboot else ""
         ext = self._agent_config(f"n{index}", f"[supervisor.ports]\nworker = {self.ports.worker_agent + index}\n"
-                                 f'[gres]\ntypes = {{"{GPU_NAME}" = "{GPU_TYPE}"}}\n')
+                                 f'[gres]\ntypes = {{"{GPU_NAME}" = "{GPU_TYPE}"}}\n'
+                                 f'[node]\nname = "{node}"\n{boot_id}{self.worker_conf}')
         spec = fakenvml.default_gpus(gpus, GPU_NAME, cpus=os.cpu_count())
         fakenvml.write_spec(ext / "gpus.json", spec)
         dev = self.root / f"dev-n{index}"
         dev.mkdir(exist_ok=True)
         device_list = [f"{fakenvml.make_device(dev / f'nvidia{m}', m)}:/dev/nvidia{m}:rwm" for m in range(gpus)]
         volumes = {str(ext): {"bind": "/etc/slurm-ext", "mode": "ro"},
-                   self._volume(f"state-{node}"): {"bind": "/var/lib/slurm-ext", "mode": "rw"}}
+                   self._volume(f"state-{node}"): {"bind": STATE_DIR, "mode": "rw"}}
+        if self.reboot:
+            for name, text in (("boot", _BOOT), ("reboot", _REBOOT)):
+                (ext / name).write_text(text)
+                (ext / name).chmod(0o755)
+            options = {"entrypoint": ["/etc/slurm-ext/boot"], "restart_policy": {"Name": "unless-stopped"},
+                       **options}
         if key:
             volumes[str(self.root / "etc" / "slurm.key")] = {"bind": "/etc/slurm/slurm.key", "mode": "ro"}
         if self.mode == "cgroup-v1":
@@ -414,6 +453,11 @@ class ContainerCluster:
                 return reply.status == 200
         except OSError:
             return False
+
+    def volume_path(self, node: str) -> Path:
+        """Where worker `node`'s state volume (STATE_DIR in its container) is on this host: to write what the node
+        reads (its kernel log file) and read what it keeps."""
+        return Path(self.client.volumes.get(f"{self.prefix}-state-{node}").attrs["Mountpoint"])
 
     def logs(self, name: str) -> str:
         return self.containers[name].logs().decode(errors="replace")

@@ -201,6 +201,18 @@ def images(engine) -> dict[str, str]:
     return _image_build.images()
 
 
+@pytest.fixture(scope="session")
+def twin(engine, images):
+    """The repair tests' cluster on the images (Slurm 26.05: helpers/containerrepair.py), for every module of the
+    side that runs a test body on both clusters: started once, at the first test that asks."""
+    from helpers.containerrepair import ContainerRepairCluster
+    cluster = ContainerRepairCluster(engine, images)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the xdist_group marks
 def pytest_collection_modifyitems(items):
     """Every test that needs a real Slurm cluster carries the `cluster` marker, whether it reaches the session's
@@ -211,7 +223,7 @@ def pytest_collection_modifyitems(items):
         fixtures = getattr(item, "fixturenames", ())
         if "cluster" in fixtures or item.module.__name__.endswith("_cluster"):
             item.add_marker(pytest.mark.cluster)
-        if "images" in fixtures or "engine" in fixtures:
+        if {"images", "engine", "twin"} & set(fixtures):
             item.add_marker(pytest.mark.containers)
         item.add_marker(pytest.mark.xdist_group("side" if item.module.__name__ in SIDE_MODULES else "main"))
 

@@ -66,53 +66,64 @@ def _in_order(entries: list[dict], wanted: list[tuple[str, str]]) -> list[dict]:
     return found
 
 
-def test_a_gpu_fault_is_recommended_approved_and_repaired_through_slurms_reboot(repair, tmp_path):
-    release = tmp_path / "release"  # the job runs until the test has seen the repair wait for it, however slow
-    job = repair.sbatch("-w", "rnode2", "--wrap", f"while [ ! -e {release} ]; do sleep 0.2; done")
+@pytest.fixture(params=["host", pytest.param("images", marks=pytest.mark.containers)])
+def either(request):
+    """The test on the host's 4-node dev cluster (Slurm 22.05) and on the images' (Slurm 26.05, configless dynamic
+    nodes, as Slinky runs them: the session's `twin`), settled after it."""
+    cluster = request.getfixturevalue("four" if request.param == "host" else "twin")
+    yield cluster
+    cluster.settle(cluster.nodes)
+
+
+def test_a_gpu_fault_is_recommended_approved_and_repaired_through_slurms_reboot(either):
+    repair = either
+    node = repair.nodes[1]
+    release = repair.gate(node)  # the job runs until the test has seen the repair wait for it, however slow
+    job = repair.sbatch("-w", node, "--wrap", f"while [ ! -e {release.path} ]; do sleep 0.2; done")
     wait_for("the job runs", lambda: any(j.job_id == job and j.state == "RUNNING" for j in repair.client().jobs()),
              30, interval=0.3)
-    boot_before = repair.slurm_node("rnode2").boot_time
-    repair.inject_xid("rnode2")
-    record = repair.record("rnode2", "recommended")
+    boot_before = repair.slurm_node(node).boot_time
+    repair.inject_xid(node)
+    record = repair.record(node, "recommended")
     assert (record["action"], record["signature"], record["jobs"]) == ("reboot", "xid/79", [job])
     assert "GPU has fallen off the bus" in record["evidence"]
     listed = repair.repair_cli("repair", "list")
-    assert "rnode2" in listed.stdout and "recommended" in listed.stdout
+    assert node in listed.stdout and "recommended" in listed.stdout
 
-    approved = repair.repair_cli("repair", "approve", "rnode2", user="alice")
+    approved = repair.repair_cli("repair", "approve", node, user="alice")
     assert approved.returncode == 0, approved.stderr
     # the record is saved at every step: read between two of them it may still say drain
-    running = wait_for("the repair past its drain", lambda: (r := repair.record("rnode2", "running"))["step"]
+    running = wait_for("the repair past its drain", lambda: (r := repair.record(node, "running"))["step"]
                        != "drain" and r, 30, interval=0.3)
-    node = wait_for("drained with the repair's reason", lambda: (n := repair.slurm_node("rnode2")).reason.startswith(
+    drained = wait_for("drained with the repair's reason", lambda: (n := repair.slurm_node(node)).reason.startswith(
         "slurm-ext: repair reboot: xid/79") and n, 15, interval=0.3)
-    assert running["step"] == "wait-jobs" and "DRAIN" in node.flags
+    assert running["step"] == "wait-jobs" and "DRAIN" in drained.flags
     assert any(j.job_id == job and j.state == "RUNNING" for j in repair.client().jobs())  # allowed to finish
 
-    release.touch()
+    release.open()
     assert repair.wait_accounted(job).state == "COMPLETED"
-    done = wait_for("the repair done", lambda: next((r for r in repair.all_records("rnode2")
+    done = wait_for("the repair done", lambda: next((r for r in repair.all_records(node)
                                                      if r["id"] == record["id"] and r["state"] == "done"), None),
                     120, interval=1.0)
     assert done["decided_by"] == "alice"
     # a resumed node answers Slurm's next ping (it shows NOT_RESPONDING until then: SlurmdTimeout/3 at most)
-    after = wait_for("rnode2 back in service", lambda: (n := repair.slurm_node("rnode2")).idle and n, 30, interval=0.5)
+    after = wait_for(f"{node} back in service", lambda: (n := repair.slurm_node(node)).idle and n, 30, interval=0.5)
     assert after.boot_time > boot_before, after
-    assert "reboot request queued for nodes rnode2" in (repair.layout.log / "slurmctld.log").read_text()
-    assert "Node reboot request being processed" in repair.layout.slurmd_log("rnode2").read_text()
+    assert f"reboot request queued for nodes {node}" in repair.slurmctld_log()
+    assert repair.reboot_program_ran(node)
 
     # Slurm's own drain event reaches slurmdbd through slurmctld's DBD agent queue, which may lag under load
-    entries = wait_for("slurm's drain event in the history", lambda: (h := repair.history("rnode2")) and any(
+    entries = wait_for("slurm's drain event in the history", lambda: (h := repair.history(node)) and any(
         e["source"] == "slurm" and "slurm-ext: repair reboot" in e["message"] for e in h) and h, 60, interval=1.0)
     assert [e["time_epoch"] for e in entries] == sorted(e["time_epoch"] for e in entries)
     # issue 29.7: one time format (ISO 8601 with the zone), epoch seconds named as such
     assert all(datetime.fromisoformat(e["time"]).timestamp() == int(e["time_epoch"]) for e in entries), entries
     steps = _in_order(entries, [("agent", "health/health-finding: critical: xid 79 gpu 1"),
                                 ("repair", "repair-recommended"), ("repair", "repair-approved"),
-                                ("repair", "drained rnode2"), ("slurm", "DRAIN: slurm-ext: repair reboot"),
+                                ("repair", f"drained {node}"), ("slurm", "DRAIN: slurm-ext: repair reboot"),
                                 ("repair", "jobs have ended"),
-                                ("repair", "scontrol reboot rnode2"), ("agent", "supervisor/started"),
-                                ("repair", "rnode2 is back"), ("repair", "checks pass"), ("repair", "repair-done")])
+                                ("repair", f"scontrol reboot {node}"), ("agent", "supervisor/started"),
+                                ("repair", f"{node} is back"), ("repair", "checks pass"), ("repair", "repair-done")])
     assert steps[2]["user"] == "alice"
 
 

@@ -118,12 +118,11 @@ def cluster_of_its_own(prefix: str, **settings) -> Iterator[DevSection]:
         shutil.rmtree(state_dir, ignore_errors=True)
 
 
-class RepairCluster(Cluster):
-    """A dev cluster of several nodes with the repair service: faults to inject, recommendations, repairs."""
-
-    def repair_cli(self, *args: str, user: str = "alice", node: str | None = None):
-        conf = self.layout.node(node).slurm_ext_conf if node else self.layout.slurm_ext_conf
-        return cli("--config", str(conf), *args, env={"SUDO_USER": user})
+class RepairSteps:
+    """What the repair tests do with a cluster, on the host's (RepairCluster) or on the images' (helpers/
+    containerrepair.py): the same test body on both. Each kind gives `nodes`, `kind`, client(), repair_cli(),
+    all_records(), sbatch(), gate(), inject_xid(), slurmctld_log(), reboot_program_ran(), cancel_all(), resume() and
+    wait_accounted()."""
 
     def records(self) -> list[dict]:
         done = self.repair_cli("repair", "list", "--json")
@@ -135,23 +134,6 @@ class RepairCluster(Cluster):
             return next((r for r in self.records() if r["node"] == node and (not states or r["state"] in states)),
                         None)
         return wait_for(f"{node}: a record in {states}", found, timeout, interval=0.5)
-
-    def drill(self, node: str, fault: str, gpu: int | None = None) -> str:
-        """`slurm-ext dev inject NODE FAULT [--gpu N]`, as an operator rehearses (the page's screenshots come from
-        these); `settle` heals it. Its output."""
-        done = cli("--config", str(self.layout.dev_conf), "dev", "inject", node, fault,
-                   *(("--gpu", str(gpu)) if gpu is not None else ()), timeout=60)
-        assert done.returncode == 0, done.stderr
-        self.drilled = getattr(self, "drilled", set()) | {node}
-        return done.stdout
-
-    def inject_xid(self, node: str, xid: int = 79) -> None:
-        """The kernel line of Xid `xid` on the node's GPU 1, appended to its kernel log."""
-        spec = json.loads(self.layout.node(node).gpu_spec.read_text())
-        bus = spec["gpus"][1]["pci_bus_id"][4:-2]  # 00000000:18:00.0 -> 0000:18:00, as the driver writes it
-        with open(self.layout.node(node).kernel_log, "a") as log:
-            log.write(f"NVRM: Xid (PCI:{bus}): {xid}, pid='<unknown>', name=<unknown>, GPU has fallen off "
-                      "the bus.\n")
 
     def slurm_node(self, node: str):
         return self.client().node(node)
@@ -170,6 +152,99 @@ class RepairCluster(Cluster):
             (r for r in self.all_records(node) if r["id"] == record["id"] and r["state"] in ("done", "failed")), None),
             120, interval=1.0)
 
+    def settle(self, nodes: list[str]) -> None:
+        """The cluster idle, every fault cleared and nothing open (a test's teardown: one failure does not fail
+        the tests after it)."""
+        self.heal_drills()
+        self.cancel_all()
+        slurm = self.client()
+        for node in slurm.nodes():
+            if node.name in nodes and node.drained:
+                if node.reason_is_ours:
+                    self.repair_cli("health", "clear", node=node.name)  # lifted by its monitor (a repair's: the flow)
+                else:
+                    self.resume(node.name)
+
+        def settled():
+            if [r for r in self.records() if r["state"] in ("recommended", "approved", "running")]:
+                return False
+            states = {n.name: n for n in slurm.nodes()}
+            return all(states[n].idle for n in nodes)
+        wait_for("the cluster settled", settled, 120, interval=0.5)
+
+    def heal_drills(self) -> None:
+        """Undo the faults `drill` made (a kind without drills has none)."""
+
+
+@dataclass(frozen=True)
+class Gate:
+    """A file a job waits for (`while [ ! -e PATH ]`), made by the test when the job may end: `path` as the job
+    sees it, `host_path` here."""
+
+    path: str
+    host_path: Path
+
+    def open(self) -> None:
+        self.host_path.touch()
+        self.host_path.chmod(0o644)
+
+
+class RepairCluster(Cluster, RepairSteps):
+    """A dev cluster of several nodes with the repair service: faults to inject, recommendations, repairs."""
+
+    kind = "host"
+
+    @property
+    def nodes(self) -> list[str]:
+        return [node.name for node in self.layout.nodes]
+
+    def repair_cli(self, *args: str, user: str = "alice", node: str | None = None):
+        conf = self.layout.node(node).slurm_ext_conf if node else self.layout.slurm_ext_conf
+        return cli("--config", str(conf), *args, env={"SUDO_USER": user})
+
+    def drill(self, node: str, fault: str, gpu: int | None = None) -> str:
+        """`slurm-ext dev inject NODE FAULT [--gpu N]`, as an operator rehearses (the page's screenshots come from
+        these); `settle` heals it. Its output."""
+        done = cli("--config", str(self.layout.dev_conf), "dev", "inject", node, fault,
+                   *(("--gpu", str(gpu)) if gpu is not None else ()), timeout=60)
+        assert done.returncode == 0, done.stderr
+        self.drilled = getattr(self, "drilled", set()) | {node}
+        return done.stdout
+
+    def heal_drills(self) -> None:
+        for drilled in sorted(getattr(self, "drilled", ())):
+            healed = cli("--config", str(self.layout.dev_conf), "dev", "heal", drilled, timeout=60)
+            assert healed.returncode == 0, healed.stderr
+        self.drilled = set()
+
+    def inject_xid(self, node: str, xid: int = 79) -> None:
+        """The kernel line of Xid `xid` on the node's GPU 1, appended to its kernel log."""
+        spec = json.loads(self.layout.node(node).gpu_spec.read_text())
+        bus = spec["gpus"][1]["pci_bus_id"][4:-2]  # 00000000:18:00.0 -> 0000:18:00, as the driver writes it
+        with open(self.layout.node(node).kernel_log, "a") as log:
+            log.write(f"NVRM: Xid (PCI:{bus}): {xid}, pid='<unknown>', name=<unknown>, GPU has fallen off "
+                      "the bus.\n")
+
+    def gate(self, node: str) -> Gate:
+        path = Path(tempfile.mkdtemp(prefix="gate-", dir=self.layout.root)) / "open"
+        path.parent.chmod(0o755)
+        return Gate(str(path), path)
+
+    def slurmctld_log(self) -> str:
+        return (self.layout.log / "slurmctld.log").read_text()
+
+    def reboot_program_ran(self, node: str) -> bool:
+        """slurmd ran the RebootProgram (its log says so at the dev cluster's SlurmdDebug)."""
+        return "Node reboot request being processed" in self.layout.slurmd_log(node).read_text()
+
+    def cancel_all(self) -> None:
+        jobs = [str(j.job_id) for j in self.client().jobs()]
+        if jobs:
+            self.run("scancel", *jobs, check=False)
+
+    def resume(self, node: str) -> None:
+        self.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
+
     def all_records(self, node: str) -> list[dict]:
         """Every record of `node`, closed ones too, from the store."""
         with self.store() as store:
@@ -183,28 +258,3 @@ class RepairCluster(Cluster):
             yield store
         finally:
             store.close()
-
-    def settle(self, nodes: list[str]) -> None:
-        """The cluster idle, every fault cleared and nothing open (a test's teardown: one failure does not fail
-        the tests after it)."""
-        for drilled in sorted(getattr(self, "drilled", ())):
-            healed = cli("--config", str(self.layout.dev_conf), "dev", "heal", drilled, timeout=60)
-            assert healed.returncode == 0, healed.stderr
-        self.drilled = set()
-        slurm = self.client()
-        jobs = [str(j.job_id) for j in slurm.jobs() if not j.finished]
-        if jobs:
-            self.run("scancel", *jobs, check=False)
-        for node in slurm.nodes():
-            if node.name in nodes and node.drained:
-                if node.reason_is_ours:
-                    self.repair_cli("health", "clear", node=node.name)  # lifted by its monitor (a repair's: the flow)
-                else:
-                    self.run("scontrol", "update", f"nodename={node.name}", "state=resume", check=False)
-
-        def settled():
-            if [r for r in self.records() if r["state"] in ("recommended", "approved", "running")]:
-                return False
-            states = {n.name: n for n in slurm.nodes()}
-            return all(states[n].idle for n in nodes)
-        wait_for("the cluster settled", settled, 120, interval=0.5)
