@@ -375,24 +375,26 @@ def test_the_same_fault_after_two_reboots_recommends_remove(repair):
     assert record["action"] == "remove" and "after 2 reboots" in record["evidence"], record
 
 
-def test_status_shows_the_five_states_and_leaves_an_admins_drain_alone(repair):
-    repair.inject_xid("rnode2")
-    repair.record("rnode2", "recommended")
-    repair.run("scontrol", "update", "nodename=rnode3", "state=drain", "reason=admin: fan replacement")
-    job = repair.sbatch("-w", "rnode4", "--wrap", "sleep 300")
+def test_status_shows_the_five_states_and_leaves_an_admins_drain_alone(either):
+    repair = either
+    healthy, pending, paused, booting = repair.nodes
+    repair.inject_xid(pending)
+    repair.record(pending, "recommended")
+    repair.run("scontrol", "update", f"nodename={paused}", "state=drain", "reason=admin: fan replacement")
+    job = repair.sbatch("-w", booting, "--wrap", "sleep 300")
     wait_for("the job runs", lambda: any(j.job_id == job and j.state == "RUNNING" for j in repair.client().jobs()),
              30, interval=0.3)
-    repair.run("scontrol", "reboot", "rnode4")  # once idle: REBOOT_REQUESTED until then
+    repair.run("scontrol", "reboot", booting)  # once idle: REBOOT_REQUESTED until then
     done = repair.repair_cli("status", "--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     states = {n["name"]: n["state"] for n in report["nodes"]}
-    assert states == {"rnode1": "healthy", "rnode2": "pending", "rnode3": "paused", "rnode4": "booting",
-                      "rnode5": "unhealthy"}, states
+    assert states == {healthy: "healthy", pending: "pending", paused: "paused", booting: "booting",
+                      repair.down_node: "unhealthy"}, states
     assert report["counts"] == {"healthy": 1, "booting": 1, "unhealthy": 1, "pending": 1, "paused": 1}
-    paused = next(n for n in report["nodes"] if n["name"] == "rnode3")
-    assert paused["reason"] == "admin: fan replacement" and paused["reason_owner"] == "root"
+    shown = next(n for n in report["nodes"] if n["name"] == paused)
+    assert shown["reason"] == "admin: fan replacement" and shown["reason_owner"] == "root"
     text = repair.repair_cli("status").stdout
     assert "healthy 1  booting 1  unhealthy 1  pending 1  paused 1" in text
     time.sleep(3)
-    assert repair.slurm_node("rnode3").reason == "admin: fan replacement"  # never touched
+    assert repair.slurm_node(paused).reason == "admin: fan replacement"  # never touched

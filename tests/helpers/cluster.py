@@ -120,8 +120,9 @@ def cluster_of_its_own(prefix: str, **settings) -> Iterator[DevSection]:
 
 class RepairSteps:
     """What the repair tests do with a cluster, on the host's (RepairCluster) or on the images' (helpers/
-    containerrepair.py): the same test body on both. Each kind gives `nodes`, `kind`, client(), repair_cli(),
-    all_records(), sbatch(), gate(), inject_xid(), slurmctld_log(), reboot_program_ran(), cancel_all(), resume() and
+    containerrepair.py): the same test body on both. Each kind gives `nodes` (running, idle between tests),
+    `down_node` (one whose slurmd does not answer), `kind`, client(), run() (a Slurm command line as root),
+    repair_cli(), all_records(), sbatch(), gate(), inject_xid(), slurmctld_log(), reboot_program_ran() and
     wait_accounted()."""
 
     def records(self) -> list[dict]:
@@ -175,6 +176,14 @@ class RepairSteps:
     def heal_drills(self) -> None:
         """Undo the faults `drill` made (a kind without drills has none)."""
 
+    def cancel_all(self) -> None:
+        jobs = [str(j.job_id) for j in self.client().jobs()]
+        if jobs:
+            self.run("scancel", *jobs, check=False)
+
+    def resume(self, node: str) -> None:
+        self.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
+
 
 @dataclass(frozen=True)
 class Gate:
@@ -197,6 +206,13 @@ class RepairCluster(Cluster, RepairSteps):
     @property
     def nodes(self) -> list[str]:
         return [node.name for node in self.layout.nodes]
+
+    @property
+    def down_node(self) -> str | None:
+        """The first node slurm.conf defines that does not run (defined_nodes), if any."""
+        from slurm_ext.devcluster.layout import node_names
+        defined = node_names(self.settings)
+        return defined[self.settings.nodes] if len(defined) > self.settings.nodes else None
 
     def repair_cli(self, *args: str, user: str = "alice", node: str | None = None):
         conf = self.layout.node(node).slurm_ext_conf if node else self.layout.slurm_ext_conf
@@ -236,14 +252,6 @@ class RepairCluster(Cluster, RepairSteps):
     def reboot_program_ran(self, node: str) -> bool:
         """slurmd ran the RebootProgram (its log says so at the dev cluster's SlurmdDebug)."""
         return "Node reboot request being processed" in self.layout.slurmd_log(node).read_text()
-
-    def cancel_all(self) -> None:
-        jobs = [str(j.job_id) for j in self.client().jobs()]
-        if jobs:
-            self.run("scancel", *jobs, check=False)
-
-    def resume(self, node: str) -> None:
-        self.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
 
     def all_records(self, node: str) -> list[dict]:
         """Every record of `node`, closed ones too, from the store."""

@@ -20,6 +20,7 @@ from slurm_ext.config import SlurmSection
 from slurm_ext.slurm import Job, SlurmClient
 
 from .cluster import Gate, RepairSteps
+from .wait import wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "containers"))
 from cluster import STATE_DIR, ContainerCluster, Ports  # noqa: E402 (containers/cluster.py)
@@ -48,17 +49,23 @@ class ContainerRepairCluster(RepairSteps):
     def __init__(self, engine, images: dict[str, str]) -> None:
         self.engine = engine
         self.containers = ContainerCluster(engine.client, images, "cgroup-v1", ports=PORTS, prefix="twin",
-                                           workers=tuple((i, 2) for i in range(1, 5)), repair_conf=REPAIR_CONF,
+                                           workers=tuple((i, 2) for i in range(1, 6)), repair_conf=REPAIR_CONF,
                                            worker_conf=WORKER_CONF, reboot=True,
                                            slurm_conf="ResumeTimeout=60\nSlurmdTimeout=30\n")
         self.nodes = [self.containers.node_name(i) for i in range(1, 5)]
+        #: the fifth worker, stopped once registered: its agent drained it on the way out, its slurmd is gone
+        self.down_node = self.containers.node_name(5)
         self.kind = "images"
 
     def start(self) -> ContainerRepairCluster:
-        for index in range(1, len(self.nodes) + 1):  # there before the monitor starts
+        for index in range(1, len(self.nodes) + 2):  # there before the monitor starts
             self._kernel_log(index).parent.mkdir(parents=True, exist_ok=True)
             self._kernel_log(index).touch()
         self.containers.start()
+        self.containers.containers["n5"].stop(timeout=30)
+        wait_for(f"{self.down_node} drained by its stopping agent",
+                 lambda: self.client().node(self.down_node).reason.startswith("slurm-ext: node agent stopping"), 60,
+                 interval=0.5)
         return self
 
     def _kernel_log(self, index: int) -> Path:
@@ -113,13 +120,8 @@ class ContainerRepairCluster(RepairSteps):
     def reboot_program_ran(self, node: str) -> bool:
         return "booting after the RebootProgram" in self.containers.logs(f"n{self.nodes.index(node) + 1}")
 
-    def cancel_all(self) -> None:
-        jobs = [str(j.job_id) for j in self.client().jobs()]
-        if jobs:
-            self.containers.exec("controller", "scancel", *jobs, check=False)
-
-    def resume(self, node: str) -> None:
-        self.containers.exec("controller", "scontrol", "update", f"nodename={node}", "state=resume", check=False)
+    def run(self, *cmd: str, timeout: float = 30.0, check: bool = True) -> command.CommandResult:
+        return self._in_controller(list(cmd), timeout, check=check)
 
     def wait_accounted(self, job_id: int, timeout: float = 60.0) -> Job:
         return self.client().wait_accounted(job_id, timeout)
