@@ -75,6 +75,29 @@ def either(request):
     cluster.settle(cluster.nodes)
 
 
+def test_a_critical_finding_drains_naming_gpu_and_action_and_the_nodes_clear_lifts_it(either):
+    """The health monitor's drain and its clear, with Slurm's own record of both (sacctmgr's event table)."""
+    cluster = either
+    node = cluster.nodes[2]
+    cluster.inject_xid(node)
+    drained = wait_for("the xid 79 drain", lambda: (n := cluster.slurm_node(node)).reason.startswith(
+        "slurm-ext: xid 79 gpu 1") and n, 15, interval=0.3)
+    assert drained.drained and drained.reason.endswith("action=reboot") and drained.reason_is_ours, drained
+    cleared = cluster.repair_cli("health", "clear", "--check", "xid", node=node, user="bob")
+    assert cleared.returncode == 0, cleared.stderr
+    wait_for("the drain lifted", lambda: not (n := cluster.slurm_node(node)).drained and not n.reason, 15,
+             interval=0.3)
+    entries = wait_for("Slurm's drain event and the clear in the history", lambda: (h := cluster.history(node)) and any(
+        e["source"] == "slurm" and "slurm-ext: xid 79 gpu 1" in e["message"] for e in h) and h, 60, interval=1.0)
+    said = [f"{e['source']} {e['event']}: {e['message']}" for e in entries]
+    # Slurm's event has its whole second: beside the agent's of the same second it may come first
+    for wanted in ("agent health/health-finding: critical: xid 79 gpu 1", "slurm drain: DRAIN: slurm-ext: xid 79 gpu 1",
+                   "agent nodestate/drain: drained node", "agent health/health-cleared: xid ",
+                   "agent nodestate/resume: resumed node"):
+        assert any(line.startswith(wanted) for line in said), (wanted, said)
+    assert any("by bob" in line for line in said if "health-cleared" in line), said
+
+
 def test_a_gpu_fault_is_recommended_approved_and_repaired_through_slurms_reboot(either):
     repair = either
     node = repair.nodes[1]
