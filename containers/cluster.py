@@ -175,13 +175,16 @@ class ContainerCluster:
     def __init__(self, client: docker.DockerClient, images: dict[str, str], mode: str, root: Path | None = None,
                  *, ports: Ports = Ports(), prefix: str = "", workers: tuple[tuple[int, int], ...] = ((1, 2), (2, 1)),
                  slurm_conf: str = "", slurmdbd_conf: str = "", repair_conf: str = "", worker_conf: str = "",
-                 reboot: bool = False):
+                 controller_conf: str = "", reboot: bool = False, own_database: bool = False):
         """`images`: image name (build.py's IMAGES) -> tag; `root`: where the cluster's files go (a new
         temporary directory by default; removed by stop()). `ports`, `prefix` (of its containers' and volumes'
         names; default ct-<mode>): another cluster's beside the default one; `workers`: (index, GPUs) of the
         workers start() starts; `slurm_conf`, `slurmdbd_conf`: lines added to those files (auth/jwt's: files the
         lines name are put in root/etc and root/dbd before start()); `repair_conf`: lines of the controller agent's
-        [repair]; `worker_conf`: TOML tables added to every worker agent's config (its [node] is the cluster's); `reboot`: Slurm's reboot of a worker
+        [repair]; `worker_conf`, `controller_conf`: TOML tables added to every worker agent's config (its [node] is the
+        cluster's) and to the controller agent's (its [repair] is the cluster's); `own_database`: the repair store
+        and the page in slurm-ext's own MariaDB database, each as its own account, as Slinky's manifests have them
+        (containers/slinky/controller.yaml); `reboot`: Slurm's reboot of a worker
         restarts its container as a booted node (REBOOT_PROGRAM)."""
         if mode not in MODES:
             raise ValueError(f"mode {mode!r}; one of {', '.join(MODES)}")
@@ -195,6 +198,7 @@ class ContainerCluster:
         self.ports, self.start_workers = ports, workers
         self.slurm_conf_extra, self.slurmdbd_conf_extra = slurm_conf, slurmdbd_conf
         self.repair_conf, self.worker_conf, self.reboot = repair_conf, worker_conf, reboot
+        self.controller_conf, self.own_database = controller_conf, own_database
         if reboot:
             self.slurm_conf_extra += f"RebootProgram={REBOOT_PROGRAM}\n"
         self.containers: dict[str, object] = {}
@@ -229,14 +233,29 @@ class ContainerCluster:
         create_credential(self.root / "agent-credential")
         # the repair service and `slurm-ext history` find each worker's agent on its own port
         agents = ", ".join(f'{self.node_name(i)} = "127.0.0.1:{ports.worker_agent + i}"' for i in range(1, 10))
-        self._agent_config("controller", f"[supervisor.ports]\ncontroller = {ports.controller_agent}\n"
-                                         f"[repair]\nagents = {{{agents}}}\n{self.repair_conf}")
+        accounts = database = store = ""
+        if self.own_database:  # one password per account, in the files of both agents that use it
+            accounts = "".join(f'{role}_password_file = "/etc/slurm-ext/{role}-password"\n'
+                               for role in ("repair", "page"))
+            database = 'database = "mariadb"\n'
+            store = f'[accounting]\ndb_host = "127.0.0.1"\ndb_port = {ports.mariadb}\ncluster = "{CLUSTER}"\n{accounts}'
+        controller = self._agent_config("controller", f"[supervisor.ports]\ncontroller = {ports.controller_agent}\n"
+                                        f"[repair]\nagents = {{{agents}}}\n{database}{self.repair_conf}{store}"
+                                        f"{self.controller_conf}")
         self._agent_config("accounting", f"[supervisor.ports]\naccounting = {ports.accounting_agent}\n")
-        self._agent_config("mariadb", (HERE / "mariadb" / "slurm-ext.toml").read_text()
-                           .replace("accounting = 9814", f"accounting = {ports.mariadb_agent}")
-                           .replace("db_port = 3306", f'db_port = {ports.mariadb}\ncluster = "{CLUSTER}"\nmemory = 512'))
+        mariadb = self._agent_config("mariadb", (HERE / "mariadb" / "slurm-ext.toml").read_text()
+                                     .replace("accounting = 9814", f"accounting = {ports.mariadb_agent}")
+                                     .replace("db_port = 3306", f'db_port = {ports.mariadb}\ncluster = "{CLUSTER}"\n'
+                                              f"memory = 512\n{accounts}"))
+        if self.own_database:
+            for role in ("repair", "page"):
+                secret = secrets.token_hex(16).encode()
+                for directory in (controller, mariadb):
+                    atomic_write(directory / f"{role}-password", secret, mode=0o400)
 
     def _agent_config(self, name: str, text: str) -> Path:
+        """Agent `name`'s /etc/slurm-ext (root/ext-<name>): its config, the cluster's agent credential; the
+        directory."""
         directory = self.root / f"ext-{name}"
         directory.mkdir(exist_ok=True)
         (directory / "slurm-ext.toml").write_text(text)

@@ -163,6 +163,42 @@ def test_the_overview_shows_the_five_states_the_fake_gpus_usage_and_a_drain_the_
     shoot(browser, "overview")
 
 
+@pytest.fixture(params=["host", pytest.param("images", marks=pytest.mark.containers)])
+def page(request):
+    """The page of the host's 4-node dev cluster (Slurm 22.05) and of the images' (Slurm 26.05, the session's
+    `twin`), settled after the test."""
+    cluster = request.getfixturevalue("site" if request.param == "host" else "twin")
+    yield cluster
+    cluster.settle(cluster.nodes)
+
+
+def test_an_operator_approves_in_the_browser_and_the_repair_tab_names_her(page, browser):
+    node = page.nodes[1]
+    page.inject_xid(node)
+    record = page.record(node, "recommended")
+    browser.get(page.url + "#nodes")
+    approve = f"#node-table tr[data-node={node}] button.op-approve"
+    until(browser, f"{node}'s approve button", lambda b: b.find_elements(By.CSS_SELECTOR, approve))
+    browser.find_element(By.ID, "token").send_keys(page.token)
+    browser.find_element(By.ID, "use-token").click()
+    until(browser, "the token taken", lambda b: text_of(b, "#who") == "operator: alice (token)")
+    browser.find_element(By.CSS_SELECTOR, approve).click()
+    until(browser, "the approval", lambda b: f"approved reboot of node {node}" in text_of(b, "#message")
+          and "(by alice)" in text_of(b, "#message"))
+    done = wait_for("the repair done", lambda: next((r for r in page.all_records(node)
+                                                     if r["id"] == record["id"] and r["state"] == "done"), None),
+                    120, interval=1.0)
+    assert done["decided_by"] == "alice"
+    browser.get(page.url + "#repair")
+    row = f"#repairs tr[data-record='{record['id']}'][data-state=done]"
+    until(browser, "the repair in the Repair tab", lambda b: b.find_elements(By.CSS_SELECTOR, row))
+    assert text_of(browser, f"{row} .decided-by") == "alice"
+    steps = text_of(browser, f"{row} .steps")
+    for step in ("repair-approved", f"drained {node}", f"scontrol reboot {node}", f"{node} is back", "checks pass",
+                 "repair-done"):
+        assert step in steps, steps
+
+
 def test_approving_in_the_browser_needs_the_token_and_the_repair_tab_shows_it_with_the_user(web, browser):
     web.drill("wnode2", "xid-79", gpu=1)
     record = web.record("wnode2", "recommended")

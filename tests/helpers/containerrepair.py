@@ -39,6 +39,13 @@ drain_deadline = "10m"
 boot_timeout = "90s"
 verify_timeout = "2m"
 """
+#: the cluster page, in the controller agent
+WEB_PORT = 29918
+CONTROLLER_CONF = f"""[web]
+enabled = true
+listen = "127.0.0.1:{WEB_PORT}"
+token_file = "{STATE_DIR}/web-tokens"
+"""
 WORKER_CONF = f"""[health]
 interval = "1s"
 kernel_log = "{KERNEL_LOG}"
@@ -50,12 +57,16 @@ class ContainerRepairCluster(RepairSteps):
         self.engine = engine
         self.containers = ContainerCluster(engine.client, images, "cgroup-v1", ports=PORTS, prefix="twin",
                                            workers=tuple((i, 2) for i in range(1, 6)), repair_conf=REPAIR_CONF,
-                                           worker_conf=WORKER_CONF, reboot=True,
+                                           worker_conf=WORKER_CONF, controller_conf=CONTROLLER_CONF, reboot=True,
+                                           own_database=True,
                                            slurm_conf="ResumeTimeout=60\nSlurmdTimeout=30\n")
         self.nodes = [self.containers.node_name(i) for i in range(1, 5)]
         #: the fifth worker, stopped once registered: its agent drained it on the way out, its slurmd is gone
         self.down_node = self.containers.node_name(5)
         self.kind = "images"
+        self.url = f"http://127.0.0.1:{WEB_PORT}/"
+        #: an operator token of alice's for the page (start() makes it)
+        self.token = ""
 
     def start(self) -> ContainerRepairCluster:
         for index in range(1, len(self.nodes) + 2):  # there before the monitor starts
@@ -66,6 +77,9 @@ class ContainerRepairCluster(RepairSteps):
         wait_for(f"{self.down_node} drained by its stopping agent",
                  lambda: self.client().node(self.down_node).reason.startswith("slurm-ext: node agent stopping"), 60,
                  interval=0.5)
+        added = self.repair_cli("web", "add-token", "alice")
+        assert added.returncode == 0, added.stderr
+        self.token = added.stdout.strip()
         return self
 
     def _kernel_log(self, index: int) -> Path:
