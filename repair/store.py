@@ -299,7 +299,11 @@ def open_sqlite(path: str, create: bool = True) -> Store:
         StoreError: it cannot be opened, or is missing and not to be made (the message says which).
     """
     target = Path(path)
-    if not create and not target.exists():
+    try:
+        there = target.exists()
+    except OSError as err:  # a folder on the way this user may not enter
+        raise StoreError(f"repair database {path}: cannot open it: {err.strerror or err}") from err
+    if not create and not there:
         raise StoreError(f"repair database {path}: no such file: the repair service keeps it on the controller "
                          "(run this there, or set repair.sqlite_file / repair.database)")
     try:
@@ -398,7 +402,15 @@ def open_store(config, environ: dict[str, str] | None = None, create: bool = Tru
     if kind == "auto":
         kind = "mariadb" if accounting_db.configured(config, {}) else "sqlite"
     if kind == "sqlite":
-        return open_sqlite(repair.sqlite_file, create)
+        try:
+            return open_sqlite(repair.sqlite_file, create)
+        except StoreError as err:
+            if role != "page":
+                raise
+            # the file is root's alone (mode 600) unless an admin made it the page's: seen on the images' cluster
+            raise StoreError(f"{err}; the page runs as web.user, which must be able to read it (and, to record "
+                             "decisions, write it and its folder): or keep the history in MariaDB (repair.database = "
+                             "\"mariadb\", the page as its own account: docs/operator/web.md)") from None
     from slurm_ext.accounting import accounts
     settings = config.accounting
     user, secret = accounts.login(settings, role, os.environ if environ is None else environ,

@@ -884,3 +884,33 @@ def test_history_entries_carry_the_signature_check_gpu_and_severity_of_their_fin
     assert (seen.signature, seen.check, seen.gpu, seen.severity) == ("xid/79", "xid", 1, "critical")
     paused = rows["health-check-run"]
     assert (paused.record, paused.signature, paused.check, paused.gpu, paused.severity) == (None, "", "", None, "")
+
+
+def test_the_page_refused_by_roots_sqlite_history_is_told_what_to_do(tmp_path):
+    """Seen on the images' cluster: the page (web.user) cannot open the repair service's SQLite file (root's, 600,
+    in a 700 folder); its error names the file, the user and the two ways out, never only "unable to open"."""
+    import os
+    from slurm_ext.config import Config
+    from slurm_ext.repair.store import StoreError, open_store
+    tmp_path.chmod(0o755)
+    settings = Config(repair=RepairSection(database="sqlite", sqlite_file=str(tmp_path / "repair" / "repair.db")))
+    open_store(settings, role="repair").close()  # the service makes it, as root
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the page's process: an unprivileged user
+        said = b""
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            open_store(settings, create=False, role="page")
+        except StoreError as err:
+            said = str(err).encode()
+        finally:
+            os.write(write_end, said)
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        said = pipe.read().decode()
+    os.waitpid(pid, 0)
+    assert said.startswith(f"repair database {tmp_path / 'repair' / 'repair.db'}: "), said
+    assert "the page runs as web.user" in said and 'repair.database = "mariadb"' in said, said
