@@ -116,3 +116,26 @@ def test_the_stand_in_agents_answer_each_node_by_name_and_one_journal_page():
     assert [line.data["component"] for line in page.events] == [COMPONENTS[i % 3] for i in range(5, 9)]
     agents = StandInAgents(["a", "b"], page)
     assert agents.health("b").node == "b" and agents.events("a") is page
+
+
+def test_the_replay_answers_the_recorded_calls_in_order_and_refuses_any_other_naming_it():
+    from slurm_ext.command import CommandResult
+    from slurm_ext.errors import CommandError
+    from helpers.slurmanswers import Recorder, Replay
+
+    def daemons(argv, timeout, env=None, input=None, check=True):
+        if "x" in argv:
+            raise CommandError(argv, 1, "Node x not found")
+        return CommandResult(tuple(argv), 0, "slurm-wlm 26.05.5\n", "")
+    recorder = Recorder(daemons)
+    assert recorder(["/usr/bin/sinfo", "--version"], 5).stdout == "slurm-wlm 26.05.5\n"
+    with pytest.raises(CommandError):
+        recorder(["scontrol", "show", "node", "x"], 5)
+    assert [c["argv"] for c in recorder.calls] == [["sinfo", "--version"], ["scontrol", "show", "node", "x"]]
+    replay = Replay(recorder.calls)
+    assert replay(["sinfo", "--version"], 5).stdout == "slurm-wlm 26.05.5\n"
+    with pytest.raises(AssertionError, match=r"the client ran \['squeue'\], the recording has \['scontrol'"):
+        replay(["squeue"], 5)
+    with pytest.raises(CommandError, match="Node x not found"):
+        replay(["scontrol", "show", "node", "x"], 5)
+    assert replay.done()
