@@ -170,7 +170,8 @@ class RepairSteps:
             if [r for r in self.records() if r["state"] in ("recommended", "approved", "running")]:
                 return False
             states = {n.name: n for n in slurm.nodes()}
-            return all(states[n].idle for n in nodes)
+            # a node just resumed shows no boot time until it registers again (recorded in tests/data/slurm/)
+            return all(states[n].idle and states[n].boot_time for n in nodes)
         wait_for("the cluster settled", settled, 120, interval=0.5)
 
     def heal_drills(self) -> None:
