@@ -327,8 +327,8 @@ class ContainerCluster:
         is merged over the fake NVML's (a None value removes a variable); `options` go to the engine
         (cap_add=[] takes SYS_ADMIN away)."""
         node = self.node_name(index)
-        # the node's name: on the host network a container has the host's name, not the pod's
         boot_id = f'boot_id_file = "{STATE_DIR}/boot_id"\n' if self.reboot else ""
+        # [node] name: on the host network a container has the host's name, not the pod's
         ext = self._agent_config(f"n{index}", f"[supervisor.ports]\nworker = {self.ports.worker_agent + index}\n"
                                  f'[gres]\ntypes = {{"{GPU_NAME}" = "{GPU_TYPE}"}}\n'
                                  f'[node]\nname = "{node}"\n{boot_id}{self.worker_conf}')
@@ -475,7 +475,7 @@ class ContainerCluster:
 
     def volume_path(self, node: str) -> Path:
         """Where worker `node`'s state volume (STATE_DIR in its container) is on this host: to write what the node
-        reads (its kernel log file) and read what it keeps."""
+        reads there and read what it keeps."""
         return Path(self.client.volumes.get(f"{self.prefix}-state-{node}").attrs["Mountpoint"])
 
     def logs(self, name: str) -> str:

@@ -291,9 +291,10 @@ def _record(row: tuple) -> Record:
     return Record(**data)
 
 
-def open_sqlite(path: str, create: bool = True) -> Store:
+def open_sqlite(path: str, create: bool = True, hint: str = "") -> Store:
     """The store in an SQLite file, made (mode 600, its directory 700 if new) on first use; with `create` false
-    (an operator's command) a missing file is an error, not a new empty history.
+    (an operator's command) a missing file is an error, not a new empty history. `hint`: what to do, added to a
+    failure to open it.
 
     Raises:
         StoreError: it cannot be opened, or is missing and not to be made (the message says which).
@@ -302,7 +303,7 @@ def open_sqlite(path: str, create: bool = True) -> Store:
     try:
         there = target.exists()
     except OSError as err:  # a folder on the way this user may not enter
-        raise StoreError(f"repair database {path}: cannot open it: {err.strerror or err}") from err
+        raise StoreError(f"repair database {path}: cannot open it: {err.strerror or err}{hint}") from err
     if not create and not there:
         raise StoreError(f"repair database {path}: no such file: the repair service keeps it on the controller "
                          "(run this there, or set repair.sqlite_file / repair.database)")
@@ -316,7 +317,7 @@ def open_sqlite(path: str, create: bool = True) -> Store:
         finally:
             os.umask(old_umask)
     except (OSError, sqlite3.Error) as err:
-        raise StoreError(f"repair database {path}: cannot open it: {err}") from err
+        raise StoreError(f"repair database {path}: cannot open it: {err}{hint}") from err
     store = Store(_Autocommit(connection), path, "?", None)
     for statement in _schema("INTEGER PRIMARY KEY AUTOINCREMENT", "TEXT"):
         store._execute(statement)
@@ -402,15 +403,11 @@ def open_store(config, environ: dict[str, str] | None = None, create: bool = Tru
     if kind == "auto":
         kind = "mariadb" if accounting_db.configured(config, {}) else "sqlite"
     if kind == "sqlite":
-        try:
-            return open_sqlite(repair.sqlite_file, create)
-        except StoreError as err:
-            if role != "page":
-                raise
-            # the file is root's alone (mode 600) unless an admin made it the page's: seen on the images' cluster
-            raise StoreError(f"{err}; the page runs as web.user, which must be able to read it (and, to record "
-                             "decisions, write it and its folder): or keep the history in MariaDB (repair.database = "
-                             "\"mariadb\", the page as its own account: docs/operator/web.md)") from None
+        # the file is root's alone (mode 600) unless an admin made it the page's: seen on the images' cluster
+        return open_sqlite(repair.sqlite_file, create, "" if role != "page" else (
+            "; the page runs as web.user, which must be able to read it (and, to record decisions, write it and its "
+            "folder): or keep the history in MariaDB (repair.database = \"mariadb\", the page as its own account: "
+            "docs/operator/web.md)"))
     from slurm_ext.accounting import accounts
     settings = config.accounting
     user, secret = accounts.login(settings, role, os.environ if environ is None else environ,

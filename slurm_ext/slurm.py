@@ -404,7 +404,8 @@ class SlurmClient:
             self._run(["scontrol", "delete", f"ReservationName={name}"])
         except SlurmError as err:
             # 22.05 to 26.05: "Requested reservation is invalid" (recorded in tests/data/slurm/)
-            if isinstance(err, SlurmUnreachable) or not re.search(r"reservation is invalid|not found", str(err), re.I):
+            if isinstance(err, SlurmUnreachable) or not re.search(r"reservation is invalid|reservation \S* ?not found",
+                                                                  str(err), re.I):
                 raise
             return False
         return True
@@ -647,6 +648,13 @@ def _job_gpus(nodes: list[str], details: list) -> tuple[tuple[str, str, tuple[in
                  for kind, indexes in _gpu_kinds(str(detail)))
 
 
+def _job_state(value: Any) -> str:
+    """A job's state word; a job whose Epilog still runs is COMPLETING, as squeue's text says it, whatever base state
+    the JSON lists first (["COMPLETED", "COMPLETING"]): it still holds its node."""
+    words = _states(value) or ["UNKNOWN"]
+    return "COMPLETING" if "COMPLETING" in words else words[0]
+
+
 def _job_from_squeue_json(data: dict) -> Job:
     resources = data.get("job_resources") if isinstance(data.get("job_resources"), dict) else {}
     # 22.05: job_resources.allocated_nodes[].nodename; 24.05 on: job_resources.nodes.allocation[].name
@@ -658,7 +666,7 @@ def _job_from_squeue_json(data: dict) -> Job:
         job_id=_number(data.get("job_id")) or 0,
         name=data.get("name") or "",
         user=data.get("user_name") or "",
-        state=(_states(data.get("job_state")) or ["UNKNOWN"])[0],
+        state=_job_state(data.get("job_state")),
         nodes=data.get("nodes") or "",
         partition=data.get("partition") or "",
         exit_code=_exit_code(data.get("exit_code")),

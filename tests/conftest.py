@@ -203,7 +203,8 @@ def images(engine) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def twin(engine, images):
-    """The repair tests' cluster on the images (Slurm 26.05: helpers/containerrepair.py), for every module of the
+    """The repair tests' cluster on the images (Slurm 26.05 from sid, the suite's default: helpers/containerrepair.py),
+    for every module of the
     side that runs a test body on both clusters: started once, at the first test that asks."""
     from helpers.containerrepair import ContainerRepairCluster
     cluster = ContainerRepairCluster(engine, images)

@@ -6,7 +6,9 @@
     python3 tests/record_slurm_answers.py trixie   # on Debian trixie (24.11)
     python3 tests/record_slurm_answers.py resolute # on Ubuntu 26.04 (25.11: Debian has none)
 
-As root, from the checkout, with the test dependencies installed (the README's test command). The images must be
+As root, from the checkout, with the test dependencies installed (the README's test command), under the suite's
+lock (`flock /tmp/slurm-ext-cluster-tests.lock python3 tests/record_slurm_answers.py ...`: its clusters use ports and
+node names of their own, but Slurm's job cgroups and the CPUs are the host's). The images must be
 built into the engine first (`containers/build.py --suite SUITE`); the engine is SLURM_EXT_TEST_DOCKER_HOST's, or one
 of the script's own (then it builds them). Each run prepares the same cluster (helpers.slurmanswers.Facts), runs the
 walk through a recorder, and writes the file, replacing the version's earlier one; tests/test_slurm_answers.py
@@ -34,9 +36,9 @@ from helpers.slurmanswers import FOREIGN_DRAIN, Facts, Recorder, Recording, walk
 from helpers.wait import wait_for  # noqa: E402
 
 #: ports of the recording's clusters, clear of the suite's
-HOST_PORTS = dict(slurmctld_port=27817, slurmd_port=27818, slurmdbd_port=27819, mariadb_port=23350,
+HOST_PORTS = dict(slurmctld_port=28517, slurmd_port=28518, slurmdbd_port=28519, mariadb_port=23350,
                   controller_probe_port=29951, worker_probe_port=29950, accounting_probe_port=29952, web_port=29953,
-                  node_port_base=27900)
+                  node_port_base=28540)
 
 
 def _since() -> str:
@@ -74,7 +76,7 @@ def record_host() -> Path:
     from slurm_ext import devcluster as dev
     from helpers.cluster import TEST_CLUSTER, cluster_of_its_own
 
-    settings = {**TEST_CLUSTER, **HOST_PORTS, "cluster_name": "slurmextrec", "node_name": "rnode1", "nodes": 2,
+    settings = {**TEST_CLUSTER, **HOST_PORTS, "cluster_name": "slurmextrec", "node_name": "recnode1", "nodes": 2,
                 "gpu_count": 2}
     with cluster_of_its_own("slurm-ext-record-", **settings) as own:
         plain = dev.client(own, timeout=30)
@@ -87,7 +89,7 @@ def record_host() -> Path:
         def drain(node: str) -> None:
             command.run(["scontrol", "update", f"nodename={node}", "state=drain", f"reason={FOREIGN_DRAIN}"], 30,
                         env=env)
-        facts = _prepare(plain, sbatch, drain, "rnode1", "rnode2", own.cluster_name)
+        facts = _prepare(plain, sbatch, drain, "recnode1", "recnode2", own.cluster_name)
         recorder = Recorder()
         client = SlurmClient(plain.settings, runner=recorder, environ=env)
         return _record(client, recorder, facts, f"the host's Debian 12 packages, a dev cluster (`slurm-ext dev up`: "

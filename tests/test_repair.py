@@ -886,25 +886,19 @@ def test_history_entries_carry_the_signature_check_gpu_and_severity_of_their_fin
     assert (paused.record, paused.signature, paused.check, paused.gpu, paused.severity) == (None, "", "", None, "")
 
 
-def test_the_page_refused_by_roots_sqlite_history_is_told_what_to_do(tmp_path):
-    """Seen on the images' cluster: the page (web.user) cannot open the repair service's SQLite file (root's, 600,
-    in a 700 folder); its error names the file, the user and the two ways out, never only "unable to open"."""
+def _as_nobody(call) -> str:
+    """What `call()` raised, run by user nobody in a forked child ("" when it returned)."""
     import os
-    from slurm_ext.config import Config
-    from slurm_ext.repair.store import StoreError, open_store
-    tmp_path.chmod(0o755)
-    settings = Config(repair=RepairSection(database="sqlite", sqlite_file=str(tmp_path / "repair" / "repair.db")))
-    open_store(settings, role="repair").close()  # the service makes it, as root
     read_end, write_end = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the page's process: an unprivileged user
+    if pid == 0:
         said = b""
         try:
             os.setgid(65534)
             os.setuid(65534)
-            open_store(settings, create=False, role="page")
-        except StoreError as err:
-            said = str(err).encode()
+            call()
+        except BaseException as err:
+            said = f"{type(err).__name__}: {err}".encode()
         finally:
             os.write(write_end, said)
             os._exit(0)
@@ -912,5 +906,31 @@ def test_the_page_refused_by_roots_sqlite_history_is_told_what_to_do(tmp_path):
     with os.fdopen(read_end, "rb") as pipe:
         said = pipe.read().decode()
     os.waitpid(pid, 0)
-    assert said.startswith(f"repair database {tmp_path / 'repair' / 'repair.db'}: "), said
+    return said
+
+
+@pytest.mark.parametrize("folder", [0o755, 0o700])
+def test_the_page_refused_by_roots_sqlite_history_is_told_what_to_do(folder):
+    """Seen on the images' cluster: the page (web.user) cannot open the repair service's SQLite file (root's, 600);
+    in a folder it may enter or not, its error names the file, the user and the two ways out, never a crash or only
+    "unable to open"."""
+    import os
+    import shutil
+    import tempfile
+    from slurm_ext.config import Config
+    from slurm_ext.repair.store import open_store
+    if os.geteuid() != 0:
+        pytest.fail("run as root (the README's test command does): the test opens root's file as nobody")
+    top = Path(tempfile.mkdtemp(prefix="slurm-ext-page-store-", dir="/tmp"))
+    try:
+        top.chmod(0o755)
+        (top / "repair").mkdir(mode=folder)
+        (top / "repair").chmod(folder)
+        path = top / "repair" / "repair.db"
+        settings = Config(repair=RepairSection(database="sqlite", sqlite_file=str(path)))
+        open_store(settings, role="repair").close()  # the service makes it, as root: 600
+        said = _as_nobody(lambda: open_store(settings, create=False, role="page"))
+    finally:
+        shutil.rmtree(top)
+    assert said.startswith(f"StoreError: repair database {path}: cannot open it: "), said
     assert "the page runs as web.user" in said and 'repair.database = "mariadb"' in said, said

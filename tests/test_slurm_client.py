@@ -191,3 +191,12 @@ def test_sacct_json_of_slurm_24():
     job = _job_from_sacct_json(data)
     assert (job.job_id, job.state, job.exit_code, job.nodes) == (7, "COMPLETED", 0, "n[1-2]")
     assert (job.end - job.start).total_seconds() == 60
+
+
+def test_a_completing_job_in_squeues_json_is_completing_and_kept():
+    """The review of issue 32: a job whose Epilog still runs lists its base state first (["COMPLETED", "COMPLETING"]);
+    it still holds its node, as squeue's text says (CG), and the client's queue keeps it."""
+    from slurm_ext.slurm import _job_from_squeue_json
+    job = _job_from_squeue_json({"job_id": 7, "job_state": ["COMPLETED", "COMPLETING"], "nodes": "n1"})
+    assert job.state == "COMPLETING" and not job.finished
+    assert _job_from_squeue_json({"job_id": 8, "job_state": ["COMPLETED"], "nodes": "n1"}).finished

@@ -165,8 +165,8 @@ def test_the_overview_shows_the_five_states_the_fake_gpus_usage_and_a_drain_the_
 
 @pytest.fixture(params=["host", pytest.param("images", marks=pytest.mark.containers)])
 def page(request):
-    """The page of the host's 4-node dev cluster (Slurm 22.05) and of the images' (Slurm 26.05, the session's
-    `twin`), settled after the test."""
+    """The page of the host's 4-node dev cluster (Slurm 22.05) and of the images' (Slurm 26.05, or the suite's
+    SLURM_EXT_TEST_IMAGE_SUITE: the session's `twin`), settled after the test."""
     cluster = request.getfixturevalue("site" if request.param == "host" else "twin")
     yield cluster
     cluster.settle(cluster.nodes)

@@ -122,8 +122,7 @@ class RepairSteps:
     """What the repair tests do with a cluster, on the host's (RepairCluster) or on the images' (helpers/
     containerrepair.py): the same test body on both. Each kind gives `nodes` (running, idle between tests),
     `down_node` (one whose slurmd does not answer), `kind`, client(), run() (a Slurm command line as root),
-    repair_cli(), all_records(), sbatch(), gate(), inject_xid(), slurmctld_log(), reboot_program_ran() and
-    wait_accounted()."""
+    repair_cli(), all_records(), sbatch(), gate(), inject_xid(), reboots_seen() and wait_accounted()."""
 
     def records(self) -> list[dict]:
         done = self.repair_cli("repair", "list", "--json")
@@ -166,21 +165,27 @@ class RepairSteps:
                 else:
                     self.resume(node.name)
 
+        last = {}
+
         def settled():
-            if [r for r in self.records() if r["state"] in ("recommended", "approved", "running")]:
-                return False
+            last["open"] = [f"{r['node']} {r['state']}" for r in self.records()
+                            if r["state"] in ("recommended", "approved", "running")]
             states = {n.name: n for n in slurm.nodes()}
             # a node just resumed shows no boot time until it registers again (recorded in tests/data/slurm/)
-            return all(states[n].idle and states[n].boot_time for n in nodes)
-        wait_for("the cluster settled", settled, 120, interval=0.5)
+            last["unsettled"] = [f"{n} {states[n].state}+{'+'.join(sorted(states[n].flags))} boot {states[n].boot_time}"
+                                 for n in nodes if not (states[n].idle and states[n].boot_time)]
+            return not last["open"] and not last["unsettled"]
+        try:
+            wait_for("the cluster settled", settled, 120, interval=0.5)
+        except AssertionError as err:
+            raise AssertionError(f"{err}: open records {last.get('open')}, nodes {last.get('unsettled')}") from None
 
     def heal_drills(self) -> None:
         """Undo the faults `drill` made (a kind without drills has none)."""
 
     def cancel_all(self) -> None:
-        jobs = [str(j.job_id) for j in self.client().jobs()]
-        if jobs:
-            self.run("scancel", *jobs, check=False)
+        slurm = self.client()
+        slurm.cancel([j.job_id for j in slurm.jobs()])
 
     def resume(self, node: str) -> None:
         self.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
@@ -247,12 +252,11 @@ class RepairCluster(Cluster, RepairSteps):
         path.parent.chmod(0o755)
         return Gate(str(path), path)
 
-    def slurmctld_log(self) -> str:
-        return (self.layout.log / "slurmctld.log").read_text()
-
-    def reboot_program_ran(self, node: str) -> bool:
-        """slurmd ran the RebootProgram (its log says so at the dev cluster's SlurmdDebug)."""
-        return "Node reboot request being processed" in self.layout.slurmd_log(node).read_text()
+    def reboots_seen(self, node: str) -> tuple[int, int]:
+        """(reboots of `node` slurmctld queued, times slurmd ran the RebootProgram) so far, by their logs (at the dev
+        cluster's SlurmdDebug): counted, for a test to tell its own reboot from an earlier test's."""
+        return ((self.layout.log / "slurmctld.log").read_text().count(f"reboot request queued for nodes {node}"),
+                self.layout.slurmd_log(node).read_text().count("Node reboot request being processed"))
 
     def all_records(self, node: str) -> list[dict]:
         """Every record of `node`, closed ones too, from the store."""

@@ -1,10 +1,11 @@
-"""The repair tests' cluster on slurm-ext's images: Slurm 26.05 (Debian sid) as Slinky runs it, beside the host's.
+"""The repair tests' cluster on slurm-ext's images: Slurm 26.05 (Debian sid; the suite's images, so 24.11 with
+SLURM_EXT_TEST_IMAGE_SUITE=trixie) as Slinky runs it, beside the host's.
 
 Four workers (configless dynamic nodes, two fake GPUs each, cgroup/v1), slurmctld with the controller agent's
 repair service, slurmdbd on MariaDB (containers/cluster.py), and Slurm's reboot of a worker played by restarting
 its container as a booted node. It offers what the host's RepairCluster (helpers/cluster.py) offers, so that one
 test body runs on both: Slurm through `docker exec` into the controller, the CLI as the controller's, a kernel log
-file per worker in its state volume (written from here), jobs as the cluster's user.
+file per worker in its /etc/slurm-ext (root/ext-n<i> here, written from here), jobs as the cluster's user.
 """
 
 from __future__ import annotations
@@ -128,11 +129,11 @@ class ContainerRepairCluster(RepairSteps):
             log.write(f"NVRM: Xid (PCI:{bus}): {xid}, pid='<unknown>', name=<unknown>, GPU has fallen off "
                       "the bus.\n")
 
-    def slurmctld_log(self) -> str:
-        return self.containers.logs("controller")
-
-    def reboot_program_ran(self, node: str) -> bool:
-        return "booting after the RebootProgram" in self.containers.logs(f"n{self.nodes.index(node) + 1}")
+    def reboots_seen(self, node: str) -> tuple[int, int]:
+        """(reboots of `node` slurmctld queued, boots of its container after the RebootProgram) so far, by their
+        logs (every run of a container's)."""
+        return (self.containers.logs("controller").count(f"reboot request queued for nodes {node}"),
+                self.containers.logs(f"n{self.nodes.index(node) + 1}").count("booting after the RebootProgram"))
 
     def run(self, *cmd: str, timeout: float = 30.0, check: bool = True) -> command.CommandResult:
         return self._in_controller(list(cmd), timeout, check=check)
