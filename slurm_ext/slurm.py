@@ -227,8 +227,8 @@ class SlurmClient:
         if self.use_json("squeue"):
             return self._squeue_json()
         out = self._run(["scontrol", "show", "job", "-d", "--oneliner"]).stdout
-        return [job for job in map(_job_from_scontrol_text, (line for line in out.splitlines()
-                                                              if line.startswith("JobId="))) if not job.finished]
+        jobs = (_job_from_scontrol_text(line) for line in out.splitlines() if line.startswith("JobId="))
+        return [job for job in jobs if not job.finished]
 
     def _squeue_json(self) -> list[Job]:
         """squeue --json's jobs, those that ended left out: 22.05's lists them too (within MinJobAge, recorded in
