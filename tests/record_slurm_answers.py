@@ -32,6 +32,7 @@ from slurm_ext import command  # noqa: E402
 from slurm_ext.config import SlurmSection  # noqa: E402
 from slurm_ext.slurm import SlurmClient  # noqa: E402
 
+from helpers.containerrepair import exec_runner  # noqa: E402
 from helpers.slurmanswers import FOREIGN_DRAIN, Facts, Recorder, Recording, walk  # noqa: E402
 from helpers.wait import wait_for  # noqa: E402
 
@@ -114,11 +115,7 @@ def record_images(suite: str) -> Path:
                                    workers=((1, 2), (2, 2)), slurm_conf="RebootProgram=/bin/true\n")
         try:
             cluster.start()
-            controller = cluster.containers["controller"].name
-
-            def in_controller(argv, timeout, env=None, input=None, check=True):
-                return command.run(["/usr/bin/docker", "-H", engine.host, "exec", "-i", controller, *argv], timeout,
-                                   input=input, check=check)
+            in_controller = exec_runner(engine, cluster.containers["controller"].name)
             plain = SlurmClient(SlurmSection(timeout=30), runner=in_controller)
 
             def sbatch(*args: str) -> int:

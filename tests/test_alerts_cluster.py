@@ -9,6 +9,7 @@ given to this Prometheus has every duration cut to a second, nothing else change
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
@@ -29,6 +30,7 @@ from slurm_ext import config as config_mod
 from slurm_ext.repair.store import open_store
 
 from helpers import prometheus as prometheus_server
+from helpers.idp import not_http
 from helpers.prometheus import get as _get
 from helpers.wait import wait_for
 
@@ -205,18 +207,6 @@ def test_the_webhook_gets_the_critical_finding_the_recommendation_and_the_approv
         hook.server_close()
 
 
-def _answer_not_http(listener: socket.socket) -> None:
-    """Answer every connection with an SSH server's greeting until `listener` is closed."""
-    while True:
-        try:
-            conn, _ = listener.accept()
-        except OSError:
-            return
-        with conn:
-            conn.recv(65536)
-            conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
-
-
 #: the webhook URL's path: its secret, never to be in the journal or a log
 _SECRET = "/hooks/T0KEN-SECRET"
 
@@ -224,15 +214,17 @@ _SECRET = "/hooks/T0KEN-SECRET"
 @pytest.mark.parametrize("down", ["refused", "never-answers", "not-http"])
 def test_a_webhook_that_is_down_costs_retries_and_a_counted_drop_while_the_repair_completes(drill, tmp_path, down):
     layout, node, settings = drill.layout, drill.cluster.node, drill.cluster.settings
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
-    if down == "refused":
-        listener.close()  # nothing listens: every post is refused
+    webhook = contextlib.ExitStack()
+    if down == "not-http":  # every connection answered with an SSH server's greeting
+        port = webhook.enter_context(not_http(b"SSH-2.0-OpenSSH_9.2\r\n"))
     else:
-        listener.listen(16)  # connections wait in the kernel's queue, never accepted: every post times out
-    if down == "not-http":
-        threading.Thread(target=_answer_not_http, args=(listener,), daemon=True).start()
+        listener = webhook.enter_context(socket.socket())
+        listener.bind(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+        if down == "refused":
+            listener.close()  # nothing listens: every post is refused
+        else:
+            listener.listen(16)  # connections wait in the kernel's queue, never accepted: every post times out
     url_file = tmp_path / "webhook-url"
     url_file.write_text(f"http://127.0.0.1:{port}{_SECRET}\n")
     url_file.chmod(0o600)
@@ -270,7 +262,7 @@ def test_a_webhook_that_is_down_costs_retries_and_a_counted_drop_while_the_repai
     finally:
         layout.slurm_ext_conf.write_text(config)
         os.kill(_controller_pid(layout), signal.SIGHUP)
-        listener.close()
+        webhook.close()
 
 
 def _records(drill) -> list[dict]:

@@ -53,6 +53,15 @@ kernel_log = "{KERNEL_LOG}"
 """
 
 
+def exec_runner(engine, container: str):
+    """A SlurmClient runner that runs each command in `container` (`docker exec -i`: sbatch's script on its standard
+    input too), as its root."""
+    def run(argv, timeout, env=None, input=None, check=True) -> command.CommandResult:
+        return command.run(["/usr/bin/docker", "-H", engine.host, "exec", "-i", container, *argv], timeout,
+                           input=input, check=check)
+    return run
+
+
 class ContainerRepairCluster(RepairSteps):
     def __init__(self, engine, images: dict[str, str]) -> None:
         self.engine = engine
@@ -92,11 +101,10 @@ class ContainerRepairCluster(RepairSteps):
     # -- what RepairSteps asks ------------------------------------------------------------
 
     def client(self, timeout: float = 30.0) -> SlurmClient:
-        return SlurmClient(SlurmSection(timeout=timeout), runner=self._in_controller)
+        return SlurmClient(SlurmSection(timeout=timeout), runner=self._in_controller())
 
-    def _in_controller(self, argv, timeout, env=None, input=None, check=True) -> command.CommandResult:
-        return command.run(["/usr/bin/docker", "-H", self.engine.host, "exec", "-i",
-                            self.containers.containers["controller"].name, *argv], timeout, input=input, check=check)
+    def _in_controller(self):
+        return exec_runner(self.engine, self.containers.containers["controller"].name)
 
     def repair_cli(self, *args: str, user: str = "alice", node: str | None = None) -> subprocess.CompletedProcess:
         """`slurm-ext ARGS` as the controller's (or node `node`'s) root, invoked by sudo from `user`."""
@@ -136,7 +144,7 @@ class ContainerRepairCluster(RepairSteps):
                 self.containers.logs(f"n{self.nodes.index(node) + 1}").count("booting after the RebootProgram"))
 
     def run(self, *cmd: str, timeout: float = 30.0, check: bool = True) -> command.CommandResult:
-        return self._in_controller(list(cmd), timeout, check=check)
+        return self._in_controller()(list(cmd), timeout, check=check)
 
     def wait_accounted(self, job_id: int, timeout: float = 60.0) -> Job:
         return self.client().wait_accounted(job_id, timeout)
