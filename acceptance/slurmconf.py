@@ -11,25 +11,14 @@ does not start), so the lines are given only for a Slurm that has it.
 
 from __future__ import annotations
 
-import re
+from slurm_ext.slurm import version_tuple
 
-__all__ = ["START_ONLY_SINCE", "slurm_conf_lines", "version_tuple"]
+__all__ = ["START_ONLY_SINCE", "slurm_conf_lines"]
 
 #: the first Slurm with HealthCheckNodeState=START_ONLY
 START_ONLY_SINCE = (25, 11)
 #: the first Slurm with HealthCheckTimeout
 TIMEOUT_SINCE = (26, 5)
-
-
-def version_tuple(version: str) -> tuple[int, int]:
-    """'26.05.1' or 'slurm 25.11.0' -> (26, 5).
-
-    Raises:
-        ValueError: not a Slurm version."""
-    found = re.search(r"(\d+)\.(\d+)", version)
-    if found is None:
-        raise ValueError(f"{version!r} is not a Slurm version (such as 26.05.1)")
-    return int(found.group(1)), int(found.group(2))
 
 
 def slurm_conf_lines(version: str, program: str, timeout: float = 0.0) -> list[str]:

@@ -79,7 +79,7 @@ REBOOT_PROGRAM = "/etc/slurm-ext/reboot"
 #: what slurmd runs for `scontrol reboot` in such a cluster: a container cannot reboot its host, so it is restarted
 #: (its agent, PID 1, stops on SIGTERM; the engine starts it again) and its start plays the boot (_BOOT)
 _REBOOT = f"""#!/bin/sh
-touch {STATE_DIR}/rebooting
+echo "$*" > {STATE_DIR}/rebooting
 kill -TERM 1
 """
 #: a worker's entry point in such a cluster: after the reboot program, a new boot id (the agent's
@@ -88,7 +88,8 @@ kill -TERM 1
 _BOOT = f"""#!/bin/sh
 [ -s {STATE_DIR}/boot_id ] || cat /proc/sys/kernel/random/uuid > {STATE_DIR}/boot_id
 if [ -e {STATE_DIR}/rebooting ]; then
-    echo "slurm-ext: booting after the RebootProgram ({REBOOT_PROGRAM}): a new boot id, slurmd -b" >&2
+    echo "slurm-ext: booting after the RebootProgram ({REBOOT_PROGRAM} $(cat {STATE_DIR}/rebooting)):" \\
+        "a new boot id, slurmd -b" >&2
     rm -f {STATE_DIR}/rebooting
     cat /proc/sys/kernel/random/uuid > {STATE_DIR}/boot_id
     set -- "$@" -b
@@ -175,7 +176,7 @@ class ContainerCluster:
     def __init__(self, client: docker.DockerClient, images: dict[str, str], mode: str, root: Path | None = None,
                  *, ports: Ports = Ports(), prefix: str = "", workers: tuple[tuple[int, int], ...] = ((1, 2), (2, 1)),
                  slurm_conf: str = "", slurmdbd_conf: str = "", repair_conf: str = "", worker_conf: str = "",
-                 controller_conf: str = "", reboot: bool = False, own_database: bool = False):
+                 controller_conf: str = "", reboot: bool = False, power_action: str = "", own_database: bool = False):
         """`images`: image name (build.py's IMAGES) -> tag; `root`: where the cluster's files go (a new
         temporary directory by default; removed by stop()). `ports`, `prefix` (of its containers' and volumes'
         names; default ct-<mode>): another cluster's beside the default one; `workers`: (index, GPUs) of the
@@ -185,7 +186,8 @@ class ContainerCluster:
         cluster's) and to the controller agent's (its [repair] is the cluster's); `own_database`: the repair store
         and the page in slurm-ext's own MariaDB database, each as its own account, as Slinky's manifests have them
         (containers/slinky/controller.yaml); `reboot`: Slurm's reboot of a worker
-        restarts its container as a booted node (REBOOT_PROGRAM)."""
+        restarts its container as a booted node (REBOOT_PROGRAM); `power_action` (with `reboot`, Slurm >= 26.05): a
+        PowerAction of that name that does the same, its name the program's first argument (in the boot's line)."""
         if mode not in MODES:
             raise ValueError(f"mode {mode!r}; one of {', '.join(MODES)}")
         self.client, self.images, self.mode = client, images, mode
@@ -201,6 +203,9 @@ class ContainerCluster:
         self.controller_conf, self.own_database = controller_conf, own_database
         if reboot:
             self.slurm_conf_extra += f"RebootProgram={REBOOT_PROGRAM}\n"
+            if power_action:
+                self.slurm_conf_extra += (f'PowerAction={power_action} Location=slurmd Program="{REBOOT_PROGRAM} '
+                                          f'{power_action}"\n')
         self.containers: dict[str, object] = {}
         self.workers: dict[str, Worker] = {}
         self.volumes: set[str] = set()

@@ -55,7 +55,7 @@ from typing import Callable
 
 from slurm_ext import nodestate
 from slurm_ext.agentapi import ACCEPTANCE_LEVELS, AcceptanceAnswer, AgentAnswerError, GpuResetAnswer, HealthAnswer
-from slurm_ext.errors import SlurmExtError
+from slurm_ext.errors import SlurmExtError, SlurmTooOld
 from slurm_ext.slurm import Job, Node, SlurmClient
 
 from .executors import ExecutorFailed, Outcome
@@ -243,10 +243,15 @@ def _reboot(record: Record, seen: Seen, node: Node, now: float) -> None:
         record.detail["acted_at"] = now
         record.detail["boot_before"] = node.boot_time.timestamp() if node.boot_time else 0.0
         _save(record, seen, now)
-    seen.slurm.reboot(record.node)
+    action = seen.settings.reboot_action
+    try:
+        seen.slurm.reboot(record.node, action)
+    except SlurmTooOld as err:  # the configuration's, not a Slurm away: asked again it would say the same
+        raise ExecutorFailed(str(err)) from None
     record.step = "wait-boot"
-    _save(record, seen, now, "repair-step", f"scontrol reboot {record.node}: Slurm reboots it through its "
-                                            "RebootProgram; it stays drained", acts="reboot")
+    how = f"action={action} {record.node}: Slurm runs PowerAction {action}" if action else \
+        f"{record.node}: Slurm reboots it through its RebootProgram"
+    _save(record, seen, now, "repair-step", f"scontrol reboot {how}; it stays drained", acts="reboot")
 
 
 def _reset_gpu(record: Record, seen: Seen, now: float) -> None:

@@ -56,6 +56,10 @@ class RepairSection:
                                     maximum=30 * 86400.0)
     requeue: bool = setting(False, "requeue the node's jobs that allow it (scontrol requeue) instead of waiting for "
                             "them", "bool")
+    reboot_action: str = setting("", "a PowerAction of slurm.conf that a reboot runs instead of RebootProgram "
+                                 "(`scontrol reboot action=NAME`, Slurm 26.05 and later): a power cycle through the "
+                                 "BMC, which a GPU fallen off the bus may need; empty: RebootProgram", "str",
+                                 pattern=r"^[A-Za-z0-9_.-]{0,64}$")
     boot_timeout: float = setting(900.0, "how long a node may take to come back from its action", "duration",
                                   minimum=1.0, maximum=86400.0)
     verify_timeout: float = setting(300.0, "how long the node's health checks may take to pass after it came back",

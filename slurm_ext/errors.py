@@ -79,6 +79,11 @@ class SlurmUnreachable(SlurmError):
     """slurmctld or slurmdbd did not answer within the timeout."""
 
 
+class SlurmTooOld(SlurmError):
+    """The installed Slurm lacks what the configuration asks of it (a key of a later release): asking again will not
+    help; the message names the key and the release that has it."""
+
+
 class NotOurDrain(SlurmError):
     """A resume was refused because the node's drain was not set by slurm-ext."""
 

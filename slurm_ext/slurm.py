@@ -13,11 +13,13 @@ admin's drain is never undone by us.
 
 Main API: `SlurmClient.node`, `.nodes`, `.jobs`, `.queue` (jobs with the GPU
 indexes each holds per node), `.job`, `.wait_accounted`, `.drain`, `.resume`,
-`.node_events`; records `Node`, `Job`, `NodeEvent`.
+`.node_events`; records `Node`, `Job`, `NodeEvent`; `slurmd_unready` (slurmd's
+own /readyz, Slurm >= 25.11).
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
@@ -28,10 +30,10 @@ from typing import Any, Callable
 
 from . import command
 from .config import SlurmSection
-from .errors import CommandError, CommandTimeout, NotOurDrain, SlurmError, SlurmUnreachable
+from .errors import CommandError, CommandTimeout, NotOurDrain, SlurmError, SlurmTooOld, SlurmUnreachable
 
-__all__ = ["REASON_PREFIX", "Node", "Job", "NodeEvent", "SlurmClient", "is_our_reason", "expand_hostlist",
-           "gpu_indexes"]
+__all__ = ["REASON_PREFIX", "READYZ_SINCE", "POWER_ACTION_SINCE", "Node", "Job", "NodeEvent", "SlurmClient",
+           "is_our_reason", "expand_hostlist", "gpu_indexes", "slurmd_unready", "version_tuple"]
 
 #: every drain reason slurm-ext writes starts with this; it resumes no other
 REASON_PREFIX = "slurm-ext:"
@@ -55,6 +57,17 @@ _BASE_STATES = {"IDLE", "ALLOCATED", "MIXED", "DOWN", "ERROR", "FUTURE", "UNKNOW
 def is_our_reason(reason: str) -> bool:
     """Whether a node reason was written by slurm-ext."""
     return reason.startswith(REASON_PREFIX)
+
+
+def version_tuple(version: str) -> tuple[int, int]:
+    """'26.05.1' or 'slurm 25.11.0' -> (26, 5).
+
+    Raises:
+        ValueError: not a Slurm version."""
+    found = re.search(r"(\d+)\.(\d+)", version)
+    if found is None:
+        raise ValueError(f"{version!r} is not a Slurm version (such as 26.05.1)")
+    return int(found.group(1)), int(found.group(2))
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +95,8 @@ class Node:
     gpus_used: int = 0
     #: NodeAddr: where its daemons are reached
     addr: str = ""
+    #: the port its slurmd listens on (0: not shown); on Slurm >= 25.11 slurmd answers /livez and /readyz there too
+    port: int = 0
     #: its slurmd's Slurm version ("" until it registered)
     version: str = ""
     #: the OS its slurmd reported: kernel name, release and build (Linux 6.1.0-27-amd64 #1 SMP ...)
@@ -105,6 +120,37 @@ class Node:
     @property
     def reason_is_ours(self) -> bool:
         return is_our_reason(self.reason)
+
+
+#: the first Slurm whose slurmd answers GET /livez and /readyz on its own port
+READYZ_SINCE = (25, 11)
+#: the first Slurm with named PowerActions (`scontrol reboot action=NAME`)
+POWER_ACTION_SINCE = (26, 5)
+
+
+def slurmd_unready(node: Node, timeout: float = 2.0) -> str:
+    """Why `node`'s slurmd says it cannot take RPCs yet, by its own /readyz (Slurm >= 25.11: "ready to accept
+    incoming RPCs", slurmd.8); "" when it answers 2xx, or when its Slurm has no /readyz or Slurm shows no port for
+    it (nothing to ask). slurmctld's view (registered, responding) lags a hung slurmd by SlurmdTimeout; this does
+    not."""
+    try:
+        if not node.port or version_tuple(node.version) < READYZ_SINCE:
+            return ""
+    except ValueError:
+        return ""
+    where = f"{node.addr or '127.0.0.1'}:{node.port}"
+    connection = http.client.HTTPConnection(node.addr or "127.0.0.1", node.port, timeout=timeout)
+    try:
+        connection.request("GET", "/readyz")
+        reply = connection.getresponse()
+        body = reply.read(512).decode(errors="replace").strip()
+    except (OSError, http.client.HTTPException) as err:
+        return f"slurmd's /readyz on {where} did not answer: {err or type(err).__name__}"
+    finally:
+        connection.close()
+    if 200 <= reply.status < 300:  # 26.05's slurmd answers 204, no body
+        return ""
+    return f"slurmd's /readyz on {where} answered {reply.status}" + (f": {body}" if body else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,10 +210,11 @@ class SlurmClient:
         """(major, minor) of the installed Slurm tools, e.g. (22, 5)."""
         if self._version is None:
             out = self._run(["sinfo", "--version"]).stdout
-            match = re.search(r"(\d+)\.(\d+)", out)
-            if not match:
-                raise SlurmError(f"cannot read the Slurm version from {out.strip()!r}", ["sinfo", "--version"])
-            self._version = (int(match.group(1)), int(match.group(2)))
+            try:
+                self._version = version_tuple(out)
+            except ValueError:
+                raise SlurmError(f"cannot read the Slurm version from {out.strip()!r}",
+                                 ["sinfo", "--version"]) from None
         return self._version
 
     def use_json(self, tool: str = "sinfo") -> bool:
@@ -364,12 +411,22 @@ class SlurmClient:
             reason = f"{REASON_PREFIX} {reason}"
         self._run(["scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}"])
 
-    def reboot(self, node: str) -> None:
+    def reboot(self, node: str, action: str = "") -> None:
         """`scontrol reboot NODE` of a node already drained and idle: Slurm runs its RebootProgram at once and
         keeps the drain (and its reason, with ': reboot issued' added) after the reboot, so the node takes no job
         until it is resumed. Seen on 22.05: ASAP, or any nextstate, clears the drain when the reboot completes
-        (RESUME at once; DOWN under ReturnToService=2 at the next ping), before any check could run."""
-        self._run(["scontrol", "reboot", node])
+        (RESUME at once; DOWN under ReturnToService=2 at the next ping), before any check could run. 26.05's FORCE
+        is not used either: it requeues running jobs and resets the node's state, and the node rebooted here has
+        none and must keep its drain. `action`: slurm.conf's PowerAction of that name instead of RebootProgram
+        (`action=`, Slurm 26.05 and later; the drain is kept the same way).
+
+        Raises:
+            SlurmTooOld: an `action` on a Slurm before 26.05, which has no `action=`."""
+        if action and self.version() < POWER_ACTION_SINCE:
+            raise SlurmTooOld(f"reboot action {action!r} (a PowerAction) needs Slurm 26.05 or later; this Slurm is "
+                             f"{'.'.join(f'{part:02d}' for part in self.version())}: empty repair.reboot_action, or "
+                             "upgrade", ["scontrol", "reboot", f"action={action}", node])
+        self._run(["scontrol", "reboot", *([f"action={action}"] if action else []), node])
 
     def submit(self, script: str, options: list[str]) -> int:
         """`sbatch --parsable OPTIONS` with `script` on its standard input; the job id.
@@ -533,6 +590,7 @@ def _node_from_json(data: dict) -> Node:
         boot_time=_epoch(data.get("boot_time")),
         gpus_used=_gpus_in(data.get("alloc_tres") or data.get("tres_used") or ""),
         addr=data.get("address") or "",
+        port=_number(data.get("port")) or 0,
         version=data.get("version") or data.get("slurmd_version") or "",  # slurmd_version: 22.05
         os=data.get("operating_system") or "",
     )
@@ -583,6 +641,7 @@ def _node_from_text(line: str) -> Node:
         boot_time=_parse_time(fields.get("BootTime", "")),
         gpus_used=_gpus_in(fields.get("AllocTRES", "")),
         addr=fields.get("NodeAddr", ""),
+        port=int(fields.get("Port", "0") or 0) if fields.get("Port", "").isdigit() else 0,
         version="" if fields.get("Version") in (None, "(null)", "N/A") else fields["Version"],
         os="" if fields.get("OS") in (None, "(null)", "N/A") else fields["OS"],
     )

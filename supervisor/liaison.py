@@ -6,7 +6,8 @@ happens here. Wants and clears come from the loop (a crash loop), from start
 steps (gres) and, through the node-state socket, from the hook service;
 this thread makes Slurm agree (slurm_ext.nodestate), retrying while Slurm is
 unreachable, and keeps the node's readiness up to date: registered by the
-slurmd started last, and responding.
+slurmd started last, responding, and (Slurm >= 25.11) its slurmd's own /readyz
+answering 2xx.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Callable
 
 from slurm_ext import drainmark, nodestate
 from slurm_ext.errors import SlurmExtError
-from slurm_ext.slurm import Node, SlurmClient
+from slurm_ext.slurm import Node, SlurmClient, slurmd_unready
 
 __all__ = ["SlurmLiaison"]
 
@@ -30,6 +31,8 @@ _BUSY_INTERVAL = 0.25
 #: how often to look while a drain of ours waits behind someone else's: their resume must be followed by ours
 #: before Slurm starts a job on the node (the Prolog refuses one meanwhile)
 _HELD_INTERVAL = 0.5
+#: how long slurmd's own /readyz (Slurm >= 25.11) may take to answer: this thread also owns the node's state
+_READYZ_TIMEOUT = 1.0
 #: how often an unchanged failure to reach Slurm is logged again
 _REPEAT_FAILURE_EVERY = 60.0
 
@@ -53,6 +56,8 @@ class SlurmLiaison(threading.Thread):
         #: last answer: the node is registered (by the slurmd started last) and responding
         self.node_ok = False
         self.node_problem = "not asked yet"
+        #: the node as Slurm last showed it (where its slurmd answers /readyz), once read
+        self._node: Node | None = None
         #: epoch time of the latest slurmd start: the node is ready once that slurmd has registered
         self._slurmd_started: float | None = None
         self._stop = threading.Event()
@@ -119,7 +124,7 @@ class SlurmLiaison(threading.Thread):
                         if self.watch_node:
                             self._check_node(node)
                 except SlurmExtError as err:
-                    self._set_ok(False, str(err))
+                    self._set_ok(False, self._slurmd_first(str(err)))
                     self._failed(str(err))
                 except Exception:  # never let this thread die silently
                     log.exception("slurm liaison: unexpected error (retrying)")
@@ -162,7 +167,19 @@ class SlurmLiaison(threading.Thread):
         problem = "" if ok else (f"node {node.name} is {node.state}+{'+'.join(sorted(node.flags))}" if
                                  not node.responding or node.state in ("UNKNOWN", "FUTURE")
                                  else f"node {node.name}: the slurmd started last has not registered yet")
+        self._node = node
+        if ok and (unready := slurmd_unready(node, _READYZ_TIMEOUT)):
+            # slurmctld still counts a hung slurmd as responding until SlurmdTimeout; its own /readyz says at once
+            ok, problem = False, f"node {node.name}: {unready}"
         self._set_ok(ok, problem)
+
+    def _slurmd_first(self, error: str) -> str:
+        """Slurm did not answer: where slurmd has /readyz (by the node's last reading), and it does not answer
+        either, that is said first. A configless node's Slurm commands get their credentials from slurmd (auth/slurm's
+        sack socket), so a hung slurmd shows as every command timing out; its own /readyz names the cause."""
+        if self._node is not None and (unready := slurmd_unready(self._node, _READYZ_TIMEOUT)):
+            return f"node {self._node.name}: {unready} (and {error})"
+        return error
 
     def _set_ok(self, ok: bool, problem: str) -> None:
         changed = ok != self.node_ok

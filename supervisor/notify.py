@@ -127,12 +127,14 @@ class NotifySocket:
 
 
 class SystemdLink:
-    """The agent's own sd_notify link to systemd, when systemd runs it: READY=1, STATUS= and the watchdog."""
+    """The agent's own sd_notify link to systemd, when systemd runs it: READY=1, STATUS= and the watchdog.
+
+    The protocol is one datagram per message to NOTIFY_SOCKET (a path, or an abstract name after '@'), the side
+    NotifySocket receives; a lost datagram is no error (systemd's own sd_notify does not retry either)."""
 
     def __init__(self, socket_path: str, watchdog_usec: int):
-        import sdnotify  # only under systemd
-        os.environ["NOTIFY_SOCKET"] = socket_path
-        self._notifier = sdnotify.SystemdNotifier()
+        self._address = "\0" + socket_path[1:] if socket_path.startswith("@") else socket_path
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
         #: seconds between WATCHDOG=1 (half of WatchdogSec, as sd_watchdog_enabled advises); 0: none asked
         self.watchdog_every = watchdog_usec / 2e6
         self._last_watchdog = 0.0
@@ -141,11 +143,17 @@ class SystemdLink:
     def next_watchdog(self) -> float:
         return self._last_watchdog + self.watchdog_every
 
+    def _send(self, message: str) -> None:
+        try:
+            self._sock.sendto(message.encode(), self._address)
+        except OSError:  # systemd away or its socket full: the next tick says it again
+            pass
+
     def tick(self, now: float, ready: bool, status: str) -> None:
         """Pet the watchdog when due; tell systemd a new status (READY=1 with it once ready)."""
         if self.watchdog_every and now >= self.next_watchdog():
-            self._notifier.notify("WATCHDOG=1")
+            self._send("WATCHDOG=1")
             self._last_watchdog = now
         if status != self._status:
-            self._notifier.notify(("READY=1\n" if ready else "") + f"STATUS={status}")
+            self._send(("READY=1\n" if ready else "") + f"STATUS={status}")
             self._status = status

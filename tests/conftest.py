@@ -133,12 +133,15 @@ def agents(tmp_path):
         agent.out.close()
 
 _image_build = ImageBuild()
+#: Slurm 24.11's images (Debian trixie), for the one module that runs on them (test_images_trixie): built into the
+#: same engine once the suite's are, while the side's other tests run
+_trixie_build = ImageBuild("trixie", engine_of=_image_build)
 
 #: modules run beside the rest under `pytest -n 2 --dist loadgroup` (the README's test command): each brings up
 #: clusters of its own on ports of its own, and they mostly wait on Slurm's timers, MariaDB and Docker, so the two
 #: halves share the two cores well; everything else (the session cluster's tests, the timing ones) is the other half
 SIDE_MODULES = frozenset({"test_accounting_cluster", "test_container_cluster", "test_containers",
-                          "test_oidc_slurm_images", "test_repair_cluster", "test_web_cluster"})
+                          "test_images_trixie", "test_oidc_slurm_images", "test_repair_cluster", "test_web_cluster"})
 #: the suite's own munged (see pytest_sessionstart)
 _munged = []
 
@@ -173,6 +176,7 @@ def pytest_collection_finish(session):
             _image_build.wanted = True
         else:
             _image_build.start()
+    _trixie_build.wanted = any("trixie_images" in getattr(item, "fixturenames", ()) for item in session.items)
 
 
 def pytest_runtest_setup(item):
@@ -181,6 +185,7 @@ def pytest_runtest_setup(item):
 
 
 def pytest_sessionfinish(session):
+    _trixie_build.stop()
     _image_build.stop()
     for daemon, state_dir in _munged:
         if daemon is not None:
@@ -198,7 +203,16 @@ def engine():
 @pytest.fixture(scope="session")
 def images(engine) -> dict[str, str]:
     """image name -> tag, built from this checkout into the suite's engine (see _ImageBuild)."""
-    return _image_build.images()
+    built = _image_build.images()
+    if _trixie_build.wanted:
+        _trixie_build.start()
+    return built
+
+
+@pytest.fixture(scope="session")
+def trixie_images(engine) -> dict[str, str]:
+    """Slurm 24.11's images (Debian trixie), tag by name: the one module of the suite that runs on them."""
+    return _trixie_build.images()
 
 
 @pytest.fixture(scope="session")
@@ -214,6 +228,11 @@ def twin(engine, images):
         cluster.stop()
 
 
+def _on_twin(item) -> bool:
+    """The item is a test body's run on the images' twin: one of its parameters (either, books, page) is "images"."""
+    return "images" in getattr(getattr(item, "callspec", None), "params", {}).values()
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the xdist_group marks
 def pytest_collection_modifyitems(items):
     """Every test that needs a real Slurm cluster carries the `cluster` marker, whether it reaches the session's
@@ -224,7 +243,11 @@ def pytest_collection_modifyitems(items):
         fixtures = getattr(item, "fixturenames", ())
         if "cluster" in fixtures or item.module.__name__.endswith("_cluster"):
             item.add_marker(pytest.mark.cluster)
-        if {"images", "engine", "twin"} & set(fixtures):
+        if {"images", "engine", "twin", "trixie_images"} & set(fixtures):
             item.add_marker(pytest.mark.containers)
         item.add_marker(pytest.mark.xdist_group("side" if item.module.__name__ in SIDE_MODULES else "main"))
+    # the tests on the images' twin (a test body parametrized "images" beside "host") last, in their order: the twin
+    # starts at the first and stays up to the session's end, and its seven containers would otherwise share the
+    # cores with every container test after it
+    items.sort(key=_on_twin)
 

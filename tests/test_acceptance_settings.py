@@ -8,7 +8,8 @@ import pytest
 from slurm_ext.acceptance.catalog import TESTS, specs_for
 from slurm_ext.acceptance.records import FAIL, PASS, Figure, Result, Run, judged
 from slurm_ext.acceptance.settings import WHY_OFF, AcceptanceSection
-from slurm_ext.acceptance.slurmconf import slurm_conf_lines, version_tuple
+from slurm_ext.acceptance.slurmconf import slurm_conf_lines
+from slurm_ext.slurm import version_tuple
 from slurm_ext.acceptance.verdict import drain_reason
 from slurm_ext.config import from_dict, render
 from slurm_ext.errors import ConfigError

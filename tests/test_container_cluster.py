@@ -11,12 +11,15 @@ from __future__ import annotations
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from helpers.wait import wait_for
+from slurm_ext.slurm import READYZ_SINCE, version_tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "containers"))
 from cluster import MODES, ContainerCluster, Worker  # noqa: E402 (containers/cluster.py, not a package)
@@ -201,6 +204,39 @@ def test_slurmd_killed_in_a_worker_comes_back_in_the_same_container_and_its_job_
     assert ccluster.metric(worker, "slurm_ext_supervisor_restarts_total", worker="slurmd") == restarts + 1
     ccluster.wait_job(job_id)
     ccluster.wait_idle(worker.node)
+
+
+def test_a_stopped_slurmd_makes_its_agent_unready_by_slurmds_own_readyz_before_slurmctld_notices(ccluster):
+    """Slurm >= 25.11: slurmd answers GET /readyz on its port, and the agent's readiness asks it. A slurmd stopped
+    (SIGSTOP) is still responding to slurmctld until SlurmdTimeout; the agent is unready at its next look
+    (supervisor.ready_interval), naming slurmd's /readyz, and ready again once slurmd runs. Before 25.11 (trixie's
+    24.11) there is no /readyz to ask: the agent is unready only because Slurm's commands, whose credentials a
+    configless node's slurmd gives (auth/slurm's sack socket), stop answering."""
+    worker = ccluster.workers[min(ccluster.workers)]
+    slurmd = _slurmd_pid(ccluster, worker)
+    readyz = version_tuple(ccluster.node(worker.node)["version"]) >= READYZ_SINCE
+    assert _readyz(worker) == (200, "ready")
+    ccluster.exec(_worker_name(worker), "kill", "-STOP", str(slurmd))
+    try:
+        status, why = wait_for("the agent unready", lambda: (got := _readyz(worker))[0] == 503 and got, timeout=45,
+                               interval=0.2)
+        if readyz:
+            assert f"slurmd's /readyz on 127.0.0.1:{ccluster.ports.slurmd + worker.index} did not answer" in why, why
+        else:
+            assert "/readyz" not in why and "no answer within" in why, why
+        assert "NOT_RESPONDING" not in ccluster.state(worker.node)  # slurmctld has not noticed yet
+    finally:
+        ccluster.exec(_worker_name(worker), "kill", "-CONT", str(slurmd))
+    wait_for("the agent ready again", lambda: _readyz(worker) == (200, "ready"), timeout=15, interval=0.2)
+
+
+def _readyz(worker: Worker) -> tuple[int, str]:
+    """The worker's agent's /readyz: (status, its text)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{worker.agent_port}/readyz", timeout=5) as reply:
+            return reply.status, reply.read().decode().strip()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode().strip()
 
 
 def test_reconfigure_every_slurmd_re_execs_and_the_agents_follow(ccluster):

@@ -42,7 +42,7 @@ def test_build_wheels_packs_the_project_its_dependencies_and_pip(wheels):
     names = sorted(p.name for p in wheels.glob("*.whl"))
     assert any(n.startswith("slurm_ext-") for n in names)
     assert any(n.startswith("pip-") for n in names)
-    for dependency in ("nvidia_ml_py", "sdnotify", "prometheus_client", "pyroute2", "flask", "waitress"):
+    for dependency in ("nvidia_ml_py", "prometheus_client", "pyroute2", "flask", "waitress"):
         assert any(n.lower().startswith(dependency) for n in names), (dependency, names)
     manifest = json.loads((wheels / "manifest.json").read_text())
     assert manifest["total_bytes"] == sum(manifest["files"].values()) < 32 * 2**20

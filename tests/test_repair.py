@@ -434,8 +434,8 @@ class _Slurm:
     def drain(self, node, reason):
         self.calls.append(("drain", node, reason))
 
-    def reboot(self, node):
-        self.calls.append(("reboot", node))
+    def reboot(self, node, action=""):
+        self.calls.append(("reboot", node) + ((action,) if action else ()))
 
     def resume(self, node):
         self.calls.append(("resume", node))
@@ -524,6 +524,30 @@ def test_a_reboot_repair_drains_reboots_waits_verifies_and_resumes(store):
     advance(record, seen)
     assert record.state == "done" and seen.slurm.calls == [("resume", "n1")]
     assert [e.event for e in store.events(record=record.id)][-1] == "repair-done"
+
+
+def test_a_reboot_by_power_action_says_so_and_a_slurm_without_it_fails_the_repair_drained(store):
+    """repair.reboot_action: `scontrol reboot action=NAME` (the images' 26.05 repair test runs a real one); a Slurm
+    that refuses it (SlurmClient.reboot before 26.05) fails the repair and the node stays drained."""
+    from slurm_ext.errors import SlurmTooOld
+    from slurm_ext.repair.flow import advance
+    record = _approved(store)
+    seen = _seen(store, [_drained("n1")], RepairSection(reboot_action="power-cycle"))
+    advance(record, seen)
+    assert seen.slurm.calls[-1] == ("reboot", "n1", "power-cycle") and record.step == "wait-boot"
+    said = [e.message for e in store.events(record=record.id) if e.event == "repair-step"][-1]
+    assert said.startswith("scontrol reboot action=power-cycle n1: Slurm runs PowerAction power-cycle"), said
+
+    class OldSlurm(_Slurm):
+        def reboot(self, node, action=""):
+            raise SlurmTooOld("reboot action 'power-cycle' (a PowerAction) needs Slurm 26.05 or later; this Slurm is "
+                             "22.05: empty repair.reboot_action, or upgrade")
+    refused = _approved(store, "n2")
+    seen = _seen(store, [_drained("n2")], RepairSection(reboot_action="power-cycle"))
+    seen.slurm = OldSlurm()
+    advance(refused, seen)
+    assert refused.state == "failed" and "needs Slurm 26.05 or later" in refused.note, refused
+    assert seen.slurm.calls[-1][0] == "drain" and "failed" in seen.slurm.calls[-1][2]  # drained, saying why
 
 
 def test_jobs_past_the_deadline_fail_the_repair_and_its_reason_says_so(store):
@@ -661,7 +685,7 @@ def test_each_step_is_stamped_when_it_happens_and_an_action_before_it_runs(store
         def drain(self, node, reason):
             self.calls.append(("drain", clock()))
 
-        def reboot(self, node):
+        def reboot(self, node, action=""):
             self.calls.append(("reboot", clock()))
 
         def resume(self, node):

@@ -133,7 +133,8 @@ def test_a_gpu_fault_is_recommended_approved_and_repaired_through_slurms_reboot(
     # a resumed node answers Slurm's next ping (it shows NOT_RESPONDING until then: SlurmdTimeout/3 at most)
     after = wait_for(f"{node} back in service", lambda: (n := repair.slurm_node(node)).idle and n, 30, interval=0.5)
     assert after.boot_time > boot_before, after
-    queued, ran = repair.reboots_seen(node)  # slurmctld queued this reboot and slurmd ran the RebootProgram
+    # slurmctld queued this reboot and slurmd ran the RebootProgram (26.05: the repair's PowerAction)
+    queued, ran = repair.reboots_seen(node)
     assert queued > reboots_before[0] and ran > reboots_before[1], (reboots_before, queued, ran)
 
     # Slurm's own drain event reaches slurmdbd through slurmctld's DBD agent queue, which may lag under load
@@ -146,7 +147,7 @@ def test_a_gpu_fault_is_recommended_approved_and_repaired_through_slurms_reboot(
                                 ("repair", "repair-recommended"), ("repair", "repair-approved"),
                                 ("repair", f"drained {node}"), ("slurm", "DRAIN: slurm-ext: repair reboot"),
                                 ("repair", "jobs have ended"),
-                                ("repair", f"scontrol reboot {node}"), ("agent", "supervisor/started"),
+                                ("repair", repair.reboot_step(node)), ("agent", "supervisor/started"),
                                 ("repair", f"{node} is back"), ("repair", "checks pass"), ("repair", "repair-done")])
     assert steps[2]["user"] == "alice"
 

@@ -200,3 +200,70 @@ def test_a_completing_job_in_squeues_json_is_completing_and_kept():
     job = _job_from_squeue_json({"job_id": 7, "job_state": ["COMPLETED", "COMPLETING"], "nodes": "n1"})
     assert job.state == "COMPLETING" and not job.finished
     assert _job_from_squeue_json({"job_id": 8, "job_state": ["COMPLETED"], "nodes": "n1"}).finished
+
+
+def _readyz_server(status: int, body: bytes):
+    """An HTTP server on 127.0.0.1 that answers every GET with `status` and `body`, as slurmd's /readyz would."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_slurmd_readyz_is_asked_only_of_a_slurm_that_has_it():
+    """25.11 and later: a 503 is the reason, a 204 is none; before 25.11, or with no port shown, nothing is asked
+    (the port answers 503 to anyone who asks: a 22.05 node would be unready if it were). The images' test asks a
+    real 26.05 slurmd (tests/test_container_cluster.py)."""
+    from slurm_ext.slurm import slurmd_unready
+    unready = _readyz_server(503, b"not ready: registering\n")
+    ready = _readyz_server(204, b"")  # as 26.05's slurmd answers
+    try:
+        port = unready.server_address[1]
+        node = Node("n1", "IDLE", addr="127.0.0.1", port=port, version="26.05.5")
+        assert slurmd_unready(node) == f"slurmd's /readyz on 127.0.0.1:{port} answered 503: not ready: registering"
+        answering = Node("n1", "IDLE", addr="127.0.0.1", port=ready.server_address[1], version="25.11.2")
+        assert slurmd_unready(answering) == ""
+        for older in ("22.05.8", "24.11.6", "", "(null)"):
+            assert slurmd_unready(Node("n1", "IDLE", addr="127.0.0.1", port=port, version=older)) == "", older
+        assert slurmd_unready(Node("n1", "IDLE", addr="127.0.0.1", port=0, version="26.05.5")) == ""
+    finally:
+        unready.shutdown()
+        ready.shutdown()
+    gone = Node("n1", "IDLE", addr="127.0.0.1", port=port, version="26.05.5")  # nobody listens there now
+    unready.server_close()
+    assert slurmd_unready(gone).startswith(f"slurmd's /readyz on 127.0.0.1:{port} did not answer: ")
+
+
+@pytest.mark.parametrize("version,refused", [("22.05.8", True), ("25.11.2", True), ("26.05.5", False)])
+def test_a_reboot_by_power_action_is_asked_only_of_slurm_26_05(version, refused):
+    """Before 26.05 `scontrol reboot action=` does not exist: refused here, naming the key and the version, never
+    run as a plain reboot. The images' repair test reboots by a real PowerAction (tests/test_repair_cluster.py)."""
+    calls = []
+
+    def run(argv, timeout, env=None, input=None, check=True):
+        calls.append(argv)
+        return command.CommandResult(tuple(argv), 0, f"slurm {version}\n" if argv[0] == "sinfo" else "", "")
+
+    client = SlurmClient(SlurmSection(), runner=run)
+    if refused:
+        with pytest.raises(SlurmError, match=rf"power-cycle.*needs Slurm 26.05 or later; this Slurm is "
+                                             rf"{version[:5]}: empty repair.reboot_action"):
+            client.reboot("n1", "power-cycle")
+        assert [c for c in calls if c[0] == "scontrol"] == []
+    else:
+        client.reboot("n1", "power-cycle")
+        assert calls[-1] == ["scontrol", "reboot", "action=power-cycle", "n1"]
+    client.reboot("n2")
+    assert calls[-1] == ["scontrol", "reboot", "n2"]

@@ -510,6 +510,23 @@ def test_systemd_notify_for_the_agent_itself(agents, tmp_path):
     assert agent.stop() == 0
 
 
+def test_systemd_notify_to_an_abstract_socket_and_to_none():
+    """NOTIFY_SOCKET '@name' is the abstract name; a socket nobody listens on is no error (the next tick retries)."""
+    import socket
+    import uuid
+    from supervisor.notify import SystemdLink
+    name = f"slurm-ext-test-{uuid.uuid4().hex}"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind("\0" + name)
+    listener.settimeout(5)
+    try:
+        SystemdLink("@" + name, 0).tick(1.0, True, "worker: ready")
+        assert listener.recv(4096) == b"READY=1\nSTATUS=worker: ready"
+    finally:
+        listener.close()
+    SystemdLink("@" + name, 1_000_000).tick(1.0, True, "worker: ready")  # gone: said nowhere, no exception
+
+
 def test_a_blocking_start_step_keeps_workers_down_and_is_retried_with_backoff(agents, tmp_path):
     agent = agents("""\
         step_failure = {"clear-stale-drains" = "block"}

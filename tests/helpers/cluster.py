@@ -122,7 +122,7 @@ class RepairSteps:
     """What the repair tests do with a cluster, on the host's (RepairCluster) or on the images' (helpers/
     containerrepair.py): the same test body on both. Each kind gives `nodes` (running, idle between tests),
     `down_node` (one whose slurmd does not answer), `kind`, client(), run() (a Slurm command line as root),
-    repair_cli(), all_records(), sbatch(), gate(), inject_xid(), reboots_seen() and wait_accounted()."""
+    repair_cli(), all_records(), sbatch(), gate(), inject_xid(), reboots_seen(), reboot_step() and wait_accounted()."""
 
     def records(self) -> list[dict]:
         done = self.repair_cli("repair", "list", "--json")
@@ -257,6 +257,10 @@ class RepairCluster(Cluster, RepairSteps):
         cluster's SlurmdDebug): counted, for a test to tell its own reboot from an earlier test's."""
         return ((self.layout.log / "slurmctld.log").read_text().count(f"reboot request queued for nodes {node}"),
                 self.layout.slurmd_log(node).read_text().count("Node reboot request being processed"))
+
+    def reboot_step(self, node: str) -> str:
+        """What the repair's history says of its reboot of `node` (RebootProgram: 22.05 has no PowerAction)."""
+        return f"scontrol reboot {node}"
 
     def all_records(self, node: str) -> list[dict]:
         """Every record of `node`, closed ones too, from the store."""

@@ -10,11 +10,16 @@ file per worker in its /etc/slurm-ext (root/ext-n<i> here, written from here), j
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import subprocess
 import sys
+import urllib.request
 import uuid
 from pathlib import Path
+
+import psutil
 
 from slurm_ext import command
 from slurm_ext.config import SlurmSection
@@ -24,7 +29,7 @@ from .cluster import Gate, RepairSteps
 from .wait import wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "containers"))
-from cluster import STATE_DIR, ContainerCluster, Ports  # noqa: E402 (containers/cluster.py)
+from cluster import REBOOT_PROGRAM, STATE_DIR, ContainerCluster, Ports  # noqa: E402 (containers/cluster.py)
 
 #: its ports, clear of the suite's other clusters
 PORTS = Ports(ctld=26917, dbd=26919, mariadb=23317, slurmd=26920, worker_agent=29920, controller_agent=29915,
@@ -40,12 +45,25 @@ drain_deadline = "10m"
 boot_timeout = "90s"
 verify_timeout = "2m"
 """
+#: the PowerAction a repair's reboot runs where Slurm has them (26.05: sid's images), instead of RebootProgram: the
+#: same restart, its name in the boot's line (containers/cluster.py power_action)
+POWER_ACTION = "power-cycle"
 #: the cluster page, in the controller agent
 WEB_PORT = 29918
 CONTROLLER_CONF = f"""[web]
 enabled = true
 listen = "127.0.0.1:{WEB_PORT}"
 token_file = "{STATE_DIR}/web-tokens"
+"""
+#: the host's accounting cluster's witness and MinJobAge (tests/test_accounting_cluster.py): slurmctld forgets a
+#: finished job within a purge cycle (about a minute), so what one killed while slurmdbd is away loses is exactly
+#: its queue
+JOBCOMP_LOG = "/var/spool/slurmctld/jobcomp.log"
+SLURM_CONF = f"""ResumeTimeout=60
+SlurmdTimeout=30
+JobCompType=jobcomp/filetxt
+JobCompLoc={JOBCOMP_LOG}
+MinJobAge=2
 """
 WORKER_CONF = f"""[health]
 interval = "1s"
@@ -65,11 +83,13 @@ def exec_runner(engine, container: str):
 class ContainerRepairCluster(RepairSteps):
     def __init__(self, engine, images: dict[str, str]) -> None:
         self.engine = engine
+        #: Slurm >= 26.05 (sid's images): the repair reboots by PowerAction POWER_ACTION (`scontrol reboot action=`)
+        self.power_action = POWER_ACTION if images["controller"].endswith(":sid") else ""
+        repair_conf = REPAIR_CONF + (f'reboot_action = "{self.power_action}"\n' if self.power_action else "")
         self.containers = ContainerCluster(engine.client, images, "cgroup-v1", ports=PORTS, prefix="twin",
-                                           workers=tuple((i, 2) for i in range(1, 6)), repair_conf=REPAIR_CONF,
+                                           workers=tuple((i, 2) for i in range(1, 6)), repair_conf=repair_conf,
                                            worker_conf=WORKER_CONF, controller_conf=CONTROLLER_CONF, reboot=True,
-                                           own_database=True,
-                                           slurm_conf="ResumeTimeout=60\nSlurmdTimeout=30\n")
+                                           power_action=self.power_action, own_database=True, slurm_conf=SLURM_CONF)
         self.nodes = [self.containers.node_name(i) for i in range(1, 5)]
         #: the fifth worker, stopped once registered: its agent drained it on the way out, its slurmd is gone
         self.down_node = self.containers.node_name(5)
@@ -138,10 +158,16 @@ class ContainerRepairCluster(RepairSteps):
                       "the bus.\n")
 
     def reboots_seen(self, node: str) -> tuple[int, int]:
-        """(reboots of `node` slurmctld queued, boots of its container after the RebootProgram) so far, by their
-        logs (every run of a container's)."""
+        """(reboots of `node` slurmctld queued, boots of its container after the RebootProgram, or after the
+        PowerAction where the repair names one) so far, by their logs (every run of a container's)."""
+        # the program's arguments in the boot's line: the PowerAction's own (no node name: slurmd sets SLURM_NODE_NAME)
+        boot = f"booting after the RebootProgram ({REBOOT_PROGRAM} {self.power_action})"
         return (self.containers.logs("controller").count(f"reboot request queued for nodes {node}"),
-                self.containers.logs(f"n{self.nodes.index(node) + 1}").count("booting after the RebootProgram"))
+                self.containers.logs(f"n{self.nodes.index(node) + 1}").count(boot))
+
+    def reboot_step(self, node: str) -> str:
+        """What the repair's history says of its reboot of `node`."""
+        return f"scontrol reboot {f'action={self.power_action} ' if self.power_action else ''}{node}"
 
     def run(self, *cmd: str, timeout: float = 30.0, check: bool = True) -> command.CommandResult:
         return self._in_controller()(list(cmd), timeout, check=check)
@@ -149,3 +175,51 @@ class ContainerRepairCluster(RepairSteps):
     def wait_accounted(self, job_id: int, timeout: float = 60.0) -> Job:
         return self.client().wait_accounted(job_id, timeout)
 
+
+    # -- what the reconcile test asks (tests/test_accounting_cluster.py) -------------------------------
+
+    @contextlib.contextmanager
+    def slurmdbd_away(self):
+        """slurmdbd's container stopped for the block (MariaDB, with the repair history, stays), then started
+        again and answering."""
+        self.containers.containers["accounting"].stop(timeout=120)
+        try:
+            yield
+        finally:
+            self.containers.containers["accounting"].start()
+            wait_for("slurmdbd answering again", lambda: self.run("sacctmgr", "-n", "show", "cluster",
+                                                                  check=False).returncode == 0, 120, interval=1.0)
+
+    def signal_slurmctld(self, signum: int) -> None:
+        """Send the controller agent's slurmctld `signum` (found as the child of the container's first process, by
+        its PID); the agent starts it again."""
+        self.containers.containers["controller"].reload()
+        agent = psutil.Process(self.containers.containers["controller"].attrs["State"]["Pid"])
+        [slurmctld] = [c for c in agent.children() if c.name() == "slurmctld" and c.status() != psutil.STATUS_ZOMBIE]
+        os.kill(slurmctld.pid, signum)
+
+    def saved_state(self, name: str) -> bool:
+        """slurmctld's StateSaveLocation holds file `name`."""
+        return self.containers.exec("controller", "test", "-e", f"/var/spool/slurmctld/{name}", check=False)[0] == 0
+
+    def witness_jobs(self) -> set[int]:
+        """The job ids slurmctld's jobcomp/filetxt log holds."""
+        _, text = self.containers.exec("controller", "cat", JOBCOMP_LOG, check=False)
+        return {int(line.split()[0].removeprefix("JobId=")) for line in text.splitlines() if line.startswith("JobId=")}
+
+    def job_state_saved(self) -> float:
+        """When slurmctld last saved its job state (StateSaveLocation/job_state), in the container's clock."""
+        _, text = self.containers.exec("controller", "stat", "-c", "%Y", "/var/spool/slurmctld/job_state")
+        return float(text.strip())
+
+    def reconcile(self, *args: str) -> subprocess.CompletedProcess:
+        """`slurm-ext accounting reconcile ARGS` as the controller's root (its witness: slurm.conf's JobCompLoc)."""
+        return self.repair_cli("accounting", "reconcile", *args)
+
+    def controller_metric(self, name: str) -> float | None:
+        """A sample of the controller agent's /metrics."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{PORTS.controller_agent}/metrics", timeout=5) as reply:
+            for line in reply.read().decode().splitlines():
+                if line.startswith(name + "{") or line.startswith(name + " "):
+                    return float(line.rsplit(" ", 1)[1])
+        return None

@@ -30,7 +30,11 @@ class ImageBuild:
     first in the order, mostly waiting on Slurm and MariaDB) hide its time. Stopped at the session's end.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, suite: str = IMAGE_SUITE, engine_of: ImageBuild | None = None) -> None:
+        #: the Debian suite the images are built on
+        self.suite = suite
+        #: another build whose engine this one builds into (and leaves to it to stop)
+        self.engine_of = engine_of
         self.engine = None
         self.process: subprocess.Popen | None = None
         self.output = None
@@ -39,6 +43,8 @@ class ImageBuild:
         self.wanted = False
 
     def start_engine(self):
+        if self.engine_of is not None:
+            return self.engine_of.start_engine()
         if self.engine is None:
             from docker_engine import Engine  # tests/docker_engine.py
             host = os.environ.get("SLURM_EXT_TEST_DOCKER_HOST")
@@ -51,7 +57,7 @@ class ImageBuild:
             self.output = tempfile.TemporaryFile()
             self.started = time.monotonic()
             self.process = subprocess.Popen(
-                [sys.executable, str(CHECKOUT / "containers" / "build.py"), "--suite", IMAGE_SUITE,
+                [sys.executable, str(CHECKOUT / "containers" / "build.py"), "--suite", self.suite,
                  "--apt-release-max-age", str(APT_RELEASE_MAX_AGE_DAYS)],
                 env=engine.environ(), stdout=self.output, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -62,11 +68,11 @@ class ImageBuild:
         self.output.seek(0)
         said = self.output.read().decode(errors="replace")
         assert code == 0, said[-6000:]
-        print(f"images built in {time.monotonic() - self.started:.0f} s (in the background from the start)",
+        print(f"{self.suite}'s images built in {time.monotonic() - self.started:.0f} s (in the background)",
               file=sys.stderr)
         sys.path.insert(0, str(CHECKOUT / "containers"))
         from build import IMAGES  # containers/build.py
-        return {name: f"slurm-ext-{name}:{IMAGE_SUITE}" for name in IMAGES}
+        return {name: f"slurm-ext-{name}:{self.suite}" for name in IMAGES}
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:  # the session ended before it did
