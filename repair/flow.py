@@ -120,7 +120,7 @@ def advance(record: Record, seen: Seen) -> None:
             return
         try:
             _STEP[step](record, seen)
-        except (nodestate.HeldByOthers, ExecutorFailed) as err:
+        except (nodestate.HeldByOthers, ExecutorFailed, SlurmTooOld) as err:
             _fail(record, seen, str(err), touch_node=isinstance(err, ExecutorFailed))
         except SlurmExtError as err:  # Slurm or the store did not answer: the same step again next pass
             log.warning("repair of %s: step %s: %s (tried again next pass)", record.node, step, err)
@@ -144,6 +144,8 @@ def _drain(record: Record, seen: Seen) -> None:
     node = _node(record, seen)
     if node is None:
         return
+    if record.action == "reboot":  # a reboot this Slurm cannot do fails before the drain and the wait for jobs
+        seen.slurm.check_reboot_action(seen.settings.reboot_action)
     record.detail["reason"] = _reason(record)
     now = seen.clock()
     if seen.settings.dry_run:

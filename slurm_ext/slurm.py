@@ -20,6 +20,7 @@ own /readyz, Slurm >= 25.11).
 from __future__ import annotations
 
 import http.client
+import ipaddress
 import json
 import os
 import re
@@ -130,27 +131,36 @@ POWER_ACTION_SINCE = (26, 5)
 
 def slurmd_unready(node: Node, timeout: float = 2.0) -> str:
     """Why `node`'s slurmd says it cannot take RPCs yet, by its own /readyz (Slurm >= 25.11: "ready to accept
-    incoming RPCs", slurmd.8); "" when it answers 2xx, or when its Slurm has no /readyz or Slurm shows no port for
-    it (nothing to ask). slurmctld's view (registered, responding) lags a hung slurmd by SlurmdTimeout; this does
-    not."""
+    incoming RPCs", slurmd.8), asked from the node itself; "" when it answers 2xx, or when there is nothing to ask:
+    a Slurm without /readyz, no port shown, or nothing taking the connection (a dead slurmd is the agent's own
+    knowledge, and a port slurmd does not listen on here must not make a healthy node unready). A hung slurmd, which
+    slurmctld counts as responding until SlurmdTimeout, takes the connection and does not answer: that is said.
+    Only the status is said, never the body: whatever listens on the port writes it, and it goes to sd_notify."""
     try:
         if not node.port or version_tuple(node.version) < READYZ_SINCE:
             return ""
     except ValueError:
         return ""
-    where = f"{node.addr or '127.0.0.1'}:{node.port}"
-    connection = http.client.HTTPConnection(node.addr or "127.0.0.1", node.port, timeout=timeout)
+    host = node.addr if _ip_literal(node.addr) else "127.0.0.1"  # no name lookup: this thread owns the node's state
+    connection = http.client.HTTPConnection(host, node.port, timeout=timeout)
     try:
         connection.request("GET", "/readyz")
-        reply = connection.getresponse()
-        body = reply.read(512).decode(errors="replace").strip()
+        status = connection.getresponse().status
+    except (ConnectionRefusedError, ConnectionResetError):
+        return ""
     except (OSError, http.client.HTTPException) as err:
-        return f"slurmd's /readyz on {where} did not answer: {err or type(err).__name__}"
+        return f"slurmd's /readyz on port {node.port} did not answer: {err or type(err).__name__}"
     finally:
         connection.close()
-    if 200 <= reply.status < 300:  # 26.05's slurmd answers 204, no body
-        return ""
-    return f"slurmd's /readyz on {where} answered {reply.status}" + (f": {body}" if body else "")
+    return "" if 200 <= status < 300 else f"slurmd's /readyz on port {node.port} answered {status}"  # 26.05: 204
+
+
+def _ip_literal(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -422,11 +432,18 @@ class SlurmClient:
 
         Raises:
             SlurmTooOld: an `action` on a Slurm before 26.05, which has no `action=`."""
+        self.check_reboot_action(action)
+        self._run(["scontrol", "reboot", *([f"action={action}"] if action else []), node])
+
+    def check_reboot_action(self, action: str) -> None:
+        """Whether this Slurm can reboot by PowerAction `action` (none asked: it can).
+
+        Raises:
+            SlurmTooOld: an `action` on a Slurm before 26.05, which has no `action=`."""
         if action and self.version() < POWER_ACTION_SINCE:
             raise SlurmTooOld(f"reboot action {action!r} (a PowerAction) needs Slurm 26.05 or later; this Slurm is "
-                             f"{'.'.join(f'{part:02d}' for part in self.version())}: empty repair.reboot_action, or "
-                             "upgrade", ["scontrol", "reboot", f"action={action}", node])
-        self._run(["scontrol", "reboot", *([f"action={action}"] if action else []), node])
+                              f"{'.'.join(f'{part:02d}' for part in self.version())}: empty repair.reboot_action, or "
+                              "upgrade", ["scontrol", "reboot", f"action={action}"])
 
     def submit(self, script: str, options: list[str]) -> int:
         """`sbatch --parsable OPTIONS` with `script` on its standard input; the job id.
@@ -641,7 +658,7 @@ def _node_from_text(line: str) -> Node:
         boot_time=_parse_time(fields.get("BootTime", "")),
         gpus_used=_gpus_in(fields.get("AllocTRES", "")),
         addr=fields.get("NodeAddr", ""),
-        port=int(fields.get("Port", "0") or 0) if fields.get("Port", "").isdigit() else 0,
+        port=int(port) if (port := fields.get("Port", "")).isdigit() else 0,
         version="" if fields.get("Version") in (None, "(null)", "N/A") else fields["Version"],
         os="" if fields.get("OS") in (None, "(null)", "N/A") else fields["OS"],
     )

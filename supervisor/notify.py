@@ -130,7 +130,7 @@ class SystemdLink:
     """The agent's own sd_notify link to systemd, when systemd runs it: READY=1, STATUS= and the watchdog.
 
     The protocol is one datagram per message to NOTIFY_SOCKET (a path, or an abstract name after '@'), the side
-    NotifySocket receives; a lost datagram is no error (systemd's own sd_notify does not retry either)."""
+    NotifySocket receives. A status systemd did not take is sent again at the agent's next tick."""
 
     def __init__(self, socket_path: str, watchdog_usec: int):
         self._address = "\0" + socket_path[1:] if socket_path.startswith("@") else socket_path
@@ -143,17 +143,20 @@ class SystemdLink:
     def next_watchdog(self) -> float:
         return self._last_watchdog + self.watchdog_every
 
-    def _send(self, message: str) -> None:
+    def _send(self, message: str) -> bool:
+        """One datagram, never blocking the agent's loop; False when it was not taken (said again next tick)."""
         try:
-            self._sock.sendto(message.encode(), self._address)
-        except OSError:  # systemd away or its socket full: the next tick says it again
-            pass
+            self._sock.sendto(message.encode(), socket.MSG_DONTWAIT, self._address)
+        except OSError:  # systemd away, or its queue full
+            return False
+        return True
 
     def tick(self, now: float, ready: bool, status: str) -> None:
-        """Pet the watchdog when due; tell systemd a new status (READY=1 with it once ready)."""
+        """Pet the watchdog when due; tell systemd a new status (READY=1 with it once ready). The status is one line:
+        a newline in it would be read as another assignment (READY=, STOPPING=, MAINPID=)."""
+        status = " ".join(status.split())
         if self.watchdog_every and now >= self.next_watchdog():
-            self._send("WATCHDOG=1")
+            self._send("WATCHDOG=1")  # not taken: the next is due in half the WatchdogSec, still in time
             self._last_watchdog = now
-        if status != self._status:
-            self._send(("READY=1\n" if ready else "") + f"STATUS={status}")
+        if status != self._status and self._send(("READY=1\n" if ready else "") + f"STATUS={status}"):
             self._status = status

@@ -228,9 +228,14 @@ def twin(engine, images):
         cluster.stop()
 
 
+#: the fixtures that run a test body on the host's cluster or on the images' twin, by their parameter
+TWIN_FIXTURES = ("either", "books", "page")
+
+
 def _on_twin(item) -> bool:
-    """The item is a test body's run on the images' twin: one of its parameters (either, books, page) is "images"."""
-    return "images" in getattr(getattr(item, "callspec", None), "params", {}).values()
+    """The item is a test body's run on the images' twin."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return any(params.get(name) == "images" for name in TWIN_FIXTURES)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the xdist_group marks
@@ -248,6 +253,7 @@ def pytest_collection_modifyitems(items):
         item.add_marker(pytest.mark.xdist_group("side" if item.module.__name__ in SIDE_MODULES else "main"))
     # the tests on the images' twin (a test body parametrized "images" beside "host") last, in their order: the twin
     # starts at the first and stays up to the session's end, and its seven containers would otherwise share the
-    # cores with every container test after it
+    # cores with every container test after it (their modules' own fixtures, such as the page's browser, are set up
+    # a second time for them)
     items.sort(key=_on_twin)
 

@@ -33,7 +33,7 @@ from slurm_ext.config import SlurmSection  # noqa: E402
 from slurm_ext.slurm import SlurmClient  # noqa: E402
 
 from helpers.containerrepair import exec_runner  # noqa: E402
-from helpers.slurmanswers import FOREIGN_DRAIN, Facts, Recorder, Recording, walk  # noqa: E402
+from helpers.slurmanswers import FOREIGN_DRAIN, POWER_ACTION, Facts, Recorder, Recording, walk  # noqa: E402
 from helpers.wait import wait_for  # noqa: E402
 
 #: ports of the recording's clusters, clear of the suite's
@@ -111,8 +111,10 @@ def record_images(suite: str) -> Path:
                                                                   "login", "restapi")}
         ports = Ports(ctld=27827, dbd=27829, mariadb=23351, slurmd=27830, worker_agent=29960,
                       controller_agent=29955, accounting_agent=29956, mariadb_agent=29957, restapi=27828)
+        # 26.05's PowerAction for the walk's reboot by one (older Slurm refuses the key: slurmctld would not start)
+        power = f"PowerAction={POWER_ACTION} Location=slurmd Program=/bin/true\n" if suite == "sid" else ""
         cluster = ContainerCluster(engine.client, images, "cgroup-v1", ports=ports, prefix=f"rec-{suite}",
-                                   workers=((1, 2), (2, 2)), slurm_conf="RebootProgram=/bin/true\n")
+                                   workers=((1, 2), (2, 2)), slurm_conf=f"RebootProgram=/bin/true\n{power}")
         try:
             cluster.start()
             in_controller = exec_runner(engine, cluster.containers["controller"].name)

@@ -237,8 +237,19 @@ class HostBooks:
 @pytest.fixture(params=["host", pytest.param("images", marks=pytest.mark.containers)])
 def books(request):
     """The reconcile test on the host's accounting cluster (Slurm 22.05, MinJobAge=2) and on the images' (Slurm
-    26.05, or the suite's SLURM_EXT_TEST_IMAGE_SUITE: the session's `twin`, with the same witness and MinJobAge)."""
-    return HostBooks(request.getfixturevalue("acct")) if request.param == "host" else request.getfixturevalue("twin")
+    26.05, or the suite's SLURM_EXT_TEST_IMAGE_SUITE: the session's `twin`, with the same witness and MinJobAge),
+    settled after it as the other tests on the twin are."""
+    if request.param == "host":
+        yield HostBooks(request.getfixturevalue("acct"))
+        return
+    twin = request.getfixturevalue("twin")
+    yield twin
+    twin.settle(twin.nodes)
+
+
+def _controller_up(books) -> bool:
+    """`scontrol ping` says slurmctld is UP (as devcluster's own wait reads it, not by its exit status)."""
+    return "is UP" in books.run("scontrol", "ping", check=False).stdout
 
 
 def test_slurm_loses_a_killed_slurmctlds_queue_and_reconcile_lists_exactly_those_jobs(books):
@@ -247,9 +258,9 @@ def test_slurm_loses_a_killed_slurmctlds_queue_and_reconcile_lists_exactly_those
         # slurmctld saves it at its stop and every 5 minutes; 26.05's will not start again without it (fatal: "No
         # Assoc usage file ... to recover"), as a slurmctld that has run 5 minutes has: so it stops once first
         books.signal_slurmctld(signal.SIGTERM)
-        wait_for("slurmctld saved its state and answers again", lambda: books.saved_state("assoc_usage") and books.run(
-            "scontrol", "ping", check=False).returncode == 0, 120, interval=1.0)
-    since = datetime.now().isoformat(timespec="seconds")
+        wait_for("slurmctld saved its state and answers again",
+                 lambda: books.saved_state("assoc_usage") and _controller_up(books), 120, interval=1.0)
+    since = datetime.now().astimezone().isoformat(timespec="seconds")  # the zone said: the CLI may be a container's
     with books.slurmdbd_away():
         ids = [books.sbatch("--wrap=true", "-o", "/dev/null") for _ in range(50)]
         wait_for(f"jobs {ids[0]}..{ids[-1]} ended (in the jobcomp witness)",
@@ -259,8 +270,7 @@ def test_slurm_loses_a_killed_slurmctlds_queue_and_reconcile_lists_exactly_those
         # its agent restarts it, and it stops at once ("no TRES from" the database) until slurmdbd answers: Slurm's
         # own rule when slurmctld has no cache of associations yet
         books.signal_slurmctld(signal.SIGKILL)
-    wait_for("slurmctld answering again", lambda: books.run("scontrol", "ping", check=False).returncode == 0, 120,
-             interval=1.0)
+    wait_for("slurmctld answering again", lambda: _controller_up(books), 120, interval=1.0)
     books.run("scancel", str(held))
     wait_for("the DBD agent queue to drain", lambda: _queue(books) == 0, timeout=120, interval=1.0)
     time.sleep(3)

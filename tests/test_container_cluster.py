@@ -36,9 +36,14 @@ setsid sh -c 'sleep 1000 & echo $! > /tmp/daemon-'$SLURM_JOB_ID
 """
 
 
+#: the workers' agents look at their node's readiness every 5 s once ready (30 s by default): a slurmd that stops
+#: answering is seen within seconds
+WORKER_CONF = '[supervisor]\nready_interval = "5s"\n'
+
+
 @pytest.fixture(scope="module", params=MODES)
 def ccluster(engine, images, request):
-    cluster = ContainerCluster(engine.client, images, request.param)
+    cluster = ContainerCluster(engine.client, images, request.param, worker_conf=WORKER_CONF)
     try:
         yield cluster.start()
     finally:
@@ -209,7 +214,7 @@ def test_slurmd_killed_in_a_worker_comes_back_in_the_same_container_and_its_job_
 def test_a_stopped_slurmd_makes_its_agent_unready_by_slurmds_own_readyz_before_slurmctld_notices(ccluster):
     """Slurm >= 25.11: slurmd answers GET /readyz on its port, and the agent's readiness asks it. A slurmd stopped
     (SIGSTOP) is still responding to slurmctld until SlurmdTimeout; the agent is unready at its next look
-    (supervisor.ready_interval), naming slurmd's /readyz, and ready again once slurmd runs. Before 25.11 (trixie's
+    (supervisor.ready_interval: WORKER_CONF's 5 s), naming slurmd's /readyz, and ready again once slurmd runs. Before 25.11 (trixie's
     24.11) there is no /readyz to ask: the agent is unready only because Slurm's commands, whose credentials a
     configless node's slurmd gives (auth/slurm's sack socket), stop answering."""
     worker = ccluster.workers[min(ccluster.workers)]
@@ -218,10 +223,10 @@ def test_a_stopped_slurmd_makes_its_agent_unready_by_slurmds_own_readyz_before_s
     assert _readyz(worker) == (200, "ready")
     ccluster.exec(_worker_name(worker), "kill", "-STOP", str(slurmd))
     try:
-        status, why = wait_for("the agent unready", lambda: (got := _readyz(worker))[0] == 503 and got, timeout=45,
+        status, why = wait_for("the agent unready", lambda: (got := _readyz(worker))[0] == 503 and got, timeout=30,
                                interval=0.2)
         if readyz:
-            assert f"slurmd's /readyz on 127.0.0.1:{ccluster.ports.slurmd + worker.index} did not answer" in why, why
+            assert f"slurmd's /readyz on port {ccluster.ports.slurmd + worker.index} did not answer" in why, why
         else:
             assert "/readyz" not in why and "no answer within" in why, why
         assert "NOT_RESPONDING" not in ccluster.state(worker.node)  # slurmctld has not noticed yet

@@ -21,6 +21,7 @@ from test_container_cluster import (  # noqa: F401
     test_a_stopped_slurmd_makes_its_agent_unready_by_slurmds_own_readyz_before_slurmctld_notices)
 from test_container_cluster import (  # noqa: F401
     test_docker_stop_drains_the_node_before_slurmd_stops_and_a_new_container_clears_it)
+from test_container_cluster import WORKER_CONF
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "containers"))
 from cluster import ContainerCluster  # noqa: E402 (containers/cluster.py, not a package)
@@ -32,7 +33,7 @@ pytestmark = pytest.mark.containers
 def ccluster(engine, trixie_images):
     """trixie's cluster, with Slurm's cgroup/v1 plugins (the mode Slinky's workers run), on the container tests'
     ports: the modules run one after the other."""
-    cluster = ContainerCluster(engine.client, trixie_images, "cgroup-v1", prefix="trixie")
+    cluster = ContainerCluster(engine.client, trixie_images, "cgroup-v1", prefix="trixie", worker_conf=WORKER_CONF)
     try:
         yield cluster.start()
     finally:

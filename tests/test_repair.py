@@ -437,6 +437,9 @@ class _Slurm:
     def reboot(self, node, action=""):
         self.calls.append(("reboot", node) + ((action,) if action else ()))
 
+    def check_reboot_action(self, action):
+        """As a 26.05 Slurm: every action can be asked."""
+
     def resume(self, node):
         self.calls.append(("resume", node))
         return True
@@ -526,9 +529,9 @@ def test_a_reboot_repair_drains_reboots_waits_verifies_and_resumes(store):
     assert [e.event for e in store.events(record=record.id)][-1] == "repair-done"
 
 
-def test_a_reboot_by_power_action_says_so_and_a_slurm_without_it_fails_the_repair_drained(store):
-    """repair.reboot_action: `scontrol reboot action=NAME` (the images' 26.05 repair test runs a real one); a Slurm
-    that refuses it (SlurmClient.reboot before 26.05) fails the repair and the node stays drained."""
+def test_a_reboot_by_power_action_says_so_and_a_slurm_without_it_fails_the_repair_before_its_drain(store):
+    """repair.reboot_action: `scontrol reboot action=NAME` (the images' 26.05 repair test runs a real one); on a Slurm
+    without it (SlurmClient.check_reboot_action before 26.05) the repair fails before it drains the node."""
     from slurm_ext.errors import SlurmTooOld
     from slurm_ext.repair.flow import advance
     record = _approved(store)
@@ -539,15 +542,15 @@ def test_a_reboot_by_power_action_says_so_and_a_slurm_without_it_fails_the_repai
     assert said.startswith("scontrol reboot action=power-cycle n1: Slurm runs PowerAction power-cycle"), said
 
     class OldSlurm(_Slurm):
-        def reboot(self, node, action=""):
-            raise SlurmTooOld("reboot action 'power-cycle' (a PowerAction) needs Slurm 26.05 or later; this Slurm is "
-                             "22.05: empty repair.reboot_action, or upgrade")
+        def check_reboot_action(self, action):
+            raise SlurmTooOld(f"reboot action {action!r} (a PowerAction) needs Slurm 26.05 or later; this Slurm is "
+                              "22.05: empty repair.reboot_action, or upgrade")
     refused = _approved(store, "n2")
-    seen = _seen(store, [_drained("n2")], RepairSection(reboot_action="power-cycle"))
+    seen = _seen(store, [_node("n2")], RepairSection(reboot_action="power-cycle"))
     seen.slurm = OldSlurm()
     advance(refused, seen)
     assert refused.state == "failed" and "needs Slurm 26.05 or later" in refused.note, refused
-    assert seen.slurm.calls[-1][0] == "drain" and "failed" in seen.slurm.calls[-1][2]  # drained, saying why
+    assert seen.slurm.calls == []  # before its drain: the node was not drained for a reboot it cannot have
 
 
 def test_jobs_past_the_deadline_fail_the_repair_and_its_reason_says_so(store):

@@ -136,3 +136,10 @@ def test_a_requeue_and_a_reboot_asked(replayed):
     # Slurm adds " : reboot issued" to the reason (24.11's recording read it then: state DOWN, REBOOT_ISSUED)
     assert node.flags & {"REBOOT_REQUESTED", "REBOOT_ISSUED"} and node.drained, node
     assert node.reason in (FOREIGN_DRAIN, f"{FOREIGN_DRAIN} : reboot issued"), node.reason
+    # a reboot by PowerAction (repair.reboot_action): asked of 26.05, refused by name before it, with no call made
+    if tuple(int(part) for part in recording.version.split(".")[:2]) >= (26, 5):
+        assert seen["reboot_action"] == "", seen["reboot_action"]
+        assert any(call["argv"][:3] == ["scontrol", "reboot", "action=power-cycle"] for call in recording.calls)
+    else:
+        assert seen["reboot_action"].startswith("SlurmTooOld: reboot action 'power-cycle' (a PowerAction) needs "
+                                                "Slurm 26.05 or later"), seen["reboot_action"]

@@ -223,27 +223,37 @@ def _readyz_server(status: int, body: bytes):
 
 
 def test_slurmd_readyz_is_asked_only_of_a_slurm_that_has_it():
-    """25.11 and later: a 503 is the reason, a 204 is none; before 25.11, or with no port shown, nothing is asked
-    (the port answers 503 to anyone who asks: a 22.05 node would be unready if it were). The images' test asks a
-    real 26.05 slurmd (tests/test_container_cluster.py)."""
+    """25.11 and later: a 503 is the reason (its status only: the body is whatever listens there), a 204 none, a
+    slurmd that takes the connection and does not answer (hung) the reason too; before 25.11, with no port shown, or
+    with nothing taking the connection, nothing is said (the port answers 503 to anyone who asks: a 22.05 node would
+    be unready if it were asked). A NodeAddr that is a name is asked on 127.0.0.1, with no lookup. The images' test
+    asks a real 26.05 slurmd (tests/test_container_cluster.py)."""
+    import socket
     from slurm_ext.slurm import slurmd_unready
-    unready = _readyz_server(503, b"not ready: registering\n")
+    unready = _readyz_server(503, b"not ready\nREADY=1\n")
     ready = _readyz_server(204, b"")  # as 26.05's slurmd answers
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(1)  # the kernel takes the connection; nobody answers
     try:
         port = unready.server_address[1]
         node = Node("n1", "IDLE", addr="127.0.0.1", port=port, version="26.05.5")
-        assert slurmd_unready(node) == f"slurmd's /readyz on 127.0.0.1:{port} answered 503: not ready: registering"
-        answering = Node("n1", "IDLE", addr="127.0.0.1", port=ready.server_address[1], version="25.11.2")
-        assert slurmd_unready(answering) == ""
+        assert slurmd_unready(node) == f"slurmd's /readyz on port {port} answered 503"
+        for answering in (Node("n1", "IDLE", addr="127.0.0.1", port=ready.server_address[1], version="25.11.2"),
+                          Node("n1", "IDLE", addr="n1.invalid", port=ready.server_address[1], version="26.05.5")):
+            assert slurmd_unready(answering) == "", answering
         for older in ("22.05.8", "24.11.6", "", "(null)"):
             assert slurmd_unready(Node("n1", "IDLE", addr="127.0.0.1", port=port, version=older)) == "", older
         assert slurmd_unready(Node("n1", "IDLE", addr="127.0.0.1", port=0, version="26.05.5")) == ""
+        stuck = Node("n1", "IDLE", addr="127.0.0.1", port=hung.getsockname()[1], version="26.05.5")
+        assert slurmd_unready(stuck, timeout=0.5) == f"slurmd's /readyz on port {stuck.port} did not answer: timed out"
     finally:
-        unready.shutdown()
-        ready.shutdown()
+        for server in (unready, ready):
+            server.shutdown()
+            server.server_close()
+        hung.close()
     gone = Node("n1", "IDLE", addr="127.0.0.1", port=port, version="26.05.5")  # nobody listens there now
-    unready.server_close()
-    assert slurmd_unready(gone).startswith(f"slurmd's /readyz on 127.0.0.1:{port} did not answer: ")
+    assert slurmd_unready(gone) == ""
 
 
 @pytest.mark.parametrize("version,refused", [("22.05.8", True), ("25.11.2", True), ("26.05.5", False)])

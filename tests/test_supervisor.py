@@ -510,21 +510,26 @@ def test_systemd_notify_for_the_agent_itself(agents, tmp_path):
     assert agent.stop() == 0
 
 
-def test_systemd_notify_to_an_abstract_socket_and_to_none():
-    """NOTIFY_SOCKET '@name' is the abstract name; a socket nobody listens on is no error (the next tick retries)."""
+def test_systemd_notify_to_an_abstract_socket_one_line_and_again_when_not_taken():
+    """NOTIFY_SOCKET '@name' is the abstract name; a status is one line (a newline in a reason must not become
+    another assignment, STOPPING=1); a status nobody took is sent again at the next tick, never blocking."""
     import socket
     import uuid
     from supervisor.notify import SystemdLink
     name = f"slurm-ext-test-{uuid.uuid4().hex}"
+    link = SystemdLink("@" + name, 0)
+    link.tick(1.0, True, "worker: ready")  # nobody listens yet: not taken, no exception
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     listener.bind("\0" + name)
     listener.settimeout(5)
     try:
-        SystemdLink("@" + name, 0).tick(1.0, True, "worker: ready")
+        link.tick(2.0, True, "worker: ready")
         assert listener.recv(4096) == b"READY=1\nSTATUS=worker: ready"
+        link.tick(3.0, False, "worker slurmd: it said\nSTOPPING=1")
+        assert listener.recv(4096) == b"STATUS=worker slurmd: it said STOPPING=1"
     finally:
         listener.close()
-    SystemdLink("@" + name, 1_000_000).tick(1.0, True, "worker: ready")  # gone: said nowhere, no exception
+        link._sock.close()
 
 
 def test_a_blocking_start_step_keeps_workers_down_and_is_retried_with_backoff(agents, tmp_path):

@@ -194,7 +194,7 @@ def test_an_operator_approves_in_the_browser_and_the_repair_tab_names_her(page, 
     until(browser, "the repair in the Repair tab", lambda b: b.find_elements(By.CSS_SELECTOR, row))
     assert text_of(browser, f"{row} .decided-by") == "alice"
     steps = text_of(browser, f"{row} .steps")
-    for step in ("repair-approved", f"drained {node}", f"scontrol reboot {node}", f"{node} is back", "checks pass",
+    for step in ("repair-approved", f"drained {node}", page.reboot_step(node), f"{node} is back", "checks pass",
                  "repair-done"):
         assert step in steps, steps
 

@@ -32,6 +32,7 @@ HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parents[1]))
 sys.path.insert(0, str(HERE.parents[2] / "containers"))
 from helpers.cluster import TEST_CLUSTER  # noqa: E402  the test cluster's ports and names
+from helpers.images import APT_RELEASE_MAX_AGE_DAYS  # noqa: E402  the suite's snapshot mirror, as the tests take it
 from docker_engine import Engine  # noqa: E402
 from cluster import IMAGE_NAMES, SLURMD_PORT, ContainerCluster  # noqa: E402  containers/cluster.py
 
@@ -85,7 +86,8 @@ def figures(values: list[float]) -> str:
 
 
 def build_images(engine: Engine) -> dict[str, str]:
-    subprocess.run([sys.executable, str(HERE.parents[2] / "containers" / "build.py"), "--suite", SUITE],
+    subprocess.run([sys.executable, str(HERE.parents[2] / "containers" / "build.py"), "--suite", SUITE,
+                    "--apt-release-max-age", str(APT_RELEASE_MAX_AGE_DAYS)],
                    env=engine.environ(), check=True, stdout=subprocess.DEVNULL)
     return {name: f"slurm-ext-{name}:{SUITE}" for name in IMAGE_NAMES}
 

@@ -5,7 +5,9 @@ Four workers (configless dynamic nodes, two fake GPUs each, cgroup/v1), slurmctl
 repair service, slurmdbd on MariaDB (containers/cluster.py), and Slurm's reboot of a worker played by restarting
 its container as a booted node. It offers what the host's RepairCluster (helpers/cluster.py) offers, so that one
 test body runs on both: Slurm through `docker exec` into the controller, the CLI as the controller's, a kernel log
-file per worker in its /etc/slurm-ext (root/ext-n<i> here, written from here), jobs as the cluster's user.
+file per worker in its /etc/slurm-ext (root/ext-n<i> here, written from here), jobs as the cluster's user. Every test
+on it runs with the reconcile test's jobcomp witness and MinJobAge=2 (a finished job leaves `scontrol show job` within
+about a minute: ask sacct).
 """
 
 from __future__ import annotations
@@ -23,12 +25,13 @@ import psutil
 
 from slurm_ext import command
 from slurm_ext.config import SlurmSection
-from slurm_ext.slurm import Job, SlurmClient
+from slurm_ext.slurm import POWER_ACTION_SINCE, Job, SlurmClient, version_tuple
 
 from .cluster import Gate, RepairSteps
 from .wait import wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "containers"))
+from build import SUITES  # noqa: E402 (containers/build.py)
 from cluster import REBOOT_PROGRAM, STATE_DIR, ContainerCluster, Ports  # noqa: E402 (containers/cluster.py)
 
 #: its ports, clear of the suite's other clusters
@@ -84,7 +87,8 @@ class ContainerRepairCluster(RepairSteps):
     def __init__(self, engine, images: dict[str, str]) -> None:
         self.engine = engine
         #: Slurm >= 26.05 (sid's images): the repair reboots by PowerAction POWER_ACTION (`scontrol reboot action=`)
-        self.power_action = POWER_ACTION if images["controller"].endswith(":sid") else ""
+        slurm = version_tuple(SUITES[images["controller"].rsplit(":", 1)[1]].slurm)
+        self.power_action = POWER_ACTION if slurm >= POWER_ACTION_SINCE else ""
         repair_conf = REPAIR_CONF + (f'reboot_action = "{self.power_action}"\n' if self.power_action else "")
         self.containers = ContainerCluster(engine.client, images, "cgroup-v1", ports=PORTS, prefix="twin",
                                            workers=tuple((i, 2) for i in range(1, 6)), repair_conf=repair_conf,

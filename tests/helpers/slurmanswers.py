@@ -26,6 +26,8 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
 NO_SUCH_JOB = 999999
 #: what the walk names: its reservation, its pending job's name
 RESERVATION, PENDING_NAME = "slurm-ext-recorded", "slurm-ext-recorded-pending"
+#: the PowerAction a 26.05 recording's slurm.conf defines (Program=/bin/true), which the walk's last reboot names
+POWER_ACTION = "power-cycle"
 #: the drain the walk makes (the client adds the prefix), and the one another tool made before it
 OUR_DRAIN, FOREIGN_DRAIN = "recorded: xid 79 gpu 1", "NHC: check_fs_mount /scratch"
 
@@ -169,4 +171,7 @@ def walk(client, facts: Facts, script: str = "#!/bin/sh\nsleep 600\n") -> dict:
     seen["requeue"] = client.requeue([facts.running])
     client.reboot(facts.drained)
     seen["drained_rebooting"] = client.node(facts.drained)
+    # by a PowerAction (26.05; refused before any call on an older Slurm), of the other node: the drained one has a
+    # reboot pending already, which Slurm would keep
+    seen["reboot_action"] = _error(lambda: client.reboot(facts.busy, POWER_ACTION))
     return seen
