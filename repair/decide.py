@@ -191,10 +191,11 @@ def _recommendation(store: Store, node: str) -> Record:
 def _check_cooldown(store: Store, node: str, settings: RepairSection, now: float, after_failed: int | None = None
                     ) -> None:
     """Refuse a repair of a node whose last one ended within repair.cooldown; not the reboot recommended because a
-    GPU reset failed (`after_failed`: that reset's record), which is the next step of the same repair."""
+    GPU reset failed (`after_failed`: that reset's record), which is the next step of the same repair, and not after a
+    repair that failed before it did anything to the node (its configuration was wrong: flow._fail_untouched)."""
     finished = [r for r in store.records(node=node, states=("done", "failed"))
                 if r.closed and now - r.closed < settings.cooldown and not r.detail.get("dry_run")
-                and r.id != after_failed]
+                and not r.detail.get("untouched") and r.id != after_failed]
     if finished:
         last = max(finished, key=lambda r: r.closed)
         raise DecisionRefused(f"node {node}: in its cooldown: its {last.action} ended {last.state} at "

@@ -120,8 +120,10 @@ def advance(record: Record, seen: Seen) -> None:
             return
         try:
             _STEP[step](record, seen)
-        except (nodestate.HeldByOthers, ExecutorFailed, SlurmTooOld) as err:
+        except (nodestate.HeldByOthers, ExecutorFailed) as err:
             _fail(record, seen, str(err), touch_node=isinstance(err, ExecutorFailed))
+        except SlurmTooOld as err:  # the configuration asks what this Slurm lacks: found before the drain
+            _fail_untouched(record, seen, str(err))
         except SlurmExtError as err:  # Slurm or the store did not answer: the same step again next pass
             log.warning("repair of %s: step %s: %s (tried again next pass)", record.node, step, err)
             return
@@ -585,6 +587,17 @@ def _fail(record: Record, seen: Seen, why: str, touch_node: bool = True) -> None
             log.warning("repair of %s: cannot re-word its drain to say the repair failed: %s", record.node, err)
     if record.action == "reset-gpu" and redrain:
         _recommend_reboot(record, seen, now)
+
+
+def _fail_untouched(record: Record, seen: Seen, why: str) -> None:
+    """The repair ends failed before it did anything to the node: no drain of its own to keep, and no cooldown (the
+    fix is the configuration's; repair.decide skips such a record)."""
+    now = seen.clock()
+    record.state, record.closed, record.note = "failed", now, why
+    record.detail["untouched"] = True
+    _save(record, seen, now, "repair-failed", f"{record.action} of {record.node} failed before it began: {why}; "
+                                              "nothing was done to the node: once the configuration is fixed, its "
+                                              "next recommendation can be approved at once")
 
 
 def _recommend_reboot(failed: Record, seen: Seen, now: float) -> None:

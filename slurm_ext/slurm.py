@@ -131,11 +131,12 @@ POWER_ACTION_SINCE = (26, 5)
 
 def slurmd_unready(node: Node, timeout: float = 2.0) -> str:
     """Why `node`'s slurmd says it cannot take RPCs yet, by its own /readyz (Slurm >= 25.11: "ready to accept
-    incoming RPCs", slurmd.8), asked from the node itself; "" when it answers 2xx, or when there is nothing to ask:
-    a Slurm without /readyz, no port shown, or nothing taking the connection (a dead slurmd is the agent's own
-    knowledge, and a port slurmd does not listen on here must not make a healthy node unready). A hung slurmd, which
-    slurmctld counts as responding until SlurmdTimeout, takes the connection and does not answer: that is said.
-    Only the status is said, never the body: whatever listens on the port writes it, and it goes to sd_notify."""
+    incoming RPCs", slurmd.8), asked from the node itself. Two answers are a verdict: none within `timeout` from
+    what took the connection (a hung slurmd, which slurmctld counts as responding until SlurmdTimeout), and an HTTP
+    status that is not 2xx. Everything else is "": a Slurm without /readyz, no port shown, nothing taking the
+    connection or dropping it, or an answer that is not HTTP (a dead slurmd is the agent's own knowledge; an address
+    slurmd does not listen on here must not make a healthy node unready). Only the status is said, never what the
+    other end wrote: whatever listens on the port writes it, and it goes to sd_notify."""
     try:
         if not node.port or version_tuple(node.version) < READYZ_SINCE:
             return ""
@@ -146,10 +147,10 @@ def slurmd_unready(node: Node, timeout: float = 2.0) -> str:
     try:
         connection.request("GET", "/readyz")
         status = connection.getresponse().status
-    except (ConnectionRefusedError, ConnectionResetError):
+    except TimeoutError:
+        return f"slurmd's /readyz on port {node.port} did not answer within {timeout:g}s"
+    except (OSError, http.client.HTTPException):  # refused, dropped, not HTTP: no verdict
         return ""
-    except (OSError, http.client.HTTPException) as err:
-        return f"slurmd's /readyz on port {node.port} did not answer: {err or type(err).__name__}"
     finally:
         connection.close()
     return "" if 200 <= status < 300 else f"slurmd's /readyz on port {node.port} answered {status}"  # 26.05: 204

@@ -551,6 +551,11 @@ def test_a_reboot_by_power_action_says_so_and_a_slurm_without_it_fails_the_repai
     advance(refused, seen)
     assert refused.state == "failed" and "needs Slurm 26.05 or later" in refused.note, refused
     assert seen.slurm.calls == []  # before its drain: the node was not drained for a reboot it cannot have
+    said = [e.message for e in store.events(record=refused.id) if e.event == "repair-failed"][-1]
+    assert "failed before it began" in said and "nothing was done to the node" in said and "stays drained" not in said
+    # no cooldown: once repair.reboot_action is fixed, the node's next recommendation is approved at once
+    from slurm_ext.repair.decide import _check_cooldown
+    _check_cooldown(store, "n2", RepairSection(cooldown=3600.0), 2001.0)
 
 
 def test_jobs_past_the_deadline_fail_the_repair_and_its_reason_says_so(store):

@@ -222,10 +222,28 @@ def _readyz_server(status: int, body: bytes):
     return server
 
 
+def _one_reply(reply: bytes) -> int:
+    """A port on 127.0.0.1 whose one connection gets `reply` (raw bytes, not HTTP) and is closed; the port."""
+    import socket
+    import threading
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+
+    def answer():
+        peer, _ = server.accept()
+        peer.recv(4096)
+        peer.sendall(reply)
+        peer.close()
+        server.close()
+    threading.Thread(target=answer, daemon=True).start()
+    return server.getsockname()[1]
+
+
 def test_slurmd_readyz_is_asked_only_of_a_slurm_that_has_it():
     """25.11 and later: a 503 is the reason (its status only: the body is whatever listens there), a 204 none, a
-    slurmd that takes the connection and does not answer (hung) the reason too; before 25.11, with no port shown, or
-    with nothing taking the connection, nothing is said (the port answers 503 to anyone who asks: a 22.05 node would
+    slurmd that takes the connection and does not answer (hung) the reason too; before 25.11, with no port shown,
+    with nothing taking the connection, or a connection dropped or answered in something not HTTP, nothing is said (the port answers 503 to anyone who asks: a 22.05 node would
     be unready if it were asked). A NodeAddr that is a name is asked on 127.0.0.1, with no lookup. The images' test
     asks a real 26.05 slurmd (tests/test_container_cluster.py)."""
     import socket
@@ -246,7 +264,10 @@ def test_slurmd_readyz_is_asked_only_of_a_slurm_that_has_it():
             assert slurmd_unready(Node("n1", "IDLE", addr="127.0.0.1", port=port, version=older)) == "", older
         assert slurmd_unready(Node("n1", "IDLE", addr="127.0.0.1", port=0, version="26.05.5")) == ""
         stuck = Node("n1", "IDLE", addr="127.0.0.1", port=hung.getsockname()[1], version="26.05.5")
-        assert slurmd_unready(stuck, timeout=0.5) == f"slurmd's /readyz on port {stuck.port} did not answer: timed out"
+        assert slurmd_unready(stuck, timeout=0.5) == f"slurmd's /readyz on port {stuck.port} did not answer within 0.5s"
+        for reply in (b"", b"SLURM-RPC garbage READY=1\nSTOPPING=1\n"):  # dropped without a word; not HTTP
+            other = _one_reply(reply)
+            assert slurmd_unready(Node("n1", "IDLE", addr="127.0.0.1", port=other, version="26.05.5")) == "", reply
     finally:
         for server in (unready, ready):
             server.shutdown()
