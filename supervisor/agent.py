@@ -190,8 +190,8 @@ class Agent:
         deadlines += [d for w in self.workers if w.events and (d := w.events.deadline()) is not None]
         if (own := self.life.deadline(now)) is not None:
             deadlines.append(own)
-        if self._systemd and self._systemd.watchdog_every:
-            deadlines.append(self._systemd.next_watchdog())
+        if self._systemd:
+            deadlines.append(self._systemd.next_send())
         wake = self.next_wake = min([now + _IDLE_WAKEUP, *deadlines])
         return max(0.0, wake - now)
 

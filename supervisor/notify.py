@@ -12,6 +12,7 @@ Each worker gets its own socket, so a message is always about that worker;
 the sender's PID comes from the kernel (SCM_CREDENTIALS), never from the text.
 """
 
+import math
 import os
 import socket
 import struct
@@ -23,6 +24,8 @@ from slurm_ext.procfs import read_stat
 __all__ = ["NotifyMessage", "NotifySocket", "SystemdLink", "parse", "is_descendant"]
 
 _MAX_DATAGRAM = 4096
+#: seconds before a status systemd did not take is sent again
+_RETRY_SEND = 1.0
 #: descriptors one datagram may carry (a barrier passes one); more are discarded by the kernel, closed too
 _MAX_FDS = 16
 _ANCILLARY = socket.CMSG_SPACE(12) + socket.CMSG_SPACE(_MAX_FDS * 4)
@@ -139,9 +142,15 @@ class SystemdLink:
         self.watchdog_every = watchdog_usec / 2e6
         self._last_watchdog = 0.0
         self._status = ""
+        #: when a status systemd did not take is sent again (inf: none waits)
+        self._retry_at = math.inf
 
     def next_watchdog(self) -> float:
         return self._last_watchdog + self.watchdog_every
+
+    def next_send(self) -> float:
+        """When the agent's loop must tick again for this link: the watchdog's next ping, or a status not taken."""
+        return min(self.next_watchdog() if self.watchdog_every else math.inf, self._retry_at)
 
     def _send(self, message: str) -> bool:
         """One datagram, never blocking the agent's loop; False when it was not taken (said again next tick)."""
@@ -158,5 +167,8 @@ class SystemdLink:
         if self.watchdog_every and now >= self.next_watchdog():
             self._send("WATCHDOG=1")  # not taken: the next is due in half the WatchdogSec, still in time
             self._last_watchdog = now
-        if status != self._status and self._send(("READY=1\n" if ready else "") + f"STATUS={status}"):
-            self._status = status
+        if status != self._status:
+            if self._send(("READY=1\n" if ready else "") + f"STATUS={status}"):
+                self._status, self._retry_at = status, math.inf
+            else:  # READY=1 lost would leave a Type=notify unit starting: again in a second, not at the next pass
+                self._retry_at = now + _RETRY_SEND

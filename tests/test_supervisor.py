@@ -518,13 +518,15 @@ def test_systemd_notify_to_an_abstract_socket_one_line_and_again_when_not_taken(
     from supervisor.notify import SystemdLink
     name = f"slurm-ext-test-{uuid.uuid4().hex}"
     link = SystemdLink("@" + name, 0)
+    assert link.next_send() == float("inf")  # no watchdog, nothing waiting: the loop need not wake for it
     link.tick(1.0, True, "worker: ready")  # nobody listens yet: not taken, no exception
+    assert link.next_send() == 2.0  # tried again in a second
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     listener.bind("\0" + name)
     listener.settimeout(5)
     try:
         link.tick(2.0, True, "worker: ready")
-        assert listener.recv(4096) == b"READY=1\nSTATUS=worker: ready"
+        assert listener.recv(4096) == b"READY=1\nSTATUS=worker: ready" and link.next_send() == float("inf")
         link.tick(3.0, False, "worker slurmd: it said\nSTOPPING=1")
         assert listener.recv(4096) == b"STATUS=worker slurmd: it said STOPPING=1"
     finally:
