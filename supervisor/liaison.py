@@ -6,8 +6,8 @@ happens here. Wants and clears come from the loop (a crash loop), from start
 steps (gres) and, through the node-state socket, from the hook service;
 this thread makes Slurm agree (slurm_ext.nodestate), retrying while Slurm is
 unreachable, and keeps the node's readiness up to date: registered by the
-slurmd started last, responding, and (Slurm >= 25.11) its slurmd's own /readyz
-answering 2xx.
+slurmd started last, responding, and (Slurm >= 25.11) not hung or unready by its
+slurmd's own /readyz (slurm_ext.slurm.slurmd_unready).
 """
 
 from __future__ import annotations
