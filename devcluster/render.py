@@ -187,6 +187,10 @@ drain_deadline = "10m"
 boot_timeout = "{s.resume_timeout + 30}s"
 verify_timeout = "2m"
 
+[history]
+# the agents' journals into the repair database as often as the repair service looks: `history` is current at once
+interval = "{s.repair_interval:g}s"
+
 [acceptance]
 # `accept cluster`'s job runs this node's own `slurm-ext accept run`: the nodes share one host, so one program hands
 # the job to its node's config and fake GPUs (SLURMD_NODENAME)

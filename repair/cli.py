@@ -121,6 +121,13 @@ def _serve(args: argparse.Namespace) -> int:
     return serve(args.config)
 
 
+def _collect(args: argparse.Namespace) -> int:
+    from slurm_ext import log
+    from .collector import collect
+    log.setup(config.load(args.config).log, "collector")
+    return collect(args.config, args.once)
+
+
 def _status(args: argparse.Namespace) -> int:
     import time
     from slurm_ext.slurm import SlurmClient
@@ -168,7 +175,6 @@ def _history(args: argparse.Namespace) -> int:
     import time
     from slurm_ext.journal import parse_since
     from slurm_ext.slurm import SlurmClient
-    from slurm_ext.agentapi import AgentClient
     from .history import gather
     try:
         since = parse_since(args.since).timestamp() if args.since else time.time() - 7 * 86400
@@ -176,19 +182,21 @@ def _history(args: argparse.Namespace) -> int:
         print(f"slurm-ext: error: {err}", file=sys.stderr)
         return 2
     loaded, store = _store(args)
-    timeline = gather(AgentClient.of(loaded), store, SlurmClient(loaded.slurm), since, node=args.node)
+    timeline = gather(store, SlurmClient(loaded.slurm), since, node=args.node)
     if args.json:
-        print(json.dumps({"entries": [stamped(asdict(e), "time") for e in timeline.entries], "unreachable": timeline.unreachable,
-                          "incomplete": timeline.incomplete},
-                         indent=1))
+        print(json.dumps({"entries": [stamped(asdict(e), "time") for e in timeline.entries],
+                          "unreachable": timeline.unreachable, "incomplete": timeline.incomplete,
+                          "collector": timeline.collector}, indent=1))
         return 0
     for e in timeline.entries:
         who = f" [{e.user}]" if e.user and e.source == "repair" else ""
         _say(f"{_when(e.time)}  {e.node:<12} {e.source:<6} {e.event}: {e.message}{who}")
         for line in e.lines:  # an acceptance run's results, each with its figures
             _say(f"{'':<47}  {line}")
+    if timeline.collector:
+        _say(f"slurm-ext: warning: {timeline.collector}", sys.stderr)
     if timeline.unreachable:
-        _say(f"slurm-ext: warning: no journal from {len(timeline.unreachable)} node agent(s): "
+        _say(f"slurm-ext: warning: the collector has no journal from {len(timeline.unreachable)} node agent(s): "
              + ", ".join(f"{n} ({why})" for n, why in sorted(timeline.unreachable.items())[:10])
              + (" ..." if len(timeline.unreachable) > 10 else ""), sys.stderr)
     for name, shortfall in sorted(timeline.incomplete.items()):
@@ -228,6 +236,15 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         actions.add_parser(name, help=text).set_defaults(func=_pause)
     actions.add_parser("serve", help="the repair service (the controller agent runs it as its `repair` worker)"
                        ).set_defaults(func=_serve)
+    collect = actions.add_parser(
+        "collect", help="take the node agents' journals into the repair database, each event once (the controller "
+                        "agent runs it as its `collector` worker)",
+        description="Asks every node's agent for its journal lines after its cursor (GET /journal), and stores them "
+                    "with the cursor in one transaction: what `slurm-ext history` and the cluster page read. "
+                    "[history] sets how often, how many at once, and how long events are kept.")
+    collect.add_argument("--once", action="store_true", help="one pass: every node's journal up to its end now, "
+                         "then exit (0, or 1 when an agent gave no page)")
+    collect.set_defaults(func=_collect)
 
     status = commands.add_parser(
         "status", help="every node: healthy, booting, unhealthy, pending (a repair awaits approval) or paused (an "
@@ -243,8 +260,11 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     history = commands.add_parser(
         "history", help="what happened on the cluster: Slurm's node events, the agents' journals and the repairs, "
                         "in time order",
-        description="Merges `sacctmgr show event` (one query), every node agent's journal (GET /events on its HTTP "
-                    "listener) and the repair records (recommendations, decisions with who made them, each step).")
+        description="Merges `sacctmgr show event` (one query), the node agents' journals as the controller's "
+                    "collector stored them (one query of the repair database, whatever the number of nodes) and the "
+                    "repair records (recommendations, decisions with who made them, each step). Nodes whose agent "
+                    "the collector cannot reach, and lines a journal lost before they were taken, are said on "
+                    "standard error.")
     history.add_argument("--node", metavar="NODE", help="only this node")
     history.add_argument("--since", metavar="T", help="from T on: a duration back from now (30m, 2h, 7d) or an "
                          "ISO time; default 7 days")

@@ -3,14 +3,17 @@
 Three sources, merged in time order:
 - Slurm's own event table (`sacctmgr show event`, one query for every
   node): state changes, their reasons and who set them;
-- the node agents' journals, each read over its agent's HTTP listener
-  (GET /events?since=, read-only), all at once on a few threads;
+- the node agents' journals as the controller's collector stored them
+  (`nodeevents`: one query of the repair database, whatever the number of
+  nodes; no agent is asked);
 - the repair records: recommendations, decisions (with the operator) and
   every step.
-An agent that does not answer is named in the answer, not skipped in
-silence: its node's own events are then missing from the timeline. An
-acceptance run's end (acceptance-done) carries its results, each with its
-figures against their limits: they are the entry's `lines`.
+What the history cannot show is said, not skipped in silence: a node whose
+agent the collector cannot reach (its events since are missing), a journal
+that rotated lines out before they were taken, and a collector that does not
+run (none of the journals is then current). An acceptance run's end
+(acceptance-done) carries its results, each with its figures against their
+limits: they are the entry's `lines`.
 
 The order is causal where clocks are coarse (`in_causal_order`). Slurm's
 event table and the journals keep whole seconds, the repair records keep the
@@ -29,22 +32,23 @@ earliest moment it can have happened.
 from __future__ import annotations
 
 import bisect
-from concurrent.futures import ThreadPoolExecutor
+import json
+import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
-from slurm_ext.agentapi import AgentAnswerError, AgentClient
 from slurm_ext.nodestate.catalogue import fault_signature
-from slurm_ext.slurm import Node, SlurmClient
+from slurm_ext.slurm import SlurmClient
+from slurm_ext.words import moment
 
+from . import nodeevents
+from .collector import CONTROL
 from .store import ACTS, Record, Store
 
 __all__ = ["Entry", "Timeline", "gather", "in_causal_order", "result_lines"]
 
-#: agents asked at once
-_PARALLEL = 32
-#: longest wait for one agent
-_AGENT_TIMEOUT = 3.0
+#: the collector is said not to run when its last word is older than this many of its intervals (and a minute)
+_COLLECTOR_LATE = 3
 #: most result lines shown under one acceptance-done (8 GPUs' tests, and a node's interfaces and paths, are fewer)
 _RESULT_LINES = 200
 #: how far after the step that caused it a whole-second entry is put: a microsecond, still inside its own second
@@ -91,53 +95,64 @@ class Entry:
 @dataclass
 class Timeline:
     entries: list[Entry] = field(default_factory=list)
-    #: nodes whose agent did not answer (their journal is missing), with why
+    #: nodes whose agent the collector cannot reach (their events since are missing), with why and since when
     unreachable: dict[str, str] = field(default_factory=dict)
-    #: nodes whose journal came incomplete (older events cut by the agent, odd lines skipped), with what is missing
+    #: nodes whose journal is incomplete in the span (lines rotated out before they were taken), with what
     incomplete: dict[str, str] = field(default_factory=dict)
+    #: why the agents' journals are not current ("" while the collector runs): it never ran, or stopped
+    collector: str = ""
 
 
-def gather(agents: AgentClient, store: Store, slurm: SlurmClient, since: float, node: str | None = None
-           ) -> Timeline:
-    """The merged timeline since `since` (epoch seconds), of `node` or of every node slurmctld knows.
-
-    The event table and the node table are asked at once (each is one Slurm query for the whole cluster), and the
-    agents as soon as the node table says where they listen.
-    """
+def gather(store: Store, slurm: SlurmClient, since: float, node: str | None = None, limit: int = 200000,
+           now: float | None = None) -> Timeline:
+    """The merged timeline since `since` (epoch seconds), of `node` or of every node: one Slurm query, three
+    queries of the repair database (the newest `limit` journal events)."""
     timeline = Timeline()
-    moment = datetime.fromtimestamp(since, timezone.utc)
-    with ThreadPoolExecutor(max_workers=_PARALLEL) as pool:
-        slurm_events = pool.submit(slurm.node_events, node, moment)
-        listed = [slurm.node(node)] if node else slurm.nodes()
-        journals = pool.map(lambda n: (n.name, _journal(agents, n, since)), listed)
-        for event in slurm_events.result():
-            who = f" (by {event.user})" if event.user else ""
-            timeline.entries.append(Entry(event.start.timestamp(), event.node, "slurm", event.state.lower(),
-                                          f"{event.state}: {event.reason}{who}", event.user))
-            if event.end:
-                timeline.entries.append(Entry(event.end.timestamp(), event.node, "slurm", "end",
-                                              f"{event.state} over: {event.reason}"))
-        records: dict[int, Record | None] = {}
-        for entry in store.events(node=node, since=since):
-            if entry.record is not None and entry.record not in records:
-                records[entry.record] = store.get(entry.record)
-            timeline.entries.append(Entry(entry.time, entry.node or "-", "repair", entry.event, entry.message,
-                                          entry.user, entry.acts, entry.record,
-                                          **_of_record(records.get(entry.record))))
-        for name, (lines, problem, shortfall) in journals:
-            if problem:
-                timeline.unreachable[name] = problem
-            if shortfall:
-                timeline.incomplete[name] = shortfall
-            for data in lines:
-                if data.get("component") == "repair":
-                    continue  # the controller's journal: the same as the repair records, which hold the user
-                timeline.entries.append(Entry(_epoch(data.get("time", "")), name, "agent",
-                                              f"{data.get('component', '?')}/{data.get('event', '?')}",
-                                              str(data.get("message", "")), **_of_finding(data),
-                                              lines=result_lines(data)))
+    for event in slurm.node_events(node, datetime.fromtimestamp(since, timezone.utc)):
+        who = f" (by {event.user})" if event.user else ""
+        timeline.entries.append(Entry(event.start.timestamp(), event.node, "slurm", event.state.lower(),
+                                      f"{event.state}: {event.reason}{who}", event.user))
+        if event.end:
+            timeline.entries.append(Entry(event.end.timestamp(), event.node, "slurm", "end",
+                                          f"{event.state} over: {event.reason}"))
+    records: dict[int, Record | None] = {}
+    for entry in store.events(node=node, since=since):
+        if entry.record is not None and entry.record not in records:
+            records[entry.record] = store.get(entry.record)
+        timeline.entries.append(Entry(entry.time, entry.node or "-", "repair", entry.event, entry.message,
+                                      entry.user, entry.acts, entry.record,
+                                      **_of_record(records.get(entry.record))))
+    for found in nodeevents.events(store, since, node=node, limit=limit):
+        if found.component == "repair":  # the collector's word on the node's journal, not the node's own
+            timeline.incomplete[found.node] = f"{found.message} ({moment(found.time)})"
+            continue
+        data = found.data()
+        timeline.entries.append(Entry(found.time, found.node, "agent", f"{found.component}/{found.event}",
+                                      found.message, **_of_finding(data), lines=result_lines(data)))
+    timeline.unreachable, timeline.collector = _not_collected(store, node, time.time() if now is None else now)
     timeline.entries = in_causal_order(timeline.entries)
     return timeline
+
+
+def _not_collected(store: Store, node: str | None, now: float) -> tuple[dict[str, str], str]:
+    """(the nodes whose agent the collector cannot reach, with why and since when; why no journal is current, or
+    "")."""
+    unreachable = {name: f"{c.error} (since {moment(c.failing_since)}; its events since then are missing)"
+                   for name, c in nodeevents.cursors(store).items()
+                   if c.error and (node is None or name == node)}
+    said = store.control(CONTROL)
+    if said is None:
+        return unreachable, ("the collector has never run: no node agent's journal is in the history (the "
+                             "controller agent runs it as its `collector` worker, with history.enabled)")
+    value, _, when = said
+    try:
+        interval = float(json.loads(value).get("interval", 15.0))
+    except (ValueError, AttributeError, TypeError):
+        interval = 15.0
+    if now - when > max(_COLLECTOR_LATE * interval, 60.0):
+        return unreachable, (f"the collector last ran {moment(when)}: the agents' journals are in the history up to "
+                             "about then (is the controller agent's `collector` worker running?)")
+    return unreachable, ""
 
 
 def result_lines(data: dict) -> tuple[str, ...]:
@@ -215,20 +230,3 @@ def _causes(entry: Entry) -> frozenset[str]:
         return _ANY_CHANGE
     named = [causes for word, causes in _STATE_CAUSES if word in entry.event]
     return frozenset().union(*named) if named else _DOWN
-
-
-def _journal(agents: AgentClient, node: Node, since: float) -> tuple[list[dict], str, str]:
-    """(a node's journal events since `since`, "", what the page lacks), or ([], why, "") when its agent gives no
-    answer to believe."""
-    try:
-        page = agents.events(node.name, node.addr, since, timeout=_AGENT_TIMEOUT)
-    except AgentAnswerError as err:
-        return [], err.problem, ""
-    return [line.data for line in page.events], "", page.shortfall()
-
-
-def _epoch(text: str) -> float:
-    try:
-        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S%z").timestamp()
-    except ValueError:
-        return 0.0

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from slurm_ext.config import register_section, setting
 
-__all__ = ["RepairSection", "ACTIONS", "KEEPS_DATA"]
+__all__ = ["RepairSection", "HistorySection", "ACTIONS", "KEEPS_DATA"]
 
 #: what a repair does, least disruptive first (health's actions that a repair can carry out); reset-gpu resets the
 #: one GPU the finding names, through the node's agent (health.gpu_reset_command), and waits only for its jobs
@@ -114,3 +114,31 @@ class RepairSection:
                                     minimum=0.1, maximum=300.0)
 
 register_section("repair", RepairSection)
+
+
+@dataclass(frozen=True, slots=True)
+class HistorySection:
+    """The node agents' journals collected into the repair database ([repair] database) by the controller agent's
+    `collector` worker: what `slurm-ext history` and the cluster page read, one query for every node."""
+
+    enabled: bool = setting(True, "run the collector in the controller agent", "bool")
+    interval: float = setting(15.0, "how often each node's agent is asked for the journal lines written since its "
+                              "last answer (one that had more is asked again at once)", "duration", minimum=0.5,
+                              maximum=3600.0)
+    parallel: int = setting(16, "agents asked at once", "int", minimum=1, maximum=256)
+    timeout: float = setting(5.0, "longest wait for one agent's answer", "duration", minimum=0.5, maximum=120.0)
+    page_bytes: int = setting(2**20, "journal bytes asked of one agent at once", "int", minimum=4096,
+                              maximum=8 * 2**20)
+    batch: int = setting(5000, "events stored in one transaction, at most", "int", minimum=1, maximum=100000)
+    backlog: int = setting(50000, "events taken from the agents and not stored yet, at most: past it no agent is "
+                           "asked until the database caught up (the agents' journals hold the rest)", "int",
+                           minimum=1000, maximum=10000000)
+    retry_max: float = setting(300.0, "an agent that does not answer is asked again after a wait that doubles from "
+                               "`interval` up to this", "duration", minimum=1.0, maximum=86400.0)
+    keep: float = setting(90 * 86400.0, "events older than this are removed from the database", "duration",
+                          minimum=3600.0, maximum=10 * 365 * 86400.0)
+    max_events: int = setting(50_000_000, "events kept at most (about 1 KiB each in the database); the oldest "
+                              "beyond are removed", "int", minimum=10000, maximum=10**10)
+
+
+register_section("history", HistorySection)

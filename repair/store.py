@@ -30,6 +30,8 @@ from pathlib import Path
 
 from slurm_ext.errors import SlurmExtError
 
+from . import nodeevents
+
 __all__ = ["Record", "Event", "Store", "StoreError", "open_store", "IN_PROGRESS", "ACTS"]
 
 #: states that count against the guard: a repair is under way
@@ -87,7 +89,7 @@ _RECORD_COLUMNS = [f.name for f in fields(Record) if f.name != "id"]
 _JSON_COLUMNS = ("jobs", "detail")
 
 
-def _schema(autoincrement: str, text: str) -> list[str]:
+def _schema(autoincrement: str, text: str, long_text: str) -> list[str]:
     return [
         f"""CREATE TABLE IF NOT EXISTS repair_records (
             id {autoincrement}, node VARCHAR(255) NOT NULL, signature VARCHAR(255) NOT NULL,
@@ -104,6 +106,7 @@ def _schema(autoincrement: str, text: str) -> list[str]:
         "CREATE INDEX IF NOT EXISTS repair_records_open ON repair_records (closed, node)",
         "CREATE INDEX IF NOT EXISTS repair_events_node_time ON repair_events (node, time)",
         "CREATE INDEX IF NOT EXISTS repair_events_time ON repair_events (time)",
+        *nodeevents.schema(autoincrement, text, long_text),
     ]
 
 
@@ -126,6 +129,17 @@ class Store:
     def _execute(self, sql: str, args: tuple = ()) -> list[tuple]:
         return self._run(sql, args)[0]
 
+    def _many(self, sql: str, rows: list[tuple]) -> None:
+        """One statement for many rows (PyMySQL sends an INSERT's or REPLACE's rows as one statement)."""
+        if not rows:
+            return
+        try:
+            cursor = self._db.cursor()
+            cursor.executemany(self._sql(sql), rows)
+            cursor.close()
+        except Exception as err:
+            raise StoreError(f"repair database {self.where}: {err}") from err
+
     def _run(self, sql: str, args: tuple = ()) -> tuple[list[tuple], int, int | None]:
         """(rows, rows changed, the id of a row inserted)."""
         try:
@@ -139,15 +153,17 @@ class Store:
             raise StoreError(f"repair database {self.where}: {err}") from err
 
     @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
-        """One writer at a time, in one transaction: committed on success, rolled back on any error."""
+    def locked(self, name: str = "slurm_ext_repair") -> Iterator[None]:
+        """One writer at a time, in one transaction: committed on success, rolled back on any error. `name`: the
+        writers it keeps apart on MariaDB (the collector's own writes take another lock than the repairs'; SQLite
+        has one writer per file)."""
         if self._ping is not None:  # a server connection lost since (MariaDB restarted) is made again here
             try:
                 self._ping()
             except Exception as err:
                 raise StoreError(f"repair database {self.where}: {err}") from err
         if self._lock_sql:  # MariaDB: a named lock held by this connection
-            got = self._execute(self._lock_sql[0], (_LOCK_TIMEOUT,))
+            got = self._execute(self._lock_sql[0], (name, _LOCK_TIMEOUT))
             if not got or got[0][0] != 1:
                 raise StoreError(f"repair database {self.where}: another writer held the lock for "
                                  f"{_LOCK_TIMEOUT}s")
@@ -165,7 +181,7 @@ class Store:
         finally:
             if self._lock_sql:
                 with contextlib.suppress(StoreError):
-                    self._execute(self._lock_sql[1])
+                    self._execute(self._lock_sql[1], (name,))
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -319,7 +335,7 @@ def open_sqlite(path: str, create: bool = True, hint: str = "") -> Store:
     except (OSError, sqlite3.Error) as err:
         raise StoreError(f"repair database {path}: cannot open it: {err}{hint}") from err
     store = Store(_Autocommit(connection), path, "?", None)
-    for statement in _schema("INTEGER PRIMARY KEY AUTOINCREMENT", "TEXT"):
+    for statement in _schema("INTEGER PRIMARY KEY AUTOINCREMENT", "TEXT", "TEXT"):
         store._execute(statement)
     _upgrade(store)
     return store
@@ -340,11 +356,10 @@ def open_mariadb(host: str, port: int, user: str, password: str, database: str, 
         connection.select_db(database)
     except pymysql.MySQLError as err:
         raise StoreError(f"repair database {where}: {err.args[-1] if err.args else err}") from err
-    store = Store(connection, where, "%s", ("SELECT GET_LOCK('slurm_ext_repair', %s)",
-                                            "SELECT RELEASE_LOCK('slurm_ext_repair')"),
+    store = Store(connection, where, "%s", ("SELECT GET_LOCK(%s, %s)", "SELECT RELEASE_LOCK(%s)"),
                   ping=lambda: connection.ping(reconnect=True))
     if make_tables:
-        for statement in _schema("BIGINT AUTO_INCREMENT PRIMARY KEY", "TEXT"):
+        for statement in _schema("BIGINT AUTO_INCREMENT PRIMARY KEY", "TEXT", "MEDIUMTEXT"):
             store._execute(statement)
         _upgrade(store)
     return store

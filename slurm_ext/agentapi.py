@@ -3,7 +3,8 @@
 The controller's readers (the repair service after a repair, `slurm-ext
 history`, the cluster page) ask a node's agent for its health (`HealthAnswer`:
 the health monitor's `Readings`, a `GpuReading` per GPU, and the node's
-`FactsReading`), for a page of its journal (`EventsPage`), to read the node
+`FactsReading`), for a page of its journal (`EventsPage`: the newest events; `JournalPage`: the events after a
+cursor, which the controller's collector takes each once), to read the node
 now (`AgentClient.check_now`) and to clear its findings for an operator
 (`AgentClient.clear_findings`), for its last acceptance run and to start one
 (`AcceptanceAnswer`, `AgentClient.acceptance`, `AgentClient.run_acceptance`:
@@ -53,16 +54,18 @@ from datetime import datetime
 from pathlib import Path
 
 from .errors import SlurmExtError
+from .journal import CURSOR
 from .secretfile import SecretFileError, read_secret
 
 __all__ = ["DEFAULT_CREDENTIAL", "Credential", "CredentialError", "CredentialFile", "create_credential",
            "AgentAnswerError", "GpuReading", "InterfaceReading", "FactsReading", "Readings", "HealthAnswer",
            "GpuResetAnswer", "ClearAnswer", "AcceptanceAnswer", "ACCEPTANCE_LEVELS", "ACCEPTANCE_TRIGGERS",
            "ACCEPTANCE_ASKED",
-           "MAX_ACCEPTANCE", "JournalLine", "EventsPage", "AgentClient",
+           "MAX_ACCEPTANCE", "JournalLine", "EventsPage", "JournalPage", "journal_query", "journal_body", "AgentClient",
            "request_signature", "answer_signature", "request_refusal", "NonceMemory", "FetchError", "fetch",
            "get_text", "NONCE_HEADER", "TIME_HEADER", "SIGNATURE_HEADER", "BOOT_HEADER", "NODE_HEADER", "AUTH_SCHEME",
            "REQUEST_WINDOW", "REFUSED", "BUSY", "BUSY_RETRY", "MAX_HEALTH", "MAX_EVENTS", "EVENTS_SENT", "CUT_KEY",
+           "JOURNAL_PAGE", "MAX_JOURNAL_PAGE",
            "OPERATOR_NAME", "CLEAR_SUBJECT"]
 
 #: where the agent credential lives unless node.agent_credential says otherwise
@@ -99,6 +102,11 @@ EVENTS_SENT = MAX_EVENTS - 2**16
 #: the key of an /events answer's first line when the agent cut it: {"cut": <older events not sent>,
 #: "from": <the time of the first event sent>}; a journal event has no such key
 CUT_KEY = "cut"
+#: journal bytes a GET /journal sends unless asked for fewer, and the most it may be asked for; one event longer than
+#: the page is still sent, alone (journal._LONGEST_LINE: 4 MiB), and the client's cap allows for it
+JOURNAL_PAGE = 2**20
+MAX_JOURNAL_PAGE = 8 * 2**20
+_MAX_JOURNAL = MAX_JOURNAL_PAGE + 5 * 2**20
 #: most bytes of an /acceptance answer (a run of 8 GPUs' tests, each with its figures, is about 30 KiB)
 MAX_ACCEPTANCE = 2 * 2**20
 #: most bytes of the answer to a POST or of any other GET through `get_text`
@@ -721,6 +729,66 @@ class EventsPage:
         return "; ".join(said)
 
 
+def journal_query(query: str) -> tuple[str, int]:
+    """(cursor, bytes) of a GET /journal's query: after=<cursor> (empty or absent: from the journal's oldest file
+    kept), max=<bytes> (1 to MAX_JOURNAL_PAGE, JOURNAL_PAGE when absent).
+
+    Raises:
+        ValueError: either is not one (the message says what is taken)."""
+    asked = urllib.parse.parse_qs(query, keep_blank_values=True)
+    cursor = asked.get("after", [""])[0]
+    if not CURSOR.match(cursor):
+        raise ValueError("after: expected a cursor as the last answer gave it (<16 hex digits>:<offset>), or "
+                         "nothing for the start")
+    try:
+        size = int(asked.get("max", [str(JOURNAL_PAGE)])[0])
+        if not 1 <= size <= MAX_JOURNAL_PAGE:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"max: expected a count of bytes from 1 to {MAX_JOURNAL_PAGE}") from None
+    return cursor, size
+
+
+def journal_body(chunk) -> bytes:
+    """The answer to GET /journal: a first line of JSON saying where the next page begins ("cursor"), whether more is
+    written after it ("more"), whether the cursor's file was gone ("lost") and how many overlong lines were left out
+    ("skipped"); then `chunk`'s lines (a journal.JournalChunk), one a line, as the journal holds them."""
+    head = json.dumps({"cursor": chunk.cursor, "more": chunk.more, "lost": chunk.lost, "skipped": chunk.skipped})
+    return b"\n".join((head.encode(), *chunk.lines, b""))
+
+
+@dataclass(frozen=True, slots=True)
+class JournalPage:
+    """A node agent's GET /journal: its journal's lines after the cursor asked, and the cursor after them."""
+
+    node: str
+    boot: str
+    cursor: str
+    #: more is written after `cursor`: ask again now
+    more: bool
+    #: the cursor's file was no longer kept: the lines begin at the oldest file kept, and what was between is gone
+    lost: bool
+    #: lines longer than any event, which the agent left out
+    skipped: int
+    #: the lines, as the journal holds them (not parsed: the collector parses each once)
+    lines: tuple[bytes, ...]
+
+    @classmethod
+    def of(cls, node: str, boot: str, body: bytes) -> JournalPage:
+        """Raises ValueError: the first line is not the head journal_body writes."""
+        head, _, rest = body.partition(b"\n")
+        data = json.loads(head)
+        if not isinstance(data, dict):
+            raise ValueError("its first line is not a JSON object")
+        cursor = data.get("cursor")
+        if not isinstance(cursor, str) or not CURSOR.match(cursor):
+            raise ValueError(f"its cursor {str(cursor)[:40]!r} is not one")
+        skipped = data.get("skipped", 0)
+        return cls(node, boot, cursor, data.get("more") is True, data.get("lost") is True,
+                   skipped if isinstance(skipped, int) and not isinstance(skipped, bool) else 0,
+                   tuple(line for line in rest.split(b"\n") if line))
+
+
 # -- the client ----------------------------------------------------------------------------------------
 
 class _Failed(Exception):
@@ -944,6 +1012,27 @@ class AgentClient:
             time.sleep(BUSY_RETRY)  # its journal was being read for another asker (the page, `history`): once more
             boot, body = self._ask(node, address, "GET", target, MAX_EVENTS, timeout)
         return EventsPage.of(node, boot, body.decode("utf-8", "replace"))
+
+    def journal(self, node: str, addr: str = "", cursor: str = "", size: int = JOURNAL_PAGE,
+                timeout: float | None = None) -> JournalPage:
+        """The node's journal lines after `cursor` ("": from its oldest file kept), about `size` bytes of them.
+
+        Raises:
+            AgentAnswerError: as `health`; also for an answer that is not a journal page; status 404 from an agent
+            older than GET /journal."""
+        address = self.address(node, addr)
+        target = f"/journal?after={cursor}&max={int(size)}"
+        try:
+            boot, body = self._ask(node, address, "GET", target, _MAX_JOURNAL, timeout)
+        except AgentAnswerError as err:
+            if err.status != 503 or f"HTTP 503: {BUSY}" not in err.problem:
+                raise
+            time.sleep(BUSY_RETRY)
+            boot, body = self._ask(node, address, "GET", target, _MAX_JOURNAL, timeout)
+        try:
+            return JournalPage.of(node, boot, body)
+        except (ValueError, RecursionError) as err:
+            raise AgentAnswerError(node, address, f"its /journal is not a journal page: {err}") from None
 
     def check_now(self, node: str, addr: str = "", timeout: float | None = None) -> bool:
         """Ask the node's health monitor to read the node now. True when asked, False when it was asked less than a

@@ -158,6 +158,7 @@ _SECTION_OWNERS = {
     "accounting": "accounting",
     "health": "health",
     "repair": "repair",
+    "history": "repair",
     "acceptance": "acceptance",
     "oidc": "oidc",
     "web": "web",

@@ -296,6 +296,18 @@ _ENTRIES = (
     EventName("repair-notify-dropped", _REPAIR, "warning", "the webhook's queue was full (repair.notify_queue): its "
               "oldest notice was dropped; said once until a post gets through, every drop counted in "
               "slurm_ext_repair_notify_dropped_total"),
+    EventName("history-collector-started", _REPAIR, "info", "the collector started taking the node agents' "
+              "journals into the repair database, each node from its cursor"),
+    EventName("history-journal-lost", _REPAIR, "warning", "a node's journal rotated lines out before the collector "
+              "took them (the node's cursor named a file no longer kept): those events are missing from the history, "
+              "which says so for the node"),
+    EventName("history-backlog-full", _REPAIR, "warning", "events read from the agents and not stored reached "
+              "history.backlog: no agent is asked until the database took them (the journals hold the rest)"),
+    EventName("history-backlog-cleared", _REPAIR, "info", "the database took the collector's backlog: agents are "
+              "asked again"),
+    EventName("history-store-failed", _REPAIR, "error", "the collector could not store the agents' events in the "
+              "repair database; it tries again every few seconds"),
+    EventName("history-store-recovered", _REPAIR, "info", "the repair database takes the collector's events again"),
     EventName("repair-paused", _REPAIR, "warning", "an operator paused every approval"),
     EventName("repair-unpaused", _REPAIR, "info", "an operator let approvals through again"),
     # -- web (web/, the cluster page, in the controller agent) ------------------------------------------

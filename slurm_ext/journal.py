@@ -5,7 +5,8 @@ of every journal file (`events.journal_files`: the rotated ones oldest
 first, then journal.jsonl) that `selection` (an `EventFilter`) keeps;
 `follow_events` goes on with the events written after that, across
 rotations. `read_newest` reads the newest lines from the end back, within a
-byte and a time budget (what an agent's /events sends). `parse_since` turns
+byte and a time budget (what an agent's /events sends). `read_after` reads on from a cursor (what the controller's
+collector takes of an agent's journal, each event once: `JournalChunk`). `parse_since` turns
 `--since` (an ISO time or a duration back from now) into a time;
 `format_event` is the one-line form.
 
@@ -41,7 +42,7 @@ from .config import parse_duration
 from .eventnames import SEVERITIES
 from .log import printable
 
-__all__ = ["JournalEvent", "EventFilter", "JournalTail", "read_events", "read_newest", "follow_events", "parse_since",
+__all__ = ["JournalEvent", "EventFilter", "JournalTail", "JournalChunk", "CURSOR", "read_events", "read_after", "read_newest", "follow_events", "parse_since",
            "format_event"]
 
 #: how often `follow_events` looks for new lines (a file rotated out of the kept ones between looks is missed)
@@ -100,6 +101,33 @@ class JournalTail:
     cut: int
     #: the time ran out before the reading was done
     out_of_time: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class JournalChunk:
+    """The journal's lines after a cursor, as `read_after` found them."""
+
+    #: whole lines as written, without their newline, in the order written
+    lines: tuple[bytes, ...]
+    #: where the next read begins: after the last of `lines` (the cursor asked when there is none)
+    cursor: str
+    #: more lines are written after `cursor` (the byte budget ended the read)
+    more: bool
+    #: the cursor's file is no longer kept (rotated out before it was read to its end, or the state folder was
+    #: replaced): the read began at the oldest file kept, and what was between is gone
+    lost: bool = False
+    #: lines longer than _LONGEST_LINE, left out
+    skipped: int = 0
+
+
+#: a cursor: the first bytes' digest of the file it is in (a file's first line never changes, and renames keep it),
+#: and a byte offset in that file
+CURSOR = re.compile(r"\A(?:([0-9a-f]{16}):([0-9]{1,15}))?\Z")
+#: bytes that name a journal file: the head of its first line (a file of fewer bytes and no newline yet is not named)
+_NAMED_BY = 4096
+#: a rotated file is read past its end only once it has been left alone this long: a writer that opened it just
+#: before the rotation may still append its one line
+_SETTLED = 2.0
 
 
 #: on_bad_line(path, line number (from 1), problem)
@@ -249,6 +277,119 @@ def read_newest(state_dir: str, since: float | None, limit: int, max_bytes: int,
         for _, stream in opened:
             stream.close()
     return JournalTail(tuple(reversed(kept)), first_time, cut)
+
+
+def read_after(state_dir: str, cursor: str, max_bytes: int, clock: Callable[[], float] = time.time) -> JournalChunk:
+    """The whole lines written after `cursor` ("": from the oldest file kept), as many as fit in `max_bytes` (one
+    longer line is still sent alone, up to _LONGEST_LINE), and the cursor after them.
+
+    Why a cursor of (file, offset) and not a time: the journal's times are whole seconds and its writers (the agent,
+    its workers, the hooks) append a little out of time order, so no time tells which lines were taken; a byte
+    offset does, exactly. A file is named by a digest of its head, which rotation (a rename) keeps, so a cursor
+    survives rotations, restarts of the agent and a reboot (the state folder is on disk); one whose file is gone
+    says so (`lost`) and the read starts at the oldest file kept. A line still being written (no newline) is left
+    for the next read; a rotated file is left for the next once it is quiet for _SETTLED.
+
+    Raises:
+        ValueError: `cursor` is not one (the message says the form).
+        OSError: a journal file exists but cannot be read (no permission).
+    """
+    asked = CURSOR.match(cursor)
+    if asked is None:
+        raise ValueError(f"cursor {cursor[:40]!r}: expected <16 hex digits>:<offset>, or empty for the start")
+    opened = _open_oldest_first(state_dir)
+    try:
+        names = [_name_of(stream) for _, stream in opened]
+        index, offset, lost = 0, 0, False
+        if asked.group(1):
+            if asked.group(1) in names:
+                index, offset = names.index(asked.group(1)), int(asked.group(2))
+                if offset > os.fstat(opened[index][1].fileno()).st_size:  # not a place in that file: start over
+                    index, offset, lost = 0, 0, True
+            else:
+                lost = True
+        lines: list[bytes] = []
+        size = skipped = 0
+        at = cursor if not lost else ""
+        while index < len(opened):
+            _, stream = opened[index]
+            if names[index] is None:
+                break  # its first line is still being written
+            taken, offset, full, dropped = _lines_from(stream, offset, max_bytes - size, not lines)
+            lines += taken
+            size += sum(len(line) + 1 for line in taken)
+            skipped += dropped
+            at = f"{names[index]}:{offset}"
+            if full:
+                return JournalChunk(tuple(lines), at, True, lost, skipped)
+            info = os.fstat(stream.fileno())
+            if index + 1 == len(opened) or offset < info.st_size or clock() - info.st_mtime < _SETTLED:
+                break  # the newest file, a line still being written, or a rotated file a writer may still reach
+            index, offset = index + 1, 0
+        return JournalChunk(tuple(lines), at, False, lost, skipped)
+    finally:
+        for _, stream in opened:
+            stream.close()
+
+
+def _name_of(stream: BinaryIO) -> str | None:
+    """The digest that names a journal file (its first line, or its first _NAMED_BY bytes), None while it has
+    neither."""
+    import hashlib
+    stream.seek(0)
+    head = stream.read(_NAMED_BY)
+    end = head.find(b"\n")
+    if end < 0 and len(head) < _NAMED_BY:
+        return None
+    return hashlib.sha256(head if end < 0 else head[:end + 1]).hexdigest()[:16]
+
+
+def _lines_from(stream: BinaryIO, offset: int, budget: int, alone: bool) -> tuple[list[bytes], int, bool, int]:
+    """(whole lines from `offset` within `budget` bytes, the offset after them, whether the budget ended the read
+    with more written, lines over _LONGEST_LINE skipped). With `alone` (nothing taken yet), a first line longer
+    than `budget` is taken by itself: one event larger than the client's page is sent, not stuck for ever."""
+    skipped = 0
+    while True:
+        if budget <= 0:
+            return [], offset, _pending(stream, offset), skipped
+        stream.seek(offset)
+        block = stream.read(budget)
+        end = block.rfind(b"\n")
+        if end >= 0:
+            offset += end + 1
+            return ([line for line in block[:end].split(b"\n") if line], offset,
+                    len(block) == budget and _pending(stream, offset), skipped)
+        if len(block) < budget:
+            return [], offset, False, skipped  # the end of the file, or a line still being written
+        if not alone:
+            return [], offset, True, skipped  # the next page takes it by itself
+        length = _line_length(stream, offset)
+        if length is None:
+            return [], offset, False, skipped
+        if length - 1 > _LONGEST_LINE:  # no event is this long: a file of garbage must not be gathered in memory
+            offset, skipped = offset + length, skipped + 1
+            continue
+        stream.seek(offset)
+        line = stream.read(length)
+        offset += length
+        return [line[:-1]] if line.strip() else [], offset, _pending(stream, offset), skipped
+
+
+def _line_length(stream: BinaryIO, offset: int) -> int | None:
+    """The length of the line at `offset` with its newline, read through in blocks and not kept; None when it has no
+    newline yet."""
+    stream.seek(offset)
+    length = 0
+    while block := stream.read(_BLOCK):
+        end = block.find(b"\n")
+        if end >= 0:
+            return length + end + 1
+        length += len(block)
+    return None
+
+
+def _pending(stream: BinaryIO, offset: int) -> bool:
+    return os.fstat(stream.fileno()).st_size > offset
 
 
 def format_event(event: JournalEvent) -> str:

@@ -104,6 +104,9 @@ class PluginWorker:
     #: the agent's own worker it starts before ("hooks" before "slurmd", whose first job runs a hook); "": after
     #: all of the agent's own, in the plug-ins' order
     before: str = ""
+    #: enabled(config, role): this worker runs, where the plug-in's are on (repair's collector, with
+    #: history.enabled, beside its service, with repair.enabled); None: as the plug-in's
+    enabled: Callable[[Config, str], bool] | None = None
 
 
 #: a worker's hold on SIGKILL once its stop grace is over: called with the time (monotonic), it returns a

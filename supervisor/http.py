@@ -67,7 +67,7 @@ from .acceptruns import AcceptanceRuns
 from .later import AnswerWorker, Later
 
 
-__all__ = ["serve", "ProbeServer", "Answer", "HEAD_TIMEOUT", "MAX_HEAD", "connection_cap"]
+__all__ = ["serve", "ProbeServer", "Answer", "journal_answer", "HEAD_TIMEOUT", "MAX_HEAD", "connection_cap"]
 
 log = logging.getLogger("supervisor")
 
@@ -180,10 +180,12 @@ def agent_routes(agent, guard: Guard | None = None, runs: AcceptanceRuns | None 
     guard = guard or Guard(agent)
     runs = runs or AcceptanceRuns(agent)
     journal_reader = AnswerWorker("http-events")
+    collector_reader = AnswerWorker("http-journal")  # the collector's own: the page's /events never makes it wait
 
     def answer(target: str, headers: dict) -> Answer:
         path, _, query = target.partition("?")
-        if path in ("/events", "/health", "/acceptance") or path == "/metrics" and not agent.config.supervisor.open_metrics:
+        if path in ("/events", "/journal", "/health", "/acceptance") or (
+                path == "/metrics" and not agent.config.supervisor.open_metrics):
             return guard.guarded("GET", target, headers, lambda: answer_of(path, query))
         return answer_of(path, query)
 
@@ -202,11 +204,14 @@ def agent_routes(agent, guard: Guard | None = None, runs: AcceptanceRuns | None 
             return 200, body, content_type
         if path == "/events":
             return _events(agent, query, journal_reader)
+        if path == "/journal":
+            return journal_answer(agent.config.node.state_dir, query, collector_reader)
         if path == "/health":
             return _health(agent)
         if path == "/acceptance":
             return _acceptance(agent, runs, query)
-        return 404, b"try /livez, /readyz, /metrics, /events?since=EPOCH, /health or /acceptance\n", _TEXT
+        return 404, (b"try /livez, /readyz, /metrics, /events?since=EPOCH, /journal?after=CURSOR, /health or "
+                     b"/acceptance\n"), _TEXT
 
     return answer
 
@@ -390,6 +395,25 @@ def _events(agent, query: str, reader: AnswerWorker) -> Answer | Later:
                 {"Retry-After": f"{agentapi.BUSY_RETRY:.0f}"})
     state_dir = agent.config.node.state_dir
     return Later(lambda: _events_page(state_dir, since if since > 0 else None, limit), reader)
+
+
+def journal_answer(state_dir: str, query: str, reader: AnswerWorker) -> Answer | Later:
+    """The node journal's lines after a cursor, and the cursor after them (agentapi.journal_body): what the
+    controller's collector takes, each line once. Read on `reader`, off the probe thread, and 503 while it reads
+    for another request (one collector asks; a second is a misconfiguration, and waits)."""
+    try:
+        cursor, size = agentapi.journal_query(query)
+    except ValueError as err:
+        return 400, f"{err}\n".encode(), _TEXT
+    if reader.busy:
+        return (503, f"{agentapi.BUSY}the journal is being read for another /journal request\n".encode(), _TEXT,
+                {"Retry-After": f"{agentapi.BUSY_RETRY:.0f}"})
+    return Later(lambda: _journal_page(state_dir, cursor, size), reader)
+
+
+def _journal_page(state_dir: str, cursor: str, size: int) -> Answer:
+    from slurm_ext.journal import read_after
+    return 200, agentapi.journal_body(read_after(state_dir, cursor, size)), "application/x-ndjson"
 
 
 def _events_page(state_dir: str, since: float | None, limit: int) -> Answer:

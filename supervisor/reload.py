@@ -161,7 +161,8 @@ def spec_changes(config: Config, role: str) -> dict[str, dict]:
 
 
 def switched_off(config: Config, role: str) -> set[str]:
-    """The plug-ins' workers the config switches off (health.enabled, repair.enabled, web.enabled)."""
-    return {worker.spec.name for plugin in plugins() if not plugin.enabled(config, role) for worker in plugin.workers}
+    """The plug-ins' workers the config switches off (health.enabled, repair.enabled, history.enabled, ...)."""
+    return {worker.spec.name for plugin in plugins() for worker in plugin.workers
+            if not plugin.enabled(config, role) or worker.enabled is not None and not worker.enabled(config, role)}
 
 

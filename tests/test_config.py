@@ -232,7 +232,8 @@ def test_every_section_in_file_order_each_declared_by_its_owner():
                       "prolog_epilog": "slurm_ext.prolog_epilog.settings",
                       "gres": "slurm_ext.gres.settings", "accounting": "slurm_ext.accounting.settings",
                       "health": "slurm_ext.health.settings",
-                      "repair": "slurm_ext.repair.settings", "acceptance": "slurm_ext.acceptance.settings",
+                      "repair": "slurm_ext.repair.settings", "history": "slurm_ext.repair.settings",
+                      "acceptance": "slurm_ext.acceptance.settings",
                       "oidc": "slurm_ext.oidc.settings", "web": "slurm_ext.web.settings",
                       "dev": "slurm_ext.devcluster.settings"}
     assert list(owners) == list(config.section_names())

@@ -295,14 +295,14 @@ def test_every_plugin_gives_the_agent_a_plugin_of_its_own_name_and_the_start_ord
     defaults = config.Config().supervisor
     assert [s.name for s in plugins.builtin_workers(workers.DAEMONS)] == [
         "munged", "mariadbd", "sshd", "slurmdbd", "slurmctld", "hooks", "slurmd", "health", "accept-idle", "repair",
-        "web"]
+        "collector", "web"]
     orders = {role: ([s.name for s in workers.workers_for(role, defaults)], [s.name for s in pipeline.steps_for(role)])
               for role in config.ROLES}
     assert orders == {
         "worker": (["hooks", "slurmd", "health"],
                    ["preflight", "clear-stale-drains", "gres-regenerate", "validate-scripts", "node-boot-scripts",
                     "acceptance"]),
-        "controller": (["slurmctld", "accept-idle", "repair", "web"],
+        "controller": (["slurmctld", "accept-idle", "repair", "collector", "web"],
                        ["preflight", "check-storage", "validate-scripts", "node-boot-scripts"]),
         "accounting": (["slurmdbd"], ["preflight", "accounting-config", "check-storage"]),
         "login": (["sshd"], ["validate-scripts", "node-boot-scripts"])}

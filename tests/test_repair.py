@@ -773,21 +773,37 @@ def test_a_drain_of_an_idle_node_comes_before_slurms_drain_and_old_rows_move_not
     assert _said(in_causal_order(old)) == ["slurm boot^ BOOT^", "repair repair-step scontrol reboot"]
 
 
-def _agent_answering(tmp_path: Path, node: str, body: str):
-    """The agents' own HTTP server (supervisor.http, with its credential guard) on 127.0.0.1, answering every GET of
-    a guarded route with `body` as the node's agent `node`; returns (server, its AgentClient). Close the server."""
+def _collected(store, tmp_path: Path, node: str, journal: str) -> None:
+    """`journal` as node `node`'s journal, taken into `store` the way the controller does it: the agents' own HTTP
+    server (supervisor.http, its credential guard and GET /journal) on 127.0.0.1, asked by the collector's single
+    pass (`slurm-ext repair collect --once`)."""
     from types import SimpleNamespace
     from slurm_ext.agentapi import AgentClient, create_credential
-    from slurm_ext.supervisor.http import Guard, ProbeServer
-    credential, boot = tmp_path / "agent-credential", tmp_path / "boot_id"
+    from slurm_ext.config import section_class
+    from slurm_ext.repair.collector import Collector
+    from slurm_ext.supervisor.http import Guard, ProbeServer, journal_answer
+    from slurm_ext.supervisor.later import AnswerWorker
+    credential, boot, state = tmp_path / "agent-credential", tmp_path / "boot_id", tmp_path / f"state-{node}"
     create_credential(credential)
     boot.write_text("boot-1\n")
+    state.mkdir()
+    (state / "journal.jsonl").write_text(journal)
     agent = SimpleNamespace(config=SimpleNamespace(node=SimpleNamespace(
         agent_credential=str(credential), slurm_name=node, boot_id_file=str(boot))))
-    guard = Guard(agent)
+    guard, reader = Guard(agent), AnswerWorker("http-journal")
     server = ProbeServer("127.0.0.1", 0, lambda target, headers: guard.guarded(
-        "GET", target, headers, lambda: (200, body.encode(), "application/x-ndjson"))).start()
-    return server, AgentClient(str(credential), 9810, {node: f"127.0.0.1:{server.address[1]}"}, 5.0)
+        "GET", target, headers, lambda: journal_answer(str(state), target.partition("?")[2], reader))).start()
+
+    class Nodes:
+        def nodes(self):
+            return [_node(node)]
+    try:
+        config = SimpleNamespace(history=section_class("history")(), node=SimpleNamespace(state_dir=str(tmp_path)))
+        figures = Collector(config, store, AgentClient(str(credential), 9810, {node: f"127.0.0.1:{server.address[1]}"},
+                                                       5.0), Nodes(), lambda *args, **kwargs: None).once()
+    finally:
+        server.close()
+    assert (figures.failures, figures.events) == (0, journal.count("\n"))
 
 
 def test_history_merges_slurm_the_journal_and_the_steps_of_one_pass_in_causal_order(store, tmp_path):
@@ -811,13 +827,8 @@ def test_history_merges_slurm_the_journal_and_the_steps_of_one_pass_in_causal_or
             return [NodeEvent("n1", start, start, "DRAIN", reason, "root"),
                     NodeEvent("n1", start, None, "BOOT^", reason + " : reboot issued", "root")]
 
-        def node(self, name):
-            return _node(name)
-    server, agents = _agent_answering(tmp_path, "n1", journal)
-    try:
-        timeline = gather(agents, store, Slurm(), 800.0, node="n1")
-    finally:
-        server.close()
+    _collected(store, tmp_path, "n1", journal)
+    timeline = gather(store, Slurm(), 800.0, node="n1")
     assert timeline.unreachable == {}
     assert [(e.source, e.event, e.message.split(":")[0]) for e in timeline.entries] == [
         ("slurm", "drain", "DRAIN"), ("repair", "repair-step", "the node's jobs have ended"),
@@ -901,13 +912,8 @@ def test_history_entries_carry_the_signature_check_gpu_and_severity_of_their_fin
         def node_events(self, node, since):
             return []
 
-        def node(self, name):
-            return _node(name)
-    server, agents = _agent_answering(tmp_path, "n1", journal)
-    try:
-        timeline = gather(agents, store, Slurm(), 800.0, node="n1")
-    finally:
-        server.close()
+    _collected(store, tmp_path, "n1", journal)
+    timeline = gather(store, Slurm(), 800.0, node="n1")
     rows = {e.event: e for e in timeline.entries}
     recommended = rows["repair-recommended"]
     assert (recommended.record, recommended.signature, recommended.check, recommended.gpu, recommended.severity) == (

@@ -73,7 +73,7 @@ def test_role_workers_from_builtins_and_config(tmp_path):
     assert slurmd.command == ("slurmd", "-D", "-N", "n1") and slurmd.stop_grace == 5.0
     assert slurmd.ready == "slurm-node" and slurmd.drain_on_crash_loop  # built-in keys kept
     assert [s.name for s in workers_for("controller", config.Config().supervisor)] == [
-        "slurmctld", "accept-idle", "repair", "web"]
+        "slurmctld", "accept-idle", "repair", "collector", "web"]
 
 
 def test_arguments_after_the_double_dash_go_to_the_roles_daemon(tmp_path):
