@@ -30,6 +30,24 @@ def _dev_settings(args: argparse.Namespace) -> DevSection:
     return settings
 
 
+def _dev_fleet(args: argparse.Namespace) -> int:
+    from . import cluster, fleet
+    from .layout import Layout
+    settings = cluster.with_present_nodes(_dev_settings(args))
+    return fleet.run(Layout(settings), fleet.FleetSettings(args.rate, args.burst_rate, args.burst_after,
+                                                           args.burst_for, args.seconds, args.processes))
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1e9:
+        raise argparse.ArgumentTypeError(f"{text!r}: a number, 0 or more")
+    return value
+
+
 def _node_count(text: str) -> int:
     if not text.isdigit() or not 1 <= int(text) <= 64:
         raise argparse.ArgumentTypeError(f"{text!r}: a whole number of nodes from 1 to 64")
@@ -189,6 +207,10 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                             "its monitor or an approved repair, not here"),
         ("reboot-node", _dev_reboot_node, "what the cluster's RebootProgram runs on `scontrol reboot`: restart the "
                                           "node's agent and slurmd with a new boot id, as after a reboot"),
+        ("fleet", _dev_fleet, "play the agents of the nodes slurm.conf defines that do not run ([dev] "
+                              "defined_nodes): each a journal written at a rate, with an optional burst, and GET "
+                              "/journal on the node's own port, for trying the collector, `history` and the page at "
+                              "a large cluster's size"),
     ):
         sub = dev_commands.add_parser(name, help=text, description=text)
         if name != "install-deps":
@@ -209,4 +231,14 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
             sub.add_argument("--proctrack", choices=("cgroup", "linuxproc"),
                              help="Slurm's ProctrackType (override [dev] proctrack; default cgroup); linuxproc "
                                   "shows the Epilog's cleanup where Slurm cannot track jobs by cgroup, as in pods")
+        if name == "fleet":
+            for flag, default, text in (
+                    ("--rate", 0.03, "events a second of each node (default 0.03)"),
+                    ("--burst-rate", 0.0, "events a second of the whole fleet during the burst (default 0: none)"),
+                    ("--burst-after", 60.0, "seconds from the start to the burst (default 60)"),
+                    ("--burst-for", 300.0, "the burst's length in seconds (default 300)"),
+                    ("--seconds", 0.0, "seconds to run (default 0: until interrupted)")):
+                sub.add_argument(flag, type=_non_negative, default=default, metavar="X", help=text)
+            sub.add_argument("--processes", type=_node_count, default=1, metavar="N",
+                             help="processes that share the nodes (default 1)")
         sub.set_defaults(func=func)

@@ -168,6 +168,12 @@ class Layout:
         return [NodeLayout(self, name, index) for index, name in enumerate(node_names(self.settings)[
             :self.settings.nodes])]
 
+    @property
+    def defined_nodes(self) -> list["NodeLayout"]:
+        """Every node slurm.conf defines: the ones that run, then those beyond [dev] nodes (their ports are kept
+        for them, and `dev fleet` plays their agents)."""
+        return [NodeLayout(self, name, index) for index, name in enumerate(node_names(self.settings))]
+
     def node(self, name: str) -> "NodeLayout":
         """A running node by name. Raises KeyError for a name that is not one."""
         for node in self.nodes:

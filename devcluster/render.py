@@ -9,7 +9,7 @@ and MariaDB's files are the accounting agent's to write ([accounting] here).
 import re
 from dataclasses import dataclass
 
-from .layout import Layout, NodeLayout, node_names
+from .layout import Layout, NodeLayout
 
 __all__ = ["Topology", "parse_topology", "slurm_conf", "cgroup_conf", "slurm_ext_toml", "hook_wrapper", "node_hook",
            "reboot_program", "nvidia_smi", "accept_program"]
@@ -56,9 +56,8 @@ def slurm_conf(layout: Layout, topology: Topology, hook: str) -> str:
     # Leave Slurm 500 MiB short of the host so that the daemons keep room.
     memory = max(topology.real_memory - 500, 100)
     # every node's own port: the ones that do not run (defined_nodes) get theirs too, as a real cluster's would
-    nodes = "\n".join(f"NodeName={name} NodeHostname={layout.host} NodeAddr=127.0.0.1 "
-                      f"Port={NodeLayout(layout, name, index).slurmd_port}"
-                      for index, name in enumerate(node_names(s)))
+    nodes = "\n".join(f"NodeName={node.name} NodeHostname={layout.host} NodeAddr=127.0.0.1 Port={node.slurmd_port}"
+                      for node in layout.defined_nodes)
     return _HEADER + f"""\
 ClusterName={s.cluster_name}
 SlurmctldHost={layout.host}(127.0.0.1)
@@ -180,7 +179,8 @@ gpu_reset_command = ["{layout.nvidia_smi}", "--gpu-reset", "-i", "{{gpu}}"]
 
 [repair]
 interval = "{s.repair_interval:g}s"
-agents = {{{", ".join(f'{n.name} = "127.0.0.1:{n.probe_port}"' for n in layout.nodes)}}}
+# every node's agent, those that do not run too (`dev fleet` plays them)
+agents = {{{", ".join(f'{n.name} = "127.0.0.1:{n.probe_port}"' for n in layout.defined_nodes)}}}
 guard_percent = 50
 cooldown = "0s"
 drain_deadline = "10m"
@@ -188,8 +188,7 @@ boot_timeout = "{s.resume_timeout + 30}s"
 verify_timeout = "2m"
 
 [history]
-# the agents' journals into the repair database as often as the repair service looks: `history` is current at once
-interval = "{s.repair_interval:g}s"
+interval = "{s.history_interval:g}s"
 
 [acceptance]
 # `accept cluster`'s job runs this node's own `slurm-ext accept run`: the nodes share one host, so one program hands

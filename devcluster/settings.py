@@ -62,6 +62,8 @@ class DevSection:
     health_interval: float = setting(10.0, "the workers' health.interval", "duration", minimum=0.1, maximum=3600.0)
     repair_interval: float = setting(5.0, "the controller's repair.interval", "duration", minimum=0.1,
                                      maximum=3600.0)
+    history_interval: float = setting(5.0, "the controller's history.interval: how often its collector asks each "
+                                      "agent for its journal", "duration", minimum=0.5, maximum=3600.0)
     up_timeout: float = setting(60.0, "longest wait in `dev up` for each daemon and for the node to be idle",
                                 "duration", minimum=1.0, maximum=3600.0)
 

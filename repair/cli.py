@@ -182,17 +182,20 @@ def _history(args: argparse.Namespace) -> int:
         print(f"slurm-ext: error: {err}", file=sys.stderr)
         return 2
     loaded, store = _store(args)
-    timeline = gather(store, SlurmClient(loaded.slurm), since, node=args.node)
+    timeline = gather(store, SlurmClient(loaded.slurm), since, node=args.node, limit=args.limit)
     if args.json:
         print(json.dumps({"entries": [stamped(asdict(e), "time") for e in timeline.entries],
                           "unreachable": timeline.unreachable, "incomplete": timeline.incomplete,
-                          "collector": timeline.collector}, indent=1))
+                          "collector": timeline.collector, "cut": timeline.cut}, indent=1))
         return 0
     for e in timeline.entries:
         who = f" [{e.user}]" if e.user and e.source == "repair" else ""
         _say(f"{_when(e.time)}  {e.node:<12} {e.source:<6} {e.event}: {e.message}{who}")
         for line in e.lines:  # an acceptance run's results, each with its figures
             _say(f"{'':<47}  {line}")
+    if timeline.cut:
+        _say(f"slurm-ext: {timeline.cut} older entr{'y' if timeline.cut == 1 else 'ies'} (at least) not shown: "
+             f"--limit {args.limit} keeps the newest; narrow with --node or --since, or raise --limit", sys.stderr)
     if timeline.collector:
         _say(f"slurm-ext: warning: {timeline.collector}", sys.stderr)
     if timeline.unreachable:
@@ -202,6 +205,12 @@ def _history(args: argparse.Namespace) -> int:
     for name, shortfall in sorted(timeline.incomplete.items()):
         _say(f"slurm-ext: warning: node {name}'s journal is incomplete: {shortfall}", sys.stderr)
     return 0
+
+
+def _count(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 10**7:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number from 1 to 10000000")
+    return int(text)
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
@@ -268,5 +277,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     history.add_argument("--node", metavar="NODE", help="only this node")
     history.add_argument("--since", metavar="T", help="from T on: a duration back from now (30m, 2h, 7d) or an "
                          "ISO time; default 7 days")
+    history.add_argument("--limit", type=_count, default=1000, metavar="N",
+                         help="the newest N entries (default 1000); how many older ones were left out is said")
     history.add_argument("--json", action="store_true", help="one JSON document")
     history.set_defaults(func=_history)

@@ -31,10 +31,11 @@ from __future__ import annotations
 import heapq
 import json
 import logging
+import queue
 import signal
 import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from slurm_ext import config as config_mod, events
@@ -61,6 +62,8 @@ _PRUNE_EVERY = 600.0
 _STORE_AFTER = 1.0
 #: after the database failed, the next try
 _STORE_RETRY = 5.0
+#: the loop wakes for nodes due at most this often (a node due within it is asked with the others)
+_TICK = 0.05
 
 
 @dataclass
@@ -122,7 +125,9 @@ class Collector:
         self.nodes: dict[str, _Node] = {}
         self._due: list[tuple[float, str]] = []
         self._pool = ThreadPoolExecutor(max_workers=self.settings.parallel, thread_name_prefix="collector")
-        self._asked: dict[Future, str] = {}
+        #: nodes whose agent is being asked, and the answers that came: (node, its answer) from the pool's threads
+        self._asked: set[str] = set()
+        self._answers: queue.SimpleQueue = queue.SimpleQueue()
         self._waiting = _Waiting()
         self._failed: dict[str, str] = {}
         self._store_failing = ""
@@ -165,8 +170,7 @@ class Collector:
         self._due = [(0.0, name) for name in self.nodes]
         while self._due or self._asked or self._waiting.pages:
             self._ask_due(0.0)
-            self._take_answers(wait(list(self._asked), timeout=1.0, return_when=FIRST_COMPLETED)[0]
-                               if self._asked else set())
+            self._take_answers(self._came(1.0) if self._asked else [])
             if self._waiting.pages and (self._waiting.events >= self.settings.batch or not self._asked):
                 self._store(self.clock())
                 if self._store_failing:
@@ -217,7 +221,8 @@ class Collector:
             if node is None or node.busy or node.due != due:
                 continue  # gone, asked already, or due again at another time
             node.busy = True
-            self._asked[self._pool.submit(self._fetch, node.name, node.addr, node.cursor)] = name
+            self._asked.add(name)
+            self._pool.submit(self._fetch, node.name, node.addr, node.cursor)
         full = self._waiting.events >= self.settings.backlog
         if full and not self._full:
             self.figures.backlog_full += 1
@@ -230,36 +235,54 @@ class Collector:
             full = False
         self._full = full or (self._full and self._waiting.events >= self.settings.backlog // 2)
 
-    def _fetch(self, name: str, addr: str, cursor: str) -> tuple[nodeevents.Page, bool] | str:
-        """(the page, whether more is written) of one agent, or why there is none; on a pool thread."""
+    def _fetch(self, name: str, addr: str, cursor: str) -> None:
+        """Ask one agent, on a pool thread; its answer goes to the loop: (the page, whether more is written), or
+        why there is none."""
         try:
             answer = self.agents.journal(name, addr, cursor, self.settings.page_bytes, self.settings.timeout)
         except AgentAnswerError as err:
-            return err.problem
+            self._answers.put((name, err.problem))
+            return
+        except Exception as err:  # a bug: said, and the node asked again later, never a wedged collector
+            log.exception("collector: asking node %s failed", name)
+            self._answers.put((name, f"collector error: {type(err).__name__}: {err}"))
+            return
         rows = [row for line in answer.lines if (row := nodeevents.row_of(name, line)) is not None]
         odd = len(answer.lines) - len(rows) + answer.skipped
-        return nodeevents.Page(name, cursor, answer.cursor, answer.boot, rows, answer.lost, odd), answer.more
+        self._answers.put((name, (nodeevents.Page(name, cursor, answer.cursor, answer.boot, rows, answer.lost, odd),
+                                  answer.more)))
 
-    def _wait_for(self, now: float, stop: threading.Event | None) -> set[Future]:
-        """The answers that came, waiting for one until the next node is due (or a store is)."""
+    def _came(self, timeout: float) -> list[tuple]:
+        """The answers that came, waiting up to `timeout` for the first."""
+        try:
+            found = [self._answers.get(timeout=timeout)]
+        except queue.Empty:
+            return []
+        while True:
+            try:
+                found.append(self._answers.get_nowait())
+            except queue.Empty:
+                return found
+
+    def _wait_for(self, now: float, stop: threading.Event | None) -> list[tuple]:
+        """The answers that came, waiting for one until the next node is due (or a store is), _TICK at least."""
         until = self._due[0][0] if self._due else now + self.settings.interval
         if self._waiting.pages:
             until = min(until, max(self._waiting.since + _STORE_AFTER, self._store_next))
-        timeout = min(max(until - now, 0.0), 1.0)
+        timeout = min(max(until - now, _TICK), 1.0)
         if self._asked:
-            return wait(list(self._asked), timeout=timeout, return_when=FIRST_COMPLETED)[0]
+            return self._came(timeout)
         if stop is not None:
             stop.wait(timeout)
-        elif timeout:
+        else:
             time.sleep(timeout)
-        return set()
+        return []
 
-    def _take_answers(self, done: set[Future]) -> None:
+    def _take_answers(self, done: list[tuple]) -> None:
         now = self.clock()
-        for future in done:
-            name = self._asked.pop(future)
+        for name, answer in done:
+            self._asked.discard(name)
             node = self.nodes.get(name)
-            answer = future.result()
             if isinstance(answer, str):
                 self.figures.failures += 1
                 if node is not None:

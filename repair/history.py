@@ -101,12 +101,15 @@ class Timeline:
     incomplete: dict[str, str] = field(default_factory=dict)
     #: why the agents' journals are not current ("" while the collector runs): it never ran, or stopped
     collector: str = ""
+    #: older entries left out to keep the newest `limit` (0: none)
+    cut: int = 0
 
 
-def gather(store: Store, slurm: SlurmClient, since: float, node: str | None = None, limit: int = 200000,
+def gather(store: Store, slurm: SlurmClient, since: float, node: str | None = None, limit: int = 1000,
            now: float | None = None) -> Timeline:
-    """The merged timeline since `since` (epoch seconds), of `node` or of every node: one Slurm query, three
-    queries of the repair database (the newest `limit` journal events)."""
+    """The newest `limit` entries of the merged timeline since `since` (epoch seconds), of `node` or of every node:
+    one Slurm query and a few queries of the repair database, whatever the number of nodes (a day of 10,000 nodes'
+    journals is millions of events: the newest are asked for, and the rest counted as cut)."""
     timeline = Timeline()
     for event in slurm.node_events(node, datetime.fromtimestamp(since, timezone.utc)):
         who = f" (by {event.user})" if event.user else ""
@@ -122,7 +125,8 @@ def gather(store: Store, slurm: SlurmClient, since: float, node: str | None = No
         timeline.entries.append(Entry(entry.time, entry.node or "-", "repair", entry.event, entry.message,
                                       entry.user, entry.acts, entry.record,
                                       **_of_record(records.get(entry.record))))
-    for found in nodeevents.events(store, since, node=node, limit=limit):
+    journal = nodeevents.events(store, since, node=node, limit=limit + 1)
+    for found in journal[-limit:]:
         if found.component == "repair":  # the collector's word on the node's journal, not the node's own
             timeline.incomplete[found.node] = f"{found.message} ({moment(found.time)})"
             continue
@@ -131,6 +135,9 @@ def gather(store: Store, slurm: SlurmClient, since: float, node: str | None = No
                                       found.message, **_of_finding(data), lines=result_lines(data)))
     timeline.unreachable, timeline.collector = _not_collected(store, node, time.time() if now is None else now)
     timeline.entries = in_causal_order(timeline.entries)
+    if len(timeline.entries) > limit or len(journal) > limit:
+        timeline.cut = len(timeline.entries) - limit + (len(journal) > limit)
+        timeline.entries = timeline.entries[-limit:]
     return timeline
 
 

@@ -176,14 +176,30 @@ class CredentialFile:
 
     `get()` raises CredentialError for the file as it is now; a file that later becomes usable is taken then."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, fresh: float = 0.0, clock=time.monotonic):
+        """`fresh`: seconds the folders' check holds while the file itself is unchanged (one stat). The collector's
+        client asks hundreds of agents a second, and the whole check is four stat calls and a realpath; the agent's
+        side checks all of it at every request."""
         self.path = str(path)
+        self.fresh = fresh
         self._seen: tuple | None = None
         self._credential: Credential | None = None
+        self._checked = -1e18
+        self._clock = clock
         #: the page asks its agents on many threads at once
         self._lock = threading.Lock()
 
     def get(self) -> Credential:
+        if self.fresh:
+            now = self._clock()
+            try:
+                info = os.stat(self.path)
+            except OSError:
+                info = None
+            with self._lock:
+                if (info is not None and self._credential is not None and self._seen is not None
+                        and now - self._checked < self.fresh and _file_identity(info) == self._seen[:5]):
+                    return self._credential
         try:
             identity = _identity(self.path)
         except OSError:
@@ -193,6 +209,18 @@ class CredentialFile:
                 self._credential = self._seen = None
                 self._credential, _ = _read_credential(self.path)
                 self._seen = identity
+            self._checked = self._clock()
+            return self._credential
+        try:
+            identity = _identity(self.path)
+        except OSError:
+            identity = None
+        with self._lock:
+            if identity is None or identity != self._seen or self._credential is None:
+                self._credential = self._seen = None
+                self._credential, _ = _read_credential(self.path)
+                self._seen = identity
+            self._checked = now
             return self._credential
 
 
@@ -202,8 +230,13 @@ def _identity(path: str) -> tuple:
     info = os.stat(path)
     folders = tuple((folder.st_mode, folder.st_uid) for folder in (
         os.stat(os.path.dirname(os.path.abspath(path))), os.stat(os.path.dirname(os.path.realpath(path)))))
-    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_mode,
-            info.st_uid) + folders
+    return _file_identity(info) + (info.st_mode, info.st_uid) + folders
+
+
+def _file_identity(info: os.stat_result) -> tuple:
+    """The file itself: which one, and whether its content, mode or owner changed (a chmod or chown changes its
+    ctime)."""
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns
 
 
 def create_credential(path: str | os.PathLike) -> bool:
@@ -962,7 +995,7 @@ class AgentClient:
     agent is not at its NodeAddr); `credential` is the agent credential's file (node.agent_credential)."""
 
     def __init__(self, credential: str, port: int, addresses: dict | None = None, timeout: float = 5.0):
-        self.credential = CredentialFile(credential)
+        self.credential = CredentialFile(credential, fresh=1.0)
         self.port = port
         self.addresses = dict(addresses or {})
         self.timeout = timeout

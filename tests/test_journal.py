@@ -404,3 +404,91 @@ def test_the_top_level_help_names_every_component():
     shown = " ".join(cli("--help").stdout.split())
     for part in ("node agent", "job cleanup", "GRES", "accounting", "health", "repair", "page", "dev cluster"):
         assert part in shown, part
+
+
+# ---------------------------------------------------------------------------
+# read_after: the collector's cursor
+
+
+def _read_all(state_dir, cursor: str = "", size: int = 2**20, clock=lambda: time.time() + 60):
+    """Every line after `cursor`, page after page as the collector asks: (lines, the last cursor, lost on the way)."""
+    from slurm_ext.journal import read_after
+    lines, lost = [], False
+    while True:
+        chunk = read_after(str(state_dir), cursor, size, clock=clock)
+        lines += chunk.lines
+        lost |= chunk.lost
+        if chunk.cursor == cursor and not chunk.lines:
+            return lines, cursor, lost
+        cursor = chunk.cursor
+
+
+def test_a_cursor_takes_each_line_once_across_rotations_and_pages(tmp_path, monkeypatch):
+    monkeypatch.setattr(events, "JOURNAL_MAX_BYTES", 4000)
+    taken, cursor = [], ""
+    for batch in range(6):  # the journal rotates between the reads, and each read is in small pages
+        for number in range(batch * 20, batch * 20 + 20):
+            events.emit(str(tmp_path), "supervisor", "started", f"event {number}", seq=number)
+        lines, cursor, lost = _read_all(tmp_path, cursor, size=700)
+        assert not lost
+        taken += [json.loads(found)["seq"] for found in lines]
+    assert taken == list(range(120))
+    assert len(events.journal_files(str(tmp_path))) == 4 and (tmp_path / "journal.jsonl.3").exists()
+
+
+def test_a_cursor_whose_file_is_gone_says_lost_and_starts_at_the_oldest_file(tmp_path, monkeypatch):
+    from slurm_ext.journal import read_after
+    monkeypatch.setattr(events, "JOURNAL_MAX_BYTES", 2000)
+    for number in range(5):
+        events.emit(str(tmp_path), "supervisor", "started", f"event {number}", seq=number)
+    _, cursor, _ = _read_all(tmp_path)
+    for number in range(5, 200):  # far more than the four files keep: the cursor's file is rotated out
+        events.emit(str(tmp_path), "supervisor", "started", f"event {number}", seq=number)
+    chunk = read_after(str(tmp_path), cursor, 2**20, clock=lambda: time.time() + 60)
+    oldest = json.loads((tmp_path / "journal.jsonl.3").read_text().splitlines()[0])["seq"]
+    assert chunk.lost and json.loads(chunk.lines[0])["seq"] == oldest > 5
+    assert read_after(str(tmp_path), "0123456789abcdef:10", 100).lost  # a state folder replaced: the same
+    assert not read_after(str(tmp_path), "", 100).lost  # the first read of a journal loses nothing
+
+
+def test_a_line_still_being_written_waits_and_a_rotated_file_is_left_until_it_is_quiet(tmp_path):
+    from slurm_ext.journal import read_after
+    current = tmp_path / "journal.jsonl"
+    current.write_text(line("2025-01-31T10:00:00+0000", "supervisor", "started", "one"))
+    with open(current, "a") as journal:
+        journal.write('{"time": "2025-01-31T10:00:01+0000", "comp')  # no newline yet
+    chunk = read_after(str(tmp_path), "", 2**20)
+    assert len(chunk.lines) == 1 and not chunk.more
+    assert read_after(str(tmp_path), chunk.cursor, 2**20).lines == ()
+    with open(current, "a") as journal:
+        journal.write('onent": "supervisor", "event": "stop", "message": "two"}\n')
+    assert [json.loads(found)["message"] for found in read_after(str(tmp_path), chunk.cursor, 2**20).lines] == ["two"]
+    # rotated just now: a writer that opened it before the rename may still append its line
+    _, cursor, _ = _read_all(tmp_path)
+    os.replace(current, tmp_path / "journal.jsonl.1")
+    current.write_text(line("2025-01-31T10:00:02+0000", "supervisor", "stop", "three"))
+    assert read_after(str(tmp_path), cursor, 2**20).lines == ()
+    later = read_after(str(tmp_path), cursor, 2**20, clock=lambda: time.time() + 60)
+    assert [json.loads(found)["message"] for found in later.lines] == ["three"]
+
+
+def test_an_event_longer_than_the_page_comes_alone_and_garbage_without_newlines_is_skipped(tmp_path):
+    from slurm_ext.journal import read_after
+    big = line("2025-01-31T10:00:00+0000", "acceptance", "acceptance-done", "x" * 5000)
+    (tmp_path / "journal.jsonl").write_text(line("2025-01-31T09:00:00+0000", "supervisor", "started", "a") + big
+                                            + "y" * (5 * 2**20) + "\n"
+                                            + line("2025-01-31T11:00:00+0000", "supervisor", "stop", "b"))
+    first = read_after(str(tmp_path), "", 1000)
+    assert len(first.lines) == 1 and first.more
+    second = read_after(str(tmp_path), first.cursor, 1000)
+    assert second.lines == (big.rstrip("\n").encode(),) and second.more
+    third = read_after(str(tmp_path), second.cursor, 1000)
+    assert third.skipped == 1 and [json.loads(found)["message"] for found in third.lines] == ["b"]
+
+
+@pytest.mark.parametrize("cursor", ["x", "0123456789abcdef", "0123456789ABCDEF:1", "0123456789abcdef:-1",
+                                    "0123456789abcdef:1234567890123456"])
+def test_a_cursor_that_is_not_one_is_refused_with_its_form(tmp_path, cursor):
+    from slurm_ext.journal import read_after
+    with pytest.raises(ValueError, match="expected <16 hex digits>:<offset>"):
+        read_after(str(tmp_path), cursor, 100)

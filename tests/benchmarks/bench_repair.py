@@ -24,7 +24,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from helpers.wait import wait_for  # noqa: E402  what the tests wait with
 from slurm_ext import command, config, devcluster as dev  # noqa: E402
-from slurm_ext.agentapi import AgentClient  # noqa: E402
 from slurm_ext.devcluster.layout import Layout  # noqa: E402
 from slurm_ext.repair.history import gather  # noqa: E402
 from slurm_ext.repair.status import node_statuses  # noqa: E402
@@ -83,7 +82,7 @@ def main() -> int:
         status_commands = len(issued) // 5
         issued.clear()
 
-        history_time, timeline = timed(lambda: gather(AgentClient.of(loaded), store, client, time.time() - 3600), rounds=3)
+        history_time, timeline = timed(lambda: gather(store, client, time.time() - 3600), rounds=3)
         history_commands = sorted(set(issued))
         history_count = len(issued) // 3
         cli = [sys.executable, "-m", "slurm_ext.cli", "--config", str(layout.slurm_ext_conf)]

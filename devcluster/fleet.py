@@ -1,0 +1,247 @@
+"""A fleet of simulated node agents beside the dev cluster: `slurm-ext dev fleet`.
+
+The dev cluster's slurm.conf may define far more nodes than run
+([dev] defined_nodes, up to 10,000); the fleet plays the agents of those that
+do not run, so the controller's collector, `history`, `status` and the page
+can be tried at that size on one small host. Each simulated node has what the
+collector reads of a real agent:
+
+- a node journal of its own (fleet/<node> in the cluster's state folder), written by the
+  real `events.emit` (rotation included) at `rate` events a second per node,
+  plus a burst of `burst_rate` events a second over the whole fleet between
+  `burst_after` and `burst_after + burst_for` seconds (an Xid storm: health
+  findings); every event carries `fleet_seq`, its number on its node from 0,
+  so a reader can check that it holds each event once;
+- its agent's HTTP listener on the node's own port (127.0.0.1, as the layout
+  says), answering GET /journal as the agent does (the same credential check,
+  `journal.read_after`, the same signed answer) and /livez, /readyz.
+
+It runs in one process or a few (`processes`, each with its own share of the
+nodes and of the rates), on one asyncio loop each. A fleet stopped and
+started again carries on each node's numbering from its journal, as an agent
+restarted keeps its journal: the collector must neither miss nor repeat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+import resource
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from slurm_ext import agentapi, events
+from slurm_ext.journal import read_after, read_newest
+
+from .layout import Layout
+
+__all__ = ["FleetSettings", "SimulatedNode", "simulated_nodes", "run", "COUNTS_FILE"]
+
+log = logging.getLogger("devcluster")
+
+#: in the dev cluster's state folder: each process's counts, {node: events written}, rewritten every second
+COUNTS_FILE = "fleet-counts-{part}.json"
+#: seconds between two batches of events written
+_TICK = 0.05
+_HEAD_LIMIT = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSettings:
+    #: events a second of each node, all the time (NVSentinel's large clusters: 0.025-0.03)
+    rate: float = 0.03
+    #: events a second of the whole fleet during the burst, on top of `rate`
+    burst_rate: float = 0.0
+    #: seconds from the start to the burst, and its length
+    burst_after: float = 60.0
+    burst_for: float = 300.0
+    #: seconds to run (0: until SIGTERM or SIGINT)
+    seconds: float = 0.0
+    processes: int = 1
+
+
+@dataclass
+class SimulatedNode:
+    name: str
+    port: int
+    state_dir: str
+    #: the number of its next event (the count written so far)
+    seq: int = 0
+    nonces: agentapi.NonceMemory = field(default_factory=agentapi.NonceMemory)
+
+
+def simulated_nodes(layout: Layout) -> list[SimulatedNode]:
+    """The nodes slurm.conf defines that do not run (beyond [dev] nodes), each with its journal's next number."""
+    found = []
+    for node in layout.defined_nodes[layout.settings.nodes:]:
+        state = layout.root / "fleet" / node.name  # not under nodes/: a folder there is a node `dev up` ran
+        found.append(SimulatedNode(node.name, node.probe_port, str(state), _next_seq(str(state))))
+    return found
+
+
+def run(layout: Layout, settings: FleetSettings) -> int:
+    """Play the simulated nodes until `settings.seconds` pass or SIGTERM/SIGINT; in `processes` processes."""
+    nodes = simulated_nodes(layout)
+    if not nodes:
+        raise SystemExit("dev fleet: [dev] defined_nodes is not above [dev] nodes: every node runs, none to play")
+    _raise_descriptor_limit(len(nodes) // max(settings.processes, 1) + 4096)
+    parts = [nodes[index::settings.processes] for index in range(settings.processes)]
+    children = []
+    for index, part in enumerate(parts[1:], 1):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                code = _play(layout, part, len(nodes), settings, index)
+            finally:
+                os._exit(code)
+        children.append(pid)
+    try:
+        return _play(layout, parts[0], len(nodes), settings, 0)
+    finally:
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for pid in children:
+            os.waitpid(pid, 0)
+
+
+def _play(layout: Layout, nodes: list[SimulatedNode], fleet: int, settings: FleetSettings, part: int) -> int:
+    logging.getLogger("events").setLevel(logging.ERROR)  # a line in the log for each of thousands of events: no
+    secret = agentapi.CredentialFile(str(layout.agent_credential)).get().secret
+    counts = layout.root / COUNTS_FILE.format(part=part)
+    return asyncio.run(_fleet(nodes, fleet, settings, secret, counts))
+
+
+async def _fleet(nodes: list[SimulatedNode], fleet: int, settings: FleetSettings, secret: bytes,
+                 counts: Path) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    servers = []
+    for node in nodes:
+        Path(node.state_dir).mkdir(parents=True, exist_ok=True)
+        servers.append(await asyncio.start_server(lambda r, w, n=node: _answer(n, secret, r, w), "127.0.0.1",
+                                                  node.port, backlog=256, reuse_address=True))
+    log.info("fleet: %d simulated node agents listen", len(nodes))
+    share = len(nodes) / fleet
+    writer = asyncio.create_task(_write_events(nodes, settings, share, stop, counts))
+    if settings.seconds:
+        loop.call_later(settings.seconds, stop.set)
+    await stop.wait()
+    await writer
+    for server in servers:
+        server.close()
+    _save_counts(nodes, counts)
+    return 0
+
+
+async def _write_events(nodes: list[SimulatedNode], settings: FleetSettings, share: float, stop: asyncio.Event,
+                        counts: Path) -> None:
+    """`rate` per node and this process's share of the burst, a batch every _TICK, until `stop`."""
+    started = time.monotonic()
+    owed, saved = 0.0, started
+    while not stop.is_set():
+        now = time.monotonic()
+        elapsed = now - started
+        rate = settings.rate * len(nodes)
+        burst = settings.burst_rate > 0 and settings.burst_after <= elapsed < settings.burst_after + settings.burst_for
+        if burst:
+            rate += settings.burst_rate * share
+        owed += rate * _TICK
+        for _ in range(int(owed)):
+            _emit(random.choice(nodes), burst)
+        owed -= int(owed)
+        if now - saved >= 1.0:
+            _save_counts(nodes, counts)
+            saved = now
+        await asyncio.sleep(max(0.0, _TICK - (time.monotonic() - now)))
+
+
+def _emit(node: SimulatedNode, burst: bool) -> None:
+    gpu = node.seq % 8
+    if burst:
+        events.emit(node.state_dir, "health", "health-finding", f"warning: xid 13 gpu {gpu}: graphics engine "
+                    "exception (fleet burst)", "warning", check="xid", evidence=f"13 gpu {gpu} Graphics Engine "
+                    "Exception", gpu=gpu, finding_severity="warning", fleet_seq=node.seq)
+    else:
+        events.emit(node.state_dir, "prolog_epilog", "script-ok", f"job-start script 10-check ran for job "
+                    f"{node.seq}", job=str(node.seq), fleet_seq=node.seq)
+    node.seq += 1
+
+
+def _save_counts(nodes: list[SimulatedNode], path: Path) -> None:
+    from slurm_ext.fileio import atomic_write
+    atomic_write(path, json.dumps({node.name: node.seq for node in nodes}), mode=0o644, fsync="none")
+
+
+def _next_seq(state_dir: str) -> int:
+    """One more than the newest fleet_seq in a node's journal (0 when it has none)."""
+    try:
+        tail = read_newest(state_dir, None, 1, 2**20, 5.0)
+    except OSError:
+        return 0
+    for line in tail.lines:
+        try:
+            return int(json.loads(line).get("fleet_seq", -1)) + 1
+        except (ValueError, AttributeError, TypeError):
+            return 0
+    return 0
+
+
+async def _answer(node: SimulatedNode, secret: bytes, reader: asyncio.StreamReader,
+                  writer: asyncio.StreamWriter) -> None:
+    """One request, one answer, as the agent's listener gives them (supervisor/http.py)."""
+    try:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
+        lines = head[:_HEAD_LIMIT].decode("latin-1").split("\r\n")
+        method, target, _ = lines[0].split(" ", 2)
+        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+        code, body, kind, more = _route(node, secret, method, target, headers)
+        said = "".join(f"{k}: {v}\r\n" for k, v in more.items())
+        writer.write(f"HTTP/1.1 {code} -\r\nContent-Type: {kind}\r\nContent-Length: {len(body)}\r\n{said}"
+                     "Connection: close\r\n\r\n".encode() + body)
+        await writer.drain()
+    except (OSError, ValueError, asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+        pass
+    finally:
+        writer.close()
+
+
+def _route(node: SimulatedNode, secret: bytes, method: str, target: str, headers: dict) -> tuple:
+    path, _, query = target.partition("?")
+    if path in ("/livez", "/readyz"):
+        return 200, b"ok\n", "text/plain", {}
+    if path != "/journal" or method != "GET":
+        return 404, b"the fleet plays /journal, /livez and /readyz\n", "text/plain", {}
+    why, _ = agentapi.request_refusal(secret, method, target, headers, node.name, node.nonces, time.time())
+    if why:
+        return 401, f"{why}\n".encode(), "text/plain", {}
+    try:
+        cursor, size = agentapi.journal_query(query)
+        code, body = 200, agentapi.journal_body(read_after(node.state_dir, cursor, size))
+    except ValueError as err:
+        code, body = 400, f"{err}\n".encode()
+    boot = "fleet"
+    nonce = headers.get(agentapi.NONCE_HEADER.lower(), "")
+    return code, body, "application/x-ndjson", {
+        agentapi.NODE_HEADER: node.name, agentapi.BOOT_HEADER: boot,
+        agentapi.SIGNATURE_HEADER: agentapi.answer_signature(secret, node.name, boot, nonce, code, body)}
+
+
+def _raise_descriptor_limit(wanted: int) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= wanted:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(wanted, soft), max(wanted, hard)))
+    except (ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
