@@ -245,7 +245,10 @@ class ContainerCluster:
             database = 'database = "mariadb"\n'
             store = f'[accounting]\ndb_host = "127.0.0.1"\ndb_port = {ports.mariadb}\ncluster = "{CLUSTER}"\n{accounts}'
         controller = self._agent_config("controller", f"[supervisor.ports]\ncontroller = {ports.controller_agent}\n"
-                                        f"[repair]\nagents = {{{agents}}}\n{database}{self.repair_conf}{store}"
+                                        f"[repair]\nagents = {{{agents}}}\n{database}{self.repair_conf}"
+                                        # the collector takes the workers' journals every 2 s: `history` and the
+                                        # page's timeline show what a test just did
+                                        f"[history]\ninterval = \"2s\"\n{store}"
                                         f"{self.controller_conf}")
         self._agent_config("accounting", f"[supervisor.ports]\naccounting = {ports.accounting_agent}\n")
         mariadb = self._agent_config("mariadb", (HERE / "mariadb" / "slurm-ext.toml").read_text()

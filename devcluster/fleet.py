@@ -186,14 +186,14 @@ def _save_counts(nodes: list[SimulatedNode], path: Path) -> None:
 def _next_seq(state_dir: str) -> int:
     """One more than the newest fleet_seq in a node's journal (0 when it has none)."""
     try:
-        tail = read_newest(state_dir, None, 1, 2**20, 5.0)
+        tail = read_newest(state_dir, None, 100, 2**20, 5.0)
     except OSError:
         return 0
-    for line in tail.lines:
+    for line in reversed(tail.lines):
         try:
-            return int(json.loads(line).get("fleet_seq", -1)) + 1
-        except (ValueError, AttributeError, TypeError):
-            return 0
+            return int(json.loads(line)["fleet_seq"]) + 1
+        except (ValueError, KeyError, TypeError):
+            continue  # a line of another writer: the one before
     return 0
 
 
@@ -210,7 +210,8 @@ async def _answer(node: SimulatedNode, secret: bytes, reader: asyncio.StreamRead
         writer.write(f"HTTP/1.1 {code} -\r\nContent-Type: {kind}\r\nContent-Length: {len(body)}\r\n{said}"
                      "Connection: close\r\n\r\n".encode() + body)
         await writer.drain()
-    except (OSError, ValueError, asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+    except (OSError, ValueError, asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+            asyncio.CancelledError):  # cancelled: the fleet stops with this request unanswered, as an agent would
         pass
     finally:
         writer.close()

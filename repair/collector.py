@@ -19,11 +19,12 @@ Why it is built this way:
 - `history.parallel` agents are asked at once, on threads; the pages are
   stored from the main loop, `history.batch` events a transaction. Events
   read and not stored are the backlog: past `history.backlog` no agent is asked
-  until the database took them (a database that is slow or away costs memory
-  up to that bound, never more; the agents' journals hold the rest, and the
-  events there wait, never dropped). A full backlog, a database that fails and
-  lines lost to a journal's rotation before they were taken are each said in
-  an event and counted in the metrics.
+  (or `history.backlog_bytes`) until the database took them: a database that
+  is slow or away costs memory up to that bound, never more, and the events
+  wait in the agents' journals (bounded too: a journal rotated past what was
+  not taken is said). A full backlog, a database that fails, a page it
+  refuses and lines lost to a journal's rotation before they were taken are
+  each said in an event and counted in the metrics.
 """
 
 from __future__ import annotations
@@ -94,6 +95,8 @@ class Figures:
     dropped: int = 0
     store_seconds: float = 0.0
     store_failures: int = 0
+    #: events a database refused whole pages of (set aside, their cursor moved past them)
+    refused: int = 0
     backlog_full: int = 0
     #: now: events read and not stored, nodes whose agent does not answer, nodes known
     backlog: int = 0
@@ -107,6 +110,8 @@ class _Waiting:
 
     pages: list = field(default_factory=list)
     events: int = 0
+    #: the bytes of their lines
+    size: int = 0
     since: float = 0.0
 
 
@@ -186,23 +191,28 @@ class Collector:
 
     def _refresh_nodes(self, now: float) -> None:
         """Slurm's node list: a new node is asked within one interval (spread, so a start does not ask every agent
-        at once), a node gone from slurm.conf no more (its rows stay)."""
+        at once), a node gone from slurm.conf no more (its cursor stays; its failure is forgotten). In a single pass
+        a list or cursors that cannot be read are an error: no pass claims what it did not read.
+
+        Raises:
+            SlurmExtError: in a single pass only."""
         try:
             listed = self.slurm.nodes()
+            stored = nodeevents.cursors(self.store)
+            names = {n.name for n in listed}
+            gone = [name for name, cursor in stored.items() if cursor.error and name not in names]
+            if gone:
+                nodeevents.forget_errors(self.store, gone)
         except SlurmExtError as err:
-            log.warning("collector: Slurm's node list not read (%s); the nodes known go on being asked", err)
+            if self._once:
+                raise
+            log.warning("collector: the node list was not read (%s); the nodes known go on being asked, the list "
+                        "is read again in %gs", err, self.settings.interval)
             self._nodes_at = now - _NODES_EVERY + self.settings.interval
             return
         self._nodes_at = now
-        try:
-            stored = nodeevents.cursors(self.store) if any(n.name not in self.nodes for n in listed) else {}
-        except StoreError as err:
-            log.warning("collector: the cursors were not read (%s); tried again in %gs", err, self.settings.interval)
-            self._nodes_at = now - _NODES_EVERY + self.settings.interval
-            return
-        names = {n.name for n in listed}
-        for gone in set(self.nodes) - names:
-            del self.nodes[gone]
+        for name in set(self.nodes) - names:
+            del self.nodes[name]
         new = [n for n in listed if n.name not in self.nodes]
         for index, node in enumerate(new):
             known = stored.get(node.name, nodeevents.Cursor(node.name))
@@ -214,8 +224,7 @@ class Collector:
         self.figures.nodes = len(self.nodes)
 
     def _ask_due(self, now: float) -> None:
-        while (self._due and self._due[0][0] <= now and len(self._asked) < self.settings.parallel
-               and self._waiting.events < self.settings.backlog):
+        while self._due and self._due[0][0] <= now and len(self._asked) < self.settings.parallel and not self._over():
             due, name = heapq.heappop(self._due)
             node = self.nodes.get(name)
             if node is None or node.busy or node.due != due:
@@ -223,34 +232,41 @@ class Collector:
             node.busy = True
             self._asked.add(name)
             self._pool.submit(self._fetch, node.name, node.addr, node.cursor)
-        full = self._waiting.events >= self.settings.backlog
-        if full and not self._full:
+        w, s = self._waiting, self.settings
+        if self._over() and not self._full:
+            self._full = True
             self.figures.backlog_full += 1
-            self.emit("history-backlog-full", f"{self._waiting.events} events read from the agents wait for the "
-                      f"database (history.backlog {self.settings.backlog}): no agent is asked until they are stored; "
-                      "the agents' journals hold what comes meanwhile", "warning", backlog=self._waiting.events)
-        elif self._full and self._waiting.events < self.settings.backlog // 2:
+            self.emit("history-backlog-full", f"{w.events} events ({w.size / 2**20:.0f} MiB) read from the agents "
+                      f"wait for the database (history.backlog {s.backlog} events, history.backlog_bytes "
+                      f"{s.backlog_bytes / 2**20:.0f} MiB): no agent is asked until they are stored; the agents' "
+                      "journals hold what comes meanwhile", "warning", backlog=w.events)
+        elif self._full and not self._over(half=True):
+            self._full = False
             self.emit("history-backlog-cleared", f"the database took the backlog: agents are asked again "
-                      f"({self._waiting.events} events waiting)", backlog=self._waiting.events)
-            full = False
-        self._full = full or (self._full and self._waiting.events >= self.settings.backlog // 2)
+                      f"({w.events} events waiting)", backlog=w.events)
+
+    def _over(self, half: bool = False) -> bool:
+        """The backlog is at its bound (`half`: at half of it, where a full one is said to have cleared)."""
+        share = 2 if half else 1
+        return (self._waiting.events >= self.settings.backlog // share
+                or self._waiting.size >= self.settings.backlog_bytes // share)
 
     def _fetch(self, name: str, addr: str, cursor: str) -> None:
-        """Ask one agent, on a pool thread; its answer goes to the loop: (the page, whether more is written), or
-        why there is none."""
+        """Ask one agent, on a pool thread; its answer always goes to the loop (a node whose answer never came would
+        never be asked again): (the page, whether more is written), or why there is none."""
         try:
             answer = self.agents.journal(name, addr, cursor, self.settings.page_bytes, self.settings.timeout)
+            rows = [row for line in answer.lines if (row := nodeevents.row_of(name, line)) is not None]
+            odd = len(answer.lines) - len(rows) + answer.skipped
+            size = sum(len(line) for line in answer.lines)
+            page = nodeevents.Page(name, cursor, answer.cursor, answer.boot, rows, answer.lost, odd, size)
         except AgentAnswerError as err:
             self._answers.put((name, err.problem))
-            return
         except Exception as err:  # a bug: said, and the node asked again later, never a wedged collector
-            log.exception("collector: asking node %s failed", name)
+            log.exception("collector: taking node %s's journal failed", name)
             self._answers.put((name, f"collector error: {type(err).__name__}: {err}"))
-            return
-        rows = [row for line in answer.lines if (row := nodeevents.row_of(name, line)) is not None]
-        odd = len(answer.lines) - len(rows) + answer.skipped
-        self._answers.put((name, (nodeevents.Page(name, cursor, answer.cursor, answer.boot, rows, answer.lost, odd),
-                                  answer.more)))
+        else:
+            self._answers.put((name, (page, answer.more)))
 
     def _came(self, timeout: float) -> list[tuple]:
         """The answers that came, waiting up to `timeout` for the first."""
@@ -292,14 +308,13 @@ class Collector:
                                                      self.settings.retry_max))
                     if answer != node.error:
                         self._failed[name] = answer
-                    if node.failures == 1:
-                        log.warning("collector: no journal from node %s: %s", name, answer)
                 continue
             page, more = answer
             if not self._waiting.pages:
                 self._waiting.since = now
             self._waiting.pages.append((page, more))
             self._waiting.events += len(page.rows)
+            self._waiting.size += page.size
 
     def _reschedule(self, node: _Node, due: float, more: bool = False) -> None:
         """Due again at `due`; in a single pass (`once`) only while its agent has `more`."""
@@ -314,7 +329,10 @@ class Collector:
 
     def _store(self, now: float) -> None:
         """The waiting pages into the database, `history.batch` events a transaction; each node is due again: at
-        once when its agent has more, else in an interval."""
+        once when its agent has more, else in an interval. A batch the database refuses is tried page by page: when
+        some pages go in and others not, the database is up and those pages are what it refuses (a value no column
+        takes): each is set aside, said, and its node's cursor moved past it, so that one page never holds up the
+        cluster's history; when none goes in, the database is away and every page waits."""
         waiting = self._waiting.pages
         while waiting:
             count, size = 0, 0
@@ -326,17 +344,51 @@ class Collector:
             try:
                 taken, dropped = nodeevents.take(self.store, [page for page, _ in batch], now)
             except StoreError as err:
-                self._store_failed(err, now)
-                self._waiting = _Waiting(batch + waiting, size + sum(len(p.rows) for p, _ in waiting),
-                                         self._waiting.since)
-                return
+                kept = self._page_by_page(batch, err, now) if len(batch) > 1 else batch
+                if kept:
+                    self._store_failed(err, now)
+                    self._waiting = _Waiting(kept + waiting, sum(len(p.rows) for p, _ in kept + waiting),
+                                             sum(p.size for p, _ in kept + waiting), self._waiting.since)
+                    return
+                continue
             self.figures.store_seconds += time.monotonic() - started
-            if self._store_failing:
-                self._store_failing = ""
-                self.emit("history-store-recovered", f"the database {self.store.where} takes the agents' events "
-                          "again")
+            self._recovered()
             self._stored(batch, set(dropped), taken, now)
         self._waiting = _Waiting()
+
+    def _page_by_page(self, batch: list, err: StoreError, now: float) -> list:
+        """Each page of a refused batch in a transaction of its own; the pages to keep waiting (all of them when
+        none went in: the database is away)."""
+        refused = []
+        for item in batch:
+            try:
+                taken, dropped = nodeevents.take(self.store, [item[0]], now)
+            except StoreError as alone:
+                refused.append((item, alone))
+                continue
+            self._stored([item], set(dropped), taken, now)
+        if len(refused) == len(batch):
+            return batch
+        self._recovered()
+        kept = []
+        for (page, more), why in refused:
+            self.figures.refused += len(page.rows)
+            self.emit("history-page-refused", f"the database refused {len(page.rows)} event(s) of node {page.node}'s "
+                      f"journal ({why}): set aside, missing from the history, its cursor moved past them",
+                      "error", node=page.node)
+            aside = nodeevents.Page(page.node, page.start, page.cursor, page.boot, refused=len(page.rows))
+            try:
+                taken, dropped = nodeevents.take(self.store, [aside], now)
+            except StoreError:
+                kept.append((page, more))  # not even its mark: it waits, and the database is said to fail
+                continue
+            self._stored([(aside, more)], set(dropped), taken, now)
+        return kept
+
+    def _recovered(self) -> None:
+        if self._store_failing:
+            self._store_failing = ""
+            self.emit("history-store-recovered", f"the database {self.store.where} takes the agents' events again")
 
     def _stored(self, batch: list, dropped: set[str], taken: int, now: float) -> None:
         self.figures.events += taken
@@ -357,7 +409,13 @@ class Collector:
             if page.node in dropped:
                 log.warning("collector: node %s's cursor was moved by another collector: its page was dropped, and "
                             "its cursor is read again", page.node)
-                node.cursor = nodeevents.cursors(self.store).get(page.node, nodeevents.Cursor(page.node)).cursor
+                try:
+                    node.cursor = nodeevents.cursors(self.store, [page.node]).get(
+                        page.node, nodeevents.Cursor(page.node)).cursor
+                except StoreError as err:  # its cursor is read again when the nodes are
+                    self._store_failed(err, now)
+                    del self.nodes[page.node]
+                    continue
             else:
                 node.cursor = page.cursor
                 node.failures, node.error = 0, ""
@@ -386,6 +444,10 @@ class Collector:
             log.warning("collector: figures not written: %s", err)
         if self._store_failing:
             return
+        if self._failed:  # one line for a wave of them (a rack powered off), not one per node
+            named = ", ".join(f"{name} ({why})" for name, why in list(self._failed.items())[:3])
+            log.warning("collector: %d node(s) newly give no journal page: %s%s", len(self._failed), named,
+                        " ..." if len(self._failed) > 3 else "")
         try:
             if self._failed:
                 nodeevents.failed(self.store, self._failed, now)

@@ -125,11 +125,11 @@ def gather(store: Store, slurm: SlurmClient, since: float, node: str | None = No
         timeline.entries.append(Entry(entry.time, entry.node or "-", "repair", entry.event, entry.message,
                                       entry.user, entry.acts, entry.record,
                                       **_of_record(records.get(entry.record))))
-    journal = nodeevents.events(store, since, node=node, limit=limit + 1)
+    # component repair: the collector's word on a node's journal (what it lacks), not the node's own events
+    journal = nodeevents.events(store, since, node=node, but=("repair",), limit=limit + 1)
+    for mark in nodeevents.lost_marks(store, since, node).values():
+        timeline.incomplete[mark.node] = f"{mark.message} ({moment(mark.time)})"
     for found in journal[-limit:]:
-        if found.component == "repair":  # the collector's word on the node's journal, not the node's own
-            timeline.incomplete[found.node] = f"{found.message} ({moment(found.time)})"
-            continue
         data = found.data()
         timeline.entries.append(Entry(found.time, found.node, "agent", f"{found.component}/{found.event}",
                                       found.message, **_of_finding(data), lines=result_lines(data)))

@@ -105,6 +105,7 @@ _METRICS = (
     ("dropped", "counter", "Pages dropped because another collector had moved the node's cursor"),
     ("store_seconds", "counter", "Seconds spent storing events in the database"),
     ("store_failures", "counter", "Stores the database refused or did not answer"),
+    ("refused", "counter", "Events of pages the database refused whole, set aside (history-page-refused)"),
     ("backlog_full", "counter", "Times the backlog reached history.backlog (no agent asked until it is stored)"),
     ("backlog", "gauge", "Events read from the agents and not stored yet"),
     ("failing", "gauge", "Nodes whose agent gave no journal page at its last ask"),

@@ -28,11 +28,13 @@ from slurm_ext.words import moment
 if TYPE_CHECKING:
     from .store import Store
 
-__all__ = ["NodeEvent", "Cursor", "Page", "schema", "take", "failed", "events", "cursors", "prune", "row_of", "LOST"]
+__all__ = ["NodeEvent", "Cursor", "Page", "schema", "take", "failed", "events", "cursors", "forget_errors",
+           "lost_marks", "prune", "row_of", "LOST", "REFUSED"]
 
-#: the node_events row the collector writes for a node whose journal lost lines before they were taken (component
-#: repair, so it is told apart from the node's own events)
+#: the node_events rows the collector writes for a node whose journal lost lines before they were taken, and for a
+#: page of it the database refused (component repair, so they are told apart from the node's own events)
 LOST = "journal-lost"
+REFUSED = "journal-refused"
 #: the most characters kept of a message, and of the fields as JSON (a journal line is at most 4 MiB)
 _MESSAGE_CHARS = 8192
 _FIELDS_CHARS = 4 * 2**20
@@ -45,17 +47,18 @@ _HEAD = ("time", "component", "event", "severity", "message")
 _OPTIONAL = ("severity", "message")
 
 
-def schema(autoincrement: str, text: str, long_text: str) -> list[str]:
-    """The tables and their indexes (made with the repair tables: store._schema)."""
+def schema(autoincrement: str, text: str, long_text: str, options: str = "") -> list[str]:
+    """The tables and their indexes (made with the repair tables: store._schema); `options` end each CREATE TABLE
+    (MariaDB's character set: every character a journal holds, emoji included)."""
     return [
         f"""CREATE TABLE IF NOT EXISTS node_events (
             id {autoincrement}, time DOUBLE NOT NULL, node VARCHAR(255) NOT NULL, component VARCHAR(64) NOT NULL,
             event VARCHAR(64) NOT NULL, severity VARCHAR(16) NOT NULL, check_name VARCHAR(64) NOT NULL,
-            message {text} NOT NULL, fields {long_text} NOT NULL)""",
+            message {text} NOT NULL, fields {long_text} NOT NULL){options}""",
         f"""CREATE TABLE IF NOT EXISTS journal_cursors (
             node VARCHAR(255) PRIMARY KEY, cursor_at VARCHAR(40) NOT NULL, boot VARCHAR(64) NOT NULL,
             taken BIGINT NOT NULL, lost BIGINT NOT NULL, collected DOUBLE NOT NULL, error {text} NOT NULL,
-            failing_since DOUBLE NOT NULL)""",
+            failing_since DOUBLE NOT NULL){options}""",
         "CREATE INDEX IF NOT EXISTS node_events_time ON node_events (time)",
         "CREATE INDEX IF NOT EXISTS node_events_node_time ON node_events (node, time)",
         "CREATE INDEX IF NOT EXISTS node_events_component_time ON node_events (component, time)",
@@ -116,6 +119,10 @@ class Page:
     lost: bool = False
     #: lines that were no journal event (not JSON, no time): counted, not stored
     odd: int = 0
+    #: the bytes of its lines (what it holds in the collector's memory)
+    size: int = 0
+    #: events the database refused: set aside, only a mark of them is stored
+    refused: int = 0
 
 
 def row_of(node: str, line: bytes) -> tuple | None:
@@ -133,11 +140,25 @@ def row_of(node: str, line: bytes) -> tuple | None:
         return None
     rest = {key: value for key, value in data.items() if key not in _HEAD}
     check = rest.get("check") if data["component"] == "health" else ""
-    fields = json.dumps(rest)
+    head = [_utf8(text) for text in head]
+    try:
+        fields = json.dumps(rest)  # ASCII: a lone surrogate is escaped, as the journal held it
+    except (ValueError, RecursionError):
+        return None
     if len(fields) > _FIELDS_CHARS:
         fields = json.dumps({"cut": f"{len(fields)} characters of fields, more than {_FIELDS_CHARS}"})
     return (when, node[:255], head[1][:64], head[2][:64], head[3][:16] or "info",
-            check[:64] if isinstance(check, str) else "", head[4][-_MESSAGE_CHARS:], fields)
+            _utf8(check[:64]) if isinstance(check, str) else "", head[4][-_MESSAGE_CHARS:], fields)
+
+
+def _utf8(text: str) -> str:
+    """`text` as UTF-8 can hold it: a lone surrogate (an escaped one in a line, or text decoded with surrogateescape:
+    a file name, a script's output) is replaced, or no database driver takes the row, nor the batch it is in."""
+    try:
+        text.encode()
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode()
 
 
 def take(store: Store, pages: list[Page], now: float | None = None) -> tuple[int, list[str]]:
@@ -153,10 +174,15 @@ def take(store: Store, pages: list[Page], now: float | None = None) -> tuple[int
                 dropped.append(page.node)
                 continue
             rows += page.rows
+            stored[page.node] = Cursor(page.node, page.cursor)  # a second page from the same start is dropped
             if page.lost:
                 rows.append((now, page.node, "repair", LOST, "warning", "",
                              f"the node's journal had lines that were rotated out before the collector took them "
                              f"(its cursor {page.start} was gone): its events there are missing", "{}"))
+            if page.refused:
+                rows.append((now, page.node, "repair", REFUSED, "error", "",
+                             f"the database refused {page.refused} event(s) of the node's journal after cursor "
+                             f"{page.start}: they are missing (the collector's log says why)", "{}"))
             taken += len(page.rows)
             updates.append((page.node, page.cursor, page.boot[:64], before.taken + len(page.rows),
                             before.lost + page.lost, now, "", 0.0))
@@ -182,10 +208,19 @@ def failed(store: Store, problems: dict[str, str], now: float | None = None) -> 
 
 def events(store: Store, since: float, until: float | None = None, node: str | None = None,
            components: tuple[str, ...] = (), check: str = "", severities: tuple[str, ...] = (),
+           text: str = "", but: tuple[str, ...] = (), names: tuple[str, ...] = (),
            limit: int = 100000) -> list[NodeEvent]:
     """The stored events from `since` (and before `until`), oldest first, the newest `limit` of them: of `node`,
-    of `components`, of health check `check`, of `severities`."""
+    of `components` (none of `but`), of health check `check`, of `severities`, whose `component/event` holds
+    `text` (the page's filter, asked of the database so that `limit` counts what is kept)."""
     where, args = ["time >= ?"], [since]
+    if text:
+        clause, more = _holding(text)
+        where.append(clause)
+        args += more
+    if but:
+        where.append(f"component NOT IN ({', '.join('?' * len(but))})")
+        args += list(but)
     if until is not None:
         where.append("time < ?")
         args.append(until)
@@ -195,7 +230,7 @@ def events(store: Store, since: float, until: float | None = None, node: str | N
     if check:
         where.append("check_name = ?")
         args.append(check)
-    for column, values in (("component", components), ("severity", severities)):
+    for column, values in (("component", components), ("severity", severities), ("event", names)):
         if values:
             where.append(f"{column} IN ({', '.join('?' * len(values))})")
             args += list(values)
@@ -204,9 +239,41 @@ def events(store: Store, since: float, until: float | None = None, node: str | N
     return [NodeEvent(int(i), float(t), n, c, e, s, m, _fields(f)) for i, t, n, c, e, s, m, f in reversed(rows)]
 
 
-def cursors(store: Store) -> dict[str, Cursor]:
-    """Every node's cursor row."""
-    return _cursors(store, None)
+def _holding(text: str) -> tuple[str, list]:
+    """The condition that `component/event` holds `text`, in SQL both databases take (no concatenation: SQLite's
+    `||` is MariaDB's OR). Neither name holds a slash, so a text with one is a component's end and an event's
+    start, and one with two matches nothing."""
+    def like(part: str) -> str:
+        return part.replace("!", "!!").replace("%", "!%").replace("_", "!_")
+    escape = " ESCAPE '!'"  # not a backslash: MariaDB reads one in a literal as an escape, SQLite does not
+    if text.count("/") > 1:
+        return "1 = 0", []
+    if "/" in text:
+        left, right = text.split("/")
+        return (f"component LIKE ?{escape} AND event LIKE ?{escape}", [f"%{like(left)}", f"{like(right)}%"])
+    return f"(component LIKE ?{escape} OR event LIKE ?{escape})", [f"%{like(text)}%"] * 2
+
+
+def cursors(store: Store, nodes: list[str] | None = None) -> dict[str, Cursor]:
+    """Every node's cursor row (of `nodes` only, when given)."""
+    return _cursors(store, nodes)
+
+
+def forget_errors(store: Store, nodes: list[str]) -> None:
+    """Clear the failures of nodes Slurm no longer lists (their cursors stay: a node listed again goes on from
+    it), so that the history does not name them as unreachable for ever."""
+    with store.locked("slurm_ext_collector"):
+        for start in range(0, len(nodes), _CHUNK):
+            part = nodes[start:start + _CHUNK]
+            store._execute(f"UPDATE journal_cursors SET error = '', failing_since = 0 WHERE error <> '' AND node IN "
+                           f"({', '.join('?' * len(part))})", tuple(part))
+
+
+def lost_marks(store: Store, since: float, node: str | None = None) -> dict[str, NodeEvent]:
+    """The newest journal-lost or journal-refused row of each node since `since` (of `node` only, when given): what
+    its history lacks. One query on the component's index, whatever the number of events."""
+    found = events(store, since, node=node, components=("repair",), names=(LOST, REFUSED), limit=100000)
+    return {mark.node: mark for mark in found}
 
 
 def prune(store: Store, keep: float, most: int, now: float | None = None) -> int:

@@ -133,6 +133,9 @@ class HistorySection:
     backlog: int = setting(50000, "events taken from the agents and not stored yet, at most: past it no agent is "
                            "asked until the database caught up (the agents' journals hold the rest)", "int",
                            minimum=1000, maximum=10000000)
+    backlog_bytes: int = setting(256 * 2**20, "bytes of events taken from the agents and not stored yet, at most "
+                                 "(beside history.backlog: a few events may be large)", "int", minimum=16 * 2**20,
+                                 maximum=16 * 2**30)
     retry_max: float = setting(300.0, "an agent that does not answer is asked again after a wait that doubles from "
                                "`interval` up to this", "duration", minimum=1.0, maximum=86400.0)
     keep: float = setting(90 * 86400.0, "events older than this are removed from the database", "duration",

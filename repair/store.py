@@ -89,7 +89,7 @@ _RECORD_COLUMNS = [f.name for f in fields(Record) if f.name != "id"]
 _JSON_COLUMNS = ("jobs", "detail")
 
 
-def _schema(autoincrement: str, text: str, long_text: str) -> list[str]:
+def _schema(autoincrement: str, text: str, long_text: str, options: str = "") -> list[str]:
     return [
         f"""CREATE TABLE IF NOT EXISTS repair_records (
             id {autoincrement}, node VARCHAR(255) NOT NULL, signature VARCHAR(255) NOT NULL,
@@ -106,7 +106,7 @@ def _schema(autoincrement: str, text: str, long_text: str) -> list[str]:
         "CREATE INDEX IF NOT EXISTS repair_records_open ON repair_records (closed, node)",
         "CREATE INDEX IF NOT EXISTS repair_events_node_time ON repair_events (node, time)",
         "CREATE INDEX IF NOT EXISTS repair_events_time ON repair_events (time)",
-        *nodeevents.schema(autoincrement, text, long_text),
+        *nodeevents.schema(autoincrement, text, long_text, options),
     ]
 
 
@@ -359,7 +359,8 @@ def open_mariadb(host: str, port: int, user: str, password: str, database: str, 
     store = Store(connection, where, "%s", ("SELECT GET_LOCK(%s, %s)", "SELECT RELEASE_LOCK(%s)"),
                   ping=lambda: connection.ping(reconnect=True))
     if make_tables:
-        for statement in _schema("BIGINT AUTO_INCREMENT PRIMARY KEY", "TEXT", "MEDIUMTEXT"):
+        for statement in _schema("BIGINT AUTO_INCREMENT PRIMARY KEY", "TEXT", "MEDIUMTEXT",
+                                 " DEFAULT CHARSET=utf8mb4"):
             store._execute(statement)
         _upgrade(store)
     return store

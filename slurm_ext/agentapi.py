@@ -211,17 +211,6 @@ class CredentialFile:
                 self._seen = identity
             self._checked = self._clock()
             return self._credential
-        try:
-            identity = _identity(self.path)
-        except OSError:
-            identity = None
-        with self._lock:
-            if identity is None or identity != self._seen or self._credential is None:
-                self._credential = self._seen = None
-                self._credential, _ = _read_credential(self.path)
-                self._seen = identity
-            self._checked = now
-            return self._credential
 
 
 def _identity(path: str) -> tuple:
@@ -818,7 +807,7 @@ class JournalPage:
             raise ValueError(f"its cursor {str(cursor)[:40]!r} is not one")
         skipped = data.get("skipped", 0)
         return cls(node, boot, cursor, data.get("more") is True, data.get("lost") is True,
-                   skipped if isinstance(skipped, int) and not isinstance(skipped, bool) else 0,
+                   max(skipped, 0) if isinstance(skipped, int) and not isinstance(skipped, bool) else 0,
                    tuple(line for line in rest.split(b"\n") if line))
 
 

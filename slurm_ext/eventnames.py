@@ -308,6 +308,9 @@ _ENTRIES = (
     EventName("history-store-failed", _REPAIR, "error", "the collector could not store the agents' events in the "
               "repair database; it tries again every few seconds"),
     EventName("history-store-recovered", _REPAIR, "info", "the repair database takes the collector's events again"),
+    EventName("history-page-refused", _REPAIR, "error", "the repair database refused a page of a node's journal that "
+              "others beside it went in with (a value no column takes): set aside, marked in the node's history as "
+              "missing, the node's cursor moved past it"),
     EventName("repair-paused", _REPAIR, "warning", "an operator paused every approval"),
     EventName("repair-unpaused", _REPAIR, "info", "an operator let approvals through again"),
     # -- web (web/, the cluster page, in the controller agent) ------------------------------------------

@@ -287,8 +287,10 @@ def read_after(state_dir: str, cursor: str, max_bytes: int, clock: Callable[[], 
     its workers, the hooks) append a little out of time order, so no time tells which lines were taken; a byte
     offset does, exactly. A file is named by a digest of its head, which rotation (a rename) keeps, so a cursor
     survives rotations, restarts of the agent and a reboot (the state folder is on disk); one whose file is gone
-    says so (`lost`) and the read starts at the oldest file kept. A line still being written (no newline) is left
-    for the next read; a rotated file is left for the next once it is quiet for _SETTLED.
+    says so (`lost`) and the read starts at the oldest file kept (one whose offset is past its file's end, a file
+    restored from a backup, goes on from that end, also `lost`). A line still being written (no newline) is left
+    for the next read; a rotated file is read past only once it is quiet for _SETTLED (a clock stepped back counts
+    as quiet), and a quiet one's end that is no whole line (torn by a full disk) is skipped and counted.
 
     Raises:
         ValueError: `cursor` is not one (the message says the form).
@@ -304,13 +306,14 @@ def read_after(state_dir: str, cursor: str, max_bytes: int, clock: Callable[[], 
         if asked.group(1):
             if asked.group(1) in names:
                 index, offset = names.index(asked.group(1)), int(asked.group(2))
-                if offset > os.fstat(opened[index][1].fileno()).st_size:  # not a place in that file: start over
-                    index, offset, lost = 0, 0, True
+                end = os.fstat(opened[index][1].fileno()).st_size
+                if offset > end:  # not a place in that file (one restored from a backup): on from its end
+                    offset, lost = end, True
             else:
                 lost = True
         lines: list[bytes] = []
         size = skipped = 0
-        at = cursor if not lost else ""
+        at = f"{asked.group(1)}:{offset}" if asked.group(1) in names else ""
         while index < len(opened):
             _, stream = opened[index]
             if names[index] is None:
@@ -323,8 +326,11 @@ def read_after(state_dir: str, cursor: str, max_bytes: int, clock: Callable[[], 
             if full:
                 return JournalChunk(tuple(lines), at, True, lost, skipped)
             info = os.fstat(stream.fileno())
-            if index + 1 == len(opened) or offset < info.st_size or clock() - info.st_mtime < _SETTLED:
-                break  # the newest file, a line still being written, or a rotated file a writer may still reach
+            if index + 1 == len(opened) or abs(clock() - info.st_mtime) < _SETTLED:
+                break  # the newest file (its last line may be being written), or a rotated file a writer may reach
+            if offset < info.st_size:  # a quiet rotated file ending in no whole line: torn by a full disk
+                skipped += 1
+                at = f"{names[index]}:{info.st_size}"
             index, offset = index + 1, 0
         return JournalChunk(tuple(lines), at, False, lost, skipped)
     finally:

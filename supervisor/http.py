@@ -1,6 +1,7 @@
 """The agent's HTTP listener: /livez, /readyz, /metrics (Prometheus), and, read-only, the node journal's
-/events?since=EPOCH and the health monitor's /health with the node's facts (for `slurm-ext history`, the repair
-service and the cluster page). Three POSTs: /health/check asks the health monitor to read the node now (the cluster
+/events?since=EPOCH (its newest events, for the repair service's notifier), /journal?after=CURSOR (its lines after
+the controller's collector's cursor: what `slurm-ext history` and the cluster page read, from the collector's table)
+and the health monitor's /health with the node's facts. Three POSTs: /health/check asks the health monitor to read the node now (the cluster
 page's "run the health checks"); it changes nothing but the time of the next poll, at most once a second.
 /health/clear?by=USER[&check=ID][&gpu=GPU] is an operator's `health clear` asked from the controller (the page, or
 `slurm-ext health clear NODE` through it): the same request the node's own command writes, with the operator's name.
@@ -10,7 +11,7 @@ refused for a GPU the node does not have, not run while a job holds the GPU: the
 resume, `accept cluster`): on a thread of the agent's (`acceptruns`), its verdict applied through the agent's own
 node-state owner; GET /acceptance[?trigger=T] says whether it is under way and what the node's last run found.
 
-/events, /health, /acceptance and every POST answer only an asker that proves it holds the cluster's agent credential
+/events, /journal, /health, /acceptance and every POST answer only an asker that proves it holds the cluster's agent credential
 (node.agent_credential; `slurm_ext.agentapi`) in a request meant for this node, within a minute of this clock, and
 taken once (`Guard`); they sign their answer with it, bound to this node, this boot and the asker's nonce: the
 journal holds other users' job details, and the controller resumes a repaired node on what /health says. /events

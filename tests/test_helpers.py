@@ -109,13 +109,20 @@ def test_cli_runs_the_real_command_line_as_root_and_as_nobody(tmp_path):
     assert code != 0 and str(secret) in stderr  # nobody cannot read root's 0600 config, and is told which file
 
 
-def test_the_stand_in_agents_answer_each_node_by_name_and_one_journal_page():
-    from helpers.page import COMPONENTS, StandInAgents, journal_page
-    page = journal_page(5, 4)
-    assert [line.data["message"] for line in page.events] == ["event 5", "event 6", "event 7", "event 8"]
-    assert [line.data["component"] for line in page.events] == [COMPONENTS[i % 3] for i in range(5, 9)]
-    agents = StandInAgents(["a", "b"], page)
-    assert agents.health("b").node == "b" and agents.events("a") is page
+def test_the_stand_in_agents_answer_each_node_by_name_and_journals_are_stored_as_the_collector_does(tmp_path):
+    from helpers.page import COMPONENTS, StandInAgents, journal_lines, stored_journal
+    from slurm_ext.repair import nodeevents
+    from slurm_ext.repair.store import open_sqlite
+    assert StandInAgents(["a", "b"]).health("b").node == "b"
+    store = open_sqlite(str(tmp_path / "r.db"))
+    try:
+        assert stored_journal(store, "a", journal_lines(5, 4, 1000.0)) == 4
+        assert stored_journal(store, "a", journal_lines(9, 2, 1004.0)) == 2
+        found = nodeevents.events(store, 0)
+        assert [e.message for e in found] == [f"event {i}" for i in range(5, 11)]
+        assert [e.component for e in found] == [COMPONENTS[i % 3] for i in range(5, 11)]
+    finally:
+        store.close()
 
 
 def test_the_replay_answers_the_recorded_calls_in_order_and_refuses_any_other_naming_it():

@@ -330,3 +330,71 @@ def test_the_journal_route_checks_its_query_and_the_credential(tmp_path):
             AgentClient(str(other), 9810, {"node2": f"127.0.0.1:{server.address[1]}"}, 5.0).journal("node2")
     finally:
         server.close()
+
+
+def _serving(tmp_path: Path, layout: Layout) -> list:
+    """The agents' own listener (supervisor.http: its guard and GET /journal) for each simulated node of `layout`,
+    on its port, each with its journal in tmp_path/<node>. Close them."""
+    from slurm_ext.supervisor.http import Guard, ProbeServer, journal_answer
+    from slurm_ext.supervisor.later import AnswerWorker
+    boot = tmp_path / "boot_id"
+    boot.write_text("boot-1\n")
+    servers = []
+    for node in layout.defined_nodes[1:]:
+        agent = SimpleNamespace(config=SimpleNamespace(node=SimpleNamespace(
+            agent_credential=str(layout.agent_credential), slurm_name=node.name, boot_id_file=str(boot))))
+        state = str(tmp_path / node.name)
+        guard, reader = Guard(agent), AnswerWorker("http-journal")
+        servers.append(ProbeServer("127.0.0.1", node.probe_port, lambda target, headers, g=guard, r=reader, d=state:
+                                   g.guarded("GET", target, headers, lambda: journal_answer(
+                                       d, target.partition("?")[2], r))).start())
+    return servers
+
+
+def test_a_page_the_database_refuses_is_set_aside_said_and_never_holds_up_the_others(tmp_path, store):
+    """One node's journal holds a line the database refuses (here a trigger of its own; a value no column takes in
+    life): a batch with it fails whole, so the collector tries its pages one by one, stores the others, sets that
+    one aside with a mark in the node's history, and moves the node's cursor past it. A line with a lone surrogate
+    (a file name in another encoding, escaped in the journal) is no such line: stored, the surrogate replaced."""
+    from slurm_ext.repair.history import gather
+    layout = _fleet_layout(tmp_path, 3)
+    for number, node in enumerate(layout.defined_nodes[1:]):
+        for seq in range(5):
+            text = "poison" if (number, seq) == (1, 2) else "file caf\udce9.txt" if seq == 4 else f"event {seq}"
+            events.emit(str(tmp_path / node.name), "supervisor", "started", text, seq=seq)
+    store._execute("CREATE TRIGGER refuse BEFORE INSERT ON node_events WHEN NEW.message LIKE '%poison%' "
+                   "BEGIN SELECT RAISE(ABORT, 'a value this database refuses'); END")
+    servers = _serving(tmp_path, layout)
+    try:
+        collector = _collector(layout, store)
+        figures = collector.once()
+        for node in layout.defined_nodes[1:]:
+            events.emit(str(tmp_path / node.name), "supervisor", "started", "after", seq=5)
+        again = _collector(layout, store).once()
+    finally:
+        for server in servers:
+            server.close()
+    assert (figures.refused, figures.events, again.events) == (5, 10, 3)
+    assert collector.said.count("history-page-refused") == 1
+    stored = {(e.node, e.fields.get("seq")) for e in nodeevents.events(store, 0) if e.component == "supervisor"}
+    assert stored == {(n.name, seq) for n in layout.defined_nodes[1:] for seq in range(6)} - {
+        ("node3", seq) for seq in range(5)}
+    assert {e.message for e in nodeevents.events(store, 0) if e.fields.get("seq") == 4} == {"file caf?.txt"}
+
+    class Slurm:
+        def node_events(self, node, since):
+            return []
+    timeline = gather(store, Slurm(), 0, limit=2)
+    assert "the database refused 5 event(s)" in timeline.incomplete["node3"]  # said, however old the mark is
+
+
+def test_a_node_slurm_no_longer_lists_is_not_named_unreachable_for_ever(tmp_path, store):
+    layout = _fleet_layout(tmp_path, 2)
+    collector = _collector(layout, store)
+    assert collector.once().failures == 2  # nobody listens
+    assert {n for n, c in nodeevents.cursors(store).items() if c.error} == {"node2", "node3"}
+    fewer = _collector(layout, store)
+    listed = [SimpleNamespace(name="node2", addr="")]
+    fewer.slurm = SimpleNamespace(nodes=lambda: listed)
+    fewer.once()
+    assert {n for n, c in nodeevents.cursors(store).items() if c.error} == {"node2"}

@@ -492,3 +492,24 @@ def test_a_cursor_that_is_not_one_is_refused_with_its_form(tmp_path, cursor):
     from slurm_ext.journal import read_after
     with pytest.raises(ValueError, match="expected <16 hex digits>:<offset>"):
         read_after(str(tmp_path), cursor, 100)
+
+
+def test_a_quiet_rotated_file_torn_at_its_end_is_read_past_and_a_restored_file_goes_on_from_its_end(tmp_path):
+    """A full disk tore the last line of a file that was then rotated: its end is skipped and counted once, and
+    the files after it are read (the node's history would otherwise stop there for 48 MiB). A cursor past its
+    file's end (a file restored from an older backup) goes on from that end, said lost, and never re-takes the
+    older files."""
+    from slurm_ext.journal import read_after
+    rotated = tmp_path / "journal.jsonl.1"
+    rotated.write_text(line("2025-01-31T10:00:00+0000", "supervisor", "started", "one") + '{"time": "2025-01')
+    (tmp_path / "journal.jsonl").write_text(line("2025-01-31T10:00:02+0000", "supervisor", "stop", "two"))
+    os.utime(rotated, (time.time() - 60, time.time() - 60))
+    first = read_after(str(tmp_path), "", 2**20)
+    assert [json.loads(found)["message"] for found in first.lines] == ["one", "two"] and first.skipped == 1
+    assert read_after(str(tmp_path), first.cursor, 2**20) == read_after(str(tmp_path), first.cursor, 2**20)
+    assert read_after(str(tmp_path), first.cursor, 2**20).skipped == 0
+    name = first.cursor.split(":")[0]
+    past = read_after(str(tmp_path), f"{name}:999999", 2**20)
+    assert past.lost and past.lines == () and past.cursor == f"{name}:{(tmp_path / 'journal.jsonl').stat().st_size}"
+    older = read_after(str(tmp_path), read_after(str(tmp_path), "", 10).cursor.split(":")[0] + ":999999", 2**20)
+    assert older.lost and [json.loads(found)["message"] for found in older.lines] == ["two"]

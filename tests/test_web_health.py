@@ -3,6 +3,8 @@ cleared finding reads as cleared, and a finding the node ended by rebooting gets
 
 from __future__ import annotations
 
+import time
+
 from slurm_ext.web.healthview import history_rows
 from test_web import page  # noqa: F401 (the page over literal records, its fixture)
 
@@ -93,15 +95,17 @@ def test_no_cleared_row_is_made_while_the_nodes_agent_serves_no_monitor_readings
     path = tmp_path / "slurm-ext.toml"
     path.write_text(f'[node]\nstate_dir = "{tmp_path / "state"}"\n[web]\ntoken_file = ""\n'
                     f'[repair]\nagents = {{ n1 = "127.0.0.1:1", n2 = "127.0.0.1:2" }}\n')
-    finding = {"time": "2026-12-01T10:00:00+00:00", "component": "health", "event": "health-finding",
+    from helpers.page import stored_journal
+    from slurm_ext.words import moment
+    finding = {"time": moment(time.time() - 600), "component": "health", "event": "health-finding",
                "severity": "critical", "message": "critical: xid 79", **XID}
-    started = {"time": "2026-12-01T10:05:00+00:00", "component": "health", "event": "health-started",
+    started = {"time": moment(time.time() - 300), "component": "health", "event": "health-started",
                "severity": "info", "message": "health monitor on node n2"}
-    journal = "\n".join(json.dumps(e) for e in (finding, started))
     no_monitor = {"boot": "boot-1", "time": 1.0, "facts": {}}
     store = open_sqlite(str(tmp_path / "repair.db"))
+    stored_journal(store, "n2", "\n".join(json.dumps(e) for e in (finding, started)))
     watcher = Watcher(config.load(path), _Slurm(), store, lambda url, timeout: (None, "refused"),
-                      _Agents(no_monitor, {"n2": journal}))
+                      _Agents(no_monitor))
     app = create_app(config.load(path), watcher, store_opener=lambda: open_sqlite(str(tmp_path / "repair.db")))
     watcher.refresh()
     health = app.test_client().get("/api/health?node=n2").get_json()

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import threading
+import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -19,7 +20,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from slurm_ext import config
-from slurm_ext.agentapi import AcceptanceAnswer, EventsPage, HealthAnswer
+from helpers.page import stored_journal
+from slurm_ext.agentapi import AcceptanceAnswer, HealthAnswer
 from slurm_ext.repair.store import open_sqlite
 from slurm_ext.slurm import Node
 from slurm_ext.web.app import create_app
@@ -31,6 +33,8 @@ TOKEN = "t" * 32
 #: the journal of the node in one second, in the order it was written
 SAME_SECOND = [("health", "health-finding", "found"), ("nodestate", "drain", "drained"),
                ("health", "health-check-failed", "then"), ("supervisor", "worker-state", "last")]
+#: that second: within the page's timeline
+SECOND = datetime.fromtimestamp(int(time.time()) - 120, timezone.utc)
 
 
 class _Slurm:
@@ -53,7 +57,8 @@ class _Slurm:
 
 
 class _Agents:
-    """Every node's agent: one GPU, one interface, and a journal of events in one second (SAME_SECOND)."""
+    """Every node's agent: one GPU, one interface (its journal of events in one second, SAME_SECOND, is stored as
+    the collector stores it: `_page`)."""
 
     def health(self, node, addr="", timeout=None):
         return HealthAnswer.of({"node": node, "boot": "b", "time": 100.0, "monitor": {"driver": "560.35.03", "gpus": [
@@ -61,12 +66,6 @@ class _Agents:
              "fb_free_mib": 90.0, "temperature": 40, "jobs": []}]},
             "facts": {"os": "Debian GNU/Linux 13", "interfaces": [{"name": "ib0", "speed_mbps": 400000,
                                                                    "rx_bytes": 1, "tx_bytes": 1}]}})
-
-    def events(self, node, addr="", since=0.0, limit=None, timeout=None):
-        second = datetime(2026, 12, 1, 10, 0, 0, tzinfo=timezone.utc).isoformat()
-        return EventsPage.of(node, "b", "\n".join(
-            json.dumps({"time": second, "component": component, "event": event, "severity": "info",
-                        "message": message}) for component, event, message in SAME_SECOND))
 
     def acceptance(self, node, addr="", trigger="", timeout=None):
         return AcceptanceAnswer(node, "b", False, False, None)  # no run kept
@@ -81,6 +80,10 @@ def _page(tmp_path: Path, web: str, nodes: int = 1):
     path.write_text(f'[node]\nstate_dir = "{tmp_path / "state"}"\n[web]\n{web}\n[repair]\nagents = {{ {agents} }}\n')
     loaded = config.load(path)
     store = open_sqlite(str(tmp_path / "repair.db"))
+    for i in range(1, nodes + 1):
+        stored_journal(store, f"n{i}", "\n".join(
+            json.dumps({"time": SECOND.isoformat(), "component": component, "event": event, "severity": "info",
+                        "message": message}) for component, event, message in SAME_SECOND))
     watcher = Watcher(loaded, _Slurm(nodes), store, lambda url, timeout: (None, "refused"), _Agents())
     watcher.refresh()
     server = make_server("127.0.0.1", 0, create_app(loaded, watcher, store_opener=lambda: open_sqlite(
@@ -224,7 +227,7 @@ def test_events_of_one_second_stay_in_the_journals_order_newest_first(tmp_path, 
         # one time format, the CLI's: ISO 8601 with the zone's offset (it was `2026-12-01 10:00:00`, no zone)
         shown = browser.find_element(By.CSS_SELECTOR, "#timeline tbody tr td:nth-child(1)").text
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d", shown), shown
-        assert datetime.fromisoformat(shown) == datetime(2026, 12, 1, 10, 0, 0, tzinfo=timezone.utc), shown
+        assert datetime.fromisoformat(shown) == SECOND, shown
 
 
 def test_a_wrong_token_the_session_is_asked_about_is_a_refusal_on_record(tmp_path):

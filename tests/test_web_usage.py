@@ -145,7 +145,7 @@ class _Queue:
 
 
 def _watcher(tmp_path, clock):
-    from helpers.page import StandInAgents, journal_page
+    from helpers.page import StandInAgents
     from slurm_ext import config
     from slurm_ext.repair.store import open_sqlite
     from slurm_ext.web.watch import Watcher
@@ -156,7 +156,7 @@ def _watcher(tmp_path, clock):
     answer = {"boot": "b", "time": 1.0, "monitor": {"readings_time": 1.0, "findings": [], "gpus": gpus,
                                                     "checks": {"xid": "ok", "ecc": "critical", "nvlink": "disabled"}}}
     slurm = _Queue()
-    agents = StandInAgents(["n1", "n2"], journal_page(0, 0), answer)
+    agents = StandInAgents(["n1", "n2"], answer)
     return Watcher(config.load(path), slurm, open_sqlite(str(tmp_path / "r.db")),
                    lambda url, timeout: (None, "refused"), agents, clock=clock), slurm
 

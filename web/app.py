@@ -196,6 +196,13 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None, clock=
             raise BadRequest(503, "the page has not read the cluster yet: try again in a few seconds")
         return view
 
+    def _journal(limit: int, **asked) -> list:
+        """The stored journal events (Watcher.journal); a database that cannot be read is a 503 that names it."""
+        try:
+            return watcher.journal(limit, **asked)
+        except SlurmExtError as err:
+            raise BadRequest(503, f"the nodes' journals cannot be read: {err}") from None
+
     def known_node(name: str):
         view = current()
         found = next((n for n in view.data["nodes"] if n["name"] == name), None)
@@ -440,14 +447,11 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None, clock=
                     add(Entry(e.time, e.node or "-", "repair", e.event, e.message, e.user, e.acts),
                         _repair_severity(e.event))
 
-        def keep(name: str, data: dict) -> bool:
-            return severity in (None, str(data.get("severity", "info"))) and (
-                event_text is None or event_text in f"{data.get('component', '?')}/{data.get('event', '?')}")
         if source in (None, "agent"):
-            # the controller's own journal repeats the repair records, which carry the user; oldest first, as the
-            # other sources: in_causal_order keeps the order of one second's entries
-            for when, name, data in reversed(watcher.journal(limit, node=node, component=lambda name: name != "repair",
-                                                             keep=keep)):
+            # the collector's own rows (component repair: a journal that lost lines) are said per node elsewhere;
+            # oldest first, as the other sources: in_causal_order keeps the order of one second's entries
+            for when, name, data in reversed(_journal(limit, node=node, but=("repair",), severity=severity or "",
+                                                      text=event_text or "")):
                 add(Entry(when, name, "agent", f"{data.get('component', '?')}/{data.get('event', '?')}",
                           str(data.get("message", "")), lines=result_lines(data)), str(data.get("severity", "info")))
         # as `slurm-ext history` orders them: what a repair step caused after it, where clocks are whole seconds
@@ -475,7 +479,7 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None, clock=
                     # only where the agent served its monitor's readings: without them it says nothing of what is open
                     for row in rows if row["agent"]["answered"] and not row["agent"]["error"]
                     and row["agent"]["readings_time"] is not None}
-        found = watcher.journal(_HEALTH_SCAN, node=node, component=lambda name: name == "health")
+        found = _journal(_HEALTH_SCAN, node=node, components=("health",))
         entries = [e for e in history_rows(found, open_now) if wanted(e) and state in (None, e["state"])]
         return jsonify(open=open_findings, entries=entries[:int(asked.get("limit", 300))])
 

@@ -3,9 +3,12 @@
 One refresh asks Slurm once per table (the node table: `sinfo --json` or
 `scontrol show node`; the job queue, with the GPU indexes each running job
 holds: `squeue --json` or `scontrol show job -d`; the event table:
-`sacctmgr show event`), reads the
-repair records once, and asks each node's agent for its /health and for
-the journal events written since its last answer, every agent at once.
+`sacctmgr show event`), reads the repair records and what the collector
+says of each node's journal once, and asks each node's agent for its
+/health, every agent at once. The nodes' journals are not asked of the
+agents: the timeline and the Health checks tab query the events the
+controller's collector stored (`journal`: one query, whatever the number of
+nodes, its filters in the query).
 The result is one `PageView`, which every request of every browser reads: ten
 open tabs cost slurmctld what one costs, and when nobody looks nothing is
 asked. Slurm's configuration (cluster name, version) is read at the first
@@ -21,8 +24,6 @@ cluster of 1,000 nodes with 900 powered off does not wait on 900 timeouts.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import json
 import logging
 import math
@@ -36,7 +37,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 
 from slurm_ext import events
-from slurm_ext.agentapi import AgentAnswerError, AgentClient, HealthAnswer, JournalLine, FactsReading, get_text
+from slurm_ext.agentapi import AgentAnswerError, AgentClient, HealthAnswer, FactsReading, get_text
 from slurm_ext.errors import SlurmExtError
 from slurm_ext.repair.history import result_lines
 from slurm_ext.repair.status import acceptance_state, counts, finding_lines, held, node_statuses, run_summary
@@ -53,12 +54,8 @@ log = logging.getLogger("web")
 _CONFIG_EVERY = 600.0
 #: agents asked at once
 _PARALLEL = 32
-#: journal events kept per node, newest, whatever their component (the Health checks tab and the timeline)
-_JOURNAL_KEPT = 2000
 #: points of the usage history kept (at a 5 s refresh: an hour)
 _HISTORY = 720
-#: how far back the first look at an agent's journal goes (the agent parses what it sends on its one thread)
-_FIRST_JOURNAL = 86400.0
 #: newest Slurm events kept from one read of the event table
 _SLURM_EVENTS_KEPT = 5000
 #: the fields of web.ssh_command
@@ -101,22 +98,13 @@ class _Agent:
     error: str = ""
     usage: usage.NodeUsage | None = None
     rate: tuple[float, float] | None = None
-    #: the newest journal time seen (epoch seconds) and the lines of that second already taken
-    cursor: float = 0.0
-    cursor_lines: set = field(default_factory=set)
-    #: its newest journal events by component, each (epoch, sequence, event), oldest first, in tuples that a new
-    #: answer replaces and nothing changes: a request takes them under the lock and reads them outside it
-    journal: dict = field(default_factory=dict)
-    #: journal events taken in so far: each event's sequence, which orders the events of one second (the journal's
-    #: times are whole seconds) as the node's journal wrote them, across its components
-    taken: int = 0
-    #: the component of each event kept, in the order they came: the oldest beyond _JOURNAL_KEPT are dropped
-    arrivals: deque = field(default_factory=deque)
-    #: what its last journal page lacked (agentapi.EventsPage.shortfall: events the agent cut, odd lines skipped)
+    #: what the collector says of its journal ("" while it takes it: no agent, lines lost)
     journal_note: str = ""
     #: its last acceptance run as its /acceptance sent it (agentapi checked it), None while none is known; asked at
     #: its first answer and again only after its journal told of a run that ended (acceptance-done)
     acceptance: dict | None = None
+    #: its journal's newest acceptance-done as the collector stored it: (its row id, epoch, the event), or None
+    done: tuple | None = None
     #: /acceptance is to be asked at its next answer
     acceptance_due: bool = True
     busy: bool = False
@@ -136,26 +124,12 @@ class PageView:
     records: list = field(default_factory=list)
 
 
-def _newest_done(told: tuple) -> tuple | None:
-    """The newest acceptance-done of a node's cached acceptance events ((epoch, sequence, event), oldest first), as
-    that item."""
-    for item in reversed(told):
-        if item[2].get("event") == "acceptance-done":
-            return item
-    return None
-
-
-def _run_ended(now: tuple, before: tuple) -> bool:
-    """Whether a node's acceptance events `now` hold an acceptance-done that `before` did not (a run that ended)."""
-    return _newest_done(now) is not _newest_done(before)
-
-
 def _done_summary(done: tuple | None) -> dict | None:
     """An acceptance-done event as repair.status.run_summary says a run (the names of what failed, not their
     messages: the event's own message has them), for a node whose agent sent no run; None for no event."""
     if not done:
         return None
-    finished, _, data = done
+    _, finished, data = done
 
     def texts(key: str) -> list[str]:
         found = data.get(key)
@@ -244,8 +218,11 @@ class Watcher:
         self.view: PageView | None = None
         self.refreshes = 0
         self._looked = 0.0
-        #: held while an agent's answer is taken in, and while the view or a journal query reads the agents
+        #: held while an agent's answer is taken in, and while the view reads the agents
         self._lock = threading.Lock()
+        #: the repair database's one connection, used by the refresh and by requests' journal queries (neither
+        #: driver's connection may be used by two threads at once)
+        self._store_lock = threading.Lock()
         self._wake = threading.Event()
         self._events_future = None
         self._stop = threading.Event()
@@ -311,6 +288,7 @@ class Watcher:
         if self._read_nodes(now):
             self._read_config(now)
             self._read_jobs(now)
+        self._read_journals(now)  # before the agents are asked: a run that ended has its /acceptance asked now
         asked = self._ask_agents(now)
         self._read_repair(now)
         if self.settings.prometheus_url:
@@ -361,20 +339,24 @@ class Watcher:
     def _read_repair(self, now: float) -> None:
         since = now - self.settings.timeline
         try:
-            store = self._repair_store()
-            self._open = store.records(open_only=True)
-            self._records = store.records(since=since)
-            self._repair_events = store.events(since=since, limit=20000)
-            from slurm_ext.repair.decide import paused
-            stop = paused(store)
-            self._paused = {"by": stop[0], "since": stop[1]} if stop else None
+            with self._store_lock:
+                self._read_records(self._repair_store(), since)
         except SlurmExtError as err:
-            if self._store is not None:  # opened again next time (MariaDB restarted, the file replaced)
-                self._store.close()
-                self._store = None
+            with self._store_lock:
+                if self._store is not None:  # opened again next time (MariaDB restarted, the file replaced)
+                    self._store.close()
+                    self._store = None
             self._fail("repair", str(err), now)
             return
         self._succeed("repair", now)
+
+    def _read_records(self, store, since: float) -> None:
+        from slurm_ext.repair.decide import paused
+        self._open = store.records(open_only=True)
+        self._records = store.records(since=since)
+        self._repair_events = store.events(since=since, limit=20000)
+        stop = paused(store)
+        self._paused = {"by": stop[0], "since": stop[1]} if stop else None
 
     def _repair_store(self):
         if self._store is None:
@@ -432,21 +414,7 @@ class Watcher:
                 with self._lock:
                     agent.error = f"agent at {err.address}: {err.problem}"
                 return
-            since = agent.cursor or now - min(self.settings.timeline, _FIRST_JOURNAL)
-            note = None
-            try:
-                page = self.agent_client.events(node.name, node.addr, int(since), _JOURNAL_KEPT, timeout)
-                lines, note = page.events, page.shortfall()
-                if note:
-                    log.info("web: node %s's journal: %s", node.name, note)
-            except AgentAnswerError as err:  # its health stands; its journal is asked again next refresh
-                log.info("web: %s", err)
-                lines = ()
             figures = usage.node_usage(health)
-            journal = self._take_journal(agent, lines)  # outside the lock: only this thread changes its cursor
-            if journal is not agent.journal and _run_ended(journal.get("acceptance", ()),
-                                                           agent.journal.get("acceptance", ())):
-                agent.acceptance_due = True
             run = agent.acceptance
             if agent.acceptance_due:
                 try:
@@ -457,18 +425,44 @@ class Watcher:
                     agent.acceptance_due = err.status != 404
             with self._lock:
                 agent.acceptance = run
-                agent.journal = journal
                 previous = agent.usage
                 agent.answer, agent.answered, agent.error = health, now, ""
                 agent.usage = figures
                 agent.rate = usage.bandwidth(previous, figures)
-                if note is not None:
-                    agent.journal_note = note
         except Exception:  # an answer no one foresaw: this agent's, logged; the others and the page go on
             log.exception("web: the answer of node %s's agent could not be taken", node.name)
             agent.error = "its agent's answer could not be read (see the page's log)"
         finally:
             agent.busy = False
+
+    def _read_journals(self, now: float) -> None:
+        """What the collector says of each node's journal (an agent it cannot reach, lines lost), and each node's
+        newest acceptance-done: a run that ended since the last refresh has /acceptance asked at the node's next
+        answer. Two queries, whatever the number of nodes."""
+        from slurm_ext.repair import nodeevents
+        try:
+            with self._store_lock:
+                store = self._repair_store()
+                cursors = nodeevents.cursors(store)
+                since = now - self.settings.timeline
+                lost = nodeevents.lost_marks(store, since)
+                done = nodeevents.events(store, since, components=("acceptance",), names=("acceptance-done",),
+                                         limit=100000)
+        except SlurmExtError as err:
+            self._fail("repair", str(err), now)
+            return
+        newest = {found.node: (found.id, found.time, found.data()) for found in done}
+        with self._lock:
+            for name, agent in self._agents.items():
+                cursor, mark = cursors.get(name), lost.get(name)
+                said = [f"the collector has no journal from its agent since {moment(cursor.failing_since)}: "
+                        f"{cursor.error}"] if cursor and cursor.error else []
+                said += [f"{mark.message} ({moment(mark.time)})"] if mark else []
+                agent.journal_note = "; ".join(said)
+                latest = newest.get(name)
+                if latest is not None and (agent.done is None or latest[0] != agent.done[0]):
+                    agent.acceptance_due = agent.acceptance_due or agent.done is not None or agent.acceptance is None
+                agent.done = latest if latest is not None else agent.done
 
     def acceptance_runs(self, node: str | None = None) -> list[dict]:
         """Each node's last acceptance run (of `node`; None: every node), by node name: {"node", "run": its
@@ -476,66 +470,29 @@ class Watcher:
         sent no run: an agent older than /acceptance, or one that did not answer it yet), "lines": that event's result
         lines, each with its figures}."""
         with self._lock:
-            agents = [(name, agent.acceptance, agent.journal.get("acceptance", ()))
+            agents = [(name, agent.acceptance, agent.done)
                       for name, agent in sorted(self._agents.items()) if node in (None, name)]
         found = []
-        for name, run, told in agents:
-            done = _newest_done(told) if run is None else None
+        for name, run, done in agents:
+            done = done if run is None else None
             found.append({"node": name, "run": run, "summary": run_summary(run) or _done_summary(done),
                           "lines": list(result_lines(done[2])) if done else []})
         return found
 
-    @staticmethod
-    def _take_journal(agent: _Agent, lines: tuple[JournalLine, ...]) -> dict[str, tuple]:
-        """The agent's journal with the lines not seen yet (the agent answers from the cursor's second on, inclusive),
-        its newest _JOURNAL_KEPT events: new tuples for the components that changed, the others as they were."""
-        newest, at_newest = agent.cursor, set(agent.cursor_lines)
-        added: dict[str, list] = {}
-        for when, line, data in ((j.time, j.line, j.data) for j in lines):
-            if when < agent.cursor or when == agent.cursor and line in agent.cursor_lines:
-                continue
-            component = str(data.get("component", ""))
-            agent.taken += 1
-            added.setdefault(component, []).append((when, agent.taken, data))
-            agent.arrivals.append(component)
-            if when > newest:
-                newest, at_newest = when, set()
-            if when == newest:
-                at_newest.add(line)
-        agent.cursor, agent.cursor_lines = newest, at_newest
-        if not added:
-            return agent.journal
-        dropped: dict[str, int] = {}
-        while len(agent.arrivals) > _JOURNAL_KEPT:
-            component = agent.arrivals.popleft()
-            dropped[component] = dropped.get(component, 0) + 1
-        journal = dict(agent.journal)
-        for component in added.keys() | dropped.keys():
-            kept = (journal.get(component, ()) + tuple(added.get(component, ())))[dropped.get(component, 0):]
-            if kept:
-                journal[component] = kept
-            else:
-                journal.pop(component, None)
-        return journal
+    def journal(self, limit: int = 500, node: str | None = None, components: tuple[str, ...] = (),
+                but: tuple[str, ...] = (), severity: str = "", text: str = "") -> list[tuple[float, str, dict]]:
+        """The newest `limit` journal events the collector stored, of `node` (None: of every node), of `components`
+        (none of `but`), of `severity`, whose component/event holds `text`, newest first: (epoch, node, event).
+        One query of the repair database, its filters in the query, so `limit` counts what is shown.
 
-    def journal(self, limit: int = 500, node: str | None = None, component=lambda name: True,
-                keep=lambda node, data: True) -> list[tuple[float, str, dict]]:
-        """The newest `limit` journal events of `node` (None: of every node) of the components `component(name)`
-        keeps, that `keep(node, event)` keeps, newest first: (epoch, node, event).
-
-        Only references are taken under the lock (each node's tuples of the components asked, which a refresh
-        replaces and never changes); the merge runs outside it: requests over a large cache never hold up a
-        refresh, and a node's events cost what that node holds."""
-        with self._lock:
-            agents = self._agents if node is None else {node: self._agents[node]} if node in self._agents else {}
-            taken = [(name, events) for name, agent in agents.items()
-                     for kind, events in agent.journal.items() if component(kind)]
-
-        def newest_first(name: str, events: tuple):
-            return ((-when, -sequence, name, data) for when, sequence, data in reversed(events))
-        merged = heapq.merge(*(newest_first(name, events) for name, events in taken), key=lambda item: item[:2])
-        kept = (item for item in merged if keep(item[2], item[3]))
-        return [(-when, name, data) for when, _, name, data in itertools.islice(kept, limit)]
+        Raises:
+            SlurmExtError: the database cannot be read (the message names it)."""
+        from slurm_ext.repair import nodeevents
+        since = self._clock() - self.settings.timeline
+        with self._store_lock:
+            found = nodeevents.events(self._repair_store(), since, node=node, components=components, but=but,
+                                      severities=(severity,) if severity else (), text=text, limit=limit)
+        return [(e.time, e.node, e.data()) for e in reversed(found)]
 
     # -- the view --------------------------------------------------------------------------------------
 
@@ -556,7 +513,7 @@ class Watcher:
         for status in statuses:
             node = by_name[status.name]
             agent = self._agents.get(node.name, _Agent())
-            accepted = run_summary(agent.acceptance) or _done_summary(_newest_done(agent.journal.get("acceptance", ())))
+            accepted = run_summary(agent.acceptance) or _done_summary(agent.done)
             answer = agent.answer
             monitor = answer.monitor if answer is not None else None
             facts = answer.facts if answer is not None else FactsReading()

@@ -7,9 +7,10 @@ Debian's Chromium):
   the number of browsers);
 - in headless Chromium, navigation to the Nodes grid of 1,000 nodes drawn, against the same browser drawing 1,000
   plain boxes of a static page (target: under 1 s);
-- a journal cache of 1,000 nodes x 2,000 events (Slurm and the agents stood in by literal answers: four running
-  nodes make no such cache): one refresh alone, and while eight clients loop over /api/timeline?node=X&limit=5000
-  (target: the refresh takes every agent's answer in, about as fast as alone);
+- a history of 1,000 nodes x 2,000 journal events in the repair database, as the collector stores them (Slurm and
+  the agents stood in by literal answers: four running nodes make no such history): one refresh alone, and while
+  eight clients loop over /api/timeline?node=X&limit=5000 (target: the refresh takes every agent's answer in, about
+  as fast as alone);
 - "is it being used?" at 1,000 nodes of 8 GPUs with 2,000 running jobs (and 500 pending): Slurm's answers are
   literal text in the shapes Slurm 22.05 gave on the dev cluster (sinfo --json, squeue --json with gres_detail),
   parsed by the real SlurmClient, the agents stood in with 8 GPU readings and every check's state each. The
@@ -40,7 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: its helpers
 
 from bench_repair import counting, timed  # noqa: E402  (a benchmark beside this one)
-from helpers.page import StandInAgents, journal_page  # noqa: E402  (the page's tests' stand-ins)
+from helpers.page import StandInAgents, journal_lines, stored_journal  # noqa: E402  (the page's tests' stand-ins)
 
 from slurm_ext import config, devcluster as dev  # noqa: E402
 from slurm_ext.slurm import Node  # noqa: E402
@@ -157,8 +158,8 @@ class _CacheSlurm:
 
 
 def journal_cache(nodes: int, events: int, clients: int, state_dir: str) -> None:
-    """The refresh over a journal cache of `nodes` x `events`, alone and while `clients` loop over one node's
-    timeline: its time and the agents' answers it took in."""
+    """The refresh over a history of `nodes` x `events` journal events, alone and while `clients` loop over one
+    node's timeline: its time and the agents' answers it took in."""
     from waitress.server import create_server
     path = os.path.join(state_dir, "cache.toml")
     with open(path, "w") as file:
@@ -166,13 +167,16 @@ def journal_cache(nodes: int, events: int, clients: int, state_dir: str) -> None
                    f'[repair]\nsqlite_file = "{state_dir}/cache-repair.db"\n')
     loaded = config.load(path)
     from slurm_ext.repair.store import open_sqlite
-    store = open_sqlite(f"{state_dir}/cache-repair.db")
-    agents = StandInAgents([f"c{i}" for i in range(nodes)], journal_page(0, events, node="c0"))
+    store, collector = open_sqlite(f"{state_dir}/cache-repair.db"), open_sqlite(f"{state_dir}/cache-repair.db")
+    first = time.time() - events - 60
+    for i in range(nodes):
+        stored_journal(collector, f"c{i}", journal_lines(0, events, first))
+    agents = StandInAgents([f"c{i}" for i in range(nodes)])
     watcher = Watcher(loaded, _CacheSlurm(nodes), store, lambda url, timeout: (None, "refused"), agents)
     watcher.refresh()
 
     def one_refresh(start: int) -> tuple[float, int]:
-        agents.page = journal_page(start, 1, node="c0")
+        stored_journal(collector, "c0", journal_lines(start, 1, first + start))
         begun = time.perf_counter()
         view = watcher.refresh()
         took = time.perf_counter() - begun
@@ -201,7 +205,7 @@ def journal_cache(nodes: int, events: int, clients: int, state_dir: str) -> None
         thread.join()
     server.close()
     store.close()
-    print(f"journal cache of {nodes} nodes x {events} events: a refresh alone {alone * 1000:.0f} ms ({taken_alone} "
+    print(f"history of {nodes} nodes x {events} events: a refresh alone {alone * 1000:.0f} ms ({taken_alone} "
           f"agents taken in); while {clients} clients loop over /api/timeline?node=c7&limit=5000: "
           f"{loaded_refresh * 1000:.0f} ms ({taken} of {nodes} agents taken in; the timeline answered in "
           f"{statistics.median(served) * 1000:.0f} ms, median of {len(served)})")
@@ -279,7 +283,7 @@ def usage_tables(nodes: int, jobs: int, state_dir: str) -> None:
              "jobs": [1 + i // (8 // per_node)]} for i in range(8)]
     answer = {"boot": "b", "time": 1.0, "monitor": {"readings_time": 1.0, "findings": [], "driver": "580.0",
                                                     "checks": {c: "ok" for c in CHECKS}, "gpus": gpus}}
-    agents = StandInAgents([f"u{i}" for i in range(nodes)], journal_page(0, 0, node="u0"), answer)
+    agents = StandInAgents([f"u{i}" for i in range(nodes)], answer)
 
     class WithoutJobs(Watcher):
         """The page as it was before: no job table read, no holders, no allocation."""

@@ -43,6 +43,8 @@ TEST_CLUSTER = dict(
     # /dev/kmsg, and the monitor judges no other)
     kernel_log="",
     health_interval=1.0,
+    # the collector asks the agent every second: what its journal says is in `history` and the page at once
+    history_interval=1.0,
     # pings a quiet slurmd after 10 s: a stopped one is NOT_RESPONDING within ~20 s (the health slurmd check's test)
     slurmd_timeout=30,
     up_timeout=60.0,
