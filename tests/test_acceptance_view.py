@@ -15,6 +15,7 @@ import types
 from datetime import datetime, timezone
 from pathlib import Path
 
+from helpers.page import stored_journal
 from slurm_ext import config, events, journal
 from slurm_ext.acceptance import offer
 from slurm_ext.acceptance.plugin import PLUGIN
@@ -105,16 +106,13 @@ def _journal(tmp_path: Path, runs: list[Run]) -> str:
 
 class _Agents:
     """n1's agent serves /acceptance (its run, checked by agentapi); n2's is older than /acceptance (404): the page
-    and `status` know its run from its journal alone."""
+    knows its run from its journal alone (as the controller's collector stored it)."""
 
-    def __init__(self, runs: dict[str, Run], journals: dict[str, str]):
-        self.runs, self.journals, self.asked = runs, journals, []
+    def __init__(self, runs: dict[str, Run]):
+        self.runs, self.asked = runs, []
 
     def health(self, node, addr="", timeout=None):
         return HealthAnswer.of({"node": node, "boot": "boot-1", "time": STARTED + 20})
-
-    def events(self, node, addr="", since=0.0, limit=None, timeout=None):
-        return EventsPage.of(node, "boot-1", self.journals.get(node, ""))
 
     def acceptance(self, node, addr="", trigger="", timeout=None):
         self.asked.append(node)
@@ -143,8 +141,7 @@ class _Slurm:
 
 def test_status_says_each_nodes_last_run_and_the_page_shows_its_results_with_their_figures(tmp_path):
     first = _run("n1")
-    agents = _Agents({"n1": first}, {"n1": _journal(tmp_path / "j1", [first]),
-                                     "n2": _journal(tmp_path / "j2", [_run("n2")])})
+    agents = _Agents({"n1": first})
     slurm = _Slurm()
     nodes = slurm.nodes()
     told, unreachable = status.with_agents(status.node_statuses(nodes, [], []), nodes, agents)
@@ -163,6 +160,8 @@ def test_status_says_each_nodes_last_run_and_the_page_shows_its_results_with_the
     # the page: the configuration panel, each node's row and its run's results
     loaded = _config(tmp_path, "enabled = false")
     store = open_sqlite(str(tmp_path / "r.db"))
+    stored_journal(store, "n1", _journal(tmp_path / "j1", [first]))
+    stored_journal(store, "n2", _journal(tmp_path / "j2", [_run("n2")]))
     watcher = Watcher(loaded, slurm, store, lambda url, timeout: (None, "refused"), agents)
     client = create_app(loaded, watcher, store_opener=lambda: open_sqlite(str(tmp_path / "r.db"))).test_client()
     try:
@@ -191,14 +190,14 @@ def test_status_says_each_nodes_last_run_and_the_page_shows_its_results_with_the
         timeline = client.get("/api/timeline?event=acceptance").get_json()["entries"]
         assert {e["node"] for e in timeline} == {"n1", "n2"} and all(e["lines"] == n2["lines"] for e in timeline)
 
-        # bounded and cached: /acceptance is asked at an agent's first answer, then only after its journal tells
-        # of a run that ended (n2's older agent: not again after its 404)
+        # bounded and cached: /acceptance is asked at an agent's first answer, then only after its journal (as
+        # collected) tells of a run that ended (n2's older agent: not again after its 404)
         assert sorted(agents.asked) == ["n1", "n2"]
         watcher.refresh()
         assert sorted(agents.asked) == ["n1", "n2"]
         second = _run("n1", "cluster", STARTED + 100)
         agents.runs["n1"] = second
-        agents.journals["n1"] = _journal(tmp_path / "j1", [second])  # its journal, with the new run's end
+        stored_journal(store, "n1", _journal(tmp_path / "j1-later", [second]))  # its journal: the new run's end
         data = json.loads(watcher.refresh().body)
         assert agents.asked.count("n1") == 2 and agents.asked.count("n2") == 1
         assert {n["name"]: n["acceptance"]["trigger"] for n in data["nodes"]}["n1"] == "cluster"

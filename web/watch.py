@@ -288,6 +288,8 @@ class Watcher:
         if self._read_nodes(now):
             self._read_config(now)
             self._read_jobs(now)
+        with self._lock:  # a node Slurm no longer lists is forgotten; a new one gets its record
+            self._agents = {n.name: self._agents.get(n.name) or _Agent() for n in self._nodes}
         self._read_journals(now)  # before the agents are asked: a run that ended has its /acceptance asked now
         asked = self._ask_agents(now)
         self._read_repair(now)
@@ -391,8 +393,6 @@ class Watcher:
     # -- the agents ------------------------------------------------------------------------------
 
     def _ask_agents(self, now: float) -> list:
-        with self._lock:  # a node Slurm no longer lists is forgotten; a new one gets its record
-            self._agents = {n.name: self._agents.get(n.name) or _Agent() for n in self._nodes}
         asked = []
         for node in self._nodes:
             agent = self._agents[node.name]
