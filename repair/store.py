@@ -359,11 +359,15 @@ def open_mariadb(host: str, port: int, user: str, password: str, database: str, 
     store = Store(connection, where, "%s", ("SELECT GET_LOCK(%s, %s)", "SELECT RELEASE_LOCK(%s)"),
                   ping=lambda: connection.ping(reconnect=True))
     if make_tables:
-        for statement in _schema("BIGINT AUTO_INCREMENT PRIMARY KEY", "TEXT", "MEDIUMTEXT",
-                                 " DEFAULT CHARSET=utf8mb4"):
+        for statement in mariadb_schema():
             store._execute(statement)
         _upgrade(store)
     return store
+
+
+def mariadb_schema() -> list[str]:
+    """The statements that make the tables in MariaDB (utf8mb4: every character a journal holds, emoji included)."""
+    return _schema("BIGINT AUTO_INCREMENT PRIMARY KEY", "TEXT", "MEDIUMTEXT", " DEFAULT CHARSET=utf8mb4")
 
 
 def _upgrade(store: Store) -> None:

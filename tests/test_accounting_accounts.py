@@ -24,12 +24,12 @@ from slurm_ext.accounting import accounts, backups, render, scratch
 from slurm_ext.accounting.dumpfile import BackupError
 from slurm_ext.accounting.settings import AccountingSection
 from slurm_ext.config import Config, SlurmSection
-from slurm_ext.repair.store import _schema
+from slurm_ext.repair.store import mariadb_schema
 
 PASSWORDS = {"slurmdbd": "pw-slurmdbd-" + os.urandom(8).hex(), "repair": "pw-repair-" + os.urandom(8).hex(),
              "page": "pw-page-" + os.urandom(8).hex(), "backup": "pw-backup-" + os.urandom(8).hex()}
 #: slurm-ext's repair tables, as the repair store makes them in MariaDB
-REPAIR_TABLES = "".join(f"{statement};\n" for statement in _schema("BIGINT AUTO_INCREMENT PRIMARY KEY", "TEXT"))
+REPAIR_TABLES = "".join(f"{statement};\n" for statement in mariadb_schema())
 #: what `accounting backup` runs mariadb-dump with (accounting/backups.py)
 DUMP_OPTIONS = ("--single-transaction", "--quick", "--routines", "--events", "--triggers", "--hex-blob")
 DENIED = (1044, 1045, 1142, 1143, 1227, 1370)  # access denied: to a database, a table, a column, a privilege

@@ -104,7 +104,7 @@ def _page(tmp_path: Path, idp: TestIdP, web: str = "", oidc: str = "", clock=tim
     store = open_sqlite(db)
     with store.locked():
         store.add(Record("n2", "xid/79", "reboot", "79 gpu 1", opened=1.0, updated=1.0))
-    watcher = Watcher(loaded, _Slurm(), store, lambda url, timeout: (None, "refused"), _Agents(_sent(100.0), {}))
+    watcher = Watcher(loaded, _Slurm(), store, lambda url, timeout: (None, "refused"), _Agents(_sent(100.0)))
     app = create_app(loaded, watcher, store_opener=lambda: open_sqlite(db), clock=clock, keys_clock=clock)
     watcher.refresh()
     client = app.test_client()

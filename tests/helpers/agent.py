@@ -151,6 +151,8 @@ def page_only_controller(port: int, page_port: int, more: str = "") -> str:
         roles = []
         [supervisor.workers.repair]
         roles = []
+        [supervisor.workers.collector]
+        roles = []
         [supervisor.workers.web]
         after = []
         [web]
