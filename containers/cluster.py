@@ -248,7 +248,7 @@ class ContainerCluster:
                                         f"[repair]\nagents = {{{agents}}}\n{database}{self.repair_conf}"
                                         # the collector takes the workers' journals every 2 s: `history` and the
                                         # page's timeline show what a test just did
-                                        f"[history]\ninterval = \"2s\"\n{store}"
+                                        f"[history]\ninterval = \"2s\"\nretry_max = \"10s\"\n{store}"
                                         f"{self.controller_conf}")
         self._agent_config("accounting", f"[supervisor.ports]\naccounting = {ports.accounting_agent}\n")
         mariadb = self._agent_config("mariadb", (HERE / "mariadb" / "slurm-ext.toml").read_text()

@@ -189,6 +189,8 @@ verify_timeout = "2m"
 
 [history]
 interval = "{s.history_interval:g}s"
+# an agent stopped by a test or a drill is asked again within a few intervals once it is back
+retry_max = "{max(4 * s.history_interval, 1.0):g}s"
 
 [acceptance]
 # `accept cluster`'s job runs this node's own `slurm-ext accept run`: the nodes share one host, so one program hands

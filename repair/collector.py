@@ -10,7 +10,9 @@ up from its cursor.
 
 Why it is built this way:
 
-- One Slurm query for the node list (every `_NODES_EVERY`), then each node on
+- One Slurm query for the node list (every 4 intervals, a minute at most;
+  every interval while it lists none: dynamic nodes register after the
+  controller starts), then each node on
   its own clock: asked every `history.interval`, at once again while its answer
   says more is written (a burst is caught up at the speed the database takes
   it, not one page an interval), and after a wait that doubles up to
@@ -55,6 +57,8 @@ log = logging.getLogger("repair")
 CONTROL = "collector"
 #: seconds between two reads of Slurm's node list
 _NODES_EVERY = 60.0
+#: ... and every this many intervals, when that is sooner (a small cluster's new nodes are asked within seconds)
+_NODES_INTERVALS = 4
 #: seconds between two writes of the figures, of the agents' failures and of the control row
 _SAY_EVERY = 5.0
 #: seconds between two prunings of the table
@@ -152,7 +156,7 @@ class Collector:
 
     def step(self, stop: threading.Event | None = None) -> None:
         now = self.clock()
-        if now - self._nodes_at >= _NODES_EVERY:
+        if now - self._nodes_at >= self._nodes_every():
             self._refresh_nodes(now)
         self._ask_due(now)
         self._take_answers(self._wait_for(now, stop))
@@ -189,6 +193,12 @@ class Collector:
 
     # -- asking ----------------------------------------------------------------------------------
 
+    def _nodes_every(self) -> float:
+        """Seconds between two reads of the node list."""
+        if not self.nodes:
+            return self.settings.interval
+        return min(_NODES_EVERY, _NODES_INTERVALS * self.settings.interval)
+
     def _refresh_nodes(self, now: float) -> None:
         """Slurm's node list: a new node is asked within one interval (spread, so a start does not ask every agent
         at once), a node gone from slurm.conf no more (its cursor stays; its failure is forgotten). In a single pass
@@ -208,7 +218,7 @@ class Collector:
                 raise
             log.warning("collector: the node list was not read (%s); the nodes known go on being asked, the list "
                         "is read again in %gs", err, self.settings.interval)
-            self._nodes_at = now - _NODES_EVERY + self.settings.interval
+            self._nodes_at = now - self._nodes_every() + self.settings.interval  # tried again in an interval
             return
         self._nodes_at = now
         for name in set(self.nodes) - names:

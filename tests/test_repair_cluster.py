@@ -50,6 +50,15 @@ def _events(cluster: RepairCluster, record: int) -> list:
         return store.events(record=record)
 
 
+def _all_in_order(entries: list[dict], wanted: list[tuple[str, str]]) -> list[dict] | None:
+    """`entries` when they hold each of `wanted` in turn, else None (what a wait asks again)."""
+    try:
+        _in_order(entries, wanted)
+    except AssertionError:
+        return None
+    return entries
+
+
 def _in_order(entries: list[dict], wanted: list[tuple[str, str]]) -> list[dict]:
     """The entries matching each (source, text) in turn, in time order; fails naming the first one missing."""
     found, at = [], 0
@@ -88,7 +97,9 @@ def test_a_critical_finding_drains_naming_gpu_and_action_and_the_nodes_clear_lif
     assert cleared.returncode == 0, cleared.stderr
     wait_for("the drain lifted", lambda: not (n := cluster.slurm_node(node)).drained and not n.reason, 15,
              interval=0.3)
-    entries = wait_for("Slurm's drain event and the clear in the history", lambda: (h := cluster.history(node)) and any(
+    entries = wait_for("Slurm's drain event and the clear in the history", lambda: (h := cluster.history(
+        node, "health/health-finding: critical: xid 79 gpu 1", "nodestate/drain: drained node",
+        "health/health-cleared: xid ", "nodestate/resume: resumed node")) and any(
         e["source"] == "slurm" and "slurm-ext: xid 79 gpu 1" in e["message"] for e in h) and h, 60, interval=1.0)
     said = [f"{e['source']} {e['event']}: {e['message']}" for e in entries]
     # Slurm's event has its whole second: beside the agent's of the same second it may come first
@@ -137,18 +148,20 @@ def test_a_gpu_fault_is_recommended_approved_and_repaired_through_slurms_reboot(
     queued, ran = repair.reboots_seen(node)
     assert queued > reboots_before[0] and ran > reboots_before[1], (reboots_before, queued, ran)
 
-    # Slurm's own drain event reaches slurmdbd through slurmctld's DBD agent queue, which may lag under load
-    entries = wait_for("slurm's drain event in the history", lambda: (h := repair.history(node)) and any(
-        e["source"] == "slurm" and "slurm-ext: repair reboot" in e["message"] for e in h) and h, 60, interval=1.0)
+    wanted = [("agent", "health/health-finding: critical: xid 79 gpu 1"),
+              ("repair", "repair-recommended"), ("repair", "repair-approved"),
+              ("repair", f"drained {node}"), ("slurm", "DRAIN: slurm-ext: repair reboot"),
+              ("repair", "jobs have ended"),
+              ("repair", repair.reboot_step(node)), ("agent", "supervisor/started"),
+              ("repair", f"{node} is back"), ("repair", "checks pass"), ("repair", "repair-done")]
+    # Slurm's own drain event reaches slurmdbd through slurmctld's DBD agent queue, which may lag under load, and
+    # the agent's journal the history through the controller's collector, within its interval
+    entries = wait_for("every step in the history", lambda: _all_in_order(repair.history(node), wanted), 60,
+                       interval=1.0)
     assert [e["time_epoch"] for e in entries] == sorted(e["time_epoch"] for e in entries)
     # issue 29.7: one time format (ISO 8601 with the zone), epoch seconds named as such
     assert all(datetime.fromisoformat(e["time"]).timestamp() == int(e["time_epoch"]) for e in entries), entries
-    steps = _in_order(entries, [("agent", "health/health-finding: critical: xid 79 gpu 1"),
-                                ("repair", "repair-recommended"), ("repair", "repair-approved"),
-                                ("repair", f"drained {node}"), ("slurm", "DRAIN: slurm-ext: repair reboot"),
-                                ("repair", "jobs have ended"),
-                                ("repair", repair.reboot_step(node)), ("agent", "supervisor/started"),
-                                ("repair", f"{node} is back"), ("repair", "checks pass"), ("repair", "repair-done")])
+    steps = _in_order(entries, wanted)
     assert steps[2]["user"] == "alice"
 
 
@@ -202,7 +215,8 @@ def test_a_gpu_fault_whose_fix_is_a_reset_is_repaired_by_resetting_that_gpu_whil
     release.touch()
     assert repair.wait_accounted(job).state == "COMPLETED"
     wait_for("rnode3 idle", lambda: repair.slurm_node("rnode3").idle, 30, interval=0.5)
-    entries = repair.history("rnode3")
+    entries = repair.history("rnode3", "health/health-finding: critical: row-remap gpu 2",
+                             "health/health-cleared: row-remap ")
     steps = _in_order(entries, [("agent", "health/health-finding: critical: row-remap gpu 2 row remapping pending"),
                                 ("repair", "repair-recommended: reset-gpu recommended for row-remap"),
                                 ("repair", "repair-approved"), ("repair", "drained rnode3"),
@@ -263,9 +277,13 @@ def test_a_job_cannot_read_its_nodes_agent_and_a_forger_on_an_agents_port_is_not
     wait_for(f"job {job}'s three answers", lambda: out.exists() and len(out.read_text().split()) == 3, 60,
              interval=0.3)
     assert out.read_text().split() == ["401", "401", "401"]
-    timeline = json.loads(repair.repair_cli("history", "--json", "--since", "1h").stdout)
+
+    def collected():  # the collector takes every agent's journal within an interval (history.interval)
+        timeline = json.loads(repair.repair_cli("history", "--json", "--since", "1h").stdout)
+        return timeline if {e["node"] for e in timeline["entries"] if e["source"] == "agent"} >= set(NODES) \
+            else None
+    timeline = wait_for("every running node's journal in the history", collected, 60, interval=1.0)
     assert not set(timeline["unreachable"]) & set(NODES), timeline["unreachable"]  # rnode5 is only in slurm.conf
-    assert {e["node"] for e in timeline["entries"] if e["source"] == "agent"} >= set(NODES)
 
     third = next(n for n in repair.layout.nodes if n.name == "rnode3")
     agent = next(d for d in cluster_daemons(repair.layout) if d.name == third.agent)
@@ -282,8 +300,13 @@ def test_a_job_cannot_read_its_nodes_agent_and_a_forger_on_an_agents_port_is_not
         wait_for("the forger listens", lambda: subprocess.run(["curl", "-s", "-o", "/dev/null", f"http://127.0.0.1:"
                                                                 f"{third.probe_port}/health"]).returncode == 0, 15,
                  interval=0.1)
-        timeline = json.loads(repair.repair_cli("history", "--json", "--since", "1h", "--node", "rnode3").stdout)
-        assert "answer not believed: not signed with the agent credential" in timeline["unreachable"]["rnode3"]
+
+        def named():  # the collector's next ask of rnode3 meets the forger, and says so within a few seconds
+            timeline = json.loads(repair.repair_cli("history", "--json", "--since", "1h", "--node", "rnode3").stdout)
+            return timeline["unreachable"].get("rnode3", "")
+        said = wait_for("rnode3 named as not believed", lambda: "answer not believed" in named() and named(), 60,
+                        interval=1.0)
+        assert "answer not believed: not signed with the agent credential" in said
     finally:
         forger.kill()
         forger.wait(10)

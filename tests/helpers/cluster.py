@@ -140,10 +140,21 @@ class RepairSteps:
     def slurm_node(self, node: str):
         return self.client().node(node)
 
-    def history(self, node: str) -> list[dict]:
-        done = self.repair_cli("history", "--node", node, "--since", "1h", "--json")
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)["entries"]
+    def history(self, node: str, *agent_said: str, timeout: float = 60.0) -> list[dict]:
+        """The node's history; with `agent_said`, once its agent's entries hold each of those texts (in `event:
+        message`): the controller's collector takes an agent's journal within its interval, not at once."""
+        def entries() -> list[dict]:
+            done = self.repair_cli("history", "--node", node, "--since", "1h", "--json")
+            assert done.returncode == 0, done.stderr
+            return json.loads(done.stdout)["entries"]
+        if not agent_said:
+            return entries()
+
+        def holding():
+            found = entries()
+            lines = [f"{e['event']}: {e['message']}" for e in found if e["source"] == "agent"]
+            return found if all(any(text in line for line in lines) for text in agent_said) else None
+        return wait_for(f"{node}'s agent's {', '.join(agent_said)} in the history", holding, timeout, interval=1.0)
 
     def repair_with_reboot(self, node: str) -> dict:
         """A fault, its recommendation approved, the repair through to its end."""
