@@ -40,12 +40,10 @@ from slurm_ext.journal import read_after, read_newest
 
 from .layout import Layout
 
-__all__ = ["FleetSettings", "SimulatedNode", "simulated_nodes", "run", "COUNTS_FILE"]
+__all__ = ["FleetSettings", "SimulatedNode", "simulated_nodes", "run", "written"]
 
 log = logging.getLogger("devcluster")
 
-#: in the dev cluster's state folder: each process's counts, {node: events written}, rewritten every second
-COUNTS_FILE = "fleet-counts-{part}.json"
 #: seconds between two batches of events written
 _TICK = 0.05
 _HEAD_LIMIT = 8192
@@ -84,6 +82,22 @@ def simulated_nodes(layout: Layout) -> list[SimulatedNode]:
     return found
 
 
+def written(layout: Layout) -> dict[str, int]:
+    """Each simulated node's events so far, counted in its own journal (a fleet numbers them from 0): what a reader
+    of the fleet checks that it holds, each once."""
+    counts = {}
+    for node in layout.defined_nodes[layout.settings.nodes:]:
+        count = 0
+        for path in events.journal_files(str(layout.root / "fleet" / node.name)):
+            try:
+                with open(path, "rb") as journal:
+                    count += sum(1 for _ in journal)
+            except FileNotFoundError:
+                pass
+        counts[node.name] = count
+    return counts
+
+
 def run(layout: Layout, settings: FleetSettings) -> int:
     """Play the simulated nodes until `settings.seconds` pass or SIGTERM/SIGINT; in `processes` processes."""
     nodes = simulated_nodes(layout)
@@ -116,12 +130,10 @@ def run(layout: Layout, settings: FleetSettings) -> int:
 def _play(layout: Layout, nodes: list[SimulatedNode], fleet: int, settings: FleetSettings, part: int) -> int:
     logging.getLogger("events").setLevel(logging.ERROR)  # a line in the log for each of thousands of events: no
     secret = agentapi.CredentialFile(str(layout.agent_credential)).get().secret
-    counts = layout.root / COUNTS_FILE.format(part=part)
-    return asyncio.run(_fleet(nodes, fleet, settings, secret, counts))
+    return asyncio.run(_fleet(nodes, fleet, settings, secret))
 
 
-async def _fleet(nodes: list[SimulatedNode], fleet: int, settings: FleetSettings, secret: bytes,
-                 counts: Path) -> int:
+async def _fleet(nodes: list[SimulatedNode], fleet: int, settings: FleetSettings, secret: bytes) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -133,22 +145,21 @@ async def _fleet(nodes: list[SimulatedNode], fleet: int, settings: FleetSettings
                                                   node.port, backlog=256, reuse_address=True))
     log.info("fleet: %d simulated node agents listen", len(nodes))
     share = len(nodes) / fleet
-    writer = asyncio.create_task(_write_events(nodes, settings, share, stop, counts))
+    writer = asyncio.create_task(_write_events(nodes, settings, share, stop))
     if settings.seconds:
         loop.call_later(settings.seconds, stop.set)
     await stop.wait()
     await writer
     for server in servers:
         server.close()
-    _save_counts(nodes, counts)
     return 0
 
 
-async def _write_events(nodes: list[SimulatedNode], settings: FleetSettings, share: float, stop: asyncio.Event,
-                        counts: Path) -> None:
+async def _write_events(nodes: list[SimulatedNode], settings: FleetSettings, share: float,
+                        stop: asyncio.Event) -> None:
     """`rate` per node and this process's share of the burst, a batch every _TICK, until `stop`."""
     started = time.monotonic()
-    owed, saved = 0.0, started
+    owed = 0.0
     while not stop.is_set():
         now = time.monotonic()
         elapsed = now - started
@@ -160,9 +171,6 @@ async def _write_events(nodes: list[SimulatedNode], settings: FleetSettings, sha
         for _ in range(int(owed)):
             _emit(random.choice(nodes), burst)
         owed -= int(owed)
-        if now - saved >= 1.0:
-            _save_counts(nodes, counts)
-            saved = now
         await asyncio.sleep(max(0.0, _TICK - (time.monotonic() - now)))
 
 
@@ -176,11 +184,6 @@ def _emit(node: SimulatedNode, burst: bool) -> None:
         events.emit(node.state_dir, "prolog_epilog", "script-ok", f"job-start script 10-check ran for job "
                     f"{node.seq}", job=str(node.seq), fleet_seq=node.seq)
     node.seq += 1
-
-
-def _save_counts(nodes: list[SimulatedNode], path: Path) -> None:
-    from slurm_ext.fileio import atomic_write
-    atomic_write(path, json.dumps({node.name: node.seq for node in nodes}), mode=0o644, fsync="none")
 
 
 def _next_seq(state_dir: str) -> int:
@@ -233,9 +236,7 @@ def _route(node: SimulatedNode, secret: bytes, method: str, target: str, headers
         code, body = 400, f"{err}\n".encode()
     boot = "fleet"
     nonce = headers.get(agentapi.NONCE_HEADER.lower(), "")
-    return code, body, "application/x-ndjson", {
-        agentapi.NODE_HEADER: node.name, agentapi.BOOT_HEADER: boot,
-        agentapi.SIGNATURE_HEADER: agentapi.answer_signature(secret, node.name, boot, nonce, code, body)}
+    return code, body, "application/x-ndjson", agentapi.answer_headers(secret, node.name, boot, nonce, code, body)
 
 
 def _raise_descriptor_limit(wanted: int) -> None:

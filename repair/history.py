@@ -145,8 +145,7 @@ def _not_collected(store: Store, node: str | None, now: float) -> tuple[dict[str
     """(the nodes whose agent the collector cannot reach, with why and since when; why no journal is current, or
     "")."""
     unreachable = {name: f"{c.error} (since {moment(c.failing_since)}; its events since then are missing)"
-                   for name, c in nodeevents.cursors(store).items()
-                   if c.error and (node is None or name == node)}
+                   for name, c in nodeevents.cursors(store, [node] if node else None).items() if c.error}
     said = store.control(CONTROL)
     if said is None:
         return unreachable, ("the collector has never run: no node agent's journal is in the history (the "

@@ -62,7 +62,8 @@ __all__ = ["DEFAULT_CREDENTIAL", "Credential", "CredentialError", "CredentialFil
            "GpuResetAnswer", "ClearAnswer", "AcceptanceAnswer", "ACCEPTANCE_LEVELS", "ACCEPTANCE_TRIGGERS",
            "ACCEPTANCE_ASKED",
            "MAX_ACCEPTANCE", "JournalLine", "EventsPage", "JournalPage", "journal_query", "journal_body", "AgentClient",
-           "request_signature", "answer_signature", "request_refusal", "NonceMemory", "FetchError", "fetch",
+           "request_signature", "answer_signature", "answer_headers", "request_refusal", "NonceMemory", "FetchError",
+           "fetch",
            "get_text", "NONCE_HEADER", "TIME_HEADER", "SIGNATURE_HEADER", "BOOT_HEADER", "NODE_HEADER", "AUTH_SCHEME",
            "REQUEST_WINDOW", "REFUSED", "BUSY", "BUSY_RETRY", "MAX_HEALTH", "MAX_EVENTS", "EVENTS_SENT", "CUT_KEY",
            "JOURNAL_PAGE", "MAX_JOURNAL_PAGE",
@@ -255,6 +256,13 @@ def answer_signature(secret: bytes, node: str, boot: str, nonce: str, status: in
     the answer itself."""
     head = f"slurm-ext agent answer\n{node}\n{boot}\n{nonce}\n{status}\n".encode()
     return _hmac_sha256(secret, head + body)
+
+
+def answer_headers(secret: bytes, node: str, boot: str, nonce: str, status: int, body: bytes) -> dict[str, str]:
+    """The headers that bind an agent's answer to it (the node, its boot, `answer_signature`): what the client checks
+    before it believes the answer."""
+    return {NODE_HEADER: node, BOOT_HEADER: boot,
+            SIGNATURE_HEADER: answer_signature(secret, node, boot, nonce, status, body)}
 
 
 def _hmac_sha256(secret: bytes, message: bytes) -> str:

@@ -1,8 +1,9 @@
 """The agent's HTTP listener: /livez, /readyz, /metrics (Prometheus), and, read-only, the node journal's
 /events?since=EPOCH (its newest events, for the repair service's notifier), /journal?after=CURSOR (its lines after
 the controller's collector's cursor: what `slurm-ext history` and the cluster page read, from the collector's table)
-and the health monitor's /health with the node's facts. Three POSTs: /health/check asks the health monitor to read the node now (the cluster
-page's "run the health checks"); it changes nothing but the time of the next poll, at most once a second.
+and the health monitor's /health with the node's facts. Three POSTs: /health/check asks the health monitor to read
+the node now (the cluster page's "run the health checks"); it changes nothing but the time of the next poll, at most
+once a second.
 /health/clear?by=USER[&check=ID][&gpu=GPU] is an operator's `health clear` asked from the controller (the page, or
 `slurm-ext health clear NODE` through it): the same request the node's own command writes, with the operator's name.
 /health/reset-gpu?gpu=N resets one GPU for an approved reset-gpu repair (health.gpu_reset_command, never a shell;
@@ -11,9 +12,9 @@ refused for a GPU the node does not have, not run while a job holds the GPU: the
 resume, `accept cluster`): on a thread of the agent's (`acceptruns`), its verdict applied through the agent's own
 node-state owner; GET /acceptance[?trigger=T] says whether it is under way and what the node's last run found.
 
-/events, /journal, /health, /acceptance and every POST answer only an asker that proves it holds the cluster's agent credential
-(node.agent_credential; `slurm_ext.agentapi`) in a request meant for this node, within a minute of this clock, and
-taken once (`Guard`); they sign their answer with it, bound to this node, this boot and the asker's nonce: the
+/events, /journal, /health, /acceptance and every POST answer only an asker that proves it holds the cluster's agent
+credential (node.agent_credential; `slurm_ext.agentapi`) in a request meant for this node, within a minute of this
+clock, and taken once (`Guard`); they sign their answer with it, bound to this node, this boot and the asker's nonce: the
 journal holds other users' job details, and the controller resumes a repaired node on what /health says. /events
 sends the newest lines that fit under the client's cap (`events_body`), read from the journal's end back within a
 byte and a time budget on a thread of its own (`later`): one at a time, and 503 with Retry-After to a request that
@@ -151,8 +152,7 @@ class Guard:
             code, body, content_type, *more = answer
             boot = boot_id(self.agent.config.node.boot_id_file)
             return code, body, content_type, {
-                **(more[0] if more else {}), agentapi.NODE_HEADER: node, agentapi.BOOT_HEADER: boot,
-                agentapi.SIGNATURE_HEADER: agentapi.answer_signature(secret, node, boot, nonce, code, body)}
+                **(more[0] if more else {}), **agentapi.answer_headers(secret, node, boot, nonce, code, body)}
 
         answer = route()
         if isinstance(answer, Later):  # signed where it is computed: a 32 MiB body is hashed off the probe thread

@@ -24,6 +24,7 @@ from helpers.wait import wait_for
 from slurm_ext import events
 from slurm_ext.agentapi import AgentClient, create_credential
 from slurm_ext.config import section_class
+from slurm_ext.devcluster import fleet as simulator
 from slurm_ext.devcluster.layout import Layout
 from slurm_ext.repair import nodeevents
 from slurm_ext.repair.collector import Collector
@@ -76,14 +77,7 @@ class _Fleet:
 
     def written(self) -> dict[str, int]:
         """Each simulated node's events, counted from its own journal (the fleet numbers them from 0)."""
-        counts = {}
-        for node in self.layout.defined_nodes[1:]:
-            lines = []
-            for path in events.journal_files(str(self.layout.root / "fleet" / node.name)):
-                if path.exists():
-                    lines += path.read_text().splitlines()
-            counts[node.name] = len(lines)
-        return counts
+        return simulator.written(self.layout)
 
 
 def _collector(layout: Layout, store, **history) -> Collector:

@@ -27,7 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from helpers.wait import wait_for  # noqa: E402
-from slurm_ext import config, devcluster as dev, events  # noqa: E402
+from slurm_ext import config, devcluster as dev  # noqa: E402
+from slurm_ext.devcluster import fleet as simulator  # noqa: E402
 from slurm_ext.devcluster.layout import Layout  # noqa: E402
 from slurm_ext.repair.store import open_store  # noqa: E402
 
@@ -82,21 +83,6 @@ def stop(process: subprocess.Popen, how: int = signal.SIGTERM) -> None:
     if process.poll() is None:
         os.killpg(process.pid, how)
         process.wait(60)
-
-
-def written(layout: Layout) -> dict[str, int]:
-    """Each simulated node's events, from its own journal."""
-    counts = {}
-    for node in layout.defined_nodes[1:]:
-        count = 0
-        for path in events.journal_files(str(layout.root / "fleet" / node.name)):
-            try:
-                with open(path, "rb") as journal:
-                    count += sum(1 for _ in journal)
-            except FileNotFoundError:
-                pass
-        counts[node.name] = count
-    return counts
 
 
 def main() -> int:
@@ -155,7 +141,7 @@ def main() -> int:
                 killed_fleet = True
                 print(f"t={now:.0f}s: every simulated agent SIGKILLed and started again on its journal")
             if burst_end_count is None and now >= burst_at + args.burst_for:
-                burst_end_count = sum(written(layout).values())
+                burst_end_count = sum(simulator.written(layout).values())
                 burst_end = now
                 print(f"t={now:.0f}s: the burst ended; {burst_end_count} events written so far")
             if burst_end_count is not None and caught_up is None and stored() >= burst_end_count:
@@ -167,10 +153,10 @@ def main() -> int:
                     break
         stop(players)
         quiet = fleet(layout, "--rate", "0")
-        total = sum(written(layout).values())
+        total = sum(simulator.written(layout).values())
         wait_for("the rest collected", lambda: stored() >= total, 300, interval=2.0)
         stop(quiet)
-        counts = written(layout)
+        counts = simulator.written(layout)
         rows = store._execute(
             "SELECT node, COUNT(*), COUNT(DISTINCT JSON_VALUE(fields, '$.fleet_seq')), "
             "MAX(CAST(JSON_VALUE(fields, '$.fleet_seq') AS SIGNED)) FROM node_events WHERE component <> 'repair' "
