@@ -14,7 +14,9 @@ collector reads of a real agent:
   so a reader can check that it holds each event once;
 - its agent's HTTP listener on the node's own port (127.0.0.1, as the layout
   says), answering GET /journal as the agent does (the same credential check,
-  `journal.read_after`, the same signed answer) and /livez, /readyz.
+  `journal.read_after`, the same signed answer), GET /health (eight H200s whose
+  utilization, memory and temperature are read anew every `_READINGS_EVERY`
+  seconds, every check ok) and /livez, /readyz.
 
 It runs in one process or a few (`processes`, each with its own share of the
 nodes and of the rates), on one asyncio loop each. A fleet stopped and
@@ -36,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurm_ext import agentapi, events
+from slurm_ext.health.settings import CHECKS
 from slurm_ext.journal import read_after, read_newest
 
 from .layout import Layout
@@ -46,6 +49,11 @@ log = logging.getLogger("devcluster")
 
 #: seconds between two batches of events written
 _TICK = 0.05
+#: seconds between two readings of a simulated node's GPUs (a health monitor's poll)
+_READINGS_EVERY = 10.0
+#: what a simulated node's health monitor reports besides its GPUs' figures
+_CHECKS = dict.fromkeys(CHECKS, "ok")
+_H200_MIB = 143771
 _HEAD_LIMIT = 8192
 
 
@@ -224,19 +232,47 @@ def _route(node: SimulatedNode, secret: bytes, method: str, target: str, headers
     path, _, query = target.partition("?")
     if path in ("/livez", "/readyz"):
         return 200, b"ok\n", "text/plain", {}
-    if path != "/journal" or method != "GET":
-        return 404, b"the fleet plays /journal, /livez and /readyz\n", "text/plain", {}
+    if path not in ("/journal", "/health") or method != "GET":
+        return 404, b"the fleet plays /journal, /health, /livez and /readyz\n", "text/plain", {}
     why, _ = agentapi.request_refusal(secret, method, target, headers, node.name, node.nonces, time.time())
     if why:
         return 401, f"{why}\n".encode(), "text/plain", {}
+    kind = "application/json" if path == "/health" else "application/x-ndjson"
     try:
-        cursor, size = agentapi.journal_query(query)
-        code, body = 200, agentapi.journal_body(read_after(node.state_dir, cursor, size))
+        if path == "/health":
+            code, body = 200, json.dumps(_health(node.name, time.time())).encode()
+        else:
+            cursor, size = agentapi.journal_query(query)
+            code, body = 200, agentapi.journal_body(read_after(node.state_dir, cursor, size))
     except ValueError as err:
         code, body = 400, f"{err}\n".encode()
-    boot = "fleet"
     nonce = headers.get(agentapi.NONCE_HEADER.lower(), "")
-    return code, body, "application/x-ndjson", agentapi.answer_headers(secret, node.name, boot, nonce, code, body)
+    return code, body, kind, agentapi.answer_headers(secret, node.name, _BOOT, nonce, code, body)
+
+
+#: the boot id every simulated node answers with
+_BOOT = "fleet"
+
+
+def _health(name: str, now: float) -> dict:
+    """A simulated node's /health as an agent's health monitor writes it: eight H200s, read every _READINGS_EVERY
+    seconds (each reading's figures drawn from the node's name and the reading's time, so that two askers of one
+    reading see the same figures)."""
+    read = now - now % _READINGS_EVERY
+    draw = random.Random(f"{name}/{read}")
+    gpus = []
+    for index in range(8):
+        used = draw.uniform(0, _H200_MIB * 0.95)
+        gpus.append({"gpu": {"index": index, "name": "NVIDIA H200", "uuid": f"GPU-fleet-{name}-{index}"},
+                     "utilization": draw.randrange(101), "fb_used_mib": round(used, 1),
+                     "fb_free_mib": round(_H200_MIB - used, 1), "fb_reserved_mib": 0.0,
+                     "temperature": draw.randrange(30, 80), "error_text": "", "jobs": []})
+    return {"node": name, "boot": _BOOT, "time": now,
+            "monitor": {"readings_time": read, "findings": [], "checks": _CHECKS, "driver": "570.195.03",
+                        "gpus": gpus, "interval": _READINGS_EVERY},
+            "facts": {"os": "Debian GNU/Linux 13 (trixie)", "kernel": "6.12.57+deb13-amd64",
+                      "interfaces": [{"name": "ib0", "speed_mbps": 400000, "rx_bytes": read * 1e7,
+                                      "tx_bytes": read * 1e7}]}}
 
 
 def _raise_descriptor_limit(wanted: int) -> None:

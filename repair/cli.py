@@ -133,13 +133,15 @@ def _status(args: argparse.Namespace) -> int:
     from slurm_ext.slurm import SlurmClient
     from slurm_ext.agentapi import AgentClient
     from .decide import paused
-    from .status import acceptance_line, acceptance_state, counts, node_statuses, warnings, with_agents
+    from .status import (Taken, acceptance_line, acceptance_state, counts, node_statuses, taken_lately, warnings,
+                         with_agents)
     loaded, store = _store(args)
     print(f"{loaded.origin}; slurm.conf {loaded.slurm.conf_path()}", file=sys.stderr)
     nodes = SlurmClient(loaded.slurm).nodes()
     statuses = node_statuses(nodes, store.records(open_only=True), store.events(since=time.time() - 7 * 86400,
                                                                                 limit=5000))
-    statuses, unreachable = with_agents(statuses, nodes, AgentClient.of(loaded))
+    taken = Taken() if args.live else taken_lately(store, loaded, time.time())
+    statuses, unreachable = with_agents(statuses, nodes, AgentClient.of(loaded), taken=taken)
     summary = counts(statuses)
     said = warnings(paused(store), unreachable)
     accepting = acceptance_state(loaded, statuses)
@@ -258,13 +260,18 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     status = commands.add_parser(
         "status", help="every node: healthy, booting, unhealthy, pending (a repair awaits approval) or paused (an "
                        "admin's drain)",
-        description="One Slurm query for the whole cluster, one read of the repair records and every node agent's "
-                    "health asked at once: each node's status, Slurm state, GPUs in use, open findings (warnings "
-                    "included, beside what its drain states), latest repair events and, under it, its last "
-                    "acceptance run (verdict, level, trigger, when); whether acceptance is on for the cluster (why "
-                    "not, when off); on standard error (and in --json's warnings) what the cluster page's banners "
-                    "say: node agents that do not answer, repairs paused. Exits 0: a report, whatever it finds.")
+        description="One Slurm query for the whole cluster, one read of the repair records and of what the "
+                    "controller's collector took of every node agent (its /health within 3 history.interval, its "
+                    "journal's last acceptance run; the agents it does not cover are asked at once): each node's "
+                    "status, Slurm state, GPUs in use, open findings (warnings included, beside what its drain "
+                    "states), latest repair events and, under it, its last acceptance run (verdict, level, trigger, "
+                    "when); whether acceptance is on for the cluster (why not, when off); on standard error (and in "
+                    "--json's warnings) what the cluster page's banners say: node agents that do not answer, "
+                    "repairs paused. Exits 0: a report, whatever it finds.")
     status.add_argument("--json", action="store_true", help="one JSON document")
+    status.add_argument("--live", action="store_true",
+                        help="ask every node's agent now instead of reading what the collector took (a few seconds "
+                             "fresher; at thousands of nodes, thousands of requests)")
     status.set_defaults(func=_status)
     history = commands.add_parser(
         "history", help="what happened on the cluster: Slurm's node events, the agents' journals and the repairs, "

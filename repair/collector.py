@@ -49,12 +49,14 @@ from slurm_ext.slurm import SlurmClient
 from . import metrics, nodeevents
 from .store import Store, StoreError, open_store
 
-__all__ = ["Collector", "Figures", "collect", "CONTROL"]
+__all__ = ["Collector", "Figures", "collect", "running", "CONTROL", "LATE"]
 
 log = logging.getLogger("repair")
 
 #: the repair_control row where the collector says it runs: {"interval": s, "nodes": n} and the time
 CONTROL = "collector"
+#: the collector is said not to run when its last word is older than this many of its intervals (and a minute)
+LATE = 3
 #: seconds between two reads of Slurm's node list
 _NODES_EVERY = 60.0
 #: ... and every this many intervals, when that is sooner (a small cluster's new nodes are asked within seconds)
@@ -81,6 +83,8 @@ class _Node:
     #: its failure as last written to the database ("" once it answered)
     error: str = ""
     busy: bool = False
+    #: when its /health was last asked (once an interval, with the first page)
+    health_at: float = -1e18
 
 
 @dataclass
@@ -241,7 +245,9 @@ class Collector:
                 continue  # gone, asked already, or due again at another time
             node.busy = True
             self._asked.add(name)
-            self._pool.submit(self._fetch, node.name, node.addr, node.cursor)
+            health = now - node.health_at >= 0.9 * self.settings.interval and not self._once
+            node.health_at = now if health else node.health_at
+            self._pool.submit(self._fetch, node.name, node.addr, node.cursor, health)
         w, s = self._waiting, self.settings
         if self._over() and not self._full:
             self._full = True
@@ -261,15 +267,18 @@ class Collector:
         return (self._waiting.events >= self.settings.backlog // share
                 or self._waiting.size >= self.settings.backlog_bytes // share)
 
-    def _fetch(self, name: str, addr: str, cursor: str) -> None:
-        """Ask one agent, on a pool thread; its answer always goes to the loop (a node whose answer never came would
-        never be asked again): (the page, whether more is written), or why there is none."""
+    def _fetch(self, name: str, addr: str, cursor: str, health: bool) -> None:
+        """Ask one agent, on a pool thread (its journal after `cursor`, and its /health when `health`); its answer
+        always goes to the loop (a node whose answer never came would never be asked again): (the page, whether more
+        is written), or why there is none."""
         try:
             answer = self.agents.journal(name, addr, cursor, self.settings.page_bytes, self.settings.timeout)
             rows = [row for line in answer.lines if (row := nodeevents.row_of(name, line)) is not None]
             odd = len(answer.lines) - len(rows) + answer.skipped
             size = sum(len(line) for line in answer.lines)
-            page = nodeevents.Page(name, cursor, answer.cursor, answer.boot, rows, answer.lost, odd, size)
+            said = json.dumps(self.agents.health(name, addr, self.settings.timeout).wire()) if health else ""
+            page = nodeevents.Page(name, cursor, answer.cursor, answer.boot, rows, answer.lost, odd, size,
+                                   health=said)
         except AgentAnswerError as err:
             self._answers.put((name, err.problem))
         except Exception as err:  # a bug: said, and the node asked again later, never a wedged collector
@@ -479,6 +488,18 @@ class Collector:
             return
         if removed:
             log.info("collector: %d events older than history.keep or beyond history.max_events removed", removed)
+
+
+def running(said: tuple | None, now: float) -> float:
+    """The collector's interval, from its control row `said` ((value, user, time), store.control(CONTROL)), while it
+    wrote it within LATE intervals (and a minute); 0 when it never ran or stopped."""
+    if said is None:
+        return 0.0
+    try:
+        interval = float(json.loads(said[0]).get("interval", 0.0))
+    except (ValueError, AttributeError, TypeError):
+        return 0.0
+    return interval if interval > 0 and now - said[2] <= max(LATE * interval, 60.0) else 0.0
 
 
 def collect(config_path: str | None = None, once: bool = False) -> int:

@@ -32,7 +32,6 @@ earliest moment it can have happened.
 from __future__ import annotations
 
 import bisect
-import json
 import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -42,13 +41,11 @@ from slurm_ext.slurm import SlurmClient
 from slurm_ext.words import moment
 
 from . import nodeevents
-from .collector import CONTROL
+from .collector import CONTROL, running
 from .store import ACTS, Record, Store
 
 __all__ = ["Entry", "Timeline", "gather", "in_causal_order", "result_lines"]
 
-#: the collector is said not to run when its last word is older than this many of its intervals (and a minute)
-_COLLECTOR_LATE = 3
 #: most result lines shown under one acceptance-done (8 GPUs' tests, and a node's interfaces and paths, are fewer)
 _RESULT_LINES = 200
 #: how far after the step that caused it a whole-second entry is put: a microsecond, still inside its own second
@@ -150,14 +147,9 @@ def _not_collected(store: Store, node: str | None, now: float) -> tuple[dict[str
     if said is None:
         return unreachable, ("the collector has never run: no node agent's journal is in the history (the "
                              "controller agent runs it as its `collector` worker, with history.enabled)")
-    value, _, when = said
-    try:
-        interval = float(json.loads(value).get("interval", 15.0))
-    except (ValueError, AttributeError, TypeError):
-        interval = 15.0
-    if now - when > max(_COLLECTOR_LATE * interval, 60.0):
-        return unreachable, (f"the collector last ran {moment(when)}: the agents' journals are in the history up to "
-                             "about then (is the controller agent's `collector` worker running?)")
+    if not running(said, now):
+        return unreachable, (f"the collector last ran {moment(said[2])}: the agents' journals are in the history up "
+                             "to about then (is the controller agent's `collector` worker running?)")
     return unreachable, ""
 
 

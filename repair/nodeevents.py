@@ -23,13 +23,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from slurm_ext.agentapi import HealthAnswer
 from slurm_ext.words import moment
 
 if TYPE_CHECKING:
     from .store import Store
 
-__all__ = ["NodeEvent", "Cursor", "Page", "schema", "take", "failed", "events", "cursors", "forget_errors",
-           "lost_marks", "prune", "row_of", "LOST", "REFUSED"]
+__all__ = ["NodeEvent", "Cursor", "Page", "StoredHealth", "schema", "take", "failed", "events", "cursors",
+           "forget_errors", "health", "lost_marks", "prune", "row_of", "LOST", "REFUSED"]
 
 #: the node_events rows the collector writes for a node whose journal lost lines before they were taken, and for a
 #: page of it the database refused (component repair, so they are told apart from the node's own events)
@@ -59,6 +60,9 @@ def schema(autoincrement: str, text: str, long_text: str, options: str = "") -> 
             node VARCHAR(255) PRIMARY KEY, cursor_at VARCHAR(40) NOT NULL, boot VARCHAR(64) NOT NULL,
             taken BIGINT NOT NULL, lost BIGINT NOT NULL, collected DOUBLE NOT NULL, error {text} NOT NULL,
             failing_since DOUBLE NOT NULL){options}""",
+        f"""CREATE TABLE IF NOT EXISTS node_health (
+            node VARCHAR(255) PRIMARY KEY, taken DOUBLE NOT NULL, body {long_text} NOT NULL){options}""",
+        "CREATE INDEX IF NOT EXISTS node_health_taken ON node_health (taken)",
         "CREATE INDEX IF NOT EXISTS node_events_time ON node_events (time)",
         "CREATE INDEX IF NOT EXISTS node_events_node_time ON node_events (node, time)",
         "CREATE INDEX IF NOT EXISTS node_events_component_time ON node_events (component, time)",
@@ -123,6 +127,18 @@ class Page:
     size: int = 0
     #: events the database refused: set aside, only a mark of them is stored
     refused: int = 0
+    #: the agent's /health answer asked with the page (HealthAnswer.wire() as JSON), "" when not asked this time
+    health: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredHealth:
+    """A node's /health answer as the collector took it."""
+
+    node: str
+    #: when the collector took it (the controller's clock, epoch seconds)
+    taken: float
+    answer: HealthAnswer
 
 
 def row_of(node: str, line: bytes) -> tuple | None:
@@ -167,7 +183,7 @@ def take(store: Store, pages: list[Page], now: float | None = None) -> tuple[int
     now = time.time() if now is None else now
     with store.locked("slurm_ext_collector"):
         stored = _cursors(store, [page.node for page in pages])
-        taken, dropped, rows, updates = 0, [], [], []
+        taken, dropped, rows, updates, answers = 0, [], [], [], []
         for page in pages:
             before = stored.get(page.node, Cursor(page.node))
             if before.cursor != page.start:
@@ -184,12 +200,16 @@ def take(store: Store, pages: list[Page], now: float | None = None) -> tuple[int
                              f"the database refused {page.refused} event(s) of the node's journal after cursor "
                              f"{page.start}: they are missing (the collector's log says why)", "{}"))
             taken += len(page.rows)
+            if page.health:
+                answers.append((page.node, now, page.health))
             updates.append((page.node, page.cursor, page.boot[:64], before.taken + len(page.rows),
                             before.lost + page.lost, now, "", 0.0))
         for start in range(0, len(rows), _CHUNK):
             store._many("INSERT INTO node_events (time, node, component, event, severity, check_name, message, "
                         "fields) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows[start:start + _CHUNK])
         _put(store, updates)
+        for start in range(0, len(answers), _CHUNK):
+            store._many("REPLACE INTO node_health (node, taken, body) VALUES (?, ?, ?)", answers[start:start + _CHUNK])
     return taken, dropped
 
 
@@ -259,6 +279,27 @@ def cursors(store: Store, nodes: list[str] | None = None) -> dict[str, Cursor]:
     return _cursors(store, nodes)
 
 
+def health(store: Store, since: float = 0.0, nodes: list[str] | None = None) -> dict[str, StoredHealth]:
+    """Each node's /health answer the collector took at `since` or after (the controller's clock: a reader that
+    keeps them asks only from the newest it holds; a transaction's answers share their time), of `nodes` only when
+    given. A row that is no health answer
+    (written by hand, or by another version) is left out: its node is then asked directly."""
+    rows = []
+    for part in ([None] if nodes is None else [nodes[i:i + _CHUNK] for i in range(0, len(nodes), _CHUNK)]):
+        where, args = "taken >= ?", [since]
+        if part is not None:
+            where += f" AND node IN ({', '.join('?' * len(part))})"
+            args += part
+        rows += store._execute(f"SELECT node, taken, body FROM node_health WHERE {where}", tuple(args))
+    found = {}
+    for node, taken, body in rows:
+        try:
+            found[node] = StoredHealth(node, float(taken), HealthAnswer.of(json.loads(body)))
+        except (ValueError, RecursionError):  # agentapi says an odd answer with a ValueError
+            continue
+    return found
+
+
 def forget_errors(store: Store, nodes: list[str]) -> None:
     """Clear the failures of nodes Slurm no longer lists (their cursors stay: a node listed again goes on from
     it), so that the history does not name them as unreachable for ever."""
@@ -281,6 +322,8 @@ def prune(store: Store, keep: float, most: int, now: float | None = None) -> int
     (the writers' lock is never held long); the count removed. The count is of ids, which only grow (the rows
     beyond `most` are those more than `most` ids below the newest), so no table scan counts rows."""
     oldest = (time.time() if now is None else now) - keep
+    with store.locked("slurm_ext_collector"):  # a node gone from slurm.conf for longer than the events are kept
+        store._run("DELETE FROM node_health WHERE taken < ?", (oldest,))
     removed = 0
     while True:
         with store.locked("slurm_ext_collector"):

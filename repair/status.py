@@ -15,8 +15,11 @@ records, never a query per node:
 `with_agents` adds what every node's agent says, as the cluster page shows
 it: its open findings, warnings that drain nothing included, beside what its
 drain states, each once, and its last acceptance run (verdict, level, trigger,
-when; GET /acceptance, asked with /health); `warnings` says what the page's
-banners say: node agents that do not answer, repairs paused.
+when). It reads what the controller's collector took (`taken_lately`: each
+node's /health within a few intervals, its journal's last acceptance-done),
+so that `status` at 10,000 nodes asks no agent; an agent the collector does
+not cover is asked itself (/health, then /acceptance). `warnings` says what
+the page's banners say: node agents that do not answer, repairs paused.
 `acceptance_state` says whether acceptance is on for the cluster (the
 controller's [acceptance] enabled), why it is off in the setting's own words,
 and the offer of `accept cluster` while it stands.
@@ -43,7 +46,7 @@ from .recommend import fault_of
 from .store import IN_PROGRESS, Event, Record
 
 __all__ = ["STATES", "NodeStatus", "classify", "node_statuses", "counts", "held", "held_findings", "finding_lines",
-           "with_agents", "warnings", "run_summary", "acceptance_line", "acceptance_state", "OFFER"]
+           "with_agents", "Taken", "taken_lately", "done_summary", "warnings", "run_summary", "acceptance_line", "acceptance_state", "OFFER"]
 
 STATES = ("healthy", "booting", "unhealthy", "pending", "paused")
 #: Slurm's flags of a node on its way back (a reboot asked or under way, a node powering up)
@@ -194,17 +197,25 @@ def acceptance_line(summary: dict | None) -> str:
     return line + (f": {'; '.join(worst)}" if worst else "")
 
 
-def with_agents(statuses: list[NodeStatus], nodes: list[Node], agents: AgentClient, timeout: float = 3.0
-                ) -> tuple[list[NodeStatus], dict[str, str]]:
-    """`statuses` with what every node's agent says (asked at once, as the page asks them): its open findings beside
-    its drain's (finding_lines), for a paused node the critical ones held behind that drain, and its last acceptance
-    run (its /acceptance, asked right after its /health: none from an agent that gave no health answer); and node ->
-    why its agent gave no answer. An agent that does not serve /acceptance (one older than it) says no run."""
+def with_agents(statuses: list[NodeStatus], nodes: list[Node], agents: AgentClient, timeout: float = 3.0,
+                taken: Taken | None = None) -> tuple[list[NodeStatus], dict[str, str]]:
+    """`statuses` with what every node's agent says: its open findings beside its drain's (finding_lines), for a
+    paused node the critical ones held behind that drain, and its last acceptance run; and node -> why its agent
+    gave no answer. Where the collector took a node's /health lately (`taken`), that answer and its journal's
+    newest acceptance-done say it, and a node whose agent it cannot reach is said so from its record: at 10,000
+    nodes `status` asks no agent. The other nodes' agents are asked at once, as the page asks them (/health, then
+    /acceptance: an agent that does not serve it, one older than it, says no run)."""
     from concurrent.futures import ThreadPoolExecutor
 
+    taken = taken or Taken()
     addrs = {n.name: n.addr for n in nodes}
 
     def ask(status: NodeStatus) -> tuple[tuple, str, dict | None]:
+        if status.name in taken.answers:
+            answer = taken.answers[status.name]
+            return (answer.monitor.findings if answer.monitor else ()), "", taken.accepted.get(status.name)
+        if status.name in taken.unreachable:
+            return (), taken.unreachable[status.name], None
         addr = addrs.get(status.name, "")
         try:
             answer = agents.health(status.name, addr, timeout)
@@ -215,10 +226,11 @@ def with_agents(statuses: list[NodeStatus], nodes: list[Node], agents: AgentClie
         except AgentAnswerError:
             run = None  # its health stands; a run it cannot say is not known (`accept show` on the node says why)
         return (answer.monitor.findings if answer.monitor else ()), "", run_summary(run)
-    if not statuses:
-        return statuses, {}
-    with ThreadPoolExecutor(max_workers=min(16, len(statuses))) as pool:
-        answers = dict(zip((s.name for s in statuses), pool.map(ask, statuses)))
+    asked = [s for s in statuses if s.name not in taken.answers and s.name not in taken.unreachable]
+    answers = {s.name: ask(s) for s in statuses if s.name in taken.answers or s.name in taken.unreachable}
+    if asked:
+        with ThreadPoolExecutor(max_workers=min(16, len(asked))) as pool:
+            answers.update(zip((s.name for s in asked), pool.map(ask, asked)))
     told, unreachable = [], {}
     for status in statuses:
         findings, error, accepted = answers[status.name]
@@ -229,6 +241,50 @@ def with_agents(statuses: list[NodeStatus], nodes: list[Node], agents: AgentClie
                             held=([f"unknown: {error}"] if error else held(findings)) if paused else [],
                             acceptance=accepted))
     return told, unreachable
+
+
+@dataclass
+class Taken:
+    """What the collector took of the nodes lately (`taken_lately`): their /health answers, their journals'
+    newest acceptance runs, and why it could not reach the others."""
+
+    answers: dict = field(default_factory=dict)
+    accepted: dict = field(default_factory=dict)
+    unreachable: dict = field(default_factory=dict)
+
+
+def taken_lately(store, config, now: float) -> Taken:
+    """What the collector took within 3 of its intervals (`history.interval`): the nodes it covers need no question
+    of their own; while it runs, a node whose agent it cannot reach is said so from its record. Empty without a
+    collector (history.enabled false, or none ran lately): every agent is then asked, as before the collector. A few
+    queries, whatever the number of nodes.
+
+    Raises:
+        StoreError: the repair database cannot be read."""
+    from . import nodeevents
+    from .collector import CONTROL, LATE, running
+    settings = config.history
+    answers = {name: found.answer for name, found in nodeevents.health(store, now - LATE * settings.interval).items()}
+    collecting = running(store.control(CONTROL), now)
+    unreachable = {name: f"the collector cannot reach its agent since {moment(cursor.failing_since)}: {cursor.error}"
+                   for name, cursor in nodeevents.cursors(store).items()
+                   if collecting and cursor.error and name not in answers}
+    done = nodeevents.events(store, now - settings.keep, components=("acceptance",), names=("acceptance-done",))
+    accepted = {found.node: done_summary(found.time, found.data()) for found in done}
+    return Taken(answers, accepted, unreachable)
+
+
+def done_summary(finished: float, data: dict) -> dict:
+    """An acceptance-done event as run_summary says a run (the names of what failed, not their messages: the event's
+    own message has them), for a node whose run is known from its journal."""
+    def texts(key: str) -> list[str]:
+        found = data.get(key)
+        return [str(item) for item in found[:4]] if isinstance(found, list) else []
+    results = data.get("results")
+    return {"verdict": str(data.get("verdict", "")), "level": str(data.get("level", "")),
+            "trigger": str(data.get("trigger", "")), "profile": str(data.get("profile", "")), "finished": finished,
+            "tests": len(results) if isinstance(results, list) else 0, "failed": texts("failed"),
+            "errors": texts("errors")}
 
 
 def acceptance_state(config, statuses: list[NodeStatus] = ()) -> dict:

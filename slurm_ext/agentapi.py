@@ -474,6 +474,13 @@ class GpuReading:
                    _figure(row.get("fb_reserved_mib")), _whole(row.get("temperature")), _words(row.get("error_text")),
                    tuple(job for job in jobs if type(job) is int) if isinstance(jobs, list) else ())
 
+    def wire(self) -> dict:
+        """The row as an agent's answer holds it, only what `of` reads: `of(wire())` is this reading."""
+        return {"gpu": {"index": self.index, "name": self.name, "uuid": self.uuid}, "utilization": self.utilization,
+                "fb_used_mib": self.fb_used_mib, "fb_free_mib": self.fb_free_mib,
+                "fb_reserved_mib": self.fb_reserved_mib, "temperature": self.temperature,
+                "error_text": self.error_text, "jobs": list(self.jobs)}
+
 
 @dataclass(frozen=True, slots=True)
 class InterfaceReading:
@@ -494,6 +501,9 @@ class InterfaceReading:
         return cls(_words(item.get("name"), _MAX_INTERFACE), speed if type(speed) is int and speed > 0 else None,
                    _figure(item.get("rx_bytes")), _figure(item.get("tx_bytes")))
 
+    def wire(self) -> dict:
+        return {"name": self.name, "speed_mbps": self.speed_mbps, "rx_bytes": self.rx_bytes, "tx_bytes": self.tx_bytes}
+
 
 @dataclass(frozen=True, slots=True)
 class FactsReading:
@@ -511,6 +521,9 @@ class FactsReading:
         """Raises _Odd: its interfaces are not a list of objects."""
         return cls(_words(data.get("os")), _words(data.get("kernel")),
                    tuple(InterfaceReading.of(item) for item in _objects(data, "interfaces")))
+
+    def wire(self) -> dict:
+        return {"os": self.os, "kernel": self.kernel, "interfaces": [i.wire() for i in self.interfaces]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -535,6 +548,10 @@ class Readings:
         return cls(_number(data, "readings_time", 0.0), _objects(data, "findings"), _table(data, "checks"),
                    _text(data, "driver", "")[:_MAX_TEXT], tuple(GpuReading.of(row) for row in _objects(data, "gpus")),
                    _number(data, "interval", 0.0))
+
+    def wire(self) -> dict:
+        return {"readings_time": self.readings_time, "findings": list(self.findings), "checks": self.checks,
+                "driver": self.driver, "gpus": [gpu.wire() for gpu in self.gpus], "interval": self.interval}
 
     def critical(self) -> list[dict]:
         return [f for f in self.findings if f.get("severity") == "critical"]
@@ -564,6 +581,12 @@ class HealthAnswer:
             raise _Odd("monitor: expected an object or null")
         return cls(_text(data, "node"), _text(data, "boot", ""), _number(data, "time"),
                    Readings.of(monitor) if monitor is not None else None, FactsReading.of(_table(data, "facts")))
+
+    def wire(self) -> dict:
+        """The answer as its agent sent it, only what `of` reads (a GPU's clocks, power and ECC counters left out):
+        what the collector stores of it, a few hundred bytes a GPU, and `of(wire())` gives this answer back."""
+        return {"node": self.node, "boot": self.boot, "time": self.time,
+                "monitor": self.monitor.wire() if self.monitor is not None else None, "facts": self.facts.wire()}
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,11 +73,16 @@ def test_status_shows_the_warnings_the_page_shows(two):
         assert "slurm-ext: warning: repairs are paused by bob" in err, err
         assert cluster.repair_cli("repair", "unpause").returncode == 0
 
-        # a node agent that does not answer: the page's banner names it; status too
+        # a node agent that does not answer: the page's banner names it; status too, once the answer the
+        # collector took of it is older than 3 of its intervals (status then asks the agent, or reads why the
+        # collector cannot reach it)
         agent = next(d for d in cluster_daemons(cluster.layout) if d.name == cluster.layout.node("snode2").agent)
         daemons.stop(agent)
-        data, _, err = _status(cluster)
-        assert any(w.startswith("no answer from 1 node agent: snode2 (") for w in data["warnings"]), data
+
+        def silent():
+            data, _, err = _status(cluster)
+            return any(w.startswith("no answer from 1 node agent: snode2 (") for w in data["warnings"]) and err
+        err = wait_for("status names snode2's agent as not answering", silent, 30, interval=0.5)
         assert "slurm-ext: warning: no answer from 1 node agent: snode2 (" in err, err
     finally:
         cluster.repair_cli("repair", "unpause")

@@ -3,12 +3,15 @@
 One refresh asks Slurm once per table (the node table: `sinfo --json` or
 `scontrol show node`; the job queue, with the GPU indexes each running job
 holds: `squeue --json` or `scontrol show job -d`; the event table:
-`sacctmgr show event`), reads the repair records and what the collector
-says of each node's journal once, and asks each node's agent for its
-/health, every agent at once. The nodes' journals are not asked of the
-agents: the timeline and the Health checks tab query the events the
-controller's collector stored (`journal`: one query, whatever the number of
-nodes, its filters in the query).
+`sacctmgr show event`), and reads the repair records and what the
+controller's collector took of each node: its journal's state, and its
+/health answer (only those taken since the last refresh). A node whose
+answer the collector took within 3 of its intervals is not asked; the others
+(no collector runs, or it has not come to them) are asked for their /health,
+every agent at once. At 10,000 nodes a refresh asks no agent. The nodes'
+journals are not asked of the agents: the timeline and the Health checks tab
+query the events the collector stored (`journal`: one query, whatever the
+number of nodes, its filters in the query).
 The result is one `PageView`, which every request of every browser reads: ten
 open tabs cost slurmctld what one costs, and when nobody looks nothing is
 asked. Slurm's configuration (cluster name, version) is read at the first
@@ -40,7 +43,8 @@ from slurm_ext import events
 from slurm_ext.agentapi import AgentAnswerError, AgentClient, HealthAnswer, FactsReading, get_text
 from slurm_ext.errors import SlurmExtError
 from slurm_ext.repair.history import result_lines
-from slurm_ext.repair.status import acceptance_state, counts, finding_lines, held, node_statuses, run_summary
+from slurm_ext.repair.status import (acceptance_state, counts, done_summary, finding_lines, held, node_statuses,
+                                     run_summary)
 from slurm_ext.slurm import Node, SlurmClient, is_our_reason
 from slurm_ext.words import moment
 
@@ -108,6 +112,8 @@ class _Agent:
     #: /acceptance is to be asked at its next answer
     acceptance_due: bool = True
     busy: bool = False
+    #: when the collector took the /health answer it holds (0: its own agent's answer, or none)
+    taken: float = 0.0
 
 
 @dataclass
@@ -125,20 +131,8 @@ class PageView:
 
 
 def _done_summary(done: tuple | None) -> dict | None:
-    """An acceptance-done event as repair.status.run_summary says a run (the names of what failed, not their
-    messages: the event's own message has them), for a node whose agent sent no run; None for no event."""
-    if not done:
-        return None
-    _, finished, data = done
-
-    def texts(key: str) -> list[str]:
-        found = data.get(key)
-        return [str(item) for item in found[:4]] if isinstance(found, list) else []
-    results = data.get("results")
-    return {"verdict": str(data.get("verdict", "")), "level": str(data.get("level", "")),
-            "trigger": str(data.get("trigger", "")), "profile": str(data.get("profile", "")), "finished": finished,
-            "tests": len(results) if isinstance(results, list) else 0, "failed": texts("failed"),
-            "errors": texts("errors")}
+    """A node's newest acceptance-done (its row id, epoch, the event) as `status` says a run, None for no event."""
+    return done_summary(done[1], done[2]) if done else None
 
 
 def _finite(value):
@@ -211,6 +205,10 @@ class Watcher:
         self._open: list = []
         self._paused: dict | None = None
         self._agents: dict[str, _Agent] = {}
+        #: the /health answers the collector took (nodeevents.StoredHealth by node), read from the newest held on
+        self._taken: dict = {}
+        #: the collector's word: its interval while it runs lately, 0 while it does not
+        self._collecting = 0.0
         self._config: dict = {}
         self._config_read = 0.0
         self._prometheus: usage.Usage | None = None
@@ -290,6 +288,7 @@ class Watcher:
             self._read_jobs(now)
         with self._lock:  # a node Slurm no longer lists is forgotten; a new one gets its record
             self._agents = {n.name: self._agents.get(n.name) or _Agent() for n in self._nodes}
+            self._taken = {name: found for name, found in self._taken.items() if name in self._agents}
         self._read_journals(now)  # before the agents are asked: a run that ended has its /acceptance asked now
         asked = self._ask_agents(now)
         self._read_repair(now)
@@ -393,9 +392,18 @@ class Watcher:
     # -- the agents ------------------------------------------------------------------------------
 
     def _ask_agents(self, now: float) -> list:
+        """Take in what the collector took of each node lately, and ask the other nodes' agents (their futures)."""
         asked = []
+        fresh = now - 3 * self._collecting
         for node in self._nodes:
             agent = self._agents[node.name]
+            found = self._taken.get(node.name)
+            if self._collecting and found is not None and found.taken >= fresh:
+                self._use_taken(agent, found)
+                if agent.acceptance_due and agent.done is not None and not agent.busy:
+                    agent.busy = True  # a run its journal told of: its results, asked of its agent
+                    asked.append(self._pool.submit(self._ask_acceptance, node, agent))
+                continue
             if agent.busy:
                 continue  # its last request has not come back: not asked twice
             if not node.responding and not (agent.answered and not agent.error):
@@ -404,6 +412,28 @@ class Watcher:
             agent.busy = True
             asked.append(self._pool.submit(self._ask_agent, node, agent, now))
         return asked
+
+    def _use_taken(self, agent: _Agent, found) -> None:
+        """A /health answer the collector took, as the node's own answer would be taken in."""
+        if agent.taken == found.taken:
+            return
+        figures = usage.node_usage(found.answer)
+        with self._lock:
+            previous = agent.usage
+            agent.answer, agent.answered, agent.error, agent.taken = found.answer, found.taken, "", found.taken
+            agent.usage = figures
+            agent.rate = usage.bandwidth(previous, figures)
+
+    def _ask_acceptance(self, node: Node, agent: _Agent) -> None:
+        try:
+            run = self.agent_client.acceptance(node.name, node.addr, timeout=self.settings.agent_timeout).run
+            with self._lock:
+                agent.acceptance, agent.acceptance_due = run, False
+        except AgentAnswerError as err:  # the run its journal told of stands
+            log.info("web: %s", err)
+            agent.acceptance_due = err.status != 404
+        finally:
+            agent.busy = False
 
     def _ask_agent(self, node: Node, agent: _Agent, now: float) -> None:
         try:
@@ -426,7 +456,7 @@ class Watcher:
             with self._lock:
                 agent.acceptance = run
                 previous = agent.usage
-                agent.answer, agent.answered, agent.error = health, now, ""
+                agent.answer, agent.answered, agent.error, agent.taken = health, now, "", 0.0
                 agent.usage = figures
                 agent.rate = usage.bandwidth(previous, figures)
         except Exception:  # an answer no one foresaw: this agent's, logged; the others and the page go on
@@ -436,10 +466,11 @@ class Watcher:
             agent.busy = False
 
     def _read_journals(self, now: float) -> None:
-        """What the collector says of each node's journal (an agent it cannot reach, lines lost), and each node's
-        newest acceptance-done: a run that ended since the last refresh has /acceptance asked at the node's next
-        answer. Two queries, whatever the number of nodes."""
+        """What the collector says of each node's journal (an agent it cannot reach, lines lost), the /health answers
+        it took since the last refresh, and each node's newest acceptance-done: a run that ended since the last
+        refresh has /acceptance asked at the node's next answer. A few queries, whatever the number of nodes."""
         from slurm_ext.repair import nodeevents
+        from slurm_ext.repair.collector import CONTROL, running
         try:
             with self._store_lock:
                 store = self._repair_store()
@@ -448,9 +479,13 @@ class Watcher:
                 lost = nodeevents.lost_marks(store, since)
                 done = nodeevents.events(store, since, components=("acceptance",), names=("acceptance-done",),
                                          limit=100000)
+                newest = max((found.taken for found in self._taken.values()), default=0.0)
+                self._taken.update(nodeevents.health(store, newest))
+                said = store.control(CONTROL)
         except SlurmExtError as err:
             self._fail("repair", str(err), now)
             return
+        self._collecting = running(said, now)
         newest = {found.node: (found.id, found.time, found.data()) for found in done}
         with self._lock:
             for name, agent in self._agents.items():

@@ -6,7 +6,8 @@ fleet` plays the agents of the rest), with the controller agent's own collector 
 - every event in the store once (each node's numbers 0 .. n-1, counted against the fleet's own journals);
 - the backlog, the collector's CPU (of one core) and memory, the fleet's memory, sampled every 2 s;
 - how long after the burst's end the store holds everything written up to it (target: 2 minutes);
-- `history --since 1d` against `sinfo -N` in the same run (target: under 1 s).
+- `history --since 1d` and `status` (the agents' /health as the collector took it) against `sinfo -N` in the same
+  run (target: under 1 s).
 
     python tests/benchmarks/bench_history.py [--nodes 10000] [--burst-rate 5000] [--burst-for 300]
 """
@@ -155,7 +156,6 @@ def main() -> int:
         quiet = fleet(layout, "--rate", "0")
         total = sum(simulator.written(layout).values())
         wait_for("the rest collected", lambda: stored() >= total, 300, interval=2.0)
-        stop(quiet)
         counts = simulator.written(layout)
         rows = store._execute(
             "SELECT node, COUNT(*), COUNT(DISTINCT JSON_VALUE(fields, '$.fleet_seq')), "
@@ -191,6 +191,15 @@ def main() -> int:
         history = timed([*cli, "history", "--since", "1d", "--json"])
         print(f"`history --since 1d --json` (the newest 1000 of {total} events): {history * 1000:.0f} ms; "
               f"`sinfo -N` {sinfo * 1000:.0f} ms (ratio {history / sinfo:.2f}); target under 1 s")
+        fresh = time.time() - 3 * loaded.history.interval
+        wait_for("every simulated node's /health taken lately", lambda: int(store._execute(
+            "SELECT COUNT(*) FROM node_health WHERE taken >= ?", (fresh,))[0][0]) >= len(counts), 120, interval=2.0)
+        said = json.loads(subprocess.run([*cli, "status", "--json"], env=env, capture_output=True, check=True).stdout)
+        status = timed([*cli, "status", "--json"])
+        print(f"`status --json` ({len(said['nodes'])} nodes, {sum(said['counts'].values())} counted; the agents' "
+              f"/health as the collector took it, {len(said['warnings'])} warnings): {status * 1000:.0f} ms; "
+              f"`sinfo -N` {sinfo * 1000:.0f} ms (ratio {status / sinfo:.2f}); target under 1 s")
+        stop(quiet)
         store.close()
         return 1 if wrong or silent else 0
     finally:

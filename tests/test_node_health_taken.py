@@ -1,0 +1,186 @@
+"""What the collector takes of each node besides its journal (issue 33): its agent's /health, once an interval, so
+that `status` and the page ask no agent at 10,000 nodes.
+
+Real parts: the fleet simulator's agents (their credential check and signed answers) and the collector over HTTP
+into SQLite; `status`'s with_agents and the page's watcher over that store, with an agent client that fails the
+test if it is asked."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from helpers.wait import wait_for
+from slurm_ext.agentapi import HealthAnswer
+from slurm_ext.config import section_class
+from slurm_ext.devcluster import fleet as simulator
+from slurm_ext.repair import nodeevents
+from slurm_ext.repair.collector import CONTROL
+from slurm_ext.repair.status import Taken, node_statuses, taken_lately, with_agents
+from slurm_ext.repair.store import open_sqlite
+from slurm_ext.slurm import Node
+
+from test_history_collector import _Fleet, _collector, _fleet_layout
+
+
+class _NotAsked:
+    """An agent client the code under test must not use."""
+
+    def health(self, node, addr="", timeout=None):
+        raise AssertionError(f"node {node}'s agent was asked for its /health")
+
+    def acceptance(self, node, addr="", trigger="", timeout=None):
+        raise AssertionError(f"node {node}'s agent was asked for its /acceptance")
+
+
+@pytest.fixture
+def store(tmp_path):
+    opened = open_sqlite(str(tmp_path / "repair.db"))
+    yield opened
+    opened.close()
+
+
+def _history(interval: float) -> SimpleNamespace:
+    return SimpleNamespace(history=section_class("history")(interval=interval))
+
+
+def test_the_collector_takes_each_agents_health_once_an_interval_and_status_asks_no_agent(tmp_path, store):
+    """Twenty simulated agents: the collector stores each one's /health as its agent signed it (what the page and
+    status read of it, GPU by GPU); status then reads them and asks no agent. Once the agents stop answering, the
+    answers grow old (not shown as now) and status says from the collector's record why each is unreachable."""
+    layout = _fleet_layout(tmp_path, 20)
+    names = [n.name for n in layout.defined_nodes[1:]]
+    fleet = _Fleet(layout, rate=0.0)
+    collector = _collector(layout, store, interval=0.5, retry_max=1.0)
+    stop = threading.Event()
+    runner = threading.Thread(target=collector.run, args=(stop,))
+    runner.start()
+    try:
+        wait_for("every node's /health taken", lambda: set(nodeevents.health(store)) == set(names), 30)
+        taken = nodeevents.health(store)
+        answer = taken["node2"].answer
+        assert answer.node == "node2" and answer.boot == "fleet" and len(answer.monitor.gpus) == 8
+        read = answer.monitor.readings_time
+        assert answer == HealthAnswer.of(simulator._health("node2", answer.time))  # as the agent said it
+        assert read == answer.time - answer.time % simulator._READINGS_EVERY
+        first = taken["node2"].taken
+        wait_for("taken again an interval later", lambda: nodeevents.health(store)["node2"].taken > first, 10)
+
+        nodes = [Node(name, "IDLE", gres="gpu:h200:8", addr="127.0.0.1") for name in names]
+        statuses = node_statuses(nodes, [], [])
+        lately = taken_lately(store, _history(0.5), time.time())
+        assert set(lately.answers) == set(names) and not lately.unreachable
+        told, unreachable = with_agents(statuses, nodes, _NotAsked(), taken=lately)
+        assert not unreachable and all(s.state == "healthy" and not s.findings for s in told)
+
+        fleet.kill()
+        wait_for("the collector's record of the agents it cannot reach",
+                 lambda: len(taken_lately(store, _history(0.5), time.time()).unreachable) == 20, 30)
+        lately = taken_lately(store, _history(0.5), time.time())
+        assert not lately.answers  # older than 3 intervals: not what the node says now
+        _, unreachable = with_agents(statuses, nodes, _NotAsked(), taken=lately)
+        assert set(unreachable) == set(names)
+        assert "the collector cannot reach its agent since" in unreachable["node2"]
+        assert "Connection refused" in unreachable["node2"]
+    finally:
+        stop.set()
+        runner.join(30)
+        fleet.stop()
+    assert not runner.is_alive()
+
+
+def test_without_a_collector_running_status_asks_the_agents_itself(tmp_path, store):
+    """Answers a collector took long ago, and a collector whose last word is old, say nothing of now: every agent is
+    asked, as before the collector."""
+    layout = _fleet_layout(tmp_path, 2)
+    old = time.time() - 3600
+    _store_health(store, "node2", simulator._health("node2", old), old)
+    store.set_control(CONTROL, json.dumps({"interval": 15.0, "nodes": 2}), "collector", old)
+    lately = taken_lately(store, _history(15.0), time.time())
+    assert lately == Taken()
+    fleet = _Fleet(layout, rate=0.0)
+    try:
+        nodes = [Node(n.name, "IDLE", addr="127.0.0.1") for n in layout.defined_nodes[1:]]
+        agents = _collector(layout, store).agents
+        told, unreachable = with_agents(node_statuses(nodes, [], []), nodes, agents, taken=lately)
+    finally:
+        fleet.stop()
+    assert not unreachable and len(told) == 2
+
+
+def test_the_page_takes_the_collected_answers_and_asks_no_agent(tmp_path, store):
+    """The page's refresh reads the answers the collector took (only those since its last read) and asks no agent
+    while they are fresh; an answer that grew old has the node's own agent asked."""
+    from slurm_ext import config
+    from slurm_ext.web.watch import Watcher
+    now = [time.time()]
+    path = tmp_path / "slurm-ext.toml"
+    path.write_text(f'[node]\nstate_dir = "{tmp_path / "state"}"\n[web]\ntoken_file = ""\n')
+
+    class Slurm:
+        def nodes(self):
+            return [Node(f"n{i}", "IDLE", gres="gpu:h200:8", addr="127.0.0.1") for i in (1, 2)]
+
+        def queue(self):
+            return []
+
+        def node_events(self, node, since):
+            return []
+
+        def show_config(self):
+            return {}
+
+    class Agents(_NotAsked):
+        asked: list = []
+
+        def health(self, node, addr="", timeout=None):
+            self.asked.append(node)
+            return HealthAnswer.of(simulator._health(node, now[0]))
+
+    for name in ("n1", "n2"):
+        _store_health(store, name, simulator._health(name, now[0]), now[0])
+    store.set_control(CONTROL, json.dumps({"interval": 15.0, "nodes": 2}), "collector", now[0])
+    agents = Agents()
+    watcher = Watcher(config.load(path), Slurm(), store, lambda url, timeout: (None, "refused"), agents,
+                      clock=lambda: now[0])
+    rows = {row["name"]: row for row in watcher.refresh().data["nodes"]}
+    assert agents.asked == []
+    expected = HealthAnswer.of(simulator._health("n1", now[0])).monitor.gpus
+    assert [g["utilization"] for g in rows["n1"]["gpu_readings"]] == [g.utilization for g in expected]
+    assert rows["n1"]["checks"]["xid"] == "ok" and rows["n1"]["agent"]["error"] == ""
+    now[0] += 10  # the collector took n2 again, not n1
+    _store_health(store, "n2", simulator._health("n2", now[0]), now[0])
+    store.set_control(CONTROL, json.dumps({"interval": 15.0, "nodes": 2}), "collector", now[0])
+    watcher.refresh()
+    assert agents.asked == []
+    now[0] += 40  # n1's answer is older than 3 intervals: its own agent is asked
+    store.set_control(CONTROL, json.dumps({"interval": 15.0, "nodes": 2}), "collector", now[0])
+    watcher.refresh()
+    assert agents.asked == ["n1"]
+    watcher.stop()
+
+
+def test_a_stored_answer_that_is_no_health_answer_is_left_out(store):
+    _store_health(store, "n1", {"node": "n1", "boot": "b", "time": 1.0, "monitor": "odd"}, time.time())
+    _store_health(store, "n2", simulator._health("n2", 1.0), time.time())
+    assert set(nodeevents.health(store)) == {"n2"}
+
+
+def test_pruning_forgets_the_answers_of_nodes_gone_longer_than_the_history_is_kept(store):
+    now = time.time()
+    _store_health(store, "gone", simulator._health("gone", 1.0), now - 100 * 86400)
+    _store_health(store, "here", simulator._health("here", 1.0), now)
+    nodeevents.prune(store, keep=90 * 86400, most=10**6, now=now)
+    assert set(nodeevents.health(store)) == {"here"}
+
+
+def _store_health(store, node: str, answer: dict, when: float) -> None:
+    """`answer` stored as the collector stores a node's /health with its page (an empty page)."""
+    start = nodeevents.cursors(store).get(node, nodeevents.Cursor(node)).cursor
+    offset = int(start.split(":")[1]) + 1 if start else 1
+    nodeevents.take(store, [nodeevents.Page(node, start, f"{'0' * 16}:{offset}", "b", health=json.dumps(answer))],
+                    now=when)
