@@ -142,8 +142,8 @@ def test_the_overview_shows_the_five_states_the_fake_gpus_usage_and_a_drain_the_
     expected = {"healthy": 1, "booting": 1, "unhealthy": 1, "pending": 1, "paused": 1}  # wnode5 never runs
     until(browser, "the five states counted", lambda b: counts(b) == expected)
     until(browser, "wnode5's silent agent named", lambda b: "1 node agent not answering: wnode5" in text_of(b, "#banner"))
-    cells = {e.get_attribute("title").split(":")[0]: e.get_attribute("class").split()[-1]
-             for e in browser.find_elements(By.CSS_SELECTOR, "#state-grid .cell")}
+    # the grid is one canvas (no element per node): its cells as the page laid them out
+    cells = {c["name"]: c["state"] for c in browser.execute_script("return slurmExt.cells('state-grid')")}
     assert cells == {"wnode1": "healthy", "wnode2": "pending", "wnode3": "paused", "wnode4": "booting",
                      "wnode5": "unhealthy"}, cells
     # every running node's 4 GPUs at 10, 20, 30, 40 % and 8, 16, 24, 32 GiB of an H200's 141 GiB
@@ -264,7 +264,8 @@ def test_approving_in_the_browser_needs_the_token_and_the_repair_tab_shows_it_wi
     until(browser, "sorted by name, descending", lambda b: [r.get_attribute("data-node") for r in b.find_elements(
         By.CSS_SELECTOR, "#node-table tbody tr")] == ["wnode5", "wnode4", "wnode3", "wnode2", "wnode1"])
     browser.find_element(By.ID, "view-grid").click()
-    until(browser, "the grid", lambda b: len(b.find_elements(By.CSS_SELECTOR, "#node-grid .cell")) == 5)
+    until(browser, "the grid", lambda b: b.find_element(By.CSS_SELECTOR, "#node-grid canvas").get_attribute(
+        "data-nodes") == "5")
     browser.find_element(By.ID, "view-list").click()
     browser.find_element(By.CSS_SELECTOR, "#node-table tr[data-node=wnode3] button.op-ssh").click()
     until(browser, "the ssh command copied", lambda b: text_of(b, "#message") == "copied: ssh wnode3")

@@ -132,6 +132,13 @@ def _text(browser, element_id: str) -> str:
     return browser.find_element(By.ID, element_id).text
 
 
+def cell(browser, name: str, grid: str = "node-grid") -> dict | None:
+    """Node `name`'s cell of a grid (`node-grid`, `state-grid`: one canvas each, no element per cell) as the page's
+    slurmExt.cellAt says it: its state, the lines written in it, its tooltip, its centre, whether it is drawn."""
+    return browser.execute_script("return window.slurmExt ? slurmExt.cellAt(arguments[0], arguments[1]) : null",
+                                  name, grid)
+
+
 def _open(browser, url: str) -> None:
     browser.get("about:blank")
     browser.get(url)
@@ -146,7 +153,7 @@ def test_after_grid_then_list_the_nodes_tab_shows_the_list_alone(tmp_path, brows
         _open(browser, url + "#nodes")
         grid, table = browser.find_element(By.ID, "node-grid"), browser.find_element(By.ID, "node-table")
         browser.find_element(By.ID, "view-grid").click()
-        until(browser, "the grid", lambda b: grid.is_displayed() and "n1" in grid.text)
+        until(browser, "the grid", lambda b: grid.is_displayed() and (cell(b, "n1") or {}).get("drawn"))
         assert not table.is_displayed()
         browser.find_element(By.ID, "view-list").click()
         until(browser, "the list", lambda b: table.is_displayed() and "n1" in table.text)
@@ -202,8 +209,9 @@ def test_one_of_each_count_reads_singular_on_the_page(tmp_path, browser):
         assert "1 of 1 node agent answering" in _text(browser, "status-line")
         browser.get(url + "#nodes")
         browser.find_element(By.ID, "view-grid").click()
-        until(browser, "the grid's cell", lambda b: "0/1 GPU" in _text(b, "node-grid"))
-        assert "GPUs" not in _text(browser, "node-grid")
+        said = lambda b: " ".join((cell(b, "n1") or {}).get("lines", []))  # noqa: E731
+        until(browser, "the grid's cell", lambda b: "0/1 GPU" in said(b))
+        assert "GPUs" not in said(browser)
         browser.find_element(By.ID, "view-list").click()
     with _page(tmp_path, 'token_file = ""', nodes=2) as url:
         _open(browser, url + "#nodes")

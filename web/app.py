@@ -3,9 +3,12 @@
 GET routes only read the view the watcher keeps (one Slurm query per table
 per refresh, whatever the number of browsers): the page itself (its assets
 are package data: nothing is fetched from elsewhere, it works air-gapped),
-/api/cluster, /api/timeline, /api/health, /api/acceptance (each node's last
-acceptance run with its results), /api/repairs and /api/session
-(the CSRF token, and who the token sent, the proxy says or the sign-in session is, with the role).
+/api/cluster (whole; with since= as the page asks it, the rows without their GPUs'
+readings and what changed since the browser's version: changes.py), /api/nodes
+(a page of whole rows, filtered and sorted: the Nodes list),
+/api/timeline, /api/health, /api/acceptance (each node's last acceptance run
+with its results), /api/repairs and /api/session (the CSRF token, and who the
+token sent, the proxy says or the sign-in session is, with the role).
 /auth/login, /auth/callback and /auth/logout are the page's own OIDC sign-in (signin.py; the session
 cookie: session.py), checked on every request. POST routes are the operations: run a node's health
 checks, approve or reject its repair. Each needs an operator or admin and a CSRF token (`auth`), and is
@@ -38,11 +41,14 @@ from slurm_ext.agentapi import CLEAR_SUBJECT, AgentAnswerError, AgentClient, Rea
 from slurm_ext.errors import ConfigError, SlurmExtError
 from slurm_ext.health.settings import CHECKS, SEVERITIES
 from slurm_ext.repair.settings import ACTIONS
+from slurm_ext.repair.status import STATES
 
 from .auth import Csrf, Operator, ProxySecret, RequestRefused, Tokens, operator_of
+from .changes import VERSION, Changes
 from .session import COOKIE, SessionRefused, Sessions
 from .signin import RATE, STATE_COOKIE, SIGN_IN_WAIT, SignIn, SignInRefused
 from .healthview import history_rows
+from .nodelist import SORTS, ordered
 from .watch import Watcher
 
 __all__ = ["create_app", "STATIC", "MAX_BODY", "MAX_HEADERS"]
@@ -62,6 +68,11 @@ _NO_TOKEN_YET = ("viewing needs no token; to approve repairs or run checks from 
                  "on the controller: slurm-ext web add-token USER")
 #: longest limit= a list route takes
 _MAX_LIMIT = 5000
+#: rows of the Nodes list a request gets, unless it asks for another count, and at most
+_NODES_PAGE = 100
+_NODES_PAGE_MAX = 500
+#: the Nodes lists' orders kept for the current view (a question each: filters and sort)
+_LISTS_KEPT = 64
 #: sources of the timeline
 _SOURCES = ("slurm", "repair", "agent")
 #: the timeline's severities (the journal's ladder)
@@ -102,10 +113,26 @@ class BadRequest(Exception):
         self.message = message
 
 
-def _limit(text: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= _MAX_LIMIT:
-        raise ValueError(f"a count from 1 to {_MAX_LIMIT}")
+def _limit_of(most: int) -> Callable[[str], int]:
+    def check(text: str) -> int:
+        if not text.isdigit() or not 1 <= int(text) <= most:
+            raise ValueError(f"a count from 1 to {most}")
+        return int(text)
+    return check
+
+
+_limit = _limit_of(_MAX_LIMIT)
+
+
+def _offset(text: str) -> int:
+    if not text.isdigit() or len(text) > 9:
+        raise ValueError("a count from 0")
     return int(text)
+
+
+def _name_filter(text: str) -> str:
+    """A part of a node's name, or =NAME for that node alone."""
+    return "=" + _name(text[1:]) if text.startswith("=") else _name(text)
 
 
 def _choice(choices) -> Callable[[str], str]:
@@ -119,6 +146,12 @@ def _choice(choices) -> Callable[[str], str]:
 def _name(text: str) -> str:
     if not text or len(text) > 128 or not all(c.isalnum() or c in "._-" for c in text):
         raise ValueError("a node name (letters, digits, . _ -)")
+    return text
+
+
+def _version(text: str) -> str:
+    if text and not VERSION.match(text):
+        raise ValueError("a version /api/cluster gave (its \"version\")")
     return text
 
 
@@ -183,6 +216,11 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None, clock=
     app = Flask(__name__, static_folder=None)
     app.config.update(PROPAGATE_EXCEPTIONS=False, JSON_SORT_KEYS=False, MAX_CONTENT_LENGTH=MAX_BODY)
     app.extensions["slurm_ext_watcher"] = watcher
+    # the watcher's own, whose refresh thread takes each view; else the app's, fed by the first request of each view
+    changes = getattr(watcher, "changes", None) or Changes()
+    own_changes = getattr(watcher, "changes", None) is None
+    lists: dict = {}
+    lists_lock = threading.Lock()
 
     def open_store():
         if store_opener is not None:
@@ -416,8 +454,44 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None, clock=
 
     @app.get("/api/cluster")
     def cluster():
-        _query({})
-        return Response(current().body, mimetype="application/json")
+        """The whole view, each node's GPU readings in its row (a script's); or the page's: with since= (empty, or
+        the "version" of its last answer) the rows without their GPU readings and each node's figures apart, all of
+        them ("full": true) or what changed since that version (changes.Changes.body). Bytes made once per refresh
+        and shared by every browser."""
+        asked = _query({"since": _version})
+        view = current()
+        if "since" not in asked:  # a script's: the whole view, each GPU's readings in its node's row
+            return Response(view.body, mimetype="application/json")
+        if own_changes:  # a watcher without its own (a test's): the first request of each view takes it
+            changes.take(view)
+        zipped = "gzip" in request.headers.get("Accept-Encoding", "")
+        answer = Response(changes.body(asked["since"] or None, zipped), mimetype="application/json")
+        answer.headers["Vary"] = "Accept-Encoding"
+        if zipped:
+            answer.headers["Content-Encoding"] = "gzip"
+        return answer
+
+    @app.get("/api/nodes")
+    def node_list():
+        """A page of whole rows (each GPU's readings), filtered and sorted here: what the Nodes list draws."""
+        asked = _query({"state": _choice(STATES), "name": _name_filter, "sort": _choice(SORTS),
+                        "desc": _choice(("0", "1")), "offset": _offset, "limit": _limit_of(_NODES_PAGE_MAX)})
+        view = current()
+        question = tuple(str(asked.get(key, default)) for key, default in (("state", ""), ("name", ""),
+                                                                            ("sort", "name"), ("desc", "0")))
+        with lists_lock:  # each browser with its list open asks it every refresh: sorted once a view
+            if lists.get("view") is not view:
+                lists.clear()
+                lists["view"] = view
+            found = lists.get(question)
+        if found is None:
+            found = ordered(view.data["nodes"], *question[:3], question[3] == "1")
+            with lists_lock:
+                if lists.get("view") is view and len(lists) <= _LISTS_KEPT:
+                    lists[question] = found
+        offset = int(asked.get("offset", 0))
+        return jsonify(total=len(found), offset=offset,
+                       rows=found[offset:offset + int(asked.get("limit", _NODES_PAGE))])
 
     @app.get("/api/timeline")
     def timeline():

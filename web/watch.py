@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import re
 import shlex
 import threading
@@ -49,6 +48,7 @@ from slurm_ext.slurm import Node, SlurmClient, is_our_reason
 from slurm_ext.words import moment
 
 from . import allocation, usage
+from .changes import Changes, figures_of, finite
 
 __all__ = ["Source", "PageView", "Watcher", "gpus_by_type", "drain_owner", "ssh_command", "finding_lines"]
 
@@ -114,20 +114,35 @@ class _Agent:
     busy: bool = False
     #: when the collector took the /health answer it holds (0: its own agent's answer, or none)
     taken: float = 0.0
+    #: its answer's GPUs as the page shows them (usage.gpu_rows), made once an answer: (the answer, the rows)
+    gpus: tuple = (None, [])
 
 
 @dataclass
 class PageView:
-    """One refresh's answer, as the API serves it (JSON-ready), and its serialised form."""
+    """One refresh's answer, as the API serves it (JSON-ready)."""
 
     data: dict
-    #: data as JSON, made once per refresh for every browser
-    body: bytes = b""
     slurm_events: list = field(default_factory=list)
     repair_events: list = field(default_factory=list)
     #: the repair records still open, and those that changed within web.timeline
     open_records: list = field(default_factory=list)
     records: list = field(default_factory=list)
+    _body: bytes | None = field(default=None, repr=False)
+    _making: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def body(self) -> bytes:
+        """The whole view as JSON (/api/cluster without since: a script's), made at its first request and shared:
+        the page's own requests are served from changes.py, and at 10,000 nodes the whole view is 26 MiB that a
+        refresh no one reads whole should not make."""
+        with self._making:
+            if self._body is None:
+                try:
+                    self._body = json.dumps(self.data, default=str, allow_nan=False).encode()
+                except ValueError:  # a NaN or infinity in an agent's answer: JSON has none, a browser would refuse it
+                    self._body = json.dumps(finite(self.data), default=str).encode()
+            return self._body
 
 
 def _done_summary(done: tuple | None) -> dict | None:
@@ -135,15 +150,10 @@ def _done_summary(done: tuple | None) -> dict | None:
     return done_summary(done[1], done[2]) if done else None
 
 
-def _finite(value):
-    """`value` with every NaN and infinity made None (JSON has neither)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(item) for item in value]
-    return value
+def _plain(record) -> dict:
+    """A dataclass of plain fields (texts, numbers, lists of them) as a dict, without asdict's deep copy of every
+    value: the view makes one per node and per GPU, 90,000 a refresh at 10,000 nodes of 8 GPUs."""
+    return {name: getattr(record, name) for name in record.__dataclass_fields__}
 
 
 def drain_owner(node: Node) -> str:
@@ -214,6 +224,8 @@ class Watcher:
         self._prometheus: usage.Usage | None = None
         self.history: deque = deque(maxlen=_HISTORY)
         self.view: PageView | None = None
+        #: each view's rows with the version at which they changed: what the page is sent (changes.py)
+        self.changes = Changes()
         self.refreshes = 0
         self._looked = 0.0
         #: held while an agent's answer is taken in, and while the view reads the agents
@@ -296,6 +308,7 @@ class Watcher:
             self._read_prometheus(now)
         wait([events_future, *asked], timeout=self.settings.agent_timeout + 1.0)
         view = self._make_view(now)
+        self.changes.take(view)  # before it is served: the page's requests find what changed ready
         self.view = view
         return view
 
@@ -542,7 +555,7 @@ class Watcher:
         jobs_of = allocation.node_jobs(self._jobs)
         known = {j.job_id: j for j in self._jobs}
         queue_read = bool(self.sources["slurm-jobs"].answered)
-        read, idle = set(), 0
+        read = set()
         rows, node_usages, rates = [], [], []
         drivers, images, interfaces = {}, {}, {}
         for status in statuses:
@@ -567,11 +580,13 @@ class Watcher:
                 seen["nodes"] += 1
                 if interface.speed_mbps is not None:
                     seen["speeds_mbps"].add(interface.speed_mbps)
-            gpu_readings = []
+            gpu_readings, idle_here = [], 0
             running_here = {job["job_id"] for job in jobs_of.get(node.name, [])}
             stale = monitor is not None and answer.time - monitor.readings_time > max(
                 _STALE_READINGS, _STALE_POLLS * monitor.interval)
-            for gpu in usage.gpu_rows(answer):
+            gpus = agent.gpus[1] if agent.gpus[0] is answer else usage.gpu_rows(answer)
+            agent.gpus = (answer, gpus)  # an answer the collector took is taken in at its interval, not each refresh
+            for gpu in gpus:
                 # Slurm's allocation names the holders; the agent's own records (its Prolog's) where Slurm names none,
                 # of jobs Slurm runs on the node (a record outlives a job whose Epilog never ran: a gone job holds
                 # no GPU), or all of them while Slurm's queue was never read
@@ -587,13 +602,14 @@ class Watcher:
                                               None if stale else gpu.utilization, self.settings.idle_utilization,
                                               now)
                 flagged = since is not None and now - since >= self.settings.idle_gpu_after
-                idle += flagged
-                gpu_readings.append({**asdict(gpu), "holders": [asdict(h) for h in holders],
+                idle_here += flagged
+                gpu_readings.append({**_plain(gpu), "holders": [_plain(h) for h in holders],
                                      "idle_since": since, "idle": flagged})
-            rows.append({**asdict(status), "owner": drain_owner(node), "addr": node.addr, "version": node.version,
+            rows.append({**_plain(status), "owner": drain_owner(node), "addr": node.addr, "version": node.version,
                          "os": node.os,
                          "gpus_total": sum(gpus_by_type([node]).values()),
                          "gpu_readings": gpu_readings,
+                         "figures": figures_of(gpus, idle_here),
                          "jobs": jobs_of.get(node.name, []),
                          "agent_findings": findings,
                          "findings_shown": finding_lines(status.findings, findings),
@@ -607,6 +623,7 @@ class Watcher:
                                    "journal": agent.journal_note},
                          "ssh": ssh_command(self.settings.ssh_command, node),
                          "grafana": self.settings.grafana_url.replace("{node}", node.name)})
+        idle = sum(row["figures"][-1] for row in rows)
         self._idle.forget_except(read)
         configured = gpus_by_type(self._nodes)
         allocated = allocation.allocation_summary(self._nodes, self._jobs, configured, idle)
@@ -646,11 +663,5 @@ class Watcher:
                       "history": list(self.history), "grafana": self.settings.grafana_url.replace("{node}", "")},
             "nodes": rows,
         }
-        view = PageView(data, slurm_events=list(self._slurm_events),
-                    repair_events=list(self._repair_events), open_records=list(self._open),
-                    records=list(self._records))
-        try:
-            view.body = json.dumps(data, default=str, allow_nan=False).encode()
-        except ValueError:  # a NaN or infinity in an agent's answer: JSON has none, a browser would refuse it all
-            view.body = json.dumps(_finite(data), default=str).encode()
-        return view
+        return PageView(data, slurm_events=list(self._slurm_events), repair_events=list(self._repair_events),
+                        open_records=list(self._open), records=list(self._records))

@@ -1,12 +1,30 @@
 // slurm-ext cluster page: plain JavaScript, no framework, nothing fetched from elsewhere.
-// It polls the server's one shared view of the cluster (/api/cluster) every refresh interval and draws the tab on
-// show; operations POST with the page's CSRF token and the operator's token (kept in this tab's sessionStorage).
+// It polls the server's one shared view of the cluster (/api/cluster?since=) every refresh interval, asking only for
+// what changed since the version it has: each node's row without its GPUs' readings, and apart from the rows each
+// node's figures (changes.FIGURES), which move at nearly every refresh. The Nodes list, which shows each GPU, asks
+// for its page of whole rows, filtered and sorted by the server (/api/nodes). It draws the tab on show; operations
+// POST with the page's CSRF token and the operator's token (kept in this tab's sessionStorage).
 "use strict";
 
 const STATES = ["healthy", "booting", "unhealthy", "pending", "paused"];
+//: usage history points kept (the server's: an hour at a 5 s refresh)
+const HISTORY_KEPT = 720;
+//: rows of the Nodes list a page (/api/nodes?limit=): next and previous go through the rest
+const LIST_PAGE = 100;
+//: rows of the Health checks tab's check table drawn at most (choosing a node shows that node's)
+const CHECKS_MAX = 500;
+const byName = new Intl.Collator(undefined, {numeric: true});
 const page = {
   view: null, session: null, lastGood: 0, tab: "overview",
   sort: {key: "name", desc: false}, nodeView: sessionStorage.getItem("slurm-ext-node-view") || "list", timer: null,
+  // the rows by node name (without their GPUs' readings), each node's figures by name ([utilization %, memory used
+  // MiB, memory total MiB, hottest C, idle GPUs]: changes.FIGURES), the version of the view held (asked back as
+  // since=), and counts of the merges that changed a row (changes) or a node's figures (moved): what the grids and
+  // the Nodes tab redraw on
+  rows: new Map(), figures: new Map(), version: "", changes: 0, moved: 0, polls: 0, shown: null, grids: null,
+  // the Nodes list: its first row (offset), the newest request's number (an older answer is dropped), the last
+  // answer of /api/nodes ({total, offset, rows}) and what the last request was refused for
+  list: {offset: 0, asked: 0, answer: null, error: ""},
 };
 
 // -- small helpers --------------------------------------------------------------------------------------------
@@ -89,10 +107,16 @@ async function post(path, body, retried = false) {
 
 async function poll() {
   clearTimeout(page.timer);
+  const asked = ++page.polls;
   try {
-    page.view = await getJSON("api/cluster");
+    // since= empty the first time (the whole view, the page's form of it), then the version held
+    const answer = await getJSON(`api/cluster?since=${encodeURIComponent(page.version)}`);
+    if (asked !== page.polls) return;  // a poll asked after this one (an operation's) takes the newer answer in
+    merge(answer);
     page.lastGood = Date.now() / 1000;
   } catch (err) {
+    if (asked !== page.polls) return;
+    if (err.status === 400) page.version = "";  // a version the server does not take: the whole view next time
     if (err.status === 401) {  // viewing needs sign-in, or the sign-in expired: the prompt says which
       await showSession(err.message);
       page.timer = setTimeout(poll, 1000 * ((page.view && page.view.refresh) || 5));
@@ -102,6 +126,43 @@ async function poll() {
   }
   if (page.view) draw();
   page.timer = setTimeout(poll, 1000 * ((page.view && page.view.refresh) || 5));
+}
+
+// An answer of /api/cluster?since= taken in: the whole view ("full") replaces the rows and the figures held, a delta
+// changes the rows and the figures it sends and drops both of each node it says "removed"; the usage history points
+// it sends follow those held. page.view is the answer with every row held, sorted by name (its figures in
+// page.figures).
+function merge(answer) {
+  const usage = answer.usage || {};
+  const figures = Object.entries(answer.figures || {});
+  let history, renamed = false;
+  if (answer.full || !page.view) {
+    page.rows = new Map((answer.nodes || []).map((n) => [n.name, n]));
+    page.figures = new Map(figures);  // a Map: a node's name is never taken for an object's own key
+    history = usage.history || [];
+    renamed = true;
+  } else {
+    for (const n of answer.nodes || []) {
+      renamed = renamed || !page.rows.has(n.name);
+      page.rows.set(n.name, n);
+    }
+    for (const [name, f] of figures) page.figures.set(name, f);
+    for (const name of answer.removed || []) {
+      renamed = page.rows.delete(name) || renamed;
+      page.figures.delete(name);
+    }
+    const held = (page.view.usage || {}).history || [], newest = held.length ? held[held.length - 1][0] : -Infinity;
+    history = held.concat((usage.history || []).filter((p) => p[0] > newest));
+  }
+  if (history.length > HISTORY_KEPT) history = history.slice(-HISTORY_KEPT);
+  const nodes = renamed ? [...page.rows.values()].sort((a, b) => byName.compare(a.name, b.name)) :
+    page.view.nodes.map((n) => page.rows.get(n.name));
+  if (answer.full || (answer.nodes || []).length || (answer.removed || []).length) page.changes++;
+  if (answer.full || figures.length || (answer.removed || []).length) page.moved++;
+  page.version = answer.version || "";
+  page.view = {...answer, nodes, usage: {...usage, history}};
+  delete page.view.removed;
+  delete page.view.figures;
 }
 
 function banner(text, error) {
@@ -152,8 +213,7 @@ function draw() {
 function drawOverview(view) {
   $("state-counts").innerHTML = STATES.map((s) =>
     `<div class="count ${s}" data-state="${s}"><div class="n">${esc(view.counts[s])}</div>${s}</div>`).join("");
-  $("state-grid").innerHTML = view.nodes.map((n) =>
-    `<div class="cell ${esc(n.state)}" title="${esc(n.name)}: ${esc(n.state)}${n.reason ? " - " + esc(n.reason) : ""}">${esc(n.name)}</div>`).join("");
+  page.grids.state.show(view.nodes, page.changes);
   const usage = view.usage.now || {};
   const alloc = view.allocation || {};
   $("usage-allocation").textContent = alloc.gpus ?
@@ -258,35 +318,220 @@ function drawConfig(c, accepting) {
   $("config").tBodies[0].innerHTML = rows.map(([k, v]) => `<tr><th>${esc(k)}</th><td>${esc(v)}</td></tr>`).join("");
 }
 
-// -- nodes ----------------------------------------------------------------------------------------------------------
+// -- the node grids ------------------------------------------------------------------------------------------------
+// The Overview's state grid and the Nodes tab's grid view are each one <canvas>, not an element per node: one cell
+// per node, coloured by its state as the stylesheet colours states (--healthy, ...), the Nodes grid's with the node's
+// name and GPU use written in it (its figures: page.figures); a tooltip names the node under the pointer, its state,
+// reason and what it holds.
+// A grid taller than the window draws the cells in view only, and those again as the window scrolls; otherwise it is
+// drawn again only when its rows or its size changed. Its canvas says what it holds (data-nodes: the cells laid out,
+// data-drawn: those drawn last, in view), and slurmExt.cellAt(name, grid) where a node's cell is.
 
-function nodeFigures(n) {
-  const readings = n.gpu_readings || [];
-  const util = readings.filter((g) => g.utilization != null);
-  const used = readings.reduce((s, g) => s + (g.memory_used_mib || 0), 0);
-  const total = readings.reduce((s, g) => s + (g.memory_total_mib || 0), 0);
-  const temps = readings.filter((g) => g.temperature != null).map((g) => g.temperature);
-  return {
-    utilization: util.length ? util.reduce((s, g) => s + g.utilization, 0) / util.length : null,
-    memory: total ? used / total : null, used, total,
-    temperature: temps.length ? Math.max(...temps) : null,
-  };
+const GRID_FONT = "12px system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif";
+const stateColours = {};
+function stateColour(state) {
+  if (!(state in stateColours)) {
+    stateColours[state] = getComputedStyle(document.documentElement).getPropertyValue(`--${state}`).trim() || "#8a8f98";
+  }
+  return stateColours[state];
+}
+// what a cell of the Nodes grid says: its name, then its GPUs in use and their utilization
+function cellLines(n) {
+  const f = nodeFigures(n);
+  return [n.name, `${n.gpus_used}/${counted(n.gpus_total, "GPU")}` +
+    `${f.utilization == null ? "" : " " + f.utilization.toFixed(0) + "%"}`];
+}
+function cellTip(n) {
+  return `${n.name}: ${n.state}${n.reason ? " - " + n.reason : ""}` +
+    `${(n.held || []).length ? "; held: " + n.held.join("; ") : ""}`;
+}
+// `text` cut to `room` pixels with an ellipsis, as the stylesheet's text-overflow cut it
+function fitted(context, text, room) {
+  if (context.measureText(text).width <= room) return text;
+  let low = 0, high = text.length;
+  while (low < high) {
+    const middle = Math.ceil((low + high) / 2);
+    if (context.measureText(text.slice(0, middle) + "\u2026").width <= room) low = middle; else high = middle - 1;
+  }
+  return text.slice(0, low) + "\u2026";
 }
 
+class Grid {
+  // box: the grid's element, its <canvas> inside; big: the Nodes grid's cells (92 px, with text), else small ones that
+  // fit the cluster in about 480 px of height; pick(row): what a click on a cell does
+  constructor(box, big, pick) {
+    Object.assign(this, {box, big, pick, canvas: box.querySelector("canvas"), rows: [], key: null, width: 0,
+      top: 0, tall: 0, ratio: 0, cell: {w: 0, h: 0, gap: 0, cols: 1, height: 0}});
+    new ResizeObserver(() => { if (this.box.clientWidth !== this.width) this.layout(); }).observe(box);
+    this.canvas.addEventListener("mousemove", (event) => this.hover(event));
+    this.canvas.addEventListener("mouseleave", () => { $("grid-tip").hidden = true; });
+    this.canvas.addEventListener("click", (event) => {
+      const row = this.rowAt(event.clientX, event.clientY);
+      if (row && this.pick) this.pick(row);
+    });
+  }
+
+  // these rows, drawn again only when `key` (what they were made of) changed
+  show(rows, key) {
+    if (key === this.key && rows.length === this.rows.length) return;
+    this.rows = rows;
+    this.key = key;
+    this.layout();
+  }
+
+  layout() {
+    this.width = this.box.clientWidth;
+    if (!this.width) return;  // hidden: laid out when shown (the observer)
+    let w = 92, h = 40, gap = 4;
+    if (!this.big) {
+      const step = Math.max(4, Math.min(18, Math.floor(Math.sqrt(this.width * 480 / Math.max(1, this.rows.length)))));
+      gap = step >= 12 ? 4 : step >= 7 ? 2 : 1;
+      w = h = step - gap;
+    }
+    const cols = Math.max(1, Math.floor((this.width + gap) / (w + gap)));
+    const height = Math.max(0, Math.ceil(this.rows.length / cols) * (h + gap) - gap);
+    this.cell = {w, h, gap, cols, height};
+    this.box.style.height = `${height}px`;
+    this.paint(true);
+  }
+
+  // the cells in view drawn (all of them where the grid fits in the window); `again`: even where the same part is
+  paint(again = false) {
+    const {w, h, gap, cols, height} = this.cell;
+    if (!this.width || this.box.hidden) return;
+    const tall = Math.min(height, window.innerHeight);
+    const top = Math.max(0, Math.min(height - tall, Math.floor(-this.box.getBoundingClientRect().top)));
+    const ratio = window.devicePixelRatio || 1;
+    if (!again && top === this.top && tall === this.tall && ratio === this.ratio) return;
+    Object.assign(this, {top, tall, ratio});
+    const canvas = this.canvas;
+    Object.assign(canvas.style, {top: `${top}px`, width: `${this.width}px`, height: `${tall}px`});
+    canvas.width = Math.round(this.width * ratio);  // sizing clears it
+    canvas.height = Math.round(tall * ratio);
+    const context = canvas.getContext("2d");
+    context.setTransform(ratio, 0, 0, ratio, 0, 0);
+    context.font = GRID_FONT;
+    context.textBaseline = "top";
+    const first = Math.floor(top / (h + gap)) * cols;
+    const last = Math.min(this.rows.length, Math.ceil((top + tall) / (h + gap)) * cols);
+    const radius = Math.min(5, w / 4);
+    for (let i = first; i < last; i++) {
+      const n = this.rows[i], x = (i % cols) * (w + gap), y = Math.floor(i / cols) * (h + gap) - top;
+      context.fillStyle = stateColour(n.state);
+      context.beginPath();
+      if (context.roundRect) context.roundRect(x, y, w, h, radius); else context.rect(x, y, w, h);
+      context.fill();
+      if (this.big) {
+        context.fillStyle = "#fff";
+        cellLines(n).forEach((line, k) => context.fillText(fitted(context, line, w - 12), x + 6, y + 5 + 16 * k));
+      }
+    }
+    canvas.dataset.nodes = this.rows.length;
+    canvas.dataset.drawn = Math.max(0, last - first);
+    canvas.setAttribute("aria-label", `${counted(this.rows.length, "node")} by state`);
+  }
+
+  // the row whose cell is at these viewport coordinates, or null (a gap, past the last)
+  rowAt(clientX, clientY) {
+    const {w, h, gap, cols} = this.cell, box = this.box.getBoundingClientRect();
+    const x = clientX - box.left, y = clientY - box.top;
+    const col = Math.floor(x / (w + gap)), line = Math.floor(y / (h + gap));
+    if (x < 0 || y < 0 || col >= cols || x - col * (w + gap) >= w || y - line * (h + gap) >= h) return null;
+    return this.rows[line * cols + col] || null;
+  }
+
+  hover(event) {
+    const row = this.rowAt(event.clientX, event.clientY), tip = $("grid-tip");
+    this.canvas.style.cursor = row && this.pick ? "pointer" : "";
+    tip.hidden = !row;
+    if (!row) return;
+    tip.textContent = cellTip(row);
+    Object.assign(tip.style, {left: `${event.clientX + 12}px`, top: `${event.clientY + 14}px`});
+  }
+
+  // where node `name`'s cell is (viewport coordinates of its centre, for a click) and what it says; null: not here
+  cellAt(name) {
+    const i = this.rows.findIndex((n) => n.name === name);
+    if (i < 0) return null;
+    const {w, h, gap, cols} = this.cell, box = this.box.getBoundingClientRect(), n = this.rows[i];
+    const x = (i % cols) * (w + gap), y = Math.floor(i / cols) * (h + gap);
+    return {name: n.name, state: n.state, lines: this.big ? cellLines(n) : [], tip: cellTip(n),
+      x: box.left + x + w / 2, y: box.top + y + h / 2, width: w, height: h,
+      drawn: !this.box.hidden && this.width > 0 && y >= this.top && y + h <= this.top + this.tall};
+  }
+}
+
+// for tests and benchmarks: the grids' cells without an element each, the version held, a node's figures as held,
+// and the Nodes list's page as the server answered it
+window.slurmExt = {
+  cellAt: (name, grid = "node-grid") => page.grids[grid === "state-grid" ? "state" : "nodes"].cellAt(name),
+  cells: (grid = "node-grid") => page.grids[grid === "state-grid" ? "state" : "nodes"].rows
+    .map((n) => ({name: n.name, state: n.state})),
+  version: () => page.version,
+  figures: (name) => page.figures.get(name) || null,
+  listed: () => page.list.answer && {total: page.list.answer.total, offset: page.list.answer.offset,
+    names: page.list.answer.rows.map((n) => n.name)},
+};
+
+// -- nodes ----------------------------------------------------------------------------------------------------------
+
+// A node's figures as the page holds them (page.figures, changes.FIGURES): its GPUs' mean utilization (%), the share
+// of their memory used, used and in all (MiB), the hottest one's temperature (C), how many are flagged idle; null
+// where no GPU says it (a node without readings).
+function nodeFigures(n) {
+  return figuresNamed(page.figures.get(n.name));
+}
+function figuresNamed(f) {
+  const [utilization, used, total, temperature, idle] = f || [];
+  return {utilization: utilization ?? null, memory: used != null && total ? used / total : null, used: used ?? null,
+    total: total ?? null, temperature: temperature ?? null, idle: idle || 0};
+}
+// A whole row's figures from its own GPUs' readings (a row of /api/nodes), as the server works them out
+// (changes.figures_of): the list's columns then agree with the GPUs beside them and with the order the server sorted
+// the rows in.
+function rowFigures(n) {
+  const readings = (n.gpu_readings || []).filter((g) => g && typeof g === "object");
+  const numbers = (key) => readings.map((g) => g[key]).filter((v) => typeof v === "number" && Number.isFinite(v));
+  const [busy, used, total, hot] = ["utilization", "memory_used_mib", "memory_total_mib", "temperature"].map(numbers);
+  const sum = (values) => values.reduce((s, v) => s + v, 0);
+  return figuresNamed([busy.length ? Math.round(sum(busy) / busy.length) : null,
+    used.length ? Math.round(sum(used)) : null, total.length ? Math.round(sum(total)) : null,
+    hot.length ? Math.max(...hot) : null, readings.filter((g) => g.idle).length]);
+}
+
+// The Nodes tab's filters as the server's /api/nodes takes them (web/nodelist.py), and the grid view applies them
+// to the rows it holds: the state, and a part of the name (any case) or "=NAME", that node alone (as a click on the
+// Overview's grid sets it). A lone "=" is nothing typed yet.
+function nodeFilters() {
+  const typed = $("node-name").value.trim();
+  return {state: $("node-state").value, name: typed === "=" ? "" : typed};
+}
+
+// The Nodes grid's rows: filtered (nodeFilters) and sorted as the server sorts the list (ties by name, n2 before
+// n10; a node without a figure first in ascending order; descending reverses all), over every row held; worked out
+// again only when a row, a filter or the sort changed (or the figures, where it sorts by one).
 function shownNodes(view) {
-  const state = $("node-state").value, name = $("node-name").value.trim().toLowerCase();
-  const rows = view.nodes.filter((n) => (!state || n.state === state) && (!name || n.name.toLowerCase().includes(name)));
+  const {state, name: typed} = nodeFilters();
   const key = page.sort.key, sign = page.sort.desc ? -1 : 1;
+  const byFigure = ["utilization", "memory", "temperature"].includes(key);
+  const asked = `${page.changes}|${byFigure ? page.moved : ""}|${state}|${typed}|${key}|${sign}`;
+  if (page.shown && page.shown.asked === asked) return page.shown;
+  const exact = typed.startsWith("=") ? typed.slice(1) : null, name = typed.toLowerCase();
   const value = (n) => {
-    if (["utilization", "memory", "temperature"].includes(key)) return nodeFigures(n)[key] ?? -1;
-    if (key === "state") return STATES.indexOf(n.state);
+    if (byFigure) return nodeFigures(n)[key] ?? -1;
+    if (key === "state") return STATES.includes(n.state) ? STATES.indexOf(n.state) : STATES.length;
     if (key === "jobs") return (n.jobs || []).length;
-    return n[key] ?? "";
+    if (key === "gpus_used") return n.gpus_used || 0;
+    if (key === "reason") return n.reason || "";
+    return 0;  // name: by name alone
   };
-  return rows.sort((a, b) => {
-    const x = value(a), y = value(b);
-    return (x < y ? -1 : x > y ? 1 : a.name.localeCompare(b.name, undefined, {numeric: true})) * sign;
-  });
+  const rows = view.nodes.filter((n) => (!state || n.state === state) &&
+    (exact !== null ? n.name === exact : !name || n.name.toLowerCase().includes(name)))
+    .map((n) => [value(n), n])  // each row's value once, not once per comparison
+    .sort(([x, a], [y, b]) => (x < y ? -1 : x > y ? 1 : byName.compare(a.name, b.name)) * sign)
+    .map(([, n]) => n);
+  page.shown = {asked, rows};
+  return page.shown;
 }
 
 function opsOf(n) {
@@ -300,37 +545,80 @@ function opsOf(n) {
     `<button type="button" class="op op-ssh" data-op="ssh" data-command="${esc(n.ssh)}">copy ssh</button></span>`;
 }
 
+// The Nodes tab: the grid over the rows held (every node), or the list's page of whole rows asked of the server.
 function drawNodes(view) {
-  const rows = shownNodes(view);
-  $("node-shown").textContent = `${rows.length} of ${counted(view.nodes.length, "node")}`;
+  if (!view) return;
   for (const th of document.querySelectorAll("#node-table th[data-sort]")) {
     th.classList.toggle("sorted", th.dataset.sort === page.sort.key);
     th.classList.toggle("desc", th.dataset.sort === page.sort.key && page.sort.desc);
   }
-  $("node-table").hidden = page.nodeView !== "list";
-  $("node-grid").hidden = page.nodeView !== "grid";
-  if (page.nodeView === "grid") {
-    $("node-grid").innerHTML = rows.map((n) => {
-      const f = nodeFigures(n);
-      return `<div class="cell ${esc(n.state)}" data-node="${esc(n.name)}" title="${esc(n.name)}: ${esc(n.state)}` +
-        `${n.reason ? " - " + esc(n.reason) : ""}${(n.held || []).length ? "; held: " + esc(n.held.join("; ")) : ""}` +
-        `">${esc(n.name)}<br>${esc(n.gpus_used)}/${esc(counted(n.gpus_total, "GPU"))}` +
-        `${f.utilization == null ? "" : " " + f.utilization.toFixed(0) + "%"}</div>`;
-    }).join("");
+  const list = page.nodeView === "list";
+  $("node-table").hidden = !list;
+  $("node-pages").hidden = !list;
+  $("node-grid").hidden = list;
+  if (list) {
+    askList();  // drawn when it answers (drawList); meanwhile the page held stays
     return;
   }
+  const shown = shownNodes(view);
+  $("node-shown").textContent = `${shown.rows.length} of ${counted(view.nodes.length, "node")}`;
+  page.grids.nodes.show(shown.rows, `${shown.asked}|${page.moved}`);  // its cells say each node's utilization
+}
+
+// A filter or the sort changed: the list from its first row again.
+function nodesAsked() {
+  page.list.offset = 0;
+  drawNodes(page.view);
+}
+
+// The list's page asked of /api/nodes with the filters, the sort and its offset; an answer older than the newest
+// request is dropped (a filter typed fast, a poll beside it). A page past the end (nodes gone, a filter narrowed
+// since) asks for the last page instead.
+async function askList() {
+  const {state, name} = nodeFilters();
+  const query = new URLSearchParams({sort: page.sort.key, desc: page.sort.desc ? "1" : "0",
+    offset: String(page.list.offset), limit: String(LIST_PAGE)});
+  if (state) query.set("state", state);
+  if (name) query.set("name", name);
+  const asked = ++page.list.asked;
+  try {
+    const answer = await getJSON(`api/nodes?${query}`);
+    if (asked !== page.list.asked) return;
+    if (!answer.rows.length && answer.total && answer.offset >= answer.total) {
+      page.list.offset = Math.floor((answer.total - 1) / LIST_PAGE) * LIST_PAGE;
+      askList();
+      return;
+    }
+    Object.assign(page.list, {answer, error: ""});
+  } catch (err) {
+    if (asked !== page.list.asked) return;
+    Object.assign(page.list, {answer: null, error: err.message});  // e.g. a name with a character no node has
+  }
+  drawList();
+}
+
+function drawList() {
+  const view = page.view, {answer, error} = page.list;
+  if (!view) return;
+  const total = answer ? answer.total : 0, first = answer ? answer.offset : 0, rows = answer ? answer.rows : [];
+  $("node-shown").textContent = error ? "" : `${total} of ${counted(view.nodes.length, "node")}`;
+  $("node-range").textContent = error ? `the list: ${error}` : rows.length ?
+    `${first + 1}-${first + rows.length} of ${total}` : "no node matches";
+  $("node-previous").disabled = error !== "" || first <= 0;
+  $("node-next").disabled = error !== "" || first + rows.length >= total;
   const focused = document.activeElement && document.activeElement.closest("#node-table .ops");
+  if (focused) return;  // an operator is typing a reason: the next poll draws
   const gpuLine = (g) => `<div class="gpu${g.idle ? " idle" : ""}" data-gpu="${esc(g.index)}">gpu ${esc(g.index)}: ` +
-    `${g.utilization ?? "-"} %, ${gib(g.memory_used_mib)}` +
+    `${esc(g.utilization ?? "-")} %, ${gib(g.memory_used_mib)}` +
     `${(g.holders || []).length ? " - " + g.holders.map((h) => `job ${esc(h.job_id)} (${esc(h.user || "?")})`).join(", ") : ""}` +
     `${g.idle ? ` <span class="idle-flag" title="held by a job and under ${esc(view.allocation.idle_below)} since ` +
       `${when(g.idle_since)}">idle ${age(view.refreshed - g.idle_since)}</span>` : ""}${g.error ? " " + esc(g.error) : ""}</div>`;
-  if (focused) return;  // an operator is typing a reason: the next poll draws
   $("node-table").tBodies[0].innerHTML = rows.map((n) => {
-    const f = nodeFigures(n);
+    const f = rowFigures(n);
     const findings = n.findings_shown || [];
     const gpus = (n.gpu_readings || []).map((g) => `gpu ${g.index}: ${g.utilization ?? "-"}% ` +
       `${gib(g.memory_used_mib)} ${g.temperature ?? "-"}C${g.error ? " " + g.error : ""}`).join("\n");
+    const agent = n.agent || {};
     return `<tr data-node="${esc(n.name)}" data-state="${esc(n.state)}"><td>${esc(n.name)}</td>` +
       `<td><span class="badge ${esc(n.state)}">${esc(n.state)}</span> <span class="muted">${esc(n.slurm_state)}</span>` +
       `${n.repair ? `<br><span class="muted">repair: ${esc(n.repair)}</span>` : ""}` +
@@ -344,11 +632,11 @@ function drawNodes(view) {
       `<td class="gpus">${(n.gpu_readings || []).map(gpuLine).join("") || "-"}</td>` +
       `<td class="checks">${checkSummary(n.checks)}</td>` +
       `<td>${esc(n.reason) || "-"}${n.owner ? ` <span class="muted">(${esc(n.owner)})</span>` : ""}` +
-      `${n.agent.error ? `<br><span class="muted">agent: ${esc(n.agent.error)}` +
-        `${n.agent.answered ? `; its figures are ${age(view.refreshed - n.agent.answered)} old` : ""}</span>` : ""}` +
-      `${n.agent.journal ? `<br><span class="muted">journal: ${esc(n.agent.journal)}</span>` : ""}</td>` +
+      `${agent.error ? `<br><span class="muted">agent: ${esc(agent.error)}` +
+        `${agent.answered ? `; its figures are ${age(view.refreshed - agent.answered)} old` : ""}</span>` : ""}` +
+      `${agent.journal ? `<br><span class="muted">journal: ${esc(agent.journal)}</span>` : ""}</td>` +
       `<td>${findings.map(esc).join("<br>") || "-"}</td><td>${opsOf(n)}</td></tr>`;
-  }).join("");
+  }).join("") || (error ? "" : `<tr><td colspan="12" class="muted">no node matches the filters</td></tr>`);
 }
 
 async function operate(button) {
@@ -417,11 +705,14 @@ function drawHealth(view) {
   const checks = [...new Set(nodes.flatMap((n) => Object.keys(n.checks || {})))]
     .filter((c) => !check || c === check).sort();
   $("check-states").tHead.rows[0].innerHTML = `<th>node</th>` + checks.map((c) => `<th>${esc(c)}</th>`).join("");
-  $("check-states").tBodies[0].innerHTML = nodes.map((n) => `<tr data-node="${esc(n.name)}"><td>${esc(n.name)}</td>` +
+  $("check-states").tBodies[0].innerHTML = nodes.slice(0, CHECKS_MAX).map((n) =>
+    `<tr data-node="${esc(n.name)}"><td>${esc(n.name)}</td>` +
     checks.map((c) => {
       const word = n.checks && c in n.checks ? checkWord(n.checks[c]) : "-";
       return `<td class="check ${esc(word)}" data-check="${esc(c)}">${esc(word)}</td>`;
-    }).join("") + `</tr>`).join("") || `<tr><td class="muted">no node</td></tr>`;
+    }).join("") + `</tr>`).join("") + (nodes.length > CHECKS_MAX ? `<tr><td colspan="${checks.length + 1}" ` +
+      `class="muted">showing ${CHECKS_MAX} of ${nodes.length}: choose a node</td></tr>` : "") ||
+    `<tr><td class="muted">no node</td></tr>`;
   const query = new URLSearchParams({limit: "300"});
   for (const [key, id] of [["node", "health-node"], ["check", "health-check"], ["severity", "health-severity"]]) {
     if ($(id).value) query.set(key, $(id).value);
@@ -490,7 +781,7 @@ function drawRepairs() {
     const focused = document.activeElement && document.activeElement.closest("#recommendations .ops");
     if (!focused) {
       $("recommendations").tBodies[0].innerHTML = data.open.map((r) => {
-        const node = (page.view.nodes.find((n) => n.name === r.node) || {name: r.node, ssh: "", repair: r.state});
+        const node = page.rows.get(r.node) || {name: r.node, ssh: "", repair: r.state};
         return `<tr data-node="${esc(r.node)}" data-state="${esc(r.state)}"><td>${esc(r.node)}</td><td>${esc(r.state)}${r.step ? " (" + esc(r.step) + ")" : ""}</td>` +
           `<td>${esc(r.action)}</td><td>${esc(r.signature)}</td><td>${esc(r.evidence)}</td><td>${esc(r.jobs.join(", ")) || "-"}</td>` +
           `<td class="time">${when(r.opened)}</td><td>${esc(r.decided_by) || "-"}${r.note ? ": " + esc(r.note) : ""}</td>` +
@@ -513,6 +804,7 @@ function drawRepairs() {
 // -- tabs, sign-in, events -----------------------------------------------------------------------------------------------
 
 function showTab() {
+  $("grid-tip").hidden = true;  // its grid may be hidden under the pointer now
   page.tab = (location.hash || "#overview").slice(1);
   if (!["overview", "nodes", "health", "repair"].includes(page.tab)) page.tab = "overview";
   for (const tab of ["overview", "nodes", "health", "repair"]) {
@@ -571,6 +863,22 @@ async function signOut() {
 }
 
 async function start() {
+  page.grids = {
+    state: new Grid($("state-grid"), false, (n) => {  // a click on a node: the Nodes tab shows it alone
+      $("node-state").value = "";
+      $("node-name").value = `=${n.name}`;
+      location.hash = "#nodes";
+    }),
+    nodes: new Grid($("node-grid"), true, null),
+  };
+  let painting = false;
+  const paint = () => {  // the cells in view, once a frame at most while the window scrolls or resizes
+    if (painting) return;
+    painting = true;
+    requestAnimationFrame(() => { painting = false; for (const grid of Object.values(page.grids)) grid.paint(); });
+  };
+  window.addEventListener("scroll", paint, {passive: true});
+  window.addEventListener("resize", paint);
   window.addEventListener("hashchange", showTab);
   $("operator").addEventListener("submit", (event) => {
     event.preventDefault();
@@ -587,12 +895,18 @@ async function start() {
     const th = event.target.closest("#node-table th[data-sort]");
     if (th) {
       page.sort = {key: th.dataset.sort, desc: page.sort.key === th.dataset.sort ? !page.sort.desc : false};
-      drawNodes(page.view);
+      nodesAsked();
     }
     const cell = event.target.closest("#state-counts .count");
     if (cell) { $("node-state").value = cell.dataset.state; location.hash = "#nodes"; }
   });
-  for (const id of ["node-state", "node-name"]) $(id).addEventListener("input", () => drawNodes(page.view));
+  for (const id of ["node-state", "node-name"]) $(id).addEventListener("input", nodesAsked);
+  for (const [id, step] of [["node-previous", -LIST_PAGE], ["node-next", LIST_PAGE]]) {
+    $(id).addEventListener("click", () => {
+      page.list.offset = Math.max(0, page.list.offset + step);
+      askList();
+    });
+  }
   for (const id of ["health-node", "health-check", "health-severity"]) {
     $(id).addEventListener("change", () => drawHealth(page.view));
   }
