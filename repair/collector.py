@@ -276,9 +276,10 @@ class Collector:
             rows = [row for line in answer.lines if (row := nodeevents.row_of(name, line)) is not None]
             odd = len(answer.lines) - len(rows) + answer.skipped
             size = sum(len(line) for line in answer.lines)
-            said = json.dumps(self.agents.health(name, addr, self.settings.timeout).wire()) if health else ""
+            said = self.agents.health(name, addr, self.settings.timeout).wire() if health else None
             page = nodeevents.Page(name, cursor, answer.cursor, answer.boot, rows, answer.lost, odd, size,
-                                   health=said)
+                                   health=json.dumps(said) if said else "",
+                                   findings=json.dumps((said["monitor"] or {}).get("findings", []) if said else []))
         except AgentAnswerError as err:
             self._answers.put((name, err.problem))
         except Exception as err:  # a bug: said, and the node asked again later, never a wedged collector

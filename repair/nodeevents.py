@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from .store import Store
 
 __all__ = ["NodeEvent", "Cursor", "Page", "StoredHealth", "schema", "take", "failed", "events", "cursors",
-           "forget_errors", "health", "lost_marks", "prune", "row_of", "LOST", "REFUSED"]
+           "forget_errors", "health", "findings", "lost_marks", "prune", "row_of", "LOST", "REFUSED"]
 
 #: the node_events rows the collector writes for a node whose journal lost lines before they were taken, and for a
 #: page of it the database refused (component repair, so they are told apart from the node's own events)
@@ -61,7 +61,8 @@ def schema(autoincrement: str, text: str, long_text: str, options: str = "") -> 
             taken BIGINT NOT NULL, lost BIGINT NOT NULL, collected DOUBLE NOT NULL, error {text} NOT NULL,
             failing_since DOUBLE NOT NULL){options}""",
         f"""CREATE TABLE IF NOT EXISTS node_health (
-            node VARCHAR(255) PRIMARY KEY, taken DOUBLE NOT NULL, body {long_text} NOT NULL){options}""",
+            node VARCHAR(255) PRIMARY KEY, taken DOUBLE NOT NULL, findings {long_text} NOT NULL,
+            body {long_text} NOT NULL){options}""",
         "CREATE INDEX IF NOT EXISTS node_health_taken ON node_health (taken)",
         "CREATE INDEX IF NOT EXISTS node_events_time ON node_events (time)",
         "CREATE INDEX IF NOT EXISTS node_events_node_time ON node_events (node, time)",
@@ -129,6 +130,8 @@ class Page:
     refused: int = 0
     #: the agent's /health answer asked with the page (HealthAnswer.wire() as JSON), "" when not asked this time
     health: str = ""
+    #: its monitor's open findings (JSON): what `status` reads of it, without the GPUs' readings
+    findings: str = "[]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,7 +204,7 @@ def take(store: Store, pages: list[Page], now: float | None = None) -> tuple[int
                              f"{page.start}: they are missing (the collector's log says why)", "{}"))
             taken += len(page.rows)
             if page.health:
-                answers.append((page.node, now, page.health))
+                answers.append((page.node, now, page.findings, page.health))
             updates.append((page.node, page.cursor, page.boot[:64], before.taken + len(page.rows),
                             before.lost + page.lost, now, "", 0.0))
         for start in range(0, len(rows), _CHUNK):
@@ -209,7 +212,8 @@ def take(store: Store, pages: list[Page], now: float | None = None) -> tuple[int
                         "fields) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows[start:start + _CHUNK])
         _put(store, updates)
         for start in range(0, len(answers), _CHUNK):
-            store._many("REPLACE INTO node_health (node, taken, body) VALUES (?, ?, ?)", answers[start:start + _CHUNK])
+            store._many("REPLACE INTO node_health (node, taken, findings, body) VALUES (?, ?, ?, ?)",
+                        answers[start:start + _CHUNK])
     return taken, dropped
 
 
@@ -297,6 +301,21 @@ def health(store: Store, since: float = 0.0, nodes: list[str] | None = None) -> 
             found[node] = StoredHealth(node, float(taken), HealthAnswer.of(json.loads(body)))
         except (ValueError, RecursionError):  # agentapi says an odd answer with a ValueError
             continue
+    return found
+
+
+def findings(store: Store, since: float = 0.0) -> dict[str, tuple]:
+    """Each node's open findings as its /health answer the collector took at `since` or after said them: `status`'s
+    question, a few hundred bytes a node where the whole answer is some 2.5 KiB. A row that is no list of findings is
+    left out (its node is then asked directly)."""
+    found = {}
+    for node, text in store._execute("SELECT node, findings FROM node_health WHERE taken >= ?", (since,)):
+        try:
+            listed = json.loads(text)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(listed, list):
+            found[node] = tuple(item for item in listed if isinstance(item, dict))
     return found
 
 

@@ -211,9 +211,8 @@ def with_agents(statuses: list[NodeStatus], nodes: list[Node], agents: AgentClie
     addrs = {n.name: n.addr for n in nodes}
 
     def ask(status: NodeStatus) -> tuple[tuple, str, dict | None]:
-        if status.name in taken.answers:
-            answer = taken.answers[status.name]
-            return (answer.monitor.findings if answer.monitor else ()), "", taken.accepted.get(status.name)
+        if status.name in taken.findings:
+            return taken.findings[status.name], "", taken.accepted.get(status.name)
         if status.name in taken.unreachable:
             return (), taken.unreachable[status.name], None
         addr = addrs.get(status.name, "")
@@ -226,8 +225,8 @@ def with_agents(statuses: list[NodeStatus], nodes: list[Node], agents: AgentClie
         except AgentAnswerError:
             run = None  # its health stands; a run it cannot say is not known (`accept show` on the node says why)
         return (answer.monitor.findings if answer.monitor else ()), "", run_summary(run)
-    asked = [s for s in statuses if s.name not in taken.answers and s.name not in taken.unreachable]
-    answers = {s.name: ask(s) for s in statuses if s.name in taken.answers or s.name in taken.unreachable}
+    asked = [s for s in statuses if s.name not in taken.findings and s.name not in taken.unreachable]
+    answers = {s.name: ask(s) for s in statuses if s.name in taken.findings or s.name in taken.unreachable}
     if asked:
         with ThreadPoolExecutor(max_workers=min(16, len(asked))) as pool:
             answers.update(zip((s.name for s in asked), pool.map(ask, asked)))
@@ -245,10 +244,10 @@ def with_agents(statuses: list[NodeStatus], nodes: list[Node], agents: AgentClie
 
 @dataclass
 class Taken:
-    """What the collector took of the nodes lately (`taken_lately`): their /health answers, their journals'
-    newest acceptance runs, and why it could not reach the others."""
+    """What the collector took of the nodes lately (`taken_lately`): the open findings of their /health answers,
+    their journals' newest acceptance runs, and why it could not reach the others."""
 
-    answers: dict = field(default_factory=dict)
+    findings: dict = field(default_factory=dict)
     accepted: dict = field(default_factory=dict)
     unreachable: dict = field(default_factory=dict)
 
@@ -264,14 +263,14 @@ def taken_lately(store, config, now: float) -> Taken:
     from . import nodeevents
     from .collector import CONTROL, LATE, running
     settings = config.history
-    answers = {name: found.answer for name, found in nodeevents.health(store, now - LATE * settings.interval).items()}
+    findings = nodeevents.findings(store, now - LATE * settings.interval)
     collecting = running(store.control(CONTROL), now)
     unreachable = {name: f"the collector cannot reach its agent since {moment(cursor.failing_since)}: {cursor.error}"
                    for name, cursor in nodeevents.cursors(store).items()
-                   if collecting and cursor.error and name not in answers}
+                   if collecting and cursor.error and name not in findings}
     done = nodeevents.events(store, now - settings.keep, components=("acceptance",), names=("acceptance-done",))
     accepted = {found.node: done_summary(found.time, found.data()) for found in done}
-    return Taken(answers, accepted, unreachable)
+    return Taken(findings, accepted, unreachable)
 
 
 def done_summary(finished: float, data: dict) -> dict:

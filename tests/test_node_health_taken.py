@@ -73,7 +73,7 @@ def test_the_collector_takes_each_agents_health_once_an_interval_and_status_asks
         nodes = [Node(name, "IDLE", gres="gpu:h200:8", addr="127.0.0.1") for name in names]
         statuses = node_statuses(nodes, [], [])
         lately = taken_lately(store, _history(0.5), time.time())
-        assert set(lately.answers) == set(names) and not lately.unreachable
+        assert set(lately.findings) == set(names) and not lately.unreachable
         told, unreachable = with_agents(statuses, nodes, _NotAsked(), taken=lately)
         assert not unreachable and all(s.state == "healthy" and not s.findings for s in told)
 
@@ -81,7 +81,7 @@ def test_the_collector_takes_each_agents_health_once_an_interval_and_status_asks
         wait_for("the collector's record of the agents it cannot reach",
                  lambda: len(taken_lately(store, _history(0.5), time.time()).unreachable) == 20, 30)
         lately = taken_lately(store, _history(0.5), time.time())
-        assert not lately.answers  # older than 3 intervals: not what the node says now
+        assert not lately.findings  # older than 3 intervals: not what the node says now
         _, unreachable = with_agents(statuses, nodes, _NotAsked(), taken=lately)
         assert set(unreachable) == set(names)
         assert "the collector cannot reach its agent since" in unreachable["node2"]
@@ -164,6 +164,25 @@ def test_the_page_takes_the_collected_answers_and_asks_no_agent(tmp_path, store)
     watcher.stop()
 
 
+def test_status_says_the_findings_the_collector_took_and_asks_no_agent(store):
+    """A warning a node's monitor holds open (it drains nothing: only its agent says it) is in `status` from the
+    answer the collector took; a node without a collected answer has its agent asked."""
+    now = time.time()
+    answer = simulator._health("n1", now)
+    answer["monitor"]["findings"] = [{"check": "xid", "severity": "warning", "gpu": 0,
+                                      "evidence": "xid 13 gpu 0 graphics engine exception", "action": "none"}]
+    _store_health(store, "n1", answer, now)
+    store.set_control(CONTROL, json.dumps({"interval": 15.0, "nodes": 1}), "collector", now)
+    nodes = [Node("n1", "IDLE", addr="127.0.0.1")]
+    told, unreachable = with_agents(node_statuses(nodes, [], []), nodes, _NotAsked(),
+                                    taken=taken_lately(store, _history(15.0), now))
+    assert not unreachable and told[0].state == "healthy"
+    assert told[0].findings == ["warning: xid xid 13 gpu 0 graphics engine exception"], told[0].findings
+    with pytest.raises(AssertionError, match="node n2's agent was asked"):
+        more = [*nodes, Node("n2", "IDLE", addr="127.0.0.1")]
+        with_agents(node_statuses(more, [], []), more, _NotAsked(), taken=taken_lately(store, _history(15.0), now))
+
+
 def test_a_stored_answer_that_is_no_health_answer_is_left_out(store):
     _store_health(store, "n1", {"node": "n1", "boot": "b", "time": 1.0, "monitor": "odd"}, time.time())
     _store_health(store, "n2", simulator._health("n2", 1.0), time.time())
@@ -182,5 +201,7 @@ def _store_health(store, node: str, answer: dict, when: float) -> None:
     """`answer` stored as the collector stores a node's /health with its page (an empty page)."""
     start = nodeevents.cursors(store).get(node, nodeevents.Cursor(node)).cursor
     offset = int(start.split(":")[1]) + 1 if start else 1
-    nodeevents.take(store, [nodeevents.Page(node, start, f"{'0' * 16}:{offset}", "b", health=json.dumps(answer))],
-                    now=when)
+    monitor = answer.get("monitor")
+    found = monitor.get("findings", []) if isinstance(monitor, dict) else []
+    nodeevents.take(store, [nodeevents.Page(node, start, f"{'0' * 16}:{offset}", "b", health=json.dumps(answer),
+                                            findings=json.dumps(found))], now=when)
