@@ -95,6 +95,8 @@ class Figures:
     pages: int = 0
     #: answers that were not a page (no answer, refused, not believed)
     failures: int = 0
+    #: pages whose agent gave no /health beside them
+    health_failures: int = 0
     #: pages that began at the oldest file kept: the cursor's file had been rotated out
     lost: int = 0
     #: lines that were no journal event, not stored
@@ -276,10 +278,11 @@ class Collector:
             rows = [row for line in answer.lines if (row := nodeevents.row_of(name, line)) is not None]
             odd = len(answer.lines) - len(rows) + answer.skipped
             size = sum(len(line) for line in answer.lines)
-            said = self.agents.health(name, addr, self.settings.timeout).wire() if health else None
+            said, came = self._health(name, addr) if health else (None, 0.0)
             page = nodeevents.Page(name, cursor, answer.cursor, answer.boot, rows, answer.lost, odd, size,
                                    health=json.dumps(said) if said else "",
-                                   findings=json.dumps((said["monitor"] or {}).get("findings", []) if said else []))
+                                   findings=json.dumps((said["monitor"] or {}).get("findings", []) if said else []),
+                                   health_at=came)
         except AgentAnswerError as err:
             self._answers.put((name, err.problem))
         except Exception as err:  # a bug: said, and the node asked again later, never a wedged collector
@@ -287,6 +290,16 @@ class Collector:
             self._answers.put((name, f"collector error: {type(err).__name__}: {err}"))
         else:
             self._answers.put((name, (page, answer.more)))
+
+    def _health(self, name: str, addr: str) -> tuple[dict | None, float]:
+        """The node's /health (HealthAnswer.wire()) and when it came, on a pool thread; (None, 0) when it gave none:
+        its journal's page is taken all the same, and `status` and the page ask that agent themselves."""
+        try:
+            return self.agents.health(name, addr, self.settings.timeout).wire(), self.clock()
+        except AgentAnswerError as err:
+            self.figures.health_failures += 1
+            log.info("collector: node %s gave its journal but no /health: %s", name, err.problem)
+            return None, 0.0
 
     def _came(self, timeout: float) -> list[tuple]:
         """The answers that came, waiting up to `timeout` for the first."""

@@ -99,6 +99,8 @@ _METRICS = (
     ("events", "counter", "Journal events the collector stored"),
     ("pages", "counter", "Journal pages the collector stored (one agent's answer each)"),
     ("failures", "counter", "Agents' answers that were no journal page (no answer, refused, not believed)"),
+    ("health_failures", "counter", "Journal pages whose agent gave no /health beside them (status and the page ask "
+                                   "that agent themselves)"),
     ("lost", "counter", "Journal pages that began at the oldest file kept: lines were rotated out before they were "
                         "taken"),
     ("odd", "counter", "Journal lines that were no event, not stored"),

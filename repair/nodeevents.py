@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from .store import Store
 
 __all__ = ["NodeEvent", "Cursor", "Page", "StoredHealth", "schema", "take", "failed", "events", "cursors",
-           "forget_errors", "health", "findings", "lost_marks", "prune", "row_of", "LOST", "REFUSED"]
+           "forget_errors", "health", "findings", "newest_runs", "lost_marks", "prune", "row_of", "LOST", "REFUSED"]
 
 #: the node_events rows the collector writes for a node whose journal lost lines before they were taken, and for a
 #: page of it the database refused (component repair, so they are told apart from the node's own events)
@@ -132,6 +132,8 @@ class Page:
     health: str = ""
     #: its monitor's open findings (JSON): what `status` reads of it, without the GPUs' readings
     findings: str = "[]"
+    #: when the answer came (the collector's clock): a page that waited for the database is not stamped fresh
+    health_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +206,7 @@ def take(store: Store, pages: list[Page], now: float | None = None) -> tuple[int
                              f"{page.start}: they are missing (the collector's log says why)", "{}"))
             taken += len(page.rows)
             if page.health:
-                answers.append((page.node, now, page.findings, page.health))
+                answers.append((page.node, page.health_at or now, page.findings, page.health))
             updates.append((page.node, page.cursor, page.boot[:64], before.taken + len(page.rows),
                             before.lost + page.lost, now, "", 0.0))
         for start in range(0, len(rows), _CHUNK):
@@ -283,18 +285,20 @@ def cursors(store: Store, nodes: list[str] | None = None) -> dict[str, Cursor]:
     return _cursors(store, nodes)
 
 
-def health(store: Store, since: float = 0.0, nodes: list[str] | None = None) -> dict[str, StoredHealth]:
-    """Each node's /health answer the collector took at `since` or after (the controller's clock: a reader that
-    keeps them asks only from the newest it holds; a transaction's answers share their time), of `nodes` only when
-    given. A row that is no health answer
-    (written by hand, or by another version) is left out: its node is then asked directly."""
+def health(store: Store, since: float = 0.0, held: dict[str, float] | None = None) -> dict[str, StoredHealth]:
+    """Each node's /health answer the collector took at `since` or after (the controller's clock), but those whose
+    time is the one in `held` (node -> the time of the answer a reader holds): a reader that keeps them reads the
+    times of the last few intervals, then only the answers it lacks, whatever order the collector's transactions
+    committed in. A row that is no health answer (written by hand, or by another version) is left out: its node is
+    then asked directly."""
+    held = held or {}
+    times = store._execute("SELECT node, taken FROM node_health WHERE taken >= ?", (since,))
+    wanted = [node for node, taken in times if held.get(node) != float(taken)]
     rows = []
-    for part in ([None] if nodes is None else [nodes[i:i + _CHUNK] for i in range(0, len(nodes), _CHUNK)]):
-        where, args = "taken >= ?", [since]
-        if part is not None:
-            where += f" AND node IN ({', '.join('?' * len(part))})"
-            args += part
-        rows += store._execute(f"SELECT node, taken, body FROM node_health WHERE {where}", tuple(args))
+    for start in range(0, len(wanted), _CHUNK):
+        part = wanted[start:start + _CHUNK]
+        rows += store._execute(f"SELECT node, taken, body FROM node_health WHERE node IN "
+                               f"({', '.join('?' * len(part))})", tuple(part))
     found = {}
     for node, taken, body in rows:
         try:
@@ -327,6 +331,16 @@ def forget_errors(store: Store, nodes: list[str]) -> None:
             part = nodes[start:start + _CHUNK]
             store._execute(f"UPDATE journal_cursors SET error = '', failing_since = 0 WHERE error <> '' AND node IN "
                            f"({', '.join('?' * len(part))})", tuple(part))
+
+
+def newest_runs(store: Store, since: float) -> dict[str, NodeEvent]:
+    """Each node's newest acceptance-done since `since`: its last acceptance run as its journal told it. One query
+    whatever the number of runs (the newest row id of each node, then those rows)."""
+    rows = store._execute(
+        "SELECT id, time, node, component, event, severity, message, fields FROM node_events WHERE id IN ("
+        "SELECT MAX(id) FROM node_events WHERE component = 'acceptance' AND event = 'acceptance-done' AND time >= ? "
+        "GROUP BY node)", (since,))
+    return {n: NodeEvent(int(i), float(t), n, c, e, s, m, _fields(f)) for i, t, n, c, e, s, m, f in rows}
 
 
 def lost_marks(store: Store, since: float, node: str | None = None) -> dict[str, NodeEvent]:

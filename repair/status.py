@@ -253,23 +253,26 @@ class Taken:
 
 
 def taken_lately(store, config, now: float) -> Taken:
-    """What the collector took within 3 of its intervals (`history.interval`): the nodes it covers need no question
-    of their own; while it runs, a node whose agent it cannot reach is said so from its record. Empty without a
-    collector (history.enabled false, or none ran lately): every agent is then asked, as before the collector. A few
-    queries, whatever the number of nodes.
+    """What the collector took within 3 of its intervals (the interval its control row says): the nodes it covers
+    need no question of their own, and a node whose agent it failed to reach is said so from its record. Empty
+    without a collector (history.enabled false, or none said it ran lately): every agent is then asked, as before
+    the collector. A few queries, whatever the number of nodes.
 
     Raises:
         StoreError: the repair database cannot be read."""
     from . import nodeevents
     from .collector import CONTROL, LATE, running
-    settings = config.history
-    findings = nodeevents.findings(store, now - LATE * settings.interval)
-    collecting = running(store.control(CONTROL), now)
+    settings = config.history  # its retention: how far back a node's last acceptance run is looked for
+    interval = running(store.control(CONTROL), now)
+    if not interval:
+        return Taken()
+    findings = nodeevents.findings(store, now - LATE * interval)
+    # an agent the collector failed to reach after its last answer: that answer is not what the node says now
     unreachable = {name: f"the collector cannot reach its agent since {moment(cursor.failing_since)}: {cursor.error}"
-                   for name, cursor in nodeevents.cursors(store).items()
-                   if collecting and cursor.error and name not in findings}
-    done = nodeevents.events(store, now - settings.keep, components=("acceptance",), names=("acceptance-done",))
-    accepted = {found.node: done_summary(found.time, found.data()) for found in done}
+                   for name, cursor in nodeevents.cursors(store).items() if cursor.error}
+    findings = {name: found for name, found in findings.items() if name not in unreachable}
+    accepted = {name: done_summary(found.time, found.data())
+                for name, found in nodeevents.newest_runs(store, now - settings.keep).items()}
     return Taken(findings, accepted, unreachable)
 
 

@@ -370,18 +370,26 @@ def mariadb_schema() -> list[str]:
     return _schema("BIGINT AUTO_INCREMENT PRIMARY KEY", "TEXT", "MEDIUMTEXT", " DEFAULT CHARSET=utf8mb4")
 
 
+#: the columns a table written by an older slurm-ext lacks (CREATE TABLE IF NOT EXISTS leaves its table as it was):
+#: table, column, its definition
+_ADDED = (("repair_events", "acts", "VARCHAR(16) NOT NULL DEFAULT ''"),
+          ("node_health", "findings", "MEDIUMTEXT NOT NULL DEFAULT '[]'"))
+
+
 def _upgrade(store: Store) -> None:
-    """Add the columns a history written by an older slurm-ext lacks (CREATE TABLE IF NOT EXISTS leaves its table as
-    it was). Its old rows keep an empty `acts`: they are listed by their times alone, as they were."""
-    try:
-        store._execute("SELECT acts FROM repair_events WHERE 1 = 0")
-        return
-    except StoreError:
-        pass
-    try:
-        store._execute("ALTER TABLE repair_events ADD COLUMN acts VARCHAR(16) NOT NULL DEFAULT ''")
-    except StoreError:  # another process added it meanwhile: fine if it is there now
-        store._execute("SELECT acts FROM repair_events WHERE 1 = 0")
+    """Add the columns a history written by an older slurm-ext lacks. Its old rows keep the column's default: a
+    repair event an empty `acts` (listed by its time alone, as it was), a node's answer no findings until the
+    collector takes the next."""
+    for table, column, definition in _ADDED:
+        try:
+            store._execute(f"SELECT {column} FROM {table} WHERE 1 = 0")
+            continue
+        except StoreError:
+            pass
+        try:
+            store._execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
+        except StoreError:  # another process added it meanwhile: fine if it is there now
+            store._execute(f"SELECT {column} FROM {table} WHERE 1 = 0")
 
 
 class _Autocommit:

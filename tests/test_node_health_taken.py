@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from helpers.wait import wait_for
-from slurm_ext.agentapi import HealthAnswer
+from slurm_ext.agentapi import AcceptanceAnswer, AgentAnswerError, HealthAnswer
 from slurm_ext.config import section_class
 from slurm_ext.devcluster import fleet as simulator
 from slurm_ext.repair import nodeevents
@@ -136,10 +136,15 @@ def test_the_page_takes_the_collected_answers_and_asks_no_agent(tmp_path, store)
 
     class Agents(_NotAsked):
         asked: list = []
+        runs: list = []
 
         def health(self, node, addr="", timeout=None):
             self.asked.append(node)
             return HealthAnswer.of(simulator._health(node, now[0]))
+
+        def acceptance(self, node, addr="", trigger="", timeout=None):
+            self.runs.append(node)  # at the page's start: a run older than its timeline is known only there
+            return AcceptanceAnswer(node, "fleet", False, False, None)
 
     for name in ("n1", "n2"):
         _store_health(store, name, simulator._health(name, now[0]), now[0])
@@ -148,15 +153,24 @@ def test_the_page_takes_the_collected_answers_and_asks_no_agent(tmp_path, store)
     watcher = Watcher(config.load(path), Slurm(), store, lambda url, timeout: (None, "refused"), agents,
                       clock=lambda: now[0])
     rows = {row["name"]: row for row in watcher.refresh().data["nodes"]}
-    assert agents.asked == []
+    assert agents.asked == [] and sorted(agents.runs) == ["n1", "n2"]
     expected = HealthAnswer.of(simulator._health("n1", now[0])).monitor.gpus
     assert [g["utilization"] for g in rows["n1"]["gpu_readings"]] == [g.utilization for g in expected]
     assert rows["n1"]["checks"]["xid"] == "ok" and rows["n1"]["agent"]["error"] == ""
-    now[0] += 10  # the collector took n2 again, not n1
+    now[0] += 10  # the collector took n2 again, not n1; an answer of n1 taken earlier commits late (a second
+    # collector, a clock stepped back): read all the same
     _store_health(store, "n2", simulator._health("n2", now[0]), now[0])
+    _store_health(store, "n1", {**simulator._health("n1", now[0] - 8), "time": now[0] - 8}, now[0] - 8)
     store.set_control(CONTROL, json.dumps({"interval": 15.0, "nodes": 2}), "collector", now[0])
+    rows = {row["name"]: row for row in watcher.refresh().data["nodes"]}
+    assert agents.asked == [] and sorted(agents.runs) == ["n1", "n2"]  # each run asked once
+    assert rows["n1"]["agent"]["answered"] == now[0] - 8
+    nodeevents.failed(store, {"n2": "Connection refused"}, now[0])  # the collector failed to reach n2 since
     watcher.refresh()
-    assert agents.asked == []
+    assert agents.asked == ["n2"]  # its answer, fresh as it is, is not what n2 says now
+    agents.asked.clear()
+    nodeevents.take(store, [nodeevents.Page("n2", nodeevents.cursors(store)["n2"].cursor, f"{'0' * 16}:999", "b")],
+                    now=now[0])  # it answers the collector again
     now[0] += 40  # n1's answer is older than 3 intervals: its own agent is asked
     store.set_control(CONTROL, json.dumps({"interval": 15.0, "nodes": 2}), "collector", now[0])
     watcher.refresh()
@@ -181,6 +195,63 @@ def test_status_says_the_findings_the_collector_took_and_asks_no_agent(store):
     with pytest.raises(AssertionError, match="node n2's agent was asked"):
         more = [*nodes, Node("n2", "IDLE", addr="127.0.0.1")]
         with_agents(node_statuses(more, [], []), more, _NotAsked(), taken=taken_lately(store, _history(15.0), now))
+
+
+def test_an_agent_the_collector_failed_to_reach_since_is_unreachable_whatever_its_last_answer(store):
+    now = time.time()
+    _store_health(store, "n1", simulator._health("n1", now), now)
+    store.set_control(CONTROL, json.dumps({"interval": 15.0, "nodes": 1}), "collector", now)
+    nodeevents.failed(store, {"n1": "Connection refused"}, now + 1)
+    lately = taken_lately(store, _history(15.0), now + 2)
+    assert not lately.findings and "Connection refused" in lately.unreachable["n1"]
+
+
+def test_an_answer_is_stamped_when_it_came_not_when_the_database_took_it(store):
+    """A page that waited for the database (an outage, a full backlog) is not shown as what the node says now."""
+    came = time.time() - 600
+    nodeevents.take(store, [nodeevents.Page("n1", "", f"{'0' * 16}:1", "b", health=json.dumps(
+        simulator._health("n1", came)), health_at=came)])
+    assert nodeevents.health(store)["n1"].taken == came
+    assert nodeevents.findings(store, time.time() - 45) == {}
+
+
+def test_an_agent_that_gives_its_journal_but_no_health_has_its_page_taken(tmp_path, store):
+    layout = _fleet_layout(tmp_path, 2)
+    fleet = _Fleet(layout, rate=1.0)
+    try:
+        time.sleep(1.5)
+        collector = _collector(layout, store, interval=0.5)
+
+        def refused(node, addr="", timeout=None):
+            raise AgentAnswerError(node, addr, "its /health is not a health answer: a test")
+        collector.agents.health = refused
+        stop = threading.Event()
+        runner = threading.Thread(target=collector.run, args=(stop,))
+        runner.start()
+        wait_for("events stored", lambda: collector.figures.events > 0 and collector.figures.health_failures > 0, 30)
+        stop.set()
+        runner.join(30)
+    finally:
+        fleet.stop()
+    assert collector.figures.failures == 0 and not nodeevents.health(store)
+    assert not any(c.error for c in nodeevents.cursors(store).values())
+
+
+def test_each_nodes_newest_acceptance_run_in_one_query(store):
+    rows = [(1000.0 + i, node, "acceptance", "acceptance-done", "info", "", f"run {i}",
+             json.dumps({"verdict": "pass" if i % 2 else "fail", "level": "quick"}))
+            for i in range(6) for node in ("n1", "n2")]
+    nodeevents.take(store, [nodeevents.Page("n1", "", f"{'0' * 16}:1", "b", rows)])
+    runs = nodeevents.newest_runs(store, 0)
+    assert {node: (run.message, run.fields["verdict"]) for node, run in runs.items()} == \
+        {"n1": ("run 5", "pass"), "n2": ("run 5", "pass")}
+    assert nodeevents.newest_runs(store, 1010.0) == {}
+
+
+def test_a_figure_no_sum_can_hold_is_none_and_never_stops_the_page():
+    from slurm_ext.web.changes import figures_of
+    gpus = [SimpleNamespace(utilization=50, memory_used_mib=1e308, memory_total_mib=1e308, temperature=40)] * 2
+    assert figures_of(gpus, 0) == [50, None, None, 40, 0]
 
 
 def test_a_stored_answer_that_is_no_health_answer_is_left_out(store):

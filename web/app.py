@@ -44,7 +44,7 @@ from slurm_ext.repair.settings import ACTIONS
 from slurm_ext.repair.status import STATES
 
 from .auth import Csrf, Operator, ProxySecret, RequestRefused, Tokens, operator_of
-from .changes import VERSION, Changes
+from .changes import VERSION, Changes, json_bytes
 from .session import COOKIE, SessionRefused, Sessions
 from .signin import RATE, STATE_COOKIE, SIGN_IN_WAIT, SignIn, SignInRefused
 from .healthview import history_rows
@@ -490,8 +490,10 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None, clock=
                 if lists.get("view") is view and len(lists) <= _LISTS_KEPT:
                     lists[question] = found
         offset = int(asked.get("offset", 0))
-        return jsonify(total=len(found), offset=offset,
-                       rows=found[offset:offset + int(asked.get("limit", _NODES_PAGE))])
+        # an agent's figure that JSON has not (an infinity) made null, as in /api/cluster: a browser refuses it all
+        return Response(json_bytes({"total": len(found), "offset": offset,
+                                    "rows": found[offset:offset + int(asked.get("limit", _NODES_PAGE))]}),
+                        mimetype="application/json")
 
     @app.get("/api/timeline")
     def timeline():

@@ -41,11 +41,12 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .watch import PageView
 
-__all__ = ["Changes", "Delta", "KEPT", "VERSION", "FIGURES", "figures_of", "finite"]
+__all__ = ["Changes", "Delta", "KEPT", "VERSION", "FIGURES", "figures_of", "finite", "json_bytes"]
 
-#: refreshes whose changes are kept (at web.refresh 5 s: 10 minutes): a browser whose version is older (a laptop
-#: that slept) gets the whole view
-KEPT = 120
+#: refreshes whose changes are kept (at web.refresh 5 s: a minute): a browser whose version is older (a laptop
+#: that slept) gets the whole view, made once a refresh; each version asked within has a delta made and kept, so
+#: a client that asks with every version it was given costs at most this many
+KEPT = 12
 #: a version as /api/cluster gives it and takes it back in `since`
 VERSION = re.compile(r"^[0-9a-f]{1,16}\.[0-9]{1,12}\Z")
 #: the fields of a row's `agent` that move at every answer and are not a change (the module's docstring)
@@ -155,7 +156,7 @@ class Changes:
                 if kept is not None and kept.shown == shown:  # compared as values: no serialising
                     rows[name] = _Row(kept.body, shown, kept.changed, figures, moved)
                 else:  # serialised once, and only what changed
-                    rows[name] = _Row(_json(_served(row, shown)), shown, number, figures, moved)
+                    rows[name] = _Row(json_bytes(_served(row, shown)), shown, number, figures, moved)
             step = _Step(number, frozenset(before.keys() - rows.keys()), _newest_point(data))
             steps = ((last.steps if last is not None else ()) + (step,))[-self.kept:]
             rest = {key: value for key, value in data.items() if key != "nodes"}
@@ -209,7 +210,9 @@ class Changes:
         return _body(rest, delta.rows)
 
     def _known(self, snapshot: _Snapshot | None, version: str | None) -> int | None:
-        """The number of `version` where the changes since it are kept, else None."""
+        """The number of `version` where its changes are kept (the last KEPT versions), else None: a browser asks with
+        the version before; one that slept, or a client that asks with every version it was given, gets the whole
+        view, which is made once a refresh, where a delta is made and kept for each version asked."""
         if snapshot is None or not version or not VERSION.match(version):
             return None
         epoch, _, number = version.partition(".")
@@ -238,12 +241,16 @@ def figures_of(gpus, idle: int) -> list:
     """A node's figures (FIGURES) from its GPUs as the page shows them (usage.GpuRow) and how many are flagged idle:
     their mean utilization (whole percent), memory used and in all (whole MiB), the hottest's temperature; None
     where no GPU says it. The watcher puts them in the node's row ("figures")."""
+    def whole(values: list) -> int | None:  # a sum of an agent's finite figures may be none (1e308 + 1e308)
+        found = sum(value for value in values if value is not None)
+        return round(found) if values and math.isfinite(found) else None
     busy = [g.utilization for g in gpus if g.utilization is not None]
-    used = [g.memory_used_mib for g in gpus if g.memory_used_mib is not None]
-    total = [g.memory_total_mib for g in gpus if g.memory_total_mib is not None]
     hot = [g.temperature for g in gpus if g.temperature is not None]
-    return [round(sum(busy) / len(busy)) if busy else None, round(sum(used)) if used else None,
-            round(sum(total)) if total else None, max(hot) if hot else None, idle]
+    mean = whole(busy)
+    return [round(mean / len(busy)) if mean is not None else None,
+            whole([g.memory_used_mib for g in gpus if g.memory_used_mib is not None]),
+            whole([g.memory_total_mib for g in gpus if g.memory_total_mib is not None]),
+            max(hot) if hot else None, idle]
 
 
 def _served(row: dict, shown: dict) -> dict:
@@ -284,7 +291,7 @@ def finite(value):
     return value
 
 
-def _json(value) -> bytes:
+def json_bytes(value) -> bytes:
     """`value` as JSON, as the watcher serialises the view: a NaN or infinity of an agent's answer made null."""
     try:
         return json.dumps(value, default=str, allow_nan=False).encode()
@@ -294,5 +301,5 @@ def _json(value) -> bytes:
 
 def _body(rest: dict, rows) -> bytes:
     """`rest` as a JSON object with "nodes": the rows (each JSON already) joined in, not serialised again."""
-    head = _json(rest)
+    head = json_bytes(rest)
     return head[:-1] + (b", " if len(head) > 2 else b"") + b'"nodes": [' + b", ".join(rows) + b"]}"

@@ -58,6 +58,9 @@ log = logging.getLogger("web")
 _CONFIG_EVERY = 600.0
 #: agents asked at once
 _PARALLEL = 32
+#: nodes whose last acceptance run is asked of their agent in one refresh, where the collector took their /health
+#: and their journal told of no run (a run older than the timeline, or the page just started)
+_RUNS_ASKED = 50
 #: points of the usage history kept (at a 5 s refresh: an hour)
 _HISTORY = 720
 #: newest Slurm events kept from one read of the event table
@@ -219,6 +222,8 @@ class Watcher:
         self._taken: dict = {}
         #: the collector's word: its interval while it runs lately, 0 while it does not
         self._collecting = 0.0
+        #: the nodes whose agent the collector failed to reach at its last try
+        self._failing: set = set()
         self._config: dict = {}
         self._config_read = 0.0
         self._prometheus: usage.Usage | None = None
@@ -406,15 +411,19 @@ class Watcher:
 
     def _ask_agents(self, now: float) -> list:
         """Take in what the collector took of each node lately, and ask the other nodes' agents (their futures)."""
-        asked = []
-        fresh = now - 3 * self._collecting
+        from slurm_ext.repair.collector import LATE
+        asked, runs_asked = [], 0
+        fresh = now - LATE * self._collecting
         for node in self._nodes:
             agent = self._agents[node.name]
             found = self._taken.get(node.name)
-            if self._collecting and found is not None and found.taken >= fresh:
+            if self._collecting and found is not None and found.taken >= fresh and node.name not in self._failing:
                 self._use_taken(agent, found)
-                if agent.acceptance_due and agent.done is not None and not agent.busy:
-                    agent.busy = True  # a run its journal told of: its results, asked of its agent
+                # its last run: one its journal told of, or at the page's start (a run older than the timeline), a
+                # few nodes a refresh
+                if agent.acceptance_due and not agent.busy and (agent.done is not None or (
+                        agent.acceptance is None and runs_asked < _RUNS_ASKED)):
+                    agent.busy, runs_asked = True, runs_asked + 1
                     asked.append(self._pool.submit(self._ask_acceptance, node, agent))
                 continue
             if agent.busy:
@@ -427,8 +436,9 @@ class Watcher:
         return asked
 
     def _use_taken(self, agent: _Agent, found) -> None:
-        """A /health answer the collector took, as the node's own answer would be taken in."""
-        if agent.taken == found.taken:
+        """A /health answer the collector took, as the node's own answer would be taken in (not over a newer answer
+        the page had of the agent itself)."""
+        if agent.taken == found.taken or (not agent.taken and agent.answered > found.taken and not agent.error):
             return
         figures = usage.node_usage(found.answer)
         with self._lock:
@@ -483,7 +493,7 @@ class Watcher:
         it took since the last refresh, and each node's newest acceptance-done: a run that ended since the last
         refresh has /acceptance asked at the node's next answer. A few queries, whatever the number of nodes."""
         from slurm_ext.repair import nodeevents
-        from slurm_ext.repair.collector import CONTROL, running
+        from slurm_ext.repair.collector import CONTROL, LATE, running
         try:
             with self._store_lock:
                 store = self._repair_store()
@@ -492,13 +502,16 @@ class Watcher:
                 lost = nodeevents.lost_marks(store, since)
                 done = nodeevents.events(store, since, components=("acceptance",), names=("acceptance-done",),
                                          limit=100000)
-                newest = max((found.taken for found in self._taken.values()), default=0.0)
-                self._taken.update(nodeevents.health(store, newest))
-                said = store.control(CONTROL)
+                interval = running(store.control(CONTROL), now)
+                if interval:  # only the answers of the last intervals this refresh does not hold yet
+                    held = {name: found.taken for name, found in self._taken.items()}
+                    self._taken.update(nodeevents.health(store, now - LATE * interval, held))
         except SlurmExtError as err:
             self._fail("repair", str(err), now)
             return
-        self._collecting = running(said, now)
+        self._collecting = interval
+        # an agent the collector failed to reach after its last answer: that answer is not what the node says now
+        self._failing = {name for name, cursor in cursors.items() if cursor.error}
         newest = {found.node: (found.id, found.time, found.data()) for found in done}
         with self._lock:
             for name, agent in self._agents.items():
