@@ -113,8 +113,12 @@ def page(loaded, simulated: int) -> None:
             first = watcher.changes.version
             full = len(watcher.changes.body(None))
         if round_ == 1:
-            update = len(watcher.changes.body(first))
+            update, zipped = len(watcher.changes.body(first)), len(watcher.changes.body(first, zipped=True))
     whole = len(view.body)
+    repair = watcher.sources["repair"]
+    if not repair.ok or len(watcher._taken) < simulated:  # what the page could not read, said
+        print(f"page: the repair database's source {'ok' if repair.ok else 'failing: ' + repair.error}; answers held "
+              f"{len(watcher._taken)}; the collector's interval as read {watcher._collecting:g}")
     data = json.loads(watcher.changes.body(None))
     taken = sum(1 for row in data["nodes"] if row["agent"]["error"] == "")
     print(f"page at {len(view.data['nodes'])} nodes ({simulated} simulated, their /health as the collector took "
@@ -123,8 +127,8 @@ def page(loaded, simulated: int) -> None:
           f"(median of 3; the page's own CPU {statistics.median(cpus[1:]) * 1000:.0f} ms, the rest Slurm's commands); "
           f"target under 1 s")
     print(f"page sent: the whole view {whole / 2**20:.1f} MiB (a script's), the page's first answer "
-          f"{full / 2**20:.1f} MiB, an update after one refresh ({loaded.web.refresh:g}s) {update / 1024:.0f} KiB; "
-          f"target under 200 KiB")
+          f"{full / 2**20:.1f} MiB, an update after one refresh ({loaded.web.refresh:g}s) {update / 1024:.0f} KiB, "
+          f"{zipped / 1024:.0f} KiB as a browser gets it (gzip); target under 200 KiB")
     watcher.stop()
 
 
