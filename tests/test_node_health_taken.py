@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from helpers.page import LiteralSlurm
 from helpers.wait import wait_for
 from slurm_ext.agentapi import AcceptanceAnswer, AgentAnswerError, HealthAnswer
 from slurm_ext.config import section_class
@@ -121,18 +122,6 @@ def test_the_page_takes_the_collected_answers_and_asks_no_agent(tmp_path, store)
     path = tmp_path / "slurm-ext.toml"
     path.write_text(f'[node]\nstate_dir = "{tmp_path / "state"}"\n[web]\ntoken_file = ""\n')
 
-    class Slurm:
-        def nodes(self):
-            return [Node(f"n{i}", "IDLE", gres="gpu:h200:8", addr="127.0.0.1") for i in (1, 2)]
-
-        def queue(self):
-            return []
-
-        def node_events(self, node, since):
-            return []
-
-        def show_config(self):
-            return {}
 
     class Agents(_NotAsked):
         asked: list = []
@@ -150,7 +139,8 @@ def test_the_page_takes_the_collected_answers_and_asks_no_agent(tmp_path, store)
         _store_health(store, name, simulator._health(name, now[0]), now[0])
     store.set_control(CONTROL, json.dumps({"interval": 15.0, "nodes": 2}), "collector", now[0])
     agents = Agents()
-    watcher = Watcher(config.load(path), Slurm(), store, lambda url, timeout: (None, "refused"), agents,
+    slurm = LiteralSlurm([Node(f"n{i}", "IDLE", gres="gpu:h200:8", addr="127.0.0.1") for i in (1, 2)])
+    watcher = Watcher(config.load(path), slurm, store, lambda url, timeout: (None, "refused"), agents,
                       clock=lambda: now[0])
     rows = {row["name"]: row for row in watcher.refresh().data["nodes"]}
     assert agents.asked == [] and sorted(agents.runs) == ["n1", "n2"]

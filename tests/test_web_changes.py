@@ -29,7 +29,7 @@ from slurm_ext.web.changes import FIGURES, KEPT, Changes, figures_of
 from slurm_ext.web.watch import Watcher
 
 import test_web_page_defects as defects
-from helpers.page import StandInAgents
+from helpers.page import LiteralSlurm, StandInAgents
 from test_web_page_defects import cell, until
 
 #: the page's defects' Chromium fixture, one per module
@@ -248,23 +248,7 @@ def _real_row(tmp_path: Path) -> dict:
 
 # -- /api/cluster?since= -----------------------------------------------------------------------------------------------
 
-class _Slurm:
-    """slurmctld's answers as literal records: `listed`, which a test changes between refreshes."""
-
-    def __init__(self, listed: list[Node]):
-        self.listed = listed
-
-    def nodes(self):
-        return list(self.listed)
-
-    def node_events(self, node, since):
-        return []
-
-    def queue(self):
-        return []
-
-    def show_config(self):
-        return {"ClusterName": "unit", "SLURM_VERSION": "26.05.0"}
+_Slurm = LiteralSlurm
 
 
 def _config(tmp_path: Path, web: str = 'token_file = ""') -> Path:

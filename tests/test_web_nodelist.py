@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.page import LiteralSlurm
 from slurm_ext import config
 from slurm_ext.agentapi import HealthAnswer
 from slurm_ext.repair.store import open_sqlite
@@ -82,25 +83,11 @@ def test_offset_and_limit_cut_the_page_and_the_total_counts_every_match():
 
 # -- /api/nodes --------------------------------------------------------------------------------------------------------
 
-class _Slurm:
+def _slurm(count: int) -> LiteralSlurm:
     """slurmctld's answers as literal records: n1..n`count`, n2 drained by an admin."""
-
-    def __init__(self, count: int):
-        self.listed = [Node(f"n{i}", "IDLE", frozenset({"DRAIN"}) if i == 2 else frozenset(),
-                            "admin: fan" if i == 2 else "", "root" if i == 2 else "", gres="gpu:h200:2",
-                            addr="127.0.0.1") for i in range(1, count + 1)]
-
-    def nodes(self):
-        return list(self.listed)
-
-    def node_events(self, node, since):
-        return []
-
-    def queue(self):
-        return []
-
-    def show_config(self):
-        return {"ClusterName": "unit", "SLURM_VERSION": "26.05.0"}
+    return LiteralSlurm([Node(f"n{i}", "IDLE", frozenset({"DRAIN"}) if i == 2 else frozenset(),
+                              "admin: fan" if i == 2 else "", "root" if i == 2 else "", gres="gpu:h200:2",
+                              addr="127.0.0.1") for i in range(1, count + 1)])
 
 
 class _Agents:
@@ -123,7 +110,7 @@ def page(tmp_path: Path):
     path.write_text(f'[node]\nstate_dir = "{tmp_path / "state"}"\n[web]\ntoken_file = ""\n'
                     f'[repair]\nsqlite_file = "{tmp_path / "repair.db"}"\n')
     store = open_sqlite(str(tmp_path / "repair.db"))
-    watcher = Watcher(config.load(path), _Slurm(120), store, lambda url, timeout: (None, "refused"), _Agents())
+    watcher = Watcher(config.load(path), _slurm(120), store, lambda url, timeout: (None, "refused"), _Agents())
     watcher.refresh()
     yield create_app(config.load(path), watcher).test_client()
     store.close()

@@ -14,6 +14,26 @@ from slurm_ext.repair import nodeevents
 COMPONENTS = ("health", "supervisor", "prolog_epilog")
 
 
+class LiteralSlurm:
+    """slurmctld's answers as literal records: `listed`, which a test may change between refreshes; no job, no
+    event."""
+
+    def __init__(self, listed: list):
+        self.listed = listed
+
+    def nodes(self):
+        return list(self.listed)
+
+    def node_events(self, node, since):
+        return []
+
+    def queue(self):
+        return []
+
+    def show_config(self):
+        return {"ClusterName": "unit", "SLURM_VERSION": "26.05.0"}
+
+
 class StandInAgents:
     """`health` answers `answer` (with each node's name) for every node; no acceptance run is kept."""
 
