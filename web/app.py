@@ -217,8 +217,8 @@ def create_app(config, watcher: Watcher | None = None, store_opener=None, clock=
     app.config.update(PROPAGATE_EXCEPTIONS=False, JSON_SORT_KEYS=False, MAX_CONTENT_LENGTH=MAX_BODY)
     app.extensions["slurm_ext_watcher"] = watcher
     # the watcher's own, whose refresh thread takes each view; else the app's, fed by the first request of each view
-    changes = getattr(watcher, "changes", None) or Changes()
     own_changes = getattr(watcher, "changes", None) is None
+    changes = Changes() if own_changes else watcher.changes
     lists: dict = {}
     lists_lock = threading.Lock()
 
