@@ -262,7 +262,7 @@ def events(store: Store, since: float, until: float | None = None, node: str | N
             args += list(values)
     rows = store._execute("SELECT id, time, node, component, event, severity, message, fields FROM node_events "
                           f"WHERE {' AND '.join(where)} ORDER BY time DESC, id DESC LIMIT {int(limit)}", tuple(args))
-    return [NodeEvent(int(i), float(t), n, c, e, s, m, _fields(f)) for i, t, n, c, e, s, m, f in reversed(rows)]
+    return [_event(row) for row in reversed(rows)]
 
 
 def _holding(text: str) -> tuple[str, list]:
@@ -340,7 +340,7 @@ def newest_runs(store: Store, since: float) -> dict[str, NodeEvent]:
         "SELECT id, time, node, component, event, severity, message, fields FROM node_events WHERE id IN ("
         "SELECT MAX(id) FROM node_events WHERE component = 'acceptance' AND event = 'acceptance-done' AND time >= ? "
         "GROUP BY node)", (since,))
-    return {n: NodeEvent(int(i), float(t), n, c, e, s, m, _fields(f)) for i, t, n, c, e, s, m, f in rows}
+    return {found.node: found for found in map(_event, rows)}
 
 
 def lost_marks(store: Store, since: float, node: str | None = None) -> dict[str, NodeEvent]:
@@ -393,6 +393,13 @@ def _put(store: Store, updates: list[tuple]) -> None:
     for start in range(0, len(updates), _CHUNK):
         store._many("REPLACE INTO journal_cursors (node, cursor_at, boot, taken, lost, collected, error, "
                     "failing_since) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", updates[start:start + _CHUNK])
+
+
+def _event(row: tuple) -> NodeEvent:
+    """A node_events row as `events` and `newest_runs` select it (id, time, node, component, event, severity, message,
+    fields)."""
+    i, t, n, c, e, s, m, f = row
+    return NodeEvent(int(i), float(t), n, c, e, s, m, _fields(f))
 
 
 def _fields(text: str) -> dict:

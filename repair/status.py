@@ -46,7 +46,8 @@ from .recommend import fault_of
 from .store import IN_PROGRESS, Event, Record
 
 __all__ = ["STATES", "NodeStatus", "classify", "node_statuses", "counts", "held", "held_findings", "finding_lines",
-           "with_agents", "Taken", "taken_lately", "done_summary", "warnings", "run_summary", "acceptance_line", "acceptance_state", "OFFER"]
+           "with_agents", "Taken", "taken_lately", "done_summary", "warnings", "run_summary", "acceptance_line",
+           "acceptance_state", "OFFER"]
 
 STATES = ("healthy", "booting", "unhealthy", "pending", "paused")
 #: Slurm's flags of a node on its way back (a reboot asked or under way, a node powering up)
@@ -211,10 +212,6 @@ def with_agents(statuses: list[NodeStatus], nodes: list[Node], agents: AgentClie
     addrs = {n.name: n.addr for n in nodes}
 
     def ask(status: NodeStatus) -> tuple[tuple, str, dict | None]:
-        if status.name in taken.findings:
-            return taken.findings[status.name], "", taken.accepted.get(status.name)
-        if status.name in taken.unreachable:
-            return (), taken.unreachable[status.name], None
         addr = addrs.get(status.name, "")
         try:
             answer = agents.health(status.name, addr, timeout)
@@ -225,8 +222,14 @@ def with_agents(statuses: list[NodeStatus], nodes: list[Node], agents: AgentClie
         except AgentAnswerError:
             run = None  # its health stands; a run it cannot say is not known (`accept show` on the node says why)
         return (answer.monitor.findings if answer.monitor else ()), "", run_summary(run)
-    asked = [s for s in statuses if s.name not in taken.findings and s.name not in taken.unreachable]
-    answers = {s.name: ask(s) for s in statuses if s.name in taken.findings or s.name in taken.unreachable}
+    answers, asked = {}, []
+    for status in statuses:
+        if status.name in taken.findings:
+            answers[status.name] = (taken.findings[status.name], "", taken.accepted.get(status.name))
+        elif status.name in taken.unreachable:
+            answers[status.name] = ((), taken.unreachable[status.name], None)
+        else:
+            asked.append(status)
     if asked:
         with ThreadPoolExecutor(max_workers=min(16, len(asked))) as pool:
             answers.update(zip((s.name for s in asked), pool.map(ask, asked)))
