@@ -91,16 +91,19 @@ def test_each_gpu_names_the_running_jobs_that_hold_it_and_each_node_its_jobs():
 
 def test_a_held_gpu_is_idle_since_its_first_quiet_reading_by_the_same_jobs():
     idle = allocation.IdleGpus()
-    assert idle.update("n1", 0, (1,), 2, 5, now=100.0) == 100.0
-    assert idle.update("n1", 0, (1,), 4, 5, now=200.0) == 100.0  # still quiet: counted from the first reading
-    assert idle.update("n1", 0, (1,), 50, 5, now=300.0) is None  # busy: the count starts again
-    assert idle.update("n1", 0, (1,), 0, 5, now=400.0) == 400.0
-    assert idle.update("n1", 0, (2,), 0, 5, now=500.0) == 500.0  # another job: its own count
-    assert idle.update("n1", 0, (), 0, 5, now=600.0) is None  # not held: not waste
-    assert idle.update("n1", 1, (2,), None, 5, now=600.0) is None  # no utilization read: not judged
-    idle.update("n1", 2, (2,), 0, 5, now=600.0)
-    idle.forget_except({("n1", 0)})
-    assert list(idle.since) == []
+    assert idle.node("n1", [(0, (1,), 2)], 5, now=100.0) == [100.0]
+    assert idle.node("n1", [(0, (1,), 4)], 5, now=200.0) == [100.0]  # still quiet: counted from the first reading
+    assert idle.node("n1", [(0, (1,), 50)], 5, now=300.0) == [None]  # busy: the count starts again
+    assert idle.node("n1", [(0, (1,), 0)], 5, now=400.0) == [400.0]
+    assert idle.node("n1", [(0, (2,), 0)], 5, now=500.0) == [500.0]  # another job: its own count
+    assert idle.node("n1", [(0, (), 0), (1, (2,), None), (2, (2,), 0)], 5, now=600.0) == [None, None, 600.0]
+    # not held: not waste; no utilization read: not judged
+    assert idle.node("n1", [(0, (3,), 0), (2, (2,), 1)], 5, now=700.0) == [700.0, 600.0]
+    assert idle.node("n1", [(0, (3,), 0)], 5, now=800.0) == [700.0]  # GPU 2 gone from the answer: forgotten
+    assert idle.node("n1", [(0, (3,), 0), (2, (2,), 1)], 5, now=900.0) == [700.0, 900.0]
+    idle.node("n2", [(0, (4,), 0)], 5, now=900.0)
+    idle.forget_except({"n2"})
+    assert list(idle.since) == ["n2"]
 
 
 def test_one_fault_is_listed_once_in_a_nodes_findings_cell():

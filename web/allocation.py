@@ -33,27 +33,36 @@ class GpuHolder:
 
 @dataclass
 class IdleGpus:
-    """Since when each held GPU has been idle, across refreshes: (node, index) -> (the jobs holding it, since)."""
+    """Since when each held GPU has been idle, across refreshes: node -> {GPU index: (the jobs holding it, since)}."""
 
     since: dict = field(default_factory=dict)
 
-    def update(self, node: str, index: int, jobs: tuple[int, ...], utilization: int | None, below: int,
-               now: float) -> float | None:
-        """Since when the GPU has been held by `jobs` and under `below` percent (None: not held, busy, or its
-        utilization unknown, which starts the count again)."""
-        key = (node, index)
-        if not jobs or utilization is None or utilization >= below:
-            self.since.pop(key, None)
-            return None
-        held = self.since.get(key)
-        if held is None or held[0] != jobs:
-            held = self.since[key] = (jobs, now)
-        return held[1]
+    def node(self, node: str, gpus: list[tuple[int, tuple[int, ...], int | None]], below: int,
+             now: float) -> list[float | None]:
+        """Since when each of a node's GPUs ((index, the jobs holding it, its utilization)) has been held by the same
+        jobs and under `below` percent: None where it is not held, busy, or its utilization unknown, which starts the
+        count again. The node's GPUs not in `gpus` are forgotten."""
+        before, kept, found = self.since.get(node, {}), {}, []
+        for index, jobs, utilization in gpus:
+            if not jobs or utilization is None or utilization >= below:
+                found.append(None)
+                continue
+            held = before.get(index)
+            if held is None or held[0] != jobs:
+                held = (jobs, now)
+            kept[index] = held
+            found.append(held[1])
+        if kept:
+            self.since[node] = kept
+        else:
+            self.since.pop(node, None)
+        return found
 
-    def forget_except(self, seen: set) -> None:
-        """Drop the GPUs not read this refresh (a node gone, an agent that did not answer: counted again later)."""
-        for key in [k for k in self.since if k not in seen]:
-            del self.since[key]
+    def forget_except(self, nodes: set) -> None:
+        """Drop the GPUs of the nodes not read this refresh (a node gone, an agent that did not answer: counted again
+        later)."""
+        for name in [n for n in self.since if n not in nodes]:
+            del self.since[name]
 
 
 def holders(jobs: list[Job]) -> dict[tuple[str, int], list[GpuHolder]]:

@@ -89,6 +89,8 @@ class _Row:
     #: its figures (FIGURES), and the version number at which they last changed
     figures: list
     figures_changed: int
+    #: the view's row it was made of: the watcher hands the same row again while nothing in it changed
+    row: dict
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,12 +153,16 @@ class Changes:
             data = view.data
             for row in data.get("nodes") or []:
                 name = str(row.get("name", ""))
-                shown, kept, figures = _shown(row), before.get(name), row.get("figures") or _NO_FIGURES
+                kept = before.get(name)
+                if kept is not None and kept.row is row:  # the same row: nothing to compare
+                    rows[name] = kept
+                    continue
+                shown, figures = _shown(row), row.get("figures") or _NO_FIGURES
                 moved = number if kept is None or kept.figures != figures else kept.figures_changed
                 if kept is not None and kept.shown == shown:  # compared as values: no serialising
-                    rows[name] = _Row(kept.body, shown, kept.changed, figures, moved)
+                    rows[name] = _Row(kept.body, shown, kept.changed, figures, moved, row)
                 else:  # serialised once, and only what changed
-                    rows[name] = _Row(json_bytes(_served(row, shown)), shown, number, figures, moved)
+                    rows[name] = _Row(json_bytes(_served(row, shown)), shown, number, figures, moved, row)
             step = _Step(number, frozenset(before.keys() - rows.keys()), _newest_point(data))
             steps = ((last.steps if last is not None else ()) + (step,))[-self.kept:]
             rest = {key: value for key, value in data.items() if key != "nodes"}

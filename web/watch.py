@@ -27,6 +27,7 @@ cluster of 1,000 nodes with 900 powered off does not wait on 900 timeouts.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import re
@@ -35,6 +36,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 
@@ -121,6 +123,21 @@ class _Agent:
     gpus: tuple = (None, [])
 
 
+@dataclass(frozen=True, slots=True)
+class _Made:
+    """A node's row of the last view and what it was made of."""
+
+    #: what its GPUs' holders and idle counts are made of: its agent's answer and error, whether Slurm's queue was
+    #: read, the jobs Slurm runs on it, and its GPUs' holders as Slurm names them
+    inputs: tuple
+    #: each GPU's holders, and since when it is held and idle (None: not)
+    holders: list
+    since: list
+    #: what else the row shows: its status and Slurm's node, its agent's word, which GPUs are flagged idle
+    shown: tuple
+    row: dict
+
+
 @dataclass
 class PageView:
     """One refresh's answer, as the API serves it (JSON-ready)."""
@@ -157,6 +174,22 @@ def _plain(record) -> dict:
     """A dataclass of plain fields (texts, numbers, lists of them) as a dict, without asdict's deep copy of every
     value: the view makes one per node and per GPU, 90,000 a refresh at 10,000 nodes of 8 GPUs."""
     return {name: getattr(record, name) for name in record.__dataclass_fields__}
+
+
+@contextmanager
+def _cycles_collected_after():
+    """Python's cycle collector held off while a refresh runs. At 10,000 nodes a refresh makes a few hundred thousand
+    objects (Slurm's tables parsed, the rows of the nodes that changed), and each of the collector's passes that so
+    many allocations set off walks everything the page holds (its view included): measured, it doubled the refresh.
+    A refresh makes no cycles worth collecting midway (its objects are freed by their counts), and the collector runs
+    again as soon as it ends. The collector is the process's: the page's server is a process of its own."""
+    held = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if held:
+            gc.enable()
 
 
 def drain_owner(node: Node) -> str:
@@ -218,6 +251,8 @@ class Watcher:
         self._open: list = []
         self._paused: dict | None = None
         self._agents: dict[str, _Agent] = {}
+        #: each node's row of the last view, with what it was made of (_view_of makes it again only when that changed)
+        self._rows: dict[str, _Made] = {}
         #: the /health answers the collector took (nodeevents.StoredHealth by node), read from the newest held on
         self._taken: dict = {}
         #: the collector's word: its interval while it runs lately, 0 while it does not
@@ -295,6 +330,10 @@ class Watcher:
 
     def refresh(self) -> PageView:
         """Read the cluster once (one query per Slurm table) and make the view every browser gets."""
+        with _cycles_collected_after():
+            return self._refresh()
+
+    def _refresh(self) -> PageView:
         now = self._clock()
         self.refreshes += 1
         if self._events_future is None or self._events_future.done():  # a slow slurmdbd is not asked twice at once
@@ -561,6 +600,56 @@ class Watcher:
         with self._lock:
             return self._view_of(now)
 
+    def _gpu_states(self, node: Node, agent: _Agent, gpus: list, named: list, known: dict, jobs: list,
+                    queue_read: bool, now: float) -> tuple[list, list]:
+        """Each of a node's GPUs' holders, and since when it has been held and idle (None: not, or not known)."""
+        # Slurm's allocation names the holders; the agent's own records (its Prolog's) where Slurm names none, of jobs
+        # Slurm runs on the node (a record outlives a job whose Epilog never ran: a gone job holds no GPU), or all of
+        # them while Slurm's queue was never read
+        running_here = {job["job_id"] for job in jobs}
+        holders = [held or [allocation.GpuHolder(j, known[j].user if j in known else "",
+                                                 known[j].partition if j in known else "",
+                                                 known[j].name if j in known else "")
+                            for j in gpu.jobs if not queue_read or j in running_here]
+                   for gpu, held in zip(gpus, named)]
+        if agent.error:
+            return holders, [None] * len(gpus)
+        monitor = agent.answer.monitor if agent.answer is not None else None
+        # a utilization its monitor read long ago (an NVML hang, a stopped monitor) is not known now
+        stale = monitor is not None and agent.answer.time - monitor.readings_time > max(
+            _STALE_READINGS, _STALE_POLLS * monitor.interval)
+        return holders, self._idle.node(node.name, [(gpu.index, tuple(h.job_id for h in held),
+                                                     None if stale else gpu.utilization)
+                                                    for gpu, held in zip(gpus, holders)],
+                                        self.settings.idle_utilization, now)
+
+    def _row(self, status, node: Node, agent: _Agent, gpus: list, states: list, jobs: list) -> dict:
+        """A node's row of the view: its status, its agent's word and its GPUs (`states`: each one's holders, since when
+        it is idle, and whether it is flagged idle)."""
+        answer = agent.answer
+        monitor = answer.monitor if answer is not None else None
+        findings = list(monitor.findings) if monitor is not None else []
+        readings = [{**_plain(gpu), "holders": [_plain(h) for h in holders], "idle_since": since, "idle": flagged}
+                    for gpu, (holders, since, flagged) in zip(gpus, states)]
+        return {**_plain(status), "owner": drain_owner(node), "addr": node.addr, "version": node.version,
+                "os": node.os,
+                "gpus_total": sum(gpus_by_type([node]).values()),
+                "gpu_readings": readings,
+                "figures": figures_of(gpus, sum(flagged for _, _, flagged in states)),
+                "jobs": jobs,
+                "agent_findings": findings,
+                "findings_shown": finding_lines(status.findings, findings),
+                # what the agent measures now: none from the last answer of an agent that no longer answers (a check
+                # read "ok" then is not "ok" now)
+                "checks": dict(monitor.checks) if monitor is not None and not agent.error else {},
+                "held": held(findings) if status.state == "paused" else [],
+                "acceptance": run_summary(agent.acceptance) or _done_summary(agent.done),
+                "agent": {"answered": agent.answered or None, "error": agent.error,
+                          "readings_time": monitor.readings_time if monitor is not None else None,
+                          "journal": agent.journal_note},
+                "ssh": ssh_command(self.settings.ssh_command, node),
+                "grafana": self.settings.grafana_url.replace("{node}", node.name)}
+
     def _view_of(self, now: float) -> PageView:
         statuses = node_statuses(self._nodes, self._open, self._repair_events)
         by_name = {n.name: n for n in self._nodes}
@@ -569,16 +658,14 @@ class Watcher:
         known = {j.job_id: j for j in self._jobs}
         queue_read = bool(self.sources["slurm-jobs"].answered)
         read = set()
-        rows, node_usages, rates = [], [], []
+        rows, made, node_usages, rates = [], {}, [], []
         drivers, images, interfaces = {}, {}, {}
         for status in statuses:
             node = by_name[status.name]
             agent = self._agents.get(node.name, _Agent())
-            accepted = run_summary(agent.acceptance) or _done_summary(agent.done)
             answer = agent.answer
             monitor = answer.monitor if answer is not None else None
             facts = answer.facts if answer is not None else FactsReading()
-            findings = list(monitor.findings) if monitor is not None else []
             if agent.usage is not None and not agent.error:
                 node_usages.append(agent.usage)
                 if agent.rate is not None:
@@ -593,49 +680,30 @@ class Watcher:
                 seen["nodes"] += 1
                 if interface.speed_mbps is not None:
                     seen["speeds_mbps"].add(interface.speed_mbps)
-            gpu_readings, idle_here = [], 0
-            running_here = {job["job_id"] for job in jobs_of.get(node.name, [])}
-            stale = monitor is not None and answer.time - monitor.readings_time > max(
-                _STALE_READINGS, _STALE_POLLS * monitor.interval)
             gpus = agent.gpus[1] if agent.gpus[0] is answer else usage.gpu_rows(answer)
             agent.gpus = (answer, gpus)  # an answer the collector took is taken in at its interval, not each refresh
-            for gpu in gpus:
-                # Slurm's allocation names the holders; the agent's own records (its Prolog's) where Slurm names none,
-                # of jobs Slurm runs on the node (a record outlives a job whose Epilog never ran: a gone job holds
-                # no GPU), or all of them while Slurm's queue was never read
-                holders = held_by.get((node.name, gpu.index)) or [
-                    allocation.GpuHolder(j, known[j].user if j in known else "", known[j].partition if j in known
-                                         else "", known[j].name if j in known else "") for j in gpu.jobs
-                    if not queue_read or j in running_here]
-                since = None
-                if not agent.error:  # a reading of an agent that no longer answers is not counted idle or busy
-                    read.add((node.name, gpu.index))
-                    # a utilization its monitor read long ago (an NVML hang, a stopped monitor) is not known now
-                    since = self._idle.update(node.name, gpu.index, tuple(h.job_id for h in holders),
-                                              None if stale else gpu.utilization, self.settings.idle_utilization,
-                                              now)
-                flagged = since is not None and now - since >= self.settings.idle_gpu_after
-                idle_here += flagged
-                gpu_readings.append({**_plain(gpu), "holders": [_plain(h) for h in holders],
-                                     "idle_since": since, "idle": flagged})
-            rows.append({**_plain(status), "owner": drain_owner(node), "addr": node.addr, "version": node.version,
-                         "os": node.os,
-                         "gpus_total": sum(gpus_by_type([node]).values()),
-                         "gpu_readings": gpu_readings,
-                         "figures": figures_of(gpus, idle_here),
-                         "jobs": jobs_of.get(node.name, []),
-                         "agent_findings": findings,
-                         "findings_shown": finding_lines(status.findings, findings),
-                         # what the agent measures now: none from the last answer of an agent that no longer
-                         # answers (a check read "ok" then is not "ok" now)
-                         "checks": dict(monitor.checks) if monitor is not None and not agent.error else {},
-                         "held": held(findings) if status.state == "paused" else [],
-                         "acceptance": accepted,
-                         "agent": {"answered": agent.answered or None, "error": agent.error,
-                                   "readings_time": monitor.readings_time if monitor is not None else None,
-                                   "journal": agent.journal_note},
-                         "ssh": ssh_command(self.settings.ssh_command, node),
-                         "grafana": self.settings.grafana_url.replace("{node}", node.name)})
+            jobs_here = jobs_of.get(node.name, [])
+            named = [held_by.get((node.name, gpu.index)) for gpu in gpus]  # each GPU's holders as Slurm names them
+            inputs = (answer, agent.error, queue_read, jobs_here, named)
+            # at 10,000 nodes most nodes' GPUs are as the last refresh saw them (the collector brings a third of the
+            # answers a refresh, Slurm's allocation moves little): their holders and idle counts are kept, and their
+            # rows where nothing else they show changed
+            kept = self._rows.get(node.name)
+            if kept is not None and kept.inputs == inputs:
+                holders, since = kept.holders, kept.since
+            else:
+                holders, since = self._gpu_states(node, agent, gpus, named, known, jobs_here, queue_read, now)
+            if not agent.error:  # a reading of an agent that no longer answers is not counted idle or busy
+                read.add(node.name)
+            flagged = [found is not None and now - found >= self.settings.idle_gpu_after for found in since]
+            shown = (status, node, agent.answered, agent.journal_note, agent.acceptance, agent.done, flagged)
+            if kept is not None and kept.inputs == inputs and kept.shown == shown:
+                row = kept.row
+            else:
+                row = self._row(status, node, agent, gpus, list(zip(holders, since, flagged)), jobs_here)
+            made[node.name] = _Made(inputs, holders, since, shown, row)
+            rows.append(row)
+        self._rows = made
         idle = sum(row["figures"][-1] for row in rows)
         self._idle.forget_except(read)
         configured = gpus_by_type(self._nodes)
@@ -646,7 +714,7 @@ class Watcher:
                                  figures.memory_total_mib, figures.rx_bps, figures.tx_bps, allocated["share"]])
         answering = [n for n in self._nodes if not self._agents.get(n.name, _Agent()).error]
         accepting = acceptance_state(self.config, [replace(s, acceptance=r["acceptance"]) for s, r in
-                                                   zip(statuses, rows)])
+                                                   zip(statuses, rows) if r["acceptance"]])
         data = {
             "refreshed": now,
             "refresh": self.settings.refresh,
