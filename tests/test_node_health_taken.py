@@ -168,6 +168,54 @@ def test_the_page_takes_the_collected_answers_and_asks_no_agent(tmp_path, store)
     watcher.stop()
 
 
+def test_a_refresh_makes_again_only_the_rows_whose_answer_or_slurm_node_changed(tmp_path, store):
+    """At 10,000 nodes a refresh that made every row again cost seconds: a row is made again only when something it
+    shows changed (here: the answer the collector took, Slurm's node), and the changes skip the rows kept without
+    comparing them."""
+    from slurm_ext import config
+    from slurm_ext.web.watch import Watcher
+    now = [time.time()]
+    path = tmp_path / "slurm-ext.toml"
+    path.write_text(f'[node]\nstate_dir = "{tmp_path / "state"}"\n[web]\ntoken_file = ""\n')
+
+    def answer(node: str, utilization: int) -> dict:
+        gpus = [{"gpu": {"index": i, "name": "NVIDIA H200"}, "utilization": utilization, "fb_used_mib": 10.0,
+                 "fb_free_mib": 90.0} for i in range(8)]
+        return {"node": node, "boot": "b", "time": now[0], "monitor": {"readings_time": now[0], "findings": [],
+                                                                       "gpus": gpus, "checks": {"xid": "ok"}}}
+
+    def taken(**utilization) -> None:
+        for name, busy in utilization.items():
+            _store_health(store, name, answer(name, busy), now[0])
+        store.set_control(CONTROL, json.dumps({"interval": 15.0, "nodes": 3}), "collector", now[0])
+
+    class Agents(_NotAsked):
+        def acceptance(self, node, addr="", trigger="", timeout=None):
+            return AcceptanceAnswer(node, "b", False, False, None)
+
+    taken(n1=10, n2=20, n3=30)
+    slurm = LiteralSlurm([Node(f"n{i}", "IDLE", gres="gpu:h200:8", addr="127.0.0.1") for i in (1, 2, 3)])
+    watcher = Watcher(config.load(path), slurm, store, lambda url, timeout: (None, "refused"), Agents(),
+                      clock=lambda: now[0])
+    first = {row["name"]: row for row in watcher.refresh().data["nodes"]}
+    version = watcher.changes.version
+    now[0] += 5
+    taken(n2=95)  # the collector took n2 again; Slurm drains n3
+    slurm.listed[2] = Node("n3", "IDLE", flags=frozenset({"DRAIN"}), reason="admin: cables", gres="gpu:h200:8",
+                           addr="127.0.0.1")
+    second = {row["name"]: row for row in watcher.refresh().data["nodes"]}
+    assert second["n1"] is first["n1"]
+    assert second["n2"] is not first["n2"] and [g["utilization"] for g in second["n2"]["gpu_readings"]] == [95] * 8
+    assert second["n3"] is not first["n3"] and second["n3"]["state"] == "paused"
+    delta = json.loads(watcher.changes.body(version))
+    # n2's row shows nothing new but its figures (its answer's time is no change); n3's row changed
+    assert [row["name"] for row in delta["nodes"]] == ["n3"] and list(delta["figures"]) == ["n2"]
+    now[0] += 5
+    third = {row["name"]: row for row in watcher.refresh().data["nodes"]}
+    assert all(third[name] is second[name] for name in third)  # nothing new: every row kept
+    watcher.stop()
+
+
 def test_status_says_the_findings_the_collector_took_and_asks_no_agent(store):
     """A warning a node's monitor holds open (it drains nothing: only its agent says it) is in `status` from the
     answer the collector took; a node without a collected answer has its agent asked."""

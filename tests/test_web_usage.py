@@ -82,8 +82,8 @@ def test_gpus_allocated_against_configured_per_type_and_for_the_cluster():
 
 def test_each_gpu_names_the_running_jobs_that_hold_it_and_each_node_its_jobs():
     held = allocation.holders(JOBS)
-    assert held[("n1", 0)] == held[("n1", 1)] == [allocation.GpuHolder(1, "alice", "gpu", "train")]
-    assert ("n1", 2) not in held and [h.user for h in held[("n2", 3)]] == ["bob"]
+    assert held["n1"][0] == held["n1"][1] == [allocation.GpuHolder(1, "alice", "gpu", "train")]
+    assert 2 not in held["n1"] and [h.user for h in held["n2"][3]] == ["bob"]
     jobs = allocation.node_jobs(JOBS)
     assert [(j["job_id"], j["gpus"]) for j in jobs["n2"]] == [(2, [3]), (3, [])]
     assert "" not in jobs  # the pending job is on no node
@@ -286,5 +286,5 @@ def test_a_job_holding_gpus_of_two_types_on_one_node_holds_each():
     from slurm_ext.slurm import _job_from_scontrol_text, _job_from_squeue_json
     for job in (_job_from_squeue_json(json_job), _job_from_scontrol_text(text_job)):
         assert job.gpus == (("unode2", "a100", (0,)), ("unode2", "h100", (1,))), job.gpus
-        assert sorted(allocation.holders([job])) == [("unode2", 0), ("unode2", 1)]
+        assert {node: sorted(held) for node, held in allocation.holders([job]).items()} == {"unode2": [0, 1]}
         assert allocation.node_jobs([job])["unode2"][0]["gpus"] == [0, 1]

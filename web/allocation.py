@@ -65,16 +65,17 @@ class IdleGpus:
             del self.since[name]
 
 
-def holders(jobs: list[Job]) -> dict[tuple[str, int], list[GpuHolder]]:
-    """(node, GPU index) -> the running jobs Slurm allocated it to."""
-    found: dict[tuple[str, int], list[GpuHolder]] = {}
+def holders(jobs: list[Job]) -> dict[str, dict[int, list[GpuHolder]]]:
+    """node -> GPU index -> the running jobs Slurm allocated it to."""
+    found: dict[str, dict[int, list[GpuHolder]]] = {}
     for job in jobs:
         if job.state != "RUNNING":
             continue
         holder = GpuHolder(job.job_id, job.user, job.partition, job.name)
         for node, _, indexes in job.gpus:
+            here = found.setdefault(node, {})
             for index in indexes:
-                found.setdefault((node, index), []).append(holder)
+                here.setdefault(index, []).append(holder)
     return found
 
 

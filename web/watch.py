@@ -128,7 +128,7 @@ class _Made:
     """A node's row of the last view and what it was made of."""
 
     #: what its GPUs' holders and idle counts are made of: its agent's answer and error, whether Slurm's queue was
-    #: read, the jobs Slurm runs on it, and its GPUs' holders as Slurm names them
+    #: read, the jobs Slurm runs on it, and its GPUs' holders as Slurm names them (index -> holders)
     inputs: tuple
     #: each GPU's holders, and since when it is held and idle (None: not)
     holders: list
@@ -600,18 +600,18 @@ class Watcher:
         with self._lock:
             return self._view_of(now)
 
-    def _gpu_states(self, node: Node, agent: _Agent, gpus: list, named: list, known: dict, jobs: list,
+    def _gpu_states(self, node: Node, agent: _Agent, gpus: list, named: dict, known: dict, jobs: list,
                     queue_read: bool, now: float) -> tuple[list, list]:
         """Each of a node's GPUs' holders, and since when it has been held and idle (None: not, or not known)."""
         # Slurm's allocation names the holders; the agent's own records (its Prolog's) where Slurm names none, of jobs
         # Slurm runs on the node (a record outlives a job whose Epilog never ran: a gone job holds no GPU), or all of
         # them while Slurm's queue was never read
         running_here = {job["job_id"] for job in jobs}
-        holders = [held or [allocation.GpuHolder(j, known[j].user if j in known else "",
-                                                 known[j].partition if j in known else "",
-                                                 known[j].name if j in known else "")
-                            for j in gpu.jobs if not queue_read or j in running_here]
-                   for gpu, held in zip(gpus, named)]
+        holders = [named.get(gpu.index) or [allocation.GpuHolder(j, known[j].user if j in known else "",
+                                                                 known[j].partition if j in known else "",
+                                                                 known[j].name if j in known else "")
+                                            for j in gpu.jobs if not queue_read or j in running_here]
+                   for gpu in gpus]
         if agent.error:
             return holders, [None] * len(gpus)
         monitor = agent.answer.monitor if agent.answer is not None else None
@@ -682,9 +682,8 @@ class Watcher:
                     seen["speeds_mbps"].add(interface.speed_mbps)
             gpus = agent.gpus[1] if agent.gpus[0] is answer else usage.gpu_rows(answer)
             agent.gpus = (answer, gpus)  # an answer the collector took is taken in at its interval, not each refresh
-            jobs_here = jobs_of.get(node.name, [])
-            named = [held_by.get((node.name, gpu.index)) for gpu in gpus]  # each GPU's holders as Slurm names them
-            inputs = (answer, agent.error, queue_read, jobs_here, named)
+            jobs_here, held_here = jobs_of.get(node.name, []), held_by.get(node.name, {})
+            inputs = (answer, agent.error, queue_read, jobs_here, held_here)
             # at 10,000 nodes most nodes' GPUs are as the last refresh saw them (the collector brings a third of the
             # answers a refresh, Slurm's allocation moves little): their holders and idle counts are kept, and their
             # rows where nothing else they show changed
@@ -692,7 +691,7 @@ class Watcher:
             if kept is not None and kept.inputs == inputs:
                 holders, since = kept.holders, kept.since
             else:
-                holders, since = self._gpu_states(node, agent, gpus, named, known, jobs_here, queue_read, now)
+                holders, since = self._gpu_states(node, agent, gpus, held_here, known, jobs_here, queue_read, now)
             if not agent.error:  # a reading of an agent that no longer answers is not counted idle or busy
                 read.add(node.name)
             flagged = [found is not None and now - found >= self.settings.idle_gpu_after for found in since]
