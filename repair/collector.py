@@ -137,6 +137,8 @@ class Collector:
         self.emit = emit
         self.clock = clock
         self.figures = Figures()
+        #: held while a pool thread counts in `figures` (the loop's own counts need none)
+        self._counting = threading.Lock()
         self.nodes: dict[str, _Node] = {}
         self._due: list[tuple[float, str]] = []
         self._pool = ThreadPoolExecutor(max_workers=self.settings.parallel, thread_name_prefix="collector")
@@ -297,7 +299,8 @@ class Collector:
         try:
             return self.agents.health(name, addr, self.settings.timeout).wire(), self.clock()
         except AgentAnswerError as err:
-            self.figures.health_failures += 1
+            with self._counting:  # several pool threads at once: a bare += could lose a count
+                self.figures.health_failures += 1
             log.info("collector: node %s gave its journal but no /health: %s", name, err.problem)
             return None, 0.0
 

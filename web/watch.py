@@ -688,7 +688,8 @@ class Watcher:
             # answers a refresh, Slurm's allocation moves little): their holders and idle counts are kept, and their
             # rows where nothing else they show changed
             kept = self._rows.get(node.name)
-            if kept is not None and kept.inputs == inputs:
+            kept = kept if kept is not None and kept.inputs == inputs else None
+            if kept is not None:
                 holders, since = kept.holders, kept.since
             else:
                 holders, since = self._gpu_states(node, agent, gpus, held_here, known, jobs_here, queue_read, now)
@@ -696,7 +697,7 @@ class Watcher:
                 read.add(node.name)
             flagged = [found is not None and now - found >= self.settings.idle_gpu_after for found in since]
             shown = (status, node, agent.answered, agent.journal_note, agent.acceptance, agent.done, flagged)
-            if kept is not None and kept.inputs == inputs and kept.shown == shown:
+            if kept is not None and kept.shown == shown:
                 row = kept.row
             else:
                 row = self._row(status, node, agent, gpus, list(zip(holders, since, flagged)), jobs_here)
