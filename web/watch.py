@@ -178,11 +178,12 @@ def _plain(record) -> dict:
 
 @contextmanager
 def _cycles_collected_after():
-    """Python's cycle collector held off while a refresh runs. At 10,000 nodes a refresh makes a few hundred thousand
-    objects (Slurm's tables parsed, the rows of the nodes that changed), and each of the collector's passes that so
-    many allocations set off walks everything the page holds (its view included): measured, it doubled the refresh.
-    A refresh makes no cycles worth collecting midway (its objects are freed by their counts), and the collector runs
-    again as soon as it ends. The collector is the process's: the page's server is a process of its own."""
+    """Python's cycle collector held off while a refresh reads and makes its view (not while it waits for agents). At
+    10,000 nodes a refresh makes a few hundred thousand objects (Slurm's tables parsed, the rows of the nodes that
+    changed), and each of the collector's passes that so many allocations set off walks everything the page holds (its
+    view included): measured, it doubled the refresh. A refresh makes no cycles worth collecting midway (its objects
+    are freed by their counts), and the collector runs again as soon as it ends. The collector is the process's: the
+    page's server is a process of its own, whose request threads' cycles wait that long too."""
     held = gc.isenabled()
     gc.disable()
     try:
@@ -330,15 +331,21 @@ class Watcher:
 
     def refresh(self) -> PageView:
         """Read the cluster once (one query per Slurm table) and make the view every browser gets."""
-        with _cycles_collected_after():
-            return self._refresh()
-
-    def _refresh(self) -> PageView:
         now = self._clock()
         self.refreshes += 1
+        with _cycles_collected_after():
+            waiting = self._read(now)
+        wait(waiting, timeout=self.settings.agent_timeout + 1.0)  # the collector runs meanwhile
+        with _cycles_collected_after():
+            view = self._make_view(now)
+            self.changes.take(view)  # before it is served: the page's requests find what changed ready
+        self.view = view
+        return view
+
+    def _read(self, now: float) -> list:
+        """Read every source; the futures of what is still being asked (the event table, agents)."""
         if self._events_future is None or self._events_future.done():  # a slow slurmdbd is not asked twice at once
             self._events_future = self._pool.submit(self._read_slurm_events, now)
-        events_future = self._events_future
         if self._read_nodes(now):
             self._read_config(now)
             self._read_jobs(now)
@@ -350,11 +357,7 @@ class Watcher:
         self._read_repair(now)
         if self.settings.prometheus_url:
             self._read_prometheus(now)
-        wait([events_future, *asked], timeout=self.settings.agent_timeout + 1.0)
-        view = self._make_view(now)
-        self.changes.take(view)  # before it is served: the page's requests find what changed ready
-        self.view = view
-        return view
+        return [self._events_future, *asked]
 
     def _read_nodes(self, now: float) -> bool:
         try:
@@ -539,8 +542,7 @@ class Watcher:
                 cursors = nodeevents.cursors(store)
                 since = now - self.settings.timeline
                 lost = nodeevents.lost_marks(store, since)
-                done = nodeevents.events(store, since, components=("acceptance",), names=("acceptance-done",),
-                                         limit=100000)
+                done = nodeevents.newest_runs(store, since)
                 interval = running(store.control(CONTROL), now)
                 if interval:  # only the answers of the last intervals this refresh does not hold yet
                     held = {name: found.taken for name, found in self._taken.items()}
@@ -551,7 +553,6 @@ class Watcher:
         self._collecting = interval
         # an agent the collector failed to reach after its last answer: that answer is not what the node says now
         self._failing = {name for name, cursor in cursors.items() if cursor.error}
-        newest = {found.node: (found.id, found.time, found.data()) for found in done}
         with self._lock:
             for name, agent in self._agents.items():
                 cursor, mark = cursors.get(name), lost.get(name)
@@ -559,10 +560,10 @@ class Watcher:
                         f"{cursor.error}"] if cursor and cursor.error else []
                 said += [f"{mark.message} ({moment(mark.time)})"] if mark else []
                 agent.journal_note = "; ".join(said)
-                latest = newest.get(name)
-                if latest is not None and (agent.done is None or latest[0] != agent.done[0]):
+                latest = done.get(name)
+                if latest is not None and (agent.done is None or latest.id != agent.done[0]):
                     agent.acceptance_due = agent.acceptance_due or agent.done is not None or agent.acceptance is None
-                agent.done = latest if latest is not None else agent.done
+                    agent.done = (latest.id, latest.time, latest.data())  # read once a run: the row keeps it
 
     def acceptance_runs(self, node: str | None = None) -> list[dict]:
         """Each node's last acceptance run (of `node`; None: every node), by node name: {"node", "run": its
