@@ -28,7 +28,6 @@ cluster of 1,000 nodes with 900 powered off does not wait on 900 timeouts.
 from __future__ import annotations
 
 import gc
-import json
 import logging
 import re
 import shlex
@@ -50,7 +49,7 @@ from slurm_ext.slurm import Node, SlurmClient, is_our_reason
 from slurm_ext.words import moment
 
 from . import allocation, usage
-from .changes import Changes, figures_of, finite
+from .changes import Changes, figures_of, json_bytes
 
 __all__ = ["Source", "PageView", "Watcher", "gpus_by_type", "drain_owner", "ssh_command", "finding_lines"]
 
@@ -157,11 +156,8 @@ class PageView:
         the page's own requests are served from changes.py, and at 10,000 nodes the whole view is 26 MiB that a
         refresh no one reads whole should not make."""
         with self._making:
-            if self._body is None:
-                try:
-                    self._body = json.dumps(self.data, default=str, allow_nan=False).encode()
-                except ValueError:  # a NaN or infinity in an agent's answer: JSON has none, a browser would refuse it
-                    self._body = json.dumps(finite(self.data), default=str).encode()
+            if self._body is None:  # a NaN or infinity of an agent's answer made null: a browser would refuse it
+                self._body = json_bytes(self.data)
             return self._body
 
 
