@@ -170,8 +170,8 @@ class Layout:
 
     @property
     def defined_nodes(self) -> list["NodeLayout"]:
-        """Every node slurm.conf defines: the ones that run, then those beyond [dev] nodes (their ports are kept
-        for them, and `dev fleet` plays their agents)."""
+        """Every node slurm.conf defines: the ones that run, then those beyond [dev] nodes (their agents' ports are
+        kept for them, and `dev fleet` plays their agents)."""
         return [NodeLayout(self, name, index) for index, name in enumerate(node_names(self.settings))]
 
     def node(self, name: str) -> "NodeLayout":

@@ -26,8 +26,9 @@ class DevSection:
     defined_nodes: int = setting(0, "nodes slurm.conf defines (0: as many as run); the ones beyond `nodes` never "
                                  "start, for trying tools on a large cluster's size", "int", minimum=0, maximum=10000)
     node_port_base: int = setting(20000, "node k after the first (k = 1, 2, ...) has its slurmd on node_port_base + 2k "
-                                  "and its agent's HTTP listener on the next port", "int", minimum=1024,
-                                  maximum=40000)
+                                  "and its agent's HTTP listener on the next port (a node that never runs has only "
+                                  "its agent's: slurm.conf gives them all one slurmd port, where none listens)", "int",
+                                  minimum=1024, maximum=40000)
     gpu_count: int = setting(4, "fake GPUs on the node", "int", minimum=0, maximum=64)
     gpu_name: str = setting("NVIDIA H200", "the fake GPUs' NVML name", "str", pattern=r"^[A-Za-z0-9 ._-]+$")
     gpu_type: str = setting("h200", "the fake GPUs' Slurm GRES type", "str", pattern=r"^[a-z0-9_]+$")

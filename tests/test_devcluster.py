@@ -285,8 +285,13 @@ def test_several_nodes_get_their_own_names_ports_files_and_one_hook_dispatcher(t
                                real_memory=4000)
     conf = render.slurm_conf(layout, topology, str(layout.node_hook))
     lines = [line for line in conf.splitlines() if line.startswith("NodeName=gpu")]
-    assert [line.split()[0] for line in lines] == [f"NodeName=gpu0{i}" for i in range(1, 6)]
-    assert lines[0].endswith("Port=6818") and lines[4].endswith("Port=20008")
+    # the nodes that never run in one ranged line, as a real cluster's slurm.conf names them (Slurm parses it for
+    # every command), on one port where no slurmd listens
+    assert [line.split()[0] for line in lines] == ["NodeName=gpu01", "NodeName=gpu02", "NodeName=gpu03",
+                                                   "NodeName=gpu[04-05]"]
+    assert lines[0].endswith("Port=6818") and lines[1].endswith("Port=20002") and lines[3].endswith("Port=20006")
+    assert render.host_ranges(["gpu8", "gpu9", "gpu10", "gpu11", "gpu13", "login"]) == \
+        ["gpu[8-9]", "gpu[10-11]", "gpu13", "login"]
     assert "SlurmdSpoolDir=" in conf and "/state/d/%n" in conf and f"RebootProgram={layout.reboot_program}" in conf
     toml = render.slurm_ext_toml(layout, second)
     assert 'name = "gpu02"' in toml and f"worker = {second.probe_port}" in toml
