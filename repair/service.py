@@ -1,7 +1,7 @@
 """The repair service: the controller agent's `repair` worker (`slurm-ext repair serve`).
 
 Every repair.interval it reads the whole cluster once (one `scontrol show
-node` or `sinfo --json`, one `squeue`), turns what the nodes' health drains
+node`, one `squeue`), turns what the nodes' health drains
 say into recommendations (`recommend.plan`), approves what auto-approve
 allows, and moves every approved repair on (`flow.advance`). It keeps no
 state of its own between passes beyond the executors running on its

@@ -45,7 +45,8 @@ def test_nodes_states_reasons_gres_and_gpus_in_use(replayed):
         assert busy.state in ("MIXED", "ALLOCATED") and not busy.drained and busy.responding, busy
         assert busy.gres.startswith(f"gpu:{facts.gpu_type}:2") and busy.gpus_used == 1, busy
         assert busy.version.startswith(recording.version.rsplit(".", 1)[0]), busy.version
-        # where its slurmd answers (/readyz on >= 25.11): 22.05's sinfo --json does not say the port
+        # where its slurmd answers (/readyz on >= 25.11): 22.05's `scontrol show node` text does not say a running
+        # node's port
         assert busy.addr and (busy.port > 1024 or recording.version.startswith("22.05") and busy.port == 0), busy
     for drained in (seen["drained"], next(n for n in seen["nodes"] if n.name == facts.drained)):
         assert drained.state == "IDLE" and drained.drained and drained.gpus_used == 0, drained

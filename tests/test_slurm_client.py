@@ -298,3 +298,26 @@ def test_a_reboot_by_power_action_is_asked_only_of_slurm_26_05(version, refused)
         assert calls[-1] == ["scontrol", "reboot", "action=power-cycle", "n1"]
     client.reboot("n2")
     assert calls[-1] == ["scontrol", "reboot", "n2"]
+
+
+def test_slurms_times_in_its_text_are_read_and_anything_else_is_no_time():
+    from datetime import datetime
+    from slurm_ext.slurm import _parse_time
+    assert _parse_time(" 2026-12-06T09:36:43 ") == datetime(2026, 12, 6, 9, 36, 43).astimezone()
+    for text in ("Unknown", "None", "N/A", "", "2026-13-45T00:00:00", "2026-12-06 09:36:43", "2026-12-06",
+                 "2026-12-06T09:36:43+05:00", "2026-12-06T09:36:43.5"):
+        assert _parse_time(text) is None, text
+
+
+def test_a_node_table_of_text_reads_every_field_whatever_the_spaces_and_its_reason_whatever_it_holds():
+    line = ("NodeName=g1 Arch=x86_64 CoresPerSocket=2  CPUTot=2 Gres=gpu:h200:2 NodeAddr=10.0.0.1 Port=6818 "
+            "Version=22.05.8 OS=Linux 6.1.0 #1 SMP PREEMPT_DYNAMIC  RealMemory=23605 State=IDLE+DRAIN "
+            "Partitions=debug,gpu  BootTime=2026-12-05T21:19:11 SlurmdStartTime=None AllocTRES=cpu=1,gres/gpu=1 "
+            "Reason=NHC: fs State=IDLE Partitions=x [root@2026-12-06T09:53:45] [alice@2026-12-06T09:53:46]")
+    node = _node_from_text(line)
+    assert (node.name, node.state, node.flags, node.gres, node.cpus, node.addr, node.port) == \
+        ("g1", "IDLE", frozenset({"DRAIN"}), "gpu:h200:2", 2, "10.0.0.1", 6818)
+    assert node.os == "Linux 6.1.0 #1 SMP PREEMPT_DYNAMIC" and node.partitions == ("debug", "gpu")
+    assert node.gpus_used == 1 and node.boot_time is not None and node.slurmd_start is None
+    # the reason is free text, last: what it holds is not read as fields, and only Slurm's own last [user@time] is
+    assert node.reason == "NHC: fs State=IDLE Partitions=x [root@2026-12-06T09:53:45]" and node.reason_user == "alice"

@@ -12,7 +12,7 @@ Debian's Chromium):
   eight clients loop over /api/timeline?node=X&limit=5000 (target: the refresh takes every agent's answer in, about
   as fast as alone);
 - "is it being used?" at 1,000 nodes of 8 GPUs with 2,000 running jobs (and 500 pending): Slurm's answers are
-  literal text in the shapes Slurm 22.05 gave on the dev cluster (sinfo --json, squeue --json with gres_detail),
+  literal text in the shapes Slurm 22.05 gave on the dev cluster (scontrol show node, squeue --json with gres_detail),
   parsed by the real SlurmClient, the agents stood in with 8 GPU readings and every check's state each. The
   refresh time and the queries per table per refresh (each Slurm command and each repair-store query counted),
   against the same refresh without the job table (the view as it was before, in the same run), and the Nodes
@@ -89,7 +89,7 @@ def table(issued: list[str]) -> dict[str, int]:
             kinds["events"] += 1
         elif "show config" in line:
             kinds["config"] += 1
-        elif line.startswith(("sinfo --json", "scontrol show", "scontrol --json")):
+        elif line.startswith(("scontrol show", "scontrol --json")):
             kinds["nodes"] += 1
     return kinds
 
@@ -242,12 +242,21 @@ class _Counted:
 
 def usage_answers(nodes: int, jobs: int, pending: int) -> dict[str, str]:
     """Slurm's answers for `nodes` nodes of 8 GPUs and `jobs` running jobs spread over them (each holding 8 //
-    (jobs // nodes) GPUs) and `pending` pending: the first word of each command -> its standard output."""
+    (jobs // nodes) GPUs) and `pending` pending: each command (its first word, and scontrol's object) -> its standard
+    output."""
     per_node = max(1, jobs // nodes)
     gpus = 8 // per_node
-    listed = [{"name": f"u{i}", "state": "mixed", "gres": "gpu:h200:8", "address": "127.0.0.1",
-               "partitions": ["gpu"], "tres_used": f"cpu={per_node},gres/gpu={gpus * per_node}",
-               "slurmd_version": "22.05.8", "cpus": 64, "real_memory": 1000000} for i in range(nodes)]
+    # `scontrol show node --oneliner` as 22.05 printed it on the dev cluster (the client reads the node table so
+    # before 23.02)
+    listed = [f"NodeName=u{i} Arch=x86_64 CoresPerSocket=32  CPUAlloc={per_node} CPUEfctv=64 CPUTot=64 "
+              f"CPULoad=1.00 AvailableFeatures=(null) ActiveFeatures=(null) Gres=gpu:h200:8 NodeAddr=127.0.0.1 "
+              f"NodeHostName=u{i} Version=22.05.8 OS=Linux 6.1.0-18-amd64 #1 SMP PREEMPT_DYNAMIC Debian 6.1.76-1 "
+              f"(2024-02-01)  RealMemory=1000000 AllocMem=0 FreeMem=900000 Sockets=2 Boards=1 State=MIXED "
+              f"ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A Partitions=gpu  "
+              f"BootTime=2026-12-01T09:00:00 SlurmdStartTime=2026-12-01T09:01:00 LastBusyTime=2026-12-06T09:00:00 "
+              f"CfgTRES=cpu=64,mem=1000000M,billing=64,gres/gpu=8 AllocTRES=cpu={per_node},gres/gpu={gpus * per_node}"
+              f" CapWatts=n/a CurrentWatts=0 AveWatts=0 ExtSensorsJoules=n/s ExtSensorsWatts=0 ExtSensorsTemp=n/s"
+              for i in range(nodes)]
     queue = []
     for number in range(jobs):
         node, slot = divmod(number, per_node)
@@ -262,14 +271,27 @@ def usage_answers(nodes: int, jobs: int, pending: int) -> dict[str, str]:
                "partition": "gpu,debug", "nodes": "", "gres_detail": [], "job_resources": {}}
               for number in range(pending)]
     import json
-    return {"sinfo": json.dumps({"nodes": listed}), "squeue": json.dumps({"jobs": queue}), "sacctmgr": "",
-            "scontrol": "ClusterName = usage\nSLURM_VERSION = 22.05.8\n"}
+    return {"scontrol node": "\n".join(listed) + "\n", "squeue": json.dumps({"jobs": queue}), "sacctmgr": "",
+            "scontrol config": "ClusterName = usage\nSLURM_VERSION = 22.05.8\n"}
+
+
+def usage_runner(answers: dict[str, str], issued: list | None = None):
+    """A Slurm 22.05 answering `answers` (usage_answers), each command it is given noted in `issued`."""
+    from slurm_ext import command
+
+    def runner(argv, timeout, **kwargs):
+        if issued is not None:
+            issued.append(" ".join(argv[:3]))
+        if argv[1:2] == ["--version"]:
+            return command.CommandResult(argv, 0, "slurm 22.05.8\n", "")
+        said = answers[f"scontrol {argv[2]}" if argv[0] == "scontrol" else argv[0]]
+        return command.CommandResult(argv, 0, said, "")
+    return runner
 
 
 def usage_tables(nodes: int, jobs: int, state_dir: str) -> None:
     """The refresh with the job table at `nodes` nodes and `jobs` running jobs, against the same refresh without it,
     each Slurm command and store query counted; then the Nodes grid and list of that view in Chromium."""
-    from slurm_ext import command
     from slurm_ext.config import SlurmSection
     from slurm_ext.health.settings import CHECKS
     from slurm_ext.repair.store import open_sqlite
@@ -280,14 +302,8 @@ def usage_tables(nodes: int, jobs: int, state_dir: str) -> None:
         file.write(f'[node]\nstate_dir = "{state_dir}/usage-state"\n[web]\nrefresh = "3600s"\ntoken_file = ""\n'
                    f'[repair]\nsqlite_file = "{state_dir}/usage-repair.db"\n')
     loaded = config.load(path)
-    answers, issued, asked = usage_answers(nodes, jobs, jobs // 4), [], []
-
-    def runner(argv, timeout, **kwargs):
-        issued.append(" ".join(argv[:3]))
-        if argv[1:2] == ["--version"]:
-            return command.CommandResult(argv, 0, "slurm 22.05.8\n", "")
-        return command.CommandResult(argv, 0, answers[argv[0]], "")
-    slurm = SlurmClient(SlurmSection(), runner=runner)
+    issued, asked = [], []
+    slurm = SlurmClient(SlurmSection(), runner=usage_runner(usage_answers(nodes, jobs, jobs // 4), issued))
     store = _Counted(open_sqlite(f"{state_dir}/usage-repair.db"), asked)
     per_node = max(1, jobs // nodes)
     gpus = [{"gpu": {"index": i, "name": "NVIDIA H200", "uuid": f"GPU-{i}"}, "utilization": 3 if i < 2 else 70,
@@ -331,7 +347,6 @@ def collected_refresh(nodes: int, jobs: int, state_dir: str) -> None:
     collector's table (the fleet simulator's answers: eight H200s each), a third of them taken again before each
     refresh (history.interval 15 s, web.refresh 5 s), no agent asked; against the same refresh that makes every row
     again with Python's cycle collector running throughout (the page before issue 33's third step), in the same run."""
-    from slurm_ext import command
     from slurm_ext.config import SlurmSection
     from slurm_ext.devcluster.fleet import _health
     from slurm_ext.repair.collector import CONTROL
@@ -342,12 +357,7 @@ def collected_refresh(nodes: int, jobs: int, state_dir: str) -> None:
         file.write(f'[node]\nstate_dir = "{state_dir}/collected-state"\n[web]\nrefresh = "3600s"\ntoken_file = ""\n'
                    f'[repair]\nsqlite_file = "{state_dir}/collected-repair.db"\n')
     loaded = config.load(path)
-    answers = usage_answers(nodes, jobs, jobs // 4)
-
-    def runner(argv, timeout, **kwargs):
-        if argv[1:2] == ["--version"]:
-            return command.CommandResult(argv, 0, "slurm 22.05.8\n", "")
-        return command.CommandResult(argv, 0, answers[argv[0]], "")
+    runner = usage_runner(usage_answers(nodes, jobs, jobs // 4))
     store = open_sqlite(f"{state_dir}/collected-repair.db")
     clock = [time.time()]
     names = [f"u{i}" for i in range(nodes)]
