@@ -142,7 +142,7 @@ def _not_collected(store: Store, node: str | None, now: float) -> tuple[dict[str
     """(the nodes whose agent the collector cannot reach, with why and since when; why no journal is current, or
     "")."""
     unreachable = {name: f"{c.error} (since {moment(c.failing_since)}; its events since then are missing)"
-                   for name, c in nodeevents.cursors(store, [node] if node else None).items() if c.error}
+                   for name, c in nodeevents.failing(store, [node] if node else None).items()}
     said = store.control(CONTROL)
     if said is None:
         return unreachable, ("the collector has never run: no node agent's journal is in the history (the "

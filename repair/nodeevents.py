@@ -29,7 +29,7 @@ from slurm_ext.words import moment
 if TYPE_CHECKING:
     from .store import Store
 
-__all__ = ["NodeEvent", "Cursor", "Page", "StoredHealth", "schema", "take", "failed", "events", "cursors",
+__all__ = ["NodeEvent", "Cursor", "Page", "StoredHealth", "schema", "take", "failed", "events", "cursors", "failing",
            "forget_errors", "health", "findings", "newest_runs", "lost_marks", "prune", "row_of", "LOST", "REFUSED"]
 
 #: the node_events rows the collector writes for a node whose journal lost lines before they were taken, and for a
@@ -285,6 +285,13 @@ def cursors(store: Store, nodes: list[str] | None = None) -> dict[str, Cursor]:
     return _cursors(store, nodes)
 
 
+def failing(store: Store, nodes: list[str] | None = None) -> dict[str, Cursor]:
+    """The cursor rows of the nodes whose agent the collector failed to reach after its last answer (of `nodes`
+    only, when given): what `status`, `history` and the page say of them. A few rows, where every cursor is 10,000
+    at that size."""
+    return _cursors(store, nodes, "error <> ''")
+
+
 def health(store: Store, since: float = 0.0, held: dict[str, float] | None = None) -> dict[str, StoredHealth]:
     """Each node's /health answer the collector took at `since` or after (the controller's clock), but those whose
     time is the one in `held` (node -> the time of the answer a reader holds): a reader that keeps them reads the
@@ -376,15 +383,15 @@ def prune(store: Store, keep: float, most: int, now: float | None = None) -> int
             return removed
 
 
-def _cursors(store: Store, nodes: list[str] | None) -> dict[str, Cursor]:
+def _cursors(store: Store, nodes: list[str] | None, where: str = "1 = 1") -> dict[str, Cursor]:
     columns = "node, cursor_at, boot, taken, lost, collected, error, failing_since"
     if nodes is None:
-        rows = store._execute(f"SELECT {columns} FROM journal_cursors")
+        rows = store._execute(f"SELECT {columns} FROM journal_cursors WHERE {where}")
     else:
         rows = []
         for start in range(0, len(nodes), _CHUNK):
             part = nodes[start:start + _CHUNK]
-            rows += store._execute(f"SELECT {columns} FROM journal_cursors WHERE node IN "
+            rows += store._execute(f"SELECT {columns} FROM journal_cursors WHERE {where} AND node IN "
                                    f"({', '.join('?' * len(part))})", tuple(part))
     return {n: Cursor(n, c, b, int(t), int(lo), float(co), e, float(f)) for n, c, b, t, lo, co, e, f in rows}
 

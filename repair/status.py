@@ -272,7 +272,7 @@ def taken_lately(store, config, now: float) -> Taken:
     findings = nodeevents.findings(store, now - LATE * interval)
     # an agent the collector failed to reach after its last answer: that answer is not what the node says now
     unreachable = {name: f"the collector cannot reach its agent since {moment(cursor.failing_since)}: {cursor.error}"
-                   for name, cursor in nodeevents.cursors(store).items() if cursor.error}
+                   for name, cursor in nodeevents.failing(store).items()}
     findings = {name: found for name, found in findings.items() if name not in unreachable}
     accepted = {name: done_summary(found.time, found.data())
                 for name, found in nodeevents.newest_runs(store, now - settings.keep).items()}

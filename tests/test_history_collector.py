@@ -387,8 +387,10 @@ def test_a_node_slurm_no_longer_lists_is_not_named_unreachable_for_ever(tmp_path
     collector = _collector(layout, store)
     assert collector.once().failures == 2  # nobody listens
     assert {n for n, c in nodeevents.cursors(store).items() if c.error} == {"node2", "node3"}
+    assert set(nodeevents.failing(store)) == {"node2", "node3"} and set(nodeevents.failing(store, ["node3"])) == \
+        {"node3"}
     fewer = _collector(layout, store)
     listed = [SimpleNamespace(name="node2", addr="")]
     fewer.slurm = SimpleNamespace(nodes=lambda: listed)
     fewer.once()
-    assert {n for n, c in nodeevents.cursors(store).items() if c.error} == {"node2"}
+    assert {n for n, c in nodeevents.cursors(store).items() if c.error} == {"node2"} == set(nodeevents.failing(store))

@@ -94,11 +94,12 @@ def gpu_rows(answer: HealthAnswer | None) -> list[GpuRow]:
     return rows
 
 
-def node_usage(answer: HealthAnswer | None) -> NodeUsage | None:
-    """A node's figures from its agent's /health answer, or None when there is none."""
+def node_usage(answer: HealthAnswer | None, rows: list[GpuRow] | None = None) -> NodeUsage | None:
+    """A node's figures from its agent's /health answer (`rows`: its gpu_rows, where the caller has them), or None
+    when there is none."""
     if answer is None:
         return None
-    rows = gpu_rows(answer)
+    rows = gpu_rows(answer) if rows is None else rows
     utilization = [r.utilization for r in rows if r.utilization is not None]
     counters = {i.name: (i.rx_bytes, i.tx_bytes) for i in answer.facts.interfaces
                 if i.name is not None and i.rx_bytes is not None and i.tx_bytes is not None}

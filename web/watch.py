@@ -1,7 +1,7 @@
 """The cluster as the page shows it: read once per refresh while someone looks, shared by every browser.
 
-One refresh asks Slurm once per table (the node table: `sinfo --json` or
-`scontrol show node`; the job queue, with the GPU indexes each running job
+One refresh asks Slurm once per table (the node table: `scontrol show
+node`, its JSON from Slurm 23.02; the job queue, with the GPU indexes each running job
 holds: `squeue --json` or `scontrol show job -d`; the event table:
 `sacctmgr show event`), and reads the repair records and what the
 controller's collector took of each node: its journal's state, and its
@@ -66,6 +66,10 @@ _RUNS_ASKED = 50
 _HISTORY = 720
 #: newest Slurm events kept from one read of the event table
 _SLURM_EVENTS_KEPT = 5000
+#: nodes from which a refresh sets what the page holds aside from the cycle collector's passes (_set_aside)
+_SET_ASIDE_FROM = 1000
+#: refreshes between two whole passes of the cycle collector over what the page holds (5 minutes at a 5 s refresh)
+_COLLECT_ALL_EVERY = 60
 #: the fields of web.ssh_command
 _SSH_FIELD = re.compile(r"\{(node|addr)\}")
 #: a refresh runs only while a request came within this many refresh intervals
@@ -174,12 +178,12 @@ def _plain(record) -> dict:
 
 @contextmanager
 def _cycles_collected_after():
-    """Python's cycle collector held off while a refresh reads and makes its view (not while it waits for agents). At
-    10,000 nodes a refresh makes a few hundred thousand objects (Slurm's tables parsed, the rows of the nodes that
-    changed), and each of the collector's passes that so many allocations set off walks everything the page holds (its
-    view included): measured, it doubled the refresh. A refresh makes no cycles worth collecting midway (its objects
-    are freed by their counts), and the collector runs again as soon as it ends. The collector is the process's: the
-    page's server is a process of its own, whose request threads' cycles wait that long too."""
+    """Python's cycle collector held off while a refresh reads and makes its view. At 10,000 nodes a refresh makes a
+    few hundred thousand objects (Slurm's tables parsed, the answers taken, the rows of the nodes that changed), and
+    each of the collector's passes that so many allocations set off walks everything the page holds (its view
+    included): measured, it doubled the refresh. A refresh makes no cycles worth collecting midway (its objects are
+    freed by their counts), and the collector runs again as soon as it ends (a refresh that waits for agents holds it
+    off a few seconds: the page's request threads' cycles wait that long too)."""
     held = gc.isenabled()
     gc.disable()
     try:
@@ -187,6 +191,19 @@ def _cycles_collected_after():
     finally:
         if held:
             gc.enable()
+
+
+def _set_aside(refreshes: int) -> None:
+    """Everything the page holds after a refresh set aside from the cycle collector's passes (gc.freeze), where the
+    cluster is large enough for them to cost: each pass walks what it holds, and at 10,000 nodes (some 850,000
+    objects) the survivors of every refresh set off a pass of 0.1 to 0.6 s every refresh or two (measured). What is set
+    aside is still freed as soon as nothing refers to it (a row made again, an answer replaced); only a cycle of
+    objects waits, for the whole pass every _COLLECT_ALL_EVERY refreshes (set back, collected, set aside again: about
+    a second at 10,000 nodes, after that refresh's view is served)."""
+    if refreshes % _COLLECT_ALL_EVERY == 0:
+        gc.unfreeze()
+        gc.collect()
+    gc.freeze()
 
 
 def drain_owner(node: Node) -> str:
@@ -331,24 +348,29 @@ class Watcher:
         self.refreshes += 1
         with _cycles_collected_after():
             waiting = self._read(now)
-        wait(waiting, timeout=self.settings.agent_timeout + 1.0)  # the collector runs meanwhile
-        with _cycles_collected_after():
+            wait(waiting, timeout=self.settings.agent_timeout + 1.0)
             view = self._make_view(now)
             self.changes.take(view)  # before it is served: the page's requests find what changed ready
-        self.view = view
+            self.view = view
+            if len(self._nodes) >= _SET_ASIDE_FROM:
+                _set_aside(self.refreshes)
         return view
 
     def _read(self, now: float) -> list:
         """Read every source; the futures of what is still being asked (the event table, agents)."""
         if self._events_future is None or self._events_future.done():  # a slow slurmdbd is not asked twice at once
             self._events_future = self._pool.submit(self._read_slurm_events, now)
+        # the collector's part of the repair database is read while Slurm answers (its node table: 0.5 s and more
+        # at 10,000 nodes, in sinfo and slurmctld)
+        journals = self._pool.submit(self._read_journals, now, {name: found.taken for name, found in
+                                                                self._taken.items()})
         if self._read_nodes(now):
             self._read_config(now)
             self._read_jobs(now)
         with self._lock:  # a node Slurm no longer lists is forgotten; a new one gets its record
             self._agents = {n.name: self._agents.get(n.name) or _Agent() for n in self._nodes}
-            self._taken = {name: found for name, found in self._taken.items() if name in self._agents}
-        self._read_journals(now)  # before the agents are asked: a run that ended has its /acceptance asked now
+        self._take_journals(journals.result())  # before the agents are asked: a run that ended is asked of now
+        self._taken = {name: found for name, found in self._taken.items() if name in self._agents}
         asked = self._ask_agents(now)
         self._read_repair(now)
         if self.settings.prometheus_url:
@@ -478,10 +500,12 @@ class Watcher:
         the page had of the agent itself)."""
         if agent.taken == found.taken or (not agent.taken and agent.answered > found.taken and not agent.error):
             return
-        figures = usage.node_usage(found.answer)
+        gpus = usage.gpu_rows(found.answer)
+        figures = usage.node_usage(found.answer, gpus)
         with self._lock:
             previous = agent.usage
             agent.answer, agent.answered, agent.error, agent.taken = found.answer, found.taken, "", found.taken
+            agent.gpus = (found.answer, gpus)
             agent.usage = figures
             agent.rate = usage.bandwidth(previous, figures)
 
@@ -505,7 +529,8 @@ class Watcher:
                 with self._lock:
                     agent.error = f"agent at {err.address}: {err.problem}"
                 return
-            figures = usage.node_usage(health)
+            gpus = usage.gpu_rows(health)
+            figures = usage.node_usage(health, gpus)
             run = agent.acceptance
             if agent.acceptance_due:
                 try:
@@ -518,6 +543,7 @@ class Watcher:
                 agent.acceptance = run
                 previous = agent.usage
                 agent.answer, agent.answered, agent.error, agent.taken = health, now, "", 0.0
+                agent.gpus = (health, gpus)
                 agent.usage = figures
                 agent.rate = usage.bandwidth(previous, figures)
         except Exception:  # an answer no one foresaw: this agent's, logged; the others and the page go on
@@ -526,34 +552,42 @@ class Watcher:
         finally:
             agent.busy = False
 
-    def _read_journals(self, now: float) -> None:
+    def _read_journals(self, now: float, held: dict[str, float]) -> tuple | None:
         """What the collector says of each node's journal (an agent it cannot reach, lines lost), the /health answers
-        it took since the last refresh, and each node's newest acceptance-done: a run that ended since the last
-        refresh has /acceptance asked at the node's next answer. A few queries, whatever the number of nodes."""
+        it took since the last refresh (those not `held`: node -> the time of the answer the page holds), each node's
+        newest acceptance-done, and whether it runs; None when the repair database cannot be read. A few queries,
+        whatever the number of nodes."""
         from slurm_ext.repair import nodeevents
         from slurm_ext.repair.collector import CONTROL, LATE, running
         try:
             with self._store_lock:
                 store = self._repair_store()
-                cursors = nodeevents.cursors(store)
+                failing = nodeevents.failing(store)
                 since = now - self.settings.timeline
                 lost = nodeevents.lost_marks(store, since)
                 done = nodeevents.newest_runs(store, since)
                 interval = running(store.control(CONTROL), now)
-                if interval:  # only the answers of the last intervals this refresh does not hold yet
-                    held = {name: found.taken for name, found in self._taken.items()}
-                    self._taken.update(nodeevents.health(store, now - LATE * interval, held))
+                # only the answers of the last intervals this page does not hold yet
+                taken = nodeevents.health(store, now - LATE * interval, held) if interval else {}
         except SlurmExtError as err:
             self._fail("repair", str(err), now)
+            return None
+        return failing, lost, done, interval, taken
+
+    def _take_journals(self, found: tuple | None) -> None:
+        """_read_journals' answer on the nodes: a run that ended since the last refresh has /acceptance asked at the
+        node's next answer."""
+        if found is None:
             return
-        self._collecting = interval
+        failing, lost, done, self._collecting, taken = found
+        self._taken.update(taken)
         # an agent the collector failed to reach after its last answer: that answer is not what the node says now
-        self._failing = {name for name, cursor in cursors.items() if cursor.error}
+        self._failing = set(failing)
         with self._lock:
             for name, agent in self._agents.items():
-                cursor, mark = cursors.get(name), lost.get(name)
+                cursor, mark = failing.get(name), lost.get(name)
                 said = [f"the collector has no journal from its agent since {moment(cursor.failing_since)}: "
-                        f"{cursor.error}"] if cursor and cursor.error else []
+                        f"{cursor.error}"] if cursor else []
                 said += [f"{mark.message} ({moment(mark.time)})"] if mark else []
                 agent.journal_note = "; ".join(said)
                 latest = done.get(name)
@@ -677,8 +711,10 @@ class Watcher:
                 seen["nodes"] += 1
                 if interface.speed_mbps is not None:
                     seen["speeds_mbps"].add(interface.speed_mbps)
+            # made once an answer, as it is taken in (an answer the collector took comes at its interval, not each
+            # refresh)
             gpus = agent.gpus[1] if agent.gpus[0] is answer else usage.gpu_rows(answer)
-            agent.gpus = (answer, gpus)  # an answer the collector took is taken in at its interval, not each refresh
+            agent.gpus = (answer, gpus)
             jobs_here, held_here = jobs_of.get(node.name, []), held_by.get(node.name, {})
             inputs = (answer, agent.error, queue_read, jobs_here, held_here)
             # at 10,000 nodes most nodes' GPUs are as the last refresh saw them (the collector brings a third of the

@@ -237,8 +237,8 @@ def main() -> int:
                 times.append(time.perf_counter() - began)
             return statistics.median(times) if times else float("nan")
         sinfo = timed(["sinfo", "-N", "-h"])
-        table = timed(["sinfo", "--json"])
-        print(f"Slurm's node table as `status` and the page read it on this Slurm (`sinfo --json`): "
+        table = timed(["scontrol", "show", "node", "--oneliner"])
+        print(f"Slurm's node table as `status` and the page read it on this Slurm (`scontrol show node --oneliner`): "
               f"{table * 1000:.0f} ms; `sinfo -N` {sinfo * 1000:.0f} ms")
         history = timed([*cli, "history", "--since", "1d", "--json"])
         print(f"`history --since 1d --json` (the newest 1000 of {total} events): {history * 1000:.0f} ms; "
