@@ -214,6 +214,9 @@ class SlurmClient:
     runner: Runner = command.run
     environ: dict[str, str] | None = None
     _version: tuple[int, int] | None = field(default=None, init=False, repr=False)
+    #: the last whole node table of text, each line with what it was read as: a line Slurm prints again the same
+    #: (most, between two reads a few seconds apart) is not read again (Node is frozen)
+    _lines: dict[str, Node] = field(default_factory=dict, init=False, repr=False)
 
     # -- reading -----------------------------------------------------------------
 
@@ -268,7 +271,12 @@ class SlurmClient:
             if name and re.search(r"Invalid node name|Node \S+ not found", str(err)):
                 return []
             raise
-        return [_node_from_text(line) for line in out.splitlines() if line.startswith("NodeName=")]
+        known = {} if name else self._lines
+        lines = {line: known.get(line) or _node_from_text(line) for line in out.splitlines()
+                 if line.startswith("NodeName=")}
+        if not name:
+            self._lines = lines
+        return list(lines.values())
 
     def jobs(self) -> list[Job]:
         """Jobs slurmctld holds now (pending, running, completing), from squeue."""

@@ -321,3 +321,19 @@ def test_a_node_table_of_text_reads_every_field_whatever_the_spaces_and_its_reas
     assert node.gpus_used == 1 and node.boot_time is not None and node.slurmd_start is None
     # the reason is free text, last: what it holds is not read as fields, and only Slurm's own last [user@time] is
     assert node.reason == "NHC: fs State=IDLE Partitions=x [root@2026-12-06T09:53:45]" and node.reason_user == "alice"
+
+
+def test_a_node_table_of_text_read_again_reads_only_the_lines_that_changed():
+    """At 10,000 nodes reading the table cost 0.25 s a read; between two reads a few seconds apart Slurm prints most
+    lines again the same, and they are not read again: their nodes are the last read's (frozen)."""
+    table = ["NodeName=g1 CPUTot=2 Gres=gpu:h200:2 State=IDLE Partitions=p",
+             "NodeName=g2 CPUTot=2 Gres=gpu:h200:2 State=MIXED Partitions=p AllocTRES=cpu=1,gres/gpu=1"]
+    slurm = SlurmClient(SlurmSection(json="never"), runner=lambda argv, timeout, **kw: command.CommandResult(
+        argv, 0, "\n".join(table) + "\n", ""))
+    first = slurm.nodes()
+    table[1] = table[1].replace("State=MIXED", "State=IDLE+DRAIN") + " Reason=admin [root@2026-12-06T09:53:45]"
+    second = slurm.nodes()
+    assert second[0] is first[0] and second[1] is not first[1]
+    assert (second[1].state, second[1].flags, second[1].reason) == ("IDLE", frozenset({"DRAIN"}), "admin")
+    assert slurm.node("g2") == second[1]  # one node: read, and the whole table's lines kept as they are
+    assert slurm.nodes()[0] is first[0]
