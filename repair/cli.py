@@ -136,17 +136,22 @@ def _collect(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     import time
+    from concurrent.futures import ThreadPoolExecutor
     from slurm_ext.slurm import SlurmClient
     from slurm_ext.agentapi import AgentClient
     from .decide import paused
     from .status import (NodeStatus, Taken, acceptance_line, acceptance_state, counts, node_statuses, taken_lately,
                          warnings, with_agents)
-    loaded, store = _store(args)
+    from .store import open_store
+    loaded = config.load(args.config)
     print(f"{loaded.origin}; slurm.conf {loaded.slurm.conf_path()}", file=sys.stderr)
-    nodes = SlurmClient(loaded.slurm).nodes()
-    statuses = node_statuses(nodes, store.records(open_only=True), store.events(since=time.time() - 7 * 86400,
-                                                                                limit=5000))
-    taken = Taken() if args.live else taken_lately(store, loaded, time.time())
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        table = pool.submit(SlurmClient(loaded.slurm).nodes)  # Slurm answers while the repair database is read
+        store = open_store(loaded, create=False)
+        records, events = store.records(open_only=True), store.events(since=time.time() - 7 * 86400, limit=5000)
+        taken = Taken() if args.live else taken_lately(store, loaded, time.time())
+        nodes = table.result()
+    statuses = node_statuses(nodes, records, events)
     statuses, unreachable = with_agents(statuses, nodes, AgentClient.of(loaded), taken=taken)
     summary = counts(statuses)
     said = warnings(paused(store), unreachable)
