@@ -1,8 +1,8 @@
 """The cluster as the page shows it: read once per refresh while someone looks, shared by every browser.
 
-One refresh asks Slurm once per table (the node table: `scontrol show
-node`, its JSON from Slurm 23.02; the job queue, with the GPU indexes each running job
-holds: `squeue --json` or `scontrol show job -d`; the event table:
+One refresh asks Slurm once per table (the node table: `scontrol show node`,
+its JSON from Slurm 23.02; the job queue, with the GPU indexes each running
+job holds: `squeue --json` or `scontrol show job -d`; the event table:
 `sacctmgr show event`), and reads the repair records and what the
 controller's collector took of each node: its journal's state, and its
 /health answer (only those taken since the last refresh). A node whose
@@ -360,8 +360,8 @@ class Watcher:
         """Read every source; the futures of what is still being asked (the event table, agents)."""
         if self._events_future is None or self._events_future.done():  # a slow slurmdbd is not asked twice at once
             self._events_future = self._pool.submit(self._read_slurm_events, now)
-        # the collector's part of the repair database is read while Slurm answers (its node table: 0.5 s and more
-        # at 10,000 nodes, in sinfo and slurmctld)
+        # the collector's part of the repair database is read while Slurm answers (its node table of 10,000 nodes:
+        # 0.1 s to ask on this 2-core machine, 0.2 s to read where most lines changed)
         journals = self._pool.submit(self._read_journals, now, {name: found.taken for name, found in
                                                                 self._taken.items()})
         if self._read_nodes(now):
@@ -369,7 +369,7 @@ class Watcher:
             self._read_jobs(now)
         with self._lock:  # a node Slurm no longer lists is forgotten; a new one gets its record
             self._agents = {n.name: self._agents.get(n.name) or _Agent() for n in self._nodes}
-        self._take_journals(journals.result())  # before the agents are asked: a run that ended is asked of now
+        self._take_journals(journals.result())  # before the agents are asked: a run that ended is asked for now
         self._taken = {name: found for name, found in self._taken.items() if name in self._agents}
         asked = self._ask_agents(now)
         self._read_repair(now)
