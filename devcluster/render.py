@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from .layout import Layout, NodeLayout
 
-__all__ = ["Topology", "parse_topology", "slurm_conf", "host_ranges", "cgroup_conf", "slurm_ext_toml", "hook_wrapper", "node_hook",
-           "reboot_program", "nvidia_smi", "accept_program"]
+__all__ = ["Topology", "parse_topology", "slurm_conf", "host_ranges", "cgroup_conf", "slurm_ext_toml", "hook_wrapper",
+           "node_hook", "reboot_program", "nvidia_smi", "accept_program"]
 
 _HEADER = "# written by `slurm-ext dev up`; edits are overwritten at the next `dev up`\n"
 

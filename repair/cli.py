@@ -145,9 +145,9 @@ def _status(args: argparse.Namespace) -> int:
     from .store import open_store
     loaded = config.load(args.config)
     print(f"{loaded.origin}; slurm.conf {loaded.slurm.conf_path()}", file=sys.stderr)
+    store = open_store(loaded, create=False)
     with ThreadPoolExecutor(max_workers=1) as pool:
         table = pool.submit(SlurmClient(loaded.slurm).nodes)  # Slurm answers while the repair database is read
-        store = open_store(loaded, create=False)
         records, events = store.records(open_only=True), store.events(since=time.time() - 7 * 86400, limit=5000)
         taken = Taken() if args.live else taken_lately(store, loaded, time.time())
         nodes = table.result()

@@ -306,10 +306,11 @@ def load(path: str | os.PathLike | None = None, *, parsed_cache: str | os.PathLi
     except UnicodeDecodeError as err:
         raise ConfigError(path, f"not UTF-8 text (byte {err.start})") from err
     global _last_parsed
+    last = _last_parsed  # once: another thread may load another file meanwhile
     if parsed_cache:
         data = _from_cache(parsed_cache, str(path), text)
-    elif _last_parsed is not None and _last_parsed[:2] == (str(path), text):
-        data = copy.deepcopy(_last_parsed[2])
+    elif last is not None and last[:2] == (str(path), text):
+        data = copy.deepcopy(last[2])
     else:
         data = None
     if data is None:

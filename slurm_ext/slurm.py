@@ -558,7 +558,7 @@ class SlurmClient:
             text = "; ".join(str(e.get("error") or e.get("description")) for e in errors)
             if _UNREACHABLE.search(text):
                 raise SlurmUnreachable(f"{cmd[0]}: Slurm unreachable: {text}", cmd)
-            if text == "Unspecified error":  # 22.05's sinfo --json when slurmctld does not answer: exit 0, no nodes
+            if text == "Unspecified error":  # 22.05's --json (seen of sinfo) when slurmctld does not answer: exit 0
                 raise SlurmUnreachable(f"{cmd[0]}: Slurm unreachable: it answered only 'Unspecified error' (what "
                                        "Slurm 22.05's --json says when slurmctld does not answer)", cmd)
             raise SlurmError(f"{' '.join(cmd)}: {text}", cmd)
@@ -624,11 +624,22 @@ def _node_from_json(data: dict) -> Node:
 _TEXT_FIELD = re.compile(r"(?:^|\s)([A-Za-z_]+)=")
 
 
+#: Slurm's own end of a node's reason, " [user@time]", where the reason ends: at the line's end or before the fields
+#: it prints after it where they are set (Comment=, Extra=, ReservationName=)
+_REASON_STAMP = re.compile(r" \[[^@\]\s]*@\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\](?= [A-Za-z_]+=|$)")
+
+
 def _fields_from_text(line: str) -> dict[str, str]:
-    """key=value pairs of `scontrol -o` output; values may hold spaces."""
+    """key=value pairs of `scontrol -o` output; values may hold spaces. A node's Reason is free text: it is cut off
+    before splitting, up to Slurm's [user@time] after it (the first one followed by a field or the end), and what
+    Slurm prints after that is split as fields. Only an admin, or a tool with Slurm's operator rights, writes a
+    reason."""
     reason = ""
-    if " Reason=" in line:  # always last, and free text: cut it off before splitting
+    if " Reason=" in line:
         line, reason = line.split(" Reason=", 1)
+        stamp = _REASON_STAMP.search(reason)
+        if stamp:
+            reason, line = reason[:stamp.end()], line + reason[stamp.end():]
     parts = _TEXT_FIELD.split(line)  # [before the first key, key, value, key, value, ...]: 10,000 lines in 0.1 s
     fields = dict(zip(parts[1::2], map(str.strip, parts[2::2])))
     if reason:

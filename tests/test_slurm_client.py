@@ -160,7 +160,8 @@ def test_text_record_not_responding():
 
 def test_22_05s_json_answer_of_a_controller_that_does_not_answer_is_unreachable_not_an_empty_cluster():
     """Seen: 22.05's `sinfo --json` with slurmctld stopped exits 0 after its retries with no nodes and this error;
-    taken for an empty cluster, it closed every repair recommendation ("no longer in Slurm")."""
+    taken for an empty cluster, it closed every repair recommendation ("no longer in Slurm"). Any --json answer of
+    that form is unreachable (22.05's node table is read as text now; its squeue --json stays)."""
     answer = ('{"meta": {"Slurm": {"release": "22.05.8"}}, "errors": [{"error": "Unspecified error", "errno": -1}], '
               '"nodes": []}')
     slurm = SlurmClient(SlurmSection(json="always"),
@@ -337,3 +338,15 @@ def test_a_node_table_of_text_read_again_reads_only_the_lines_that_changed():
     assert (second[1].state, second[1].flags, second[1].reason) == ("IDLE", frozenset({"DRAIN"}), "admin")
     assert slurm.node("g2") == second[1]  # one node: read, and the whole table's lines kept as they are
     assert slurm.nodes()[0] is first[0]
+
+
+def test_a_reason_ends_at_slurms_own_stamp_and_the_fields_after_it_are_fields():
+    """Slurm prints a node's Comment= and Extra= after its Reason's [user@time] where they are set: the reason is
+    not them, and its user and time are read (a reason that drains a node is compared whole with ours)."""
+    line = ("NodeName=g1 CPUTot=2 State=IDLE+DRAIN Partitions=p Reason=slurm-ext: health xid/79 [root@2026-12-06T09:53:45]"
+            " Comment=rack 12 [bob@2026-01-01T00:00:00] Extra=foo")
+    node = _node_from_text(line)
+    assert (node.reason, node.reason_user, node.drained) == ("slurm-ext: health xid/79", "root", True)
+    assert node.reason_time is not None and node.reason_time.day == 6
+    # no stamp (not seen from Slurm): the rest of the line is the reason, as before
+    assert _node_from_text("NodeName=g1 State=IDLE Reason=cables Xid=79").reason == "cables Xid=79"

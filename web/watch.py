@@ -199,7 +199,9 @@ def _set_aside(refreshes: int) -> None:
     objects) the survivors of every refresh set off a pass of 0.1 to 0.6 s every refresh or two (measured). What is set
     aside is still freed as soon as nothing refers to it (a row made again, an answer replaced); only a cycle of
     objects waits, for the whole pass every _COLLECT_ALL_EVERY refreshes (set back, collected, set aside again: about
-    a second at 10,000 nodes, after that refresh's view is served)."""
+    a second at 10,000 nodes, once that refresh's view is in place; a request that waits for that refresh waits that
+    long too). The collector is the process's: the page's server is a process of its own, whose request threads'
+    objects are set aside with the view's."""
     if refreshes % _COLLECT_ALL_EVERY == 0:
         gc.unfreeze()
         gc.collect()
@@ -293,6 +295,9 @@ class Watcher:
         #: notified after each refresh of the thread
         self._refreshed = threading.Condition()
         self._pool = ThreadPoolExecutor(max_workers=_PARALLEL, thread_name_prefix="web-agent")
+        #: the repair database's read of a refresh, while Slurm answers: a thread of its own, never queued behind
+        #: the agents the last refresh asked (a hung agent waits out its timeout in the pool)
+        self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="web-read")
         self._thread: threading.Thread | None = None
 
     # -- the thread ------------------------------------------------------------------------
@@ -308,6 +313,8 @@ class Watcher:
         if self._thread is not None:
             self._thread.join(timeout=30)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._reader.shutdown(wait=False, cancel_futures=True)
+        gc.unfreeze()  # what a refresh set aside (_set_aside) is the cycle collector's again
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -354,6 +361,8 @@ class Watcher:
             self.view = view
             if len(self._nodes) >= _SET_ASIDE_FROM:
                 _set_aside(self.refreshes)
+            else:  # a cluster that became small: nothing set aside any more
+                gc.unfreeze()
         return view
 
     def _read(self, now: float) -> list:
@@ -362,8 +371,8 @@ class Watcher:
             self._events_future = self._pool.submit(self._read_slurm_events, now)
         # the collector's part of the repair database is read while Slurm answers (its node table of 10,000 nodes:
         # 0.1 s to ask on this 2-core machine, 0.2 s to read where most lines changed)
-        journals = self._pool.submit(self._read_journals, now, {name: found.taken for name, found in
-                                                                self._taken.items()})
+        journals = self._reader.submit(self._read_journals, now, {name: found.taken for name, found in
+                                                                  self._taken.items()})
         if self._read_nodes(now):
             self._read_config(now)
             self._read_jobs(now)
