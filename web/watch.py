@@ -509,14 +509,18 @@ class Watcher:
         the page had of the agent itself)."""
         if agent.taken == found.taken or (not agent.taken and agent.answered > found.taken and not agent.error):
             return
-        gpus = usage.gpu_rows(found.answer)
-        figures = usage.node_usage(found.answer, gpus)
+        self._take_in(agent, found.answer, found.taken, found.taken)
+
+    def _take_in(self, agent: _Agent, answer, answered: float, taken: float) -> None:
+        """An agent's /health answer taken in, whoever brought it (`taken`: its time in the collector's table, 0 for
+        the agent's own answer to the page): its GPU rows and figures made once, outside the lock, and its rate
+        against the last answer's figures."""
+        gpus = usage.gpu_rows(answer)
+        figures = usage.node_usage(answer, gpus)
         with self._lock:
-            previous = agent.usage
-            agent.answer, agent.answered, agent.error, agent.taken = found.answer, found.taken, "", found.taken
-            agent.gpus = (found.answer, gpus)
-            agent.usage = figures
-            agent.rate = usage.bandwidth(previous, figures)
+            agent.rate = usage.bandwidth(agent.usage, figures)
+            agent.answer, agent.answered, agent.error, agent.taken = answer, answered, "", taken
+            agent.gpus, agent.usage = (answer, gpus), figures
 
     def _ask_acceptance(self, node: Node, agent: _Agent) -> None:
         try:
@@ -538,8 +542,6 @@ class Watcher:
                 with self._lock:
                     agent.error = f"agent at {err.address}: {err.problem}"
                 return
-            gpus = usage.gpu_rows(health)
-            figures = usage.node_usage(health, gpus)
             run = agent.acceptance
             if agent.acceptance_due:
                 try:
@@ -550,11 +552,7 @@ class Watcher:
                     agent.acceptance_due = err.status != 404
             with self._lock:
                 agent.acceptance = run
-                previous = agent.usage
-                agent.answer, agent.answered, agent.error, agent.taken = health, now, "", 0.0
-                agent.gpus = (health, gpus)
-                agent.usage = figures
-                agent.rate = usage.bandwidth(previous, figures)
+            self._take_in(agent, health, now, 0.0)
         except Exception:  # an answer no one foresaw: this agent's, logged; the others and the page go on
             log.exception("web: the answer of node %s's agent could not be taken", node.name)
             agent.error = "its agent's answer could not be read (see the page's log)"
