@@ -110,14 +110,7 @@ def emit(state_dir: str | None, component: str, event: str, message: str, severi
     path = journal_path(state_dir)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        line = json.dumps(record, default=str) + "\n"
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
-        try:
-            os.write(fd, line.encode())  # one write: lines of concurrent writers never interleave
-            if os.fstat(fd).st_size > JOURNAL_MAX_BYTES:
-                _rotate(path, fd)
-        finally:
-            os.close(fd)
+        _append(path, (json.dumps(record, default=str) + "\n").encode())
     except OSError as err:
         log.error("node journal %s: cannot write (%s); event kept in this log only", path, err.strerror)
     return record
@@ -145,6 +138,48 @@ def _bounded(value):
     return value
 
 
+#: times a writer opens the journal again when a rotation moved the file it opened (one is all it ever takes)
+_REOPENS = 5
+
+
+def _open_journal(path: Path) -> int:
+    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+
+
+def _append(path: Path, line: bytes) -> None:
+    """Write `line` to the file that is `path` now, in one write, and rotate that file once it is full.
+
+    Why the shared lock and the second look: a writer that opened the journal just before a rotation and wrote
+    just after it would append to journal.jsonl.1, which the controller's collector may have read to its end and
+    left (the line lost to the history). A rotation renames under the exclusive lock, so a writer holding the
+    shared one sees the file it opened still at `path` until its line is written, or opens `path` again.
+    """
+    for attempt in range(_REOPENS):
+        fd = _open_journal(path)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            if not _is_at(fd, path) and attempt + 1 < _REOPENS:
+                continue
+            os.write(fd, line)  # one write: lines of concurrent writers never interleave
+            full = os.fstat(fd).st_size > JOURNAL_MAX_BYTES
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            if full:
+                _rotate(path, fd)
+            return
+        finally:
+            os.close(fd)
+
+
+def _is_at(fd: int, path: Path) -> bool:
+    """Whether the open file `fd` is the one named `path` now (not renamed away by a rotation)."""
+    mine = os.fstat(fd)
+    try:
+        current = os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (mine.st_dev, mine.st_ino) == (current.st_dev, current.st_ino)
+
+
 def _rotate(path: Path, fd: int) -> None:
     """Shift .1 .. .JOURNAL_KEEP-1 up by one and rename the full journal to .1, once.
 
@@ -156,15 +191,12 @@ def _rotate(path: Path, fd: int) -> None:
     """
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
-        mine, current = os.fstat(fd), os.stat(path)
-        if (mine.st_dev, mine.st_ino) == (current.st_dev, current.st_ino):
+        if _is_at(fd, path):
             for number in range(JOURNAL_KEEP - 1, 0, -1):
                 try:
                     os.replace(path.with_name(f"{path.name}.{number}"), path.with_name(f"{path.name}.{number + 1}"))
                 except FileNotFoundError:
                     pass
             os.replace(path, path.with_name(path.name + ".1"))
-    except FileNotFoundError:
-        pass
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)

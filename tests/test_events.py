@@ -14,6 +14,7 @@ import logging
 import multiprocessing
 import os
 import re
+import threading
 from pathlib import Path
 
 import pytest
@@ -255,6 +256,36 @@ def test_concurrent_writers_rotate_each_full_file_once_and_tear_no_line(tmp_path
             last_seen[writer] = n
         if path.name != "journal.jsonl":
             assert path.stat().st_size > max_bytes, f"{path.name} was rotated before it was full"
+
+
+def test_a_writer_held_up_between_opening_and_writing_appends_to_the_new_journal_not_the_rotated_one(
+        tmp_path, small_journal, monkeypatch):
+    """The line of a writer that opened journal.jsonl just before another rotated it is not left in .1, which the
+    controller's collector may already have read to its end."""
+    opened, go_on = threading.Event(), threading.Event()
+    real_open = events._open_journal
+
+    def held_up_once(path):
+        fd = real_open(path)
+        if threading.current_thread().name == "held-up" and not opened.is_set():
+            opened.set()
+            go_on.wait(30)
+        return fd
+
+    monkeypatch.setattr(events, "_open_journal", held_up_once)
+    held_up = threading.Thread(name="held-up", target=lambda: events.emit(
+        str(tmp_path), "gres", "gpu-new", "the held-up writer's line", n=-1))
+    held_up.start()
+    assert opened.wait(30)
+    n = 0
+    while not (tmp_path / "journal.jsonl.1").exists():
+        events.emit(str(tmp_path), "gres", "gpu-new", f"event {n:04d} " + "x" * 60, n=n)
+        n += 1
+    rotated = (tmp_path / "journal.jsonl.1").read_bytes()
+    go_on.set()
+    held_up.join(30)
+    assert (tmp_path / "journal.jsonl.1").read_bytes() == rotated, "nothing is appended to a rotated file"
+    assert [json.loads(line)["n"] for line in (tmp_path / "journal.jsonl").read_text().splitlines()] == [-1]
 
 
 def test_an_unwritable_state_dir_loses_the_line_not_the_caller(tmp_path, caplog):
