@@ -19,6 +19,7 @@ own /readyz, Slurm >= 25.11).
 
 from __future__ import annotations
 
+import functools
 import http.client
 import ipaddress
 import json
@@ -689,8 +690,10 @@ def _gpus_in(tres: str) -> int:
 def expand_hostlist(text: str) -> list[str]:
     """Node names of a Slurm host list: "gpu[01-03,07],login1" -> gpu01 gpu02 gpu03 gpu07 login1 (what `scontrol
     show hostnames` prints, without a command per list)."""
+    if not text or ("[" not in text and "," not in text):  # one node, as most jobs' lists are
+        return [text] if text else []
     names: list[str] = []
-    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", text or ""):
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", text):
         found = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", part)
         if not found:
             names.append(part)
@@ -722,15 +725,18 @@ def gpu_indexes(detail: str) -> tuple[str, tuple[int, ...]]:
     return found.group(1) or "gpu", tuple(indexes)
 
 
-def _gpu_kinds(detail: str) -> list[tuple[str, tuple[int, ...]]]:
+@functools.lru_cache(maxsize=4096)
+def _gpu_kinds(detail: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
     """(type, indexes) of each GPU type of one node's GRES detail: Slurm joins the types with ","
-    ("gpu:a100:1(IDX:0),gpu:h100:1(IDX:1)", src/stepmgr/gres_stepmgr.c), and a type holding no index is left out."""
+    ("gpu:a100:1(IDX:0),gpu:h100:1(IDX:1)", src/stepmgr/gres_stepmgr.c), and a type holding no index is left out.
+
+    Remembered: a queue of 20,000 jobs holds a few dozen different details (a third of reading it, uncached)."""
     found = []
     for match in _GPU_DETAIL.finditer(detail or ""):
         kind, indexes = gpu_indexes(match.group(0).lstrip(","))
         if indexes:
             found.append((kind, indexes))
-    return found
+    return tuple(found)
 
 
 def _job_gpus(nodes: list[str], details: list) -> tuple[tuple[str, str, tuple[int, ...]], ...]:

@@ -414,6 +414,10 @@ def test_host_lists_expand_like_scontrol_show_hostnames():
     assert expand_hostlist("gpu[01-03,07],login1") == ["gpu01", "gpu02", "gpu03", "gpu07", "login1"]
     assert expand_hostlist("n[8-11]") == ["n8", "n9", "n10", "n11"]
     assert expand_hostlist("") == []
+    assert expand_hostlist("gpu07") == ["gpu07"] and expand_hostlist("a,b") == ["a", "b"]
+    one = expand_hostlist("gpu07")
+    one.append("x")  # a caller's list is its own
+    assert expand_hostlist("gpu07") == ["gpu07"]
 
 
 def test_the_repair_section_is_refused_with_the_key_named(tmp_path):

@@ -190,6 +190,32 @@ def test_the_view_names_each_gpus_holder_flags_it_idle_after_the_window_and_keep
     assert view["queue"]["running"] == 1 and view["allocation"]["idle"] == 1
 
 
+def test_the_queue_is_asked_while_the_node_table_is_read_and_slurm_away_is_said_once(tmp_path):
+    import json
+    import threading
+    from slurm_ext.errors import SlurmUnreachable
+    now = [1000.0]
+    watcher, slurm = _watcher(tmp_path, lambda: now[0])
+    queue, nodes, asked, seen = slurm.queue, slurm.nodes, threading.Event(), []
+
+    def asked_first():
+        seen.append(asked.wait(10))  # squeue under way before the node table is read (False: one after the other)
+        return nodes()
+
+    slurm.queue, slurm.nodes = lambda: (asked.set(), queue())[1], asked_first
+    view = watcher.refresh().data
+    assert seen == [True] and view["queue"]["running"] == 1
+
+    def away():
+        raise SlurmUnreachable("scontrol: Slurm unreachable: Unable to contact slurm controller", ["scontrol"])
+    slurm.nodes, slurm.down = away, True
+    now[0] += 5
+    view = watcher.refresh().data
+    assert view["sources"]["slurm"]["ok"] is False and view["sources"]["slurm-jobs"]["ok"] is True
+    journal = (tmp_path / "state" / "journal.jsonl").read_text().splitlines()
+    assert [e["source"] for e in map(json.loads, journal) if e["event"] == "web-source-failed"] == ["slurm"]
+
+
 def test_a_node_whose_agent_stopped_answering_shows_no_check_as_ok(tmp_path):
     """The review of 29: the check table is what the node's agent measured. Once its agent stops answering, the
     watcher keeps the agent's last answer (its figures are shown with their age), but a check state "ok" from it

@@ -34,7 +34,7 @@ import shlex
 import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
@@ -295,9 +295,10 @@ class Watcher:
         #: notified after each refresh of the thread
         self._refreshed = threading.Condition()
         self._pool = ThreadPoolExecutor(max_workers=_PARALLEL, thread_name_prefix="web-agent")
-        #: the repair database's read of a refresh, while Slurm answers: a thread of its own, never queued behind
-        #: the agents the last refresh asked (a hung agent waits out its timeout in the pool)
-        self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="web-read")
+        #: the repair database's read of a refresh and Slurm's queue, while the node table is read: threads of their
+        #: own, never queued behind the agents the last refresh asked (a hung agent waits out its timeout in the
+        #: pool); each refresh waits for both
+        self._reader = ThreadPoolExecutor(max_workers=2, thread_name_prefix="web-read")
         self._thread: threading.Thread | None = None
 
     # -- the thread ------------------------------------------------------------------------
@@ -373,9 +374,12 @@ class Watcher:
         # 0.1 s to ask on this 2-core machine, 0.2 s to read where most lines changed)
         journals = self._reader.submit(self._read_journals, now, {name: found.taken for name, found in
                                                                   self._taken.items()})
+        queue = self._reader.submit(self.slurm.queue)  # squeue answers while the node table is read
         if self._read_nodes(now):
             self._read_config(now)
-            self._read_jobs(now)
+            self._read_jobs(queue, now)
+        else:
+            wait([queue])  # not left running into the next refresh; Slurm away is said once, by the node table
         with self._lock:  # a node Slurm no longer lists is forgotten; a new one gets its record
             self._agents = {n.name: self._agents.get(n.name) or _Agent() for n in self._nodes}
         self._take_journals(journals.result())  # before the agents are asked: a run that ended is asked for now
@@ -395,9 +399,11 @@ class Watcher:
         self._succeed("slurm", now)
         return True
 
-    def _read_jobs(self, now: float) -> None:
+    def _read_jobs(self, queue: Future, now: float) -> None:
+        """Slurm's queue, as `queue` (slurm.queue on the pool) read it; not read when the node table was not (Slurm
+        away: said once, by the node table)."""
         try:
-            self._jobs = self.slurm.queue()
+            self._jobs = queue.result()
         except SlurmExtError as err:
             self._fail("slurm-jobs", str(err), now)
             return

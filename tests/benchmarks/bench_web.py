@@ -19,10 +19,12 @@ Debian's Chromium):
   grid and list of that view drawn in headless Chromium (target: under 1 s);
 - the same view where the collector runs (every node's /health from its table, a third taken again before each
   refresh, no agent asked): the page's refresh against the same refresh making every row again with Python's cycle
-  collector running throughout, in the same run (target: under 1 s at 10,000 nodes).
+  collector running throughout, in the same run (target: under 1 s at 10,000 nodes); with --usage-refreshes N, the
+  process's RSS and the objects set aside from the cycle collector over N more refreshes of it (bounded: no growth
+  from one whole pass of the collector to the next).
 
     python tests/benchmarks/bench_web.py [--nodes 1000] [--clients 10] [--seconds 20] [--cache-nodes 1000]
-        [--usage-nodes 1000] [--usage-jobs 2000]
+        [--usage-nodes 1000] [--usage-jobs 2000] [--only-usage] [--usage-refreshes 0]
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import gc
 import http.client
 import json
 import os
@@ -41,6 +44,8 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: its helpers
@@ -313,15 +318,16 @@ def usage_tables(nodes: int, jobs: int, state_dir: str) -> None:
                                                     "checks": {c: "ok" for c in CHECKS}, "gpus": gpus}}
     agents = StandInAgents([f"u{i}" for i in range(nodes)], answer)
 
-    class WithoutJobs(Watcher):
-        """The page as it was before: no job table read, no holders, no allocation."""
+    class WithoutJobs(SlurmClient):
+        """Slurm as the page read it before: no job table, so no holders and no allocation."""
 
-        def _read_jobs(self, now):
-            pass
+        def queue(self):
+            return []
 
     figures = {}
-    for name, kind in (("without the job table", WithoutJobs), ("with it", Watcher)):
-        watcher = kind(loaded, slurm, store, lambda url, timeout: (None, "refused"), agents)
+    without = WithoutJobs(SlurmSection(), runner=slurm.runner)
+    for name, client in (("without the job table", without), ("with it", slurm)):
+        watcher = Watcher(loaded, client, store, lambda url, timeout: (None, "refused"), agents)
         watcher.refresh()
         issued.clear()
         asked.clear()
@@ -342,7 +348,7 @@ def usage_tables(nodes: int, jobs: int, state_dir: str) -> None:
           f"{drawn['list']:.0f} ms (median of 3; target under 1 s)")
 
 
-def collected_refresh(nodes: int, jobs: int, state_dir: str) -> None:
+def collected_refresh(nodes: int, jobs: int, state_dir: str, refreshes: int = 0) -> None:
     """The usage view's refresh where the collector runs, as at 10,000 nodes: every node's /health taken from the
     collector's table (the fleet simulator's answers: eight H200s each), a third of them taken again before each
     refresh (history.interval 15 s, web.refresh 5 s), no agent asked; against the same refresh that makes every row
@@ -366,6 +372,11 @@ def collected_refresh(nodes: int, jobs: int, state_dir: str) -> None:
         store._many("REPLACE INTO node_health (node, taken, findings, body) VALUES (?, ?, ?, ?)",
                     [(name, clock[0], "[]", json.dumps(_health(name, clock[0]))) for name in part])
         store.set_control(CONTROL, json.dumps({"interval": 15.0, "nodes": nodes}), "collector", clock[0])
+
+    def next_round(round_: int) -> None:
+        """5 s later, a third of the nodes' answers taken again."""
+        clock[0] += 5.0
+        taken(names[round_ % 3::3])
 
     class EveryRow(Watcher):
         """Every row made again (and, below, the cycle collector running throughout)."""
@@ -393,12 +404,13 @@ def collected_refresh(nodes: int, jobs: int, state_dir: str) -> None:
         watcher.refresh()
         times = []
         for round_ in range(6):
-            clock[0] += 5.0
-            taken(names[round_ % 3::3])
+            next_round(round_)
             began = time.perf_counter()
             watcher.refresh()
             times.append(time.perf_counter() - began)
         figures[label] = statistics.median(times)
+        if kind is Watcher and refreshes:
+            held_memory(watcher, refreshes, next_round)
         watcher.stop()
         watch._cycles_collected_after = held_off
         print(f"usage view fed by the collector, {nodes} nodes x 8 GPUs, {jobs} running jobs, a third of the answers "
@@ -406,6 +418,25 @@ def collected_refresh(nodes: int, jobs: int, state_dir: str) -> None:
     print(f"usage view fed by the collector: ratio {figures['as the page does'] / figures['every row made again']:.2f}"
           f" (target: the page's refresh under 1 s at 10,000 nodes)")
     store.close()
+
+
+def held_memory(watcher: Watcher, refreshes: int, before_each: Callable[[int], object]) -> None:
+    """The page's memory over `refreshes` refreshes (each after `before_each(round)`), through whole passes of the
+    cycle collector (every _COLLECT_ALL_EVERY refreshes, what is set aside given back): whether what the page holds
+    stays bounded while it is set aside."""
+    from slurm_ext.web import watch
+    every = watch._COLLECT_ALL_EVERY
+    rss, frozen = [], []
+    for round_ in range(refreshes):
+        before_each(round_)
+        watcher.refresh()
+        if round_ % (every // 2) == every // 2 - 1 or round_ == refreshes - 1:
+            rss.append(round(int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+                             / 2**20))
+            frozen.append(gc.get_freeze_count())
+    print(f"the page's memory over {refreshes} refreshes (a whole pass every {every}): RSS {rss} MiB, objects set "
+          f"aside {frozen} (every {every // 2} refreshes); RSS grew {rss[-1] - rss[min(1, len(rss) - 1)]} MiB from "
+          f"refresh {min(every, refreshes)} to the last")
 
 
 def main() -> int:
@@ -418,12 +449,14 @@ def main() -> int:
     parser.add_argument("--usage-nodes", type=int, default=1000, help="nodes of the usage view (0: not measured)")
     parser.add_argument("--usage-jobs", type=int, default=2000, help="running jobs of the usage view")
     parser.add_argument("--only-usage", action="store_true", help="only the usage view (no dev cluster)")
+    parser.add_argument("--usage-refreshes", type=int, default=0,
+                        help="refreshes of the collector-fed view whose memory is followed (0: not measured)")
     args = parser.parse_args()
     if args.only_usage:
         state_dir = tempfile.mkdtemp(prefix="slurm-ext-bench-web-")
         try:
             usage_tables(args.usage_nodes, args.usage_jobs, state_dir)
-            collected_refresh(args.usage_nodes, args.usage_jobs, state_dir)
+            collected_refresh(args.usage_nodes, args.usage_jobs, state_dir, args.usage_refreshes)
         finally:
             shutil.rmtree(state_dir, ignore_errors=True)
         return 0
@@ -490,7 +523,7 @@ def main() -> int:
             journal_cache(args.cache_nodes, args.cache_events, 8, state_dir)
         if args.usage_nodes:
             usage_tables(args.usage_nodes, args.usage_jobs, state_dir)
-            collected_refresh(args.usage_nodes, args.usage_jobs, state_dir)
+            collected_refresh(args.usage_nodes, args.usage_jobs, state_dir, args.usage_refreshes)
         print("targets: a refresh and the grid under 1 s; one Slurm query per table per refresh whatever the number "
               "of browsers; a refresh over the journal cache takes every agent in while clients read it")
     finally:
