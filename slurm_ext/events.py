@@ -15,7 +15,8 @@ way a component binds its name and fixed fields (role, job) once.
 The journal is bounded: past JOURNAL_MAX_BYTES it is renamed to
 `journal.jsonl.1`, the older ones shift up to `journal.jsonl.JOURNAL_KEEP`
 (the oldest goes) and a new one begins, so the journal never takes more
-than (JOURNAL_KEEP + 1) * JOURNAL_MAX_BYTES and a line per writer; and text from
+than (JOURNAL_KEEP + 1) * JOURNAL_MAX_BYTES and a line per writer (`journal.lock` beside it orders
+writers and rotations: no line is appended to a renamed file); and text from
 users (script output, process names, paths) is cut to FIELD_MAX_CHARS per
 field, lists to LIST_MAX_ITEMS, so no job can fill the node's disk through
 its events.
@@ -138,60 +139,69 @@ def _bounded(value):
     return value
 
 
-#: times a writer opens the journal again when a rotation moved the file it opened (one is all it ever takes)
-_REOPENS = 5
-
-
 def _open_journal(path: Path) -> int:
     return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
 
 
 def _append(path: Path, line: bytes) -> None:
-    """Write `line` to the file that is `path` now, in one write, and rotate that file once it is full.
+    """Write `line` to the journal in one write, and rotate the file it went to once that is full.
 
-    Why the shared lock and the second look: a writer that opened the journal just before a rotation and wrote
-    just after it would append to journal.jsonl.1, which the controller's collector may have read to its end and
-    left (the line lost to the history). A rotation renames under the exclusive lock, so a writer holding the
-    shared one sees the file it opened still at `path` until its line is written, or opens `path` again.
+    Why a lock file: a writer that opened the journal just before a rotation and wrote just after it would append
+    to journal.jsonl.1, which the controller's collector may have read to its end and left (the line lost to the
+    history). Writers open and write under journal.lock's shared lock, a rotation renames under its exclusive one,
+    so every line is in its file before that file is renamed. The lock file is never renamed itself.
     """
-    for attempt in range(_REOPENS):
+    lock = _lock(path, fcntl.LOCK_SH)
+    try:
         fd = _open_journal(path)
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH)
-            if not _is_at(fd, path) and attempt + 1 < _REOPENS:
-                continue
             os.write(fd, line)  # one write: lines of concurrent writers never interleave
-            full = os.fstat(fd).st_size > JOURNAL_MAX_BYTES
+            written = os.fstat(fd)
+        finally:
+            os.close(fd)
+    finally:
+        _unlock(lock)
+    if written.st_size > JOURNAL_MAX_BYTES:
+        _rotate(path, (written.st_dev, written.st_ino))
+
+
+def _lock(path: Path, kind: int) -> int | None:
+    """journal.lock beside `path`, locked `kind`: its descriptor, or None where no lock can be taken (a filesystem
+    without them: written unlocked, as before the lock; the collector waits for a rotated file to be quiet)."""
+    try:
+        fd = os.open(path.with_name("journal.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, kind)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _unlock(fd: int | None) -> None:
+    """Unlocked before it is closed: a child forked meanwhile shares the descriptor, and would hold the lock."""
+    if fd is not None:
+        try:
             fcntl.flock(fd, fcntl.LOCK_UN)
-            if full:
-                _rotate(path, fd)
-            return
         finally:
             os.close(fd)
 
 
-def _is_at(fd: int, path: Path) -> bool:
-    """Whether the open file `fd` is the one named `path` now (not renamed away by a rotation)."""
-    mine = os.fstat(fd)
-    try:
-        current = os.stat(path)
-    except FileNotFoundError:
-        return False
-    return (mine.st_dev, mine.st_ino) == (current.st_dev, current.st_ino)
-
-
-def _rotate(path: Path, fd: int) -> None:
+def _rotate(path: Path, full: tuple[int, int]) -> None:
     """Shift .1 .. .JOURNAL_KEEP-1 up by one and rename the full journal to .1, once.
 
-    Writers that raced here find it already done: each locks the file it
-    wrote to and rotates only while that file is still `path`. The renames
-    run under that lock, and no writer can reach the next journal.jsonl
-    (with its own lock) before the last rename made room for it, so two
-    rotations never shift the older files at the same time.
+    Writers that found the same file full find it already done: the renames run under journal.lock's exclusive
+    lock, and only while the file at `path` is still the full one (`full`: its device and inode).
     """
-    fcntl.flock(fd, fcntl.LOCK_EX)
+    lock = _lock(path, fcntl.LOCK_EX)
     try:
-        if _is_at(fd, path):
+        try:
+            current = os.stat(path)
+        except FileNotFoundError:
+            return
+        if (current.st_dev, current.st_ino) == full:
             for number in range(JOURNAL_KEEP - 1, 0, -1):
                 try:
                     os.replace(path.with_name(f"{path.name}.{number}"), path.with_name(f"{path.name}.{number + 1}"))
@@ -199,4 +209,4 @@ def _rotate(path: Path, fd: int) -> None:
                     pass
             os.replace(path, path.with_name(path.name + ".1"))
     finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
+        _unlock(lock)

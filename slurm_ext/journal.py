@@ -126,7 +126,8 @@ CURSOR = re.compile(r"\A(?:([0-9a-f]{16}):([0-9]{1,15}))?\Z")
 #: bytes that name a journal file: the head of its first line (a file of fewer bytes and no newline yet is not named)
 _NAMED_BY = 4096
 #: a rotated file is read past its end only once it has been left alone this long: `events.emit` never appends to
-#: a rotated file (its shared lock), but a writer of an older slurm-ext, still running through an upgrade, may
+#: a rotated file (journal.lock), but a writer of an older slurm-ext running through an upgrade, or one on a
+#: filesystem that takes no locks, may append its one line
 _SETTLED = 2.0
 
 

@@ -15,10 +15,12 @@ import multiprocessing
 import os
 import re
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
+from helpers.wait import wait_for
 from slurm_ext import events
 from slurm_ext.eventnames import CATALOGUE, SEVERITIES, markdown_table
 
@@ -207,10 +209,10 @@ def test_rotation_keeps_three_older_files_and_the_newest_events_in_order(tmp_pat
     for n in range(400):  # about 40 KiB: far more than four files hold
         events.emit(str(tmp_path), "gres", "gpu-new", f"event {n:04d} " + "x" * 60, n=n)
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == ["journal.jsonl", "journal.jsonl.1", "journal.jsonl.2", "journal.jsonl.3"], names
+    assert names == ["journal.jsonl", "journal.jsonl.1", "journal.jsonl.2", "journal.jsonl.3", "journal.lock"], names
     kept = numbers_kept(tmp_path)
     assert kept == list(range(kept[0], 400)), "the kept events are the newest ones, oldest file first, no gap"
-    for name in names[1:]:  # each rotated at the first line that took it past the limit
+    for name in names[1:-1]:  # each rotated at the first line that took it past the limit
         text = (tmp_path / name).read_bytes()
         last = text.splitlines(keepends=True)[-1]
         assert len(text) > small_journal >= len(text) - len(last), (name, len(text))
@@ -241,8 +243,9 @@ def test_concurrent_writers_rotate_each_full_file_once_and_tear_no_line(tmp_path
         process.join(120)
         assert process.exitcode == 0
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names[-3:] == ["journal.jsonl.1", "journal.jsonl.2", "journal.jsonl.3"], names
-    assert set(names) <= {"journal.jsonl", "journal.jsonl.1", "journal.jsonl.2", "journal.jsonl.3"}, names
+    assert names[-4:] == ["journal.jsonl.1", "journal.jsonl.2", "journal.jsonl.3", "journal.lock"], names
+    assert set(names) <= {"journal.jsonl", "journal.jsonl.1", "journal.jsonl.2", "journal.jsonl.3",
+                          "journal.lock"}, names
     last_seen: dict[int, int] = {}
     for path in events.journal_files(str(tmp_path)):
         if not path.exists():
@@ -258,10 +261,10 @@ def test_concurrent_writers_rotate_each_full_file_once_and_tear_no_line(tmp_path
             assert path.stat().st_size > max_bytes, f"{path.name} was rotated before it was full"
 
 
-def test_a_writer_held_up_between_opening_and_writing_appends_to_the_new_journal_not_the_rotated_one(
+def test_a_rotation_waits_for_a_writer_between_opening_and_writing_so_its_line_is_in_the_file_before_the_rename(
         tmp_path, small_journal, monkeypatch):
-    """The line of a writer that opened journal.jsonl just before another rotated it is not left in .1, which the
-    controller's collector may already have read to its end."""
+    """A line is never appended to a rotated file, which the controller's collector may already have read to its
+    end: a writer held up between opening the journal and writing to it holds the rotation back until it wrote."""
     opened, go_on = threading.Event(), threading.Event()
     real_open = events._open_journal
 
@@ -272,20 +275,29 @@ def test_a_writer_held_up_between_opening_and_writing_appends_to_the_new_journal
             go_on.wait(30)
         return fd
 
+    def fill():
+        n = 0
+        while not (tmp_path / "journal.jsonl.1").exists():  # the emit that finds the file full rotates it
+            events.emit(str(tmp_path), "gres", "gpu-new", f"event {n:04d} " + "x" * 60, n=n)
+            n += 1
+
     monkeypatch.setattr(events, "_open_journal", held_up_once)
-    held_up = threading.Thread(name="held-up", target=lambda: events.emit(
-        str(tmp_path), "gres", "gpu-new", "the held-up writer's line", n=-1))
-    held_up.start()
+    threads = [threading.Thread(name="held-up", target=lambda: events.emit(
+        str(tmp_path), "gres", "gpu-new", "the held-up writer's line", n=-1)), threading.Thread(target=fill)]
+    threads[0].start()
     assert opened.wait(30)
-    n = 0
-    while not (tmp_path / "journal.jsonl.1").exists():
-        events.emit(str(tmp_path), "gres", "gpu-new", f"event {n:04d} " + "x" * 60, n=n)
-        n += 1
-    rotated = (tmp_path / "journal.jsonl.1").read_bytes()
+    threads[1].start()
+    journal = tmp_path / "journal.jsonl"
+    wait_for("the journal full", lambda: (tmp_path / "journal.jsonl.1").exists() or (
+        journal.exists() and journal.stat().st_size > small_journal), 30, 0.01)
+    time.sleep(0.5)
+    assert not (tmp_path / "journal.jsonl.1").exists(), "rotated while a writer had the journal open"
     go_on.set()
-    held_up.join(30)
-    assert (tmp_path / "journal.jsonl.1").read_bytes() == rotated, "nothing is appended to a rotated file"
-    assert [json.loads(line)["n"] for line in (tmp_path / "journal.jsonl").read_text().splitlines()] == [-1]
+    for thread in threads:
+        thread.join(30)
+    rotated = [json.loads(line)["n"] for line in (tmp_path / "journal.jsonl.1").read_text().splitlines()]
+    assert rotated[-1] == -1 and rotated[:-1] == list(range(len(rotated) - 1)), rotated
+    assert not journal.exists() or -1 not in [json.loads(line)["n"] for line in journal.read_text().splitlines()]
 
 
 def test_an_unwritable_state_dir_loses_the_line_not_the_caller(tmp_path, caplog):

@@ -288,8 +288,9 @@ def test_the_journal_is_rotated_and_user_text_in_events_is_bounded(tmp_path, mon
                         output=huge, processes=[f"pid {n}" for n in range(1000)])
     finally:
         logging.getLogger("events").disabled = False
-    files = sorted(p.name for p in tmp_path.iterdir())
+    files = sorted(p.name for p in tmp_path.iterdir() if p.name != "journal.lock")  # the lock file: empty
     assert files == ["journal.jsonl"] + [f"journal.jsonl.{n}" for n in range(1, events.JOURNAL_KEEP + 1)], files
+    assert (tmp_path / "journal.lock").stat().st_size == 0
     limit = events.JOURNAL_MAX_BYTES + 20_000  # a full file plus at most one line past it
     sizes = [(tmp_path / name).stat().st_size for name in files]
     assert all(size <= limit for size in sizes), sizes

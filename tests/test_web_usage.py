@@ -193,16 +193,25 @@ def test_the_view_names_each_gpus_holder_flags_it_idle_after_the_window_and_keep
 def test_the_queue_is_asked_while_the_node_table_is_read_and_slurm_away_is_said_once(tmp_path):
     import json
     import threading
+    import time
     from slurm_ext.errors import SlurmUnreachable
     now = [1000.0]
     watcher, slurm = _watcher(tmp_path, lambda: now[0])
-    queue, nodes, asked, seen = slurm.queue, slurm.nodes, threading.Event(), []
+    queue, nodes, asked, seen, answered = slurm.queue, slurm.nodes, threading.Event(), [], []
 
     def asked_first():
         seen.append(asked.wait(10))  # squeue under way before the node table is read (False: one after the other)
         return nodes()
 
-    slurm.queue, slurm.nodes = lambda: (asked.set(), queue())[1], asked_first
+    def slow_queue():
+        asked.set()
+        time.sleep(0.3)
+        try:
+            return queue()
+        finally:
+            answered.append(now[0])
+
+    slurm.queue, slurm.nodes = slow_queue, asked_first
     view = watcher.refresh().data
     assert seen == [True] and view["queue"]["running"] == 1
 
@@ -211,6 +220,7 @@ def test_the_queue_is_asked_while_the_node_table_is_read_and_slurm_away_is_said_
     slurm.nodes, slurm.down = away, True
     now[0] += 5
     view = watcher.refresh().data
+    assert answered == [1000.0, 1005.0], "each refresh waits for its own queue, even one whose node table failed"
     assert view["sources"]["slurm"]["ok"] is False and view["sources"]["slurm-jobs"]["ok"] is True
     journal = (tmp_path / "state" / "journal.jsonl").read_text().splitlines()
     assert [e["source"] for e in map(json.loads, journal) if e["event"] == "web-source-failed"] == ["slurm"]
