@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import StaleElementReferenceException
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
@@ -98,9 +98,9 @@ def shoot(browser, name: str) -> Path:
     return path
 
 
-def until(browser, what: str, test, timeout: float = 30.0):
+def until(browser, what: str, test, timeout: float = 30.0, also=lambda: ""):
     """Wait for `test(browser)` to be truthy, the page redrawing meanwhile (an element gone stale is tried
-    again)."""
+    again); `also()` adds what the test knows to the failure (the records behind a button)."""
     def probe(driver):
         try:
             return test(driver)
@@ -110,7 +110,19 @@ def until(browser, what: str, test, timeout: float = 30.0):
         return WebDriverWait(browser, timeout, poll_frequency=0.2).until(probe)
     except Exception as err:
         raise AssertionError(f"{what}: not within {timeout}s; the page says: "
-                             f"{browser.find_element(By.TAG_NAME, 'body').text[:1500]}") from err
+                             f"{browser.find_element(By.TAG_NAME, 'body').text[:1500]}{also()}") from err
+
+
+def click(browser, what: str, css: str, also=lambda: "") -> None:
+    """Click what `css` names once it is drawn: the tables are drawn again at every poll, so a button found a moment
+    ago may be gone (drawn again, or not yet drawn in the newest answer) by the time it is clicked."""
+    def clicked(driver):
+        try:
+            driver.find_element(By.CSS_SELECTOR, css).click()
+        except NoSuchElementException:
+            return False
+        return True
+    until(browser, what, clicked, also=also)
 
 
 def _journal(cluster) -> list[dict]:
@@ -182,7 +194,7 @@ def test_an_operator_approves_in_the_browser_and_the_repair_tab_names_her(page, 
     browser.find_element(By.ID, "token").send_keys(page.token)
     browser.find_element(By.ID, "use-token").click()
     until(browser, "the token taken", lambda b: text_of(b, "#who") == "operator: alice (token)")
-    browser.find_element(By.CSS_SELECTOR, approve).click()
+    click(browser, f"{node}'s approve button", approve)
     until(browser, "the approval", lambda b: f"approved reboot of node {node}" in text_of(b, "#message")
           and "(by alice)" in text_of(b, "#message"))
     done = wait_for("the repair done", lambda: next((r for r in page.all_records(node)
@@ -203,10 +215,13 @@ def test_approving_in_the_browser_needs_the_token_and_the_repair_tab_shows_it_wi
     web.drill("wnode2", "xid-79", gpu=1)
     record = web.record("wnode2", "recommended")
     browser.get(web.url + "#nodes")
-    approve = "#node-table tr[data-node=wnode2] button.op-approve"
-    until(browser, "wnode2's approve button", lambda b: b.find_elements(By.CSS_SELECTOR, approve))
     browser.execute_script("sessionStorage.clear()")
-    browser.find_element(By.CSS_SELECTOR, approve).click()
+    browser.refresh()  # the page as a tab without a token has it (what it says of its operator too)
+    approve = "#node-table tr[data-node=wnode2] button.op-approve"
+
+    def records():
+        return f"; wnode2's records: {web.all_records('wnode2')}"
+    click(browser, "wnode2's approve button", approve, records)
     until(browser, "the refusal without a token", lambda b: "refused" in text_of(b, "#message")
           and "authenticated operator" in text_of(b, "#message"))
     assert [r["state"] for r in web.all_records("wnode2") if r["id"] == record["id"]] == ["recommended"]
@@ -214,7 +229,7 @@ def test_approving_in_the_browser_needs_the_token_and_the_repair_tab_shows_it_wi
     browser.find_element(By.ID, "token").send_keys(web.token)
     browser.find_element(By.ID, "use-token").click()
     until(browser, "the token taken", lambda b: text_of(b, "#who") == "operator: alice (token)")
-    browser.find_element(By.CSS_SELECTOR, approve).click()
+    click(browser, "wnode2's approve button", approve, records)
     until(browser, "the approval", lambda b: "approved reboot of node wnode2" in text_of(b, "#message")
           and "(by alice)" in text_of(b, "#message"))
     shoot(browser, "nodes")
@@ -246,7 +261,7 @@ def test_approving_in_the_browser_needs_the_token_and_the_repair_tab_shows_it_wi
     browser.get(web.url + "#nodes")
     check = "#node-table tr[data-node=wnode1] button.op-check"
     until(browser, "wnode1's check button", lambda b: b.find_elements(By.CSS_SELECTOR, check))
-    browser.find_element(By.CSS_SELECTOR, check).click()
+    click(browser, "wnode1's check button", check)
     until(browser, "the checks' verdict", lambda b: "health checks of wnode1 (by alice): healthy"
           in text_of(b, "#message"))
     with web.store() as store:
@@ -267,7 +282,7 @@ def test_approving_in_the_browser_needs_the_token_and_the_repair_tab_shows_it_wi
     until(browser, "the grid", lambda b: b.find_element(By.CSS_SELECTOR, "#node-grid canvas").get_attribute(
         "data-nodes") == "5")
     browser.find_element(By.ID, "view-list").click()
-    browser.find_element(By.CSS_SELECTOR, "#node-table tr[data-node=wnode3] button.op-ssh").click()
+    click(browser, "wnode3's ssh button", "#node-table tr[data-node=wnode3] button.op-ssh")
     until(browser, "the ssh command copied", lambda b: text_of(b, "#message") == "copied: ssh wnode3")
 
 
@@ -275,11 +290,13 @@ def test_a_rejection_in_the_browser_and_the_health_checks_tab_filters(web, brows
     web.drill("wnode3", "xid-79", gpu=1)
     web.record("wnode3", "recommended")
     browser.get(web.url + "#repair")
+    browser.refresh()  # what the page says of its operator is what this tab holds (not a test before's)
     ops = "#recommendations tr[data-node=wnode3] .ops"
     until(browser, "wnode3's recommendation", lambda b: b.find_elements(By.CSS_SELECTOR, ops))
     if not text_of(browser, "#who") == "operator: alice (token)":
         browser.find_element(By.ID, "token").send_keys(web.token)
         browser.find_element(By.ID, "use-token").click()
+        until(browser, "the token taken", lambda b: text_of(b, "#who") == "operator: alice (token)")
     browser.find_element(By.CSS_SELECTOR, f"{ops} .op-why").send_keys("board swap booked for Monday")
     browser.find_element(By.CSS_SELECTOR, f"{ops} button.op-reject").click()
     until(browser, "the rejection", lambda b: "rejected reboot of node wnode3" in text_of(b, "#message"))
