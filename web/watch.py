@@ -400,8 +400,8 @@ class Watcher:
         return True
 
     def _read_jobs(self, queue: Future, now: float) -> None:
-        """Slurm's queue, as `queue` (slurm.queue on the pool) read it; not read when the node table was not (Slurm
-        away: said once, by the node table)."""
+        """Slurm's queue, as `queue` (slurm.queue on the read thread) read it; not taken when the node table was not
+        (Slurm away: said once, by the node table)."""
         try:
             self._jobs = queue.result()
         except SlurmExtError as err:
