@@ -45,12 +45,12 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable
-from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: its helpers
 
-from bench_repair import counting, timed  # noqa: E402  (a benchmark beside this one)
+from bench_history import cpu_and_rss  # noqa: E402  (benchmarks beside this one)
+from bench_repair import counting, timed  # noqa: E402
 from helpers.page import StandInAgents, journal_lines, stored_journal  # noqa: E402  (the page's tests' stand-ins)
 
 from slurm_ext import config, devcluster as dev  # noqa: E402
@@ -431,8 +431,7 @@ def held_memory(watcher: Watcher, refreshes: int, before_each: Callable[[int], o
         before_each(round_)
         watcher.refresh()
         if round_ % (every // 2) == every // 2 - 1 or round_ == refreshes - 1:
-            rss.append(round(int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-                             / 2**20))
+            rss.append(round(cpu_and_rss(os.getpid())[1]))
             frozen.append(gc.get_freeze_count())
     print(f"the page's memory over {refreshes} refreshes (a whole pass every {every}): RSS {rss} MiB, objects set "
           f"aside {frozen} (every {every // 2} refreshes); RSS grew {rss[-1] - rss[min(1, len(rss) - 1)]} MiB from "
